@@ -1,0 +1,1 @@
+"""Model architectures: specifications, the published catalog and FLOP / byte accounting. Never imports torch."""

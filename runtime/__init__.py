@@ -1,0 +1,1 @@
+"""Reference runtime on torch.distributed (the measure issue). Only this package imports torch."""

@@ -1,0 +1,1 @@
+"""Collective algorithms as explicit point-to-point schedules, and their closed-form costs."""

@@ -1,0 +1,1 @@
+"""Calibration, validation and the command-line interface, which sit on top of sim and runtime."""
