@@ -1,0 +1,49 @@
+"""Benchmark: wall time of simulating Llama-3.1-70B / Llama-2-70B-class inference on 16 devices.
+
+The case of the simulate issue: a 70B model tensor-parallel over 2 hosts x 8 devices (two levels:
+NVLink inside, one NIC per GPU between), 1024-token prompt, 256 output tokens, every strategy of
+the scenario (``scenarios/h100_2x8_llama31_70b.yaml``). Reports the median of repeats of
+``sim.simulate.simulate`` (topology, plans, engine, traces, metrics; not file writing), each in a
+fresh process state except imports. Target 0.5 s, at most 2 s, on the project's 2-core machine.
+
+Run: ``.venv/bin/python benchmarks/bench_simulate.py [--repeats 7] [SCENARIO]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from sim.scenario import load_scenario
+from sim.simulate import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", nargs="?", default=str(ROOT / "scenarios" / "h100_2x8_llama31_70b.yaml"))
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    times = []
+    for _ in range(args.repeats):
+        scenario = load_scenario(args.scenario)  # fresh caches each repeat: nothing carried over
+        start = time.perf_counter()
+        result = simulate(scenario)
+        times.append(time.perf_counter() - start)
+    config = scenario.config
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}")
+    print(f"scenario: {config.name}: {scenario.model.name}, {len(result.ranks)} devices, "
+          f"prompt {config.workload.prompt_tokens}, output {config.workload.output_tokens}, "
+          f"{len(result.variants)} variants")
+    print(f"simulate wall time over {args.repeats} repeats: median {statistics.median(times):.3f} s, "
+          f"min {min(times):.3f} s, max {max(times):.3f} s")
+
+
+if __name__ == "__main__":
+    main()

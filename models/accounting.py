@@ -1,0 +1,321 @@
+"""Parameters, weight bytes, KV-cache bytes and per-op FLOPs and bytes of a :class:`ModelSpec`.
+
+Everything is in SI units: bytes, FLOPs (one multiply or add counts one; a multiply-accumulate two).
+Tensor parallelism follows Megatron-LM (arXiv 1909.08053, section 3): q, k, v and the MLP up (and
+gate) projections are split by columns, the attention output and MLP down projections by rows;
+norms, and the biases of row-parallel linears (added after the reduction), are replicated. The
+embedding, the final norm and the LM head live on the master rank only, unsharded.
+
+Matmul FLOPs follow the Megatron-LM accounting (arXiv 2104.04473, appendix): a (m x k) @ (k x n)
+product costs 2mkn. Elementwise FLOPs (norms, activations, softmax) follow the conventions below;
+those ops are memory-bound, so a roofline prices them by bytes and their exact count barely matters.
+"""
+
+from dataclasses import dataclass
+
+from models.errors import ConfigError
+from models.ops import OpKind
+from models.spec import ModelSpec
+
+# FLOPs per element, one per arithmetic operation of the textbook formula.
+_RESIDUAL_ADD_FLOPS = 1
+_NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7}  # RMS: square, sum, scale, gain; LN adds mean, centre, bias
+_ACTIVATION_FLOPS = {"gated": 5, "plain": 9}  # SiLU (4) times the up projection (1); tanh-GELU (9)
+_SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide (the 1/sqrt(head_dim) scale folded into QK^T)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """What one op costs on one rank.
+
+    ``flops``: floating-point operations. ``bytes_read``: device-memory bytes read, counting the
+    weights, the input activations and KV-cache reads (for a lookup, only the gathered rows).
+    ``bytes_written``: output activations and KV-cache writes. ``weight_bytes``: bytes of the
+    parameters the op uses, which must be resident while it runs. ``workspace_bytes``: transient
+    device memory the op needs beyond its persistent inputs: its output plus intermediates.
+    """
+
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    weight_bytes: float
+    workspace_bytes: float
+
+
+def kv_heads_per_rank(spec: ModelSpec, tp_degree: int) -> int:
+    """Key-value heads one rank holds under tensor parallelism of degree ``tp_degree``.
+
+    ``num_kv_heads / tp_degree`` when that divides; 1 when ``tp_degree`` is a multiple of the KV
+    heads, which are then replicated (each rank keeps the one its query heads use, as vLLM does).
+    Raises :class:`ConfigError` on ``parallel.tensor`` otherwise, or if ``tp_degree`` < 1.
+    """
+    _check_positive("parallel.tensor", tp_degree, "tensor-parallel degree")
+    if spec.num_kv_heads % tp_degree == 0:
+        return spec.num_kv_heads // tp_degree
+    if tp_degree % spec.num_kv_heads == 0:
+        return 1
+    raise ConfigError(
+        "parallel.tensor",
+        f"tensor-parallel degree {tp_degree} and {spec.num_kv_heads} key-value heads: "
+        f"neither divides the other (got {tp_degree})",
+    )
+
+
+def check_tensor_parallel(spec: ModelSpec, tp_degree: int) -> None:
+    """Raise :class:`ConfigError` on ``parallel.tensor`` unless ``tp_degree`` can shard ``spec``.
+
+    It must divide the attention heads and the intermediate size, and be compatible with the KV
+    heads (see :func:`kv_heads_per_rank`).
+    """
+    _check_positive("parallel.tensor", tp_degree, "tensor-parallel degree")
+    for count, what in (
+        (spec.num_attention_heads, f"{spec.num_attention_heads} attention heads"),
+        (spec.intermediate_size, f"the intermediate size {spec.intermediate_size}"),
+    ):
+        if count % tp_degree:
+            raise ConfigError(
+                "parallel.tensor",
+                f"tensor-parallel degree {tp_degree} does not divide {what} (got {tp_degree})",
+            )
+    kv_heads_per_rank(spec, tp_degree)
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """Exact number of parameters, tied embeddings counted once.
+
+    Token (and learned position) embeddings, per layer two norms (LayerNorm: gain and bias;
+    RMSNorm: gain), q/k/v/o projections and the MLP with the biases the spec names, the final norm
+    and the LM head unless tied. Matches the published counts of the catalog exactly.
+    """
+    per_layer = _attention_block_params(spec, 1) + _mlp_block_params(spec, 1)
+    return spec.num_layers * per_layer + _master_params(spec)
+
+
+def layer_block_weight_bytes(spec: ModelSpec, tp_degree: int) -> dict[str, int]:
+    """Weight bytes of one decoder layer on one rank, split into the blocks loaded as units.
+
+    ``"attention"``: input norm, q/k/v and output projections; ``"mlp"``: post-attention norm and
+    the MLP. Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec``.
+    """
+    check_tensor_parallel(spec, tp_degree)
+    return {
+        "attention": _attention_block_params(spec, tp_degree) * spec.dtype_bytes,
+        "mlp": _mlp_block_params(spec, tp_degree) * spec.dtype_bytes,
+    }
+
+
+def rank_weight_bytes(spec: ModelSpec, tp_degree: int, *, is_master: bool) -> int:
+    """Resident weight bytes of one rank: its shard of every layer, plus on the master the
+    embeddings, final norm and LM head (once if tied).
+
+    With ``tp_degree=1`` and ``is_master=True`` this is ``parameter_count(spec) * dtype_bytes``.
+    Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec``.
+    """
+    layer_bytes = sum(layer_block_weight_bytes(spec, tp_degree).values())
+    master_bytes = _master_params(spec) * spec.dtype_bytes if is_master else 0
+    return spec.num_layers * layer_bytes + master_bytes
+
+
+def kv_cache_bytes_per_token(spec: ModelSpec, tp_degree: int = 1) -> int:
+    """KV-cache bytes one token adds on one rank: K and V, every layer.
+
+    ``2 * num_layers * kv_heads_per_rank * head_dim * dtype_bytes``. Raises :class:`ConfigError`
+    if ``tp_degree`` cannot shard ``spec``.
+    """
+    check_tensor_parallel(spec, tp_degree)
+    return 2 * spec.num_layers * kv_heads_per_rank(spec, tp_degree) * spec.head_dim * spec.dtype_bytes
+
+
+def layer_op_costs(
+    spec: ModelSpec, *, tp_degree: int, batch_size: int, new_tokens: int, context_tokens: int
+) -> dict[OpKind, OpCost]:
+    """Cost on one rank of one decoder layer processing ``new_tokens`` per sequence.
+
+    Each of ``batch_size`` sequences feeds ``new_tokens`` tokens that attend causally to
+    ``context_tokens`` keys, those tokens included: prefill has ``context_tokens == new_tokens``,
+    decode ``new_tokens == 1`` and ``context_tokens`` the cache length with the new token. With
+    T = batch_size * new_tokens tokens, h = hidden size, d = head dim, q = heads / tp, k = KV heads
+    per rank, i = intermediate size / tp:
+
+    - LAYERNORM: residual add and norm over (T, h), replicated; the plan runs it twice per layer.
+    - QKV_PROJ: (T, h) @ (h, (q + 2k) d), column-parallel.
+    - ATTENTION: QK^T and AV over the causal (query, key) pairs of q heads, softmax; reads q and
+      the cached K, V of the context, writes the output (T, q d) and appends the new K, V. Its
+      workspace holds the score matrix (batch, q, new_tokens, context_tokens) as a naive,
+      non-flash kernel materialises it, and the output.
+    - OUT_PROJ: (T, q d) @ (q d, h), row-parallel: a partial sum of (T, h) for the reduction.
+    - MLP_UP: (T, h) @ (h, 2i) for gate and up then SiLU-gating (gated), or (T, h) @ (h, i) then
+      GELU (plain); writes (T, i); its workspace holds the projections and the output.
+    - MLP_DOWN: (T, i) @ (i, h), row-parallel: a partial sum of (T, h).
+
+    Rotary embeddings (a few FLOPs per q and k element) are not counted; the bias of a
+    row-parallel linear is counted on every rank, as each adds it after the reduction. Raises :class:`ConfigError` if ``tp_degree`` cannot
+    shard ``spec``, a count is not a positive integer, or ``context_tokens < new_tokens``.
+    """
+    check_tensor_parallel(spec, tp_degree)
+    _check_positive("batch_size", batch_size, "batch size")
+    _check_positive("new_tokens", new_tokens, "new tokens per sequence")
+    _check_positive("context_tokens", context_tokens, "context tokens per sequence")
+    if context_tokens < new_tokens:
+        raise ConfigError(
+            "context_tokens", f"must be at least new_tokens = {new_tokens} (got {context_tokens})"
+        )
+    b = spec.dtype_bytes
+    h = spec.hidden_size
+    tokens = batch_size * new_tokens
+    q_width = spec.num_attention_heads // tp_degree * spec.head_dim
+    kv_width = kv_heads_per_rank(spec, tp_degree) * spec.head_dim
+    qkv_width = q_width + 2 * kv_width
+    mlp_width = spec.intermediate_size // tp_degree
+    projections = 2 if spec.mlp == "gated" else 1
+
+    up = _linear_cost(
+        tokens, h, projections * mlp_width, projections * mlp_width if spec.linear_bias else 0, b
+    )
+    mlp_up = OpCost(
+        flops=up.flops + tokens * mlp_width * _ACTIVATION_FLOPS[spec.mlp],
+        bytes_read=up.bytes_read,
+        bytes_written=tokens * mlp_width * b,
+        weight_bytes=up.weight_bytes,
+        workspace_bytes=up.workspace_bytes + tokens * mlp_width * b,
+    )
+    return {
+        OpKind.LAYERNORM: _norm_cost(spec, tokens),
+        OpKind.QKV_PROJ: _linear_cost(tokens, h, qkv_width, qkv_width if spec.attention_bias else 0, b),
+        OpKind.ATTENTION: _attention_cost(
+            spec, tp_degree, batch_size=batch_size, new_tokens=new_tokens, context_tokens=context_tokens
+        ),
+        OpKind.OUT_PROJ: _linear_cost(tokens, q_width, h, h if spec.linear_bias else 0, b),
+        OpKind.MLP_UP: mlp_up,
+        OpKind.MLP_DOWN: _linear_cost(tokens, mlp_width, h, h if spec.linear_bias else 0, b),
+    }
+
+
+def head_op_costs(spec: ModelSpec, *, batch_size: int, new_tokens: int) -> dict[OpKind, OpCost]:
+    """Cost of the master-only ops around the layers, for T = batch_size * new_tokens tokens.
+
+    - EMBEDDING: gathers T rows of the (vocab, h) table, plus T rows of the position table and
+      their sum if positions are learned; writes (T, h).
+    - LAYERNORM: the last residual add and the final norm over (T, h).
+    - LM_HEAD: (batch_size, h) @ (h, vocab) for the last position of each sequence only, as
+      generation needs; writes the logits (batch_size, vocab) in the model dtype.
+
+    Raises :class:`ConfigError` if a count is not a positive integer.
+    """
+    _check_positive("batch_size", batch_size, "batch size")
+    _check_positive("new_tokens", new_tokens, "new tokens per sequence")
+    b = spec.dtype_bytes
+    h = spec.hidden_size
+    tokens = batch_size * new_tokens
+    tables = 2 if spec.learned_position_embeddings else 1
+    table_rows = spec.vocab_size + (spec.max_position_embeddings if spec.learned_position_embeddings else 0)
+    embedding = OpCost(
+        flops=tokens * h * (tables - 1),
+        bytes_read=tables * tokens * h * b,
+        bytes_written=tokens * h * b,
+        weight_bytes=table_rows * h * b,
+        workspace_bytes=tokens * h * b,
+    )
+    return {
+        OpKind.EMBEDDING: embedding,
+        OpKind.LAYERNORM: _norm_cost(spec, tokens),
+        OpKind.LM_HEAD: _linear_cost(batch_size, h, spec.vocab_size, 0, b),
+    }
+
+
+def forward_flops(spec: ModelSpec, tokens: int) -> float:
+    """Estimated FLOPs of one forward pass over a single causal sequence of ``tokens`` tokens.
+
+    ``2 * parameter_count * tokens`` (Kaplan et al., arXiv 2001.08361, section 2.1) plus QK^T and
+    AV over the causal half of the attention matrix, ``4 * h * tokens (tokens + 1) / 2`` per layer
+    (Megatron-LM, arXiv 2104.04473, appendix). It counts every parameter as a matmul for every
+    token, embeddings and LM head included, so it is a cross-check for the per-op costs, not their
+    sum. Raises :class:`ConfigError` if ``tokens`` is not a positive integer.
+    """
+    _check_positive("tokens", tokens, "token count")
+    attention = spec.num_layers * 4 * spec.hidden_size * tokens * (tokens + 1) / 2
+    return 2.0 * parameter_count(spec) * tokens + attention
+
+
+def _check_positive(field: str, value: int, what: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(field, f"{what} must be a positive integer (got {value!r})")
+
+
+def _norm_params(spec: ModelSpec) -> int:
+    return spec.hidden_size * (2 if spec.norm == "layernorm" else 1)
+
+
+def _attention_block_params(spec: ModelSpec, tp_degree: int) -> int:
+    q_width = spec.num_attention_heads // tp_degree * spec.head_dim
+    qkv_width = q_width + 2 * kv_heads_per_rank(spec, tp_degree) * spec.head_dim
+    params = _norm_params(spec) + spec.hidden_size * qkv_width + q_width * spec.hidden_size
+    if spec.attention_bias:
+        params += qkv_width
+    if spec.linear_bias:
+        params += spec.hidden_size  # the output projection's bias, replicated
+    return params
+
+
+def _mlp_block_params(spec: ModelSpec, tp_degree: int) -> int:
+    mlp_width = spec.intermediate_size // tp_degree
+    projections = 2 if spec.mlp == "gated" else 1
+    params = _norm_params(spec) + (projections + 1) * spec.hidden_size * mlp_width
+    if spec.linear_bias:
+        params += projections * mlp_width + spec.hidden_size  # down bias replicated
+    return params
+
+
+def _master_params(spec: ModelSpec) -> int:
+    embeddings = spec.vocab_size * spec.hidden_size
+    if spec.learned_position_embeddings:
+        embeddings += spec.max_position_embeddings * spec.hidden_size
+    lm_head = 0 if spec.tied_embeddings else spec.vocab_size * spec.hidden_size
+    return embeddings + _norm_params(spec) + lm_head
+
+
+def _linear_cost(tokens: int, in_features: int, out_features: int, bias_features: int, b: int) -> OpCost:
+    """(tokens, in) @ (in, out) plus a bias of ``bias_features`` elements, in a ``b``-byte dtype."""
+    weight_bytes = (in_features * out_features + bias_features) * b
+    output_bytes = tokens * out_features * b
+    return OpCost(
+        flops=2 * tokens * in_features * out_features + tokens * bias_features,
+        bytes_read=weight_bytes + tokens * in_features * b,
+        bytes_written=output_bytes,
+        weight_bytes=weight_bytes,
+        workspace_bytes=output_bytes,
+    )
+
+
+def _norm_cost(spec: ModelSpec, tokens: int) -> OpCost:
+    """Residual add then norm over (tokens, h): reads both addends, writes the sum and the norm."""
+    elements = tokens * spec.hidden_size
+    activation_bytes = 2 * elements * spec.dtype_bytes
+    weight_bytes = _norm_params(spec) * spec.dtype_bytes
+    return OpCost(
+        flops=elements * (_RESIDUAL_ADD_FLOPS + _NORM_FLOPS[spec.norm]),
+        bytes_read=activation_bytes + weight_bytes,
+        bytes_written=activation_bytes,
+        weight_bytes=weight_bytes,
+        workspace_bytes=activation_bytes,
+    )
+
+
+def _attention_cost(
+    spec: ModelSpec, tp_degree: int, *, batch_size: int, new_tokens: int, context_tokens: int
+) -> OpCost:
+    b = spec.dtype_bytes
+    d = spec.head_dim
+    q_heads = spec.num_attention_heads // tp_degree
+    kv_width = kv_heads_per_rank(spec, tp_degree) * d
+    # New token j (0-based) sits at position context - new + j and sees the keys up to itself.
+    pairs = new_tokens * (context_tokens - new_tokens) + new_tokens * (new_tokens + 1) // 2
+    scores = batch_size * q_heads * pairs
+    query_bytes = batch_size * new_tokens * q_heads * d * b  # the output has the same shape
+    return OpCost(
+        flops=scores * (4 * d + _SOFTMAX_FLOPS),
+        bytes_read=query_bytes + batch_size * context_tokens * 2 * kv_width * b,
+        bytes_written=query_bytes + batch_size * new_tokens * 2 * kv_width * b,
+        weight_bytes=0,
+        workspace_bytes=batch_size * q_heads * new_tokens * context_tokens * b + query_bytes,
+    )

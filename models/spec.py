@@ -1,0 +1,95 @@
+"""The architecture of a decoder-only transformer, as far as cost and memory depend on it."""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from models.dtypes import dtype_bytes
+from models.errors import ConfigError
+
+Norm = Literal["layernorm", "rmsnorm"]
+Mlp = Literal["gated", "plain"]
+
+_POSITIVE_INT_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+_BOOL_FIELDS = ("tied_embeddings", "attention_bias", "linear_bias", "learned_position_embeddings")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer: pre-norm blocks of attention then MLP, a final norm, an LM head.
+
+    ``mlp="gated"`` is SwiGLU (gate and up projections, then down); ``"plain"`` is up, GELU, down.
+    ``attention_bias`` puts a bias on the q, k and v projections (Qwen2, GPT-2); ``linear_bias`` on
+    the attention output projection and the MLP linears (GPT-2). Without learned position
+    embeddings the model is taken to use rotary embeddings, which have no parameters.
+    ``dtype`` is the element type of weights, activations and KV cache.
+
+    Construction validates every field and raises :class:`ConfigError` naming it
+    (``model.<field>``).
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    norm: Norm
+    mlp: Mlp
+    tied_embeddings: bool
+    attention_bias: bool
+    linear_bias: bool
+    learned_position_embeddings: bool
+    max_position_embeddings: int
+    dtype: str = "fp16"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("model.name", f"must be a non-empty string (got {self.name!r})")
+        for field in _POSITIVE_INT_FIELDS:
+            value = getattr(self, field)
+            # bool is an int subclass; True must not pass as 1 layer.
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.{field}", f"must be a positive integer (got {value!r})")
+        for field in _BOOL_FIELDS:
+            value = getattr(self, field)
+            if not isinstance(value, bool):
+                raise ConfigError(f"model.{field}", f"must be true or false (got {value!r})")
+        for field, allowed in (("norm", get_args(Norm)), ("mlp", get_args(Mlp))):
+            value = getattr(self, field)
+            if value not in allowed:
+                raise ConfigError(f"model.{field}", f"must be one of {', '.join(allowed)} (got {value!r})")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                "model.num_attention_heads",
+                f"must divide hidden size {self.hidden_size} (got {self.num_attention_heads})",
+            )
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ConfigError(
+                "model.num_kv_heads",
+                f"must divide the {self.num_attention_heads} attention heads (got {self.num_kv_heads})",
+            )
+        dtype_bytes(self.dtype, "model.dtype")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, in elements."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of weights, activations and KV cache."""
+        return dtype_bytes(self.dtype, "model.dtype")
+
+    def with_dtype(self, dtype: str) -> "ModelSpec":
+        """The same architecture in another dtype; raises :class:`ConfigError` if it is unknown."""
+        return dataclasses.replace(self, dtype=dtype)

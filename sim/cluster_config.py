@@ -1,0 +1,138 @@
+"""The cluster description as written in a scenario file: pydantic models, validated at the boundary.
+
+A cluster is a tree of switches with hosts hanging below, each host holding devices::
+
+    switches:
+      - name: router
+      - name: "gw{i}"
+        count: 8
+        parent: router
+        uplink: {bandwidth: 300Mbit/s, latency: 1ms}
+    hosts:
+      - name: "home{i}"
+        count: 8
+        parent: "gw{i}"
+        nic: {bandwidth: 1Gbit/s, latency: 50us}
+        devices: {type: cpu, count: 1, memory: 8GiB}
+
+``"{i}"`` in ``name`` and ``parent`` becomes the index 0..count-1 of the entry. Quantities are
+parsed by :mod:`sim.units` here, so a bad one is reported with its location; after validation
+every number is SI (``bandwidth_bytes_per_s``, ``latency_s``, ``memory_capacity_bytes``), while the
+file keeps the short keys (``bandwidth``, ``latency``, ``memory``). Checks that need the whole tree
+(unknown parents, duplicates, cycles, device types) live in :func:`sim.topology.build_topology`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sim.units import parse_bandwidth, parse_duration, parse_size
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+# Names end up in channel names ("host0/dev1.link:up"), so "/" and ":" would make them ambiguous.
+_NAME_PATTERN = r"^([A-Za-z0-9_.-]|\{i\})+$"
+
+
+class LinkConfig(BaseModel):
+    """A link: ``{bandwidth: 10Gbit/s, latency: 10us, shared: false}``.
+
+    A link is full duplex (one channel per direction, each with the full bandwidth) unless
+    ``shared`` is true, in which case both directions, and for a host interconnect every device of
+    the host, share one channel (shared memory, one shaped loopback, a radio medium).
+    """
+
+    model_config = _STRICT
+
+    bandwidth_bytes_per_s: float = Field(alias="bandwidth")
+    latency_s: float = Field(alias="latency")
+    shared: bool = False
+
+    @field_validator("bandwidth_bytes_per_s", mode="before")
+    @classmethod
+    def _parse_bandwidth(cls, value: object) -> float:
+        return parse_bandwidth(value)
+
+    @field_validator("latency_s", mode="before")
+    @classmethod
+    def _parse_latency(cls, value: object) -> float:
+        return parse_duration(value)
+
+
+class SwitchConfig(BaseModel):
+    """A switch (or router, gateway): ``{name, count=1, parent=None, uplink=None}``.
+
+    ``uplink`` is the link to ``parent``; it is required exactly when ``parent`` is given.
+    """
+
+    model_config = _STRICT
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    count: int = Field(1, ge=1)
+    parent: str | None = None
+    uplink: LinkConfig | None = None
+
+    @model_validator(mode="after")
+    def _uplink_iff_parent(self) -> SwitchConfig:
+        if self.parent is not None and self.uplink is None:
+            raise ValueError(f"uplink is required because parent is given (parent {self.parent!r})")
+        if self.parent is None and self.uplink is not None:
+            raise ValueError("uplink given but no parent: a root switch has no uplink")
+        return self
+
+
+class DevicesConfig(BaseModel):
+    """The devices of a host: ``{type: rtx_3060_12gb, count: 4, memory: 12GiB}``.
+
+    ``type`` is a key of :data:`sim.devices.DEVICES`; ``memory`` overrides the catalog capacity.
+    """
+
+    model_config = _STRICT
+
+    type: str
+    count: int = Field(1, ge=1)
+    memory_capacity_bytes: int | None = Field(None, alias="memory")
+
+    @field_validator("memory_capacity_bytes", mode="before")
+    @classmethod
+    def _parse_memory(cls, value: object) -> int | None:
+        return None if value is None else parse_size(value)
+
+
+class HostConfig(BaseModel):
+    """A host: its devices, its NIC to the parent switch, the interconnect between its devices.
+
+    ``nic`` is required when ``parent`` is given. With ``nic_per_device: false`` (the default) all
+    devices of the host share one NIC, reached over the interconnect; with ``true`` each device has
+    a NIC of its own (e.g. GPUDirect RDMA). ``interconnect`` is each device's link to the host bus;
+    no fast shared memory is assumed, so it is required when the host has more than one device.
+    """
+
+    model_config = _STRICT
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    count: int = Field(1, ge=1)
+    parent: str | None = None
+    nic: LinkConfig | None = None
+    nic_per_device: bool = False
+    interconnect: LinkConfig | None = None
+    devices: DevicesConfig
+
+    @model_validator(mode="after")
+    def _required_links(self) -> HostConfig:
+        if self.parent is not None and self.nic is None:
+            raise ValueError(f"nic is required because parent is given (parent {self.parent!r})")
+        if self.devices.count > 1 and self.interconnect is None:
+            raise ValueError(
+                f"interconnect is required for a host with {self.devices.count} devices; "
+                "write e.g. interconnect: {bandwidth: 32GB/s, latency: 2us}"
+            )
+        return self
+
+
+class ClusterConfig(BaseModel):
+    """A whole cluster: ``switches`` (may be empty for a single host) and ``hosts`` (at least one)."""
+
+    model_config = _STRICT
+
+    switches: list[SwitchConfig] = []
+    hosts: list[HostConfig] = Field(min_length=1)

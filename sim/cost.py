@@ -1,0 +1,65 @@
+"""Compute cost models: how long a compute op takes on a device.
+
+Without a calibration profile the simulator prices compute with a roofline (Williams, Waterman,
+Patterson, CACM 2009): an op is bound either by arithmetic or by memory traffic,
+``t = max(FLOPs / (peak_FLOP/s * flops_efficiency), bytes / (memory_bandwidth * memory_efficiency))
++ op_overhead_s``. The efficiencies say how far from datasheet peaks real kernels run; the fixed
+overhead stands for kernel launch / framework dispatch, which dominates decode on small models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from models.accounting import OpCost
+from models.ops import OpKind
+from sim.topology import Device
+
+# Reducing n received bytes into a buffer reads two operands and writes one: 3n bytes of traffic.
+_REDUCTION_BYTES_PER_BYTE = 3.0
+
+
+class ComputeModel(Protocol):
+    """Prices compute ops and local reductions on one device."""
+
+    def duration_s(self, kind: OpKind, cost: OpCost, device: Device) -> float:
+        """Seconds that op ``kind`` with ``cost`` takes on ``device``."""
+        ...
+
+    def reduce_s_per_byte(self, device: Device) -> float:
+        """Seconds per byte to combine a received buffer into a local one (gamma)."""
+        ...
+
+
+@dataclass
+class RooflineCompute:
+    """Roofline pricing from datasheet peaks (see module docstring).
+
+    Args:
+        dtype: the dtype whose peak FLOP/s applies ("fp16", "bf16", "fp32").
+        flops_efficiency: achieved / peak FLOP/s, in (0, 1].
+        memory_efficiency: achieved / peak memory bandwidth, in (0, 1].
+        op_overhead_s: fixed cost added to every compute op (s).
+
+    Raises:
+        ConfigError: from ``DeviceSpec.peak_flops`` when a device lacks ``dtype``.
+    """
+
+    dtype: str
+    flops_efficiency: float
+    memory_efficiency: float
+    op_overhead_s: float
+    _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
+
+    def duration_s(self, kind: OpKind, cost: OpCost, device: Device) -> float:
+        key = (device.spec.name, cost.flops, cost.bytes_read + cost.bytes_written)
+        cached = self._cache.get(key)
+        if cached is None:
+            compute_s = cost.flops / (device.spec.peak_flops(self.dtype) * self.flops_efficiency)
+            memory_s = key[2] / (device.spec.memory_bandwidth_bytes_per_s * self.memory_efficiency)
+            cached = self._cache[key] = max(compute_s, memory_s) + self.op_overhead_s
+        return cached
+
+    def reduce_s_per_byte(self, device: Device) -> float:
+        return _REDUCTION_BYTES_PER_BYTE / (device.spec.memory_bandwidth_bytes_per_s * self.memory_efficiency)

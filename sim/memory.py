@@ -1,0 +1,151 @@
+"""The memory ledger: device memory per rank over time, its peak, and the first op that overflows.
+
+Each op of a segment contributes events: at its start its persistent ``alloc`` and its transient
+bytes (workspace or communication buffer); at its end the transient bytes are released and its
+``free`` applied. Events at the same instant apply releases before allocations (a buffer freed as
+the next op starts is reused), so the ledger never double counts a hand-over.
+
+A segment repeated k times whose instance leaves ``net`` bytes behind (the KV cache of one layer)
+starts instance j at ``base + j * net``; its peak is therefore at the first or the last instance,
+and the first overflowing instance is found in closed form, not by replaying k instances.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engine import SegmentResult
+from sim.plan import MemoryCategory, Phase, Segment
+
+CATEGORIES = tuple(MemoryCategory)
+
+
+@dataclass(frozen=True)
+class SegmentLedger:
+    """One rank's memory within one segment instance, relative to the instance's start.
+
+    ``times_s``/``running_bytes``: after each event, in event order; ``op_index``: the op that caused
+    it; ``net_bytes``: what the instance leaves behind, by category; ``peak_*``: its highest point.
+    """
+
+    times_s: np.ndarray
+    running_bytes: np.ndarray
+    op_index: np.ndarray
+    net_bytes: dict[MemoryCategory, int]
+    peak_bytes: int
+    peak_by_category: dict[MemoryCategory, int]
+
+
+def segment_ledger(segment: Segment, result: SegmentResult, rank: int) -> SegmentLedger:
+    """Build ``rank``'s ledger of one instance of ``segment`` from its simulated op times."""
+    program = segment.programs[rank]
+    events: list[tuple[float, int, int, MemoryCategory, int]] = []  # (time, order, op, category, delta)
+    for i, op in enumerate(program):
+        start, end = float(result.starts[rank][i]), float(result.ends[rank][i])
+        for category, size in op.alloc:
+            events.append((start, 1, i, category, size))
+        if op.transient_bytes:
+            events.append((start, 1, i, op.transient_category, op.transient_bytes))
+            events.append((end, 0, i, op.transient_category, -op.transient_bytes))
+        for category, size in op.free:
+            events.append((end, 0, i, category, -size))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    by_category = dict.fromkeys(CATEGORIES, 0)
+    running = 0
+    peak, peak_by_category = 0, dict(by_category)
+    times, totals, ops = [], [], []
+    for time_s, _, i, category, delta in events:
+        by_category[category] += delta
+        running += delta
+        times.append(time_s)
+        totals.append(running)
+        ops.append(i)
+        if running > peak:
+            peak, peak_by_category = running, dict(by_category)
+    return SegmentLedger(np.array(times), np.array(totals, dtype=np.int64), np.array(ops, dtype=np.int64),
+                         by_category, peak, peak_by_category)
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """The first op whose memory does not fit: when, where, and by how much (bytes)."""
+
+    rank: int
+    op_name: str
+    phase: str
+    step: int
+    layer: int | None
+    time_s: float
+    needed_bytes: int
+    capacity_bytes: int
+
+    def describe(self, device_name: str) -> str:
+        where = f"layer {self.layer} " if self.layer is not None else ""
+        return (f"out of memory on rank {self.rank} ({device_name}) at {self.phase} step {self.step} "
+                f"{where}op {self.op_name}: needs {self.needed_bytes / 2**30:.2f} GiB of "
+                f"{self.capacity_bytes / 2**30:.2f} GiB")
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """One rank's memory over one phase, given the bytes resident when it starts.
+
+    ``peak_bytes`` is absolute; ``peak_by_category`` its composition; ``end_bytes`` what the phase
+    leaves resident (by category); ``overflow`` the first op past ``capacity_bytes``, if any.
+    """
+
+    peak_bytes: int
+    peak_by_category: dict[MemoryCategory, int]
+    end_by_category: dict[MemoryCategory, int]
+    overflow: Overflow | None
+
+
+def phase_memory(phase: Phase, results: tuple[SegmentResult, ...], rank: int,
+                 start_by_category: dict[MemoryCategory, int], capacity_bytes: int,
+                 phase_start_s: float) -> PhaseMemory:
+    """Fold the segment ledgers of ``phase`` (with repeats) into the rank's phase memory.
+
+    Args:
+        results: one simulated instance per segment of ``phase``, in order.
+        start_by_category: bytes resident when the phase starts, by category.
+        capacity_bytes: the device's memory; the first event above it is reported.
+        phase_start_s: absolute start time of the phase, for the overflow's time.
+    """
+    current = dict(start_by_category)
+    peak_bytes, peak_by_category = sum(current.values()), dict(current)
+    overflow = None
+    t0 = phase_start_s
+    for segment, result, layer0 in zip(phase.segments, results, phase.layer_of_segment):
+        ledger = segment_ledger(segment, result, rank)
+        base = sum(current.values())
+        net = sum(ledger.net_bytes.values())
+        last = segment.repeat - 1
+        j_peak = last if net > 0 else 0
+        if base + j_peak * net + ledger.peak_bytes > peak_bytes:
+            peak_bytes = base + j_peak * net + ledger.peak_bytes
+            peak_by_category = {c: current[c] + j_peak * ledger.net_bytes[c] + ledger.peak_by_category[c]
+                                for c in CATEGORIES}
+        if overflow is None and base + j_peak * net + ledger.peak_bytes > capacity_bytes:
+            overflow = _first_overflow(phase, segment, result, ledger, rank, base, net, capacity_bytes,
+                                       layer0, t0)
+        current = {c: current[c] + segment.repeat * ledger.net_bytes[c] for c in CATEGORIES}
+        t0 += segment.repeat * result.duration_s
+    return PhaseMemory(peak_bytes, peak_by_category, current, overflow)
+
+
+def _first_overflow(phase, segment, result, ledger, rank, base, net, capacity_bytes, layer0, t0) -> Overflow:
+    """The earliest instance and event of a segment whose running total exceeds the capacity."""
+    if base + ledger.peak_bytes > capacity_bytes:
+        j = 0
+    else:  # only later instances overflow, which needs net > 0
+        j = max(1, math.ceil((capacity_bytes - base - ledger.peak_bytes) / net))
+        while base + j * net + ledger.peak_bytes <= capacity_bytes:
+            j += 1
+    event = int(np.argmax(base + j * net + ledger.running_bytes > capacity_bytes))
+    op = segment.programs[rank][int(ledger.op_index[event])]
+    return Overflow(rank, op.name, phase.name, phase.step, None if layer0 is None else layer0 + j,
+                    t0 + j * result.duration_s + float(ledger.times_s[event]),
+                    int(base + j * net + ledger.running_bytes[event]), capacity_bytes)

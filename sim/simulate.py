@@ -1,0 +1,117 @@
+"""``simulate(scenario)``: the simulator's main job as a library call.
+
+For each variant of the scenario: lower the plan, price it with the engine over the scenario's
+topology, build the trace and compute the metrics. The topology, compute model and collective
+pricer are built once and shared by the variants, so a collective two variants both use is priced
+once. The CLI only parses arguments, calls this and writes what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from models.accounting import check_tensor_parallel
+from models.errors import ConfigError
+from sim.cost import RooflineCompute
+from sim.engine import Engine
+from sim.memory import Overflow
+from sim.metrics import result_rows, timing_metrics
+from sim.network import NETWORK_MODELS, CollectivePricer
+from sim.plan import Plan, StrategyChoice
+from sim.scenario import Scenario, Variant
+from sim.timeline import RunResult, simulate_run
+from sim.topology import Topology, build_topology
+from sim.trace import Trace, build_trace
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One variant's run, trace, timing metrics and the algorithms its collectives resolved to
+    (``"allreduce=ring"``, sorted)."""
+
+    variant: Variant
+    run: RunResult
+    trace: Trace
+    timing: dict[str, float]
+    algorithms: tuple[str, ...]
+
+    @property
+    def overflow(self) -> Overflow | None:
+        return self.run.overflow
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Everything ``hetsim simulate`` reports: per-variant results and the tidy result table."""
+
+    scenario: Scenario
+    topology: Topology
+    ranks: tuple[int, ...]
+    variants: tuple[VariantResult, ...]
+    results: pd.DataFrame
+
+    def variant(self, name: str) -> VariantResult:
+        return next(v for v in self.variants if v.variant.name == name)
+
+
+def tensor_parallel_ranks(scenario: Scenario, topology: Topology) -> tuple[int, ...]:
+    """The ranks of the tensor-parallel group: the first ``parallel.tensor`` devices (default: all).
+
+    Raises:
+        ConfigError: the degree exceeds the devices, or does not divide the model's heads.
+    """
+    degree = scenario.config.parallel.tensor or topology.num_ranks
+    if degree > topology.num_ranks:
+        raise ConfigError("parallel.tensor", f"tensor-parallel degree exceeds the cluster's "
+                                             f"{topology.num_ranks} devices (got {degree})")
+    check_tensor_parallel(scenario.model, degree)
+    return tuple(range(degree))
+
+
+def simulate(scenario: Scenario, *, expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
+    """Simulate every variant of ``scenario``.
+
+    Args:
+        expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
+
+    Raises:
+        ConfigError: an inconsistent scenario (devices without the dtype, an unknown algorithm or
+            network model, a tensor-parallel degree that does not fit).
+    """
+    config = scenario.config
+    topology = build_topology(config.cluster)
+    ranks = tensor_parallel_ranks(scenario, topology)
+    dtype = scenario.model.dtype
+    for rank in ranks:
+        topology.devices[rank].spec.peak_flops(dtype, field="dtype")
+    compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
+                              config.compute.op_overhead_s)
+    if config.network_model not in NETWORK_MODELS:
+        raise ConfigError("network_model", f"unknown network model; known: {', '.join(NETWORK_MODELS)} "
+                                           f"(got {config.network_model!r})")
+    network = NETWORK_MODELS[config.network_model](
+        topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+    engine = Engine(topology, compute, CollectivePricer(network, topology))
+    workload = config.workload
+    variants, tables = [], []
+    for variant in config.variants:
+        plan = Plan(scenario.model, ranks, workload.batch_size, workload.prompt_tokens, workload.output_tokens,
+                    StrategyChoice(variant.strategy, variant.allreduce, variant.reduce, variant.broadcast))
+        try:
+            run = simulate_run(plan, engine, topology)
+        except ConfigError as error:
+            raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}",
+                              str(error).split(": ", 1)[1]) from None
+        trace = build_trace(run, expand_steps)
+        timing = timing_metrics(trace, workload.batch_size)
+        memory = {topology.devices[r].name: {"peak_memory_bytes": run.peak_bytes[r],
+                                             "memory_capacity_bytes": topology.devices[r].memory_capacity_bytes}
+                  for r in ranks}
+        algorithms = tuple(f"{kind}={name}" for kind, name in sorted(
+            {a for phase in run.simulated.values() for res in phase.results for a in res.algorithms.values()}))
+        variants.append(VariantResult(variant, run, trace, timing, algorithms))
+        tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
+    return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
+

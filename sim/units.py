@@ -1,0 +1,144 @@
+"""Human-written quantities ("10Gbit/s", "5us", "16GiB", "989 TFLOP/s") parsed into SI numbers.
+
+Everything inside hetsim is SI: seconds, bytes, bytes per second, FLOP per second. These parsers
+are the only place where a unit is read; they are called at the input boundary (pydantic field
+validators) so that a bad value is reported with its location.
+
+pint does the arithmetic, but it treats bit and byte as dimensionless, reads ``b`` as barn and
+``Mbps`` as megabaud, and ``mbit`` as millibit. So each parser checks the unit *names*, not only
+the dimensionality, and accepts only whole-bit multiples (k, M, G, T, P and Ki, Mi, Gi, Ti, Pi).
+
+Plain numbers (int or float) are taken as already being in SI units. Bad input raises
+``ValueError`` with a one-line message that shows an example of correct input.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import pint
+
+_INFORMATION_UNIT = re.compile(r"^(|kilo|mega|giga|tera|peta|kibi|mebi|gibi|tebi|pebi)(bit|byte)$")
+_FLOPS_SUFFIX = re.compile(r"FLOP(?:S|/s)$", re.IGNORECASE)
+_FLOP_PREFIX_FACTOR = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+@functools.cache
+def _registry() -> pint.UnitRegistry:
+    # Built once, on first use: constructing a registry costs about 0.1 s.
+    return pint.UnitRegistry()
+
+
+def _quantity(text: str | int | float, what: str, example: str) -> pint.Quantity | float:
+    """Parse ``text`` with pint, or return a plain number unchanged."""
+    if isinstance(text, bool):
+        raise ValueError(f"not {what}: {text!r}; write e.g. {example}")
+    if isinstance(text, (int, float)):
+        return float(text)
+    if not isinstance(text, str):
+        raise ValueError(f"not {what}: {text!r}; write e.g. {example}")
+    try:
+        quantity = _registry().Quantity(text.strip())
+    except (pint.errors.PintError, ValueError, TypeError, AttributeError, SyntaxError):
+        raise ValueError(f"not {what}: {text!r}; write e.g. {example}") from None
+    return quantity
+
+
+def _to_si(quantity: pint.Quantity, unit: str) -> float:
+    # pint's prefix arithmetic leaves one-ulp noise ("10us" -> 9.999999999999999e-06); 15
+    # significant digits give back the exact decimal value without losing real precision.
+    return float(f"{quantity.to(unit).magnitude:.15g}")
+
+
+def _is_time_unit(name: str) -> bool:
+    return _registry().Unit(name).dimensionality == _registry().second.dimensionality
+
+
+def _check_value(value: float, text: object, what: str, *, allow_zero: bool) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite (got {text!r})")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = "must not be negative" if allow_zero else "must be positive"
+        raise ValueError(f"{what} {bound} (got {text!r})")
+    return value
+
+
+def parse_bandwidth(text: str | int | float) -> float:
+    """Parse a bandwidth such as ``"10Gbit/s"``, ``"300 Mbit/s"``, ``"32GB/s"``, ``"25 GiB/s"``.
+
+    Returns bytes per second (float, > 0). A plain number is taken as bytes per second.
+    Raises ValueError for anything else, including ambiguous spellings like ``"10 gbps"`` or
+    ``"10 Mb/s"`` (pint reads ``b`` as barn).
+    """
+    example = "10Gbit/s or 1.25GB/s"
+    quantity = _quantity(text, "a bandwidth", example)
+    if isinstance(quantity, float):
+        return _check_value(quantity, text, "bandwidth", allow_zero=False)
+    units = dict(quantity.unit_items())
+    information = [name for name, power in units.items() if power == 1 and _INFORMATION_UNIT.match(name)]
+    time = [name for name, power in units.items() if power == -1 and _is_time_unit(name)]
+    if len(units) != 2 or len(information) != 1 or len(time) != 1:
+        raise ValueError(f"not a bandwidth: {text!r}; write e.g. {example}")
+    value = _to_si(quantity, "byte / second")
+    return _check_value(value, text, "bandwidth", allow_zero=False)
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Parse a duration such as ``"1ms"``, ``"5us"``, ``"2 s"``.
+
+    Returns seconds (float, >= 0: a zero latency is a legitimate idealisation). A plain number is
+    taken as seconds. Raises ValueError for text that is not a time or is negative.
+    """
+    example = "1ms, 50us or 2s"
+    quantity = _quantity(text, "a duration", example)
+    if isinstance(quantity, float):
+        return _check_value(quantity, text, "duration", allow_zero=True)
+    units = dict(quantity.unit_items())
+    if len(units) != 1 or next(iter(units.values())) != 1 or not _is_time_unit(next(iter(units))):
+        raise ValueError(f"not a duration: {text!r}; write e.g. {example}")
+    value = _to_si(quantity, "second")
+    return _check_value(value, text, "duration", allow_zero=True)
+
+
+def parse_size(text: str | int | float) -> int:
+    """Parse a size such as ``"16GiB"``, ``"8 GB"``, ``"512MiB"``, ``"4Gbit"``.
+
+    Returns bytes as an int (rounded to the nearest byte, > 0). A plain number is taken as bytes.
+    Raises ValueError for text that is not an amount of information or is not positive.
+    """
+    example = "16GiB or 8GB"
+    quantity = _quantity(text, "a size", example)
+    if isinstance(quantity, float):
+        return round(_check_value(quantity, text, "size", allow_zero=False))
+    units = dict(quantity.unit_items())
+    if len(units) != 1 or next(iter(units.values())) != 1 or not _INFORMATION_UNIT.match(next(iter(units))):
+        raise ValueError(f"not a size: {text!r}; write e.g. {example}")
+    value = float(quantity.to("byte").magnitude)
+    return round(_check_value(value, text, "size", allow_zero=False))
+
+
+def parse_flops(text: str | int | float) -> float:
+    """Parse a compute rate such as ``"989 TFLOP/s"``, ``"19.5TFLOPS"``, ``"1e12 FLOP/s"``.
+
+    Returns FLOP per second (float, > 0). pint has no FLOP unit, so the SI prefix (k, M, G, T,
+    P, E) is read here. A plain number is taken as FLOP/s. Raises ValueError otherwise.
+    """
+    example = "989 TFLOP/s or 19.5TFLOPS"
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"not a compute rate: {text!r}; write e.g. {example}")
+    if isinstance(text, (int, float)):
+        return _check_value(float(text), text, "compute rate", allow_zero=False)
+    stripped = _FLOPS_SUFFIX.sub("", text.strip())
+    if stripped == text.strip():
+        raise ValueError(f"not a compute rate: {text!r}; write e.g. {example}")
+    number = stripped.rstrip()
+    prefix = ""
+    if number and number[-1] in _FLOP_PREFIX_FACTOR:
+        number, prefix = number[:-1].rstrip(), number[-1]
+    try:
+        magnitude = float(number)
+    except ValueError:
+        raise ValueError(f"not a compute rate: {text!r}; write e.g. {example}") from None
+    return _check_value(magnitude * _FLOP_PREFIX_FACTOR[prefix], text, "compute rate", allow_zero=False)

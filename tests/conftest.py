@@ -1,0 +1,53 @@
+"""Shared builders: small scenarios as dicts, so each test states only what it varies."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from sim.scenario import Scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cluster(num_hosts: int = 2, devices_per_host: int = 2, *, device: str = "rtx_3060_12gb",
+            nic: str = "10Gbit/s", nic_latency: str = "10us", memory: str | None = None,
+            nic_per_device: bool = False) -> dict:
+    """``num_hosts`` hosts under one switch, ``devices_per_host`` devices each on PCIe-like links."""
+    devices = {"type": device, "count": devices_per_host}
+    if memory:
+        devices["memory"] = memory
+    host = {"name": "h{i}", "count": num_hosts, "parent": "sw", "nic": {"bandwidth": nic, "latency": nic_latency},
+            "nic_per_device": nic_per_device, "devices": devices}
+    if devices_per_host > 1:
+        host["interconnect"] = {"bandwidth": "16GB/s", "latency": "2us"}
+    return {"switches": [{"name": "sw"}], "hosts": [host]}
+
+
+def scenario_dict(**overrides) -> dict:
+    """A small valid scenario (GPT-2 in fp16 on 2 x 2 RTX 3060), with top-level fields overridden."""
+    data = {
+        "name": "test",
+        "model": "gpt2",
+        "dtype": "fp16",
+        "cluster": cluster(),
+        "workload": {"batch_size": 1, "prompt_tokens": 32, "output_tokens": 8},
+        "variants": [
+            {"name": "rlb", "strategy": "reduce_ln_bcast"},
+            {"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"},
+            {"name": "rd", "strategy": "allreduce_ln", "allreduce": "recursive_doubling"},
+        ],
+    }
+    data.update(copy.deepcopy(overrides))
+    return data
+
+
+def make_scenario(**overrides) -> Scenario:
+    return scenario_from_dict(scenario_dict(**overrides), base_dir=ROOT)
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT

@@ -1,0 +1,113 @@
+"""The ``hetsim simulate`` command: outputs, one-line errors with exit code 2, determinism."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import ROOT, scenario_dict
+from validation.cli import main
+
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+
+
+def _run(args, capsys) -> tuple[int, str, str]:
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _write(tmp_path: Path, data) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_simulate_writes_results_trace_and_report(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, _ = _run(["simulate", str(_write(tmp_path, scenario_dict())), "--out", str(out)], capsys)
+    assert code == 0
+    assert "TTFT" in stdout and "rlb" in stdout
+    results = pd.read_csv(out / "results.csv")
+    assert list(results.columns) == ["scenario", "variant", "source", "metric", "value", "unit", "device"]
+    assert set(results["metric"]) >= {"ttft_s", "tpot_s", "decode_tokens_per_s", "peak_memory_bytes"}
+    assert (results["source"] == "simulated").all()
+    per_device = results[results["metric"] == "peak_memory_bytes"]
+    assert len(per_device) == 3 * 4 and per_device["device"].notna().all()
+    trace = json.loads((out / "trace.json").read_text())
+    kinds = {e["ph"] for e in trace["traceEvents"]}
+    assert {"X", "C", "M"} <= kinds
+    assert "plotly" in (out / "report.html").read_text()[:5_000_000]
+
+
+def test_two_runs_give_byte_identical_results(tmp_path, capsys):
+    path = _write(tmp_path, scenario_dict())
+    for name in ("a", "b"):
+        assert _run(["simulate", str(path), "--out", str(tmp_path / name)], capsys)[0] == 0
+    assert (tmp_path / "a" / "results.csv").read_bytes() == (tmp_path / "b" / "results.csv").read_bytes()
+
+
+def _bad_cases():
+    unknown_field = scenario_dict()
+    unknown_field["colour"] = "red"
+    negative = scenario_dict()
+    negative["cluster"]["hosts"][0]["nic"]["bandwidth"] = "-10Gbit/s"
+    unknown_device = scenario_dict()
+    unknown_device["cluster"]["hosts"][0]["devices"]["type"] = "tpu_v9"
+    return [
+        ("malformed", "name: [unclosed\n", "malformed YAML"),
+        ("unknown_field", unknown_field, "colour"),
+        ("negative_bandwidth", negative, "bandwidth"),
+        ("tp_heads", scenario_dict(model="llama-2-7b", parallel={"tensor": 3}), "parallel.tensor"),
+        ("unknown_model", scenario_dict(model="llama-9-1b"), "llama-9-1b"),
+        ("unknown_device", unknown_device, "tpu_v9"),
+        ("unknown_algorithm", scenario_dict(variants=[{"name": "x", "strategy": "allreduce_ln",
+                                                      "allreduce": "telepathy"}]), "telepathy"),
+        ("zero_tokens", scenario_dict(workload={"batch_size": 1, "prompt_tokens": 0, "output_tokens": 2}),
+         "workload.prompt_tokens"),
+    ]
+
+
+@pytest.mark.parametrize("name,data,needle", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, name, data, needle):
+    out = tmp_path / "out"
+    code, stdout, stderr = _run(["simulate", str(_write(tmp_path, data)), "--out", str(out)], capsys)
+    assert code == 2
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert needle in stderr and "Traceback" not in stderr
+    assert not out.exists()
+
+
+def test_missing_file_is_a_one_line_error(tmp_path, capsys):
+    code, _, stderr = _run(["simulate", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "nope.yaml" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_console_script_reports_errors_without_traceback(tmp_path):
+    path = _write(tmp_path, scenario_dict(model="llama-9-1b"))
+    proc = subprocess.run([sys.executable, "-c", "from validation.cli import main; main()", "simulate", str(path),
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("hetsim: error: model:") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_every_shipped_scenario_simulates(path):
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+
+    result = simulate(load_scenario(path))
+    for vr in result.variants:
+        assert vr.timing["ttft_s"] > 0 and vr.timing["tpot_s"] > 0
+    if "70b" in path.stem and "low_resource" in path.stem:
+        assert all(v.overflow is not None for v in result.variants)  # 138 GB over 8 x 8 GiB
+    else:
+        assert all(v.overflow is None for v in result.variants)
