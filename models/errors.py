@@ -13,5 +13,11 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, field: str, message: str):
+        # args stay (field, message) so copies made by type(e)(*e.args) (simpy re-raises that
+        # way) and pickling across worker processes rebuild the same error.
+        super().__init__(field, message)
         self.field = field
-        super().__init__(f"{field}: {message}")
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"

@@ -13,7 +13,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
-    network_model: flow             # flow (links shared) | alpha_beta (contention-free)
+    network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
     baseline: reduce_ln_bcast       # a variant name; default: the first variant
     variants:
       - {name: reduce_ln_bcast, strategy: reduce_ln_bcast, reduce: binomial, broadcast: binomial}

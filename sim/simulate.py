@@ -102,8 +102,7 @@ def simulate(scenario: Scenario, *, expand_steps: tuple[int, ...] = (0, 1)) -> S
         try:
             run = simulate_run(plan, engine, topology)
         except ConfigError as error:
-            raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}",
-                              str(error).split(": ", 1)[1]) from None
+            raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}", error.message) from None
         trace = build_trace(run, expand_steps)
         timing = timing_metrics(trace, workload.batch_size)
         memory = {topology.devices[r].name: {"peak_memory_bytes": run.peak_bytes[r],

@@ -158,7 +158,7 @@ def test_same_scenario_same_results():
 
 def test_log_depth_allreduce_beats_reduce_bcast_when_latency_bound():
     # 8 one-device hosts, 5 ms links: decode messages of a few KiB are latency-bound
-    scenario = make_scenario(cluster=cluster(8, 1, nic="1Gbit/s", nic_latency="5ms"),
+    scenario = make_scenario(model="llama-2-7b", cluster=cluster(8, 1, nic="1Gbit/s", nic_latency="5ms"),
                              variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"},
                                        {"name": "rd", "strategy": "allreduce_ln", "allreduce": "recursive_doubling"},
                                        {"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}])

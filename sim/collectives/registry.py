@@ -1,0 +1,99 @@
+"""The algorithms a scenario can name, per collective kind, and the one entry point that builds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from models.errors import ConfigError
+from models.ops import OpKind
+from sim.collectives.binomial import binomial_broadcast, binomial_reduce
+from sim.collectives.doubling import rabenseifner, recursive_doubling
+from sim.collectives.double_binary_tree import double_binary_tree
+from sim.collectives.ring import ring_allreduce
+from sim.collectives.schedule import CommSchedule
+from sim.collectives.star import star_allreduce, star_broadcast, star_reduce
+from sim.collectives.two_level import two_level_rs, two_level_tree
+
+HostGroups = tuple[tuple[int, ...], ...]
+Builder = Callable[[tuple[int, ...], int, int, HostGroups | None], CommSchedule]
+"""``(group, size_bytes, root, host_groups) -> CommSchedule``; root is resolved (group[0] by default)."""
+
+
+def _flat(build: Callable[[tuple[int, ...], int], CommSchedule]) -> Builder:
+    return lambda group, size_bytes, root, host_groups: build(group, size_bytes)
+
+
+def _rooted(build: Callable[[tuple[int, ...], int, int], CommSchedule]) -> Builder:
+    return lambda group, size_bytes, root, host_groups: build(group, size_bytes, root)
+
+
+def _hierarchical(name: str, build: Callable[[tuple[int, ...], int, HostGroups], CommSchedule]) -> Builder:
+    def builder(group: tuple[int, ...], size_bytes: int, root: int, host_groups: HostGroups | None) -> CommSchedule:
+        if host_groups is None:
+            raise ConfigError("host_groups", f"allreduce algorithm '{name}' needs the group's ranks grouped by host (got None)")
+        return build(group, size_bytes, host_groups)
+
+    return builder
+
+
+ALGORITHMS: dict[OpKind, dict[str, Builder]] = {
+    OpKind.ALLREDUCE: {
+        "ring": _flat(ring_allreduce),
+        "recursive_doubling": _flat(recursive_doubling),
+        "rabenseifner": _flat(rabenseifner),
+        "star": _flat(star_allreduce),
+        "double_binary_tree": _flat(double_binary_tree),
+        "two_level_tree": _hierarchical("two_level_tree", two_level_tree),
+        "two_level_rs": _hierarchical("two_level_rs", two_level_rs),
+    },
+    OpKind.REDUCE: {"binomial": _rooted(binomial_reduce), "star": _rooted(star_reduce)},
+    OpKind.BROADCAST: {"binomial": _rooted(binomial_broadcast), "star": _rooted(star_broadcast)},
+}
+"""Builders by collective kind and the algorithm name a scenario writes."""
+
+
+def build_schedule(
+    kind: OpKind,
+    algorithm: str,
+    group: Sequence[int],
+    size_bytes: int,
+    *,
+    root: int | None = None,
+    host_groups: Sequence[Sequence[int]] | None = None,
+) -> CommSchedule:
+    """The point-to-point schedule of collective ``kind`` by ``algorithm``.
+
+    Args:
+        kind: allreduce, reduce or broadcast.
+        algorithm: a key of ``ALGORITHMS[kind]``.
+        group: the participating global ranks, distinct, in the order the algorithm uses.
+        size_bytes: n, bytes per rank (>= 0).
+        root: root of a reduce or broadcast; defaults to ``group[0]``; ignored by allreduce.
+        host_groups: ``group`` partitioned by host (e.g. ``Topology.host_groups(group)``);
+            required by the two-level algorithms, ignored by the others.
+
+    Returns:
+        A :class:`CommSchedule`; for a group of one rank it has no steps (takes no time).
+
+    Raises:
+        ConfigError: unknown kind or algorithm (listing the known ones), empty group or repeated
+            ranks, negative size, root outside the group, missing or bad host groups.
+    """
+    if kind not in ALGORITHMS:
+        raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
+    builders = ALGORITHMS[kind]
+    if algorithm not in builders:
+        raise ConfigError("algorithm", f"unknown {kind} algorithm {algorithm!r}; known: {', '.join(builders)}")
+    members = tuple(group)
+    if not members or len(set(members)) != len(members):
+        raise ConfigError("group", f"must be non-empty with distinct ranks (got {members})")
+    if size_bytes < 0:
+        raise ConfigError("size_bytes", f"must not be negative (got {size_bytes})")
+    if kind == OpKind.ALLREDUCE:
+        resolved_root = members[0]
+    else:
+        resolved_root = members[0] if root is None else root
+        if resolved_root not in members:
+            raise ConfigError("root", f"must be a rank of the group {members} (got {root})")
+    hosts = None if host_groups is None else tuple(tuple(host) for host in host_groups)
+    return builders[algorithm](members, size_bytes, resolved_root, hosts)

@@ -1,0 +1,204 @@
+"""A collective as an explicit point-to-point schedule: steps of transfers over one buffer per rank.
+
+Buffer semantics (shared by the simulator, which prices a schedule, and the runtime, which can
+execute it with isend/irecv):
+
+* Every rank of ``group`` holds one buffer of ``size_bytes`` bytes (n in the alpha-beta formulas).
+  Initially it holds the rank's input: its contribution for allreduce and reduce, the data to
+  broadcast on the root (other ranks' initial contents are irrelevant) for broadcast.
+* A :class:`Transfer` moves the byte range ``[offset_bytes, offset_bytes + size_bytes)`` of the
+  sender's buffer into the same range of the receiver's buffer, overwriting it (``reduce=False``)
+  or adding it elementwise (``reduce=True``, costing gamma per byte at the receiver).
+* Steps run in order. Within a step, every send reads the sender's buffer as it was at the start
+  of the step, and the receives are applied after it (so a runtime receives into scratch space and
+  then copies or adds). Several reduce-transfers into one range of a rank in one step are all
+  added; a copy-transfer's range overlaps no other range the rank receives in that step.
+* At the end, for ``allreduce`` every buffer holds the elementwise sum of all inputs; for
+  ``reduce`` the root's buffer holds it (other buffers are scratch); for ``broadcast`` every
+  buffer holds the root's input. :func:`execute` is the executable reference of these semantics.
+
+Steps order each rank's work; they are not global barriers: a network model lets a rank begin
+step k as soon as its own transfers of the earlier steps are done (see :mod:`sim.network`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.ops import OpKind
+from sim.collectives.chunks import ByteRange
+
+Steps = list[list["Transfer"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One message: ``size_bytes`` bytes at ``offset_bytes`` of ``src``'s buffer to ``dst``'s.
+
+    Ranks are global rank ids. ``reduce=True``: ``dst`` adds the bytes into its buffer (a local
+    reduction costing gamma per byte at ``dst``); ``False``: ``dst`` overwrites the range.
+    """
+
+    src: int
+    dst: int
+    size_bytes: int
+    reduce: bool
+    offset_bytes: int = 0
+
+    @property
+    def end_bytes(self) -> int:
+        """One past the last byte of the range carried."""
+        return self.offset_bytes + self.size_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CommSchedule:
+    """A collective operation spelled out as steps of point-to-point transfers.
+
+    Attributes:
+        kind: allreduce, reduce or broadcast.
+        algorithm: the registry name that built it (e.g. ``"ring"``).
+        group: the participating global ranks, in the order the algorithm uses them.
+        root: the root of a reduce or broadcast; None for allreduce.
+        size_bytes: n, the buffer size of every rank (bytes).
+        steps: ``steps[k]`` holds the transfers of step k; see the module docstring.
+
+    Raises:
+        ValueError: a rank outside ``group``, a transfer to itself, a range outside the buffer, a
+            root outside the group, or a copy overlapping another range received in its step.
+    """
+
+    kind: OpKind
+    algorithm: str
+    group: tuple[int, ...]
+    root: int | None
+    size_bytes: int
+    steps: tuple[tuple[Transfer, ...], ...]
+
+    def __post_init__(self) -> None:
+        members = set(self.group)
+        if not self.group or len(members) != len(self.group):
+            raise ValueError(f"group must be non-empty with distinct ranks (got {self.group})")
+        if self.root is not None and self.root not in members:
+            raise ValueError(f"root {self.root} is not in group {self.group}")
+        for index, step in enumerate(self.steps):
+            received: dict[int, list[Transfer]] = {}
+            for t in step:
+                if t.src not in members or t.dst not in members or t.src == t.dst:
+                    raise ValueError(f"step {index}: bad endpoints in {t} for group {self.group}")
+                if t.offset_bytes < 0 or t.size_bytes < 0 or t.end_bytes > self.size_bytes:
+                    raise ValueError(f"step {index}: {t} lies outside the {self.size_bytes}-byte buffer")
+                received.setdefault(t.dst, []).append(t)
+            for incoming in received.values():
+                _check_no_copy_overlap(index, incoming)
+
+    @property
+    def num_steps(self) -> int:
+        """Number of steps (the latency term's multiplier for step-synchronous algorithms)."""
+        return len(self.steps)
+
+    def transfers(self) -> Iterator[Transfer]:
+        """All transfers, step by step."""
+        for step in self.steps:
+            yield from step
+
+    def bytes_sent_per_rank(self) -> dict[int, int]:
+        """Bytes each group rank sends over the whole operation (0 for a rank that only receives)."""
+        sent = dict.fromkeys(self.group, 0)
+        for t in self.transfers():
+            sent[t.src] += t.size_bytes
+        return sent
+
+    def bytes_received_per_rank(self) -> dict[int, int]:
+        """Bytes each group rank receives over the whole operation."""
+        received = dict.fromkeys(self.group, 0)
+        for t in self.transfers():
+            received[t.dst] += t.size_bytes
+        return received
+
+
+def send(src: int, dst: int, chunk: ByteRange, *, reduce: bool) -> Transfer:
+    """The transfer of the byte range ``chunk`` from ``src`` to ``dst``."""
+    return Transfer(src, dst, chunk.size_bytes, reduce, chunk.offset_bytes)
+
+
+def _check_no_copy_overlap(step: int, incoming: list[Transfer]) -> None:
+    ordered = sorted(incoming, key=lambda t: (t.offset_bytes, t.end_bytes))
+    for before, after in zip(ordered, ordered[1:]):
+        if after.offset_bytes < before.end_bytes and not (before.reduce and after.reduce):
+            raise ValueError(f"step {step}: a copy overlaps another receive at rank {after.dst}: {before}, {after}")
+
+
+def make_schedule(
+    kind: OpKind, algorithm: str, group: Sequence[int], root: int | None, size_bytes: int, steps: Iterable[Iterable[Transfer]]
+) -> CommSchedule:
+    """A :class:`CommSchedule` from lists of transfers, dropping empty steps (they change nothing)."""
+    kept = tuple(tuple(step) for step in steps)
+    return CommSchedule(kind, algorithm, tuple(group), root, size_bytes, tuple(step for step in kept if step))
+
+
+def in_parallel(*parts: Steps) -> Steps:
+    """Sub-schedules over disjoint sets of ranks run side by side: step k of each becomes step k."""
+    merged: Steps = [[] for _ in range(max((len(part) for part in parts), default=0))]
+    for part in parts:
+        for index, step in enumerate(part):
+            merged[index].extend(step)
+    return merged
+
+
+def execute(schedule: CommSchedule, buffers: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Run ``schedule`` on real data: the reference of the buffer semantics in the module docstring.
+
+    Args:
+        schedule: the schedule to run.
+        buffers: for each group rank, a 1-D array of ``schedule.size_bytes`` entries (one entry
+            per byte, so that ranges index it directly; any numeric dtype).
+
+    Returns:
+        The final buffer of every group rank (new arrays; the inputs are left alone).
+
+    Raises:
+        ValueError: a buffer is missing or has the wrong length.
+    """
+    state = {rank: np.array(buffers[rank], copy=True) for rank in schedule.group if rank in buffers}
+    if len(state) != len(schedule.group) or any(b.shape != (schedule.size_bytes,) for b in state.values()):
+        raise ValueError(f"need a buffer of {schedule.size_bytes} entries for each rank of {schedule.group}")
+    for step in schedule.steps:
+        payloads = [state[t.src][t.offset_bytes : t.end_bytes].copy() for t in step]
+        for t, payload in zip(step, payloads):
+            if not t.reduce:
+                state[t.dst][t.offset_bytes : t.end_bytes] = payload
+        for t, payload in zip(step, payloads):
+            if t.reduce:
+                state[t.dst][t.offset_bytes : t.end_bytes] += payload
+    return state
+
+
+_BUS_FACTOR_KINDS = (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST)
+
+
+def bus_bandwidth_factor(kind: OpKind, num_ranks: int) -> float:
+    """busBW / algBW as nccl-tests defines it (doc/PERFORMANCE.md): allreduce 2(p-1)/p, else 1.
+
+    Raises:
+        ValueError: ``kind`` is not a collective this layer implements, or ``num_ranks < 1``.
+    """
+    if kind not in _BUS_FACTOR_KINDS or num_ranks < 1:
+        raise ValueError(f"no bus bandwidth factor for {kind} over {num_ranks} ranks")
+    return 2 * (num_ranks - 1) / num_ranks if kind == OpKind.ALLREDUCE else 1.0
+
+
+def alg_bw_bytes_per_s(size_bytes: int, time_s: float) -> float:
+    """nccl-tests' algorithm bandwidth S / t (bytes/s), S the operation's size per rank."""
+    return size_bytes / time_s
+
+
+def bus_bw_bytes_per_s(kind: OpKind, num_ranks: int, size_bytes: int, time_s: float) -> float:
+    """nccl-tests' bus bandwidth: algBW times :func:`bus_bandwidth_factor` (bytes/s).
+
+    Comparable to the bottleneck link's bandwidth; the figure users quote.
+    """
+    return alg_bw_bytes_per_s(size_bytes, time_s) * bus_bandwidth_factor(kind, num_ranks)

@@ -1,0 +1,372 @@
+"""Network models: how long a collective's point-to-point schedule takes on a topology.
+
+Dependency semantics, identical in every model:
+
+* All ranks of the schedule's group start at t = 0.
+* A rank is ready for step k when all its transfers of the steps before k are complete: those it
+  sends (complete when the bytes have arrived) and those it receives (on arrival, or for a
+  reduce-transfer when the receiver has also added the bytes, see below).
+* A transfer of step k starts at ``max(ready_k(src), ready_k(dst))``: steps order each rank's
+  work, they are not barriers across the group.
+* A rank adds received reduce-transfers one at a time, in order of arrival (ties in schedule
+  order); each reduction starts when its bytes have arrived and the previous one is done, and
+  takes ``gamma(rank) x size_bytes``.
+* A rank finishes when its last transfer or reduction completes (at 0 if it takes part in no step).
+
+The models differ in what a transfer costs once started:
+
+* :class:`AlphaBetaNetwork`: ``path latency + size / bandwidth``, where a channel crossed by c
+  non-empty transfers of the same step gives each 1/c of its bandwidth and the path's narrowest
+  share counts. This is the static sharing MPICH's formulas assume (a star's hub link serialises
+  its p-1 messages), which makes it reproduce :mod:`sim.collectives.closed_form` on a uniform
+  network; transfers of different steps never slow each other down.
+* :class:`FlowNetwork`: a fluid model. A transfer first waits its path latency, then its bytes
+  flow; all flowing transfers share every channel max-min fairly (progressive filling), with rates
+  recomputed whenever a flow starts or ends. This is what a shared NIC or an unlucky overlap of
+  steps costs.
+
+Where no channel is ever crossed by two flows at once, the two models agree.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple, Protocol
+
+from models.errors import ConfigError
+from models.ops import OpKind
+from sim.collectives.registry import ALGORITHMS, build_schedule
+from sim.collectives.schedule import CommSchedule
+from sim.topology import Topology
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class CollectiveTiming:
+    """When a collective's ranks are done, relative to the common start.
+
+    Attributes:
+        duration_s: from the start until the last rank finishes (s).
+        finish_s: for every rank of the group, the offset (s) at which it is done.
+    """
+
+    duration_s: float
+    finish_s: Mapping[int, float]
+
+
+class NetworkModel(Protocol):
+    """Prices a point-to-point schedule; see the module docstring for the shared semantics."""
+
+    def time(self, schedule: CommSchedule) -> CollectiveTiming:
+        """The timing of ``schedule`` started at t = 0 on an otherwise idle network."""
+        ...
+
+
+class _Route(NamedTuple):
+    id: int  # small integer naming the (src, dst) pair, for cheap rate-cache keys
+    latency_s: float
+    channels: tuple[int, ...]  # indices into the topology's channels
+
+
+class _Routes:
+    """Routes between ranks as channel indices, channel capacities and per-rank gamma, cached."""
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None):
+        self.topology = topology
+        self.index = {channel.name: i for i, channel in enumerate(topology.channels)}
+        self.capacity = [channel.bandwidth_bytes_per_s for channel in topology.channels]
+        if reduce_s_per_byte is None:
+            self.gamma = [0.0] * topology.num_ranks
+        else:
+            missing = [rank for rank in range(topology.num_ranks) if rank not in reduce_s_per_byte]
+            if missing:
+                raise ValueError(f"reduce_s_per_byte lacks ranks {missing}")
+            self.gamma = [float(reduce_s_per_byte[rank]) for rank in range(topology.num_ranks)]
+        self._cache: dict[tuple[int, int], _Route] = {}
+        self.by_id: list[_Route] = []
+
+    def get(self, src: int, dst: int) -> _Route:
+        key = (src, dst)
+        route = self._cache.get(key)
+        if route is None:
+            path = self.topology.path(src, dst)
+            route = _Route(len(self._cache), sum(c.latency_s for c in path), tuple(self.index[c.name] for c in path))
+            self._cache[key] = route
+            self.by_id.append(route)
+        return route
+
+
+class AlphaBetaNetwork:
+    """Alpha-beta pricing with bandwidth shared only among the transfers of one step.
+
+    A transfer costs ``latency(path) + size_bytes x max over its channels of (c / bandwidth)``, c
+    the number of non-empty transfers of its step crossing that channel (1 where none other
+    does). Exact against the closed forms on a uniform network; see the module docstring.
+
+    Args:
+        topology: where the ranks are and what connects them.
+        reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+
+    Raises:
+        ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
+    """
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
+        self._routes = _Routes(topology, reduce_s_per_byte)
+
+    def time(self, schedule: CommSchedule) -> CollectiveTiming:
+        """The timing of ``schedule``; O(number of transfers x path length)."""
+        capacity, gamma = self._routes.capacity, self._routes.gamma
+        ready = dict.fromkeys(schedule.group, 0.0)
+        for step in schedule.steps:
+            routes = [self._routes.get(t.src, t.dst) for t in step]
+            load = Counter(c for t, route in zip(step, routes) if t.size_bytes for c in route.channels)
+            done: dict[int, float] = {}
+            arrivals = []
+            for index, (t, route) in enumerate(zip(step, routes)):
+                end = max(ready[t.src], ready[t.dst]) + route.latency_s
+                if t.size_bytes:
+                    end += t.size_bytes * max(load[c] / capacity[c] for c in route.channels)
+                done[t.src] = max(done.get(t.src, 0.0), end)
+                if t.reduce:
+                    arrivals.append((end, index, t.dst, t.size_bytes))
+                else:
+                    done[t.dst] = max(done.get(t.dst, 0.0), end)
+            reducer_free: dict[int, float] = {}
+            for end, _, dst, size in sorted(arrivals):
+                finish = max(end, reducer_free.get(dst, end)) + gamma[dst] * size
+                reducer_free[dst] = finish
+                done[dst] = max(done.get(dst, 0.0), finish)
+            ready.update(done)
+        return _timing(ready)
+
+
+class FlowNetwork:
+    """Fluid network: latency first, then bytes at max-min fair shares of every channel.
+
+    Events happen only when a flow's latency ends, a flow ends or a reduction ends; flow rates are
+    recomputed by progressive filling once per batch of simultaneous events. See the module
+    docstring for the dependency semantics.
+
+    Args:
+        topology: where the ranks are and what connects them.
+        reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+
+    Raises:
+        ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
+    """
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
+        self._routes = _Routes(topology, reduce_s_per_byte)
+
+    def time(self, schedule: CommSchedule) -> CollectiveTiming:
+        """The timing of ``schedule``."""
+        return _FlowRun(schedule, self._routes).run()
+
+
+class _FlowRun:
+    """One pricing of a schedule by :class:`FlowNetwork`: its state and event loop.
+
+    A transfer starts once both endpoints have reached its step; a "latency over" event then
+    turns it into a flow. A flow's projected end only changes when rates are recomputed.
+    """
+
+    _LATENCY_OVER, _REDUCED = 0, 1
+
+    def __init__(self, schedule: CommSchedule, routes: _Routes):
+        self.routes = routes
+        self.transfers = [t for step in schedule.steps for t in step]
+        self.route = [routes.get(t.src, t.dst) for t in self.transfers]
+        # Each rank's work: the transfer ids of each step it takes part in, in step order.
+        by_step: dict[int, dict[int, list[int]]] = {rank: {} for rank in schedule.group}
+        for i, (k, t) in enumerate((k, t) for k, step in enumerate(schedule.steps) for t in step):
+            by_step[t.src].setdefault(k, []).append(i)
+            by_step[t.dst].setdefault(k, []).append(i)
+        self.work = {rank: list(steps.values()) for rank, steps in by_step.items()}
+        self.position = dict.fromkeys(schedule.group, 0)
+        self.pending = {rank: len(work[0]) if work else 0 for rank, work in self.work.items()}
+        self.endpoints_ready = [0] * len(self.transfers)
+        self.finish = dict.fromkeys(schedule.group, 0.0)
+        self.reducer_free = dict.fromkeys(schedule.group, 0.0)
+        self.events: list[tuple[float, int, int, int]] = []  # (time, sequence, kind, transfer id)
+        self.sequence = 0
+        self.now = 0.0
+        self.rate: dict[int, float] = {}  # of each flowing transfer, bytes/s
+        self.end: dict[int, float] = {}  # projected end of each flowing transfer at its rate
+        self.starting: list[int] = []  # transfers whose bytes start flowing now
+        # Pipelines repeat the same mix of routes many times: solve each mix once.
+        self.solved: dict[tuple[int, ...], dict[int, float]] = {}
+
+    def run(self) -> CollectiveTiming:
+        for rank, work in self.work.items():
+            if work:
+                self._enter(rank)
+        while self.events or self.end:
+            self.now = min(self.events[0][0] if self.events else math.inf, min(self.end.values(), default=math.inf))
+            # Events this close to now are simultaneous up to rounding: one rate update serves all.
+            horizon = self.now * (1 + 1e-12) + 1e-15
+            ended = [f for f, end in self.end.items() if end <= horizon]
+            for f in ended:
+                del self.end[f]
+            for f in ended:
+                self._arrived(f)
+            while self.events and self.events[0][0] <= horizon:
+                _, _, kind, f = heapq.heappop(self.events)
+                if kind == self._REDUCED:
+                    self._complete(self.transfers[f].dst)
+                elif self.transfers[f].size_bytes:
+                    self.starting.append(f)
+                else:
+                    self._arrived(f)
+            if ended or self.starting:
+                self._reshare()
+        return _timing(self.finish)
+
+    def _reshare(self) -> None:
+        now, rate, end = self.now, self.rate, self.end
+        remaining = {f: (end[f] - now) * rate[f] for f in end}
+        remaining.update((f, float(self.transfers[f].size_bytes)) for f in self.starting)
+        self.starting = []
+        mix = tuple(sorted(self.route[f].id for f in remaining))
+        if mix not in self.solved:
+            self.solved[mix] = _max_min_rates(Counter(mix), self.routes.by_id, self.routes.capacity)
+        by_route = self.solved[mix]
+        self.rate = {f: by_route[self.route[f].id] for f in remaining}
+        self.end = {f: now + left / self.rate[f] for f, left in remaining.items()}
+
+    def _push(self, time: float, kind: int, transfer: int) -> None:
+        heapq.heappush(self.events, (time, self.sequence, kind, transfer))
+        self.sequence += 1
+
+    def _enter(self, rank: int) -> None:
+        for transfer in self.work[rank][self.position[rank]]:
+            self.endpoints_ready[transfer] += 1
+            if self.endpoints_ready[transfer] == 2:
+                self._push(self.now + self.route[transfer].latency_s, self._LATENCY_OVER, transfer)
+
+    def _complete(self, rank: int) -> None:
+        self.pending[rank] -= 1
+        if self.pending[rank] == 0:
+            self.finish[rank] = self.now
+            self.position[rank] += 1
+            if self.position[rank] < len(self.work[rank]):
+                self.pending[rank] = len(self.work[rank][self.position[rank]])
+                self._enter(rank)
+
+    def _arrived(self, transfer: int) -> None:
+        t = self.transfers[transfer]
+        self._complete(t.src)
+        if t.reduce:
+            self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.routes.gamma[t.dst] * t.size_bytes
+            self._push(self.reducer_free[t.dst], self._REDUCED, transfer)
+        else:
+            self._complete(t.dst)
+
+
+def _max_min_rates(flows_per_route: Mapping[int, int], routes: Sequence[_Route], capacity: Sequence[float]) -> dict[int, float]:
+    """Max-min fair rate (bytes/s) of a flow on each route, by progressive filling (Bertsekas and Gallager).
+
+    ``flows_per_route`` counts the flows on each route id; flows on one route get one rate.
+    Repeatedly the channel with the smallest fair share (remaining capacity / unfrozen flows)
+    fixes the rate of every unfrozen flow crossing it at that share.
+    """
+    users: dict[int, list[int]] = {}
+    unfrozen: dict[int, int] = {}
+    for route, count in flows_per_route.items():
+        for c in routes[route].channels:
+            users.setdefault(c, []).append(route)
+            unfrozen[c] = unfrozen.get(c, 0) + count
+    left = {c: capacity[c] for c in users}
+    rates: dict[int, float] = {}
+    while unfrozen:
+        share = min(left[c] / unfrozen[c] for c in unfrozen)
+        level = share * (1 + 1e-9)
+        for c in [c for c in unfrozen if left[c] / unfrozen[c] <= level]:
+            for route in users[c]:
+                if route not in rates:
+                    rates[route] = share
+                    count = flows_per_route[route]
+                    for other in routes[route].channels:
+                        left[other] -= share * count
+                        unfrozen[other] -= count
+        unfrozen = {c: n for c, n in unfrozen.items() if n > 0}
+    return rates
+
+
+def _timing(finish: dict[int, float]) -> CollectiveTiming:
+    return CollectiveTiming(max(finish.values(), default=0.0), MappingProxyType(finish))
+
+
+NETWORK_MODELS: dict[str, type] = {"alpha_beta": AlphaBetaNetwork, "flow": FlowNetwork}
+"""Network models by the name a scenario writes (``network_model``); each is built as
+``NETWORK_MODELS[name](topology, reduce_s_per_byte)``. An unknown name is the caller's
+``ConfigError("network_model", ...)`` (see :func:`sim.simulate.simulate`)."""
+
+
+def channel_bytes(schedule: CommSchedule, topology: Topology) -> dict[str, int]:
+    """Bytes crossing each channel of ``topology`` over the whole schedule, by channel name."""
+    total = dict.fromkeys((channel.name for channel in topology.channels), 0)
+    for t in schedule.transfers():
+        for channel in topology.path(t.src, t.dst):
+            total[channel.name] += t.size_bytes
+    return total
+
+
+class CollectivePricer:
+    """Prices collective calls on one network, caching by (kind, algorithm, group, size, root).
+
+    Two-level algorithms get their host groups from ``topology.host_groups(group)``. Algorithm
+    ``"auto"`` prices every registered algorithm of the kind that applies to the group and
+    picks the fastest, ties broken by name, so the choice is deterministic.
+    """
+
+    def __init__(self, network: NetworkModel, topology: Topology):
+        self.network = network
+        self.topology = topology
+        self._timings: dict[tuple, CollectiveTiming] = {}
+        self._choices: dict[tuple, str] = {}
+
+    def price(
+        self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None
+    ) -> tuple[str, CollectiveTiming]:
+        """(resolved algorithm name, timing) of collective ``kind`` of ``size_bytes`` per rank.
+
+        Raises:
+            ConfigError: from :func:`sim.collectives.registry.build_schedule` (unknown kind or
+                algorithm, bad group or root, host layout unfit for a two-level algorithm); for
+                ``"auto"``, only when no algorithm applies.
+        """
+        group = tuple(group)
+        if algorithm == AUTO:
+            key = (kind, group, size_bytes, root)
+            if key not in self._choices:
+                self._choices[key] = self._fastest(kind, group, size_bytes, root)
+            algorithm = self._choices[key]
+        return algorithm, self._time(kind, algorithm, group, size_bytes, root)
+
+    def _time(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None) -> CollectiveTiming:
+        key = (kind, algorithm, group, size_bytes, root)
+        if key not in self._timings:
+            host_groups = self.topology.host_groups(group)
+            schedule = build_schedule(kind, algorithm, group, size_bytes, root=root, host_groups=host_groups)
+            self._timings[key] = self.network.time(schedule)
+        return self._timings[key]
+
+    def _fastest(self, kind: OpKind, group: tuple[int, ...], size_bytes: int, root: int | None) -> str:
+        if kind not in ALGORITHMS:
+            raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
+        priced, errors = [], []
+        for name in sorted(ALGORITHMS[kind]):
+            try:
+                priced.append((self._time(kind, name, group, size_bytes, root).duration_s, name))
+            except ConfigError as error:  # e.g. two_level_rs on hosts holding different numbers of ranks
+                errors.append(error)
+        if not priced:
+            raise errors[0]
+        return min(priced)[1]
