@@ -17,6 +17,8 @@ import pandas as pd
 from sim.simulate import SimulationResult
 
 _TID = {"steps": 0, "compute": 1, "comm": 2}
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -26,6 +28,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

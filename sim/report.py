@@ -61,7 +61,9 @@ def _timeline_figure(vr: VariantResult) -> go.Figure:
             hovertemplate="%{customdata[0]} layer %{customdata[1]}<br>start %{base:.3f} ms<br>%{x:.3f} ms"))
     fig.update_layout(title=f"One decode step, {vr.variant.name}{note}", xaxis_title="ms from step start",
                       barmode="overlay", height=300 + 18 * ops[["rank", "stream"]].drop_duplicates().shape[0])
-    fig.update_yaxes(autorange="reversed")
+    rows = ops[["rank", "stream"]].drop_duplicates().sort_values(["rank", "stream"], kind="stable")
+    fig.update_yaxes(autorange="reversed", categoryorder="array",
+                     categoryarray=[f"rank {r} {s}" for r, s in zip(rows["rank"], rows["stream"])])
     return fig
 
 
