@@ -24,14 +24,15 @@ from sim.trace import Trace
 
 RESULT_COLUMNS = ["scenario", "variant", "source", "metric", "value", "unit", "device"]
 
-UNITS = {
-    "ttft_s": "s",
-    "tpot_s": "s",
-    "decode_tokens_per_s": "tokens/s",
-    "e2e_latency_s": "s",
-    "peak_memory_bytes": "bytes",
-    "memory_capacity_bytes": "bytes",
-}
+def unit_of(metric: str) -> str:
+    """The unit a metric's name ends with: ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_s`` s."""
+    if metric.endswith("_per_s"):
+        return "tokens/s"
+    if metric.endswith("_bytes"):
+        return "bytes"
+    if metric.endswith("_s"):
+        return "s"
+    return "count"
 
 
 def timing_metrics(trace: Trace, batch_size: int) -> dict[str, float]:
@@ -52,7 +53,7 @@ def timing_metrics(trace: Trace, batch_size: int) -> dict[str, float]:
 def result_rows(scenario: str, variant: str, source: str, timing: dict[str, float],
                 memory_by_device: dict[str, dict[str, float]]) -> pd.DataFrame:
     """Tidy rows for one variant: whole-run ``timing`` metrics and per-device memory metrics."""
-    rows = [(scenario, variant, source, metric, value, UNITS[metric], "") for metric, value in timing.items()]
+    rows = [(scenario, variant, source, metric, value, unit_of(metric), "") for metric, value in timing.items()]
     for device, metrics in memory_by_device.items():
-        rows += [(scenario, variant, source, metric, value, UNITS[metric], device) for metric, value in metrics.items()]
+        rows += [(scenario, variant, source, metric, value, unit_of(metric), device) for metric, value in metrics.items()]
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)

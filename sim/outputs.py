@@ -1,4 +1,5 @@
-"""Files a run writes: the tidy result table, the Chrome/Perfetto trace and the summary table.
+"""Files a run writes, simulated or measured: the tidy result table, the Chrome/Perfetto trace,
+and the per-variant summary table.
 
 Every file is written to a temporary name beside its target and renamed into place, so an
 interrupted run leaves either the previous file or the new one, never half of one.
@@ -10,11 +11,14 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from sim.simulate import SimulationResult
+from sim.topology import Topology
+from sim.trace import Trace
 
 _TID = {"steps": 0, "compute": 1, "comm": 2}
 _UMASK = os.umask(0)
@@ -35,29 +39,31 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def results_csv(result: SimulationResult) -> str:
-    """The tidy result table as CSV text (deterministic: fixed row order, repr floats)."""
-    return result.results.to_csv(index=False, lineterminator="\n")
+def results_csv(results: pd.DataFrame) -> str:
+    """A tidy result table as CSV text (deterministic: fixed row order, repr floats)."""
+    return results.to_csv(index=False, lineterminator="\n")
 
 
-def chrome_trace(result: SimulationResult) -> dict:
-    """All variants' traces in the Chrome trace-event format (Perfetto opens it).
+def chrome_trace(traces: Sequence[tuple[str, Trace]], device_names: Mapping[int, str]) -> dict:
+    """Traces of several variants in the Chrome trace-event format (Perfetto opens it).
 
     One process per variant and rank (pid = 1000 * variant index + rank), threads for the step
     spans, the compute stream and the communication stream, and a ``memory`` counter per rank.
     Times are microseconds, as the format requires.
+
+    Args:
+        traces: (variant name, trace) pairs, in display order.
+        device_names: the device name of each rank that appears.
     """
     events: list[dict] = []
-    for v_index, vr in enumerate(result.variants):
-        trace = vr.trace
-        for rank in result.ranks:
+    for v_index, (name, trace) in enumerate(traces):
+        for rank, device in device_names.items():
             pid = 1000 * v_index + rank
-            device = result.topology.devices[rank].name
             events.append({"ph": "M", "name": "process_name", "pid": pid,
-                           "args": {"name": f"{vr.variant.name} / rank {rank} ({device})"}})
+                           "args": {"name": f"{name} / rank {rank} ({device})"}})
             events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
-            for name, tid in _TID.items():
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            for thread, tid in _TID.items():
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}})
             for row in trace.steps.itertuples(index=False):
                 events.append({"ph": "X", "name": f"{row.phase} {row.step}", "cat": "step", "pid": pid, "tid": 0,
                                "ts": row.start_s * 1e6, "dur": (row.end_s - row.start_s) * 1e6})
@@ -70,6 +76,11 @@ def chrome_trace(result: SimulationResult) -> dict:
             events.append({"ph": "C", "name": "memory", "pid": 1000 * v_index + int(row.rank),
                            "ts": row.time_s * 1e6, "args": {"bytes": float(row.bytes)}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def device_names(topology: Topology, ranks: Sequence[int]) -> dict[int, str]:
+    """Rank -> device name, for the ranks of a run."""
+    return {rank: topology.devices[rank].name for rank in ranks}
 
 
 def summary_table(result: SimulationResult) -> pd.DataFrame:
@@ -89,12 +100,21 @@ def summary_table(result: SimulationResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def write_files(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
+    """Write each ``name: text`` into ``out_dir`` atomically; returns the paths written."""
+    paths = []
+    for name, text in files.items():
+        write_atomic(out_dir / name, text)
+        paths.append(out_dir / name)
+    return paths
+
+
 def write_outputs(result: SimulationResult, out_dir: Path) -> list[Path]:
     """Write results.csv, trace.json and report.html into ``out_dir``; returns the paths written."""
     from sim.report import report_html
 
-    paths = [out_dir / "results.csv", out_dir / "trace.json", out_dir / "report.html"]
-    texts = [results_csv(result), json.dumps(chrome_trace(result), separators=(",", ":")), report_html(result)]
-    for path, text in zip(paths, texts):
-        write_atomic(path, text)
-    return paths
+    traces = [(v.variant.name, v.trace) for v in result.variants]
+    trace = chrome_trace(traces, device_names(result.topology, result.ranks))
+    return write_files(out_dir, {"results.csv": results_csv(result.results),
+                                 "trace.json": json.dumps(trace, separators=(",", ":")),
+                                 "report.html": report_html(result)})

@@ -75,6 +75,18 @@ class Op:
     after: tuple[int, ...] | None = None
 
     @property
+    def traffic_bytes(self) -> float:
+        """The trace's ``bytes``: memory traffic of a compute op, message size of a collective."""
+        if self.collective is not None:
+            return float(self.collective.size_bytes)
+        return self.cost.bytes_read + self.cost.bytes_written
+
+    @property
+    def flops(self) -> float:
+        """The trace's ``flops`` (0 for a collective's local work, which gamma prices)."""
+        return self.cost.flops if self.cost is not None else 0.0
+
+    @property
     def transient_bytes(self) -> int:
         """Memory held only while the op runs (bytes)."""
         if self.collective is not None:

@@ -76,9 +76,8 @@ def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -
         rows = []
         for rank in sorted(segment.programs):
             for i, op in enumerate(segment.programs[rank]):
-                traffic = op.collective.size_bytes if op.collective else op.cost.bytes_read + op.cost.bytes_written
                 rows.append((rank, op.stream.value, op.kind.value, op.name, result.starts[rank][i],
-                             result.ends[rank][i], traffic, op.cost.flops if op.cost else 0.0))
+                             result.ends[rank][i], op.traffic_bytes, op.flops))
         if not rows:
             continue
         rank_col, stream, kind, name, rel_start, rel_end, traffic, flops = map(np.array, zip(*rows))

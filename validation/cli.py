@@ -6,12 +6,14 @@ stderr and exit with code 2, before anything is written.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from models.errors import ConfigError
@@ -84,6 +86,73 @@ def simulate(scenario: Path | None, out_dir: Path | None) -> None:
     print_summary(result, console)
     written = write_outputs(result, out_dir or Path("out") / loaded.name)
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for results.csv and trace.json (default: out/<scenario name>-measured).")
+@click.option("--testbed", is_flag=True, help="Run each rank inside its host's namespace (hetsim testbed up first).")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed generations per variant.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed generations first.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the prompt.")
+@click.option("--hang-timeout", "hang_timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds without progress after which the run fails, naming the stalled rank.")
+def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, warmup: int, seed: int,
+            hang_timeout_s: float) -> None:
+    """Run SCENARIO's variants for real (torch.distributed, one process per device) and measure
+    TTFT, TPOT, decode tokens/s and peak memory; writes results.csv (source=measured), trace.json."""
+    from sim.scenario import load_scenario
+
+    loaded = load_scenario(scenario)
+    try:
+        import torch  # noqa: F401  (10-15 s, once, before the ranks fork)
+    except ImportError:
+        raise ConfigError("runtime", "hetsim measure needs torch: pip install -e '.[runtime]' "
+                                     "(torch==2.13.0) (got no torch)") from None
+    from runtime.launch import LaunchError
+    from runtime.measure import measure_scenario, write_measured_outputs
+
+    try:
+        result = measure_scenario(loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed,
+                                  hang_timeout_s=hang_timeout_s)
+    except LaunchError as error:
+        click.echo(f"hetsim: measure failed: {error}; no results written", err=True)
+        sys.exit(1)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    table = Table(title=escape(f"{loaded.name} measured ({repeats} repeats; median [p10, p90])"))
+    for column in ("variant", "TTFT ms", "TPOT ms", "decode tok/s"):
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for v in result.variants:
+        t = v.timing
+        table.add_row(v.name, escape(f"{t['ttft_s'] * 1e3:.2f} [{t['ttft_p10_s'] * 1e3:.2f}, {t['ttft_p90_s'] * 1e3:.2f}]"),
+                      escape(f"{t['tpot_s'] * 1e3:.2f} [{t['tpot_p10_s'] * 1e3:.2f}, {t['tpot_p90_s'] * 1e3:.2f}]"),
+                      f"{t['decode_tokens_per_s']:.1f}")
+    console.print(table)
+    written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@cli.command()
+@click.argument("action", type=click.Choice(["up", "down", "status"]))
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+def testbed(action: str, scenario: Path) -> None:
+    """Build (up), remove (down) or inspect (status) SCENARIO's emulated cluster: one network
+    namespace per host, links shaped to the scenario's rates and delays. Needs root and iproute2."""
+    from runtime.testbed import Testbed, require_privileges
+    from sim.scenario import load_scenario
+    from sim.topology import build_topology
+
+    loaded = load_scenario(scenario)
+    require_privileges()
+    bed = Testbed(loaded.name, build_topology(loaded.config.cluster))
+    if action == "up":
+        bed.up()
+        click.echo(f"testbed {loaded.name} is up")
+    elif action == "down":
+        bed.down()
+        click.echo(f"testbed {loaded.name} is down")
+    click.echo(json.dumps(bed.status(), indent=2) if action == "status" else "", nl=action == "status")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -51,6 +51,18 @@ ALGORITHMS: dict[OpKind, dict[str, Builder]] = {
 }
 """Builders by collective kind and the algorithm name a scenario writes."""
 
+LIBRARY = "library"
+"""The communication backend's own collective (gloo or NCCL), which the runtime calls directly."""
+
+LIBRARY_MODEL: dict[OpKind, str] = {
+    OpKind.ALLREDUCE: "ring",
+    OpKind.REDUCE: "binomial",
+    OpKind.BROADCAST: "binomial",
+}
+"""The schedule that stands for ``library`` in the simulator until calibration refines it: gloo's
+allreduce as PyTorch calls it is a segmented ring and its broadcast a binomial tree
+(FIELD-NOTES section 4, checked on torch 2.13.0)."""
+
 
 def build_schedule(
     kind: OpKind,
@@ -65,7 +77,7 @@ def build_schedule(
 
     Args:
         kind: allreduce, reduce or broadcast.
-        algorithm: a key of ``ALGORITHMS[kind]``.
+        algorithm: a key of ``ALGORITHMS[kind]``, or ``library`` (see :data:`LIBRARY_MODEL`).
         group: the participating global ranks, distinct, in the order the algorithm uses.
         size_bytes: n, bytes per rank (>= 0).
         root: root of a reduce or broadcast; defaults to ``group[0]``; ignored by allreduce.
@@ -82,8 +94,11 @@ def build_schedule(
     if kind not in ALGORITHMS:
         raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
     builders = ALGORITHMS[kind]
+    if algorithm == LIBRARY:
+        algorithm = LIBRARY_MODEL[kind]
     if algorithm not in builders:
-        raise ConfigError("algorithm", f"unknown {kind} algorithm {algorithm!r}; known: {', '.join(builders)}")
+        raise ConfigError("algorithm", f"unknown {kind} algorithm {algorithm!r}; known: "
+                                       f"{', '.join((*builders, LIBRARY))}")
     members = tuple(group)
     if not members or len(set(members)) != len(members):
         raise ConfigError("group", f"must be non-empty with distinct ranks (got {members})")

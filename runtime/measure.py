@@ -1,0 +1,135 @@
+"""Measured results: per-rank measurements folded into the simulator's table and trace schema.
+
+Timing metrics are computed per repeat with :func:`sim.metrics.timing_metrics` from the master's
+step times (the master embeds the first token and samples the last, so its steps span the
+forward pass), then summarised over repeats: the metric itself is the median (``ttft_s``), with
+``ttft_p10_s`` / ``ttft_p90_s`` beside it, so a simulated and a measured run of one scenario join
+on (scenario, variant, metric, device). Per device: ``peak_memory_bytes`` (the process's
+high-water mark on CPU, max CUDA memory allocated on GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from runtime.worker import RankMeasurement
+from sim.metrics import result_rows, timing_metrics
+from sim.outputs import chrome_trace, device_names, results_csv, write_files
+from sim.scenario import Scenario
+from sim.topology import Topology
+from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, Trace
+
+_SPREAD = {"ttft_s": "ttft", "tpot_s": "tpot", "decode_tokens_per_s": "decode_tokens", "e2e_latency_s": "e2e_latency"}
+
+
+@dataclass(frozen=True)
+class MeasuredVariant:
+    """One variant's measured trace (last repeat), median timing, tokens ([repeats, batch, tokens])."""
+
+    name: str
+    trace: Trace
+    timing: dict[str, float]
+    tokens: np.ndarray
+
+
+@dataclass(frozen=True)
+class MeasuredResult:
+    """A measured run of every variant: the tidy result table (source=measured) and traces."""
+
+    scenario: Scenario
+    topology: Topology
+    ranks: tuple[int, ...]
+    variants: tuple[MeasuredVariant, ...]
+    results: pd.DataFrame
+
+
+def _steps(start_s: np.ndarray, end_s: np.ndarray) -> pd.DataFrame:
+    steps = len(start_s)
+    return pd.DataFrame({"step": np.arange(steps), "phase": ["prefill"] + ["decode"] * (steps - 1),
+                         "start_s": start_s, "end_s": end_s})
+
+
+def summarise(per_repeat: list[dict[str, float]]) -> dict[str, float]:
+    """Median of each metric over repeats, with p10 / p90 as ``<name>_p10_<unit suffix>``."""
+    summary: dict[str, float] = {}
+    for metric, stem in _SPREAD.items():
+        values = np.array([r[metric] for r in per_repeat], dtype=float)
+        suffix = metric.removeprefix(stem)
+        summary[metric] = float(np.median(values))
+        summary[f"{stem}_p10{suffix}"] = float(np.percentile(values, 10))
+        summary[f"{stem}_p90{suffix}"] = float(np.percentile(values, 90))
+    summary["repeats"] = float(len(per_repeat))
+    return summary
+
+
+def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[RankMeasurement]]) -> MeasuredResult:
+    """Fold every rank's measurements (``gathered[rank][variant]``) into a :class:`MeasuredResult`."""
+    ranks = tuple(sorted(m[0].rank for m in gathered))
+    master = ranks[0]
+    batch = scenario.config.workload.batch_size
+    variants, tables = [], []
+    for v_index, variant in enumerate(scenario.config.variants):
+        measured = {m[v_index].rank: m[v_index] for m in gathered}
+        lead = measured[master]
+        per_repeat = [timing_metrics(Trace(pd.DataFrame(columns=OP_COLUMNS), _steps(s, e), pd.DataFrame()), batch)
+                      for s, e in zip(lead.step_start_s, lead.step_end_s)]
+        timing = summarise(per_repeat)
+        ops = pd.DataFrame([r for rank in ranks for r in measured[rank].records], columns=OP_COLUMNS)
+        memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
+                              columns=MEMORY_COLUMNS)
+        trace = Trace(ops, _steps(lead.step_start_s[-1], lead.step_end_s[-1]), memory)
+        memory_by_device = {topology.devices[r].name: {"peak_memory_bytes": measured[r].peak_memory_bytes}
+                            for r in ranks}
+        variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens))
+        tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))
+    return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
+
+
+def write_measured_outputs(result: MeasuredResult, out_dir: Path) -> list[Path]:
+    """Write results.csv (source=measured) and trace.json into ``out_dir``."""
+    trace = chrome_trace([(v.name, v.trace) for v in result.variants], device_names(result.topology, result.ranks))
+    return write_files(out_dir, {"results.csv": results_csv(result.results),
+                                 "trace.json": json.dumps(trace, separators=(",", ":"))})
+
+
+def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, seed: int = 0,
+                     testbed: bool = False, hang_timeout_s: float = 120.0) -> MeasuredResult:
+    """Measure every variant of ``scenario`` on this machine: one forked rank per device of the
+    tensor-parallel group, inside the testbed's host namespaces when ``testbed`` is true.
+
+    Raises:
+        ConfigError: an invalid scenario, or ``testbed`` while the scenario's testbed is not up.
+        runtime.launch.LaunchError: a rank failed, died or hung (the message names it).
+    """
+    import torch
+
+    from runtime.launch import RankPlacement, launch
+    from runtime.worker import run_rank
+    from sim.simulate import tensor_parallel_ranks
+    from sim.topology import build_topology
+
+    topology = build_topology(scenario.config.cluster)
+    ranks = tensor_parallel_ranks(scenario, topology)
+    placements, enter = None, None
+    if testbed:
+        from runtime.testbed import Testbed, enter_namespace
+
+        bed = Testbed(scenario.name, topology)
+        bed.require_up()
+        placements = [RankPlacement(bed.namespace_of_rank(r), bed.master_address(), bed.interface)
+                      for r in ranks]
+        enter = enter_namespace
+    device = torch.device("cpu")
+
+    def body(rank: int, heartbeat) -> list | None:
+        return run_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed, device=device,
+                        heartbeat=heartbeat)
+
+    gathered = launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
+                      enter_namespace=enter)[0]
+    return measured_result(scenario, topology, gathered)
