@@ -204,10 +204,10 @@ class RankModel:
                     tensor = tensor.narrow(0, first, count)
             # copy=True so a narrowed view does not keep the full tensor's storage alive.
             shards[name] = tensor.to(self.device, self.dtype, copy=True)
+        fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+        if spec.mlp == "gated":
+            fused["gate_up_proj"] = ("gate_proj", "up_proj")
         for layer in range(spec.num_layers):
-            fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
-            if spec.mlp == "gated":
-                fused["gate_up_proj"] = ("gate_proj", "up_proj")
             for target, parts in fused.items():
                 for kind in ("weight", "bias"):
                     names = [f"layers.{layer}.{p}.{kind}" for p in parts]

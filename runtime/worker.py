@@ -123,7 +123,7 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
 def _common_start(device: torch.device) -> float:
     """A barrier, then rank 0's clock reading shared by all (ranks of one machine share the clock)."""
     dist.barrier()
-    t0 = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    t0 = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)  # NCCL needs device tensors
     dist.broadcast(t0, src=0)
     return float(t0.item())
 
