@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from models.accounting import OpCost
-from models.ops import OpKind
+from sim.plan import Op
 from sim.topology import Device
 
 # Reducing n received bytes into a buffer reads two operands and writes one: 3n bytes of traffic.
@@ -23,8 +22,8 @@ _REDUCTION_BYTES_PER_BYTE = 3.0
 class ComputeModel(Protocol):
     """Prices compute ops and local reductions on one device."""
 
-    def duration_s(self, kind: OpKind, cost: OpCost, device: Device) -> float:
-        """Seconds that op ``kind`` with ``cost`` takes on ``device``."""
+    def duration_s(self, op: Op, device: Device) -> float:
+        """Seconds that compute ``op`` takes on ``device``."""
         ...
 
     def reduce_s_per_byte(self, device: Device) -> float:
@@ -52,14 +51,18 @@ class RooflineCompute:
     op_overhead_s: float
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
-    def duration_s(self, kind: OpKind, cost: OpCost, device: Device) -> float:
-        key = (device.spec.name, cost.flops, cost.bytes_read + cost.bytes_written)
+    def duration_s(self, op: Op, device: Device) -> float:
+        key = (device.spec.name, op.cost.flops, op.traffic_bytes)
         cached = self._cache.get(key)
         if cached is None:
-            compute_s = cost.flops / (device.spec.peak_flops(self.dtype) * self.flops_efficiency)
-            memory_s = key[2] / (device.spec.memory_bandwidth_bytes_per_s * self.memory_efficiency)
-            cached = self._cache[key] = max(compute_s, memory_s) + self.op_overhead_s
+            cached = self._cache[key] = self.roofline_s(op, device) + self.op_overhead_s
         return cached
+
+    def roofline_s(self, op: Op, device: Device) -> float:
+        """The roofline time of ``op`` on ``device`` without the fixed overhead (s)."""
+        compute_s = op.cost.flops / (device.spec.peak_flops(self.dtype) * self.flops_efficiency)
+        memory_s = op.traffic_bytes / (device.spec.memory_bandwidth_bytes_per_s * self.memory_efficiency)
+        return max(compute_s, memory_s)
 
     def reduce_s_per_byte(self, device: Device) -> float:
         return _REDUCTION_BYTES_PER_BYTE / (device.spec.memory_bandwidth_bytes_per_s * self.memory_efficiency)

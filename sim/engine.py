@@ -81,7 +81,7 @@ class Engine:
                     yield done[dep]
             starts[i] = env.now
             if op.collective is None:
-                yield env.timeout(self.compute.duration_s(op.kind, op.cost, device))
+                yield env.timeout(self.compute.duration_s(op, device))
             else:
                 timing = self._timing(op, algorithms)
                 entry = calls.setdefault(op.call, [0, env.event()])

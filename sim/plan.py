@@ -36,6 +36,7 @@ class Stream(StrEnum):
 class MemoryCategory(StrEnum):
     """What device memory holds, for the ledger and the report."""
 
+    RUNTIME = "runtime"  # the framework's own resident memory (calibrated), before any weight
     WEIGHTS = "weights"
     KV_CACHE = "kv_cache"
     ACTIVATIONS = "activations"
@@ -61,7 +62,8 @@ class Op:
     Exactly one of ``cost`` (compute op) and ``collective`` (communication op) is set. ``call``
     numbers the collective calls of a segment so the ranks of a group meet in the same one.
     ``after`` lists the indices (in the rank's program) of ops that must finish before this one
-    starts; None means the previous op of the program.
+    starts; None means the previous op of the program. ``shape`` is (new tokens, context tokens)
+    of the forward pass, what a calibrated cost model interpolates over.
     """
 
     kind: OpKind
@@ -73,6 +75,7 @@ class Op:
     alloc: tuple[tuple[MemoryCategory, int], ...] = ()
     free: tuple[tuple[MemoryCategory, int], ...] = ()
     after: tuple[int, ...] | None = None
+    shape: tuple[int, int] = (0, 0)
 
     @property
     def traffic_bytes(self) -> float:
@@ -134,14 +137,15 @@ class Phase:
 class _Program:
     """Builds the per-rank op lists of one segment, numbering collective calls."""
 
-    def __init__(self, ranks: tuple[int, ...]):
+    def __init__(self, ranks: tuple[int, ...], shape: tuple[int, int]):
         self.ops: dict[int, list[Op]] = {r: [] for r in ranks}
         self.ranks = ranks
+        self.shape = shape
         self.calls = 0
 
     def compute(self, ranks: tuple[int, ...], kind: OpKind, name: str, cost: OpCost, **memory) -> None:
         for r in ranks:
-            self.ops[r].append(Op(kind, name, Stream.COMPUTE, cost=cost, **memory))
+            self.ops[r].append(Op(kind, name, Stream.COMPUTE, cost=cost, shape=self.shape, **memory))
 
     def collective(self, name: str, call: Collective) -> None:
         for r in call.group:
@@ -165,6 +169,7 @@ class StrategyChoice:
 @dataclass(frozen=True)
 class Plan:
     """Tensor-parallel inference of ``model`` on ranks ``ranks`` (``ranks[0]`` is the master).
+    ``runtime_memory_bytes``: per rank, memory the framework holds before any weight (bytes).
 
     Phases are lowered on demand (:meth:`phase`): the simulator prices only the decode steps it
     samples, so a long decode costs a handful of phases, not one per token.
@@ -176,6 +181,7 @@ class Plan:
     prompt_tokens: int
     output_tokens: int
     strategy: StrategyChoice
+    runtime_memory_bytes: dict[int, int] = field(default_factory=dict)
     _cache: dict[int, Phase] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -189,10 +195,12 @@ class Plan:
 
     @cached_property
     def initial_memory_bytes(self) -> dict[int, dict[MemoryCategory, int]]:
-        """Memory resident before the first op: each rank's weight shard (bytes)."""
+        """Memory resident before the first op: the runtime's own (``runtime_memory_bytes``, from
+        calibration) and each rank's weight shard (bytes)."""
         tp = len(self.ranks)
         return {
-            r: {MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master)}
+            r: {MemoryCategory.RUNTIME: self.runtime_memory_bytes.get(r, 0),
+                MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master)}
             for r in self.ranks
         }
 
@@ -222,7 +230,8 @@ class Plan:
         everyone, only_master = ranks, (master,)
 
         # Prologue: the master embeds the tokens and hands the first normalised input out.
-        pro = _Program(ranks)
+        shape = (new_tokens, context_tokens)
+        pro = _Program(ranks, shape)
         pro.compute(only_master, OpKind.EMBEDDING, "embedding", head[OpKind.EMBEDDING], alloc=activations)
         if fused_ln:
             pro.compute(only_master, OpKind.LAYERNORM, "attn_norm", layer[OpKind.LAYERNORM])
@@ -234,7 +243,7 @@ class Plan:
             pro.ops[r][0] = replace(pro.ops[r][0], alloc=activations)
 
         def layer_program(last: bool) -> _Program:
-            prog = _Program(ranks)
+            prog = _Program(ranks, shape)
             prog.compute(everyone, OpKind.QKV_PROJ, "qkv_proj", layer[OpKind.QKV_PROJ])
             prog.compute(everyone, OpKind.ATTENTION, "attention", layer[OpKind.ATTENTION],
                          alloc=((MemoryCategory.KV_CACHE, kv_bytes),))

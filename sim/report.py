@@ -115,10 +115,14 @@ def report_html(result: SimulationResult) -> str:
         f"<p>Model {html.escape(result.scenario.model.name)} ({html.escape(result.scenario.model.dtype)}), "
         f"tensor parallel over {len(result.ranks)} devices, batch {config.workload.batch_size}, "
         f"prompt {config.workload.prompt_tokens} tokens, {config.workload.output_tokens} output tokens, "
-        f"network model {html.escape(config.network_model)}, roofline compute (uncalibrated). "
+        f"network model {html.escape(config.network_model)}, "
+        f"{'calibrated from a profile' if result.calibrated else 'roofline compute and datasheet links (uncalibrated)'}. "
         f"Baseline: {html.escape(result.scenario.baseline)}.</p>",
         _summary_html(result),
     ]
+    if result.extrapolated:
+        parts.append("<h2>Extrapolated outside the calibrated range</h2><ul>"
+                     + "".join(f"<li>{html.escape(line)}</li>" for line in result.extrapolated) + "</ul>")
     if overflows:
         parts.append("<h2>Out of memory</h2><ul>" + "".join(overflows) + "</ul>")
     for i, fig in enumerate(figures):

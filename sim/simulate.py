@@ -14,12 +14,14 @@ import pandas as pd
 
 from models.accounting import check_tensor_parallel
 from models.errors import ConfigError
+from sim.calibrated import CalibratedCompute, CalibratedNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
 from sim.memory import Overflow
 from sim.metrics import result_rows, timing_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.plan import Plan, StrategyChoice
+from sim.profile import Profile
 from sim.scenario import Scenario, Variant
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
@@ -44,13 +46,19 @@ class VariantResult:
 
 @dataclass(frozen=True)
 class SimulationResult:
-    """Everything ``hetsim simulate`` reports: per-variant results and the tidy result table."""
+    """Everything ``hetsim simulate`` reports: per-variant results and the tidy result table.
+
+    ``calibrated``: priced from a calibration profile; ``extrapolated``: the predictions that fell
+    outside what the profile measured (priced by the uncalibrated models, scaled), one line each.
+    """
 
     scenario: Scenario
     topology: Topology
     ranks: tuple[int, ...]
     variants: tuple[VariantResult, ...]
     results: pd.DataFrame
+    calibrated: bool = False
+    extrapolated: tuple[str, ...] = ()
 
     def variant(self, name: str) -> VariantResult:
         return next(v for v in self.variants if v.variant.name == name)
@@ -70,10 +78,13 @@ def tensor_parallel_ranks(scenario: Scenario, topology: Topology) -> tuple[int, 
     return tuple(range(degree))
 
 
-def simulate(scenario: Scenario, *, expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
+def simulate(scenario: Scenario, *, profile: Profile | None = None,
+             expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
     """Simulate every variant of ``scenario``.
 
     Args:
+        profile: a calibration profile; without one, compute is priced by the roofline and
+            communication by the scenario's network model from datasheet figures.
         expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
 
     Raises:
@@ -93,12 +104,19 @@ def simulate(scenario: Scenario, *, expand_steps: tuple[int, ...] = (0, 1)) -> S
                                            f"(got {config.network_model!r})")
     network = NETWORK_MODELS[config.network_model](
         topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+    runtime_memory: dict[int, int] = {}
+    if profile is not None:
+        compute = CalibratedCompute(profile, compute)
+        network = CalibratedNetwork(profile, network, topology, gap_s=compute.gap_s(topology.devices[ranks[0]]))
+        baseline = profile.of("memory_baseline").groupby("device_class")["median"].median()
+        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
     engine = Engine(topology, compute, CollectivePricer(network, topology))
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:
         plan = Plan(scenario.model, ranks, workload.batch_size, workload.prompt_tokens, workload.output_tokens,
-                    StrategyChoice(variant.strategy, variant.allreduce, variant.reduce, variant.broadcast))
+                    StrategyChoice(variant.strategy, variant.allreduce, variant.reduce, variant.broadcast),
+                    runtime_memory)
         try:
             run = simulate_run(plan, engine, topology)
         except ConfigError as error:
@@ -112,5 +130,7 @@ def simulate(scenario: Scenario, *, expand_steps: tuple[int, ...] = (0, 1)) -> S
             {a for phase in run.simulated.values() for res in phase.results for a in res.algorithms.values()}))
         variants.append(VariantResult(variant, run, trace, timing, algorithms))
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
-    return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
+    extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
+    return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True),
+                            calibrated=profile is not None, extrapolated=extrapolated)
 

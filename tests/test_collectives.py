@@ -411,3 +411,13 @@ def test_two_level_closed_forms_match_field_notes(hosts, local):
     for shared, be_eff in ((False, be), (True, local * be)):
         rs = 2 * ((local - 1) * ai + (local - 1) / local * n * bi) + 2 * (hosts - 1) * ae + 2 * (hosts - 1) / hosts * (n / local) * be_eff
         assert two_level_time_s("two_level_rs", hosts, local, n, (ai, bi), (ae, be), 0.0, shared) == pytest.approx(rs, rel=1e-12)
+
+
+def test_library_is_priced_as_the_backend_algorithm_under_its_own_name():
+    from sim.collectives.registry import LIBRARY, LIBRARY_MODEL
+
+    for kind, model in LIBRARY_MODEL.items():
+        library = build_schedule(kind, LIBRARY, (0, 1, 2, 3), 4096, root=0)
+        modelled = build_schedule(kind, model, (0, 1, 2, 3), 4096, root=0)
+        assert library.algorithm == LIBRARY
+        assert library.steps == modelled.steps

@@ -30,7 +30,7 @@ def _engine_parts(result):
 
 def _op_seconds(op, rank, compute, pricer, topology):
     if op.collective is None:
-        return compute.duration_s(op.kind, op.cost, topology.devices[rank])
+        return compute.duration_s(op, topology.devices[rank])
     c = op.collective
     return pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root)[1].duration_s
 

@@ -71,7 +71,9 @@ def cli() -> None:
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for results.csv, trace.json and report.html (default: out/<scenario name>).")
-def simulate(scenario: Path | None, out_dir: Path | None) -> None:
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Calibration profile from hetsim calibrate: price ops from measurements.")
+def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | None) -> None:
     """Predict TTFT, TPOT, decode tokens/s and peak memory for each variant of SCENARIO.
 
     Without SCENARIO, runs the default scenario (scenarios/low_resource_llama2_7b.yaml).
@@ -80,10 +82,21 @@ def simulate(scenario: Path | None, out_dir: Path | None) -> None:
     from sim.scenario import load_scenario
     from sim.simulate import simulate as run_simulation
 
+    from sim.profile import load_profile
+
     loaded = load_scenario(scenario or DEFAULT_SCENARIO)
-    result = run_simulation(loaded)
+    profile = load_profile(profile_path) if profile_path else None
+    result = run_simulation(loaded, profile=profile)
     console = Console(width=None if sys.stdout.isatty() else 160)
     print_summary(result, console)
+    if profile is None:
+        console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)")
+    elif result.extrapolated:
+        console.print(f"[yellow]{len(result.extrapolated)} predictions extrapolated outside the calibrated range:[/yellow]")
+        for line in result.extrapolated:
+            console.print(f"  {escape(line)}")
+    else:
+        console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
     written = write_outputs(result, out_dir or Path("out") / loaded.name)
     console.print("wrote " + ", ".join(str(p) for p in written))
 

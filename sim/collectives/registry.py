@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from models.errors import ConfigError
 from models.ops import OpKind
@@ -95,7 +96,10 @@ def build_schedule(
         raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
     builders = ALGORITHMS[kind]
     if algorithm == LIBRARY:
-        algorithm = LIBRARY_MODEL[kind]
+        # Priced as the library's algorithm but named ``library``, so calibrated timings of the
+        # backend's own collective are looked up under that name.
+        schedule = build_schedule(kind, LIBRARY_MODEL[kind], group, size_bytes, root=root, host_groups=host_groups)
+        return replace(schedule, algorithm=LIBRARY)
     if algorithm not in builders:
         raise ConfigError("algorithm", f"unknown {kind} algorithm {algorithm!r}; known: "
                                        f"{', '.join((*builders, LIBRARY))}")

@@ -1,0 +1,160 @@
+"""Cost models priced from a calibration profile (:mod:`sim.profile`).
+
+* :class:`CalibratedCompute`: a compute op's time is interpolated among the measured times of the
+  same op kind on the same device type and dtype, in the same regime (prefill: several new
+  tokens; decode: one), along the op's roofline time (which grows with tokens, context, batch and
+  shard size alike, so one axis serves every shape). The framework's gap between ops is added to
+  every op, compute or collective.
+* :class:`CalibratedNetwork`: a collective's time is interpolated log-log in message size among
+  the measured times of the same kind, algorithm, group size and number of hosts.
+
+Outside the measured range a query is priced from the nearest measurement scaled by the
+uncalibrated model's ratio (roofline, or the scenario's network model), and recorded in
+``extrapolated`` so the output can say which predictions rest on it. Tables are built once;
+lookups are cached, so pricing is O(1) per op inside the simulation loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.collectives.registry import build_schedule
+from sim.collectives.schedule import CommSchedule
+from sim.cost import RooflineCompute
+from sim.network import CollectiveTiming, NetworkModel
+from sim.plan import Op
+from sim.profile import Profile
+from sim.topology import Device, Topology
+
+
+def _regime(new_tokens: int) -> str:
+    return "decode" if new_tokens == 1 else "prefill"
+
+
+@dataclass
+class CalibratedCompute:
+    """Compute times from a profile's ``compute`` and ``op_gap`` rows; see the module docstring.
+
+    Args:
+        profile: the calibration profile.
+        fallback: the roofline used as the interpolation axis and outside the measured range.
+    """
+
+    profile: Profile
+    fallback: RooflineCompute
+    extrapolated: set[str] = field(default_factory=set)
+    _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        rows = self.profile.of("compute")
+        points: dict[tuple, list[tuple[float, float]]] = {}
+        for row in rows.itertuples(index=False):
+            x = max(row.flops / (self.fallback.flops_efficiency * _peak(row.device_class, row.dtype)),
+                    row.traffic_bytes / (self.fallback.memory_efficiency * _bandwidth(row.device_class)))
+            key = (row.device_class, row.dtype, row.op, _regime(int(row.new_tokens)))
+            points.setdefault(key, []).append((x, float(row.median)))
+        for key, values in points.items():
+            xs = np.array(sorted({x for x, _ in values}))
+            ys = np.array([np.median([y for x, y in values if x == v]) for v in xs])
+            self._tables[key] = (xs, ys)
+        for row in self.profile.of("op_gap").itertuples(index=False):
+            self._gap_s[row.device_class] = float(row.median)
+
+    def gap_s(self, device: Device) -> float:
+        """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
+        return self._gap_s.get(device.spec.name, 0.0)
+
+    def duration_s(self, op: Op, device: Device) -> float:
+        key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._price(op, device) + self.gap_s(device)
+        return cached
+
+    def reduce_s_per_byte(self, device: Device) -> float:
+        return self.fallback.reduce_s_per_byte(device)
+
+    def _price(self, op: Op, device: Device) -> float:
+        regime = _regime(op.shape[0])
+        table = self._tables.get((device.spec.name, self.fallback.dtype, str(op.kind), regime))
+        x = self.fallback.roofline_s(op, device)
+        if table is None:
+            self.extrapolated.add(f"{op.kind} ({regime}) on {device.spec.name}: not calibrated, roofline")
+            return self.fallback.duration_s(op, device)
+        xs, ys = table
+        if xs[0] <= x <= xs[-1]:
+            return float(np.interp(x, xs, ys))
+        edge = 0 if x < xs[0] else -1
+        self.extrapolated.add(f"{op.kind} ({regime}) on {device.spec.name}: outside the calibrated shapes")
+        return float(ys[edge] * x / xs[edge]) if xs[edge] > 0 else float(ys[edge])
+
+
+def _peak(device_class: str, dtype: str) -> float:
+    from sim.devices import get_device
+
+    return get_device(device_class).peak_flops(dtype)
+
+
+def _bandwidth(device_class: str) -> float:
+    from sim.devices import get_device
+
+    return get_device(device_class).memory_bandwidth_bytes_per_s
+
+
+@dataclass
+class CalibratedNetwork:
+    """Collective times from a profile's ``collective`` rows; see the module docstring.
+
+    Args:
+        profile: the calibration profile.
+        fallback: the scenario's network model, for shapes and sizes not measured.
+        topology: to count the hosts a group spans.
+        gap_s: the framework's time between two ops, added to every collective.
+    """
+
+    profile: Profile
+    fallback: NetworkModel
+    topology: Topology
+    gap_s: float = 0.0
+    extrapolated: set[str] = field(default_factory=set)
+    _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        rows = self.profile.of("collective")
+        for key, group in rows.groupby(["op", "algorithm", "group_size", "num_hosts"], sort=True):
+            group = group.groupby("size_bytes", sort=True)["median"].median()
+            self._tables[(str(key[0]), str(key[1]), int(key[2]), int(key[3]))] = (
+                np.log(group.index.to_numpy(dtype=float)), np.log(group.to_numpy(dtype=float)))
+
+    def time(self, schedule: CommSchedule) -> CollectiveTiming:
+        """The timing of ``schedule``: the measured time for every rank (the profile holds whole
+        collective times, not per-rank finishes)."""
+        if len(schedule.group) == 1:
+            return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
+        duration = self._duration(schedule) + self.gap_s
+        return CollectiveTiming(duration, {r: duration for r in schedule.group})
+
+    def _duration(self, schedule: CommSchedule) -> float:
+        hosts = len(self.topology.host_groups(schedule.group))
+        key = (str(schedule.kind), schedule.algorithm, len(schedule.group), hosts)
+        label = f"{schedule.kind} {schedule.algorithm} over {len(schedule.group)} ranks on {hosts} hosts"
+        table = self._tables.get(key)
+        if table is None or schedule.size_bytes <= 0:
+            self.extrapolated.add(f"{label}: not calibrated, {type(self.fallback).__name__}")
+            return self.fallback.time(schedule).duration_s
+        log_sizes, log_times = table
+        log_size = math.log(schedule.size_bytes)
+        if log_sizes[0] <= log_size <= log_sizes[-1]:
+            return float(math.exp(np.interp(log_size, log_sizes, log_times)))
+        edge = 0 if log_size < log_sizes[0] else -1
+        self.extrapolated.add(f"{label}: {schedule.size_bytes} bytes outside the calibrated sizes")
+        at_edge = build_schedule(schedule.kind, schedule.algorithm, schedule.group,
+                                 int(round(math.exp(log_sizes[edge]))), root=schedule.root,
+                                 host_groups=self.topology.host_groups(schedule.group))
+        ratio = self.fallback.time(schedule).duration_s / max(self.fallback.time(at_edge).duration_s, 1e-12)
+        return float(math.exp(log_times[edge]) * ratio)

@@ -1,0 +1,88 @@
+"""The calibration profile: what the runtime measured on a cluster, for the simulator's cost models.
+
+A tidy CSV table, one row per measurement, SI units (``unit`` says which: s or bytes). Only the
+runtime writes it (``hetsim calibrate``); only the simulator's cost models read it
+(:mod:`sim.calibrated`). Columns:
+
+``version``: :data:`PROFILE_VERSION`; a profile of another version is refused.
+``measurement``: what the row is:
+  * ``compute``: one compute op, timed inside the runtime's own execution (the ranks running
+    together, as in a real run): ``device_class`` (the device type), ``op`` (an op kind),
+    ``group_size`` (tensor-parallel degree), ``batch_size``, ``new_tokens``, ``context_tokens``,
+    ``dtype``, ``flops`` and ``traffic_bytes`` of the op;
+  * ``op_gap``: time between the end of one op and the start of the next on a rank (dispatch and
+    bookkeeping of the framework), per ``device_class``;
+  * ``collective``: a collective ``op`` (allreduce, reduce, broadcast) by ``algorithm`` over
+    ``group_size`` ranks on ``num_hosts`` hosts, of ``size_bytes`` per rank;
+  * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
+    (``intra_host`` or ``inter_host``), half a ping-pong round trip;
+  * ``memory_baseline``: a rank's resident memory before its weights are loaded (bytes).
+``median``, ``p10``, ``p90``: over ``repeats`` repetitions; ``method``: how it was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from models.errors import ConfigError
+
+PROFILE_VERSION = 1
+
+PROFILE_COLUMNS = [
+    "version", "measurement", "device_class", "op", "algorithm", "group_size", "num_hosts", "batch_size",
+    "new_tokens", "context_tokens", "size_bytes", "dtype", "flops", "traffic_bytes",
+    "median", "p10", "p90", "unit", "repeats", "method",
+]
+
+MEASUREMENTS = ("compute", "op_gap", "collective", "p2p", "memory_baseline")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded calibration profile (its rows, validated)."""
+
+    rows: pd.DataFrame
+
+    def of(self, measurement: str) -> pd.DataFrame:
+        """The rows of one kind of measurement."""
+        return self.rows[self.rows["measurement"] == measurement]
+
+
+def profile_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows (dicts with any subset of the columns) as a profile table in column order, sorted so
+    the file is the same for the same measurements."""
+    frame = pd.DataFrame(rows, columns=PROFILE_COLUMNS)
+    frame["version"] = PROFILE_VERSION
+    keys = ["measurement", "device_class", "op", "algorithm", "group_size", "num_hosts", "batch_size",
+            "new_tokens", "context_tokens", "size_bytes"]
+    return frame.sort_values(keys, kind="stable", na_position="first").reset_index(drop=True)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and check a profile CSV.
+
+    Raises:
+        ConfigError: missing file, unreadable CSV, missing columns, another version, or an unknown
+            kind of measurement (field ``profile``).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("profile", f"no such file (got '{path}')")
+    try:
+        rows = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise ConfigError("profile", f"not a CSV profile: {str(error).splitlines()[0]} (got '{path}')") from None
+    missing = [c for c in PROFILE_COLUMNS if c not in rows.columns]
+    if missing:
+        raise ConfigError("profile", f"missing columns {', '.join(missing)} (got '{path}')")
+    versions = set(rows["version"].dropna().astype(int))
+    if versions != {PROFILE_VERSION}:
+        raise ConfigError("profile", f"profile version must be {PROFILE_VERSION}; recalibrate "
+                                     f"(got {sorted(versions)} in '{path}')")
+    unknown = set(rows["measurement"]) - set(MEASUREMENTS)
+    if unknown:
+        raise ConfigError("profile", f"unknown measurement {sorted(unknown)[0]!r}; known: {', '.join(MEASUREMENTS)}")
+    return Profile(rows)
