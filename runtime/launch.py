@@ -53,8 +53,11 @@ def free_port(address: str = "127.0.0.1") -> int:
 
 def launch(body: Callable[[int, Callable[[str], None]], object], world_size: int, *,
            placements: list[RankPlacement] | None = None, port: int | None = None,
-           hang_timeout_s: float = 120.0, enter_namespace: Callable[[str], None] | None = None) -> list:
+           hang_timeout_s: float = 120.0, enter_namespace: Callable[[str], None] | None = None,
+           on_beat: Callable[[int, str], None] | None = None) -> list:
     """Run ``body(rank, heartbeat)`` in ``world_size`` forked ranks of one gloo process group.
+
+    ``on_beat(rank, label)`` is called in this process for every heartbeat (a progress display).
 
     Returns:
         Each rank's return value, by rank.
@@ -77,7 +80,7 @@ def launch(body: Callable[[int, Callable[[str], None]], object], world_size: int
         pipes.append(receiver)
         processes.append(process)
     try:
-        return _watch(pipes, processes, hang_timeout_s)
+        return _watch(pipes, processes, hang_timeout_s, on_beat or (lambda rank, label: None))
     finally:
         for process in processes:
             if process.is_alive():
@@ -86,7 +89,8 @@ def launch(body: Callable[[int, Callable[[str], None]], object], world_size: int
             process.join()
 
 
-def _watch(pipes: list[Connection], processes: list, hang_timeout_s: float) -> list:
+def _watch(pipes: list[Connection], processes: list, hang_timeout_s: float,
+           on_beat: Callable[[int, str], None]) -> list:
     results: dict[int, object] = {}
     heard = {rank: time.monotonic() for rank in range(len(processes))}
     open_pipes = dict(enumerate(pipes))
@@ -103,6 +107,8 @@ def _watch(pipes: list[Connection], processes: list, hang_timeout_s: float) -> l
                 del open_pipes[rank]
                 continue
             heard[rank] = now
+            if kind == "beat":
+                on_beat(rank, payload)
             if kind == "error":
                 raise LaunchError(f"rank {rank} failed: {payload}")
             if kind == "result":

@@ -108,22 +108,14 @@ def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
     """
     import torch
 
-    from runtime.launch import RankPlacement, launch
+    from runtime.launch import launch
     from runtime.worker import run_rank
     from sim.simulate import tensor_parallel_ranks
     from sim.topology import build_topology
 
     topology = build_topology(scenario.config.cluster)
     ranks = tensor_parallel_ranks(scenario, topology)
-    placements, enter = None, None
-    if testbed:
-        from runtime.testbed import Testbed, enter_namespace
-
-        bed = Testbed(scenario.name, topology)
-        bed.require_up()
-        placements = [RankPlacement(bed.namespace_of_rank(r), bed.master_address(), bed.interface)
-                      for r in ranks]
-        enter = enter_namespace
+    placements, enter = placements_for(scenario, topology, ranks, testbed)
     device = torch.device("cpu")
 
     def body(rank: int, heartbeat) -> list | None:
@@ -133,3 +125,22 @@ def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
     gathered = launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
                       enter_namespace=enter)[0]
     return measured_result(scenario, topology, gathered)
+
+
+def placements_for(scenario: Scenario, topology: Topology, ranks: tuple[int, ...], testbed: bool):
+    """Where each rank runs: this machine's namespace, or its host's testbed namespace.
+
+    Returns:
+        (placements or None, the function that enters a namespace or None).
+
+    Raises:
+        ConfigError: ``testbed`` is set but the scenario's testbed is not up.
+    """
+    if not testbed:
+        return None, None
+    from runtime.launch import RankPlacement
+    from runtime.testbed import Testbed, enter_namespace
+
+    bed = Testbed(scenario.name, topology)
+    bed.require_up()
+    return [RankPlacement(bed.namespace_of_rank(r), bed.master_address(), bed.interface) for r in ranks], enter_namespace

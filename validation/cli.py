@@ -118,11 +118,7 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
     from sim.scenario import load_scenario
 
     loaded = load_scenario(scenario)
-    try:
-        import torch  # noqa: F401  (10-15 s, once, before the ranks fork)
-    except ImportError:
-        raise ConfigError("runtime", "hetsim measure needs torch: pip install -e '.[runtime]' "
-                                     "(torch==2.13.0) (got no torch)") from None
+    _require_torch("measure")
     from runtime.launch import LaunchError
     from runtime.measure import measure_scenario, write_measured_outputs
 
@@ -144,6 +140,54 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
     console.print(table)
     written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "profile_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the calibration profile (CSV).")
+@click.option("--testbed", is_flag=True, help="Measure inside the scenario's testbed (hetsim testbed up first).")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Repeats per measurement.")
+@click.option("--max-call", "max_call_s", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Stop growing a collective's size once one call takes longer than this (s).")
+def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, max_call_s: float) -> None:
+    """Measure SCENARIO's cluster (links, every collective algorithm, compute per op, framework
+    overhead, memory baseline) and write a calibration profile for hetsim simulate --profile."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from sim.outputs import write_atomic
+    from sim.scenario import load_scenario
+
+    loaded = load_scenario(scenario)
+    _require_torch("calibrate")
+    from runtime.calibrate import calibrate_scenario
+    from runtime.launch import LaunchError
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  transient=not sys.stdout.isatty()) as progress:
+        task = progress.add_task("starting ranks", total=None)
+
+        def on_beat(rank: int, label: str) -> None:
+            if rank == 0:
+                progress.update(task, description=f"calibrating: {label}")
+
+        try:
+            profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
+                                         on_beat=on_beat)
+        except LaunchError as error:
+            click.echo(f"hetsim: calibrate failed: {error}; no profile written", err=True)
+            sys.exit(1)
+    write_atomic(profile_path, profile.to_csv(index=False, lineterminator="\n"))
+    counts = profile["measurement"].value_counts().to_dict()
+    click.echo(f"wrote {profile_path}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
+
+
+def _require_torch(command: str) -> None:
+    try:
+        import torch  # noqa: F401  (10-15 s, once, before the ranks fork)
+    except ImportError:
+        raise ConfigError("runtime", f"hetsim {command} needs torch: pip install -e '.[runtime]' "
+                                     "(torch==2.13.0) (got no torch)") from None
 
 
 @cli.command()

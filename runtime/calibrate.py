@@ -1,0 +1,236 @@
+"""``hetsim calibrate``: microbenchmarks on the scenario's cluster, written as a profile.
+
+Every measurement runs in the same forked ranks, over the same process group, as a real
+measurement, so it sees the same CPU sharing, framework and links:
+
+* ``compute`` and ``op_gap``: the executor generates with the scenario's model at a grid of prompt
+  lengths (``allreduce_ln`` with the library allreduce); each compute op is timed in place, and
+  the gap between consecutive ops of a rank is the framework's dispatch time. Rows are medians
+  over ranks of one device type, layers and repeats, per op kind and shape.
+* ``collective``: every algorithm the registry knows for each kind (and ``library``), over the
+  scenario's tensor-parallel group, at 1 KiB x 4^k up to 64 MiB; sizes stop growing once one call
+  takes longer than ``max_call_s``. Each call starts after a barrier; its time is the slowest
+  rank's.
+* ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
+  trip), 1 KiB to 4 MiB.
+* ``memory_baseline``: each rank's resident memory after the process group is up and before any
+  weight exists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from models.ops import OpKind
+from runtime.comm import Communicator
+from runtime.executor import Executor
+from runtime.model import RankModel
+from runtime.weights import prompt_tokens
+from runtime.worker import TORCH_DTYPES, current_memory_bytes
+from sim.collectives.registry import ALGORITHMS, LIBRARY
+from sim.plan import Collective, Plan, StrategyChoice
+from sim.profile import profile_frame
+
+CALIBRATION_PROMPTS = (8, 32, 128)
+CALIBRATION_OUTPUT_TOKENS = 4
+SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
+P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
+
+
+def _stats(values) -> dict:
+    values = np.asarray(values, dtype=float)
+    return {"median": float(np.median(values)), "p10": float(np.percentile(values, 10)),
+            "p90": float(np.percentile(values, 90)), "repeats": len(values)}
+
+
+def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: float,
+                   heartbeat: Callable[[str], None]) -> list[dict] | None:
+    """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere."""
+    from sim.simulate import tensor_parallel_ranks
+
+    ranks = tensor_parallel_ranks(scenario, topology)
+    device_class = topology.devices[rank].spec.name
+    rows: list[dict] = []
+    baseline = current_memory_bytes(torch.device("cpu"))
+    samples = [None] * len(ranks)
+    dist.all_gather_object(samples, (device_class, baseline))
+    by_class = defaultdict(list)
+    for cls, value in samples:
+        by_class[cls].append(value)
+    for cls, values in by_class.items():
+        rows.append({"measurement": "memory_baseline", "device_class": cls, "unit": "bytes",
+                     "method": "resident set size after init_process_group, before weights", **_stats(values)})
+    comm = Communicator(rank, topology.host_groups)
+    rows += _collectives(ranks, topology, rank, comm, repeats, max_call_s, heartbeat)
+    rows += _p2p(ranks, topology, rank, repeats, heartbeat)
+    rows += _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat)
+    gathered = [None] * len(ranks) if rank == ranks[0] else None
+    dist.gather_object(rows, gathered, dst=ranks[0])
+    if rank != ranks[0]:
+        return None
+    merged = [row for part in gathered for row in part if row.get("measurement") != "memory_baseline"]
+    merged += [row for row in gathered[0] if row.get("measurement") == "memory_baseline"]
+    return _merge_compute(merged)
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    """Seconds ``fn`` takes, started after a barrier, as the slowest rank saw it."""
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+def _collectives(ranks, topology, rank, comm, repeats, max_call_s, heartbeat) -> list[dict]:
+    rows = []
+    hosts = len(topology.host_groups(ranks))
+    for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
+        for algorithm in (LIBRARY, *ALGORITHMS[kind]):
+            for size in SIZES_BYTES:
+                call = Collective(kind, algorithm, tuple(ranks), size, ranks[0] if kind != OpKind.ALLREDUCE else None)
+                tensor = torch.ones(size // 4, dtype=torch.float32)
+                heartbeat(f"{kind} {algorithm} {size // 1024} KiB")
+                try:
+                    comm.run(call, tensor)  # warm-up, and it builds the schedule
+                except ValueError:  # e.g. two_level_rs on hosts with different numbers of ranks
+                    break
+                times = [_timed(lambda: comm.run(call, tensor)) for _ in range(repeats)]
+                if rank == ranks[0]:
+                    rows.append({"measurement": "collective", "op": str(kind), "algorithm": algorithm,
+                                 "group_size": len(ranks), "num_hosts": hosts, "size_bytes": size, "unit": "s",
+                                 "method": "barrier, then one call; slowest rank's time", **_stats(times)})
+                if np.median(times) > max_call_s:
+                    break
+    return rows
+
+
+def _p2p(ranks, topology, rank, repeats, heartbeat) -> list[dict]:
+    rows = []
+    master_host = topology.devices[ranks[0]].host
+    peers = {"intra_host": next((r for r in ranks[1:] if topology.devices[r].host == master_host), None),
+             "inter_host": next((r for r in ranks[1:] if topology.devices[r].host != master_host), None)}
+    for link_class, peer in peers.items():
+        if peer is None:
+            continue
+        for size in P2P_SIZES_BYTES:
+            heartbeat(f"p2p {link_class} {size // 1024} KiB")
+            buffer = torch.ones(size // 4, dtype=torch.float32)
+            times = []
+            for _ in range(repeats + 1):
+                dist.barrier()
+                start = time.perf_counter()
+                if rank == ranks[0]:
+                    dist.send(buffer, dst=peer)
+                    dist.recv(buffer, src=peer)
+                elif rank == peer:
+                    dist.recv(buffer, src=ranks[0])
+                    dist.send(buffer, dst=ranks[0])
+                times.append((time.perf_counter() - start) / 2)
+            if rank == ranks[0]:
+                rows.append({"measurement": "p2p", "device_class": link_class, "size_bytes": size, "unit": "s",
+                             "method": "half a send/recv ping-pong round trip", **_stats(times[1:])})
+    return rows
+
+
+def _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> list[dict]:
+    spec = scenario.model
+    batch = scenario.config.workload.batch_size
+    device = torch.device("cpu")
+    model = RankModel(spec, len(ranks), ranks.index(rank), seed=0, batch_size=batch,
+                      max_tokens=max(CALIBRATION_PROMPTS) + CALIBRATION_OUTPUT_TOKENS, device=device,
+                      dtype=TORCH_DTYPES[spec.dtype])
+    device_class = topology.devices[rank].spec.name
+    rows, gaps = [], []
+    for prompt_len in CALIBRATION_PROMPTS:
+        plan = Plan(spec, tuple(ranks), batch, prompt_len, CALIBRATION_OUTPUT_TOKENS,
+                    StrategyChoice("allreduce_ln", allreduce=LIBRARY, broadcast=LIBRARY))
+        executor = Executor(plan, model, comm, rank)
+        prompt = prompt_tokens(spec, batch, prompt_len, seed=0)
+        # Ops of one name in one step share their cost (every layer has the same shapes).
+        ops = [{op.name: op for seg in plan.phase(step).segments for op in seg.programs[rank]}
+               for step in range(plan.num_phases)]
+        for index in range(repeats + 1):
+            heartbeat(f"compute, prompt {prompt_len} tokens, repeat {index}")
+            generation = executor.generate(prompt, time.perf_counter())
+            if index == 0:
+                continue  # warm-up
+            records = generation.records
+            for before, after in zip(records, records[1:]):
+                if before.step == after.step:
+                    gaps.append(after.start_s - before.end_s)
+            for record in records:
+                op = ops[record.step][record.name]
+                if op.collective is not None:
+                    continue
+                new, context = op.shape
+                cost = op.cost
+                rows.append({"measurement": "compute", "device_class": device_class, "op": record.kind,
+                             "group_size": len(ranks), "batch_size": batch, "new_tokens": new,
+                             "context_tokens": context, "dtype": spec.dtype, "flops": cost.flops,
+                             "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
+                             "method": "timed in place while generating (allreduce_ln, library)",
+                             "median": record.end_s - record.start_s})
+    rows.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
+                 "method": "time between consecutive ops of a rank while generating", **_stats(gaps)})
+    return rows
+
+
+def _merge_compute(rows: list[dict]):
+    """Fold single timings (one per rank, layer and repeat) into one row per op and shape."""
+    compute = defaultdict(list)
+    gaps = defaultdict(list)
+    merged = []
+    for row in rows:
+        if row["measurement"] == "compute":
+            key = tuple(row[k] for k in ("device_class", "op", "group_size", "batch_size", "new_tokens",
+                                         "context_tokens", "dtype", "flops", "traffic_bytes", "method"))
+            compute[key].append(row["median"])
+        elif row["measurement"] == "op_gap":
+            gaps[row["device_class"]].append(row["median"])
+        else:
+            merged.append(row)
+    names = ("device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens", "dtype", "flops",
+             "traffic_bytes", "method")
+    for key, values in compute.items():
+        merged.append({"measurement": "compute", **dict(zip(names, key)), "unit": "s", **_stats(values)})
+    for device_class, values in gaps.items():
+        merged.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
+                       "method": "time between consecutive ops of a rank while generating (median over ranks)",
+                       **_stats(values)})
+    return profile_frame(merged)
+
+
+def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max_call_s: float = 1.0,
+                       hang_timeout_s: float = 300.0, on_beat: Callable[[int, str], None] | None = None):
+    """Calibrate on this machine (forked ranks, in the testbed's namespaces if ``testbed``).
+
+    Returns:
+        The profile table (:func:`sim.profile.profile_frame`).
+
+    Raises:
+        ConfigError: invalid scenario, or testbed not up.
+        runtime.launch.LaunchError: a rank failed, died or hung.
+    """
+    from runtime.launch import launch
+    from runtime.measure import placements_for
+    from sim.simulate import tensor_parallel_ranks
+    from sim.topology import build_topology
+
+    topology = build_topology(scenario.config.cluster)
+    ranks = tensor_parallel_ranks(scenario, topology)
+    placements, enter = placements_for(scenario, topology, ranks, testbed)
+
+    def body(rank: int, heartbeat) -> object:
+        torch.manual_seed(0)
+        return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat)
+
+    return launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
+                  enter_namespace=enter, on_beat=on_beat)[0]
