@@ -67,7 +67,7 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
         rows.append({"measurement": "memory_baseline", "device_class": cls, "unit": "bytes",
                      "method": "resident set size after init_process_group, before weights", **_stats(values)})
     comm = Communicator(rank, topology.host_groups)
-    rows += _collectives(ranks, topology, rank, comm, repeats, max_call_s, heartbeat)
+    rows += collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat)
     rows += _p2p(ranks, topology, rank, repeats, heartbeat)
     rows += _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat)
     gathered = [None] * len(ranks) if rank == ranks[0] else None
@@ -89,12 +89,14 @@ def _timed(fn: Callable[[], None]) -> float:
     return float(elapsed.item())
 
 
-def _collectives(ranks, topology, rank, comm, repeats, max_call_s, heartbeat) -> list[dict]:
+def collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
+                    sizes: tuple[int, ...] = SIZES_BYTES) -> list[dict]:
+    """Time every algorithm of every collective kind at ``sizes`` (ascending); rows on rank 0."""
     rows = []
     hosts = len(topology.host_groups(ranks))
     for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
         for algorithm in (LIBRARY, *ALGORITHMS[kind]):
-            for size in SIZES_BYTES:
+            for size in sizes:
                 call = Collective(kind, algorithm, tuple(ranks), size, ranks[0] if kind != OpKind.ALLREDUCE else None)
                 tensor = torch.ones(size // 4, dtype=torch.float32)
                 heartbeat(f"{kind} {algorithm} {size // 1024} KiB")
@@ -234,3 +236,25 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
 
     return launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
                   enter_namespace=enter, on_beat=on_beat)[0]
+
+
+def measure_collectives(scenario, sizes: tuple[int, ...], *, testbed: bool = False, repeats: int = 5,
+                        max_call_s: float = 1.0, hang_timeout_s: float = 300.0,
+                        on_beat: Callable[[int, str], None] | None = None):
+    """Time every collective algorithm at ``sizes`` over the scenario's group (profile rows)."""
+    from runtime.launch import launch
+    from runtime.measure import placements_for
+    from sim.simulate import tensor_parallel_ranks
+    from sim.topology import build_topology
+
+    topology = build_topology(scenario.config.cluster)
+    ranks = tensor_parallel_ranks(scenario, topology)
+    placements, enter = placements_for(scenario, topology, ranks, testbed)
+
+    def body(rank: int, heartbeat) -> object:
+        comm = Communicator(rank, topology.host_groups)
+        return collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat, tuple(sorted(sizes)))
+
+    rows = launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
+                  enter_namespace=enter, on_beat=on_beat)[0]
+    return profile_frame(rows)

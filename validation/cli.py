@@ -182,6 +182,33 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
     click.echo(f"wrote {profile_path}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
 
 
+@cli.command()
+@click.argument("matrix", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory for the error report (CSV tables, summary.md, report.html) and profiles.")
+def validate(matrix: Path, out_dir: Path) -> None:
+    """Run MATRIX both ways (calibrated simulation; measurement on the testbed) and report the
+    simulator's error per case and metric, its ranking of strategies, and the seed's claim."""
+    from validation.matrix import load_matrix
+
+    loaded, scenarios = load_matrix(matrix)
+    _require_torch("validate")
+    from runtime.launch import LaunchError
+    from validation.report import summary_markdown, write_validation
+    from validation.validate import validate as run_validation
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    try:
+        with console.status("validating") as status:
+            report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text))
+    except LaunchError as error:
+        click.echo(f"hetsim: validate failed: {error}; no report written", err=True)
+        sys.exit(1)
+    written = write_validation(report, out_dir, loaded.name)
+    console.print(summary_markdown(report, loaded.name))
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
 def _require_torch(command: str) -> None:
     try:
         import torch  # noqa: F401  (10-15 s, once, before the ranks fork)

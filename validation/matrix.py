@@ -1,0 +1,78 @@
+"""A validation matrix: which scenarios to run both ways, at which prompt lengths.
+
+Example (``validation/matrix.yaml`` is the shipped one)::
+
+    name: testbed_matrix
+    testbed: true                 # run inside each scenario's emulated cluster (root, iproute2)
+    repeats: 3                    # timed generations per case
+    warmup: 1
+    calibration_repeats: 5
+    prompt_tokens: [32, 128]      # every scenario runs at each prompt length
+    scenarios:                    # paths relative to this file; each lists its variants
+      - ../scenarios/validation/2x2_bandwidth.yaml
+    collective_sizes: [2KiB, 96KiB, 1.5MiB]   # collective checks between calibrated sizes
+
+A case is one variant of one scenario at one prompt length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from models.errors import ConfigError
+from sim.scenario import Scenario, config_error_from, load_scenario, scenario_from_dict
+from sim.units import parse_size
+
+
+class Matrix(BaseModel):
+    """A validated matrix file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    testbed: bool = True
+    repeats: int = Field(default=3, gt=0)
+    warmup: int = Field(default=1, ge=0)
+    calibration_repeats: int = Field(default=5, gt=0)
+    prompt_tokens: list[int] = Field(min_length=1)
+    scenarios: list[str] = Field(min_length=1)
+    collective_sizes: list[int] = []
+
+    @field_validator("collective_sizes", mode="before")
+    @classmethod
+    def _sizes(cls, values: list) -> list[int]:
+        return [parse_size(v) for v in values]
+
+
+def load_matrix(path: str | Path) -> tuple[Matrix, list[Scenario]]:
+    """Read a matrix and the scenarios it names.
+
+    Raises:
+        ConfigError: missing or malformed file, unknown field, a scenario that does not load.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("matrix", f"no such file (got '{path}')")
+    try:
+        matrix = Matrix.model_validate(yaml.safe_load(path.read_text()))
+    except yaml.YAMLError as error:
+        raise ConfigError("matrix", f"malformed YAML: {str(error).splitlines()[0]} (got '{path}')") from None
+    except ValidationError as error:
+        raise config_error_from(error) from None
+    scenarios = [load_scenario(path.parent / name) for name in matrix.scenarios]
+    names = [s.name for s in scenarios]
+    if len(set(names)) != len(names):
+        raise ConfigError("matrix.scenarios", f"scenario names must be unique (got {names})")
+    return matrix, scenarios
+
+
+def with_prompt(scenario: Scenario, prompt_tokens: int) -> Scenario:
+    """``scenario`` at another prompt length (same name: its testbed and profile stay its own)."""
+    data = scenario.config.model_dump(by_alias=True)
+    data["workload"]["prompt_tokens"] = prompt_tokens
+    if not data["model"].endswith(".json"):
+        data["model"] = scenario.model.name
+    base = scenario.source_path.parent if scenario.source_path else Path(".")
+    return scenario_from_dict(data, base_dir=base, source_path=scenario.source_path)

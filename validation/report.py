@@ -1,0 +1,82 @@
+"""Files of a validation run: error tables (CSV), a short summary (Markdown) and plots (HTML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from sim.outputs import write_files
+from validation.validate import ValidationReport
+
+_SCALE = {"ttft_s": (1e3, "ms"), "tpot_s": (1e3, "ms"), "decode_tokens_per_s": (1, "tokens/s"),
+          "peak_memory_bytes": (2**-20, "MiB"), "collective_s": (1e3, "ms")}
+
+
+def _scatter(report: ValidationReport) -> go.Figure:
+    panels = [(m, g) for m, g in report.errors.groupby("metric", sort=True)]
+    if len(report.collectives):
+        panels.append(("collective_s", report.collectives))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[
+        f"{m} ({_SCALE[m][1]})" for m, _ in panels])
+    for col, (metric, group) in enumerate(panels, 1):
+        scale = _SCALE[metric][0]
+        labels = [" / ".join(str(v) for v in row) for row in
+                  group[[c for c in ("scenario", "prompt_tokens", "variant", "algorithm", "size_bytes", "device")
+                         if c in group.columns]].itertuples(index=False)]
+        fig.add_trace(go.Scatter(x=group["measured"] * scale, y=group["simulated"] * scale, mode="markers",
+                                 text=labels, name=metric, showlegend=False,
+                                 hovertemplate="%{text}<br>measured %{x:.4g}<br>simulated %{y:.4g}"), row=1, col=col)
+        low, high = (min(group["measured"].min(), group["simulated"].min()) * scale,
+                     max(group["measured"].max(), group["simulated"].max()) * scale)
+        for factor, dash in ((1.0, "solid"), (1.1, "dot"), (0.9, "dot")):
+            fig.add_trace(go.Scatter(x=[low, high], y=[low * factor, high * factor], mode="lines", showlegend=False,
+                                     line={"color": "grey", "dash": dash, "width": 1}), row=1, col=col)
+        fig.update_xaxes(type="log", title_text="measured", row=1, col=col)
+        fig.update_yaxes(type="log", title_text="simulated", row=1, col=col)
+    fig.update_layout(title="Predicted against measured (lines: equal, +-10%)", height=480)
+    return fig
+
+
+def summary_markdown(report: ValidationReport, title: str) -> str:
+    """The short summary kept beside the CSV tables."""
+    lines = [f"# Validation: {title}", "", "Signed error = simulated / measured - 1.", "",
+             "| metric | cases | median abs error | p90 abs error | median signed error |", "|---|---|---|---|---|"]
+    for row in report.summary.itertuples(index=False):
+        lines.append(f"| {row.metric} | {row.cases} | {row.median_abs_error:.1%} | {row.p90_abs_error:.1%} | "
+                     f"{row.median_signed_error:+.1%} |")
+    ranking = report.ranking
+    agreed = int(ranking["simulator_agrees"].sum()) if len(ranking) else 0
+    lines += ["", f"Strategy ranking: the simulator orders {agreed} of {len(ranking)} pairs whose measured "
+                  f"TTFT or TPOT differ by more than 10% as the measurement does."]
+    wrong = ranking[~ranking["simulator_agrees"]] if len(ranking) else ranking
+    for row in wrong.itertuples(index=False):
+        lines.append(f"- wrong: {row.scenario} prompt {row.prompt_tokens} {row.metric}: {row.faster} measured "
+                     f"{row.measured_difference:.0%} faster than {row.slower}")
+    if len(report.claim):
+        lines += ["", "## The seed's claim: allreduce_ln (best algorithm) against reduce_ln_bcast", "",
+                  "| scenario | prompt | source | best allreduce | TTFT rlb ms | TTFT ar ms | tok/s rlb | tok/s ar |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in report.claim.itertuples(index=False):
+            lines.append(f"| {row.scenario} | {row.prompt_tokens} | {row.source} | {row.best_allreduce} | "
+                         f"{row.ttft_reduce_ln_bcast_s * 1e3:.1f} | {row.ttft_allreduce_ln_s * 1e3:.1f} | "
+                         f"{row.tokens_per_s_reduce_ln_bcast:.2f} | {row.tokens_per_s_allreduce_ln:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_validation(report: ValidationReport, out_dir: Path, title: str) -> list[Path]:
+    """Write errors.csv, collectives.csv, summary.csv, ranking.csv, claim.csv, summary.md, report.html."""
+    def csv(frame: pd.DataFrame) -> str:
+        return frame.to_csv(index=False, lineterminator="\n")
+
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>hetsim validation</title></head><body>"
+            f"<h1>hetsim validate: {title}</h1>" + report.summary.to_html(index=False, border=0)
+            + _scatter(report).to_html(full_html=False, include_plotlyjs=True, div_id="scatter")
+            + "<h2>Ranking</h2>" + report.ranking.to_html(index=False, border=0)
+            + "<h2>Errors</h2>" + report.errors.to_html(index=False, border=0) + "</body></html>")
+    return write_files(out_dir, {
+        "errors.csv": csv(report.errors), "collectives.csv": csv(report.collectives),
+        "summary.csv": csv(report.summary), "ranking.csv": csv(report.ranking), "claim.csv": csv(report.claim),
+        "summary.md": summary_markdown(report, title), "report.html": page})

@@ -1,0 +1,196 @@
+"""``hetsim validate``: run a matrix both ways and report how far the simulator is from reality.
+
+For each scenario of the matrix: bring its testbed up (if the matrix says so), calibrate, then at
+each prompt length measure every variant and simulate it with the profile; finally time the
+collectives at sizes between the calibrated ones and compare them with the calibrated network
+model's interpolation. The testbed goes down whatever happens.
+
+Errors are signed, ``simulated / measured - 1``. The report gives, per metric, the median and p90
+of |error| over cases; whether the simulator orders each pair of variants as the measurement does
+where the measured difference exceeds 10%; and the seed's claim: allreduce_ln with its best
+algorithm against reduce_ln_bcast, measured and simulated side by side.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.profile import Profile
+from sim.scenario import Scenario
+from validation.matrix import Matrix, with_prompt
+
+TIMING_METRICS = ("ttft_s", "tpot_s", "decode_tokens_per_s")
+CHECKED_METRICS = (*TIMING_METRICS, "peak_memory_bytes")
+RANKING_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Tables of a validation run (see :func:`validate`)."""
+
+    errors: pd.DataFrame
+    collectives: pd.DataFrame
+    summary: pd.DataFrame
+    ranking: pd.DataFrame
+    claim: pd.DataFrame
+
+
+def case_errors(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+    """Join simulated and measured result tables of one case set on (variant, metric, device)."""
+    sim = simulated[simulated["metric"].isin(CHECKED_METRICS)]
+    meas = measured.set_index(["variant", "metric", "device"])["value"]
+    rows = []
+    for row in sim.itertuples(index=False):
+        key = (row.variant, row.metric, row.device)
+        if key not in meas.index:
+            continue
+        stem = {"ttft_s": "ttft_p{}_s", "tpot_s": "tpot_p{}_s", "decode_tokens_per_s": "decode_tokens_p{}_per_s"}
+        p10 = p90 = np.nan
+        if row.metric in stem:
+            p10 = meas.get((row.variant, stem[row.metric].format(10), row.device), np.nan)
+            p90 = meas.get((row.variant, stem[row.metric].format(90), row.device), np.nan)
+        measured_value = float(meas[key])
+        rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": row.variant,
+                     "metric": row.metric, "device": row.device, "simulated": float(row.value),
+                     "measured": measured_value, "measured_p10": p10, "measured_p90": p90,
+                     "error": float(row.value) / measured_value - 1 if measured_value else np.nan})
+    return pd.DataFrame(rows)
+
+
+def summarise_errors(errors: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
+    """Per metric: number of cases, median and p90 of |error|, median signed error."""
+    parts = [errors[["metric", "error"]]]
+    if len(collectives):
+        parts.append(collectives.assign(metric="collective_s")[["metric", "error"]])
+    both = pd.concat(parts, ignore_index=True).dropna()
+    grouped = both.groupby("metric", sort=True)["error"]
+    return pd.DataFrame({
+        "cases": grouped.size(),
+        "median_abs_error": grouped.apply(lambda e: float(np.median(np.abs(e)))),
+        "p90_abs_error": grouped.apply(lambda e: float(np.percentile(np.abs(e), 90))),
+        "median_signed_error": grouped.median(),
+    }).reset_index()
+
+
+def ranking_agreement(errors: pd.DataFrame) -> pd.DataFrame:
+    """Every pair of variants of a case set whose measured TTFT or TPOT differ by more than 10%:
+    does the simulator order them the same way?"""
+    rows = []
+    timing = errors[errors["metric"].isin(("ttft_s", "tpot_s"))]
+    for (scenario, prompt, metric), group in timing.groupby(["scenario", "prompt_tokens", "metric"], sort=True):
+        values = group.set_index("variant")
+        for a, b in itertools.combinations(sorted(values.index), 2):
+            measured_a, measured_b = values.loc[a, "measured"], values.loc[b, "measured"]
+            difference = abs(measured_a / measured_b - 1)
+            if difference <= RANKING_THRESHOLD:
+                continue
+            agree = (measured_a < measured_b) == (values.loc[a, "simulated"] < values.loc[b, "simulated"])
+            rows.append({"scenario": scenario, "prompt_tokens": prompt, "metric": metric, "faster": a if
+                         measured_a < measured_b else b, "slower": b if measured_a < measured_b else a,
+                         "measured_difference": difference, "simulator_agrees": bool(agree)})
+    return pd.DataFrame(rows, columns=["scenario", "prompt_tokens", "metric", "faster", "slower",
+                                       "measured_difference", "simulator_agrees"])
+
+
+def seed_claim(errors: pd.DataFrame) -> pd.DataFrame:
+    """reduce_ln_bcast against allreduce_ln with its best algorithm (by measured TPOT), per case
+    set: TTFT and decode tokens/s, measured and simulated."""
+    rows = []
+    for (scenario, prompt), group in errors.groupby(["scenario", "prompt_tokens"], sort=True):
+        by = group.set_index(["variant", "metric"])
+        variants = sorted(group["variant"].unique())
+        baseline = next((v for v in variants if v.startswith("reduce_ln_bcast")), None)
+        candidates = [v for v in variants if v != baseline and (v, "tpot_s") in by.index]
+        if baseline is None or not candidates:
+            continue
+        best = min(candidates, key=lambda v: by.loc[(v, "tpot_s"), "measured"])
+        for source in ("measured", "simulated"):
+            rows.append({"scenario": scenario, "prompt_tokens": prompt, "source": source, "best_allreduce": best,
+                         "ttft_reduce_ln_bcast_s": by.loc[(baseline, "ttft_s"), source],
+                         "ttft_allreduce_ln_s": by.loc[(best, "ttft_s"), source],
+                         "tokens_per_s_reduce_ln_bcast": by.loc[(baseline, "decode_tokens_per_s"), source],
+                         "tokens_per_s_allreduce_ln": by.loc[(best, "decode_tokens_per_s"), source]})
+    return pd.DataFrame(rows)
+
+
+def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFrame) -> pd.DataFrame:
+    """Measured collective times against the calibrated network model's predictions."""
+    from sim.calibrated import CalibratedNetwork
+    from sim.collectives.registry import build_schedule
+    from sim.network import NETWORK_MODELS
+    from sim.topology import build_topology
+
+    topology = build_topology(scenario.config.cluster)
+    fallback = NETWORK_MODELS[scenario.config.network_model](topology, None)
+    network = CalibratedNetwork(profile, fallback, topology)
+    rows = []
+    for row in measured.itertuples(index=False):
+        group = tuple(range(int(row.group_size)))
+        root = None if row.op == "allreduce" else 0
+        schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes), root=root,
+                                  host_groups=topology.host_groups(group))
+        predicted = network.time(schedule).duration_s
+        rows.append({"scenario": scenario.name, "op": row.op, "algorithm": row.algorithm,
+                     "size_bytes": int(row.size_bytes), "simulated": predicted, "measured": row.median,
+                     "measured_p10": row.p10, "measured_p90": row.p90, "error": predicted / row.median - 1})
+    return pd.DataFrame(rows)
+
+
+def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
+             on_progress: Callable[[str], None] = lambda text: None) -> ValidationReport:
+    """Run the matrix (see the module docstring); profiles are written under ``out_dir/profiles``.
+
+    Raises:
+        ConfigError: bad scenario, or testbed prerequisites missing.
+        runtime.launch.LaunchError: a rank failed, died or hung.
+    """
+    from runtime.calibrate import calibrate_scenario, measure_collectives
+    from runtime.measure import measure_scenario
+    from sim.outputs import write_atomic
+    from sim.simulate import simulate
+    from sim.topology import build_topology
+
+    errors, collectives = [], []
+    for scenario in scenarios:
+        bed = None
+        if matrix.testbed:
+            from runtime.testbed import Testbed, require_privileges
+
+            require_privileges()
+            bed = Testbed(scenario.name, build_topology(scenario.config.cluster))
+            bed.down()  # a previous crash may have left it behind
+            bed.up()
+        try:
+            beat = lambda rank, label, name=scenario.name: on_progress(f"{name}: {label}") if rank == 0 else None
+            on_progress(f"{scenario.name}: calibrating")
+            table = calibrate_scenario(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
+                                       on_beat=beat)
+            write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", table.to_csv(index=False, lineterminator="\n"))
+            profile = Profile(table)
+            for prompt in matrix.prompt_tokens:
+                case = with_prompt(scenario, prompt)
+                on_progress(f"{scenario.name}: measuring at prompt {prompt}")
+                measured = measure_scenario(case, repeats=matrix.repeats, warmup=matrix.warmup,
+                                            testbed=matrix.testbed).results
+                simulated = simulate(case, profile=profile).results
+                errors.append(case_errors(scenario.name, prompt, simulated, measured))
+            if matrix.collective_sizes:
+                on_progress(f"{scenario.name}: collectives between calibrated sizes")
+                timed = measure_collectives(scenario, tuple(matrix.collective_sizes), testbed=matrix.testbed,
+                                            repeats=matrix.calibration_repeats, on_beat=beat)
+                collectives.append(collective_errors(scenario, profile, timed))
+        finally:
+            if bed is not None:
+                bed.down()
+    error_table = pd.concat(errors, ignore_index=True)
+    collective_table = pd.concat(collectives, ignore_index=True) if collectives else pd.DataFrame(
+        columns=["scenario", "op", "algorithm", "size_bytes", "simulated", "measured", "measured_p10",
+                 "measured_p90", "error"])
+    return ValidationReport(error_table, collective_table, summarise_errors(error_table, collective_table),
+                            ranking_agreement(error_table), seed_claim(error_table))
