@@ -1,0 +1,136 @@
+"""Calibrated pricing and the validation report's arithmetic, on synthetic profiles and tables."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from models.errors import ConfigError
+from models.ops import OpKind
+from sim.calibrated import CalibratedCompute, CalibratedNetwork
+from sim.collectives.registry import build_schedule
+from sim.cost import RooflineCompute
+from sim.network import FlowNetwork
+from sim.profile import PROFILE_COLUMNS, Profile, load_profile, profile_frame
+from sim.simulate import simulate
+from sim.topology import build_topology
+from sim.cluster_config import ClusterConfig
+from tests.conftest import cluster, make_scenario
+from validation.validate import case_errors, ranking_agreement, seed_claim, summarise_errors
+
+
+def _profile_from_simulation(scale: float, gap_s: float = 0.0):
+    """A profile whose every compute time is ``scale`` x the roofline's, for the default test scenario."""
+    scenario = make_scenario(cluster=cluster(2, 1, device="cpu"), dtype="fp32",
+                             variants=[{"name": "ar", "strategy": "allreduce_ln", "allreduce": "library"}])
+    baseline = simulate(scenario)
+    roofline = RooflineCompute("fp32", 0.6, 0.8, 0.0)
+    rows = []
+    run = baseline.variants[0].run
+    for step in sorted(run.simulated):
+        for segment in run.simulated[step].phase.segments:
+            for op in segment.programs[0]:
+                if op.collective is None:
+                    rows.append({"measurement": "compute", "device_class": "cpu", "op": str(op.kind),
+                                 "group_size": 2, "batch_size": 1, "new_tokens": op.shape[0],
+                                 "context_tokens": op.shape[1], "dtype": "fp32", "flops": op.cost.flops,
+                                 "traffic_bytes": op.traffic_bytes, "unit": "s", "repeats": 1, "method": "synthetic",
+                                 "median": scale * roofline.roofline_s(op, baseline.topology.devices[0])})
+    rows.append({"measurement": "op_gap", "device_class": "cpu", "median": gap_s, "unit": "s"})
+    return scenario, Profile(profile_frame(rows))
+
+
+def test_calibrated_compute_reproduces_measured_op_times():
+    scenario, profile = _profile_from_simulation(scale=3.0)
+    roofline = RooflineCompute("fp32", 0.6, 0.8, 0.0)
+    model = CalibratedCompute(profile, roofline)
+    result = simulate(scenario)
+    device = result.topology.devices[0]
+    for segment in result.variants[0].run.simulated[0].phase.segments:
+        for op in segment.programs[0]:
+            if op.collective is None:
+                assert model.duration_s(op, device) == pytest.approx(3.0 * roofline.roofline_s(op, device), rel=1e-9)
+    assert not model.extrapolated
+
+
+def test_gap_is_added_and_unmeasured_ops_are_flagged():
+    scenario, profile = _profile_from_simulation(scale=1.0, gap_s=1e-3)
+    roofline = RooflineCompute("fp32", 0.6, 0.8, 0.0)
+    model = CalibratedCompute(profile, roofline)
+    result = simulate(scenario)
+    device = result.topology.devices[0]
+    op = result.variants[0].run.simulated[0].phase.segments[1].programs[0][0]
+    assert model.duration_s(op, device) == pytest.approx(roofline.roofline_s(op, device) + 1e-3, rel=1e-9)
+    # a longer prompt than any calibrated one lies outside the calibrated shapes
+    longer = simulate(make_scenario(cluster=cluster(2, 1, device="cpu"), dtype="fp32",
+                                    workload={"batch_size": 1, "prompt_tokens": 512, "output_tokens": 2},
+                                    variants=[{"name": "ar", "strategy": "allreduce_ln", "allreduce": "library"}]),
+                      profile=profile)
+    assert any("outside the calibrated shapes" in line for line in longer.extrapolated)
+
+
+def _collective_profile(times: dict[int, float]) -> Profile:
+    rows = [{"measurement": "collective", "op": "allreduce", "algorithm": "ring", "group_size": 4, "num_hosts": 2,
+             "size_bytes": size, "median": t, "unit": "s"} for size, t in times.items()]
+    return Profile(profile_frame(rows))
+
+
+def test_calibrated_network_interpolates_log_log_and_flags_the_rest():
+    topology = build_topology(ClusterConfig.model_validate(cluster(2, 2)))
+    fallback = FlowNetwork(topology)
+    network = CalibratedNetwork(_collective_profile({1024: 1e-3, 4096: 4e-3}), fallback, topology)
+    ring = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), 2048, host_groups=topology.host_groups((0, 1, 2, 3)))
+    assert network.time(ring).duration_s == pytest.approx(2e-3, rel=1e-9)  # t ~ size on a log-log line
+    assert not network.extrapolated
+    big = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), 65536, host_groups=topology.host_groups((0, 1, 2, 3)))
+    assert network.time(big).duration_s > 4e-3
+    rd = build_schedule(OpKind.ALLREDUCE, "recursive_doubling", (0, 1, 2, 3), 2048)
+    assert network.time(rd).duration_s == pytest.approx(fallback.time(rd).duration_s)
+    assert len(network.extrapolated) == 2
+
+
+def test_profile_round_trip_and_bad_profiles(tmp_path):
+    path = tmp_path / "profile.csv"
+    profile_frame([{"measurement": "op_gap", "device_class": "cpu", "median": 1e-4, "unit": "s"}]).to_csv(path, index=False)
+    assert load_profile(path).of("op_gap")["median"].iloc[0] == 1e-4
+    with pytest.raises(ConfigError, match="profile: no such file"):
+        load_profile(tmp_path / "missing.csv")
+    pd.DataFrame({"a": [1]}).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(ConfigError, match="missing columns"):
+        load_profile(tmp_path / "bad.csv")
+    old = pd.read_csv(path).assign(version=0)
+    old.to_csv(tmp_path / "old.csv", index=False)
+    with pytest.raises(ConfigError, match="version"):
+        load_profile(tmp_path / "old.csv")
+    assert list(pd.read_csv(path).columns) == PROFILE_COLUMNS
+
+
+def _results(values: dict[tuple[str, str], float], source: str) -> pd.DataFrame:
+    return pd.DataFrame([{"scenario": "s", "variant": v, "source": source, "metric": m, "value": x,
+                          "unit": "s", "device": ""} for (v, m), x in values.items()])
+
+
+def test_errors_ranking_and_claim():
+    measured = {("reduce_ln_bcast", "ttft_s"): 1.0, ("reduce_ln_bcast", "tpot_s"): 0.5,
+                ("reduce_ln_bcast", "decode_tokens_per_s"): 2.0,
+                ("allreduce_rd", "ttft_s"): 0.8, ("allreduce_rd", "tpot_s"): 0.25, ("allreduce_rd", "decode_tokens_per_s"): 4.0,
+                ("allreduce_ring", "ttft_s"): 0.78, ("allreduce_ring", "tpot_s"): 1.0,
+                ("allreduce_ring", "decode_tokens_per_s"): 1.0}
+    simulated = {k: v * (1.1 if k[0] == "allreduce_ring" and k[1] == "ttft_s" else 1.0) for k, v in measured.items()}
+    simulated[("allreduce_rd", "tpot_s")] = 0.6  # wrong order against reduce_ln_bcast (0.5)
+    errors = case_errors("s", 32, _results(simulated, "simulated"), _results(measured, "measured"))
+    assert errors.loc[(errors.variant == "allreduce_ring") & (errors.metric == "ttft_s"), "error"].iloc[0] == pytest.approx(0.1)
+    summary = summarise_errors(errors, pd.DataFrame())
+    ttft = summary[summary.metric == "ttft_s"].iloc[0]
+    assert ttft.cases == 3 and ttft.median_abs_error == pytest.approx(0.0)
+    ranking = ranking_agreement(errors)
+    # ttft: rd vs ring differ by 2.5% < 10%: not a pair; tpot: all three pairs count
+    assert set(ranking.metric) == {"ttft_s", "tpot_s"}
+    wrong = ranking[~ranking.simulator_agrees]
+    assert list(zip(wrong.faster, wrong.slower)) == [("allreduce_rd", "reduce_ln_bcast")]
+    claim = seed_claim(errors)
+    assert set(claim.best_allreduce) == {"allreduce_rd"}
+    assert claim[claim.source == "measured"].tokens_per_s_allreduce_ln.iloc[0] == 4.0
+    assert math.isfinite(claim.ttft_allreduce_ln_s.iloc[0])
+    assert np.all(claim.columns[:3] == ["scenario", "prompt_tokens", "source"])
