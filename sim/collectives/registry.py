@@ -10,6 +10,7 @@ from models.ops import OpKind
 from sim.collectives.binomial import binomial_broadcast, binomial_reduce
 from sim.collectives.doubling import rabenseifner, recursive_doubling
 from sim.collectives.double_binary_tree import double_binary_tree
+from sim.collectives.gloo import gloo_allreduce, gloo_reduce
 from sim.collectives.ring import ring_allreduce
 from sim.collectives.schedule import CommSchedule
 from sim.collectives.star import star_allreduce, star_broadcast, star_reduce
@@ -55,14 +56,13 @@ ALGORITHMS: dict[OpKind, dict[str, Builder]] = {
 LIBRARY = "library"
 """The communication backend's own collective (gloo or NCCL), which the runtime calls directly."""
 
-LIBRARY_MODEL: dict[OpKind, str] = {
-    OpKind.ALLREDUCE: "ring",
-    OpKind.REDUCE: "binomial",
-    OpKind.BROADCAST: "binomial",
+LIBRARY_MODEL: dict[OpKind, Builder] = {
+    OpKind.ALLREDUCE: _flat(gloo_allreduce),
+    OpKind.REDUCE: _rooted(gloo_reduce),
+    OpKind.BROADCAST: _rooted(binomial_broadcast),
 }
-"""The schedule that stands for ``library`` in the simulator until calibration refines it: gloo's
-allreduce as PyTorch calls it is a segmented ring and its broadcast a binomial tree
-(FIELD-NOTES section 4, checked on torch 2.13.0)."""
+"""What stands for ``library`` in the simulator until calibration refines it: gloo's algorithms
+as PyTorch calls them (:mod:`sim.collectives.gloo`; FIELD-NOTES section 4, torch 2.13.0)."""
 
 
 def build_schedule(
@@ -96,10 +96,7 @@ def build_schedule(
         raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
     builders = ALGORITHMS[kind]
     if algorithm == LIBRARY:
-        # Priced as the library's algorithm but named ``library``, so calibrated timings of the
-        # backend's own collective are looked up under that name.
-        schedule = build_schedule(kind, LIBRARY_MODEL[kind], group, size_bytes, root=root, host_groups=host_groups)
-        return replace(schedule, algorithm=LIBRARY)
+        builders = {LIBRARY: LIBRARY_MODEL[kind]}
     if algorithm not in builders:
         raise ConfigError("algorithm", f"unknown {kind} algorithm {algorithm!r}; known: "
                                        f"{', '.join((*builders, LIBRARY))}")
@@ -115,4 +112,6 @@ def build_schedule(
         if resolved_root not in members:
             raise ConfigError("root", f"must be a rank of the group {members} (got {root})")
     hosts = None if host_groups is None else tuple(tuple(host) for host in host_groups)
-    return builders[algorithm](members, size_bytes, resolved_root, hosts)
+    schedule = builders[algorithm](members, size_bytes, resolved_root, hosts)
+    # Named as asked, so calibrated timings of ``library`` are looked up under that name.
+    return replace(schedule, algorithm=algorithm)
