@@ -16,7 +16,8 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     ``group_size`` ranks on ``num_hosts`` hosts, of ``size_bytes`` per rank;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
     (``intra_host`` or ``inter_host``), half a ping-pong round trip;
-  * ``memory_baseline``: a rank's resident memory before its weights are loaded (bytes).
+  * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
+    communication buffers, allocator), in bytes.
 ``median``, ``p10``, ``p90``: over ``repeats`` repetitions; ``method``: how it was measured.
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -210,6 +211,8 @@ def validate(matrix: Path, out_dir: Path) -> None:
 
 
 def _require_torch(command: str) -> None:
+    # c10d warns on every rendezvous that a testbed address has no host name; only errors matter.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         import torch  # noqa: F401  (10-15 s, once, before the ranks fork)
     except ImportError:

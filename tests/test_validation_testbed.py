@@ -1,0 +1,54 @@
+"""A small calibrated validation on the emulated cluster (root and iproute2, as CI has):
+calibrate, measure and simulate a latency-bound case; the simulator must land within a tolerance
+wide enough for a shared 2-core machine and order the strategies as the measurement does."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                                reason="the testbed needs root and iproute2")
+
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2, "vocab_size": 512, "n_positions": 256,
+             "n_inner": None, "torch_dtype": "float32"}
+
+
+def test_calibrated_simulation_predicts_the_testbed(tmp_path):
+    from runtime.calibrate import calibrate_scenario
+    from runtime.measure import measure_scenario
+    from runtime.testbed import Testbed
+    from sim.profile import Profile
+    from sim.simulate import simulate
+    from sim.topology import build_topology
+    from tests.conftest import make_scenario
+    from validation.validate import case_errors, ranking_agreement
+
+    (tmp_path / "tiny.config.json").write_text(json.dumps(TINY_GPT2))
+    scenario = make_scenario(
+        name="suite_validation", model=str(tmp_path / "tiny.config.json"), dtype="fp32",
+        cluster={"switches": [{"name": "sw"}], "hosts": [{
+            "name": "n{i}", "count": 2, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": "2.5ms"},
+            "devices": {"type": "cpu", "count": 1}}]},
+        workload={"batch_size": 1, "prompt_tokens": 8, "output_tokens": 4},
+        variants=[{"name": "reduce_ln_bcast", "strategy": "reduce_ln_bcast", "reduce": "library", "broadcast": "library"},
+                  {"name": "allreduce_library", "strategy": "allreduce_ln", "allreduce": "library", "broadcast": "library"},
+                  {"name": "allreduce_star", "strategy": "allreduce_ln", "allreduce": "star", "broadcast": "library"}])
+    bed = Testbed(scenario.name, build_topology(scenario.config.cluster))
+    bed.down()
+    bed.up()
+    try:
+        profile = Profile(calibrate_scenario(scenario, testbed=True, repeats=3, max_call_s=0.2))
+        measured = measure_scenario(scenario, repeats=3, warmup=1, testbed=True).results
+    finally:
+        bed.down()
+    simulated = simulate(scenario, profile=profile).results
+    errors = case_errors(scenario.name, 8, simulated, measured)
+    timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]
+    assert len(timing) == 6
+    assert np.median(np.abs(timing.error)) < 0.25, timing.to_string()
+    ranking = ranking_agreement(errors)
+    assert ranking.simulator_agrees.all(), ranking.to_string()
