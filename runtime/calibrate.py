@@ -9,12 +9,13 @@ measurement, so it sees the same CPU sharing, framework and links:
   over ranks of one device type, layers and repeats, per op kind and shape.
 * ``collective``: every algorithm the registry knows for each kind (and ``library``), over the
   scenario's tensor-parallel group, at 1 KiB x 4^k up to 64 MiB; sizes stop growing once one call
-  takes longer than ``max_call_s``. Each call starts after a barrier; its time is the slowest
-  rank's.
+  takes longer than ``max_call_s``. Back-to-back calls after a barrier (up to 8, about 50 ms);
+  the time per call is the slowest rank's.
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
-* ``memory_baseline``: each rank's resident memory after the process group is up and before any
-  weight exists.
+* ``memory_baseline``: what a rank holds beyond its model: its peak resident memory while
+  generating, less its weights and KV cache (framework, communication buffers, allocator), read
+  before the collective sweep.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from runtime.comm import Communicator
 from runtime.executor import Executor
 from runtime.model import RankModel
 from runtime.weights import prompt_tokens
-from runtime.worker import TORCH_DTYPES, current_memory_bytes
+from runtime.worker import TORCH_DTYPES, peak_memory_bytes
 from sim.collectives.registry import ALGORITHMS, LIBRARY
 from sim.plan import Collective, Plan, StrategyChoice
 from sim.profile import profile_frame
@@ -56,20 +57,21 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
 
     ranks = tensor_parallel_ranks(scenario, topology)
     device_class = topology.devices[rank].spec.name
-    rows: list[dict] = []
-    baseline = current_memory_bytes(torch.device("cpu"))
+    comm = Communicator(rank, topology.host_groups)
+    # Compute first: the memory baseline is read from the generation's peak, before the
+    # collective sweep's large buffers raise this process's high-water mark.
+    rows, framework_bytes = _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat)
     samples = [None] * len(ranks)
-    dist.all_gather_object(samples, (device_class, baseline))
+    dist.all_gather_object(samples, (device_class, framework_bytes))
     by_class = defaultdict(list)
     for cls, value in samples:
         by_class[cls].append(value)
     for cls, values in by_class.items():
         rows.append({"measurement": "memory_baseline", "device_class": cls, "unit": "bytes",
-                     "method": "resident set size after init_process_group, before weights", **_stats(values)})
-    comm = Communicator(rank, topology.host_groups)
+                     "method": "peak resident set size while generating, less the model's weights and KV cache "
+                               "(framework, communication buffers, allocator)", **_stats(values)})
     rows += collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat)
     rows += _p2p(ranks, topology, rank, repeats, heartbeat)
-    rows += _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat)
     gathered = [None] * len(ranks) if rank == ranks[0] else None
     dist.gather_object(rows, gathered, dst=ranks[0])
     if rank != ranks[0]:
@@ -79,14 +81,22 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     return _merge_compute(merged)
 
 
-def _timed(fn: Callable[[], None]) -> float:
-    """Seconds ``fn`` takes, started after a barrier, as the slowest rank saw it."""
+def _timed(fn: Callable[[], None], calls: int = 1) -> float:
+    """Seconds one of ``calls`` back-to-back calls of ``fn`` takes, started after a barrier, as the
+    slowest rank saw them. Ranks leave a barrier up to one message latency apart; over several
+    calls that skew is amortised instead of being charged to the collective."""
     dist.barrier()
     start = time.perf_counter()
-    fn()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    for _ in range(calls):
+        fn()
+    elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed.item())
+
+
+def _calls_for(seconds_per_call: float) -> int:
+    """Back-to-back calls per timing: enough for about 50 ms, at most 8."""
+    return max(1, min(8, int(0.05 / max(seconds_per_call, 1e-6))))
 
 
 def collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
@@ -104,11 +114,13 @@ def collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
                     comm.run(call, tensor)  # warm-up, and it builds the schedule
                 except ValueError:  # e.g. two_level_rs on hosts with different numbers of ranks
                     break
-                times = [_timed(lambda: comm.run(call, tensor)) for _ in range(repeats)]
+                calls = _calls_for(_timed(lambda: comm.run(call, tensor)))
+                times = [_timed(lambda: comm.run(call, tensor), calls) for _ in range(repeats)]
                 if rank == ranks[0]:
                     rows.append({"measurement": "collective", "op": str(kind), "algorithm": algorithm,
                                  "group_size": len(ranks), "num_hosts": hosts, "size_bytes": size, "unit": "s",
-                                 "method": "barrier, then one call; slowest rank's time", **_stats(times)})
+                                 "method": "barrier, then back-to-back calls; slowest rank's time per call",
+                                 **_stats(times)})
                 if np.median(times) > max_call_s:
                     break
     return rows
@@ -142,7 +154,7 @@ def _p2p(ranks, topology, rank, repeats, heartbeat) -> list[dict]:
     return rows
 
 
-def _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> list[dict]:
+def _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> tuple[list[dict], int]:
     spec = scenario.model
     batch = scenario.config.workload.batch_size
     device = torch.device("cpu")
@@ -182,7 +194,8 @@ def _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> list[
                              "median": record.end_s - record.start_s})
     rows.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
                  "method": "time between consecutive ops of a rank while generating", **_stats(gaps)})
-    return rows
+    cache_bytes = sum(t.numel() * t.element_size() for t in (*model.k_cache, *model.v_cache))
+    return rows, peak_memory_bytes(device) - model.weight_bytes - cache_bytes
 
 
 def _merge_compute(rows: list[dict]):
