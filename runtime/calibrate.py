@@ -232,7 +232,7 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
 
     Raises:
         ConfigError: invalid scenario, or testbed not up.
-        runtime.launch.LaunchError: a rank failed, died or hung.
+        runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.launch import launch
     from runtime.measure import placements_for

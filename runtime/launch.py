@@ -29,9 +29,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-
-class LaunchError(RuntimeError):
-    """A rank failed, died or hung; the message names the rank."""
+from runtime.errors import LaunchError
 
 
 @dataclass(frozen=True)

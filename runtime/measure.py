@@ -104,7 +104,7 @@ def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
 
     Raises:
         ConfigError: an invalid scenario, or ``testbed`` while the scenario's testbed is not up.
-        runtime.launch.LaunchError: a rank failed, died or hung (the message names it).
+        runtime.errors.LaunchError: a rank failed, died or hung (the message names it).
     """
     import torch
 

@@ -1,7 +1,8 @@
 """The ``hetsim`` command line. Thin: it parses, calls the library, prints and writes outputs.
 
 User errors (:class:`models.errors.ConfigError`, and click's usage errors) print one line on
-stderr and exit with code 2, before anything is written.
+stderr and exit with code 2, before anything is written. A run whose rank fails, dies or hangs
+(:class:`runtime.errors.LaunchError`) prints one line naming the rank and exits with code 1.
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from models.errors import ConfigError
+from runtime.errors import LaunchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
 _GIB = 2**30
+
+
+def _console() -> Console:
+    """Stdout, wide enough for the tables when it is not a terminal (a log, a pipe)."""
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _change(pct: float) -> str:
@@ -88,7 +95,7 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
     loaded = load_scenario(scenario or DEFAULT_SCENARIO)
     profile = load_profile(profile_path) if profile_path else None
     result = run_simulation(loaded, profile=profile)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = _console()
     print_summary(result, console)
     if profile is None:
         console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)")
@@ -120,16 +127,11 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 
     loaded = load_scenario(scenario)
     _require_torch("measure")
-    from runtime.launch import LaunchError
     from runtime.measure import measure_scenario, write_measured_outputs
 
-    try:
-        result = measure_scenario(loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed,
-                                  hang_timeout_s=hang_timeout_s)
-    except LaunchError as error:
-        click.echo(f"hetsim: measure failed: {error}; no results written", err=True)
-        sys.exit(1)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    result = measure_scenario(loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed,
+                              hang_timeout_s=hang_timeout_s)
+    console = _console()
     table = Table(title=escape(f"{loaded.name} measured ({repeats} repeats; median [p10, p90])"))
     for column in ("variant", "TTFT ms", "TPOT ms", "decode tok/s"):
         table.add_column(column, justify="left" if column == "variant" else "right")
@@ -162,7 +164,6 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
     loaded = load_scenario(scenario)
     _require_torch("calibrate")
     from runtime.calibrate import calibrate_scenario
-    from runtime.launch import LaunchError
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   transient=not sys.stdout.isatty()) as progress:
@@ -172,12 +173,8 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
             if rank == 0:
                 progress.update(task, description=f"calibrating: {label}")
 
-        try:
-            profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
-                                         on_beat=on_beat)
-        except LaunchError as error:
-            click.echo(f"hetsim: calibrate failed: {error}; no profile written", err=True)
-            sys.exit(1)
+        profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
+                                     on_beat=on_beat)
     write_atomic(profile_path, profile.to_csv(index=False, lineterminator="\n"))
     counts = profile["measurement"].value_counts().to_dict()
     click.echo(f"wrote {profile_path}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
@@ -194,17 +191,12 @@ def validate(matrix: Path, out_dir: Path) -> None:
 
     loaded, scenarios = load_matrix(matrix)
     _require_torch("validate")
-    from runtime.launch import LaunchError
     from validation.report import summary_markdown, write_validation
     from validation.validate import validate as run_validation
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    try:
-        with console.status("validating") as status:
-            report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text))
-    except LaunchError as error:
-        click.echo(f"hetsim: validate failed: {error}; no report written", err=True)
-        sys.exit(1)
+    console = _console()
+    with console.status("validating") as status:
+        report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text))
     written = write_validation(report, out_dir, loaded.name)
     console.print(summary_markdown(report, loaded.name))
     console.print("wrote " + ", ".join(str(p) for p in written))
@@ -249,6 +241,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:
         click.echo(f"hetsim: error: {error}", err=True)
         sys.exit(2)
+    except LaunchError as error:
+        click.echo(f"hetsim: run failed: {error}; nothing written", err=True)
+        sys.exit(1)
     except click.exceptions.Abort:
         click.echo("hetsim: aborted", err=True)
         sys.exit(130)

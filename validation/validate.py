@@ -148,7 +148,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
 
     Raises:
         ConfigError: bad scenario, or testbed prerequisites missing.
-        runtime.launch.LaunchError: a rank failed, died or hung.
+        runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.calibrate import calibrate_scenario, measure_collectives
     from runtime.measure import measure_scenario
