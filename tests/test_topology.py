@@ -9,20 +9,17 @@ from sim.cluster_config import ClusterConfig
 from sim.devices import DEVICES, get_device
 from sim.topology import Channel, build_topology
 
-GATEWAYS = """
-switches:
-  - name: router
-  - name: "gw{i}"
-    count: 8
-    parent: router
-    uplink: {bandwidth: 300Mbit/s, latency: 1ms}
-hosts:
-  - name: "home{i}"
-    count: 8
-    parent: "gw{i}"
-    nic: {bandwidth: 1Gbit/s, latency: 50us}
-    devices: {type: cpu, count: 1, memory: 8GiB}
-"""
+def _docstring_example() -> str:
+    """The cluster example of sim.cluster_config's docstring: the suite checks what the docs show."""
+    import textwrap
+
+    import sim.cluster_config
+
+    block = sim.cluster_config.__doc__.split("::\n", 1)[1].split("\n\n", 1)[0]
+    return textwrap.dedent(block)
+
+
+GATEWAYS = _docstring_example()
 
 PCIE_HOSTS = """
 switches: [{name: tor}]
