@@ -84,6 +84,8 @@ class DevicesConfig(BaseModel):
     """The devices of a host: ``{type: rtx_3060_12gb, count: 4, memory: 12GiB}``.
 
     ``type`` is a key of :data:`sim.devices.DEVICES`; ``memory`` overrides the catalog capacity.
+    ``host_link`` is each device's own link from host memory (PCIe for a GPU), which streamed
+    weights cross after the host's ``storage``; a CPU device has none (its memory is host memory).
     """
 
     model_config = _STRICT
@@ -91,6 +93,7 @@ class DevicesConfig(BaseModel):
     type: str
     count: int = Field(1, ge=1)
     memory_capacity_bytes: int | None = Field(None, alias="memory")
+    host_link: LinkConfig | None = None
 
     @field_validator("memory_capacity_bytes", mode="before")
     @classmethod
@@ -105,6 +108,8 @@ class HostConfig(BaseModel):
     devices of the host share one NIC, reached over the interconnect; with ``true`` each device has
     a NIC of its own (e.g. GPUDirect RDMA). ``interconnect`` is each device's link to the host bus;
     no fast shared memory is assumed, so it is required when the host has more than one device.
+    ``storage`` is where weights streamed by a ``sliding_window`` memory policy are read from (a
+    disk to host memory); it is one channel shared by every device of the host.
     """
 
     model_config = _STRICT
@@ -115,6 +120,7 @@ class HostConfig(BaseModel):
     nic: LinkConfig | None = None
     nic_per_device: bool = False
     interconnect: LinkConfig | None = None
+    storage: LinkConfig | None = None
     devices: DevicesConfig
 
     @model_validator(mode="after")

@@ -10,17 +10,21 @@ Semantics (what the tests pin down):
   released at ``start + finish_s[rank]`` of the network model's timing of the collective's
   point-to-point schedule (so a broadcast's root leaves before its leaves do). Timings are priced
   once per (kind, algorithm, group, size, root) and cached by the :class:`CollectivePricer`.
+* A weight load (``Op.load``) crosses the rank's loader path, sharing it with the loads of other
+  ranks in flight (:class:`sim.loader.LoaderLinks`).
 * A segment starts with every rank idle at time 0 and lasts until its last op ends.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import simpy
 
 from sim.cost import ComputeModel
+from sim.loader import LoaderLinks
 from sim.network import CollectivePricer, CollectiveTiming
 from sim.plan import Op, Segment, Stream
 from sim.topology import Topology
@@ -43,14 +47,18 @@ class SegmentResult:
 class Engine:
     """Executes segments over a topology with a compute model and a collective pricer."""
 
-    def __init__(self, topology: Topology, compute: ComputeModel, pricer: CollectivePricer):
+    def __init__(self, topology: Topology, compute: ComputeModel, pricer: CollectivePricer,
+                 load_rate_cap: Callable[[int], float | None] = lambda rank: None):
+        """``load_rate_cap(rank)``: a calibrated ceiling on a weight load's rate (bytes/s), or None."""
         self.topology = topology
         self.compute = compute
         self.pricer = pricer
+        self.load_rate_cap = load_rate_cap
 
     def run_segment(self, segment: Segment) -> SegmentResult:
         """Simulate one instance of ``segment``; see the module docstring for the semantics."""
         env = simpy.Environment()
+        self._loads = LoaderLinks(env, self.topology, self.load_rate_cap)
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         calls: dict[int, list] = {}
@@ -69,7 +77,7 @@ class Engine:
                     env.process(self._stream(env, rank, program, indices, done, starts[rank], ends[rank],
                                              calls, algorithms))
         env.run()
-        duration = max((float(e[-1]) for e in ends.values() if len(e)), default=0.0)
+        duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
         return SegmentResult(starts, ends, duration, algorithms)
 
     def _stream(self, env, rank, program, indices, done, starts, ends, calls, algorithms):
@@ -80,7 +88,9 @@ class Engine:
                 if not done[dep].processed:
                     yield done[dep]
             starts[i] = env.now
-            if op.collective is None:
+            if op.load is not None:
+                yield from self._loads.load(rank, op.load.size_bytes)
+            elif op.collective is None:
                 yield env.timeout(self.compute.duration_s(op, device))
             else:
                 timing = self._timing(op, algorithms)

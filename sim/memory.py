@@ -146,6 +146,7 @@ def _first_overflow(phase, segment, result, ledger, rank, base, net, capacity_by
             j += 1
     event = int(np.argmax(base + j * net + ledger.running_bytes > capacity_bytes))
     op = segment.programs[rank][int(ledger.op_index[event])]
-    return Overflow(rank, op.name, phase.name, phase.step, None if layer0 is None else layer0 + j,
+    layer = op.layer if layer0 is None else layer0 + j
+    return Overflow(rank, op.name, phase.name, phase.step, layer,
                     t0 + j * result.duration_s + float(ledger.times_s[event]),
                     int(base + j * net + ledger.running_bytes[event]), capacity_bytes)

@@ -235,7 +235,7 @@ class _FlowRun:
         self.starting = []
         mix = tuple(sorted(self.route[f].id for f in remaining))
         if mix not in self.solved:
-            self.solved[mix] = _max_min_rates(Counter(mix), self.routes.by_id, self.routes.capacity)
+            self.solved[mix] = max_min_rates(Counter(mix), [r.channels for r in self.routes.by_id], self.routes.capacity)
         by_route = self.solved[mix]
         self.rate = {f: by_route[self.route[f].id] for f in remaining}
         self.end = {f: now + left / self.rate[f] for f, left in remaining.items()}
@@ -269,17 +269,19 @@ class _FlowRun:
             self._complete(t.dst)
 
 
-def _max_min_rates(flows_per_route: Mapping[int, int], routes: Sequence[_Route], capacity: Sequence[float]) -> dict[int, float]:
+def max_min_rates(flows_per_route: Mapping[int, int], routes: Sequence[Sequence[int]],
+                  capacity: Sequence[float]) -> dict[int, float]:
     """Max-min fair rate (bytes/s) of a flow on each route, by progressive filling (Bertsekas and Gallager).
 
     ``flows_per_route`` counts the flows on each route id; flows on one route get one rate.
+    ``routes[route]`` lists the channel ids it crosses; ``capacity[channel]`` is in bytes/s.
     Repeatedly the channel with the smallest fair share (remaining capacity / unfrozen flows)
     fixes the rate of every unfrozen flow crossing it at that share.
     """
     users: dict[int, list[int]] = {}
     unfrozen: dict[int, int] = {}
     for route, count in flows_per_route.items():
-        for c in routes[route].channels:
+        for c in routes[route]:
             users.setdefault(c, []).append(route)
             unfrozen[c] = unfrozen.get(c, 0) + count
     left = {c: capacity[c] for c in users}
@@ -292,7 +294,7 @@ def _max_min_rates(flows_per_route: Mapping[int, int], routes: Sequence[_Route],
                 if route not in rates:
                     rates[route] = share
                     count = flows_per_route[route]
-                    for other in routes[route].channels:
+                    for other in routes[route]:
                         left[other] -= share * count
                         unfrozen[other] -= count
         unfrozen = {c: n for c, n in unfrozen.items() if n > 0}

@@ -20,7 +20,7 @@ from sim.simulate import SimulationResult
 from sim.topology import Topology
 from sim.trace import Trace
 
-_TID = {"steps": 0, "compute": 1, "comm": 2}
+_TID = {"steps": 0, "compute": 1, "comm": 2, "loader": 3}
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 
-from models.accounting import OpCost, head_op_costs, kv_cache_bytes_per_token, layer_op_costs, rank_weight_bytes
+from models.accounting import (OpCost, head_op_costs, kv_cache_bytes_per_token, layer_block_weight_bytes,
+                               layer_op_costs, rank_weight_bytes)
 from models.ops import OpKind
 from models.spec import ModelSpec
 
@@ -31,6 +32,7 @@ class Stream(StrEnum):
 
     COMPUTE = "compute"
     COMM = "comm"
+    LOADER = "loader"  # weight streaming: fetches blocks ahead of the compute stream
 
 
 class MemoryCategory(StrEnum):
@@ -56,6 +58,53 @@ class Collective:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightBlock:
+    """A unit of streamed weights: one decoder layer's ``attention`` block (input norm, q/k/v and
+    output projections) or ``mlp`` block (post-attention norm and MLP) on one rank; ``size_bytes`` is
+    :func:`models.accounting.layer_block_weight_bytes` of that part."""
+
+    layer: int
+    part: str  # "attention" | "mlp"
+    size_bytes: int
+
+    @property
+    def name(self) -> str:
+        """``"layer3.mlp"``: the block's name in traces and in the runtime's block files."""
+        return f"layer{self.layer}.{self.part}"
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """How a rank keeps its weight shard in device memory.
+
+    ``resident``: the whole shard stays in memory. ``sliding_window``: every decoder layer's weights
+    are split into an attention and an MLP block (:class:`WeightBlock`); ``window`` blocks are
+    resident and a loader stream fetches block i+w while block i computes, so at most w+1 block
+    buffers are held (w=1 is double buffering); a block is freed as its last op ends. With
+    ``retain_every`` k, every k-th block (the k-th, 2k-th, ... in order of use) stays resident and
+    is never streamed, which relieves a slow loader. The KV cache, the embeddings and the LM head
+    always stay resident. Each forward pass streams its blocks and, at its end, the first w blocks
+    of the next pass, so every pass starts with the same w blocks resident (the first is preloaded
+    with the resident weights, before the request arrives).
+    """
+
+    policy: str = "resident"  # "resident" | "sliding_window"
+    window: int = 1
+    retain_every: int | None = None
+
+    @property
+    def streams(self) -> bool:
+        return self.policy == "sliding_window"
+
+    def label(self) -> str:
+        """``resident``, ``sliding_window(w=2)`` or ``sliding_window(w=2, retain 1/4)``."""
+        if not self.streams:
+            return "resident"
+        retain = f", retain 1/{self.retain_every}" if self.retain_every else ""
+        return f"sliding_window(w={self.window}{retain})"
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One operation of a rank's program.
 
@@ -63,7 +112,10 @@ class Op:
     numbers the collective calls of a segment so the ranks of a group meet in the same one.
     ``after`` lists the indices (in the rank's program) of ops that must finish before this one
     starts; None means the previous op of the program. ``shape`` is (new tokens, context tokens)
-    of the forward pass, what a calibrated cost model interpolates over.
+    of the forward pass, what a calibrated cost model interpolates over. ``layer`` is the decoder
+    layer the op belongs to in a plan lowered without repeated segments (None: the segment's).
+    ``load`` is set on a ``weight_load`` op of the loader stream: it fetches that block (and
+    allocates it as it starts); ``release`` names the block whose weights are freed as the op ends.
     """
 
     kind: OpKind
@@ -76,12 +128,18 @@ class Op:
     free: tuple[tuple[MemoryCategory, int], ...] = ()
     after: tuple[int, ...] | None = None
     shape: tuple[int, int] = (0, 0)
+    layer: int | None = None
+    load: WeightBlock | None = None
+    release: WeightBlock | None = None
 
     @property
     def traffic_bytes(self) -> float:
-        """The trace's ``bytes``: memory traffic of a compute op, message size of a collective."""
+        """The trace's ``bytes``: memory traffic of a compute op, message size of a collective,
+        block size of a weight load."""
         if self.collective is not None:
             return float(self.collective.size_bytes)
+        if self.load is not None:
+            return float(self.load.size_bytes)
         return self.cost.bytes_read + self.cost.bytes_written
 
     @property
@@ -170,6 +228,9 @@ class StrategyChoice:
 class Plan:
     """Tensor-parallel inference of ``model`` on ranks ``ranks`` (``ranks[0]`` is the master).
     ``runtime_memory_bytes``: per rank, memory the framework holds before any weight (bytes).
+    ``memory_policy``: resident weights, or blocks streamed through a sliding window; a streaming
+    plan is lowered with one segment per phase (the loader runs ahead across layers, so layers
+    cannot be repeated segments that each start idle), its ops carrying their ``layer``.
 
     Phases are lowered on demand (:meth:`phase`): the simulator prices only the decode steps it
     samples, so a long decode costs a handful of phases, not one per token.
@@ -182,6 +243,7 @@ class Plan:
     output_tokens: int
     strategy: StrategyChoice
     runtime_memory_bytes: dict[int, int] = field(default_factory=dict)
+    memory_policy: MemoryPolicy = MemoryPolicy()
     _cache: dict[int, Phase] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -198,11 +260,30 @@ class Plan:
         """Memory resident before the first op: the runtime's own (``runtime_memory_bytes``, from
         calibration) and each rank's weight shard (bytes)."""
         tp = len(self.ranks)
+        streamed_later = {r: sum(b.size_bytes for b in self.streamed_blocks[r][self.memory_policy.window:])
+                          for r in self.ranks}
         return {
             r: {MemoryCategory.RUNTIME: self.runtime_memory_bytes.get(r, 0),
-                MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master)}
+                MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master)
+                - streamed_later[r]}
             for r in self.ranks
         }
+
+    @cached_property
+    def streamed_blocks(self) -> dict[int, tuple[WeightBlock, ...]]:
+        """Per rank, the weight blocks the loader streams, in order of use (empty when resident, or
+        when the window holds every block); retained blocks are left out."""
+        policy = self.memory_policy
+        if not policy.streams:
+            return {r: () for r in self.ranks}
+        sizes = layer_block_weight_bytes(self.model, len(self.ranks))
+        order = [WeightBlock(layer, part, sizes[part]) for layer in range(self.model.num_layers)
+                 for part in ("attention", "mlp")]
+        k = policy.retain_every
+        streamed = tuple(b for n, b in enumerate(order) if not (k and (n + 1) % k == 0))
+        if policy.window >= len(streamed):
+            streamed = ()
+        return {r: streamed for r in self.ranks}
 
     def phase(self, step: int) -> Phase:
         """The forward pass that produces output token ``step + 1`` (step 0 is the prefill)."""
@@ -213,6 +294,9 @@ class Plan:
                 self._cache[step] = self._lower("prefill", 0, self.prompt_tokens, self.prompt_tokens)
             else:
                 self._cache[step] = self._lower("decode", step, 1, self.prompt_tokens + step)
+            if any(self.streamed_blocks.values()):
+                self._cache[step] = _stream_weights(self._cache[step], self.streamed_blocks,
+                                                    self.memory_policy.window)
         return self._cache[step]
 
     def _lower(self, name: str, step: int, new_tokens: int, context_tokens: int) -> Phase:
@@ -307,3 +391,66 @@ class _Combine:
             prog.collective(f"{sub}_reduce", self._reduce())
         else:
             prog.collective(f"{sub}_allreduce", self._allreduce())
+
+
+# Which weight block an op reads, by op name: (layer offset from the op's segment, block part).
+# The attention norm that closes a layer segment normalises the next layer's input.
+_BLOCK_OF_OP = {"attn_norm": (1, "attention"), "qkv_proj": (0, "attention"), "out_proj": (0, "attention"),
+                "mlp_norm": (0, "mlp"), "mlp_up": (0, "mlp"), "mlp_down": (0, "mlp")}
+
+
+def _unroll(phase: Phase) -> dict[int, list[Op]]:
+    """Every rank's program of ``phase`` as one list: segment instances in order, each op tagged with
+    its decoder layer, collective calls renumbered so they stay unique."""
+    programs: dict[int, list[Op]] = {}
+    calls = 0
+    for segment, layer0 in zip(phase.segments, phase.layer_of_segment):
+        seg_calls = 1 + max((op.call for ops in segment.programs.values() for op in ops), default=-1)
+        for instance in range(segment.repeat):
+            layer = None if layer0 is None else layer0 + instance
+            for rank, ops in segment.programs.items():
+                out = programs.setdefault(rank, [])
+                for op in ops:
+                    assert op.after is None, "unrolling keeps program order only"
+                    out.append(replace(op, layer=layer, call=op.call + calls if op.call >= 0 else -1))
+            calls += seg_calls
+    return programs
+
+
+def _stream_weights(phase: Phase, streamed: dict[int, tuple[WeightBlock, ...]], window: int) -> Phase:
+    """Lower ``phase`` for weight streaming: one segment, each rank's program followed by its loader
+    ops.
+
+    The loader fetches streamed block positions w .. N-1 of this pass, then positions 0 .. w-1 of the
+    next one; position p may start once position p-w-1 is freed (w blocks resident plus one in
+    flight). The first op to read a block fetched in this pass waits for its load; the last op to
+    read a block frees it.
+    """
+    programs = {}
+    for rank, ops in _unroll(phase).items():
+        blocks = streamed[rank]
+        users: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            if op.name in _BLOCK_OF_OP:
+                offset, part = _BLOCK_OF_OP[op.name]
+                layer = 0 if op.layer is None else op.layer + offset
+                users.setdefault(f"layer{layer}.{part}", []).append(i)
+        n = len(blocks)
+        loads = []
+        for p in range(window, n + window):
+            block = blocks[p % n]
+            before = p - window - 1
+            after = (users[blocks[before].name][-1],) if before >= 0 else ()
+            loads.append(Op(OpKind.WEIGHT_LOAD, f"load_{block.name}", Stream.LOADER, after=after, layer=block.layer,
+                            load=block, alloc=((MemoryCategory.WEIGHTS, block.size_bytes),)))
+        ops = list(ops)
+        for p, block in enumerate(blocks):
+            first, last = users[block.name][0], users[block.name][-1]
+            if p >= window:
+                load_index = len(ops) + p - window
+                ops[first] = replace(ops[first], after=((first - 1,) if first else ()) + (load_index,))
+            ops[last] = replace(ops[last], release=block,
+                                free=ops[last].free + ((MemoryCategory.WEIGHTS, block.size_bytes),))
+        programs[rank] = tuple(ops + loads)
+    return Phase(phase.name, phase.step, phase.new_tokens, phase.context_tokens,
+                 (Segment("forward", programs),))

@@ -14,10 +14,12 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
+    memory: {policy: sliding_window, window: 2, retain_every: 4}   # optional, default resident
     baseline: reduce_ln_bcast       # a variant name; default: the first variant
     variants:
       - {name: reduce_ln_bcast, strategy: reduce_ln_bcast, reduce: binomial, broadcast: binomial}
       - {name: allreduce_ring, strategy: allreduce_ln, allreduce: ring}
+      - {name: ring_streamed, strategy: allreduce_ln, allreduce: ring, memory: {policy: sliding_window, window: 1}}
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError
 from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
+from sim.plan import MemoryPolicy, Plan, StrategyChoice
 from sim.units import parse_duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -70,6 +73,21 @@ class Parallel(BaseModel):
     tensor: int | None = Field(default=None, gt=0)
 
 
+class MemoryConfig(BaseModel):
+    """Weight memory policy (see :class:`sim.plan.MemoryPolicy`): ``resident`` or ``sliding_window``
+    with ``window`` blocks resident ahead of the one computing, and optionally every
+    ``retain_every``-th block kept resident. Streamed weights come over the host's ``storage`` link
+    (and the device's ``host_link``, if any), see :mod:`sim.cluster_config`."""
+
+    model_config = _STRICT
+    policy: Literal["resident", "sliding_window"] = "resident"
+    window: int = Field(default=1, ge=1)
+    retain_every: int | None = Field(default=None, ge=2)
+
+    def to_policy(self) -> MemoryPolicy:
+        return MemoryPolicy(self.policy, self.window, self.retain_every)
+
+
 class Variant(BaseModel):
     """One strategy to compare.
 
@@ -86,6 +104,7 @@ class Variant(BaseModel):
     allreduce: str | None = None
     reduce: str = "binomial"
     broadcast: str = "binomial"
+    memory: MemoryConfig | None = None  # overrides the scenario's memory policy
 
     @model_validator(mode="after")
     def _algorithm_fits_strategy(self) -> Variant:
@@ -94,6 +113,16 @@ class Variant(BaseModel):
         if self.strategy == "reduce_ln_bcast" and self.allreduce is not None:
             raise ValueError(f"variant '{self.name}' uses reduce_ln_bcast, which takes 'reduce' and 'broadcast', not 'allreduce'")
         return self
+
+
+class SweepConfig(BaseModel):
+    """The ``sweep`` section of a scenario: models, tensor-parallel degrees and memory policies to
+    cross with the variants (see :mod:`sim.sweep`)."""
+
+    model_config = _STRICT
+    models: list[str] = Field(default_factory=list)
+    devices: list[int] = Field(default_factory=list)
+    memory: list[MemoryConfig] = Field(default_factory=list)
 
 
 class ScenarioConfig(BaseModel):
@@ -109,6 +138,8 @@ class ScenarioConfig(BaseModel):
     workload: Workload
     compute: ComputeSettings = ComputeSettings()
     network_model: str = "flow"
+    memory: MemoryConfig = MemoryConfig()
+    sweep: SweepConfig | None = None
     baseline: str | None = None
     variants: list[Variant] = Field(min_length=1)
 
@@ -138,6 +169,18 @@ class Scenario(BaseModel):
     @property
     def baseline(self) -> str:
         return self.config.baseline or self.config.variants[0].name
+
+    def memory_policy(self, variant: Variant) -> MemoryPolicy:
+        """The variant's weight memory policy: its own ``memory``, else the scenario's."""
+        return (variant.memory or self.config.memory).to_policy()
+
+    def plan(self, variant: Variant, ranks: tuple[int, ...], runtime_memory_bytes: dict[int, int] | None = None
+             ) -> Plan:
+        """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one)."""
+        w = self.config.workload
+        return Plan(self.model, ranks, w.batch_size, w.prompt_tokens, w.output_tokens,
+                    StrategyChoice(variant.strategy, variant.allreduce, variant.reduce, variant.broadcast),
+                    runtime_memory_bytes or {}, self.memory_policy(variant))
 
 
 def _location(loc: tuple[Any, ...]) -> str:

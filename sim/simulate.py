@@ -8,6 +8,7 @@ once. The CLI only parses arguments, calls this and writes what it returns.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -17,10 +18,10 @@ from models.errors import ConfigError
 from sim.calibrated import CalibratedCompute, CalibratedNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
+from sim.loader import check_loader_paths, stall_s
 from sim.memory import Overflow
 from sim.metrics import result_rows, timing_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
-from sim.plan import Plan, StrategyChoice
 from sim.profile import Profile
 from sim.scenario import Scenario, Variant
 from sim.timeline import RunResult, simulate_run
@@ -78,6 +79,18 @@ def tensor_parallel_ranks(scenario: Scenario, topology: Topology) -> tuple[int, 
     return tuple(range(degree))
 
 
+def loader_stalls(run: RunResult) -> dict[str, float]:
+    """Time lost waiting for streamed weights (s): in the prefill, and per decode step (the mean of
+    the first and last decode steps, which bound it). Zero for resident weights."""
+    def of(step: int) -> float:
+        phase = run.simulated[step]
+        return sum(seg.repeat * stall_s(seg, res) for seg, res in zip(phase.phase.segments, phase.results))
+
+    last = max(run.simulated)
+    return {"loader_stall_prefill_s": of(0),
+            "loader_stall_decode_s": (of(1) + of(last)) / 2 if last > 0 else math.nan}
+
+
 def simulate(scenario: Scenario, *, profile: Profile | None = None,
              expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
     """Simulate every variant of ``scenario``.
@@ -114,15 +127,19 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:
-        plan = Plan(scenario.model, ranks, workload.batch_size, workload.prompt_tokens, workload.output_tokens,
-                    StrategyChoice(variant.strategy, variant.allreduce, variant.reduce, variant.broadcast),
-                    runtime_memory)
+        plan = scenario.plan(variant, ranks, runtime_memory)
+        if plan.memory_policy.streams:
+            try:
+                check_loader_paths(topology, ranks)
+            except ConfigError as error:
+                where = "memory" if variant.memory is None else f"variants[{config.variants.index(variant)}].memory"
+                raise ConfigError(error.field.replace("memory", where, 1), error.message) from None
         try:
             run = simulate_run(plan, engine, topology)
         except ConfigError as error:
             raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}", error.message) from None
         trace = build_trace(run, expand_steps)
-        timing = timing_metrics(trace, workload.batch_size)
+        timing = timing_metrics(trace, workload.batch_size) | loader_stalls(run)
         memory = {topology.devices[r].name: {"peak_memory_bytes": run.peak_bytes[r],
                                              "memory_capacity_bytes": topology.devices[r].memory_capacity_bytes}
                   for r in ranks}

@@ -78,6 +78,7 @@ class _Attachment:
     to_switch: tuple[Channel, ...]
     from_switch: tuple[Channel, ...]
     switch: str | None
+    loader: tuple[Channel, ...] = ()
 
 
 class Topology:
@@ -115,6 +116,7 @@ class Topology:
             for switch, chain in nx.single_source_shortest_path(switch_tree, root).items()
         }
         self._paths: dict[tuple[int, int], tuple[Channel, ...]] = {}
+        self._loader_paths = tuple(attachment.loader for attachment in self._attachments)
 
     @property
     def num_ranks(self) -> int:
@@ -146,6 +148,15 @@ class Topology:
         if key not in self._paths:
             self._paths[key] = self._route(src, dst)
         return self._paths[key]
+
+    def loader_path(self, rank: int) -> tuple[Channel, ...]:
+        """The channels streamed weights cross to reach ``rank``: its host's storage, then its own
+        host link, either absent when not configured (empty for neither).
+
+        Raises ValueError for a rank out of range.
+        """
+        self._device(rank)
+        return self._loader_paths[rank]
 
     def path_latency_s(self, src: int, dst: int) -> float:
         """One-way latency from ``src`` to ``dst``: the sum of the channel latencies, seconds."""
@@ -323,8 +334,18 @@ class _Builder:
                 _add_link(self.graph, endpoint, parent, "nic", entry.nic, (up, down))
                 for name in names:
                     to_switch[name], from_switch[name] = to_bus[name] + (up,), (down,) + from_bus[name]
+        storage = ()
+        if entry.storage is not None:
+            # Reads only flow from storage into memory: one channel, shared by the host's devices.
+            storage = (Channel(f"{host}.storage", entry.storage.bandwidth_bytes_per_s, entry.storage.latency_s),)
+            self.register(*storage)
         for name in names:
-            attachment = _Attachment(to_bus[name], from_bus[name], to_switch[name], from_switch[name], parent)
+            host_link = ()
+            if entry.devices.host_link is not None:
+                host_link = (_link_channels(f"{name}.host_link", entry.devices.host_link)[1],)
+                self.register(*host_link)
+            attachment = _Attachment(to_bus[name], from_bus[name], to_switch[name], from_switch[name], parent,
+                                     storage + host_link)
             self.attachments.append(attachment)
 
     def topology(self) -> Topology:

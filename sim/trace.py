@@ -76,11 +76,11 @@ def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -
         rows = []
         for rank in sorted(segment.programs):
             for i, op in enumerate(segment.programs[rank]):
-                rows.append((rank, op.stream.value, op.kind.value, op.name, result.starts[rank][i],
-                             result.ends[rank][i], op.traffic_bytes, op.flops))
+                rows.append((rank, op.stream.value, op.kind.value, op.name, -1 if op.layer is None else op.layer,
+                             result.starts[rank][i], result.ends[rank][i], op.traffic_bytes, op.flops))
         if not rows:
             continue
-        rank_col, stream, kind, name, rel_start, rel_end, traffic, flops = map(np.array, zip(*rows))
+        rank_col, stream, kind, name, op_layer, rel_start, rel_end, traffic, flops = map(np.array, zip(*rows))
         instance = np.arange(segment.repeat)
         n = len(rows)
         shift = offset + np.repeat(instance, n) * result.duration_s
@@ -88,7 +88,7 @@ def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -
             "rank": np.tile(rank_col, segment.repeat), "stream": np.tile(stream, segment.repeat),
             "kind": np.tile(kind, segment.repeat), "name": np.tile(name, segment.repeat),
             "phase": phase.name, "step": phase.step,
-            "layer": (np.repeat(instance, n) + layer0) if layer0 is not None else -1,
+            "layer": (np.repeat(instance, n) + layer0) if layer0 is not None else np.tile(op_layer, segment.repeat),
             "start_s": shift + np.tile(rel_start, segment.repeat), "end_s": shift + np.tile(rel_end, segment.repeat),
             "bytes": np.tile(traffic, segment.repeat), "flops": np.tile(flops, segment.repeat),
         }))

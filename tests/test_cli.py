@@ -111,3 +111,26 @@ def test_every_shipped_scenario_simulates(path):
         assert all(v.overflow is not None for v in result.variants)  # 138 GB over 8 x 8 GiB
     else:
         assert all(v.overflow is None for v in result.variants)
+
+
+def test_memory_sweep_writes_tables_csv_and_report(tmp_path, capsys):
+    data = scenario_dict(variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}])
+    data["cluster"]["hosts"][0]["storage"] = {"bandwidth": "1GB/s", "latency": "50us"}
+    data["sweep"] = {"models": ["gpt2"], "devices": [1, 4],
+                     "memory": [{"policy": "resident"}, {"policy": "sliding_window", "window": 2}]}
+    out = tmp_path / "out"
+    code, stdout, _ = _run(["simulate", str(_write(tmp_path, data)), "--out", str(out)], capsys)
+    assert code == 0
+    assert "gpt2" in stdout and "window 2" in stdout and "4 devices" in stdout
+    sweep = pd.read_csv(out / "sweep.csv")
+    assert len(sweep) == 4 and sweep["fits"].all()
+    assert "plotly" in (out / "memory_report.html").read_text()
+
+
+def test_memory_report_scenario_is_the_default_cluster():
+    """The shipped memory report answers its question for the default low-resource scenario."""
+    memory = yaml.safe_load((ROOT / "scenarios/low_resource_memory.yaml").read_text())
+    default = yaml.safe_load((ROOT / "scenarios/low_resource_llama2_7b.yaml").read_text())
+    assert memory["cluster"] == default["cluster"]
+    assert memory["sweep"]["devices"] == [2, 4, 6, 8]
+    assert memory["sweep"]["models"] == ["llama-2-7b", "llama-2-13b", "llama-2-70b"]

@@ -94,8 +94,11 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
 
     loaded = load_scenario(scenario or DEFAULT_SCENARIO)
     profile = load_profile(profile_path) if profile_path else None
-    result = run_simulation(loaded, profile=profile)
     console = _console()
+    if loaded.config.sweep is not None:
+        _simulate_sweep(loaded, out_dir or Path("out") / loaded.name, console)
+        return
+    result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
     if profile is None:
         console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)")
@@ -106,6 +109,33 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
     written = write_outputs(result, out_dir or Path("out") / loaded.name)
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
+    """Simulate every point of the scenario's sweep; print the tables, write sweep.csv and
+    memory_report.html."""
+    from rich.progress import Progress
+
+    from sim.outputs import results_csv, write_files
+    from sim.sweep import run_sweep, sweep_points
+    from sim.sweep_report import sweep_html, sweep_tables
+
+    total = len(sweep_points(scenario))
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("simulating", total=total)
+
+        def advance(point) -> None:
+            progress.update(task, advance=1, description=f"{point.model} on {point.devices} devices")
+
+        table = run_sweep(scenario, on_point=advance)
+    for rich_table in sweep_tables(table):
+        console.print(rich_table)
+    console.print("cells: max peak memory per device (GiB) · TPOT (s) · TTFT (s); n/a: the degree does not "
+                  "divide the model's attention heads")
+    written = write_files(out_dir, {"sweep.csv": results_csv(table),
+                                    "memory_report.html": sweep_html(scenario.config.description or scenario.name,
+                                                                     table)})
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 

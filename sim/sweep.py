@@ -1,0 +1,134 @@
+"""Sweeps: one scenario simulated over a grid of models, device counts and memory policies.
+
+A scenario with a ``sweep`` section (``scenarios/low_resource_memory.yaml``) answers the capacity
+question "how many of these devices, and which memory policy, does this model need, and what does
+each cost in TTFT and TPOT?"::
+
+    sweep:
+      models: [llama-2-7b, llama-2-13b, llama-2-70b]   # default: the scenario's model
+      devices: [2, 4, 6, 8]                            # tensor-parallel degrees; default: parallel.tensor
+      memory:                                          # default: the variants' own policies
+        - {policy: resident}
+        - {policy: sliding_window, window: 1}
+
+Every point (model, devices, memory policy, variant) is one simulated run. A point that cannot be
+built (a degree that does not divide the model's heads) is kept as a row with its reason, so the
+report shows the gap instead of hiding it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from models.accounting import check_tensor_parallel
+from models.catalog import get_model
+from models.errors import ConfigError
+from sim.scenario import Scenario, Variant
+from sim.simulate import simulate
+from sim.topology import build_topology
+
+SWEEP_COLUMNS = ["model", "devices", "memory_policy", "window", "retain_every", "variant", "feasible", "fits",
+                 "max_peak_memory_bytes", "master_peak_memory_bytes", "worker_peak_memory_bytes",
+                 "memory_capacity_bytes", "ttft_s", "tpot_s", "decode_tokens_per_s", "loader_stall_decode_s",
+                 "note"]
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One (model, tensor-parallel degree) of a sweep, as a scenario of its own."""
+
+    model: str
+    devices: int
+    scenario: Scenario | None  # None when the point cannot be built
+    reason: str = ""
+
+
+def sweep_points(scenario: Scenario) -> list[SweepPoint]:
+    """The scenarios of a sweep: per model and degree, the variants crossed with the memory policies.
+
+    Raises:
+        ConfigError: an unknown model name or a degree larger than the cluster (``sweep.*``).
+    """
+    sweep = scenario.config.sweep
+    assert sweep is not None
+    config = scenario.config
+    num_devices = build_topology(config.cluster).num_ranks
+    models = sweep.models or [config.model]
+    degrees = sweep.devices or [config.parallel.tensor or num_devices]
+    for i, degree in enumerate(degrees):
+        if not 1 <= degree <= num_devices:
+            raise ConfigError(f"sweep.devices[{i}]", f"must be between 1 and the cluster's {num_devices} devices "
+                                                     f"(got {degree})")
+    variants = _variants(scenario)
+    points = []
+    for i, name in enumerate(models):
+        try:
+            spec = get_model(name)
+        except ConfigError as error:
+            raise ConfigError(f"sweep.models[{i}]", error.message) from None
+        spec = spec.with_dtype(config.dtype) if config.dtype else spec
+        for degree in degrees:
+            point_config = config.model_copy(update={
+                "name": f"{config.name}-{name}-tp{degree}", "model": name, "variants": variants, "baseline": None,
+                "parallel": config.parallel.model_copy(update={"tensor": degree}), "sweep": None})
+            try:
+                check_tensor_parallel(spec, degree)
+            except ConfigError as error:
+                points.append(SweepPoint(name, degree, None, error.message))
+                continue
+            points.append(SweepPoint(name, degree, Scenario(config=point_config, model=spec,
+                                                            source_path=scenario.source_path)))
+    return points
+
+
+def run_sweep(scenario: Scenario, *, on_point=lambda point: None) -> pd.DataFrame:
+    """Simulate every point of ``scenario``'s sweep; one row per (model, devices, variant) with the
+    columns :data:`SWEEP_COLUMNS` (SI units; ``note``: why a point is infeasible or what overflowed).
+
+    ``on_point(point)`` is called before each point is simulated (for a progress bar).
+    """
+    rows = []
+    for point in sweep_points(scenario):
+        on_point(point)
+        if point.scenario is None:
+            for variant in _variants(scenario):
+                rows.append(_row(point, variant, scenario) | {"feasible": False, "fits": False, "note": point.reason})
+            continue
+        result = simulate(point.scenario, expand_steps=())
+        for vr in result.variants:
+            run = vr.run
+            peaks = run.peak_bytes
+            master = result.ranks[0]
+            workers = [peaks[r] for r in result.ranks[1:]]
+            overflow = vr.overflow
+            rows.append(_row(point, vr.variant, point.scenario) | {
+                "feasible": True, "fits": overflow is None,
+                "max_peak_memory_bytes": max(peaks.values()), "master_peak_memory_bytes": peaks[master],
+                "worker_peak_memory_bytes": max(workers) if workers else math.nan,
+                "memory_capacity_bytes": min(result.topology.devices[r].memory_capacity_bytes for r in result.ranks),
+                "ttft_s": vr.timing["ttft_s"], "tpot_s": vr.timing["tpot_s"],
+                "decode_tokens_per_s": vr.timing["decode_tokens_per_s"],
+                "loader_stall_decode_s": vr.timing["loader_stall_decode_s"],
+                "note": "" if overflow is None else overflow.describe(result.topology.devices[overflow.rank].name)})
+    return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
+
+
+def _variants(scenario: Scenario) -> list[Variant]:
+    """The scenario's variants crossed with the sweep's memory policies (named ``variant/policy``)."""
+    sweep = scenario.config.sweep
+    if not sweep.memory:
+        return list(scenario.config.variants)
+    return [v.model_copy(update={"name": f"{v.name}/{m.to_policy().label()}", "memory": m})
+            for m in sweep.memory for v in scenario.config.variants]
+
+
+def _row(point: SweepPoint, variant: Variant, scenario: Scenario) -> dict:
+    policy = scenario.memory_policy(variant)
+    row = dict.fromkeys(SWEEP_COLUMNS, math.nan)
+    return row | {"model": point.model, "devices": point.devices, "memory_policy": policy.policy,
+                  "window": policy.window if policy.streams else math.nan,
+                  "retain_every": policy.retain_every or math.nan, "variant": variant.name.split("/")[0],
+                  "note": ""}
