@@ -13,9 +13,10 @@ measurement, so it sees the same CPU sharing, framework and links:
   the time per call is the slowest rank's.
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
-* ``memory_baseline``: what a rank holds beyond its model: its peak resident memory while
-  generating, less its weights and KV cache (framework, communication buffers, allocator), read
-  before the collective sweep.
+* ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
+  untimed generation at the longest prompt with the exact allocator (:mod:`runtime.memory_probe`),
+  less its weights and KV cache (framework, communication buffers, activations), read before the
+  collective sweep.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from runtime.comm import Communicator
 from runtime.executor import Executor
 from runtime.model import RankModel
 from runtime.weights import prompt_tokens
+from runtime import memory_probe
 from runtime.worker import TORCH_DTYPES, peak_memory_bytes
 from sim.collectives.registry import ALGORITHMS, LIBRARY
 from sim.plan import Collective, Plan, StrategyChoice
@@ -51,7 +53,7 @@ def _stats(values) -> dict:
 
 
 def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: float,
-                   heartbeat: Callable[[str], None]) -> list[dict] | None:
+                   heartbeat: Callable[[str], None], used_only: bool = False) -> list[dict] | None:
     """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere."""
     from sim.simulate import tensor_parallel_ranks
 
@@ -68,9 +70,11 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
         by_class[cls].append(value)
     for cls, values in by_class.items():
         rows.append({"measurement": "memory_baseline", "device_class": cls, "unit": "bytes",
-                     "method": "peak resident set size while generating, less the model's weights and KV cache "
-                               "(framework, communication buffers, allocator)", **_stats(values)})
-    rows += collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat)
+                     "method": "peak resident set size of an untimed generation (exact allocator), less the "
+                               "model's weights and KV cache (framework, communication buffers, activations)",
+                     **_stats(values)})
+    rows += collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
+                            algorithms=used_algorithms(scenario) if used_only else None)
     rows += _p2p(ranks, topology, rank, repeats, heartbeat)
     gathered = [None] * len(ranks) if rank == ranks[0] else None
     dist.gather_object(rows, gathered, dst=ranks[0])
@@ -99,13 +103,28 @@ def _calls_for(seconds_per_call: float) -> int:
     return max(1, min(8, int(0.05 / max(seconds_per_call, 1e-6))))
 
 
+def used_algorithms(scenario) -> dict[OpKind, tuple[str, ...]]:
+    """The collective algorithms the scenario's variants call, by kind (``auto`` needs them all)."""
+    used: dict[OpKind, set[str]] = {kind: set() for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST)}
+    for v in scenario.config.variants:
+        if v.strategy == "allreduce_ln":
+            used[OpKind.ALLREDUCE].add(v.allreduce)
+        else:
+            used[OpKind.REDUCE].add(v.reduce)
+        used[OpKind.BROADCAST].add(v.broadcast)
+    return {kind: (LIBRARY, *ALGORITHMS[kind]) if "auto" in names else tuple(sorted(names))
+            for kind, names in used.items()}
+
+
 def collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
-                    sizes: tuple[int, ...] = SIZES_BYTES) -> list[dict]:
-    """Time every algorithm of every collective kind at ``sizes`` (ascending); rows on rank 0."""
+                    sizes: tuple[int, ...] = SIZES_BYTES,
+                    algorithms: dict[OpKind, tuple[str, ...]] | None = None) -> list[dict]:
+    """Time each algorithm of each collective kind at ``sizes`` (ascending); rows on rank 0.
+    ``algorithms``: which to time, by kind (default: ``library`` and every one the registry knows)."""
     rows = []
     hosts = len(topology.host_groups(ranks))
     for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
-        for algorithm in (LIBRARY, *ALGORITHMS[kind]):
+        for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
             for size in sizes:
                 call = Collective(kind, algorithm, tuple(ranks), size, ranks[0] if kind != OpKind.ALLREDUCE else None)
                 tensor = torch.ones(size // 4, dtype=torch.float32)
@@ -195,7 +214,13 @@ def _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> tuple
     rows.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
                  "method": "time between consecutive ops of a rank while generating", **_stats(gaps)})
     cache_bytes = sum(t.numel() * t.element_size() for t in (*model.k_cache, *model.v_cache))
-    return rows, peak_memory_bytes(device) - model.weight_bytes - cache_bytes
+    # Memory: one more, untimed generation at the longest prompt with the exact allocator, in
+    # which RSS is the baseline plus the live tensors (the timed ones above ran fast).
+    with memory_probe.exact_allocation():
+        memory_probe.reset_peak(device)
+        executor.generate(prompt, time.perf_counter())
+        peak = peak_memory_bytes(device)
+    return rows, peak - model.weight_bytes - cache_bytes
 
 
 def _merge_compute(rows: list[dict]):
@@ -224,8 +249,10 @@ def _merge_compute(rows: list[dict]):
 
 
 def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max_call_s: float = 1.0,
-                       hang_timeout_s: float = 300.0, on_beat: Callable[[int, str], None] | None = None):
+                       hang_timeout_s: float = 300.0, on_beat: Callable[[int, str], None] | None = None,
+                       used_only: bool = False):
     """Calibrate on this machine (forked ranks, in the testbed's namespaces if ``testbed``).
+    ``used_only``: time only the collective algorithms the scenario's variants call.
 
     Returns:
         The profile table (:func:`sim.profile.profile_frame`).
@@ -245,7 +272,8 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
 
     def body(rank: int, heartbeat) -> object:
         torch.manual_seed(0)
-        return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat)
+        return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat,
+                              used_only=used_only)
 
     return launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
                   enter_namespace=enter, on_beat=on_beat)[0]

@@ -5,7 +5,8 @@ step times (the master embeds the first token and samples the last, so its steps
 forward pass), then summarised over repeats: the metric itself is the median (``ttft_s``), with
 ``ttft_p10_s`` / ``ttft_p90_s`` beside it, so a simulated and a measured run of one scenario join
 on (scenario, variant, metric, device). Per device: ``peak_memory_bytes`` (the process's
-high-water mark on CPU, max CUDA memory allocated on GPU).
+high-water mark on CPU, max CUDA memory allocated on GPU). ``loader_stall_*_s``: time lost waiting
+for streamed weights (:func:`measured_stalls`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ def summarise(per_repeat: list[dict[str, float]]) -> dict[str, float]:
     return summary
 
 
+def measured_stalls(stall_s: list[np.ndarray]) -> dict[str, float]:
+    """``loader_stall_prefill_s`` and ``loader_stall_decode_s`` (mean per decode step) as the
+    simulator defines them: the slowest rank's wait for weight loads, median over repeats.
+
+    Args:
+        stall_s: per rank, a [repeats, steps] array of seconds waited.
+    """
+    worst = np.max(np.stack(stall_s), axis=0)  # [repeats, steps]
+    decode = worst[:, 1:].mean(axis=1) if worst.shape[1] > 1 else np.full(len(worst), np.nan)
+    return {"loader_stall_prefill_s": float(np.median(worst[:, 0])),
+            "loader_stall_decode_s": float(np.median(decode))}
+
+
 def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[RankMeasurement]]) -> MeasuredResult:
     """Fold every rank's measurements (``gathered[rank][variant]``) into a :class:`MeasuredResult`."""
     ranks = tuple(sorted(m[0].rank for m in gathered))
@@ -78,7 +92,7 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
         lead = measured[master]
         per_repeat = [timing_metrics(Trace(pd.DataFrame(columns=OP_COLUMNS), _steps(s, e), pd.DataFrame()), batch)
                       for s, e in zip(lead.step_start_s, lead.step_end_s)]
-        timing = summarise(per_repeat)
+        timing = summarise(per_repeat) | measured_stalls([measured[r].stall_s for r in ranks])
         ops = pd.DataFrame([r for rank in ranks for r in measured[rank].records], columns=OP_COLUMNS)
         memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
                               columns=MEMORY_COLUMNS)

@@ -12,14 +12,15 @@ Weights come from :mod:`runtime.weights`; norm epsilon and rotary base from its 
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 import torch.nn.functional as F
 
 from models.accounting import check_tensor_parallel, kv_heads_per_rank
 from models.spec import ModelSpec
-from runtime.weights import family_of, prompt_tokens, seeded_tensor, seeded_weights, weight_shapes
+from runtime.weights import (block_names, block_of, family_of, prompt_tokens, seeded_tensor, seeded_weights,
+                             weight_shapes)
 
 # The weight and prompt helpers are re-exported: callers need only this module.
 __all__ = ["RankModel", "prompt_tokens", "reference_generate", "seeded_tensor", "seeded_weights",
@@ -41,6 +42,11 @@ class RankModel:
     ``layers.i.gate_up_proj``, so each is one matmul as the accounting prices it; every other
     tensor keeps its :func:`runtime.weights.weight_shapes` name.
 
+    Weight streaming: the tensors of each decoder layer form two blocks (``layer3.attention``,
+    ``layer3.mlp``, :func:`runtime.weights.block_of`). Blocks named in ``skip_blocks`` are not built
+    (their tensors are absent from ``weights``); :meth:`block_shard` draws one block for its file,
+    :meth:`add_block` and :meth:`drop_block` move blocks in and out of ``weights``.
+
     Ops take and return activations ``[batch, new_tokens, ...]`` in ``dtype`` on ``device``; the
     new tokens sit at positions ``start_pos, start_pos + 1, ...``. Raises
     :class:`models.errors.ConfigError` if ``tp_degree`` cannot shard ``spec``, ``ValueError`` for
@@ -49,7 +55,8 @@ class RankModel:
     """
 
     def __init__(self, spec: ModelSpec, tp_degree: int, rank_index: int, *, seed: int, batch_size: int,
-                 max_tokens: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+                 max_tokens: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 skip_blocks: Collection[str] = ()):
         check_tensor_parallel(spec, tp_degree)
         if not 0 <= rank_index < tp_degree:
             raise ValueError(f"rank index must be in 0..{tp_degree - 1} (got {rank_index})")
@@ -58,14 +65,15 @@ class RankModel:
         if max_tokens > spec.max_position_embeddings:
             raise ValueError(f"max tokens exceed the {spec.max_position_embeddings} positions of "
                              f"{spec.name} (got {max_tokens})")
-        self.spec, self.tp_degree, self.rank_index = spec, tp_degree, rank_index
+        self.spec, self.tp_degree, self.rank_index, self.seed = spec, tp_degree, rank_index, seed
         self.is_master = rank_index == 0
         self.max_tokens = max_tokens
         self.device, self.dtype = torch.device(device), dtype
         self.norm_eps = family_of(spec).norm_eps
         self.num_heads = spec.num_attention_heads // tp_degree
         self.num_kv_heads = kv_heads_per_rank(spec, tp_degree)
-        self.weights = self._load_shards(seed)
+        skip = set(skip_blocks)
+        self.weights = self._build_shards((n for n in weight_shapes(spec) if block_of(n) not in skip), self.device)
         cache_shape = (batch_size, self.num_kv_heads, max_tokens, spec.head_dim)
         self.k_cache = [torch.zeros(cache_shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)]
         self.v_cache = [torch.zeros(cache_shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)]
@@ -169,12 +177,44 @@ class RankModel:
         self._require_master("lm_head")
         return F.linear(x_last, self.weights["embed.weight" if self.spec.tied_embeddings else "lm_head.weight"])
 
+    @property
+    def block_names(self) -> tuple[str, ...]:
+        """Every weight block of the model, in order of use (``layer0.attention``, ``layer0.mlp``, ...)."""
+        return block_names(self.spec)
+
+    @property
+    def resident_blocks(self) -> set[str]:
+        """The blocks whose tensors ``weights`` holds now."""
+        return {b for b in map(block_of, list(self.weights)) if b is not None}
+
+    def block_shard(self, block: str) -> dict[str, torch.Tensor]:
+        """The tensors of ``block`` (``"layer3.mlp"``) on this rank, named as in ``weights``, drawn
+        and sharded as the constructor does, on the CPU in the model's dtype; not stored."""
+        names = [n for n in weight_shapes(self.spec) if block_of(n) == block]
+        if not names:
+            raise ValueError(f"{block!r} is not a weight block of {self.spec.name} (e.g. 'layer0.mlp')")
+        return self._build_shards(names, torch.device("cpu"))
+
+    def add_block(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Make a block's tensors (named as in ``weights``, on ``device``) available to the ops."""
+        self.weights.update(tensors)  # one dict update: the loader thread adds while ops read
+
+    def drop_block(self, block: str) -> None:
+        """Forget the tensors of ``block``; the model keeps no reference, so their memory is freed
+        once the caller's references are gone."""
+        # list() copies the keys in one step: the loader thread may add a block meanwhile.
+        for name in [n for n in list(self.weights) if block_of(n) == block]:
+            del self.weights[name]
+
     def reset_cache(self) -> None:
         """Zero the KV cache, for a new batch of sequences."""
         for cache in (*self.k_cache, *self.v_cache):
             cache.zero_()
 
-    def _load_shards(self, seed: int) -> dict[str, torch.Tensor]:
+    def _build_shards(self, names: Iterable[str], device: torch.device) -> dict[str, torch.Tensor]:
+        """This rank's shards of the tensors ``names`` (of :func:`weight_shapes`), fused where the
+        ops want one matmul. A fused group's parts always share a block, so any selection by block
+        fuses completely."""
         spec, d = self.spec, self.spec.head_dim
         q_start = self.rank_index * self.num_heads
         # The KV head of the rank's first query head; its other query heads share it or follow it.
@@ -191,10 +231,10 @@ class RankModel:
             "down_proj": (1, *mlp_cols),
         }
         shards = {}
-        for name in weight_shapes(spec):
+        for name in names:
             if not (name.startswith("layers.") or self.is_master):
                 continue
-            tensor = seeded_tensor(spec, seed, name)
+            tensor = seeded_tensor(spec, self.seed, name)
             proj, kind = name.split(".")[-2:]
             if proj in slices:
                 dim, first, count = slices[proj]
@@ -203,7 +243,7 @@ class RankModel:
                 elif dim == 0:  # a column-parallel bias follows its output features
                     tensor = tensor.narrow(0, first, count)
             # copy=True so a narrowed view does not keep the full tensor's storage alive.
-            shards[name] = tensor.to(self.device, self.dtype, copy=True)
+            shards[name] = tensor.to(device, self.dtype, copy=True)
         fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
         if spec.mlp == "gated":
             fused["gate_up_proj"] = ("gate_proj", "up_proj")

@@ -98,6 +98,31 @@ def weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# The decoder-layer modules of each streamed weight block (sim.plan.WeightBlock.part), under both
+# the names of weight_shapes and RankModel's fused ones; the split is that of
+# models.accounting.layer_block_weight_bytes.
+BLOCK_PARTS = ("attention", "mlp")
+_PART_OF_MODULE = {
+    "attn_norm": "attention", "q_proj": "attention", "k_proj": "attention", "v_proj": "attention",
+    "qkv_proj": "attention", "o_proj": "attention",
+    "mlp_norm": "mlp", "gate_proj": "mlp", "up_proj": "mlp", "gate_up_proj": "mlp", "down_proj": "mlp",
+}
+
+
+def block_of(name: str) -> str | None:
+    """The weight block (``"layer3.mlp"``, :attr:`sim.plan.WeightBlock.name`) that tensor ``name``
+    (``"layers.3.down_proj.weight"``) belongs to, or None for the embeddings, final norm and LM head."""
+    parts = name.split(".")
+    if parts[0] != "layers":
+        return None
+    return f"layer{parts[1]}.{_PART_OF_MODULE[parts[2]]}"
+
+
+def block_names(spec: ModelSpec) -> tuple[str, ...]:
+    """Every weight block of ``spec`` in order of use: ``layer0.attention, layer0.mlp, layer1...``."""
+    return tuple(f"layer{i}.{part}" for i in range(spec.num_layers) for part in BLOCK_PARTS)
+
+
 def seeded_tensor(spec: ModelSpec, seed: int, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """One tensor of :func:`seeded_weights`, drawn alone, on the CPU, in ``dtype``.
 

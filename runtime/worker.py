@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,11 +31,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from runtime import memory_probe
+from runtime.blocks import BlockLoader, BlockStore
 from runtime.comm import Communicator
 from runtime.executor import Executor
 from runtime.model import RankModel
-from runtime.weights import prompt_tokens
-from sim.plan import Plan, StrategyChoice
+from runtime.pacing import LoaderLink, Pacer
+from runtime.weights import block_names, prompt_tokens
 from sim.scenario import Scenario
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -48,8 +50,10 @@ class RankMeasurement:
     ``step_start_s``/``step_end_s``: [repeats, steps] arrays (s from each repeat's start);
     ``records``: op records of the last repeat (tuples in :data:`sim.trace.OP_COLUMNS` order);
     ``tokens``: [repeats, batch, output_tokens] generated ids (master; empty elsewhere);
-    ``peak_memory_bytes``: process high-water mark (CPU: max RSS) or max CUDA memory allocated;
-    ``memory_samples``: (time_s, bytes) after each step of the last repeat.
+    ``peak_memory_bytes``: high-water mark of an untimed generation after the timed ones (CPU: peak
+    RSS with the exact allocator; CUDA: max memory allocated), see :mod:`runtime.memory_probe`;
+    ``memory_samples``: (time_s, bytes) after each step: times of the last repeat, bytes of that generation;
+    ``stall_s``: [repeats, steps] time the rank's ops waited for weight loads (s).
     """
 
     rank: int
@@ -60,63 +64,91 @@ class RankMeasurement:
     tokens: np.ndarray
     peak_memory_bytes: int
     memory_samples: list[tuple[float, int]]
+    stall_s: np.ndarray
 
 
 def current_memory_bytes(device: torch.device) -> int:
-    """Device memory in use now: resident set size on CPU, allocated CUDA memory on GPU."""
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device)
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """Device memory in use now: resident set size on CPU, allocated CUDA memory on GPU
+    (:func:`runtime.memory_probe.current_bytes`)."""
+    return memory_probe.current_bytes(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """High-water mark: max RSS of this process on CPU (ru_maxrss is KiB on Linux), max CUDA memory allocated on GPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """High-water mark since the last :func:`runtime.memory_probe.reset_peak`: peak RSS (VmHWM) of
+    this process on CPU, max CUDA memory allocated on GPU (:func:`runtime.memory_probe.peak_bytes`)."""
+    return memory_probe.peak_bytes(device)
 
 
 def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: int, seed: int,
-             device: torch.device, heartbeat: Callable[[str], None] = lambda label: None) -> list | None:
+             device: torch.device, heartbeat: Callable[[str], None] = lambda label: None,
+             block_dir: str | Path | None = None) -> list | None:
     """Measure every variant of ``scenario`` on this rank; returns all ranks' measurements on rank 0.
 
-    Requires an initialised default process group whose ranks are the plan's ranks.
+    Requires an initialised default process group whose ranks are the plan's ranks. When a variant
+    streams weights, the model is built without its decoder-layer blocks, which are written once
+    as block files under ``block_dir`` (default :func:`runtime.blocks.default_cache_dir`) and
+    loaded from there, paced to the rank's loader link (ranks of one host share its storage's
+    pace); each variant's executor makes its starting weights resident before its first
+    generation. Raises :class:`models.errors.ConfigError` when a
+    variant streams and the rank's host has no ``storage`` link.
     """
     from sim.simulate import tensor_parallel_ranks
 
+    memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
     config, spec = scenario.config, scenario.model
     ranks = tensor_parallel_ranks(scenario, topology)
     workload = config.workload
     dtype = TORCH_DTYPES[spec.dtype]
+    plans = {variant.name: scenario.plan(variant, ranks) for variant in config.variants}
+    streams = any(any(plan.streamed_blocks.values()) for plan in plans.values())
     model = RankModel(spec, len(ranks), ranks.index(rank), seed=seed, batch_size=workload.batch_size,
-                      max_tokens=workload.prompt_tokens + workload.output_tokens, device=device, dtype=dtype)
+                      max_tokens=workload.prompt_tokens + workload.output_tokens, device=device, dtype=dtype,
+                      skip_blocks=block_names(spec) if streams else ())
+    loader = pacer = None
+    if streams:
+        store = BlockStore(model, block_dir)
+        store.write_missing()
+        # The ranks of this run on one machine share the pacing clocks of their loader channels.
+        run_id = [uuid.uuid4().hex if rank == ranks[0] else None]
+        dist.broadcast_object_list(run_id, src=ranks[0])
+        pacer = Pacer(LoaderLink.of(topology, rank), store.directory.parent / f".pace-{run_id[0]}")
+        loader = BlockLoader(store, device, pacer)
     prompt = prompt_tokens(spec, workload.batch_size, workload.prompt_tokens, seed).to(device)
     comm = Communicator(rank, topology.host_groups)
     measurements = []
     for variant in config.variants:
-        plan = Plan(spec, ranks, workload.batch_size, workload.prompt_tokens, workload.output_tokens,
-                    StrategyChoice(variant.strategy, variant.allreduce, variant.reduce, variant.broadcast))
-        executor = Executor(plan, model, comm, rank, memory_probe=lambda: current_memory_bytes(device))
+        executor = Executor(plans[variant.name], model, comm, rank, loader=loader,
+                            memory_probe=lambda: current_memory_bytes(device))
+        executor.prepare()  # untimed: the weights resident when the request arrives
         for index in range(warmup):
             executor.generate(prompt, time.perf_counter(), lambda step: heartbeat(f"{variant.name} warmup {index} step {step}"))
-        starts, ends, tokens = [], [], []
+        starts, ends, tokens, stalls = [], [], [], []
         for index in range(repeats):
             t0 = _common_start(device)
             generation = executor.generate(prompt, t0, lambda step: heartbeat(f"{variant.name} repeat {index} step {step}"))
             starts.append(generation.step_start_s)
             ends.append(generation.step_end_s)
+            stalls.append(generation.stall_s)
             if generation.tokens:
                 tokens.append(torch.stack(generation.tokens, dim=1).cpu().numpy())
-        memory_samples = list(zip(generation.step_end_s, generation.memory_bytes))
+        # Memory: one more, untimed generation with the exact allocator, in which RSS is the
+        # baseline plus the live tensors (runtime.memory_probe; the timed ones ran fast).
+        with memory_probe.exact_allocation():
+            memory_probe.reset_peak(device)
+            probed = executor.generate(prompt, time.perf_counter(), lambda step: heartbeat(f"{variant.name} memory step {step}"))
+            peak = peak_memory_bytes(device)
+        memory_samples = list(zip(generation.step_end_s, probed.memory_bytes))
         measurements.append(RankMeasurement(
             rank, variant.name, np.array(starts), np.array(ends),
             [tuple(vars(r).values()) for r in generation.records],
             np.array(tokens) if tokens else np.zeros((0,), dtype=np.int64),
-            peak_memory_bytes(device), memory_samples))
+            peak, memory_samples, np.array(stalls)))
     heartbeat("gather")
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(measurements, gathered, dst=0)
+    if pacer is not None:
+        dist.barrier()  # no rank paces any more: the shared clock files can go
+        pacer.close()
     return gathered if rank == 0 else None
 
 
@@ -141,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-dir", default=None,
+                        help="cache of weight block files for weight streaming (default: under the temp dir)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
     args = parser.parse_args(argv)
     try:
@@ -157,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     try:
         gathered = run_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, warmup=args.warmup,
-                            seed=args.seed, device=device)
+                            seed=args.seed, device=device, block_dir=args.block_dir)
         if gathered is not None:
             result = measured_result(scenario, topology, gathered)
             write_measured_outputs(result, Path(args.out or f"out/{scenario.name}-measured"))

@@ -44,6 +44,17 @@ def scenario_dict(**overrides) -> dict:
     return data
 
 
+def tiny_model_config(model_type: str, num_layers: int) -> dict:
+    """A Hugging Face config.json of a tiny model for runtime tests: ``llama`` (GQA: 8 query heads,
+    2 KV heads, untied head) or ``gpt2``, hidden size 64, vocabulary 256, fp32."""
+    if model_type == "llama":
+        return {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "num_hidden_layers": num_layers, "vocab_size": 256, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 128, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    return {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": num_layers, "vocab_size": 256,
+            "n_positions": 128, "n_inner": None, "torch_dtype": "float32"}
+
+
 def make_scenario(**overrides) -> Scenario:
     return scenario_from_dict(scenario_dict(**overrides), base_dir=ROOT)
 

@@ -20,13 +20,10 @@ from runtime.model import RankModel, reference_generate  # noqa: E402
 from runtime.weights import prompt_tokens  # noqa: E402
 from sim.plan import Plan, StrategyChoice  # noqa: E402
 from sim.topology import build_topology  # noqa: E402
-from tests.conftest import cluster, make_scenario  # noqa: E402
+from tests.conftest import cluster, make_scenario, tiny_model_config  # noqa: E402
 
-LLAMA_LIKE = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 8,
-              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "rms_norm_eps": 1e-5,
-              "max_position_embeddings": 128, "tie_word_embeddings": False, "torch_dtype": "float32"}
-GPT2_LIKE = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 256, "n_positions": 128,
-             "n_inner": None, "torch_dtype": "float32"}
+LLAMA_LIKE = tiny_model_config("llama", num_layers=2)
+GPT2_LIKE = tiny_model_config("gpt2", num_layers=2)
 
 VARIANTS = [
     StrategyChoice("reduce_ln_bcast", reduce="library", broadcast="library"),

@@ -11,6 +11,7 @@ Example (``validation/matrix.yaml`` is the shipped one)::
     scenarios:                    # paths relative to this file; each lists its variants
       - ../scenarios/validation/2x2_bandwidth.yaml
     collective_sizes: [2KiB, 96KiB, 1.5MiB]   # collective checks between calibrated sizes
+    calibrate_collectives: all    # all (every algorithm) | used (only those the variants call)
 
 A case is one variant of one scenario at one prompt length.
 """
@@ -18,6 +19,7 @@ A case is one variant of one scenario at one prompt length.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -39,6 +41,7 @@ class Matrix(BaseModel):
     prompt_tokens: list[int] = Field(min_length=1)
     scenarios: list[str] = Field(min_length=1)
     collective_sizes: list[int] = []
+    calibrate_collectives: Literal["all", "used"] = "all"
 
     @field_validator("collective_sizes", mode="before")
     @classmethod

@@ -55,6 +55,16 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
     for row in wrong.itertuples(index=False):
         lines.append(f"- wrong: {row.scenario} prompt {row.prompt_tokens} {row.metric}: {row.faster} measured "
                      f"{row.measured_difference:.0%} faster than {row.slower}")
+    regimes = report.regimes
+    if len(regimes):
+        lines += ["", f"Memory regimes: the simulator's verdicts (fits in memory; decode stalls on weight loads, "
+                      f"over 10% of TPOT) match the measurement in {int(regimes['agrees'].sum())} of "
+                      f"{len(regimes)} cases.", "",
+                  "| scenario | prompt | variant | fits sim | fits meas | stall sim ms | stall meas ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in regimes.itertuples(index=False):
+            lines.append(f"| {row.scenario} | {row.prompt_tokens} | {row.variant} | {row.fits_simulated} | "
+                         f"{row.fits_measured} | {row.stall_simulated_s * 1e3:.0f} | {row.stall_measured_s * 1e3:.0f} |")
     if len(report.claim):
         lines += ["", "## The seed's claim: allreduce_ln (best algorithm) against reduce_ln_bcast", "",
                   "| scenario | prompt | source | best allreduce | TTFT rlb ms | TTFT ar ms | tok/s rlb | tok/s ar |",
@@ -67,7 +77,8 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
 
 
 def write_validation(report: ValidationReport, out_dir: Path, title: str) -> list[Path]:
-    """Write errors.csv, collectives.csv, summary.csv, ranking.csv, claim.csv, summary.md, report.html."""
+    """Write errors.csv, collectives.csv, summary.csv, ranking.csv, claim.csv, regimes.csv, summary.md,
+    report.html."""
     def csv(frame: pd.DataFrame) -> str:
         return frame.to_csv(index=False, lineterminator="\n")
 
@@ -79,4 +90,5 @@ def write_validation(report: ValidationReport, out_dir: Path, title: str) -> lis
     return write_files(out_dir, {
         "errors.csv": csv(report.errors), "collectives.csv": csv(report.collectives),
         "summary.csv": csv(report.summary), "ranking.csv": csv(report.ranking), "claim.csv": csv(report.claim),
+        "regimes.csv": csv(report.regimes),
         "summary.md": summary_markdown(report, title), "report.html": page})

@@ -28,6 +28,9 @@ from validation.matrix import Matrix, with_prompt
 TIMING_METRICS = ("ttft_s", "tpot_s", "decode_tokens_per_s")
 CHECKED_METRICS = (*TIMING_METRICS, "peak_memory_bytes")
 RANKING_THRESHOLD = 0.10
+STALL_THRESHOLD = 0.10  # a run stalls when waiting for weight loads takes over 10% of a decode step
+REGIME_COLUMNS = ["scenario", "prompt_tokens", "variant", "fits_simulated", "fits_measured",
+                  "stall_simulated_s", "stall_measured_s", "stalls_simulated", "stalls_measured", "agrees"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class ValidationReport:
     summary: pd.DataFrame
     ranking: pd.DataFrame
     claim: pd.DataFrame
+    regimes: pd.DataFrame
 
 
 def case_errors(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
@@ -61,6 +65,37 @@ def case_errors(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, meas
                      "measured": measured_value, "measured_p10": p10, "measured_p90": p90,
                      "error": float(row.value) / measured_value - 1 if measured_value else np.nan})
     return pd.DataFrame(rows)
+
+
+def memory_regimes(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, measured: pd.DataFrame
+                   ) -> pd.DataFrame:
+    """Per variant: does it fit (every device's peak within its capacity), and does decode stall
+    waiting for streamed weights (stall over :data:`STALL_THRESHOLD` of TPOT), simulated and
+    measured; ``agrees`` when both verdicts match."""
+    rows = []
+    for variant, sim in simulated.groupby("variant", sort=False):
+        meas = measured[measured["variant"] == variant]
+        if meas.empty:
+            continue
+        capacity = sim[sim["metric"] == "memory_capacity_bytes"].set_index("device")["value"]
+
+        def fits(table: pd.DataFrame) -> bool:
+            peaks = table[table["metric"] == "peak_memory_bytes"].set_index("device")["value"]
+            return bool((peaks <= capacity.reindex(peaks.index)).all())
+
+        def value(table: pd.DataFrame, metric: str) -> float:
+            found = table.loc[(table["metric"] == metric) & (table["device"].fillna("") == ""), "value"]
+            return float(found.iloc[0]) if len(found) else np.nan
+
+        stall_sim, stall_meas = value(sim, "loader_stall_decode_s"), value(meas, "loader_stall_decode_s")
+        stalls_sim = bool(stall_sim > STALL_THRESHOLD * value(sim, "tpot_s"))
+        stalls_meas = bool(stall_meas > STALL_THRESHOLD * value(meas, "tpot_s"))
+        fits_sim, fits_meas = fits(sim), fits(meas)
+        rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": variant,
+                     "fits_simulated": fits_sim, "fits_measured": fits_meas, "stall_simulated_s": stall_sim,
+                     "stall_measured_s": stall_meas, "stalls_simulated": stalls_sim, "stalls_measured": stalls_meas,
+                     "agrees": fits_sim == fits_meas and stalls_sim == stalls_meas})
+    return pd.DataFrame(rows, columns=REGIME_COLUMNS)
 
 
 def summarise_errors(errors: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
@@ -156,7 +191,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
     from sim.simulate import simulate
     from sim.topology import build_topology
 
-    errors, collectives = [], []
+    errors, collectives, regimes = [], [], []
     for scenario in scenarios:
         bed = None
         if matrix.testbed:
@@ -170,7 +205,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             beat = lambda rank, label, name=scenario.name: on_progress(f"{name}: {label}") if rank == 0 else None
             on_progress(f"{scenario.name}: calibrating")
             table = calibrate_scenario(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
-                                       on_beat=beat)
+                                       on_beat=beat, used_only=matrix.calibrate_collectives == "used")
             write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", table.to_csv(index=False, lineterminator="\n"))
             profile = Profile(table)
             for prompt in matrix.prompt_tokens:
@@ -180,6 +215,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                                             testbed=matrix.testbed).results
                 simulated = simulate(case, profile=profile).results
                 errors.append(case_errors(scenario.name, prompt, simulated, measured))
+                regimes.append(memory_regimes(scenario.name, prompt, simulated, measured))
             if matrix.collective_sizes:
                 on_progress(f"{scenario.name}: collectives between calibrated sizes")
                 timed = measure_collectives(scenario, tuple(matrix.collective_sizes), testbed=matrix.testbed,
@@ -193,4 +229,5 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
         columns=["scenario", "op", "algorithm", "size_bytes", "simulated", "measured", "measured_p10",
                  "measured_p90", "error"])
     return ValidationReport(error_table, collective_table, summarise_errors(error_table, collective_table),
-                            ranking_agreement(error_table), seed_claim(error_table))
+                            ranking_agreement(error_table), seed_claim(error_table),
+                            pd.concat(regimes, ignore_index=True))
