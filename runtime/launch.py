@@ -108,6 +108,11 @@ def _watch(pipes: list[Connection], processes: list, hang_timeout_s: float,
             if kind == "beat":
                 on_beat(rank, payload)
             if kind == "error":
+                # A rank whose peer was killed fails too ("connection closed by peer"), often before
+                # the parent sees the death: the killed rank is the cause to name.
+                killed = _killed_rank(processes, exclude=rank)
+                if killed is not None:
+                    raise LaunchError(f"rank {killed} died: {_exit_reason(processes[killed].exitcode)}")
                 raise LaunchError(f"rank {rank} failed: {payload}")
             if kind == "result":
                 results[rank] = payload
@@ -123,6 +128,19 @@ def _watch(pipes: list[Connection], processes: list, hang_timeout_s: float,
                               + (" (the process is stopped)" if stopped else
                                  f" (rank {culprit} was heard from least recently)"))
     return [results[rank] for rank in range(len(processes))]
+
+
+def _killed_rank(processes, exclude: int, grace_s: float = 1.0) -> int | None:
+    """The first rank other than ``exclude`` killed by a signal, waiting up to ``grace_s`` for the
+    kernel to reap it; None if none was."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        for rank, process in enumerate(processes):
+            if rank != exclude and process.exitcode is not None and process.exitcode < 0:
+                return rank
+        if time.monotonic() > deadline:
+            return None
+        wait([p.sentinel for r, p in enumerate(processes) if r != exclude and p.exitcode is None], timeout=0.05)
 
 
 def _process_state(pid: int) -> str:
