@@ -134,3 +134,40 @@ def test_errors_ranking_and_claim():
     assert claim[claim.source == "measured"].tokens_per_s_allreduce_ln.iloc[0] == 4.0
     assert math.isfinite(claim.ttft_allreduce_ln_s.iloc[0])
     assert np.all(claim.columns[:3] == ["scenario", "prompt_tokens", "source"])
+
+
+def test_memory_regimes_compare_fit_and_stall_verdicts():
+    from validation.validate import memory_regimes
+
+    def table(source, peak_mb, stall_s, tpot_s):
+        rows = []
+        for variant in peak_mb:
+            rows += [("s", variant, source, "tpot_s", tpot_s[variant], "s", ""),
+                     ("s", variant, source, "loader_stall_decode_s", stall_s[variant], "s", ""),
+                     ("s", variant, source, "peak_memory_bytes", peak_mb[variant] * 1e6, "bytes", "d0"),
+                     ("s", variant, source, "memory_capacity_bytes", 450e6, "bytes", "d0")]
+        return pd.DataFrame(rows, columns=["scenario", "variant", "source", "metric", "value", "unit", "device"])
+
+    simulated = table("simulated", {"resident": 500, "w1": 340, "w2": 420},
+                      {"resident": 0.0, "w1": 2.0, "w2": 0.0}, {"resident": 1.4, "w1": 3.4, "w2": 1.4})
+    measured = table("measured", {"resident": 505, "w1": 350, "w2": 460},
+                     {"resident": 0.0, "w1": 2.1, "w2": 0.3}, {"resident": 1.4, "w1": 3.5, "w2": 1.7})
+    regimes = memory_regimes("s", 64, simulated, measured).set_index("variant")
+    assert not regimes.loc["resident", "fits_simulated"] and not regimes.loc["resident", "fits_measured"]
+    assert regimes.loc["w1", "stalls_simulated"] and regimes.loc["w1", "stalls_measured"]
+    assert regimes.loc["resident", "agrees"] and regimes.loc["w1", "agrees"]
+    # w2: fits and does not stall in simulation, but measured 460 MB > 450 MB and stalls 18% of TPOT
+    assert not regimes.loc["w2", "fits_measured"] and regimes.loc["w2", "stalls_measured"]
+    assert not regimes.loc["w2", "agrees"]
+
+
+def test_calibration_times_only_the_algorithms_variants_use_when_asked():
+    pytest.importorskip("torch")
+    from runtime.calibrate import used_algorithms
+
+    scenario = make_scenario()  # rlb (binomial), ring, recursive doubling
+    used = used_algorithms(scenario)
+    assert used[OpKind.ALLREDUCE] == ("recursive_doubling", "ring")
+    assert used[OpKind.REDUCE] == ("binomial",)
+    auto = make_scenario(variants=[{"name": "a", "strategy": "allreduce_ln", "allreduce": "auto"}])
+    assert "rabenseifner" in used_algorithms(auto)[OpKind.ALLREDUCE]
