@@ -14,7 +14,7 @@ measurement, so it sees the same CPU sharing, framework and links:
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
-  untimed generation at the longest prompt with the exact allocator (:mod:`runtime.memory_probe`),
+  untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
   collective sweep.
 """
@@ -32,10 +32,10 @@ import torch.distributed as dist
 from models.ops import OpKind
 from runtime.comm import Communicator
 from runtime.executor import Executor
-from runtime.model import RankModel
+from runtime.blocks import BlockLoader
 from runtime.weights import prompt_tokens
 from runtime import memory_probe
-from runtime.worker import TORCH_DTYPES, peak_memory_bytes
+from runtime.worker import peak_memory_bytes, rank_model
 from sim.collectives.registry import ALGORITHMS, LIBRARY
 from sim.plan import Collective, Plan, StrategyChoice
 from sim.profile import profile_frame
@@ -57,6 +57,7 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere."""
     from sim.simulate import tensor_parallel_ranks
 
+    memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
     ranks = tensor_parallel_ranks(scenario, topology)
     device_class = topology.devices[rank].spec.name
     comm = Communicator(rank, topology.host_groups)
@@ -70,8 +71,9 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
         by_class[cls].append(value)
     for cls, values in by_class.items():
         rows.append({"measurement": "memory_baseline", "device_class": cls, "unit": "bytes",
-                     "method": "peak resident set size of an untimed generation (exact allocator), less the "
-                               "model's weights and KV cache (framework, communication buffers, activations)",
+                     "method": "peak resident set size of an untimed generation at the shortest prompt "
+                               "(exact allocator), less the model's weights and KV cache (framework, "
+                               "communication buffers, activations)",
                      **_stats(values)})
     rows += collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
                             algorithms=used_algorithms(scenario) if used_only else None)
@@ -177,16 +179,20 @@ def _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> tuple
     spec = scenario.model
     batch = scenario.config.workload.batch_size
     device = torch.device("cpu")
-    model = RankModel(spec, len(ranks), ranks.index(rank), seed=0, batch_size=batch,
-                      max_tokens=max(CALIBRATION_PROMPTS) + CALIBRATION_OUTPUT_TOKENS, device=device,
-                      dtype=TORCH_DTYPES[spec.dtype])
+    model, store = rank_model(scenario, tuple(ranks), rank, seed=0,
+                              max_tokens=max(CALIBRATION_PROMPTS) + CALIBRATION_OUTPUT_TOKENS, device=device)
+    # A model built from block files (when the scenario streams) is loaded whole before timing.
+    loader = BlockLoader(store, device) if store is not None else None
     device_class = topology.devices[rank].spec.name
     rows, gaps = [], []
     for prompt_len in CALIBRATION_PROMPTS:
         plan = Plan(spec, tuple(ranks), batch, prompt_len, CALIBRATION_OUTPUT_TOKENS,
                     StrategyChoice("allreduce_ln", allreduce=LIBRARY, broadcast=LIBRARY))
-        executor = Executor(plan, model, comm, rank)
+        executor = Executor(plan, model, comm, rank, loader=loader)
+        executor.prepare()
         prompt = prompt_tokens(spec, batch, prompt_len, seed=0)
+        if prompt_len == min(CALIBRATION_PROMPTS):
+            smallest = (executor, prompt)
         # Ops of one name in one step share their cost (every layer has the same shapes).
         ops = [{op.name: op for seg in plan.phase(step).segments for op in seg.programs[rank]}
                for step in range(plan.num_phases)]
@@ -214,8 +220,10 @@ def _compute(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> tuple
     rows.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
                  "method": "time between consecutive ops of a rank while generating", **_stats(gaps)})
     cache_bytes = sum(t.numel() * t.element_size() for t in (*model.k_cache, *model.v_cache))
-    # Memory: one more, untimed generation at the longest prompt with the exact allocator, in
-    # which RSS is the baseline plus the live tensors (the timed ones above ran fast).
+    # Memory: one more, untimed generation with the exact allocator, in which RSS is the baseline
+    # plus the live tensors (the timed ones above ran fast). At the shortest prompt: activations
+    # and workspace, which the simulator prices per shape, then barely enter the baseline.
+    executor, prompt = smallest
     with memory_probe.exact_allocation():
         memory_probe.reset_peak(device)
         executor.generate(prompt, time.perf_counter())

@@ -79,6 +79,24 @@ def peak_memory_bytes(device: torch.device) -> int:
     return memory_probe.peak_bytes(device)
 
 
+def rank_model(scenario: Scenario, ranks: tuple[int, ...], rank: int, *, seed: int, max_tokens: int,
+               device: torch.device, block_dir: str | Path | None = None) -> tuple[RankModel, BlockStore | None]:
+    """This rank's model shard, built the way every run of ``scenario`` builds it: when a variant
+    streams weights, without its decoder-layer blocks, which are written once as block files
+    (returned store) and loaded from them; otherwise whole (store None). Calibration builds it the
+    same way, so the framework memory it reads is the measured runs' own."""
+    spec = scenario.model
+    streams = any(any(scenario.plan(v, ranks).streamed_blocks.values()) for v in scenario.config.variants)
+    model = RankModel(spec, len(ranks), ranks.index(rank), seed=seed, batch_size=scenario.config.workload.batch_size,
+                      max_tokens=max_tokens, device=device, dtype=TORCH_DTYPES[spec.dtype],
+                      skip_blocks=block_names(spec) if streams else ())
+    if not streams:
+        return model, None
+    store = BlockStore(model, block_dir)
+    store.write_missing()
+    return model, store
+
+
 def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: int, seed: int,
              device: torch.device, heartbeat: Callable[[str], None] = lambda label: None,
              block_dir: str | Path | None = None) -> list | None:
@@ -98,16 +116,11 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     config, spec = scenario.config, scenario.model
     ranks = tensor_parallel_ranks(scenario, topology)
     workload = config.workload
-    dtype = TORCH_DTYPES[spec.dtype]
     plans = {variant.name: scenario.plan(variant, ranks) for variant in config.variants}
-    streams = any(any(plan.streamed_blocks.values()) for plan in plans.values())
-    model = RankModel(spec, len(ranks), ranks.index(rank), seed=seed, batch_size=workload.batch_size,
-                      max_tokens=workload.prompt_tokens + workload.output_tokens, device=device, dtype=dtype,
-                      skip_blocks=block_names(spec) if streams else ())
+    model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=workload.prompt_tokens
+                              + workload.output_tokens, device=device, block_dir=block_dir)
     loader = pacer = None
-    if streams:
-        store = BlockStore(model, block_dir)
-        store.write_missing()
+    if store is not None:
         # The ranks of this run on one machine share the pacing clocks of their loader channels.
         run_id = [uuid.uuid4().hex if rank == ranks[0] else None]
         dist.broadcast_object_list(run_id, src=ranks[0])
