@@ -137,7 +137,7 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
             executor.generate(prompt, time.perf_counter(), lambda step: heartbeat(f"{variant.name} warmup {index} step {step}"))
         starts, ends, tokens, stalls = [], [], [], []
         for index in range(repeats):
-            t0 = _common_start(device)
+            t0 = common_start(device)
             generation = executor.generate(prompt, t0, lambda step: heartbeat(f"{variant.name} repeat {index} step {step}"))
             starts.append(generation.step_start_s)
             ends.append(generation.step_end_s)
@@ -165,7 +165,7 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     return gathered if rank == 0 else None
 
 
-def _common_start(device: torch.device) -> float:
+def common_start(device: torch.device) -> float:
     """A barrier, then rank 0's clock reading shared by all (ranks of one machine share the clock)."""
     dist.barrier()
     t0 = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)  # NCCL needs device tensors

@@ -6,7 +6,8 @@
   shard size alike, so one axis serves every shape). The framework's gap between ops is added to
   every op, compute or collective.
 * :class:`CalibratedNetwork`: a collective's time is interpolated log-log in message size among
-  the measured times of the same kind, algorithm, group size and number of hosts.
+  the measured times of the same kind, algorithm, group size and number of hosts: those measured
+  in place, in real generations, where it has them; the isolated timings elsewhere.
 
 Outside the measured range a query is priced from the nearest measurement scaled by the
 uncalibrated model's ratio (roofline, or the scenario's network model), and recorded in
@@ -108,31 +109,43 @@ def _bandwidth(device_class: str) -> float:
 
 @dataclass
 class CalibratedNetwork:
-    """Collective times from a profile's ``collective`` rows; see the module docstring.
+    """Collective times from a profile's ``collective_in_place`` and ``collective`` rows.
+
+    A collective is priced, for its kind, algorithm, group size and number of hosts:
+
+    * within the sizes measured in place (in real generations), by log-log interpolation among
+      them: that is what the collective costs inside a run on this cluster;
+    * elsewhere, by log-log interpolation among the isolated timings plus the in-place overhead
+      at the nearest in-place size (in place less isolated there, in seconds; flagged in
+      ``extrapolated``). The overhead is per call (waking ranks, sharing cores with compute), so
+      it is carried as a constant, not a ratio;
+    * without isolated timings, by the scenario's network model scaled to the nearest one.
 
     Args:
         profile: the calibration profile.
         fallback: the scenario's network model, for shapes and sizes not measured.
         topology: to count the hosts a group spans.
         gap_s: the framework's time between two ops, added to every collective.
+        in_place: use the in-place rows (False prices collectives as they run alone, which is
+            what an isolated microbenchmark is checked against).
     """
 
     profile: Profile
     fallback: NetworkModel
     topology: Topology
     gap_s: float = 0.0
+    in_place: bool = True
     extrapolated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _in_place: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        rows = self.profile.of("collective")
-        for key, group in rows.groupby(["op", "algorithm", "group_size", "num_hosts"], sort=True):
-            group = group.groupby("size_bytes", sort=True)["median"].median()
-            self._tables[(str(key[0]), str(key[1]), int(key[2]), int(key[3]))] = (
-                np.log(group.index.to_numpy(dtype=float)), np.log(group.to_numpy(dtype=float)))
+        self._tables = _log_log_tables(self.profile.of("collective"))
+        if self.in_place:
+            self._in_place = _log_log_tables(self.profile.of("collective_in_place"))
 
     def time(self, schedule: CommSchedule) -> CollectiveTiming:
-        """The timing of ``schedule``: the measured time for every rank (the profile holds whole
+        """The timing of ``schedule``: the calibrated time for every rank (the profile holds whole
         collective times, not per-rank finishes)."""
         if len(schedule.group) == 1:
             return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
@@ -143,18 +156,47 @@ class CalibratedNetwork:
         hosts = len(self.topology.host_groups(schedule.group))
         key = (str(schedule.kind), schedule.algorithm, len(schedule.group), hosts)
         label = f"{schedule.kind} {schedule.algorithm} over {len(schedule.group)} ranks on {hosts} hosts"
+        in_place = self._in_place.get(key)
+        if in_place is None or schedule.size_bytes <= 0:
+            return self._isolated_s(schedule, key, label, flag=True)
+        log_sizes, log_times = in_place
+        log_size = math.log(schedule.size_bytes)
+        if log_sizes[0] <= log_size <= log_sizes[-1]:
+            return float(math.exp(np.interp(log_size, log_sizes, log_times)))
+        edge = 0 if log_size < log_sizes[0] else -1
+        self.extrapolated.add(f"{label}: {schedule.size_bytes} bytes outside the sizes measured in place, "
+                              "isolated timing plus the in-place overhead")
+        overhead_s = math.exp(log_times[edge]) - self._isolated_s(self._resized(schedule, log_sizes[edge]), key, label)
+        isolated = self._isolated_s(schedule, key, label, flag=True)
+        return isolated + overhead_s if isolated + overhead_s > 0 else isolated
+
+    def _isolated_s(self, schedule: CommSchedule, key: tuple, label: str, flag: bool = False) -> float:
         table = self._tables.get(key)
         if table is None or schedule.size_bytes <= 0:
-            self.extrapolated.add(f"{label}: not calibrated, {type(self.fallback).__name__}")
+            if flag:
+                self.extrapolated.add(f"{label}: not calibrated, {type(self.fallback).__name__}")
             return self.fallback.time(schedule).duration_s
         log_sizes, log_times = table
         log_size = math.log(schedule.size_bytes)
         if log_sizes[0] <= log_size <= log_sizes[-1]:
             return float(math.exp(np.interp(log_size, log_sizes, log_times)))
         edge = 0 if log_size < log_sizes[0] else -1
-        self.extrapolated.add(f"{label}: {schedule.size_bytes} bytes outside the calibrated sizes")
-        at_edge = build_schedule(schedule.kind, schedule.algorithm, schedule.group,
-                                 int(round(math.exp(log_sizes[edge]))), root=schedule.root,
-                                 host_groups=self.topology.host_groups(schedule.group))
+        if flag:
+            self.extrapolated.add(f"{label}: {schedule.size_bytes} bytes outside the calibrated sizes")
+        at_edge = self._resized(schedule, log_sizes[edge])
         ratio = self.fallback.time(schedule).duration_s / max(self.fallback.time(at_edge).duration_s, 1e-12)
         return float(math.exp(log_times[edge]) * ratio)
+
+    def _resized(self, schedule: CommSchedule, log_size: float) -> CommSchedule:
+        return build_schedule(schedule.kind, schedule.algorithm, schedule.group, int(round(math.exp(log_size))),
+                              root=schedule.root, host_groups=self.topology.host_groups(schedule.group))
+
+
+def _log_log_tables(rows) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """(kind, algorithm, group size, hosts) -> (log sizes, log median times), sizes ascending."""
+    tables = {}
+    for key, group in rows.groupby(["op", "algorithm", "group_size", "num_hosts"], sort=True):
+        group = group.groupby("size_bytes", sort=True)["median"].median()
+        tables[(str(key[0]), str(key[1]), int(key[2]), int(key[3]))] = (
+            np.log(group.index.to_numpy(dtype=float)), np.log(group.to_numpy(dtype=float)))
+    return tables

@@ -13,7 +13,10 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
   * ``op_gap``: time between the end of one op and the start of the next on a rank (dispatch and
     bookkeeping of the framework), per ``device_class``;
   * ``collective``: a collective ``op`` (allreduce, reduce, broadcast) by ``algorithm`` over
-    ``group_size`` ranks on ``num_hosts`` hosts, of ``size_bytes`` per rank;
+    ``group_size`` ranks on ``num_hosts`` hosts, of ``size_bytes`` per rank, timed in isolation
+    from the last rank's start to the last rank's end (the simulator's charge);
+  * ``collective_in_place``: the same, read from the collectives of real generations of the
+    scenario's strategies, where a collective shares the cores with the ranks' compute;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
     (``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
@@ -30,7 +33,7 @@ import pandas as pd
 
 from models.errors import ConfigError
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: collective_in_place rows; collectives timed from the last start
 
 PROFILE_COLUMNS = [
     "version", "measurement", "device_class", "op", "algorithm", "group_size", "num_hosts", "batch_size",
@@ -38,7 +41,7 @@ PROFILE_COLUMNS = [
     "median", "p10", "p90", "unit", "repeats", "method",
 ]
 
-MEASUREMENTS = ("compute", "op_gap", "collective", "p2p", "memory_baseline")
+MEASUREMENTS = ("compute", "op_gap", "collective", "collective_in_place", "p2p", "memory_baseline")
 
 
 @dataclass(frozen=True)

@@ -171,3 +171,84 @@ def test_calibration_times_only_the_algorithms_variants_use_when_asked():
     assert used[OpKind.REDUCE] == ("binomial",)
     auto = make_scenario(variants=[{"name": "a", "strategy": "allreduce_ln", "allreduce": "auto"}])
     assert "rabenseifner" in used_algorithms(auto)[OpKind.ALLREDUCE]
+
+
+def test_calibration_generates_with_each_distinct_named_strategy():
+    pytest.importorskip("torch")
+    from runtime.calibrate import calibration_strategies
+
+    scenario = make_scenario(variants=[
+        {"name": "a", "strategy": "allreduce_ln", "allreduce": "ring"},
+        {"name": "b", "strategy": "allreduce_ln", "allreduce": "ring"},
+        {"name": "c", "strategy": "reduce_ln_bcast"},
+        {"name": "d", "strategy": "allreduce_ln", "allreduce": "auto"}])
+    assert [(c.strategy, c.allreduce) for c in calibration_strategies(scenario)] == [
+        ("allreduce_ln", "ring"), ("reduce_ln_bcast", None)]
+    only_auto = make_scenario(variants=[{"name": "d", "strategy": "allreduce_ln", "allreduce": "auto"}])
+    assert [(c.strategy, c.allreduce) for c in calibration_strategies(only_auto)] == [("allreduce_ln", "library")]
+
+
+def test_in_place_rows_charge_from_the_last_start_to_the_last_end():
+    pytest.importorskip("torch")
+    from runtime.comm_timing import in_place_rows
+
+    spans = []
+    for call in range(3):  # rank 1 arrives 5 ms late; the last rank ends 2 ms after it arrives
+        t = call * 1.0
+        spans += [((call,), "allreduce", "ring", 4096, t, t + 0.007),
+                  ((call,), "allreduce", "ring", 4096, t + 0.005, t + 0.006)]
+    spans.append(((9,), "allreduce", "ring", 4096, 0.0, 5.0))  # a call only one rank recorded
+    (row,) = in_place_rows(spans, group_size=2, num_hosts=2)
+    assert row["measurement"] == "collective_in_place" and row["size_bytes"] == 4096
+    assert row["median"] == pytest.approx(0.002) and row["repeats"] == 3
+
+
+def _two_kinds_profile() -> Profile:
+    rows = [{"measurement": "collective", "op": "allreduce", "algorithm": "ring", "group_size": 4, "num_hosts": 2,
+             "size_bytes": size, "median": t, "unit": "s"} for size, t in {1024: 1e-3, 4096: 2e-3, 65536: 4e-3}.items()]
+    rows += [{"measurement": "collective_in_place", "op": "allreduce", "algorithm": "ring", "group_size": 4,
+              "num_hosts": 2, "size_bytes": size, "median": t, "unit": "s"} for size, t in {4096: 5e-3, 16384: 6e-3}.items()]
+    return Profile(profile_frame(rows))
+
+
+def test_in_place_times_price_a_run_and_carry_their_overhead_beyond_their_sizes():
+    topology = build_topology(ClusterConfig.model_validate(cluster(2, 2)))
+    group = (0, 1, 2, 3)
+
+    def ring(size):
+        return build_schedule(OpKind.ALLREDUCE, "ring", group, size, host_groups=topology.host_groups(group))
+
+    network = CalibratedNetwork(_two_kinds_profile(), FlowNetwork(topology), topology)
+    assert network.time(ring(8192)).duration_s == pytest.approx(math.sqrt(5e-3 * 6e-3), rel=1e-9)
+    assert not network.extrapolated
+    # beyond the in-place sizes: isolated time there plus the in-place overhead at 16 KiB
+    isolated_16k = math.exp(np.interp(math.log(16384), [math.log(4096), math.log(65536)],
+                                      [math.log(2e-3), math.log(4e-3)]))
+    assert network.time(ring(65536)).duration_s == pytest.approx(4e-3 + 6e-3 - isolated_16k, rel=1e-9)
+    assert any("outside the sizes measured in place" in line for line in network.extrapolated)
+    alone = CalibratedNetwork(_two_kinds_profile(), FlowNetwork(topology), topology, in_place=False)
+    assert alone.time(ring(4096)).duration_s == pytest.approx(2e-3, rel=1e-9)
+
+
+def test_in_run_collective_calls_are_charged_from_the_last_arrival():
+    from validation.validate import call_durations
+
+    ops = pd.DataFrame([
+        (0, "compute", "allreduce", "attn_allreduce", "decode", 1, 0, 0.000, 0.010, 3072, 0),
+        (1, "compute", "allreduce", "attn_allreduce", "decode", 1, 0, 0.004, 0.009, 3072, 0),
+        (0, "compute", "allreduce", "attn_allreduce", "decode", 1, 1, 0.020, 0.023, 3072, 0),
+        (1, "compute", "allreduce", "attn_allreduce", "decode", 1, 1, 0.020, 0.025, 3072, 0),
+        (0, "compute", "mlp_up", "mlp_up", "decode", 1, 1, 0.010, 0.020, 0, 1e6)],
+        columns=["rank", "stream", "kind", "name", "phase", "step", "layer", "start_s", "end_s", "bytes", "flops"])
+    calls = call_durations(ops)
+    assert calls["duration_s"].tolist() == pytest.approx([0.006, 0.005])
+    assert set(calls["op"]) == {"allreduce"} and set(calls["size_bytes"]) == {3072}
+
+
+def test_collective_target_population_is_large_or_delayed():
+    errors = pd.DataFrame({"metric": ["ttft_s"], "error": [0.0]})
+    collectives = pd.DataFrame({"error": [0.5, 0.02, -0.04], "targeted": [False, True, True]})
+    summary = summarise_errors(errors, collectives).set_index("metric")
+    assert summary.loc["collective_s", "cases"] == 2
+    assert summary.loc["collective_s", "median_abs_error"] == pytest.approx(0.03)
+    assert summary.loc["collective_s_all", "cases"] == 3

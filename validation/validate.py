@@ -1,9 +1,10 @@
 """``hetsim validate``: run a matrix both ways and report how far the simulator is from reality.
 
 For each scenario of the matrix: bring its testbed up (if the matrix says so), calibrate, then at
-each prompt length measure every variant and simulate it with the profile; finally time the
-collectives at sizes between the calibrated ones and compare them with the calibrated network
-model's interpolation. The testbed goes down whatever happens.
+each prompt length measure every variant and simulate it with the profile, and compare the
+collective calls inside the two runs (:func:`in_run_errors`); finally time the collectives alone
+at sizes between the calibrated ones and compare them with the calibrated network model's
+interpolation. The testbed goes down whatever happens.
 
 Errors are signed, ``simulated / measured - 1``. The report gives, per metric, the median and p90
 of |error| over cases; whether the simulator orders each pair of variants as the measurement does
@@ -28,7 +29,16 @@ from validation.matrix import Matrix, with_prompt
 TIMING_METRICS = ("ttft_s", "tpot_s", "decode_tokens_per_s")
 CHECKED_METRICS = (*TIMING_METRICS, "peak_memory_bytes")
 RANKING_THRESHOLD = 0.10
+# The collective target's population (the calibrate-and-validate issue): messages of at least
+# 1 MiB, or any size over links with injected delay (at least 1 ms one way between two hosts).
+# Below both, a gloo message is bound by the machine (0.7-2 ms, 30-170% spread; FIELD-NOTES).
+TARGET_COLLECTIVE_BYTES = 2**20
+INJECTED_DELAY_S = 1e-3
 STALL_THRESHOLD = 0.10  # a run stalls when waiting for weight loads takes over 10% of a decode step
+COLLECTIVE_COLUMNS = ["scenario", "op", "algorithm", "size_bytes", "simulated", "measured", "measured_p10",
+                      "measured_p90", "error", "targeted"]
+IN_RUN_COLUMNS = ["scenario", "prompt_tokens", "variant", "phase", "op", "size_bytes", "simulated", "measured",
+                  "measured_p10", "measured_p90", "error"]
 REGIME_COLUMNS = ["scenario", "prompt_tokens", "variant", "fits_simulated", "fits_measured",
                   "stall_simulated_s", "stall_measured_s", "stalls_simulated", "stalls_measured", "agrees"]
 
@@ -43,6 +53,7 @@ class ValidationReport:
     ranking: pd.DataFrame
     claim: pd.DataFrame
     regimes: pd.DataFrame
+    in_run: pd.DataFrame
 
 
 def case_errors(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
@@ -98,11 +109,17 @@ def memory_regimes(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, m
     return pd.DataFrame(rows, columns=REGIME_COLUMNS)
 
 
-def summarise_errors(errors: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
-    """Per metric: number of cases, median and p90 of |error|, median signed error."""
+def summarise_errors(errors: pd.DataFrame, collectives: pd.DataFrame, in_run: pd.DataFrame | None = None
+                     ) -> pd.DataFrame:
+    """Per metric: number of cases, median and p90 of |error|, median signed error.
+    ``collective_s`` is the target's population (``targeted``); ``collective_s_all`` every size;
+    ``collective_in_run_s`` the collectives inside the measured runs (:func:`in_run_errors`)."""
     parts = [errors[["metric", "error"]]]
+    if in_run is not None and len(in_run):
+        parts.append(in_run.assign(metric="collective_in_run_s")[["metric", "error"]])
     if len(collectives):
-        parts.append(collectives.assign(metric="collective_s")[["metric", "error"]])
+        parts.append(collectives[collectives["targeted"].astype(bool)].assign(metric="collective_s")[["metric", "error"]])
+        parts.append(collectives.assign(metric="collective_s_all")[["metric", "error"]])
     both = pd.concat(parts, ignore_index=True).dropna()
     grouped = both.groupby("metric", sort=True)["error"]
     return pd.DataFrame({
@@ -155,7 +172,10 @@ def seed_claim(errors: pd.DataFrame) -> pd.DataFrame:
 
 
 def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFrame) -> pd.DataFrame:
-    """Measured collective times against the calibrated network model's predictions."""
+    """Measured collective times (in isolation) against the calibrated network model's
+    interpolation of the isolated timings. ``targeted``: the case is in the collective target's
+    population (at least :data:`TARGET_COLLECTIVE_BYTES`, or the group's hosts are at least
+    :data:`INJECTED_DELAY_S` apart)."""
     from sim.calibrated import CalibratedNetwork
     from sim.collectives.registry import build_schedule
     from sim.network import NETWORK_MODELS
@@ -163,7 +183,7 @@ def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFra
 
     topology = build_topology(scenario.config.cluster)
     fallback = NETWORK_MODELS[scenario.config.network_model](topology, None)
-    network = CalibratedNetwork(profile, fallback, topology)
+    network = CalibratedNetwork(profile, fallback, topology, in_place=False)
     rows = []
     for row in measured.itertuples(index=False):
         group = tuple(range(int(row.group_size)))
@@ -171,10 +191,49 @@ def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFra
         schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes), root=root,
                                   host_groups=topology.host_groups(group))
         predicted = network.time(schedule).duration_s
+        delay_s = max(topology.path_latency_s(a, b) for a in group for b in group)
         rows.append({"scenario": scenario.name, "op": row.op, "algorithm": row.algorithm,
                      "size_bytes": int(row.size_bytes), "simulated": predicted, "measured": row.median,
-                     "measured_p10": row.p10, "measured_p90": row.p90, "error": predicted / row.median - 1})
-    return pd.DataFrame(rows)
+                     "measured_p10": row.p10, "measured_p90": row.p90, "error": predicted / row.median - 1,
+                     "targeted": bool(row.size_bytes >= TARGET_COLLECTIVE_BYTES or delay_s >= INJECTED_DELAY_S)})
+    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
+
+
+def call_durations(ops: pd.DataFrame) -> pd.DataFrame:
+    """Each collective call of a trace's op table, charged as the simulator charges it: the last
+    rank's end less the last rank's start. Columns: phase, op, size_bytes, duration_s."""
+    calls = ops[ops["kind"].isin(("allreduce", "reduce", "broadcast"))]
+    grouped = calls.groupby(["step", "layer", "name"], sort=False).agg(
+        phase=("phase", "first"), op=("kind", "first"), size_bytes=("bytes", "first"),
+        last_start=("start_s", "max"), last_end=("end_s", "max"))
+    return pd.DataFrame({"phase": grouped["phase"], "op": grouped["op"], "size_bytes": grouped["size_bytes"],
+                         "duration_s": grouped["last_end"] - grouped["last_start"]}).reset_index(drop=True)
+
+
+def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.DataFrame:
+    """The collectives inside the runs: per variant, phase, kind and size, the simulated call
+    time against the measured median (and p10 / p90) over the calls of the measured trace.
+
+    Args:
+        simulated: a :class:`sim.simulate.SimulationResult`; measured: a
+            :class:`runtime.measure.MeasuredResult` (their traces share one schema).
+    """
+    rows = []
+    for sim_variant, meas_variant in zip(simulated.variants, measured.variants):
+        sim_calls = call_durations(sim_variant.trace.ops)
+        meas_calls = call_durations(meas_variant.trace.ops)
+        for (phase, op, size), group in meas_calls.groupby(["phase", "op", "size_bytes"], sort=True):
+            predicted = sim_calls[(sim_calls.phase == phase) & (sim_calls.op == op) & (sim_calls.size_bytes == size)]
+            if predicted.empty:
+                continue
+            value = float(predicted["duration_s"].median())
+            times = group["duration_s"].to_numpy()
+            median = float(np.median(times))
+            rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": meas_variant.name,
+                         "phase": phase, "op": op, "size_bytes": int(size), "simulated": value, "measured": median,
+                         "measured_p10": float(np.percentile(times, 10)),
+                         "measured_p90": float(np.percentile(times, 90)), "error": value / median - 1})
+    return pd.DataFrame(rows, columns=IN_RUN_COLUMNS)
 
 
 def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
@@ -191,7 +250,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
     from sim.simulate import simulate
     from sim.topology import build_topology
 
-    errors, collectives, regimes = [], [], []
+    errors, collectives, regimes, in_run = [], [], [], []
     for scenario in scenarios:
         bed = None
         if matrix.testbed:
@@ -212,10 +271,11 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                 case = with_prompt(scenario, prompt)
                 on_progress(f"{scenario.name}: measuring at prompt {prompt}")
                 measured = measure_scenario(case, repeats=matrix.repeats, warmup=matrix.warmup,
-                                            testbed=matrix.testbed).results
-                simulated = simulate(case, profile=profile).results
-                errors.append(case_errors(scenario.name, prompt, simulated, measured))
-                regimes.append(memory_regimes(scenario.name, prompt, simulated, measured))
+                                            testbed=matrix.testbed)
+                simulated = simulate(case, profile=profile)
+                errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results))
+                regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
+                in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
             if matrix.collective_sizes:
                 on_progress(f"{scenario.name}: collectives between calibrated sizes")
                 timed = measure_collectives(scenario, tuple(matrix.collective_sizes), testbed=matrix.testbed,
@@ -226,8 +286,9 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                 bed.down()
     error_table = pd.concat(errors, ignore_index=True)
     collective_table = pd.concat(collectives, ignore_index=True) if collectives else pd.DataFrame(
-        columns=["scenario", "op", "algorithm", "size_bytes", "simulated", "measured", "measured_p10",
-                 "measured_p90", "error"])
-    return ValidationReport(error_table, collective_table, summarise_errors(error_table, collective_table),
+        columns=COLLECTIVE_COLUMNS)
+    in_run_table = pd.concat(in_run, ignore_index=True)
+    return ValidationReport(error_table, collective_table,
+                            summarise_errors(error_table, collective_table, in_run_table),
                             ranking_agreement(error_table), seed_claim(error_table),
-                            pd.concat(regimes, ignore_index=True))
+                            pd.concat(regimes, ignore_index=True), in_run_table)

@@ -1,0 +1,185 @@
+"""Communication microbenchmarks of ``hetsim calibrate``, timed the way the simulator charges them.
+
+The simulator starts a collective when the last rank of its group arrives and charges its
+duration from there (:mod:`sim.engine`). Every timing here is therefore *last rank's start to last
+rank's end* on the clock the ranks share (``time.perf_counter`` is CLOCK_MONOTONIC, one clock for
+every process of a machine; calibration forks all ranks on one machine). A rank that starts early
+and waits for a late peer is not charged for the wait, which a barrier followed by a per-rank
+stopwatch would do: on a link with 5 ms of delay, ranks leave a barrier up to a message latency
+apart, and that skew read as up to 10 ms of a 24 ms collective.
+
+* :func:`collective_rows`: each algorithm of each kind in isolation. The calls of one size start
+  at deadlines agreed on the shared clock, one period apart, so every rank starts together and a
+  call never overlaps the previous one (back-to-back broadcasts would measure throughput, not
+  latency).
+* :func:`in_place_rows`: the same charge read from the op records of real generations, for the
+  collectives a run actually calls, at the sizes it calls them. Inside a pipeline on shared
+  cores a collective costs more than alone (ranks that finished it compute on the cores the
+  others need to finish it; waiting ranks sleep and must be woken), and this is the measurement
+  the simulator prices a run's collectives from when it has it.
+* :func:`p2p_rows`: half a ping-pong round trip per link class.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from models.ops import OpKind
+from sim.collectives.registry import ALGORITHMS, LIBRARY
+from sim.plan import Collective
+
+SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
+P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
+ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, one period apart; "
+                   "last rank's start to last rank's end")
+IN_PLACE_METHOD = "collectives of real generations (op records): last rank's start to last rank's end"
+
+
+def stats(values) -> dict:
+    """``median``, ``p10``, ``p90`` and ``repeats`` of ``values`` (a profile row's statistics)."""
+    values = np.asarray(values, dtype=float)
+    return {"median": float(np.median(values)), "p10": float(np.percentile(values, 10)),
+            "p90": float(np.percentile(values, 90)), "repeats": len(values)}
+
+
+def _slowest_s(fn: Callable[[], None]) -> float:
+    """One call of ``fn`` after a barrier, as the slowest rank timed it (s): an upper bound on a
+    call, skew included, used to space the timed calls."""
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+def _agreed_deadline(lead_s: float) -> float:
+    """Rank 0's clock plus ``lead_s``, known to every rank (the shared clock makes it one instant)."""
+    deadline = torch.tensor([time.perf_counter() + lead_s], dtype=torch.float64)
+    dist.broadcast(deadline, src=0)
+    return float(deadline.item())
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead_s: float) -> list[float]:
+    """``calls`` calls of ``fn``, the i-th started by every rank at one deadline + i x ``period_s``.
+
+    Returns:
+        Per call, the last rank's end less the last rank's start (s), on every rank.
+    """
+    first = _agreed_deadline(lead_s)
+    spans = []
+    for index in range(calls):
+        _sleep_until(first + index * period_s)
+        start = time.perf_counter()
+        fn()
+        spans.append((start, time.perf_counter()))
+    local = torch.tensor(spans, dtype=torch.float64)
+    every = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, local)
+    stacked = torch.stack(every)  # [ranks, calls, (start, end)]
+    return (stacked[:, :, 1].max(dim=0).values - stacked[:, :, 0].max(dim=0).values).tolist()
+
+
+def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float, heartbeat,
+                    sizes: tuple[int, ...] = SIZES_BYTES,
+                    algorithms: dict[OpKind, tuple[str, ...]] | None = None) -> list[dict]:
+    """Time each algorithm of each collective kind in isolation at ``sizes`` (ascending; a kind's
+    sizes stop once a call takes longer than ``max_call_s``); profile rows on ``ranks[0]``.
+
+    Args:
+        algorithms: which to time, by kind (default: ``library`` and every one the registry knows).
+    """
+    rows = []
+    hosts = len(topology.host_groups(ranks))
+    # How long an agreed deadline takes to reach every rank: the lead every schedule starts after.
+    lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
+    for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
+        for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
+            for size in sizes:
+                call = Collective(kind, algorithm, tuple(ranks), size, ranks[0] if kind != OpKind.ALLREDUCE else None)
+                tensor = torch.ones(size // 4, dtype=torch.float32)
+                heartbeat(f"{kind} {algorithm} {size // 1024} KiB")
+                try:
+                    comm.run(call, tensor)  # warm-up, and it builds the schedule
+                except ValueError:  # e.g. two_level_rs on hosts with different numbers of ranks
+                    break
+                period_s = 1.5 * _slowest_s(lambda: comm.run(call, tensor)) + 1e-3
+                times = synchronised_times(lambda: comm.run(call, tensor), repeats, period_s, lead_s)
+                if rank == ranks[0]:
+                    rows.append({"measurement": "collective", "op": str(kind), "algorithm": algorithm,
+                                 "group_size": len(ranks), "num_hosts": hosts, "size_bytes": size, "unit": "s",
+                                 "method": ISOLATED_METHOD, **stats(times)})
+                if np.median(times) > max_call_s:
+                    break
+    return rows
+
+
+def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int) -> list[dict]:
+    """Profile rows (``collective_in_place``) from the collectives of real generations.
+
+    Args:
+        spans: every rank's collective records, each ``(call, kind, algorithm, size_bytes,
+            start_s, end_s)``: ``call`` identifies one collective call across ranks (generation,
+            step, layer, op name), times on the shared clock.
+        group_size, num_hosts: the tensor-parallel group the calls ran over.
+
+    Returns:
+        One row per (kind, algorithm, size): statistics over calls of the last rank's end less the
+        last rank's start. A call some rank did not record is left out.
+    """
+    by_call: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    shape: dict[tuple, tuple[str, str, int]] = {}
+    for call, kind, algorithm, size_bytes, start_s, end_s in spans:
+        by_call[call].append((start_s, end_s))
+        shape[call] = (kind, algorithm, size_bytes)
+    durations: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for call, times in by_call.items():
+        if len(times) == group_size:
+            starts, ends = zip(*times)
+            durations[shape[call]].append(max(ends) - max(starts))
+    return [{"measurement": "collective_in_place", "op": kind, "algorithm": algorithm, "group_size": group_size,
+             "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s", "method": IN_PLACE_METHOD,
+             **stats(values)}
+            for (kind, algorithm, size_bytes), values in sorted(durations.items())]
+
+
+def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
+    """Half a send/recv round trip between ``ranks[0]`` and a peer on its host and on another host,
+    1 KiB to 4 MiB; profile rows on ``ranks[0]``."""
+    rows = []
+    master_host = topology.devices[ranks[0]].host
+    peers = {"intra_host": next((r for r in ranks[1:] if topology.devices[r].host == master_host), None),
+             "inter_host": next((r for r in ranks[1:] if topology.devices[r].host != master_host), None)}
+    for link_class, peer in peers.items():
+        if peer is None:
+            continue
+        for size in P2P_SIZES_BYTES:
+            heartbeat(f"p2p {link_class} {size // 1024} KiB")
+            buffer = torch.ones(size // 4, dtype=torch.float32)
+            times = []
+            for _ in range(repeats + 1):
+                dist.barrier()
+                start = time.perf_counter()
+                if rank == ranks[0]:
+                    dist.send(buffer, dst=peer)
+                    dist.recv(buffer, src=peer)
+                elif rank == peer:
+                    dist.recv(buffer, src=ranks[0])
+                    dist.send(buffer, dst=ranks[0])
+                times.append((time.perf_counter() - start) / 2)
+            if rank == ranks[0]:
+                rows.append({"measurement": "p2p", "device_class": link_class, "size_bytes": size, "unit": "s",
+                             "method": "half a send/recv ping-pong round trip", **stats(times[1:])})
+    return rows
