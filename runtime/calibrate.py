@@ -241,8 +241,9 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
 
 def measure_collectives(scenario, sizes: tuple[int, ...], *, testbed: bool = False, repeats: int = 5,
                         max_call_s: float = 1.0, hang_timeout_s: float = 300.0,
-                        on_beat: Callable[[int, str], None] | None = None):
-    """Time every collective algorithm at ``sizes`` over the scenario's group (profile rows)."""
+                        on_beat: Callable[[int, str], None] | None = None, used_only: bool = False):
+    """Time every collective algorithm (only those the variants call if ``used_only``) at ``sizes``
+    over the scenario's group, in isolation (profile rows)."""
     from runtime.launch import launch
     from runtime.measure import placements_for
     from sim.simulate import tensor_parallel_ranks
@@ -254,7 +255,8 @@ def measure_collectives(scenario, sizes: tuple[int, ...], *, testbed: bool = Fal
 
     def body(rank: int, heartbeat) -> object:
         comm = Communicator(rank, topology.host_groups)
-        return collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat, tuple(sorted(sizes)))
+        return collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat, tuple(sorted(sizes)),
+                               algorithms=used_algorithms(scenario) if used_only else None)
 
     rows = launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
                   enter_namespace=enter, on_beat=on_beat)[0]

@@ -252,3 +252,20 @@ def test_collective_target_population_is_large_or_delayed():
     assert summary.loc["collective_s", "cases"] == 2
     assert summary.loc["collective_s", "median_abs_error"] == pytest.approx(0.03)
     assert summary.loc["collective_s_all", "cases"] == 3
+
+
+def test_collective_checks_flag_the_target_population():
+    from validation.validate import collective_errors
+
+    rows = [{"measurement": "collective", "op": "allreduce", "algorithm": "ring", "group_size": 4, "num_hosts": 2,
+             "size_bytes": size, "median": t, "unit": "s"} for size, t in {1024: 1e-3, 4 * 2**20: 0.4}.items()]
+    profile = Profile(profile_frame(rows))
+    measured = pd.DataFrame({"op": ["allreduce"] * 2, "algorithm": ["ring"] * 2, "group_size": [4, 4],
+                             "size_bytes": [2048, 2 * 2**20], "median": [1.5e-3, 0.2], "p10": [1e-3, 0.2],
+                             "p90": [2e-3, 0.2]})
+    fast = collective_errors(make_scenario(cluster=cluster(2, 2)), profile, measured)
+    assert fast["targeted"].tolist() == [False, True]
+    assert fast["error"].iloc[0] == pytest.approx(fast["simulated"].iloc[0] / 1.5e-3 - 1)
+    slow = make_scenario(cluster=cluster(2, 2) | {"hosts": [{**cluster(2, 2)["hosts"][0],
+                                                            "nic": {"bandwidth": "1Gbit/s", "latency": "2.5ms"}}]})
+    assert collective_errors(slow, profile, measured)["targeted"].tolist() == [True, True]

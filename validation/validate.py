@@ -191,7 +191,7 @@ def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFra
         schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes), root=root,
                                   host_groups=topology.host_groups(group))
         predicted = network.time(schedule).duration_s
-        delay_s = max(topology.path_latency_s(a, b) for a in group for b in group)
+        delay_s = max((topology.path_latency_s(a, b) for a in group for b in group if a != b), default=0.0)
         rows.append({"scenario": scenario.name, "op": row.op, "algorithm": row.algorithm,
                      "size_bytes": int(row.size_bytes), "simulated": predicted, "measured": row.median,
                      "measured_p10": row.p10, "measured_p90": row.p90, "error": predicted / row.median - 1,
@@ -279,7 +279,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             if matrix.collective_sizes:
                 on_progress(f"{scenario.name}: collectives between calibrated sizes")
                 timed = measure_collectives(scenario, tuple(matrix.collective_sizes), testbed=matrix.testbed,
-                                            repeats=matrix.calibration_repeats, on_beat=beat)
+                                            repeats=matrix.calibration_repeats, on_beat=beat,
+                                            used_only=matrix.calibrate_collectives == "used")
                 collectives.append(collective_errors(scenario, profile, timed))
         finally:
             if bed is not None:
