@@ -269,3 +269,15 @@ def test_collective_checks_flag_the_target_population():
     slow = make_scenario(cluster=cluster(2, 2) | {"hosts": [{**cluster(2, 2)["hosts"][0],
                                                             "nic": {"bandwidth": "1Gbit/s", "latency": "2.5ms"}}]})
     assert collective_errors(slow, profile, measured)["targeted"].tolist() == [True, True]
+
+
+def test_short_cases_get_enough_repeats_to_fill_the_timed_span():
+    from validation.matrix import Matrix
+    from validation.validate import repeats_for
+
+    results = pd.DataFrame({"variant": ["a", "b", "a"], "metric": ["e2e_latency_s", "e2e_latency_s", "ttft_s"],
+                            "value": [1.5, 2.5, 9.0]})
+    matrix = Matrix(name="m", prompt_tokens=[8], scenarios=["s.yaml"], repeats=3, min_timed_s=20)
+    assert repeats_for(matrix, results) == 8  # ceil(20 s / the slowest variant's 2.5 s)
+    assert repeats_for(matrix.model_copy(update={"min_timed_s": 5}), results) == 3  # never fewer than repeats
+    assert repeats_for(matrix.model_copy(update={"min_timed_s": 0}), results) == 3

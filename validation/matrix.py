@@ -4,7 +4,8 @@ Example (``validation/matrix.yaml`` is the shipped one)::
 
     name: testbed_matrix
     testbed: true                 # run inside each scenario's emulated cluster (root, iproute2)
-    repeats: 3                    # timed generations per case
+    repeats: 3                    # timed generations per case (at least)
+    min_timed_s: 20               # more repeats where a case's simulated generation is short
     warmup: 1
     calibration_repeats: 5
     prompt_tokens: [32, 128]      # every scenario runs at each prompt length
@@ -36,6 +37,7 @@ class Matrix(BaseModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     testbed: bool = True
     repeats: int = Field(default=3, gt=0)
+    min_timed_s: float = Field(default=0.0, ge=0)
     warmup: int = Field(default=1, ge=0)
     calibration_repeats: int = Field(default=5, gt=0)
     prompt_tokens: list[int] = Field(min_length=1)

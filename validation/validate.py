@@ -236,6 +236,22 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
     return pd.DataFrame(rows, columns=IN_RUN_COLUMNS)
 
 
+def repeats_for(matrix: Matrix, simulated: pd.DataFrame) -> int:
+    """Timed generations for one launch of a case set: ``matrix.repeats``, or more when that many
+    generations of the slowest variant (simulated ``e2e_latency_s``) would time less than
+    ``matrix.min_timed_s`` seconds.
+
+    Why: on a shared machine a short case's median over a few generations follows whatever else the
+    cores do for those seconds (bandwidth-bound decode on the 2-core testbed drifts by 20-30% over
+    tens of seconds); a fixed span of timed generations per case makes the median as steady for
+    short cases as for long ones.
+    """
+    e2e_s = simulated.loc[simulated["metric"] == "e2e_latency_s", "value"]
+    if not matrix.min_timed_s or e2e_s.empty or not float(e2e_s.max()) > 0:
+        return matrix.repeats
+    return max(matrix.repeats, int(np.ceil(matrix.min_timed_s / float(e2e_s.max()))))
+
+
 def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
              on_progress: Callable[[str], None] = lambda text: None) -> ValidationReport:
     """Run the matrix (see the module docstring); profiles are written under ``out_dir/profiles``.
@@ -269,11 +285,12 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             profile = Profile(table)
             for prompt in matrix.prompt_tokens:
                 case = with_prompt(scenario, prompt)
-                on_progress(f"{scenario.name}: measuring at prompt {prompt}")
-                measured = measure_scenario(case, repeats=matrix.repeats, warmup=matrix.warmup,
-                                            testbed=matrix.testbed)
                 simulated = simulate(case, profile=profile)
-                errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results))
+                repeats = repeats_for(matrix, simulated.results)
+                on_progress(f"{scenario.name}: measuring at prompt {prompt} ({repeats} repeats)")
+                measured = measure_scenario(case, repeats=repeats, warmup=matrix.warmup, testbed=matrix.testbed)
+                errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results)
+                              .assign(repeats=repeats))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
             if matrix.collective_sizes:
