@@ -1,7 +1,8 @@
 """``hetsim calibrate``: microbenchmarks on the scenario's cluster, written as a profile.
 
 Every measurement runs in the same forked ranks, over the same process group, as a real
-measurement, so it sees the same CPU sharing, framework and links:
+measurement, so it sees the same CPU sharing, framework and links (on a real cluster, in the
+ranks torchrun starts: :func:`main`):
 
 * generations: the executor generates with the scenario's model at a grid of prompt lengths, once
   per distinct strategy of the scenario's variants (:func:`calibration_strategies`), each
@@ -26,6 +27,7 @@ measurement, so it sees the same CPU sharing, framework and links:
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import defaultdict
 from typing import Callable
@@ -261,3 +263,62 @@ def measure_collectives(scenario, sizes: tuple[int, ...], *, testbed: bool = Fal
     rows = launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
                   enter_namespace=enter, on_beat=on_beat)[0]
     return profile_frame(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun entry point: calibrate a real cluster, one process per device of the scenario's
+    tensor-parallel group (CPU ranks over gloo)::
+
+        torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
+            -m runtime.calibrate scenarios/SCENARIO.yaml --out profile.csv
+
+    The hosts' clocks are put on rank 0's first (:func:`runtime.clock.synchronise`); rank 0 writes
+    the profile. A bad scenario, or a world size other than the group's, exits with code 2 and a
+    one-line error.
+    """
+    import argparse
+    import sys
+    from datetime import timedelta
+    from pathlib import Path
+
+    from models.errors import ConfigError
+    from runtime import clock
+    from sim.outputs import write_atomic
+    from sim.scenario import load_scenario
+    from sim.simulate import tensor_parallel_ranks
+    from sim.topology import build_topology
+
+    parser = argparse.ArgumentParser(prog="python -m runtime.calibrate", description="one rank of hetsim calibrate")
+    parser.add_argument("scenario")
+    parser.add_argument("--out", required=True, help="where rank 0 writes the profile (CSV)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-call", type=float, default=1.0, dest="max_call_s",
+                        help="stop growing a collective's size once one call takes longer (s)")
+    parser.add_argument("--used-only", action="store_true", help="time only the algorithms the variants call")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
+    args = parser.parse_args(argv)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        scenario = load_scenario(args.scenario)
+        topology = build_topology(scenario.config.cluster)
+        ranks = tensor_parallel_ranks(scenario, topology)
+        if world_size != len(ranks):
+            raise ConfigError("WORLD_SIZE", f"must be the scenario's tensor-parallel group size {len(ranks)} "
+                                            f"(got {world_size})")
+    except ConfigError as error:
+        print(f"hetsim: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    try:
+        clock.synchronise()
+        torch.manual_seed(0)
+        rows = calibrate_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, max_call_s=args.max_call_s,
+                              heartbeat=lambda label: None, used_only=args.used_only)
+        if rows is not None:
+            write_atomic(Path(args.out), rows.to_csv(index=False, lineterminator="\n"))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -2,8 +2,8 @@
 
 The simulator starts a collective when the last rank of its group arrives and charges its
 duration from there (:mod:`sim.engine`). Every timing here is therefore *last rank's start to last
-rank's end* on the clock the ranks share (``time.perf_counter`` is CLOCK_MONOTONIC, one clock for
-every process of a machine; calibration forks all ranks on one machine). A rank that starts early
+rank's end* on one clock: rank 0's ``time.perf_counter``, which every rank reads through its
+offset (:mod:`runtime.clock`; exactly zero for ranks of one machine). A rank that starts early
 and waits for a late peer is not charged for the wait, which a barrier followed by a per-rank
 stopwatch would do: on a link with 5 ms of delay, ranks leave a barrier up to a message latency
 apart, and that skew read as up to 10 ms of a 24 ms collective.
@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from models.ops import OpKind
+from runtime import clock
 from sim.collectives.registry import ALGORITHMS, LIBRARY
 from sim.plan import Collective
 
@@ -60,10 +61,10 @@ def _slowest_s(fn: Callable[[], None]) -> float:
 
 
 def _agreed_deadline(lead_s: float) -> float:
-    """Rank 0's clock plus ``lead_s``, known to every rank (the shared clock makes it one instant)."""
+    """Rank 0's clock plus ``lead_s``, as this rank's ``time.perf_counter`` reads that instant."""
     deadline = torch.tensor([time.perf_counter() + lead_s], dtype=torch.float64)
     dist.broadcast(deadline, src=0)
-    return float(deadline.item())
+    return clock.to_local(float(deadline.item()))
 
 
 def _sleep_until(deadline: float) -> None:
@@ -84,7 +85,7 @@ def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead
         _sleep_until(first + index * period_s)
         start = time.perf_counter()
         fn()
-        spans.append((start, time.perf_counter()))
+        spans.append((clock.to_shared(start), clock.to_shared(time.perf_counter())))
     local = torch.tensor(spans, dtype=torch.float64)
     every = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(every, local)

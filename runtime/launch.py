@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from runtime import clock
 from runtime.errors import LaunchError
 
 
@@ -176,6 +177,7 @@ def _child(body, rank: int, world_size: int, placement: RankPlacement, port: int
         # before the ranks waiting for it time out and report errors of their own.
         dist.init_process_group("gloo", init_method=f"tcp://{placement.master_addr}:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=2 * timeout_s))
+        clock.synchronise()  # forked on one machine: offset 0, found from the boot ids
         result = body(rank, lambda label: _send(pipe, "beat", label))
         _send(pipe, "result", result)
         dist.destroy_process_group()

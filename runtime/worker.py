@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from runtime import memory_probe
+from runtime import clock, memory_probe
 from runtime.blocks import BlockLoader, BlockStore
 from runtime.comm import Communicator
 from runtime.executor import Executor
@@ -166,11 +166,12 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
 
 
 def common_start(device: torch.device) -> float:
-    """A barrier, then rank 0's clock reading shared by all (ranks of one machine share the clock)."""
+    """A barrier, then rank 0's clock reading, as this rank's ``time.perf_counter`` reads that
+    instant (:mod:`runtime.clock`): one start for every rank's step and op times."""
     dist.barrier()
     t0 = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)  # NCCL needs device tensors
     dist.broadcast(t0, src=0)
-    return float(t0.item())
+    return clock.to_local(float(t0.item()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     try:
+        clock.synchronise(device)  # hosts' monotonic clocks differ: one timeline for the op records
         gathered = run_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, warmup=args.warmup,
                             seed=args.seed, device=device, block_dir=args.block_dir)
         if gathered is not None:

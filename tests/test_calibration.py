@@ -281,3 +281,16 @@ def test_short_cases_get_enough_repeats_to_fill_the_timed_span():
     assert repeats_for(matrix, results) == 8  # ceil(20 s / the slowest variant's 2.5 s)
     assert repeats_for(matrix.model_copy(update={"min_timed_s": 5}), results) == 3  # never fewer than repeats
     assert repeats_for(matrix.model_copy(update={"min_timed_s": 0}), results) == 3
+
+
+def test_cpu_steal_is_the_stolen_share_of_all_ticks(tmp_path):
+    from validation.cpu_steal import cpu_ticks, steal_fraction
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 20 20 0 0\ncpu0 1 2 3\n")
+    before = cpu_ticks(stat)
+    assert before == (20, 1000)
+    stat.write_text("cpu  190 0 90 1500 10 0 40 170 0 0\n")
+    assert steal_fraction(before, cpu_ticks(stat)) == pytest.approx(150 / 1000)
+    assert cpu_ticks(tmp_path / "missing") == (0, 0)
+    assert math.isnan(steal_fraction((0, 0), (0, 0)))

@@ -61,6 +61,12 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
     for row in wrong.itertuples(index=False):
         lines.append(f"- wrong: {row.scenario} prompt {row.prompt_tokens} {row.metric}: {row.faster} measured "
                      f"{row.measured_difference:.0%} faster than {row.slower}")
+    if "cpu_steal" in report.errors and report.errors["cpu_steal"].notna().any():
+        steal = report.errors.drop_duplicates(["scenario", "prompt_tokens"]).set_index(["scenario", "prompt_tokens"])
+        worst = steal["cpu_steal"].idxmax()
+        lines += ["", f"CPU time stolen by the hypervisor while cases were measured (/proc/stat): median "
+                      f"{steal['cpu_steal'].median():.1%}, most {steal['cpu_steal'].max():.1%} "
+                      f"({worst[0]} prompt {worst[1]})."]
     regimes = report.regimes
     if len(regimes):
         lines += ["", f"Memory regimes: the simulator's verdicts (fits in memory; decode stalls on weight loads, "

@@ -24,6 +24,7 @@ import pandas as pd
 
 from sim.profile import Profile
 from sim.scenario import Scenario
+from validation.cpu_steal import cpu_ticks, steal_fraction
 from validation.matrix import Matrix, with_prompt
 
 TIMING_METRICS = ("ttft_s", "tpot_s", "decode_tokens_per_s")
@@ -288,9 +289,11 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                 simulated = simulate(case, profile=profile)
                 repeats = repeats_for(matrix, simulated.results)
                 on_progress(f"{scenario.name}: measuring at prompt {prompt} ({repeats} repeats)")
+                before = cpu_ticks()
                 measured = measure_scenario(case, repeats=repeats, warmup=matrix.warmup, testbed=matrix.testbed)
+                steal = steal_fraction(before, cpu_ticks())
                 errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results)
-                              .assign(repeats=repeats))
+                              .assign(repeats=repeats, cpu_steal=steal))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
             if matrix.collective_sizes:
