@@ -116,8 +116,8 @@ def used_algorithms(scenario) -> dict[OpKind, tuple[str, ...]]:
 
 
 def _generations(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> tuple[list[dict], list[tuple], int]:
-    """Generate with each calibration strategy at each calibration prompt (one warm-up, then
-    ``ceil(repeats / strategies)`` timed, at least 2).
+    """Generate with each calibration strategy at each calibration prompt, interleaved in rounds
+    (one warm-up round, then ``ceil(repeats / strategies)`` timed, at least 2).
 
     Returns:
         (this rank's compute and op_gap rows; its collective spans for
@@ -134,50 +134,53 @@ def _generations(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> t
     strategies = calibration_strategies(scenario)
     timed = max(2, math.ceil(repeats / len(strategies)))
     rows, spans, gaps = [], [], []
-    smallest = None
+    cases = []  # (strategy index, label, prompt length, executor, prompt, ops by step and name)
     for s_index, strategy in enumerate(strategies):
         label = strategy.strategy if strategy.strategy != "allreduce_ln" else f"allreduce_ln {strategy.allreduce}"
         for prompt_len in CALIBRATION_PROMPTS:
             plan = Plan(spec, tuple(ranks), batch, prompt_len, CALIBRATION_OUTPUT_TOKENS, strategy)
             executor = Executor(plan, model, comm, rank, loader=loader)
             executor.prepare()
-            prompt = prompt_tokens(spec, batch, prompt_len, seed=0)
-            if smallest is None:
-                smallest = (executor, prompt)
             # Ops of one name in one step share their cost (every layer has the same shapes).
             ops = [{op.name: op for seg in plan.phase(step).segments for op in seg.programs[rank]}
                    for step in range(plan.num_phases)]
-            for index in range(timed + 1):
-                heartbeat(f"generating with {label}, prompt {prompt_len} tokens, repeat {index}")
-                generation = executor.generate(prompt, common_start(device))
-                if index == 0:
-                    continue  # warm-up
-                records = generation.records
-                for before, after in zip(records, records[1:]):
-                    if before.step == after.step:
-                        gaps.append(after.start_s - before.end_s)
-                for record in records:
-                    op = ops[record.step][record.name]
-                    if op.collective is not None:
-                        call = (s_index, prompt_len, index, record.step, record.layer, record.name)
-                        spans.append((call, str(op.collective.kind), op.collective.algorithm,
-                                      op.collective.size_bytes, record.start_s, record.end_s))
-                        continue
-                    new, context = op.shape
-                    cost = op.cost
-                    rows.append({"measurement": "compute", "device_class": device_class, "op": record.kind,
-                                 "group_size": len(ranks), "batch_size": batch, "new_tokens": new,
-                                 "context_tokens": context, "dtype": spec.dtype, "flops": cost.flops,
-                                 "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
-                                 "method": "timed in place while generating (the scenario's strategies)",
-                                 "median": record.end_s - record.start_s})
+            cases.append((s_index, label, prompt_len, executor, prompt_tokens(spec, batch, prompt_len, seed=0), ops))
+    # Round-robin over the cases, one generation each per round (the first round warms up): on a
+    # shared machine the pace drifts over tens of seconds, and a strategy timed in one block would
+    # carry whatever the machine did then into its collective rows; interleaved, every strategy
+    # samples the same stretch of time.
+    for index in range(timed + 1):
+        for s_index, label, prompt_len, executor, prompt, ops in cases:
+            heartbeat(f"generating with {label}, prompt {prompt_len} tokens, repeat {index}")
+            generation = executor.generate(prompt, common_start(device))
+            if index == 0:
+                continue  # warm-up
+            records = generation.records
+            for before, after in zip(records, records[1:]):
+                if before.step == after.step:
+                    gaps.append(after.start_s - before.end_s)
+            for record in records:
+                op = ops[record.step][record.name]
+                if op.collective is not None:
+                    call = (s_index, prompt_len, index, record.step, record.layer, record.name)
+                    spans.append((call, str(op.collective.kind), op.collective.algorithm,
+                                  op.collective.size_bytes, record.start_s, record.end_s))
+                    continue
+                new, context = op.shape
+                cost = op.cost
+                rows.append({"measurement": "compute", "device_class": device_class, "op": record.kind,
+                             "group_size": len(ranks), "batch_size": batch, "new_tokens": new,
+                             "context_tokens": context, "dtype": spec.dtype, "flops": cost.flops,
+                             "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
+                             "method": "timed in place while generating (the scenario's strategies)",
+                             "median": record.end_s - record.start_s})
     rows.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
                  "method": "time between consecutive ops of a rank while generating", **stats(gaps)})
     cache_bytes = sum(t.numel() * t.element_size() for t in (*model.k_cache, *model.v_cache))
     # Memory: one more, untimed generation with the exact allocator, in which RSS is the baseline
     # plus the live tensors (the timed ones above ran fast). At the shortest prompt: activations
     # and workspace, which the simulator prices per shape, then barely enter the baseline.
-    executor, prompt = smallest
+    _, _, _, executor, prompt, _ = cases[0]
     with memory_probe.exact_allocation():
         memory_probe.reset_peak(device)
         executor.generate(prompt, time.perf_counter())

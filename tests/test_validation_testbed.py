@@ -41,10 +41,16 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     bed.down()
     bed.up()
     try:
-        profile = Profile(calibrate_scenario(scenario, testbed=True, repeats=3, max_call_s=0.2))
+        beats = []
+        profile = Profile(calibrate_scenario(scenario, testbed=True, repeats=3, max_call_s=0.2,
+                                             on_beat=lambda rank, label: beats.append(label) if rank == 0 else None))
         measured = measure_scenario(scenario, repeats=3, warmup=1, testbed=True).results
     finally:
         bed.down()
+    # Calibration generates in rounds over every strategy, so each samples the same stretch of time.
+    rounds = [int(label.rsplit(" ", 1)[1]) for label in beats if label.startswith("generating")]
+    assert rounds == sorted(rounds) and len(set(rounds)) >= 3
+    assert len({label.split(",")[0] for label in beats if label.endswith("repeat 0")}) == 3
     simulated = simulate(scenario, profile=profile).results
     errors = case_errors(scenario.name, 8, simulated, measured)
     timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]
