@@ -1,9 +1,10 @@
 """One rank's measurement job, the same whether launched locally (forked) or by torchrun.
 
-After the process group is up, a rank builds its model shard once, then for each variant of the
-scenario lowers the same :class:`~sim.plan.Plan` the simulator prices, runs ``warmup`` untimed
-generations and ``repeats`` timed ones (each after a barrier), and hands its measurements to rank
-0 with ``gather_object``. Rank 0 returns them all; the others return None.
+After the process group is up, a rank builds its model shard once, lowers for each variant of the
+scenario the same :class:`~sim.plan.Plan` the simulator prices, runs ``warmup`` untimed rounds
+and ``repeats`` timed rounds, each round one generation of every variant in turn (each timed one
+after a barrier), then one untimed generation per variant that reads its peak memory, and hands
+its measurements to rank 0 with ``gather_object``. Rank 0 returns them all; the others return None.
 
 Under torchrun (a real cluster)::
 
@@ -128,34 +129,50 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
         loader = BlockLoader(store, device, pacer)
     prompt = prompt_tokens(spec, workload.batch_size, workload.prompt_tokens, seed).to(device)
     comm = Communicator(rank, topology.host_groups)
-    measurements = []
-    for variant in config.variants:
-        executor = Executor(plans[variant.name], model, comm, rank, loader=loader,
-                            memory_probe=lambda: current_memory_bytes(device))
-        executor.prepare()  # untimed: the weights resident when the request arrives
-        for index in range(warmup):
-            executor.generate(prompt, time.perf_counter(), lambda step: heartbeat(f"{variant.name} warmup {index} step {step}"))
-        starts, ends, tokens, stalls = [], [], [], []
-        for index in range(repeats):
-            t0 = common_start(device)
-            generation = executor.generate(prompt, t0, lambda step: heartbeat(f"{variant.name} repeat {index} step {step}"))
-            starts.append(generation.step_start_s)
-            ends.append(generation.step_end_s)
-            stalls.append(generation.stall_s)
+    executors = {variant.name: Executor(plans[variant.name], model, comm, rank, loader=loader,
+                                        memory_probe=lambda: current_memory_bytes(device))
+                 for variant in config.variants}
+
+    def generate(name: str, label: str, t0: float | None = None):
+        executors[name].prepare()  # untimed: the weights resident when the request arrives
+        start = common_start(device) if t0 is None else t0
+        return executors[name].generate(prompt, start, lambda step: heartbeat(f"{name} {label} step {step}"))
+
+    # Rounds over the variants, not one variant's repeats in a block: on a shared machine the
+    # speed drifts over tens of seconds (20-30% on the 2-core testbed), and a slow stretch then
+    # lands on every variant alike instead of on one, so the medians compare.
+    for index in range(warmup):
+        for name in executors:
+            generate(name, f"warmup {index}", t0=time.perf_counter())
+    # Only what the measurement needs is kept of each generation: held op records and hidden
+    # states would count in the peak memory read below.
+    timed: dict[str, dict[str, list]] = {name: {"starts": [], "ends": [], "stalls": [], "tokens": []}
+                                         for name in executors}
+    last_records: dict[str, list[tuple]] = {}
+    for index in range(repeats):
+        for name in executors:
+            generation = generate(name, f"repeat {index}")
+            kept = timed[name]
+            kept["starts"].append(generation.step_start_s)
+            kept["ends"].append(generation.step_end_s)
+            kept["stalls"].append(generation.stall_s)
             if generation.tokens:
-                tokens.append(torch.stack(generation.tokens, dim=1).cpu().numpy())
+                kept["tokens"].append(torch.stack(generation.tokens, dim=1).cpu().numpy())
+            last_records[name] = [tuple(vars(r).values()) for r in generation.records]
+            del generation
+    measurements = []
+    for name, kept in timed.items():
         # Memory: one more, untimed generation with the exact allocator, in which RSS is the
         # baseline plus the live tensors (runtime.memory_probe; the timed ones ran fast).
         with memory_probe.exact_allocation():
+            executors[name].prepare()
             memory_probe.reset_peak(device)
-            probed = executor.generate(prompt, time.perf_counter(), lambda step: heartbeat(f"{variant.name} memory step {step}"))
+            probed = generate(name, "memory", t0=time.perf_counter())
             peak = peak_memory_bytes(device)
-        memory_samples = list(zip(generation.step_end_s, probed.memory_bytes))
         measurements.append(RankMeasurement(
-            rank, variant.name, np.array(starts), np.array(ends),
-            [tuple(vars(r).values()) for r in generation.records],
-            np.array(tokens) if tokens else np.zeros((0,), dtype=np.int64),
-            peak, memory_samples, np.array(stalls)))
+            rank, name, np.array(kept["starts"]), np.array(kept["ends"]), last_records[name],
+            np.array(kept["tokens"]) if kept["tokens"] else np.zeros((0,), dtype=np.int64),
+            peak, list(zip(kept["ends"][-1], probed.memory_bytes)), np.array(kept["stalls"])))
     heartbeat("gather")
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(measurements, gathered, dst=0)

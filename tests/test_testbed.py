@@ -33,18 +33,19 @@ NIC_LATENCY_S = 5e-3
 PORT = 5000  # inside the testbed's own namespaces, so no other process can hold it
 
 
-def two_by_two() -> ClusterConfig:
-    """2 hosts x 2 devices under one switch: 100 Mbit/s NICs with 5 ms latency, 800 Mbit/s inside."""
+def two_by_two(nic_latency: str = "5ms") -> ClusterConfig:
+    """2 hosts x 2 devices under one switch: 100 Mbit/s NICs (5 ms latency unless told), 800 Mbit/s inside."""
     return ClusterConfig.model_validate({
         "switches": [{"name": "sw"}],
-        "hosts": [{"name": "h{i}", "count": 2, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": "5ms"},
+        "hosts": [{"name": "h{i}", "count": 2, "parent": "sw",
+                   "nic": {"bandwidth": "100Mbit/s", "latency": nic_latency},
                    "interconnect": {"bandwidth": "800Mbit/s", "latency": "2us"},
                    "devices": {"type": "cpu", "count": 2}}],
     })
 
 
-def make_testbed(label: str) -> Testbed:
-    return Testbed(f"pytest_{label}_{os.getpid()}", build_topology(two_by_two()))
+def make_testbed(label: str, nic_latency: str = "5ms") -> Testbed:
+    return Testbed(f"pytest_{label}_{os.getpid()}", build_topology(two_by_two(nic_latency)))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_up_refuses_without_root(monkeypatch):
 @needs_root
 def test_up_builds_every_host_and_status_reports_it(testbed):
     status = testbed.status()
-    assert status["up"] and len(status["forwarder_pids"]) == 1
+    assert status["up"] and status["injects_delay"] and len(status["forwarder_pids"]) == 1
     for host, links in testbed.hosts.items():
         entry = status["hosts"][host]
         assert entry["exists"] and entry["address"] == links.address
@@ -214,6 +215,33 @@ def test_devices_of_one_host_share_the_shaped_loopback(testbed):
     _, rate, intact = exchange(testbed, "h0", "h0", pings=1, size=20_000_000, transfers=3)
     assert intact
     assert rate == pytest.approx(INTRA_BYTES_PER_S, rel=0.15)
+
+
+@needs_root
+def test_hosts_without_delay_meet_on_a_bridge_with_no_forwarder_on_the_path():
+    # 50 us per NIC: 0.1 ms between hosts, less than the forwarder alone would add.
+    testbed = make_testbed("direct", nic_latency="50us")
+    assert not testbed.injects_delay
+    testbed.up()
+    try:
+        status = testbed.status()
+        assert status["up"] and not status["injects_delay"] and status["forwarder_pids"] == []
+        testbed.require_up()
+        for entry in status["hosts"].values():
+            assert entry["uplink"]["rate_bytes_per_s"] == entry["downlink"]["rate_bytes_per_s"] == NIC_BYTES_PER_S
+        assert json.loads(testbed.state_path.read_text())["namespaces"][-1] == testbed.switch_namespace
+        rtt_s, rate, intact = exchange(testbed, "h1", "h0", pings=20, size=4_000_000, transfers=3)
+        assert intact
+        # The forwarder's testbed measured 0.3-0.7 ms over the configured RTT; a veth path, tens of us.
+        assert rtt_s < 0.5e-3, rtt_s
+        assert rate == pytest.approx(NIC_BYTES_PER_S, rel=0.15)
+        # The client in h0 sent: out through h0's uplink, in through the bridge port towards h1.
+        hosts = testbed.status()["hosts"]
+        assert hosts["h0"]["uplink"]["sent_bytes"] >= 3 * 4_000_000
+        assert hosts["h1"]["downlink"]["sent_bytes"] >= 3 * 4_000_000
+    finally:
+        testbed.down()
+    assert leftovers(testbed) == []
 
 
 def leftovers(testbed: Testbed) -> list[str]:

@@ -11,7 +11,9 @@ Derivation (a host stands for all of its devices, which share its namespace and 
 - **Delays**: ``one_way_delay_s`` is the sum of the latencies on the same way up to the root;
   for a star, the path latency between two hosts is the sum of their two delays. The forwarder
   does not rely on that: it holds every packet for the topology's own path latency between the
-  two hosts (:func:`pair_delays_s`), which is exact for any tree.
+  two hosts (:func:`pair_delays_s`), which is exact for any tree. Delays of at most
+  ``cluster.UNDELAYED_MAX_S`` are not injected: the hosts then meet on a bridge, whose own
+  latency (tens of microseconds) stands in for them.
 - **Intra-host rate**: the path bandwidth between two devices of the host (the interconnect), or
   None for a single device. ``lo`` is shaped to it as one bucket shared by all devices and both
   directions (FIELD-NOTES section 5), which is exact for one transfer at a time and an
@@ -51,7 +53,7 @@ class HostLinks:
     Attributes:
         host: host name in the topology.
         namespace: its network namespace, ``<prefix>-<host>``.
-        address: IPv4 address of its ``eth0`` (a TUN device), e.g. ``"10.77.0.1"``.
+        address: IPv4 address of its ``eth0``, e.g. ``"10.77.0.1"``.
         uplink_bytes_per_s: rate of its traffic to other hosts, bytes/s (inf: not shaped, for a
             cluster of one host).
         downlink_bytes_per_s: rate of its traffic from other hosts, bytes/s (inf: not shaped).

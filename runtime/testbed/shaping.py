@@ -7,9 +7,10 @@ MTUs: 128 KiB on ``lo`` (MTU 65536; with 32 kB, transfers over ``lo`` stall, mea
 The queue holds at most 50 ms of traffic at the rate before tbf drops; TCP still kept 100-200
 Mbit/s links 0.99 busy at a 100 ms RTT (measured here, no drops).
 
-Inter-host downlinks are shaped on the receiving side: the forwarder writes packets into the
-destination's TUN, whose ingress cannot hold a tbf, so the ingress redirects everything to an
-ifb device (``<device>-down``) whose egress tbf is the downlink.
+Inter-host downlinks: with the delay forwarder, on the receiving side: the forwarder writes
+packets into the destination's TUN, whose ingress cannot hold a tbf, so the ingress redirects
+everything to an ifb device (``<device>-down``) whose egress tbf is the downlink. Without it,
+the downlink is the egress tbf of the bridge port that leads to the host.
 """
 
 from __future__ import annotations
