@@ -76,18 +76,37 @@ def _collective_profile(times: dict[int, float]) -> Profile:
     return Profile(profile_frame(rows))
 
 
-def test_calibrated_network_interpolates_log_log_and_flags_the_rest():
+def _ring(topology, size_bytes: int):
+    return build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), size_bytes,
+                          host_groups=topology.host_groups((0, 1, 2, 3)))
+
+
+def test_calibrated_network_interpolates_alpha_beta_exactly_and_flags_the_rest():
     topology = build_topology(ClusterConfig.model_validate(cluster(2, 2)))
     fallback = FlowNetwork(topology)
-    network = CalibratedNetwork(_collective_profile({1024: 1e-3, 4096: 4e-3}), fallback, topology)
-    ring = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), 2048, host_groups=topology.host_groups((0, 1, 2, 3)))
-    assert network.time(ring).duration_s == pytest.approx(2e-3, rel=1e-9)  # t ~ size on a log-log line
+    # alpha = 10 ms, beta = 1 us/byte: latency-bound at 1 KiB, bandwidth-bound at 1 MiB.
+    alpha_beta = {size: 10e-3 + 1e-6 * size for size in (1024, 1 << 20)}
+    network = CalibratedNetwork(_collective_profile(alpha_beta), fallback, topology)
+    # Between the two, the cost is affine in size: interpolation must give it exactly (log-log
+    # interpolation would give 29.6 ms at 128 KiB, 29% over).
+    assert network.time(_ring(topology, 131072)).duration_s == pytest.approx(10e-3 + 1e-6 * 131072, rel=1e-9)
     assert not network.extrapolated
-    big = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), 65536, host_groups=topology.host_groups((0, 1, 2, 3)))
-    assert network.time(big).duration_s > 4e-3
+    assert network.time(_ring(topology, 4 << 20)).duration_s > alpha_beta[1 << 20]
     rd = build_schedule(OpKind.ALLREDUCE, "recursive_doubling", (0, 1, 2, 3), 2048)
     assert network.time(rd).duration_s == pytest.approx(fallback.time(rd).duration_s)
     assert len(network.extrapolated) == 2
+
+
+def test_isolated_timings_that_fall_with_size_are_read_as_noise():
+    topology = build_topology(ClusterConfig.model_validate(cluster(2, 2)))
+    # A noisy 1 KiB median above the 16 KiB one: a smaller message cannot take longer.
+    network = CalibratedNetwork(_collective_profile({1024: 54e-3, 4096: 51e-3, 16384: 42e-3, 65536: 60e-3}),
+                                FlowNetwork(topology), topology)
+    assert network.time(_ring(topology, 1024)).duration_s == pytest.approx(42e-3)
+    assert network.time(_ring(topology, 8192)).duration_s == pytest.approx(42e-3)
+    assert network.time(_ring(topology, 40960)).duration_s == pytest.approx(51e-3)
+    times = [network.time(_ring(topology, size)).duration_s for size in range(1024, 65537, 1024)]
+    assert times == sorted(times)
 
 
 def test_profile_round_trip_and_bad_profiles(tmp_path):
@@ -219,11 +238,10 @@ def test_in_place_times_price_a_run_and_carry_their_overhead_beyond_their_sizes(
         return build_schedule(OpKind.ALLREDUCE, "ring", group, size, host_groups=topology.host_groups(group))
 
     network = CalibratedNetwork(_two_kinds_profile(), FlowNetwork(topology), topology)
-    assert network.time(ring(8192)).duration_s == pytest.approx(math.sqrt(5e-3 * 6e-3), rel=1e-9)
+    assert network.time(ring(8192)).duration_s == pytest.approx(5e-3 + 1e-3 * (8192 - 4096) / (16384 - 4096), rel=1e-9)
     assert not network.extrapolated
     # beyond the in-place sizes: isolated time there plus the in-place overhead at 16 KiB
-    isolated_16k = math.exp(np.interp(math.log(16384), [math.log(4096), math.log(65536)],
-                                      [math.log(2e-3), math.log(4e-3)]))
+    isolated_16k = 2e-3 + 2e-3 * (16384 - 4096) / (65536 - 4096)
     assert network.time(ring(65536)).duration_s == pytest.approx(4e-3 + 6e-3 - isolated_16k, rel=1e-9)
     assert any("outside the sizes measured in place" in line for line in network.extrapolated)
     alone = CalibratedNetwork(_two_kinds_profile(), FlowNetwork(topology), topology, in_place=False)

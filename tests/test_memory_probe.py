@@ -31,6 +31,9 @@ def _in_child(fn):
     receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
 
     def target():
+        # GNU OpenMP's thread pool does not survive fork: once this process has run a parallel
+        # op (as the runtime tests do), a forked child's first parallel op hangs.
+        torch.set_num_threads(1)
         try:
             sender.send(("ok", fn()))
         except BaseException as error:  # noqa: BLE001 - reported to the test
