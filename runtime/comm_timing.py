@@ -8,10 +8,13 @@ and waits for a late peer is not charged for the wait, which a barrier followed 
 stopwatch would do: on a link with 5 ms of delay, ranks leave a barrier up to a message latency
 apart, and that skew read as up to 10 ms of a 24 ms collective.
 
-* :func:`collective_rows`: each algorithm of each kind in isolation. The calls of one size start
-  at deadlines agreed on the shared clock, one period apart, so every rank starts together and a
-  call never overlaps the previous one (back-to-back broadcasts would measure throughput, not
-  latency).
+* :func:`collective_rows`: each algorithm of each kind in isolation. Every call starts at a
+  deadline agreed on the shared clock, so every rank starts together and a call never overlaps
+  the previous one (back-to-back broadcasts would measure throughput, not latency). The repeats
+  run in rounds over every (kind, algorithm, size), not in a block per size: on a shared machine
+  the speed drifts over tens of seconds, and a block that fell in a slow stretch made one size's
+  median slower than a larger size's (a 1 MiB reduce over 5 ms links calibrated at 275 ms in one
+  run and 120 ms in the next, p10 211 ms).
 * :func:`in_place_rows`: the same charge read from the op records of real generations, for the
   collectives a run actually calls, at the sizes it calls them. Inside a pipeline on shared
   cores a collective costs more than alone (ranks that finished it compute on the cores the
@@ -37,8 +40,8 @@ from sim.plan import Collective
 
 SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
 P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
-ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, one period apart; "
-                   "last rank's start to last rank's end")
+ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
+                   "algorithm and size; last rank's start to last rank's end")
 IN_PLACE_METHOD = "collectives of real generations (op records): last rank's start to last rank's end"
 
 
@@ -97,34 +100,44 @@ def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float
                     sizes: tuple[int, ...] = SIZES_BYTES,
                     algorithms: dict[OpKind, tuple[str, ...]] | None = None) -> list[dict]:
     """Time each algorithm of each collective kind in isolation at ``sizes`` (ascending; a kind's
-    sizes stop once a call takes longer than ``max_call_s``); profile rows on ``ranks[0]``.
+    sizes stop once a call takes longer than ``max_call_s``), ``repeats`` rounds over all of
+    them; profile rows on ``ranks[0]``, an empty list elsewhere.
 
     Args:
         algorithms: which to time, by kind (default: ``library`` and every one the registry knows).
     """
-    rows = []
     hosts = len(topology.host_groups(ranks))
-    # How long an agreed deadline takes to reach every rank: the lead every schedule starts after.
+    # How long an agreed deadline takes to reach every rank: the lead every call starts after.
     lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
+    cases = []  # (call, tensor): what is timed, found by warming each up in ascending sizes
+    buffers: dict[int, torch.Tensor] = {}  # one per size, shared by the algorithms
     for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
         for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
             for size in sizes:
                 call = Collective(kind, algorithm, tuple(ranks), size, ranks[0] if kind != OpKind.ALLREDUCE else None)
-                tensor = torch.ones(size // 4, dtype=torch.float32)
-                heartbeat(f"{kind} {algorithm} {size // 1024} KiB")
+                if size not in buffers:
+                    buffers[size] = torch.empty(size // 4, dtype=torch.float32)
+                tensor = buffers[size].fill_(1.0)
+                heartbeat(f"warming up {kind} {algorithm} {size // 1024} KiB")
                 try:
                     comm.run(call, tensor)  # warm-up, and it builds the schedule
                 except ValueError:  # e.g. two_level_rs on hosts with different numbers of ranks
                     break
-                period_s = 1.5 * _slowest_s(lambda: comm.run(call, tensor)) + 1e-3
-                times = synchronised_times(lambda: comm.run(call, tensor), repeats, period_s, lead_s)
-                if rank == ranks[0]:
-                    rows.append({"measurement": "collective", "op": str(kind), "algorithm": algorithm,
-                                 "group_size": len(ranks), "num_hosts": hosts, "size_bytes": size, "unit": "s",
-                                 "method": ISOLATED_METHOD, **stats(times)})
-                if np.median(times) > max_call_s:
+                cases.append((call, tensor))
+                if _slowest_s(lambda: comm.run(call, tensor)) > max_call_s:
                     break
-    return rows
+    times: list[list[float]] = [[] for _ in cases]
+    for index in range(repeats):
+        for (call, tensor), spans in zip(cases, times):
+            heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB, round {index + 1} of {repeats}")
+            tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
+            spans += synchronised_times(lambda: comm.run(call, tensor), 1, 0.0, lead_s)
+    if rank != ranks[0]:
+        return []
+    return [{"measurement": "collective", "op": str(call.kind), "algorithm": call.algorithm,
+             "group_size": len(ranks), "num_hosts": hosts, "size_bytes": call.size_bytes, "unit": "s",
+             "method": ISOLATED_METHOD, **stats(spans)}
+            for (call, _), spans in zip(cases, times)]
 
 
 def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int) -> list[dict]:

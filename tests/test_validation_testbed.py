@@ -51,6 +51,13 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     rounds = [int(label.rsplit(" ", 1)[1]) for label in beats if label.startswith("generating")]
     assert rounds == sorted(rounds) and len(set(rounds)) >= 3
     assert len({label.split(",")[0] for label in beats if label.endswith("repeat 0")}) == 3
+    # So does the collective sweep, over every algorithm and size.
+    sweep = [label.rsplit(", round ", 1) for label in beats if ", round " in label]
+    sweep_rounds = [int(after.split(" of ")[0]) for _, after in sweep]
+    assert sweep_rounds == sorted(sweep_rounds) and set(sweep_rounds) == {1, 2, 3}
+    assert [case for case, after in sweep if after.startswith("1 ")] == [case for case, after in sweep
+                                                                          if after.startswith("3 ")]
+    assert len({case for case, _ in sweep}) > 3
     simulated = simulate(scenario, profile=profile).results
     errors = case_errors(scenario.name, 8, simulated, measured)
     timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]
