@@ -53,8 +53,11 @@ CALIBRATION_OUTPUT_TOKENS = 4
 
 
 def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: float,
-                   heartbeat: Callable[[str], None], used_only: bool = False) -> list[dict] | None:
-    """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere."""
+                   heartbeat: Callable[[str], None], used_only: bool = False,
+                   held_out_sizes: tuple[int, ...] = ()) -> list[dict] | None:
+    """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere.
+    ``held_out_sizes``: collective sizes timed in the sweep's rounds as ``collective_held_out``
+    rows (:func:`runtime.comm_timing.collective_rows`)."""
     from sim.simulate import tensor_parallel_ranks
 
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
@@ -76,7 +79,8 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
                                "communication buffers, activations)",
                      **stats(values)})
     rows += collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
-                            algorithms=used_algorithms(scenario) if used_only else None)
+                            algorithms=used_algorithms(scenario) if used_only else None,
+                            held_out=tuple(held_out_sizes))
     rows += p2p_rows(ranks, topology, rank, repeats, heartbeat)
     gathered = [None] * len(ranks) if rank == ranks[0] else None
     dist.gather_object((rows, spans), gathered, dst=ranks[0])
@@ -215,9 +219,10 @@ def _merge_compute(rows: list[dict]):
 
 def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max_call_s: float = 1.0,
                        hang_timeout_s: float = 300.0, on_beat: Callable[[int, str], None] | None = None,
-                       used_only: bool = False):
+                       used_only: bool = False, held_out_sizes: tuple[int, ...] = ()):
     """Calibrate on this machine (forked ranks, in the testbed's namespaces if ``testbed``).
-    ``used_only``: time only the collective algorithms the scenario's variants call.
+    ``used_only``: time only the collective algorithms the scenario's variants call;
+    ``held_out_sizes``: see :func:`calibrate_rank`.
 
     Returns:
         The profile table (:func:`sim.profile.profile_frame`).
@@ -238,34 +243,10 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     def body(rank: int, heartbeat) -> object:
         torch.manual_seed(0)
         return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat,
-                              used_only=used_only)
+                              used_only=used_only, held_out_sizes=held_out_sizes)
 
     return launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
                   enter_namespace=enter, on_beat=on_beat)[0]
-
-
-def measure_collectives(scenario, sizes: tuple[int, ...], *, testbed: bool = False, repeats: int = 5,
-                        max_call_s: float = 1.0, hang_timeout_s: float = 300.0,
-                        on_beat: Callable[[int, str], None] | None = None, used_only: bool = False):
-    """Time every collective algorithm (only those the variants call if ``used_only``) at ``sizes``
-    over the scenario's group, in isolation (profile rows)."""
-    from runtime.launch import launch
-    from runtime.measure import placements_for
-    from sim.simulate import tensor_parallel_ranks
-    from sim.topology import build_topology
-
-    topology = build_topology(scenario.config.cluster)
-    ranks = tensor_parallel_ranks(scenario, topology)
-    placements, enter = placements_for(scenario, topology, ranks, testbed)
-
-    def body(rank: int, heartbeat) -> object:
-        comm = Communicator(rank, topology.host_groups)
-        return collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat, tuple(sorted(sizes)),
-                               algorithms=used_algorithms(scenario) if used_only else None)
-
-    rows = launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
-                  enter_namespace=enter, on_beat=on_beat)[0]
-    return profile_frame(rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -98,13 +98,17 @@ def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead
 
 def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float, heartbeat,
                     sizes: tuple[int, ...] = SIZES_BYTES,
-                    algorithms: dict[OpKind, tuple[str, ...]] | None = None) -> list[dict]:
-    """Time each algorithm of each collective kind in isolation at ``sizes`` (ascending; a kind's
-    sizes stop once a call takes longer than ``max_call_s``), ``repeats`` rounds over all of
-    them; profile rows on ``ranks[0]``, an empty list elsewhere.
+                    algorithms: dict[OpKind, tuple[str, ...]] | None = None,
+                    held_out: tuple[int, ...] = ()) -> list[dict]:
+    """Time each algorithm of each collective kind in isolation at ``sizes`` and ``held_out``
+    (in ascending order; a kind's sizes stop once a call takes longer than ``max_call_s``),
+    ``repeats`` rounds over all of them; profile rows on ``ranks[0]``, an empty list elsewhere.
 
     Args:
         algorithms: which to time, by kind (default: ``library`` and every one the registry knows).
+        held_out: sizes timed in the same rounds but written as ``collective_held_out`` rows, which
+            the simulator does not read: checks of its interpolation that sampled the same
+            stretch of the machine's time as the sizes it interpolates between.
     """
     hosts = len(topology.host_groups(ranks))
     # How long an agreed deadline takes to reach every rank: the lead every call starts after.
@@ -113,7 +117,7 @@ def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float
     buffers: dict[int, torch.Tensor] = {}  # one per size, shared by the algorithms
     for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
         for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
-            for size in sizes:
+            for size in sorted(set(sizes) | set(held_out)):
                 call = Collective(kind, algorithm, tuple(ranks), size, ranks[0] if kind != OpKind.ALLREDUCE else None)
                 if size not in buffers:
                     buffers[size] = torch.empty(size // 4, dtype=torch.float32)
@@ -134,7 +138,8 @@ def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float
             spans += synchronised_times(lambda: comm.run(call, tensor), 1, 0.0, lead_s)
     if rank != ranks[0]:
         return []
-    return [{"measurement": "collective", "op": str(call.kind), "algorithm": call.algorithm,
+    return [{"measurement": "collective_held_out" if call.size_bytes in held_out and call.size_bytes not in sizes
+             else "collective", "op": str(call.kind), "algorithm": call.algorithm,
              "group_size": len(ranks), "num_hosts": hosts, "size_bytes": call.size_bytes, "unit": "s",
              "method": ISOLATED_METHOD, **stats(spans)}
             for (call, _), spans in zip(cases, times)]

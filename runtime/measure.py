@@ -12,7 +12,7 @@ for streamed weights (:func:`measured_stalls`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +120,18 @@ def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
         ConfigError: an invalid scenario, or ``testbed`` while the scenario's testbed is not up.
         runtime.errors.LaunchError: a rank failed, died or hung (the message names it).
     """
+    from sim.topology import build_topology
+
+    gathered = launch_measurement(scenario, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed,
+                                  hang_timeout_s=hang_timeout_s)
+    return measured_result(scenario, build_topology(scenario.config.cluster), gathered)
+
+
+def launch_measurement(scenario: Scenario, *, repeats: int, warmup: int = 1, seed: int = 0, testbed: bool = False,
+                       hang_timeout_s: float = 120.0, min_timed_s: float = 0.0) -> list[list[RankMeasurement]]:
+    """One launch of :func:`measure_scenario`'s ranks (``min_timed_s``: see
+    :func:`runtime.worker.timed_rounds`); every rank's measurements, ``[rank][variant]``, for
+    :func:`measured_result` or :func:`pooled`. Raises as :func:`measure_scenario`."""
     import torch
 
     from runtime.launch import launch
@@ -134,11 +146,33 @@ def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
 
     def body(rank: int, heartbeat) -> list | None:
         return run_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed, device=device,
-                        heartbeat=heartbeat)
+                        heartbeat=heartbeat, min_timed_s=min_timed_s)
 
-    gathered = launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
-                      enter_namespace=enter)[0]
-    return measured_result(scenario, topology, gathered)
+    return launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
+                  enter_namespace=enter)[0]
+
+
+def pooled(launches: list[list[list[RankMeasurement]]]) -> list[list[RankMeasurement]]:
+    """Several launches of one case (each ``[rank][variant]``) as one measurement: per rank and
+    variant, the timed repeats of every launch in launch order; the op records and memory samples
+    of the last launch; the highest peak memory (a high-water mark over all of them).
+
+    Raises:
+        ValueError: no launches, or launches that measured different ranks or variants.
+    """
+    shapes = {tuple(tuple((m.rank, m.variant) for m in per_rank) for per_rank in launch) for launch in launches}
+    if len(shapes) != 1:
+        raise ValueError(f"pooled launches must measure the same ranks and variants (got {len(shapes)} layouts)")
+
+    def pool(parts: list[RankMeasurement]) -> RankMeasurement:
+        return replace(parts[-1], step_start_s=np.concatenate([p.step_start_s for p in parts]),
+                       step_end_s=np.concatenate([p.step_end_s for p in parts]),
+                       tokens=np.concatenate([p.tokens for p in parts]),
+                       stall_s=np.concatenate([p.stall_s for p in parts]),
+                       peak_memory_bytes=max(p.peak_memory_bytes for p in parts))
+
+    return [[pool([launch[r][v] for launch in launches]) for v in range(len(per_rank))]
+            for r, per_rank in enumerate(launches[-1])]
 
 
 def placements_for(scenario: Scenario, topology: Topology, ranks: tuple[int, ...], testbed: bool):

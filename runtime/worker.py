@@ -19,6 +19,7 @@ rank 0 writes results.csv and trace.json.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -98,10 +99,28 @@ def rank_model(scenario: Scenario, ranks: tuple[int, ...], rank: int, *, seed: i
     return model, store
 
 
+def timed_rounds(repeats: int, min_timed_s: float, slowest_generation_s: float) -> int:
+    """Timed rounds of a measurement: ``repeats``, or more when that many generations of the
+    slowest variant (``slowest_generation_s``, its warm-up generation) would time less than
+    ``min_timed_s`` seconds.
+
+    Why: on a shared machine a short case's median over a few generations follows whatever else the
+    cores do for those seconds (bandwidth-bound decode on the 2-core testbed drifts by 20-30% over
+    tens of seconds); a fixed span of timed generations makes the median as steady for short cases
+    as for long ones.
+    """
+    if not min_timed_s > 0 or not slowest_generation_s > 0:
+        return repeats
+    return max(repeats, math.ceil(min_timed_s / slowest_generation_s))
+
+
 def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: int, seed: int,
              device: torch.device, heartbeat: Callable[[str], None] = lambda label: None,
-             block_dir: str | Path | None = None) -> list | None:
+             block_dir: str | Path | None = None, min_timed_s: float = 0.0) -> list | None:
     """Measure every variant of ``scenario`` on this rank; returns all ranks' measurements on rank 0.
+
+    ``repeats`` timed rounds, more when ``min_timed_s`` asks (:func:`timed_rounds`, judged by rank
+    0's warm-up round; every rank runs the count rank 0 sends).
 
     Requires an initialised default process group whose ranks are the plan's ranks. When a variant
     streams weights, the model is built without its decoder-layer blocks, which are written once
@@ -141,15 +160,20 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     # Rounds over the variants, not one variant's repeats in a block: on a shared machine the
     # speed drifts over tens of seconds (20-30% on the 2-core testbed), and a slow stretch then
     # lands on every variant alike instead of on one, so the medians compare.
+    slowest_s = 0.0
     for index in range(warmup):
         for name in executors:
-            generate(name, f"warmup {index}", t0=time.perf_counter())
+            began = time.perf_counter()
+            generate(name, f"warmup {index}", t0=began)
+            slowest_s = max(slowest_s, time.perf_counter() - began)
+    rounds = torch.tensor([timed_rounds(repeats, min_timed_s, slowest_s)], dtype=torch.int64, device=device)
+    dist.broadcast(rounds, src=ranks[0])
     # Only what the measurement needs is kept of each generation: held op records and hidden
     # states would count in the peak memory read below.
     timed: dict[str, dict[str, list]] = {name: {"starts": [], "ends": [], "stalls": [], "tokens": []}
                                          for name in executors}
     last_records: dict[str, list[tuple]] = {}
-    for index in range(repeats):
+    for index in range(int(rounds.item())):
         for name in executors:
             generation = generate(name, f"repeat {index}")
             kept = timed[name]

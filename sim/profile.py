@@ -15,6 +15,9 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
   * ``collective``: a collective ``op`` (allreduce, reduce, broadcast) by ``algorithm`` over
     ``group_size`` ranks on ``num_hosts`` hosts, of ``size_bytes`` per rank, timed in isolation
     from the last rank's start to the last rank's end (the simulator's charge);
+  * ``collective_held_out``: a ``collective`` row at a size the simulator does not interpolate
+    from (``hetsim validate`` times sizes between the calibrated ones in the same rounds, to check
+    the interpolation);
   * ``collective_in_place``: the same, read from the collectives of real generations of the
     scenario's strategies, where a collective shares the cores with the ranks' compute;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
@@ -41,7 +44,8 @@ PROFILE_COLUMNS = [
     "median", "p10", "p90", "unit", "repeats", "method",
 ]
 
-MEASUREMENTS = ("compute", "op_gap", "collective", "collective_in_place", "p2p", "memory_baseline")
+MEASUREMENTS = ("compute", "op_gap", "collective", "collective_held_out", "collective_in_place", "p2p",
+                "memory_baseline")
 
 
 @dataclass(frozen=True)

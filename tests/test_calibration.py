@@ -290,15 +290,38 @@ def test_collective_checks_flag_the_target_population():
 
 
 def test_short_cases_get_enough_repeats_to_fill_the_timed_span():
-    from validation.matrix import Matrix
-    from validation.validate import repeats_for
+    pytest.importorskip("torch")
+    from runtime.worker import timed_rounds
 
-    results = pd.DataFrame({"variant": ["a", "b", "a"], "metric": ["e2e_latency_s", "e2e_latency_s", "ttft_s"],
-                            "value": [1.5, 2.5, 9.0]})
-    matrix = Matrix(name="m", prompt_tokens=[8], scenarios=["s.yaml"], repeats=3, min_timed_s=20)
-    assert repeats_for(matrix, results) == 8  # ceil(20 s / the slowest variant's 2.5 s)
-    assert repeats_for(matrix.model_copy(update={"min_timed_s": 5}), results) == 3  # never fewer than repeats
-    assert repeats_for(matrix.model_copy(update={"min_timed_s": 0}), results) == 3
+    assert timed_rounds(3, 20.0, 2.5) == 8  # ceil(20 s / the slowest warm-up generation's 2.5 s)
+    assert timed_rounds(3, 5.0, 2.5) == 3  # never fewer than repeats
+    assert timed_rounds(3, 0.0, 2.5) == 3
+    assert timed_rounds(3, 20.0, 0.0) == 3  # no warm-up to judge by
+
+
+def test_pooled_launches_keep_every_repeat_the_last_trace_and_the_highest_peak():
+    pytest.importorskip("torch")
+    from runtime.measure import pooled
+    from runtime.worker import RankMeasurement
+
+    def launch(repeats: int, offset_s: float, peak: int, records: list) -> list[list[RankMeasurement]]:
+        starts = np.tile([0.0, 1.0], (repeats, 1)) + offset_s
+        return [[RankMeasurement(rank, name, starts, starts + 0.5, records, np.zeros((repeats, 1, 2)) if rank == 0
+                                 else np.zeros((0,)), peak + rank, [(0.0, peak)], np.zeros((repeats, 2)))
+                 for name in ("a", "b")] for rank in (0, 1)]
+
+    first, second = launch(2, 0.0, 100, ["first"]), launch(3, 10.0, 90, ["second"])
+    both = pooled([first, second])
+    assert [[m.variant for m in per_rank] for per_rank in both] == [["a", "b"], ["a", "b"]]
+    lead = both[0][1]
+    assert lead.step_start_s.shape == (5, 2) and lead.step_start_s[0, 0] == 0.0 and lead.step_start_s[-1, 0] == 10.0
+    assert lead.tokens.shape == (5, 1, 2) and both[1][0].tokens.shape == (0,)
+    assert lead.records == ["second"] and lead.memory_samples == [(0.0, 90)]
+    assert [m.peak_memory_bytes for m in (both[0][0], both[1][0])] == [100, 101]
+    with pytest.raises(ValueError, match="same ranks and variants"):
+        pooled([first, [per_rank[:1] for per_rank in second]])
+    with pytest.raises(ValueError):
+        pooled([])
 
 
 def test_cpu_steal_is_the_stolen_share_of_all_ticks(tmp_path):

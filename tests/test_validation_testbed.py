@@ -42,7 +42,7 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     bed.up()
     try:
         beats = []
-        profile = Profile(calibrate_scenario(scenario, testbed=True, repeats=3, max_call_s=0.2,
+        profile = Profile(calibrate_scenario(scenario, testbed=True, repeats=3, max_call_s=0.2, held_out_sizes=(6144,),
                                              on_beat=lambda rank, label: beats.append(label) if rank == 0 else None))
         measured = measure_scenario(scenario, repeats=3, warmup=1, testbed=True).results
     finally:
@@ -58,6 +58,12 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     assert [case for case, after in sweep if after.startswith("1 ")] == [case for case, after in sweep
                                                                           if after.startswith("3 ")]
     assert len({case for case, _ in sweep}) > 3
+    # A held-out size is timed in those rounds, and kept out of what the simulator interpolates.
+    assert {case for case, after in sweep if after.startswith("2 ")} >= {"allreduce star 6 KiB", "reduce library 6 KiB"}
+    held = profile.of("collective_held_out")
+    assert set(held["size_bytes"]) == {6144} and len(held) == len(profile.of("collective").drop_duplicates(
+        ["op", "algorithm"]))
+    assert 6144 not in set(profile.of("collective")["size_bytes"])
     simulated = simulate(scenario, profile=profile).results
     errors = case_errors(scenario.name, 8, simulated, measured)
     timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]
@@ -67,3 +73,40 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     ranking = ranking_agreement(errors)
     clear = ranking[ranking.measured_difference > 0.25]
     assert len(clear) >= 2 and clear.simulator_agrees.all(), ranking.to_string()
+
+
+def test_validate_brackets_calibration_with_two_launches_and_writes_the_report(tmp_path):
+    """``hetsim validate`` end to end, on loopback (no testbed): every case measured in two pooled
+    launches, the held-out collective sizes checked, the report written."""
+    import pandas as pd
+    import yaml
+
+    from validation.cli import main
+
+    (tmp_path / "tiny.config.json").write_text(json.dumps(TINY_GPT2))
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
+        "name": "suite_matrix", "model": "tiny.config.json", "dtype": "fp32",
+        "cluster": {"switches": [{"name": "sw"}], "hosts": [{
+            "name": "n{i}", "count": 2, "parent": "sw", "nic": {"bandwidth": "1Gbit/s", "latency": "50us"},
+            "devices": {"type": "cpu", "count": 1, "memory": "4GiB"}}]},
+        "workload": {"batch_size": 1, "prompt_tokens": 8, "output_tokens": 4},
+        "variants": [{"name": "reduce_ln_bcast", "strategy": "reduce_ln_bcast", "reduce": "library",
+                      "broadcast": "library"},
+                     {"name": "allreduce_library", "strategy": "allreduce_ln", "allreduce": "library",
+                      "broadcast": "library"}]}))
+    (tmp_path / "matrix.yaml").write_text(yaml.safe_dump({
+        "name": "suite", "testbed": False, "repeats": 3, "min_timed_s": 0.5, "calibration_repeats": 2,
+        "prompt_tokens": [8, 16], "scenarios": ["tiny.yaml"], "collective_sizes": ["6KiB"],
+        "calibrate_collectives": "used"}))
+    out = tmp_path / "report"
+    main(["validate", str(tmp_path / "matrix.yaml"), "--out", str(out)])
+    errors = pd.read_csv(out / "errors.csv")
+    assert set(errors["prompt_tokens"]) == {8, 16} and (errors["launches"] == 2).all()
+    assert (errors["repeats"] >= 4).all() and (errors["repeats"] % 2 == 0).all()  # as many in each launch
+    timing = errors[errors["metric"].isin(["ttft_s", "tpot_s"])]
+    assert len(timing) == 8 and timing["error"].notna().all()
+    collectives = pd.read_csv(out / "collectives.csv")
+    assert set(collectives["size_bytes"]) == {6144} and set(collectives["op"]) == {"allreduce", "reduce", "broadcast"}
+    assert (out / "summary.md").read_text().count("|") > 10 and (out / "report.html").stat().st_size > 0
+    profile = pd.read_csv(out / "profiles" / "suite_matrix.csv")
+    assert "collective_held_out" in set(profile["measurement"])

@@ -5,13 +5,13 @@ Example (``validation/matrix.yaml`` is the shipped one)::
     name: testbed_matrix
     testbed: true                 # run inside each scenario's emulated cluster (root, iproute2)
     repeats: 3                    # timed generations per case (at least)
-    min_timed_s: 20               # more repeats where a case's simulated generation is short
+    min_timed_s: 20               # more repeats where a case's warm-up generation is short
     warmup: 1
     calibration_repeats: 5
     prompt_tokens: [32, 128]      # every scenario runs at each prompt length
     scenarios:                    # paths relative to this file; each lists its variants
       - ../scenarios/validation/2x2_bandwidth.yaml
-    collective_sizes: [2KiB, 96KiB, 1.5MiB]   # collective checks between calibrated sizes
+    collective_sizes: [2KiB, 96KiB, 1.5MiB]   # collectives held out of calibration, timed with it
     calibrate_collectives: all    # all (every algorithm) | used (only those the variants call)
 
 A case is one variant of one scenario at one prompt length.

@@ -1,10 +1,15 @@
 """``hetsim validate``: run a matrix both ways and report how far the simulator is from reality.
 
-For each scenario of the matrix: bring its testbed up (if the matrix says so), calibrate, then at
-each prompt length measure every variant and simulate it with the profile, and compare the
-collective calls inside the two runs (:func:`in_run_errors`); finally time the collectives alone
-at sizes between the calibrated ones and compare them with the calibrated network model's
-interpolation. The testbed goes down whatever happens.
+For each scenario of the matrix, with its testbed up (if the matrix says so): measure every
+variant at each prompt length (one launch with half the repeats and timed span), calibrate, measure each
+prompt length again in reverse order with as many repeats, and pool the two launches; the
+calibration sits in the middle of the measurement in time, so slow drift of a shared machine
+falls on both alike. The calibration sweep also times the collectives at the matrix's
+``collective_sizes`` in its rounds, which the profile holds out of the interpolation
+(``collective_held_out``). Then simulate each case with the profile and compare: the metrics
+(:func:`case_errors`), the collective calls inside the runs (:func:`in_run_errors`), and the
+held-out collectives against the calibrated network model's interpolation
+(:func:`collective_errors`). The testbed goes down whatever happens.
 
 Errors are signed, ``simulated / measured - 1``. The report gives, per metric, the median and p90
 of |error| over cases; whether the simulator orders each pair of variants as the measurement does
@@ -237,22 +242,6 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
     return pd.DataFrame(rows, columns=IN_RUN_COLUMNS)
 
 
-def repeats_for(matrix: Matrix, simulated: pd.DataFrame) -> int:
-    """Timed generations for one launch of a case set: ``matrix.repeats``, or more when that many
-    generations of the slowest variant (simulated ``e2e_latency_s``) would time less than
-    ``matrix.min_timed_s`` seconds.
-
-    Why: on a shared machine a short case's median over a few generations follows whatever else the
-    cores do for those seconds (bandwidth-bound decode on the 2-core testbed drifts by 20-30% over
-    tens of seconds); a fixed span of timed generations per case makes the median as steady for
-    short cases as for long ones.
-    """
-    e2e_s = simulated.loc[simulated["metric"] == "e2e_latency_s", "value"]
-    if not matrix.min_timed_s or e2e_s.empty or not float(e2e_s.max()) > 0:
-        return matrix.repeats
-    return max(matrix.repeats, int(np.ceil(matrix.min_timed_s / float(e2e_s.max()))))
-
-
 def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
              on_progress: Callable[[str], None] = lambda text: None) -> ValidationReport:
     """Run the matrix (see the module docstring); profiles are written under ``out_dir/profiles``.
@@ -261,46 +250,64 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
         ConfigError: bad scenario, or testbed prerequisites missing.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
-    from runtime.calibrate import calibrate_scenario, measure_collectives
-    from runtime.measure import measure_scenario
+    from runtime.calibrate import calibrate_scenario
+    from runtime.measure import launch_measurement, measured_result, pooled
     from sim.outputs import write_atomic
     from sim.simulate import simulate
     from sim.topology import build_topology
 
     errors, collectives, regimes, in_run = [], [], [], []
     for scenario in scenarios:
+        topology = build_topology(scenario.config.cluster)
         bed = None
         if matrix.testbed:
             from runtime.testbed import Testbed, require_privileges
 
             require_privileges()
-            bed = Testbed(scenario.name, build_topology(scenario.config.cluster))
+            bed = Testbed(scenario.name, topology)
             bed.down()  # a previous crash may have left it behind
             bed.up()
         try:
+            cases = {prompt: with_prompt(scenario, prompt) for prompt in matrix.prompt_tokens}
+            launches: dict[int, list] = {prompt: [] for prompt in cases}
+            steal: dict[int, list[tuple[int, int]]] = {prompt: [] for prompt in cases}
+
+            def measure(prompt: int, repeats: int, min_timed_s: float) -> None:
+                on_progress(f"{scenario.name}: measuring at prompt {prompt}, launch {len(launches[prompt]) + 1}")
+                before = cpu_ticks()
+                launches[prompt].append(launch_measurement(cases[prompt], repeats=repeats, warmup=matrix.warmup,
+                                                           testbed=matrix.testbed, min_timed_s=min_timed_s))
+                after = cpu_ticks()
+                steal[prompt].append((after[0] - before[0], after[1] - before[1]))
+
+            # Half of each case's repeats before calibration and half after, pooled: the machine's
+            # pace drifts over minutes (4-7% of CPU time stolen in one case, under 1% in the next),
+            # and a calibration bracketed by the measurement samples the middle of that drift.
+            for prompt in cases:
+                measure(prompt, -(-matrix.repeats // 2), matrix.min_timed_s / 2)
             beat = lambda rank, label, name=scenario.name: on_progress(f"{name}: {label}") if rank == 0 else None
             on_progress(f"{scenario.name}: calibrating")
+            held_out = tuple(matrix.collective_sizes)
             table = calibrate_scenario(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
-                                       on_beat=beat, used_only=matrix.calibrate_collectives == "used")
+                                       on_beat=beat, used_only=matrix.calibrate_collectives == "used",
+                                       held_out_sizes=held_out)
             write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", table.to_csv(index=False, lineterminator="\n"))
             profile = Profile(table)
-            for prompt in matrix.prompt_tokens:
-                case = with_prompt(scenario, prompt)
+            for prompt in reversed(cases):
+                first = launches[prompt][0][0][0]  # rank 0, first variant: its timed repeats
+                measure(prompt, len(first.step_start_s), 0.0)
+            for prompt, case in cases.items():
                 simulated = simulate(case, profile=profile)
-                repeats = repeats_for(matrix, simulated.results)
-                on_progress(f"{scenario.name}: measuring at prompt {prompt} ({repeats} repeats)")
-                before = cpu_ticks()
-                measured = measure_scenario(case, repeats=repeats, warmup=matrix.warmup, testbed=matrix.testbed)
-                steal = steal_fraction(before, cpu_ticks())
+                measured = measured_result(case, topology, pooled(launches[prompt]))
+                stolen, total = map(sum, zip(*steal[prompt]))
                 errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results)
-                              .assign(repeats=repeats, cpu_steal=steal))
+                              .assign(repeats=sum(len(launch[0][0].step_start_s) for launch in launches[prompt]),
+                                      launches=len(launches[prompt]),
+                                      cpu_steal=stolen / total if total > 0 else np.nan))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
-            if matrix.collective_sizes:
-                on_progress(f"{scenario.name}: collectives between calibrated sizes")
-                timed = measure_collectives(scenario, tuple(matrix.collective_sizes), testbed=matrix.testbed,
-                                            repeats=matrix.calibration_repeats, on_beat=beat,
-                                            used_only=matrix.calibrate_collectives == "used")
+            if held_out:
+                timed = profile.of("collective_held_out")
                 collectives.append(collective_errors(scenario, profile, timed))
         finally:
             if bed is not None:
