@@ -102,6 +102,8 @@ def test_validate_brackets_calibration_with_two_launches_and_writes_the_report(t
     main(["validate", str(tmp_path / "matrix.yaml"), "--out", str(out)])
     errors = pd.read_csv(out / "errors.csv")
     assert set(errors["prompt_tokens"]) == {8, 16} and (errors["launches"] == 2).all()
+    assert errors[["cpu_steal", "calibration_cpu_steal"]].ge(0).all().all()
+    assert "While each cluster was calibrated: suite_matrix" in (out / "summary.md").read_text()
     assert (errors["repeats"] >= 4).all() and (errors["repeats"] % 2 == 0).all()  # as many in each launch
     timing = errors[errors["metric"].isin(["ttft_s", "tpot_s"])]
     assert len(timing) == 8 and timing["error"].notna().all()

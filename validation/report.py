@@ -67,6 +67,10 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
         lines += ["", f"CPU time stolen by the hypervisor while cases were measured (/proc/stat): median "
                       f"{steal['cpu_steal'].median():.1%}, most {steal['cpu_steal'].max():.1%} "
                       f"({worst[0]} prompt {worst[1]})."]
+        if "calibration_cpu_steal" in steal:
+            calibrating = steal.groupby(level=0)["calibration_cpu_steal"].first()
+            lines[-1] += (" While each cluster was calibrated: " + ", ".join(
+                f"{name} {value:.1%}" for name, value in calibrating.items()) + ".")
     regimes = report.regimes
     if len(regimes):
         lines += ["", f"Memory regimes: the simulator's verdicts (fits in memory; decode stalls on weight loads, "

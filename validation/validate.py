@@ -288,9 +288,11 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             beat = lambda rank, label, name=scenario.name: on_progress(f"{name}: {label}") if rank == 0 else None
             on_progress(f"{scenario.name}: calibrating")
             held_out = tuple(matrix.collective_sizes)
+            before = cpu_ticks()
             table = calibrate_scenario(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
                                        on_beat=beat, used_only=matrix.calibrate_collectives == "used",
                                        held_out_sizes=held_out)
+            calibration_steal = steal_fraction(before, cpu_ticks())
             write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", table.to_csv(index=False, lineterminator="\n"))
             profile = Profile(table)
             for prompt in reversed(cases):
@@ -303,7 +305,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                 errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results)
                               .assign(repeats=sum(len(launch[0][0].step_start_s) for launch in launches[prompt]),
                                       launches=len(launches[prompt]),
-                                      cpu_steal=stolen / total if total > 0 else np.nan))
+                                      cpu_steal=stolen / total if total > 0 else np.nan,
+                                      calibration_cpu_steal=calibration_steal))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
             if held_out:
