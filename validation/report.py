@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.outputs import write_files
+from validation.terms import PHASE_METRIC, term_summary
 from validation.validate import ValidationReport
 
 _SCALE = {"ttft_s": (1e3, "ms"), "tpot_s": (1e3, "ms"), "decode_tokens_per_s": (1, "tokens/s"),
@@ -44,6 +45,36 @@ def _scatter(report: ValidationReport) -> go.Figure:
     return fig
 
 
+def _terms_markdown(report: ValidationReport) -> list[str]:
+    """Which term of the model the TTFT and TPOT errors come from (:mod:`validation.terms`)."""
+    terms = report.terms
+    if terms.empty:
+        return []
+    lines = ["", "## Where the TTFT and TPOT errors come from", "",
+             "Each step of the compared traces split into terms (`validation/terms.py`); a term's contribution is "
+             "(simulated - measured) / measured step, and a case's contributions add up to its step error.", "",
+             "| phase | term | share of step | median abs contribution | p90 abs contribution | median signed |",
+             "|---|---|---|---|---|---|"]
+    for row in term_summary(terms).itertuples(index=False):
+        lines.append(f"| {row.phase} | {row.term} | {row.share:.1%} | {row.median_abs_contribution:.1%} | "
+                     f"{row.p90_abs_contribution:.1%} | {row.median_contribution:+.1%} |")
+    errors = report.errors[report.errors["metric"].isin(PHASE_METRIC.values())]
+    worst = errors[errors["error"].abs() > 0.10]
+    if len(worst):
+        lines += ["", "Cases off by more than 10%, and their largest term:"]
+    for case in worst.sort_values("error", key=abs, ascending=False).itertuples(index=False):
+        phase = next(p for p, m in PHASE_METRIC.items() if m == case.metric)
+        mine = terms[(terms["scenario"] == case.scenario) & (terms["prompt_tokens"] == case.prompt_tokens)
+                     & (terms["variant"] == case.variant) & (terms["phase"] == phase)]
+        if mine.empty:
+            continue
+        top = mine.loc[mine["contribution"].abs().idxmax()]
+        lines.append(f"- {case.scenario} prompt {case.prompt_tokens} {case.variant} {case.metric} {case.error:+.0%}: "
+                     f"{top.term} {top.contribution:+.0%} of the step (simulated {top.simulated_s * 1e3:.1f} ms, "
+                     f"measured {top.measured_s * 1e3:.1f} ms; all terms {mine['contribution'].sum():+.0%})")
+    return lines
+
+
 def summary_markdown(report: ValidationReport, title: str) -> str:
     """The short summary kept beside the CSV tables."""
     lines = [f"# Validation: {title}", "", "Signed error = simulated / measured - 1. `collective_s`: collectives "
@@ -71,6 +102,7 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
             calibrating = steal.groupby(level=0)["calibration_cpu_steal"].first()
             lines[-1] += (" While each cluster was calibrated: " + ", ".join(
                 f"{name} {value:.1%}" for name, value in calibrating.items()) + ".")
+    lines += _terms_markdown(report)
     regimes = report.regimes
     if len(regimes):
         lines += ["", f"Memory regimes: the simulator's verdicts (fits in memory; decode stalls on weight loads, "
@@ -96,19 +128,21 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
 
 
 def write_validation(report: ValidationReport, out_dir: Path, title: str) -> list[Path]:
-    """Write errors.csv, collectives.csv, in_run_collectives.csv, summary.csv, ranking.csv, claim.csv,
-    regimes.csv, summary.md, report.html."""
+    """Write errors.csv, collectives.csv, in_run_collectives.csv, terms.csv, summary.csv, ranking.csv,
+    claim.csv, regimes.csv, summary.md, report.html."""
     def csv(frame: pd.DataFrame) -> str:
         return frame.to_csv(index=False, lineterminator="\n")
 
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>hetsim validation</title></head><body>"
             f"<h1>hetsim validate: {title}</h1>" + report.summary.to_html(index=False, border=0)
             + _scatter(report).to_html(full_html=False, include_plotlyjs=True, div_id="scatter")
+            + "<h2>Where the TTFT and TPOT errors come from</h2>"
+            + term_summary(report.terms).to_html(index=False, border=0)
             + "<h2>Ranking</h2>" + report.ranking.to_html(index=False, border=0)
             + "<h2>Errors</h2>" + report.errors.to_html(index=False, border=0) + "</body></html>")
     return write_files(out_dir, {
         "errors.csv": csv(report.errors), "collectives.csv": csv(report.collectives),
-        "in_run_collectives.csv": csv(report.in_run),
+        "in_run_collectives.csv": csv(report.in_run), "terms.csv": csv(report.terms),
         "summary.csv": csv(report.summary), "ranking.csv": csv(report.ranking), "claim.csv": csv(report.claim),
         "regimes.csv": csv(report.regimes),
         "summary.md": summary_markdown(report, title), "report.html": page})

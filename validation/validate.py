@@ -7,7 +7,8 @@ calibration sits in the middle of the measurement in time, so slow drift of a sh
 falls on both alike. The calibration sweep also times the collectives at the matrix's
 ``collective_sizes`` in its rounds, which the profile holds out of the interpolation
 (``collective_held_out``). Then simulate each case with the profile and compare: the metrics
-(:func:`case_errors`), the collective calls inside the runs (:func:`in_run_errors`), and the
+(:func:`case_errors`), the collective calls inside the runs (:func:`in_run_errors`), where
+each step's time goes (:func:`validation.terms.term_errors`), and the
 held-out collectives against the calibrated network model's interpolation
 (:func:`collective_errors`). The testbed goes down whatever happens.
 
@@ -31,6 +32,7 @@ from sim.profile import Profile
 from sim.scenario import Scenario
 from validation.cpu_steal import cpu_ticks, steal_fraction
 from validation.matrix import Matrix, with_prompt
+from validation.terms import term_errors
 
 TIMING_METRICS = ("ttft_s", "tpot_s", "decode_tokens_per_s")
 CHECKED_METRICS = (*TIMING_METRICS, "peak_memory_bytes")
@@ -60,6 +62,7 @@ class ValidationReport:
     claim: pd.DataFrame
     regimes: pd.DataFrame
     in_run: pd.DataFrame
+    terms: pd.DataFrame
 
 
 def case_errors(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
@@ -253,10 +256,10 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
     from runtime.calibrate import calibrate_scenario
     from runtime.measure import launch_measurement, measured_result, pooled
     from sim.outputs import write_atomic
-    from sim.simulate import simulate
+    from sim.simulate import simulate, tensor_parallel_ranks
     from sim.topology import build_topology
 
-    errors, collectives, regimes, in_run = [], [], [], []
+    errors, collectives, regimes, in_run, terms = [], [], [], [], []
     for scenario in scenarios:
         topology = build_topology(scenario.config.cluster)
         bed = None
@@ -295,6 +298,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             calibration_steal = steal_fraction(before, cpu_ticks())
             write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", table.to_csv(index=False, lineterminator="\n"))
             profile = Profile(table)
+            gaps = profile.of("op_gap").set_index("device_class")["median"]
+            gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
             for prompt in reversed(cases):
                 first = launches[prompt][0][0][0]  # rank 0, first variant: its timed repeats
                 measure(prompt, len(first.step_start_s), 0.0)
@@ -309,6 +314,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                                       calibration_cpu_steal=calibration_steal))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
+                terms.append(term_errors(scenario.name, prompt, simulated, measured, gap_s))
             if held_out:
                 timed = profile.of("collective_held_out")
                 collectives.append(collective_errors(scenario, profile, timed))
@@ -322,4 +328,5 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
     return ValidationReport(error_table, collective_table,
                             summarise_errors(error_table, collective_table, in_run_table),
                             ranking_agreement(error_table), seed_claim(error_table),
-                            pd.concat(regimes, ignore_index=True), in_run_table)
+                            pd.concat(regimes, ignore_index=True), in_run_table,
+                            pd.concat(terms, ignore_index=True))
