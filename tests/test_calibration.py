@@ -337,7 +337,7 @@ def test_cpu_steal_is_the_stolen_share_of_all_ticks(tmp_path):
     assert math.isnan(steal_fraction((0, 0), (0, 0)))
 
 
-def test_step_terms_split_each_step_and_contributions_add_up_to_its_error():
+def test_step_terms_split_the_master_step_and_contributions_add_up_to_its_error():
     from types import SimpleNamespace
 
     from validation.terms import step_terms, term_errors, term_summary
@@ -348,26 +348,29 @@ def test_step_terms_split_each_step_and_contributions_add_up_to_its_error():
         ops = pd.DataFrame([
             (0, "compute", "mlp_up", "mlp_up", "decode", 1, 0, 0.0, mlp_s[0], 0, 1e6),
             (0, "compute", "allreduce", "mlp_allreduce", "decode", 1, 0, mlp_s[0], 0.020, 3072, 0),
+            (0, "loader", "weight_load", "load_1", "decode", 1, 1, 0.0, 0.019, 1e6, 0),
             (1, "compute", "mlp_up", "mlp_up", "decode", 1, 0, 0.0, mlp_s[1], 0, 1e6),
-            (1, "compute", "allreduce", "mlp_allreduce", "decode", 1, 0, mlp_s[1], 0.020, 3072, 0),
-            (1, "loader", "weight_load", "load_1", "decode", 1, 1, 0.0, 0.019, 1e6, 0)], columns=columns)
+            (1, "compute", "allreduce", "mlp_allreduce", "decode", 1, 0, mlp_s[1], 0.020, 3072, 0)], columns=columns)
         steps = pd.DataFrame({"step": [0, 1], "phase": ["prefill", "decode"], "start_s": [-1.0, 0.0],
                               "end_s": [0.0, end_s]})
         return SimpleNamespace(ops=ops, steps=steps)
 
     measured = trace((0.010, 0.014), 0.025)
     terms = step_terms(measured.ops, measured.steps).set_index("term")["seconds"]
-    # Per rank the terms fill the step; the loader's stream runs beside them and is left out.
-    assert terms.to_dict() == pytest.approx({"collective:allreduce": 0.008, "compute:mlp_up": 0.012, "other": 0.005})
+    # The master waits 4 ms in the allreduce for rank 1; the loader's stream runs beside the
+    # compute and is left out; the terms fill the step.
+    assert terms.to_dict() == pytest.approx({"collective:allreduce": 0.006, "compute:mlp_up": 0.010,
+                                             "wait": 0.004, "other": 0.005})
     # A simulated op carries the framework's gap inside its span; the split moves it to the rest.
     gapped = step_terms(measured.ops, measured.steps, gap_s=0.001).set_index("term")["seconds"]
-    assert gapped.to_dict() == pytest.approx({"collective:allreduce": 0.007, "compute:mlp_up": 0.011, "other": 0.007})
+    assert gapped.to_dict() == pytest.approx({"collective:allreduce": 0.005, "compute:mlp_up": 0.009,
+                                              "wait": 0.004, "other": 0.007})
     simulated = trace((0.012, 0.012), 0.022)
     table = term_errors("s", 8, SimpleNamespace(variants=[SimpleNamespace(trace=simulated)]),
                         SimpleNamespace(variants=[SimpleNamespace(name="ar", trace=measured)]))
     assert set(table["phase"]) == {"decode"}  # no prefill ops: that step is not split
     by_term = table.set_index("term")["contribution"]
     assert by_term.sum() == pytest.approx(0.022 / 0.025 - 1)
-    assert by_term.abs().idxmax() == "other"  # the gaps, 5 ms measured against 2 ms simulated
+    assert by_term.abs().idxmax() == "wait"  # simulated ranks arrive together; measured, 4 ms apart
     summary = term_summary(table).set_index("term")
     assert summary.loc["other", "share"] == pytest.approx(0.2)

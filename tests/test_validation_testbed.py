@@ -121,6 +121,6 @@ def test_validate_brackets_calibration_with_two_launches_and_writes_the_report(t
     # Every case's steps split into the model's terms, in both phases.
     terms = pd.read_csv(out / "terms.csv")
     assert len(terms.groupby(["prompt_tokens", "variant", "phase"])) == 8
-    assert {"compute:mlp_up", "compute:attention", "other"} <= set(terms["term"])
+    assert {"compute:mlp_up", "compute:attention", "wait", "other"} <= set(terms["term"])
     assert {"collective:allreduce", "collective:reduce"} <= set(terms["term"])
     assert "## Where the TTFT and TPOT errors come from" in (out / "summary.md").read_text()

@@ -51,8 +51,10 @@ def _terms_markdown(report: ValidationReport) -> list[str]:
     if terms.empty:
         return []
     lines = ["", "## Where the TTFT and TPOT errors come from", "",
-             "Each step of the compared traces split into terms (`validation/terms.py`); a term's contribution is "
-             "(simulated - measured) / measured step, and a case's contributions add up to its step error.", "",
+             "The master rank's step in the compared traces, split into terms (`validation/terms.py`): compute per "
+             "op kind; collectives per kind, from the last rank's arrival; `wait`, for the last rank inside a "
+             "collective; `other`, between ops. A term's contribution is (simulated - measured) / measured step, and "
+             "a case's contributions add up to its step error on those traces.", "",
              "| phase | term | share of step | median abs contribution | p90 abs contribution | median signed |",
              "|---|---|---|---|---|---|"]
     for row in term_summary(terms).itertuples(index=False):

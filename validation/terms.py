@@ -1,14 +1,21 @@
 """Where a step's time goes, simulated and measured: the terms of the model behind an error.
 
 A TTFT or TPOT error says that the simulator is off, not where. Both traces share one schema
-(:mod:`sim.trace`), so a step of either splits the same way, per rank: the time spent in each
-compute op kind (``compute:<kind>``, priced by the compute model from the profile's ``compute``
-rows), in each collective kind (``collective:<kind>``, the rank's own span, its wait for the
-last rank included, priced from ``collective_in_place`` / ``collective`` rows), and the rest
-(``other``: the framework's gaps between ops, priced by ``op_gap``, and idle time). The terms of
-one rank add up to the step; averaged over the ranks they still do. The simulator charges the
-gap inside each op (:class:`sim.calibrated.CalibratedCompute`, :class:`sim.calibrated.CalibratedNetwork`),
-where a measured trace shows it between ops, so a simulated trace's gaps are moved to ``other``.
+(:mod:`sim.trace`), so a step of either splits the same way. The split is the master rank's (the
+lowest rank of the trace): its steps are the steps that TTFT and TPOT time, and the other ranks
+start a decode step as soon as they are done with the last one, so their own time does not fit
+the master's step boundaries. The master's step is:
+
+* ``compute:<kind>``: its compute ops, per op kind (priced from the profile's ``compute`` rows);
+* ``collective:<kind>``: its collective calls from the last rank's arrival to its own end
+  (priced from ``collective_in_place`` / ``collective`` rows: the same charge);
+* ``wait``: inside collective calls, waiting for the last rank to arrive (skew between ranks: a
+  rank with more work, or a core shared with another rank);
+* ``other``: the rest, between ops (the framework's gaps, priced by ``op_gap``).
+
+The simulator charges the gap inside each op (:class:`sim.calibrated.CalibratedCompute`,
+:class:`sim.calibrated.CalibratedNetwork`), where a measured trace shows it between ops, so a
+simulated trace's gaps are moved to ``other``.
 
 Each term's ``contribution`` is ``(simulated - measured) / measured step``: the contributions of a
 case add up to the step's signed error on the two traces compared (the trace's repeat, not the
@@ -29,8 +36,8 @@ _COLLECTIVES = {str(kind) for kind in OpKind if kind.is_communication}
 
 
 def step_terms(ops: pd.DataFrame, steps: pd.DataFrame, gap_s: float = 0.0) -> pd.DataFrame:
-    """Seconds per step in each term, per phase, averaged over the ranks and the steps that
-    ``ops`` holds.
+    """Seconds per step of the master rank in each term (see the module docstring), per phase,
+    averaged over the steps that ``ops`` holds.
 
     Args:
         ops, steps: a trace's op and step tables (:data:`sim.trace.OP_COLUMNS`,
@@ -46,18 +53,25 @@ def step_terms(ops: pd.DataFrame, steps: pd.DataFrame, gap_s: float = 0.0) -> pd
     ops = ops[ops["kind"] != str(OpKind.WEIGHT_LOAD)]
     if ops.empty:
         return pd.DataFrame(columns=["phase", "term", "seconds"])
-    term = np.where(ops["kind"].isin(_COLLECTIVES), "collective:", "compute:") + ops["kind"].astype(str)
-    busy = (ops.assign(term=term, seconds=ops["end_s"] - ops["start_s"] - gap_s)
-            .groupby(["phase", "step", "rank", "term"], sort=False)["seconds"].sum())
+    calls = ops[ops["kind"].isin(_COLLECTIVES)]
+    last_start = calls.groupby(["step", "layer", "name"])["start_s"].max().rename("last_start_s")
+    mine = ops[ops["rank"] == ops["rank"].min()].join(last_start, on=["step", "layer", "name"])
+    span = mine["end_s"] - mine["start_s"]
+    wait = (np.minimum(mine["end_s"], mine["last_start_s"]) - mine["start_s"]).clip(lower=0.0).fillna(0.0)
+    is_call = mine["kind"].isin(_COLLECTIVES)
+    prefix = np.where(is_call, "collective:", "compute:")
+    parts = pd.concat([
+        pd.DataFrame({"phase": mine["phase"], "step": mine["step"], "term": prefix + mine["kind"].astype(str),
+                      "seconds": (span - wait - gap_s).clip(lower=0.0)}),
+        pd.DataFrame({"phase": mine["phase"], "step": mine["step"], "term": "wait", "seconds": wait})[is_call],
+    ])
     duration = steps.set_index("step")["end_s"] - steps.set_index("step")["start_s"]
     rows = []
-    for phase, per_phase in busy.groupby(level="phase", sort=False):
-        step_ids = per_phase.index.get_level_values("step").unique()
-        ranks = per_phase.index.get_level_values("rank").unique()
-        count = len(step_ids) * len(ranks)
-        terms = per_phase.groupby(level="term", sort=True).sum() / count
+    for phase, per_phase in parts.groupby("phase", sort=False):
+        step_ids = per_phase["step"].unique()
+        terms = per_phase.groupby("term", sort=True)["seconds"].sum() / len(step_ids)
         step_s = float(duration.reindex(step_ids).mean())
-        rows += [{"phase": phase, "term": t, "seconds": float(s)} for t, s in terms.items()]
+        rows += [{"phase": phase, "term": t, "seconds": float(v)} for t, v in terms.items()]
         rows.append({"phase": phase, "term": "other", "seconds": step_s - float(terms.sum())})
     return pd.DataFrame(rows)
 
