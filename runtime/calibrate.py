@@ -9,10 +9,11 @@ ranks torchrun starts: :func:`main`):
   generation started at one instant on the shared clock. From their op records:
 
   * ``compute`` and ``op_gap``: each compute op is timed in place, and the gap between
-    consecutive ops of a rank is the framework's dispatch time. Rows are medians over ranks of
-    one device type, strategies, layers and repeats, per op kind and shape;
-  * ``collective_in_place``: each collective call, from the last rank's start to the last rank's
-    end (:func:`runtime.comm_timing.in_place_rows`), per kind, algorithm and size.
+    consecutive ops of a rank is the framework's dispatch time. Rows are statistics over ranks
+    of one device type, strategies, layers and repeats, per op kind and shape;
+  * ``collective_in_place`` and ``collective_wait``: each collective call as the master sees it,
+    from the last rank's start to its own end, and its wait for that start
+    (:func:`runtime.comm_timing.in_place_rows`), per kind, algorithm and size.
 * ``collective``: every algorithm the registry knows for each kind (and ``library``), in
   isolation over the scenario's tensor-parallel group, at 1 KiB x 4^k up to 64 MiB
   (:func:`runtime.comm_timing.collective_rows`).
@@ -89,7 +90,7 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     merged = [row for part, _ in gathered for row in part if row.get("measurement") != "memory_baseline"]
     merged += [row for row in gathered[0][0] if row.get("measurement") == "memory_baseline"]
     merged += in_place_rows([span for _, part in gathered for span in part], len(ranks),
-                            len(topology.host_groups(ranks)))
+                            len(topology.host_groups(ranks)), master=ranks[0])
     return _merge_compute(merged)
 
 
@@ -167,7 +168,7 @@ def _generations(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> t
                 op = ops[record.step][record.name]
                 if op.collective is not None:
                     call = (s_index, prompt_len, index, record.step, record.layer, record.name)
-                    spans.append((call, str(op.collective.kind), op.collective.algorithm,
+                    spans.append((call, rank, str(op.collective.kind), op.collective.algorithm,
                                   op.collective.size_bytes, record.start_s, record.end_s))
                     continue
                 new, context = op.shape
@@ -203,7 +204,7 @@ def _merge_compute(rows: list[dict]):
                                          "context_tokens", "dtype", "flops", "traffic_bytes", "method"))
             compute[key].append(row["median"])
         elif row["measurement"] == "op_gap":
-            gaps[row["device_class"]].append(row["median"])
+            gaps[row["device_class"]].append((row["median"], row["mean"]))
         else:
             merged.append(row)
     names = ("device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens", "dtype", "flops",
@@ -211,9 +212,11 @@ def _merge_compute(rows: list[dict]):
     for key, values in compute.items():
         merged.append({"measurement": "compute", **dict(zip(names, key)), "unit": "s", **stats(values)})
     for device_class, values in gaps.items():
+        medians, means = zip(*values)
         merged.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
-                       "method": "time between consecutive ops of a rank while generating (median over ranks)",
-                       **stats(values)})
+                       "method": "time between consecutive ops of a rank while generating (statistics over "
+                                 "ranks of each rank's median; mean over ranks of each rank's mean)",
+                       **stats(medians), "mean": float(sum(means) / len(means))})
     return profile_frame(merged)
 
 

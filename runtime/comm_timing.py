@@ -15,11 +15,12 @@ apart, and that skew read as up to 10 ms of a 24 ms collective.
   the speed drifts over tens of seconds, and a block that fell in a slow stretch made one size's
   median slower than a larger size's (a 1 MiB reduce over 5 ms links calibrated at 275 ms in one
   run and 120 ms in the next, p10 211 ms).
-* :func:`in_place_rows`: the same charge read from the op records of real generations, for the
-  collectives a run actually calls, at the sizes it calls them. Inside a pipeline on shared
+* :func:`in_place_rows`: the collectives a run actually calls, at the sizes it calls them, read
+  from the op records of real generations as the master rank sees them: its wait for the last
+  rank, and the rest of the call from that arrival to its own end. Inside a pipeline on shared
   cores a collective costs more than alone (ranks that finished it compute on the cores the
-  others need to finish it; waiting ranks sleep and must be woken), and this is the measurement
-  the simulator prices a run's collectives from when it has it.
+  others need to finish it; waiting ranks sleep and must be woken), and ranks arrive apart;
+  this is the measurement the simulator prices a run's collectives from when it has it.
 * :func:`p2p_rows`: half a ping-pong round trip per link class.
 """
 
@@ -42,14 +43,17 @@ SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
 P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
                    "algorithm and size; last rank's start to last rank's end")
-IN_PLACE_METHOD = "collectives of real generations (op records): last rank's start to last rank's end"
+IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end; "
+                   "the mean is charged")
+WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start; "
+               "the mean is charged")
 
 
 def stats(values) -> dict:
-    """``median``, ``p10``, ``p90`` and ``repeats`` of ``values`` (a profile row's statistics)."""
+    """``median``, ``p10``, ``p90``, ``mean`` and ``repeats`` of ``values`` (a profile row's statistics)."""
     values = np.asarray(values, dtype=float)
     return {"median": float(np.median(values)), "p10": float(np.percentile(values, 10)),
-            "p90": float(np.percentile(values, 90)), "repeats": len(values)}
+            "p90": float(np.percentile(values, 90)), "mean": float(np.mean(values)), "repeats": len(values)}
 
 
 def _slowest_s(fn: Callable[[], None]) -> float:
@@ -145,33 +149,45 @@ def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float
             for (call, _), spans in zip(cases, times)]
 
 
-def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int) -> list[dict]:
-    """Profile rows (``collective_in_place``) from the collectives of real generations.
+def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int, master: int) -> list[dict]:
+    """Profile rows (``collective_in_place`` and ``collective_wait``) from the collectives of real
+    generations, as the master sees them.
+
+    The master's time inside a call splits into its wait for the last rank to arrive and the
+    rest, from that arrival to its own end; its step is its compute, its gaps and these two, so
+    charging both, per call, adds up to its step. The last rank's end is not the master's: a
+    broadcast's root leaves before its leaves have received, and the master then waits for them
+    at the next call, which is where this charges it.
 
     Args:
-        spans: every rank's collective records, each ``(call, kind, algorithm, size_bytes,
+        spans: every rank's collective records, each ``(call, rank, kind, algorithm, size_bytes,
             start_s, end_s)``: ``call`` identifies one collective call across ranks (generation,
             step, layer, op name), times on the shared clock.
         group_size, num_hosts: the tensor-parallel group the calls ran over.
+        master: the group's first rank.
 
     Returns:
-        One row per (kind, algorithm, size): statistics over calls of the last rank's end less the
-        last rank's start. A call some rank did not record is left out.
+        Per (kind, algorithm, size), statistics over calls of the master's end less the last
+        start (``collective_in_place``) and of its wait (``collective_wait``: the last start, or
+        its own end if earlier, less its start). A call some rank did not record is left out.
     """
-    by_call: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    by_call: dict[tuple, dict[int, tuple[float, float]]] = defaultdict(dict)
     shape: dict[tuple, tuple[str, str, int]] = {}
-    for call, kind, algorithm, size_bytes, start_s, end_s in spans:
-        by_call[call].append((start_s, end_s))
+    for call, rank, kind, algorithm, size_bytes, start_s, end_s in spans:
+        by_call[call][rank] = (start_s, end_s)
         shape[call] = (kind, algorithm, size_bytes)
-    durations: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    spent: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
     for call, times in by_call.items():
-        if len(times) == group_size:
-            starts, ends = zip(*times)
-            durations[shape[call]].append(max(ends) - max(starts))
-    return [{"measurement": "collective_in_place", "op": kind, "algorithm": algorithm, "group_size": group_size,
-             "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s", "method": IN_PLACE_METHOD,
-             **stats(values)}
-            for (kind, algorithm, size_bytes), values in sorted(durations.items())]
+        if len(times) == group_size and master in times:
+            start, end = times[master]
+            wait = max(0.0, min(end, max(s for s, _ in times.values())) - start)
+            spent[shape[call]].append((end - start - wait, wait))
+    return [{"measurement": measurement, "op": kind, "algorithm": algorithm, "group_size": group_size,
+             "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s", "method": method,
+             **stats([pair[index] for pair in values])}
+            for (kind, algorithm, size_bytes), values in sorted(spent.items())
+            for index, (measurement, method) in enumerate((("collective_in_place", IN_PLACE_METHOD),
+                                                           ("collective_wait", WAIT_METHOD)))]
 
 
 def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:

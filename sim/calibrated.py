@@ -7,8 +7,8 @@
   every op, compute or collective.
 * :class:`CalibratedNetwork`: a collective's time is interpolated piecewise linearly in message
   size among the measured times of the same kind, algorithm, group size and number of hosts:
-  those measured in place, in real generations, where it has them; the isolated timings
-  elsewhere. Linear because between two measured sizes an alpha-beta(-gamma) cost is affine in
+  those measured in place, in real generations, where it has them (with the master's wait for
+  the last rank, a term of its own); the isolated timings elsewhere. Linear because between two measured sizes an alpha-beta(-gamma) cost is affine in
   the size (FIELD-NOTES section 1), which linear interpolation reproduces exactly; log-log
   interpolation bends it upwards between a latency-bound and a bandwidth-bound point (measured
   here: +15% at 384 KiB between 256 KiB and 1 MiB on the 5 ms clusters).
@@ -17,6 +17,9 @@ Outside the measured range a query is priced from the nearest measurement scaled
 uncalibrated model's ratio (roofline, or the scenario's network model), and recorded in
 ``extrapolated`` so the output can say which predictions rest on it. Tables are built once;
 lookups are cached, so pricing is O(1) per op inside the simulation loop.
+
+What a run repeats per step (compute ops, gaps, in-place collectives and waits) is charged its
+measured *mean* (:data:`CHARGED`): a step is their sum (:mod:`sim.profile`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
 from sim.profile import Profile
 from sim.topology import Device, Topology
+
+
+CHARGED = "mean"  # the profile statistic charged for what a run repeats per step
+ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 
 def _regime(new_tokens: int) -> str:
@@ -61,13 +68,13 @@ class CalibratedCompute:
             x = max(row.flops / (self.fallback.flops_efficiency * _peak(row.device_class, row.dtype)),
                     row.traffic_bytes / (self.fallback.memory_efficiency * _bandwidth(row.device_class)))
             key = (row.device_class, row.dtype, row.op, _regime(int(row.new_tokens)))
-            points.setdefault(key, []).append((x, float(row.median)))
+            points.setdefault(key, []).append((x, float(getattr(row, CHARGED))))
         for key, values in points.items():
             xs = np.array(sorted({x for x, _ in values}))
             ys = np.array([np.median([y for x, y in values if x == v]) for v in xs])
             self._tables[key] = (xs, ys)
         for row in self.profile.of("op_gap").itertuples(index=False):
-            self._gap_s[row.device_class] = float(row.median)
+            self._gap_s[row.device_class] = float(getattr(row, CHARGED))
 
     def gap_s(self, device: Device) -> float:
         """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
@@ -112,16 +119,19 @@ def _bandwidth(device_class: str) -> float:
 
 @dataclass
 class CalibratedNetwork:
-    """Collective times from a profile's ``collective_in_place`` and ``collective`` rows.
+    """Collective times from a profile's ``collective_in_place``, ``collective_wait`` and
+    ``collective`` rows.
 
     A collective is priced, for its kind, algorithm, group size and number of hosts:
 
     * within the sizes measured in place (in real generations), by linear interpolation among
-      them: that is what the collective costs inside a run on this cluster;
+      them: what the call costs the master inside a run on this cluster, from the last rank's
+      arrival to its end, plus its wait for that arrival (``wait_s`` of the timing: ranks that
+      share cores arrive apart, which the simulated ranks, doing equal work, do not);
     * elsewhere, by linear interpolation among the isolated timings plus the in-place overhead
       at the nearest in-place size (in place less isolated there, in seconds; flagged in
-      ``extrapolated``). The overhead is per call (waking ranks, sharing cores with compute), so
-      it is carried as a constant, not a ratio;
+      ``extrapolated``), and the wait at that size. The overhead is per call (waking ranks,
+      sharing cores with compute), so it is carried as a constant, not a ratio;
     * without isolated timings, by the scenario's network model scaled to the nearest one.
 
     The isolated timings are first made non-decreasing in size, each the least median measured
@@ -148,24 +158,34 @@ class CalibratedNetwork:
     extrapolated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _in_place: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _wait: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._tables = _size_tables(self.profile.of("collective"), monotone=True)
+        self._tables = _size_tables(self.profile.of("collective"), ISOLATED, monotone=True)
         if self.in_place:
-            self._in_place = _size_tables(self.profile.of("collective_in_place"), monotone=False)
+            self._in_place = _size_tables(self.profile.of("collective_in_place"), CHARGED, monotone=False)
+            self._wait = _size_tables(self.profile.of("collective_wait"), CHARGED, monotone=False)
 
     def time(self, schedule: CommSchedule) -> CollectiveTiming:
-        """The timing of ``schedule``: the calibrated time for every rank (the profile holds whole
-        collective times, not per-rank finishes)."""
+        """The timing of ``schedule``: the calibrated time for every rank (the profile holds the
+        master's view of a call, not per-rank finishes), its calibrated wait in ``wait_s``."""
         if len(schedule.group) == 1:
             return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
-        duration = self._duration(schedule) + self.gap_s
-        return CollectiveTiming(duration, {r: duration for r in schedule.group})
+        key = (str(schedule.kind), schedule.algorithm, len(schedule.group),
+               len(self.topology.host_groups(schedule.group)))
+        wait_s = self._wait_s(schedule, key)
+        duration = wait_s + self._duration(schedule, key) + self.gap_s
+        return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s)
 
-    def _duration(self, schedule: CommSchedule) -> float:
-        hosts = len(self.topology.host_groups(schedule.group))
-        key = (str(schedule.kind), schedule.algorithm, len(schedule.group), hosts)
-        label = f"{schedule.kind} {schedule.algorithm} over {len(schedule.group)} ranks on {hosts} hosts"
+    def _wait_s(self, schedule: CommSchedule, key: tuple) -> float:
+        table = self._wait.get(key)
+        if table is None:
+            return 0.0
+        sizes, times = table  # beyond the measured sizes, the nearest: skew comes from the compute around
+        return max(0.0, float(np.interp(schedule.size_bytes, sizes, times)))
+
+    def _duration(self, schedule: CommSchedule, key: tuple) -> float:
+        label = f"{schedule.kind} {schedule.algorithm} over {key[2]} ranks on {key[3]} hosts"
         in_place = self._in_place.get(key)
         if in_place is None or schedule.size_bytes <= 0:
             return self._isolated_s(schedule, key, label, flag=True)
@@ -200,13 +220,13 @@ class CalibratedNetwork:
                               root=schedule.root, host_groups=self.topology.host_groups(schedule.group))
 
 
-def _size_tables(rows, monotone: bool) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
-    """(kind, algorithm, group size, hosts) -> (sizes in bytes, median times in s), sizes
-    ascending. ``monotone``: each time becomes the least at its size or above (see
-    :class:`CalibratedNetwork`)."""
+def _size_tables(rows, statistic: str, monotone: bool) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """(kind, algorithm, group size, hosts) -> (sizes in bytes, times in s: the rows'
+    ``statistic`` column), sizes ascending. ``monotone``: each time becomes the least at its size
+    or above (see :class:`CalibratedNetwork`)."""
     tables = {}
     for key, group in rows.groupby(["op", "algorithm", "group_size", "num_hosts"], sort=True):
-        group = group.groupby("size_bytes", sort=True)["median"].median()
+        group = group.groupby("size_bytes", sort=True)[statistic].median()
         times = group.to_numpy(dtype=float)
         if monotone:
             times = np.minimum.accumulate(times[::-1])[::-1]

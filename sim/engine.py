@@ -8,7 +8,9 @@ Semantics (what the tests pin down):
 * A compute op holds its stream for the compute model's duration.
 * A collective is a rendezvous: it starts when the last rank of its group arrives, and each rank is
   released at ``start + finish_s[rank]`` of the network model's timing of the collective's
-  point-to-point schedule (so a broadcast's root leaves before its leaves do). Timings are priced
+  point-to-point schedule (so a broadcast's root leaves before its leaves do). A timing's
+  ``wait_s`` (calibrated arrival skew) is the group's first rank waiting for the others: the
+  trace shows the others arriving ``wait_s`` after the simulated last arrival. Timings are priced
   once per (kind, algorithm, group, size, root) and cached by the :class:`CollectivePricer`.
 * A weight load (``Op.load``) crosses the rank's loader path, sharing it with the loads of other
   ranks in flight (:class:`sim.loader.LoaderLinks`).
@@ -99,6 +101,8 @@ class Engine:
                 if entry[0] == len(op.collective.group):
                     entry[1].succeed(env.now)
                 start = yield entry[1]
+                if timing.wait_s and rank != op.collective.group[0]:
+                    starts[i] = max(starts[i], start + timing.wait_s)
                 yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
             ends[i] = env.now
             done[i].succeed()

@@ -54,10 +54,14 @@ class CollectiveTiming:
     Attributes:
         duration_s: from the start until the last rank finishes (s).
         finish_s: for every rank of the group, the offset (s) at which it is done.
+        wait_s: the part of both that the group's first rank spends waiting for the others to
+            arrive beyond the simulated arrivals (a calibrated arrival skew, :mod:`sim.calibrated`;
+            0 for the uncalibrated models, whose ranks arrive as simulated).
     """
 
     duration_s: float
     finish_s: Mapping[int, float]
+    wait_s: float = 0.0
 
 
 class NetworkModel(Protocol):

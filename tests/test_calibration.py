@@ -36,8 +36,8 @@ def _profile_from_simulation(scale: float, gap_s: float = 0.0):
                                  "group_size": 2, "batch_size": 1, "new_tokens": op.shape[0],
                                  "context_tokens": op.shape[1], "dtype": "fp32", "flops": op.cost.flops,
                                  "traffic_bytes": op.traffic_bytes, "unit": "s", "repeats": 1, "method": "synthetic",
-                                 "median": scale * roofline.roofline_s(op, baseline.topology.devices[0])})
-    rows.append({"measurement": "op_gap", "device_class": "cpu", "median": gap_s, "unit": "s"})
+                                 "mean": scale * roofline.roofline_s(op, baseline.topology.devices[0])})
+    rows.append({"measurement": "op_gap", "device_class": "cpu", "mean": gap_s, "unit": "s"})
     return scenario, Profile(profile_frame(rows))
 
 
@@ -207,26 +207,36 @@ def test_calibration_generates_with_each_distinct_named_strategy():
     assert [(c.strategy, c.allreduce) for c in calibration_strategies(only_auto)] == [("allreduce_ln", "library")]
 
 
-def test_in_place_rows_charge_from_the_last_start_to_the_last_end():
+def test_in_place_rows_split_the_masters_call_into_its_wait_and_the_rest():
     pytest.importorskip("torch")
     from runtime.comm_timing import in_place_rows
 
     spans = []
-    for call in range(3):  # rank 1 arrives 5 ms late; the last rank ends 2 ms after it arrives
-        t = call * 1.0
-        spans += [((call,), "allreduce", "ring", 4096, t, t + 0.007),
-                  ((call,), "allreduce", "ring", 4096, t + 0.005, t + 0.006)]
-    spans.append(((9,), "allreduce", "ring", 4096, 0.0, 5.0))  # a call only one rank recorded
-    (row,) = in_place_rows(spans, group_size=2, num_hosts=2)
-    assert row["measurement"] == "collective_in_place" and row["size_bytes"] == 4096
-    assert row["median"] == pytest.approx(0.002) and row["repeats"] == 3
+    for call in range(3):  # rank 1 arrives 5 ms late (10 ms in the last call); the master ends 2 ms after
+        t, late = call * 1.0, 0.005 if call < 2 else 0.010
+        spans += [((call,), 0, "allreduce", "ring", 4096, t, t + late + 0.002),
+                  ((call,), 1, "allreduce", "ring", 4096, t + late, t + late + 0.001)]
+    # a broadcast's root (the master) leaves before its leaf arrives: it waited its whole call
+    spans += [(("b",), 0, "broadcast", "library", 4096, 0.0, 0.001), (("b",), 1, "broadcast", "library", 4096, 0.003, 0.004)]
+    spans.append(((9,), 0, "allreduce", "ring", 4096, 0.0, 5.0))  # a call only one rank recorded
+    rows = {(r["op"], r["measurement"]): r for r in in_place_rows(spans, group_size=2, num_hosts=2, master=0)}
+    assert set(rows) == {(op, m) for op in ("allreduce", "broadcast") for m in ("collective_in_place", "collective_wait")}
+    transfer, wait = rows["allreduce", "collective_in_place"], rows["allreduce", "collective_wait"]
+    assert transfer["size_bytes"] == 4096 and transfer["repeats"] == wait["repeats"] == 3
+    assert transfer["mean"] == pytest.approx(0.002) and wait["median"] == pytest.approx(0.005)
+    assert wait["mean"] == pytest.approx(0.020 / 3)  # the mean, which the simulator charges, keeps the tail
+    assert rows["broadcast", "collective_wait"]["mean"] == pytest.approx(0.001)
+    assert rows["broadcast", "collective_in_place"]["mean"] == pytest.approx(0.0)
 
 
-def _two_kinds_profile() -> Profile:
+def _two_kinds_profile(waits: dict[int, float] | None = None) -> Profile:
+    waits = waits or {}
     rows = [{"measurement": "collective", "op": "allreduce", "algorithm": "ring", "group_size": 4, "num_hosts": 2,
              "size_bytes": size, "median": t, "unit": "s"} for size, t in {1024: 1e-3, 4096: 2e-3, 65536: 4e-3}.items()]
     rows += [{"measurement": "collective_in_place", "op": "allreduce", "algorithm": "ring", "group_size": 4,
-              "num_hosts": 2, "size_bytes": size, "median": t, "unit": "s"} for size, t in {4096: 5e-3, 16384: 6e-3}.items()]
+              "num_hosts": 2, "size_bytes": size, "mean": t, "unit": "s"} for size, t in {4096: 5e-3, 16384: 6e-3}.items()]
+    rows += [{"measurement": "collective_wait", "op": "allreduce", "algorithm": "ring", "group_size": 4,
+              "num_hosts": 2, "size_bytes": size, "mean": t, "unit": "s"} for size, t in waits.items()]
     return Profile(profile_frame(rows))
 
 
@@ -248,7 +258,7 @@ def test_in_place_times_price_a_run_and_carry_their_overhead_beyond_their_sizes(
     assert alone.time(ring(4096)).duration_s == pytest.approx(2e-3, rel=1e-9)
 
 
-def test_in_run_collective_calls_are_charged_from_the_last_arrival():
+def test_in_run_collective_calls_are_charged_from_the_last_arrival_to_the_masters_end():
     from validation.validate import call_durations
 
     ops = pd.DataFrame([
@@ -259,7 +269,7 @@ def test_in_run_collective_calls_are_charged_from_the_last_arrival():
         (0, "compute", "mlp_up", "mlp_up", "decode", 1, 1, 0.010, 0.020, 0, 1e6)],
         columns=["rank", "stream", "kind", "name", "phase", "step", "layer", "start_s", "end_s", "bytes", "flops"])
     calls = call_durations(ops)
-    assert calls["duration_s"].tolist() == pytest.approx([0.006, 0.005])
+    assert calls["duration_s"].tolist() == pytest.approx([0.006, 0.003])
     assert set(calls["op"]) == {"allreduce"} and set(calls["size_bytes"]) == {3072}
 
 
@@ -374,3 +384,36 @@ def test_step_terms_split_the_master_step_and_contributions_add_up_to_its_error(
     assert by_term.abs().idxmax() == "wait"  # simulated ranks arrive together; measured, 4 ms apart
     summary = term_summary(table).set_index("term")
     assert summary.loc["other", "share"] == pytest.approx(0.2)
+
+
+def test_calibrated_wait_is_charged_before_each_collective_and_shows_in_the_trace():
+    from validation.terms import step_terms
+
+    topology = build_topology(ClusterConfig.model_validate(cluster(2, 2)))
+    group = (0, 1, 2, 3)
+    ring = build_schedule(OpKind.ALLREDUCE, "ring", group, 8192, host_groups=topology.host_groups(group))
+    network = CalibratedNetwork(_two_kinds_profile({4096: 1e-3, 16384: 4e-3}), FlowNetwork(topology), topology)
+    timing = network.time(ring)
+    assert timing.wait_s == pytest.approx(2e-3, rel=1e-9)  # interpolated in size like the rest of the call
+    assert timing.duration_s == pytest.approx(2e-3 + 5e-3 + 1e-3 / 3, rel=1e-9)
+    # A whole run: every allreduce costs the master 2 ms of waiting and 1 ms after the last arrival.
+    scenario, compute = _profile_from_simulation(scale=1.0)
+
+    def with_collectives(wait_s: float) -> Profile:
+        rows = [{"measurement": m, "op": "allreduce", "algorithm": "library", "group_size": 2, "num_hosts": 2,
+                 "size_bytes": size, "mean": t, "unit": "s"}
+                for m, t in (("collective_in_place", 1e-3), ("collective_wait", wait_s)) for size in (1, 1 << 30)]
+        return Profile(profile_frame([*compute.rows.to_dict("records"), *rows]))
+
+    waiting, together = simulate(scenario, profile=with_collectives(2e-3)), simulate(scenario, profile=with_collectives(0.0))
+    trace = waiting.variants[0].trace
+    terms = step_terms(trace.ops, trace.steps).set_index(["phase", "term"])["seconds"]
+    calls = trace.ops[(trace.ops["kind"] == "allreduce") & (trace.ops["rank"] == 0)].groupby("phase").size()
+    steps = trace.ops.groupby("phase")["step"].nunique()
+    for phase in ("prefill", "decode"):
+        per_step = calls[phase] / steps[phase]
+        assert terms[phase, "wait"] == pytest.approx(per_step * 2e-3, rel=1e-6)
+        assert terms[phase, "collective:allreduce"] == pytest.approx(per_step * 1e-3, rel=1e-6)
+    ttft = {r.metric: r.value for r in waiting.results.itertuples() if r.variant == "ar"}["ttft_s"]
+    ttft_together = {r.metric: r.value for r in together.results.itertuples() if r.variant == "ar"}["ttft_s"]
+    assert ttft - ttft_together == pytest.approx(calls["prefill"] / steps["prefill"] * 2e-3, rel=1e-6)

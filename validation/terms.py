@@ -10,7 +10,9 @@ the master's step boundaries. The master's step is:
 * ``collective:<kind>``: its collective calls from the last rank's arrival to its own end
   (priced from ``collective_in_place`` / ``collective`` rows: the same charge);
 * ``wait``: inside collective calls, waiting for the last rank to arrive (skew between ranks: a
-  rank with more work, or a core shared with another rank);
+  rank with more work, a core shared with another rank, a broadcast's leaves still receiving
+  after its root left; priced from ``collective_wait`` rows, which a simulated trace shows as the
+  other ranks arriving late);
 * ``other``: the rest, between ops (the framework's gaps, priced by ``op_gap``).
 
 The simulator charges the gap inside each op (:class:`sim.calibrated.CalibratedCompute`,

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.calibrated import CHARGED
 from sim.profile import Profile
 from sim.scenario import Scenario
 from validation.cpu_steal import cpu_ticks, steal_fraction
@@ -209,19 +210,23 @@ def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFra
 
 
 def call_durations(ops: pd.DataFrame) -> pd.DataFrame:
-    """Each collective call of a trace's op table, charged as the simulator charges it: the last
-    rank's end less the last rank's start. Columns: phase, op, size_bytes, duration_s."""
+    """Each collective call of a trace's op table, charged as the simulator's
+    ``collective_in_place`` rows charge it: the master's (the trace's lowest rank's) end less the
+    last rank's start; the master's wait before that start is left out, as it is a term of its own
+    (:mod:`validation.terms`). Columns: phase, op, size_bytes, duration_s."""
     calls = ops[ops["kind"].isin(("allreduce", "reduce", "broadcast"))]
-    grouped = calls.groupby(["step", "layer", "name"], sort=False).agg(
-        phase=("phase", "first"), op=("kind", "first"), size_bytes=("bytes", "first"),
-        last_start=("start_s", "max"), last_end=("end_s", "max"))
-    return pd.DataFrame({"phase": grouped["phase"], "op": grouped["op"], "size_bytes": grouped["size_bytes"],
-                         "duration_s": grouped["last_end"] - grouped["last_start"]}).reset_index(drop=True)
+    keys = ["step", "layer", "name"]
+    last_start = calls.groupby(keys, sort=False)["start_s"].max().rename("last_start")
+    master = calls[calls["rank"] == calls["rank"].min()].join(last_start, on=keys)
+    return pd.DataFrame({"phase": master["phase"], "op": master["kind"], "size_bytes": master["bytes"],
+                         "duration_s": (master["end_s"] - master["last_start"]).clip(lower=0.0)}
+                        ).reset_index(drop=True)
 
 
 def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.DataFrame:
     """The collectives inside the runs: per variant, phase, kind and size, the simulated call
-    time against the measured median (and p10 / p90) over the calls of the measured trace.
+    time against the measured mean (the statistic the simulator charges, :mod:`sim.calibrated`;
+    with p10 / p90) over the calls of the measured trace.
 
     Args:
         simulated: a :class:`sim.simulate.SimulationResult`; measured: a
@@ -237,11 +242,11 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
                 continue
             value = float(predicted["duration_s"].median())
             times = group["duration_s"].to_numpy()
-            median = float(np.median(times))
+            mean = float(np.mean(times))
             rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": meas_variant.name,
-                         "phase": phase, "op": op, "size_bytes": int(size), "simulated": value, "measured": median,
+                         "phase": phase, "op": op, "size_bytes": int(size), "simulated": value, "measured": mean,
                          "measured_p10": float(np.percentile(times, 10)),
-                         "measured_p90": float(np.percentile(times, 90)), "error": value / median - 1})
+                         "measured_p90": float(np.percentile(times, 90)), "error": value / mean - 1})
     return pd.DataFrame(rows, columns=IN_RUN_COLUMNS)
 
 
@@ -298,7 +303,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             calibration_steal = steal_fraction(before, cpu_ticks())
             write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", table.to_csv(index=False, lineterminator="\n"))
             profile = Profile(table)
-            gaps = profile.of("op_gap").set_index("device_class")["median"]
+            gaps = profile.of("op_gap").set_index("device_class")[CHARGED]
             gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
             for prompt in reversed(cases):
                 first = launches[prompt][0][0][0]  # rank 0, first variant: its timed repeats
