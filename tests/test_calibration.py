@@ -417,3 +417,28 @@ def test_calibrated_wait_is_charged_before_each_collective_and_shows_in_the_trac
     ttft = {r.metric: r.value for r in waiting.results.itertuples() if r.variant == "ar"}["ttft_s"]
     ttft_together = {r.metric: r.value for r in together.results.itertuples() if r.variant == "ar"}["ttft_s"]
     assert ttft - ttft_together == pytest.approx(calls["prefill"] / steps["prefill"] * 2e-3, rel=1e-6)
+
+
+def test_in_run_errors_compare_with_the_measured_mean_and_skip_calls_with_no_time_after_the_last_arrival():
+    from types import SimpleNamespace
+
+    from validation.validate import in_run_errors
+
+    columns = ["rank", "stream", "kind", "name", "phase", "step", "layer", "start_s", "end_s", "bytes", "flops"]
+
+    def variant(allreduce_ends: tuple[float, float], root_end_s: float, name: str = "ar"):
+        ops = pd.DataFrame([
+            (0, "compute", "allreduce", "ar", "decode", 1, 0, 0.0, allreduce_ends[0], 3072, 0),
+            (1, "compute", "allreduce", "ar", "decode", 1, 0, 0.0, 0.004, 3072, 0),
+            (0, "compute", "allreduce", "ar", "decode", 1, 1, 0.1, 0.1 + allreduce_ends[1], 3072, 0),
+            (1, "compute", "allreduce", "ar", "decode", 1, 1, 0.1, 0.104, 3072, 0),
+            # the root (the master) sends and leaves before its leaf arrives
+            (0, "compute", "broadcast", "bc", "decode", 1, 0, 0.2, root_end_s, 3072, 0),
+            (1, "compute", "broadcast", "bc", "decode", 1, 0, 0.21, 0.22, 3072, 0)], columns=columns)
+        return SimpleNamespace(name=name, trace=SimpleNamespace(ops=ops))
+
+    table = in_run_errors("s", 8, SimpleNamespace(variants=[variant((0.003, 0.003), 0.201)]),
+                          SimpleNamespace(variants=[variant((0.002, 0.004), 0.201)])).set_index("op")
+    assert table.loc["allreduce", "measured"] == pytest.approx(0.003)  # the mean of 2 ms and 4 ms
+    assert table.loc["allreduce", "error"] == pytest.approx(0.0)
+    assert table.loc["broadcast", "measured"] == 0.0 and math.isnan(table.loc["broadcast", "error"])

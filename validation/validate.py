@@ -246,7 +246,9 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
             rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": meas_variant.name,
                          "phase": phase, "op": op, "size_bytes": int(size), "simulated": value, "measured": mean,
                          "measured_p10": float(np.percentile(times, 10)),
-                         "measured_p90": float(np.percentile(times, 90)), "error": value / mean - 1})
+                         "measured_p90": float(np.percentile(times, 90)),
+                         # a root that left before the last arrival: no time after it to compare
+                         "error": value / mean - 1 if mean > 0 else np.nan})
     return pd.DataFrame(rows, columns=IN_RUN_COLUMNS)
 
 
