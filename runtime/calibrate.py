@@ -51,6 +51,7 @@ from sim.profile import profile_frame
 
 CALIBRATION_PROMPTS = (8, 32, 128)
 CALIBRATION_OUTPUT_TOKENS = 4
+CALIBRATION_MAX_TOKENS = max(CALIBRATION_PROMPTS) + CALIBRATION_OUTPUT_TOKENS  # the KV cache its model needs
 
 
 def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: float,
@@ -63,34 +64,61 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
 
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
     ranks = tensor_parallel_ranks(scenario, topology)
-    device_class = topology.devices[rank].spec.name
     comm = Communicator(rank, topology.host_groups)
+    model, store = rank_model(scenario, tuple(ranks), rank, seed=0, max_tokens=CALIBRATION_MAX_TOKENS,
+                              device=torch.device("cpu"))
+    # A model built from block files (when the scenario streams) is loaded whole before timing.
+    generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model,
+                                         BlockLoader(store, model.device) if store is not None else None, heartbeat)
     # Generations first: the memory baseline is read from one, before the collective sweep's large
     # buffers raise this process's high-water mark.
-    rows, spans, framework_bytes = _generations(scenario, ranks, topology, rank, comm, repeats, heartbeat)
+    rounds = generation_rounds(repeats, len(generations.strategies))
+    for index in range(rounds + 1):
+        generations.round(index, timed=index > 0)  # the first round warms up
+    framework_bytes = generations.framework_bytes()
+    rows = collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
+                           algorithms=used_algorithms(scenario) if used_only else None,
+                           held_out=tuple(held_out_sizes))
+    rows += p2p_rows(ranks, topology, rank, repeats, heartbeat)
+    return gather_profile(generations, framework_bytes, rows)
+
+
+def generation_rounds(repeats: int, strategies: int) -> int:
+    """Timed rounds of calibration generations: each strategy generates ``repeats`` times over
+    the rounds at each prompt, at least twice."""
+    return max(2, math.ceil(repeats / strategies))
+
+
+def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict]):
+    """Gather every rank's calibration rows on the group's first rank and fold them into the
+    profile table (:func:`sim.profile.profile_frame`); None on the other ranks.
+
+    Args:
+        generations: this rank's calibration generations, their rounds done.
+        framework_bytes: this rank's memory beyond its model (:meth:`CalibrationGenerations.framework_bytes`).
+        rows: this rank's other rows (the collective sweep's and p2p, on the first rank).
+    """
+    ranks = generations.ranks
     samples = [None] * len(ranks)
-    dist.all_gather_object(samples, (device_class, framework_bytes))
+    dist.all_gather_object(samples, (generations.device_class, framework_bytes))
     by_class = defaultdict(list)
     for cls, value in samples:
         by_class[cls].append(value)
+    rows = generations.rows() + rows
     for cls, values in by_class.items():
         rows.append({"measurement": "memory_baseline", "device_class": cls, "unit": "bytes",
                      "method": "peak resident set size of an untimed generation at the shortest prompt "
                                "(exact allocator), less the model's weights and KV cache (framework, "
                                "communication buffers, activations)",
                      **stats(values)})
-    rows += collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
-                            algorithms=used_algorithms(scenario) if used_only else None,
-                            held_out=tuple(held_out_sizes))
-    rows += p2p_rows(ranks, topology, rank, repeats, heartbeat)
-    gathered = [None] * len(ranks) if rank == ranks[0] else None
-    dist.gather_object((rows, spans), gathered, dst=ranks[0])
-    if rank != ranks[0]:
+    gathered = [None] * len(ranks) if generations.rank == ranks[0] else None
+    dist.gather_object((rows, generations.spans), gathered, dst=ranks[0])
+    if generations.rank != ranks[0]:
         return None
     merged = [row for part, _ in gathered for row in part if row.get("measurement") != "memory_baseline"]
     merged += [row for row in gathered[0][0] if row.get("measurement") == "memory_baseline"]
     merged += in_place_rows([span for _, part in gathered for span in part], len(ranks),
-                            len(topology.host_groups(ranks)), master=ranks[0])
+                            len(generations.topology.host_groups(ranks)), master=ranks[0])
     return _merge_compute(merged)
 
 
@@ -120,77 +148,95 @@ def used_algorithms(scenario) -> dict[OpKind, tuple[str, ...]]:
             for kind, names in used.items()}
 
 
-def _generations(scenario, ranks, topology, rank, comm, repeats, heartbeat) -> tuple[list[dict], list[tuple], int]:
-    """Generate with each calibration strategy at each calibration prompt, interleaved in rounds
-    (one warm-up round, then ``ceil(repeats / strategies)`` timed, at least 2).
+class CalibrationGenerations:
+    """Generations with each calibration strategy (:func:`calibration_strategies`) at each
+    calibration prompt, one of each per :meth:`round`, every one started at one instant on the
+    shared clock; their op records are what the profile's ``compute``, ``op_gap``,
+    ``collective_in_place`` and ``collective_wait`` rows are made of.
 
-    Returns:
-        (this rank's compute and op_gap rows; its collective spans for
-        :func:`runtime.comm_timing.in_place_rows`; its framework memory in bytes).
+    In rounds, not one strategy's repeats in a block: on a shared machine the pace drifts over tens
+    of seconds, and a strategy timed in one block would carry whatever the machine did then into
+    its collective rows; interleaved, every strategy samples the same stretch of time (and
+    ``hetsim validate`` interleaves these rounds with the measured ones).
+
+    Args:
+        model: this rank's model shard, with a KV cache of at least :data:`CALIBRATION_MAX_TOKENS`.
+        loader: reads weight blocks when ``model`` was built without some (the scenario streams).
     """
-    spec = scenario.model
-    batch = scenario.config.workload.batch_size
-    device = torch.device("cpu")
-    model, store = rank_model(scenario, tuple(ranks), rank, seed=0,
-                              max_tokens=max(CALIBRATION_PROMPTS) + CALIBRATION_OUTPUT_TOKENS, device=device)
-    # A model built from block files (when the scenario streams) is loaded whole before timing.
-    loader = BlockLoader(store, device) if store is not None else None
-    device_class = topology.devices[rank].spec.name
-    strategies = calibration_strategies(scenario)
-    timed = max(2, math.ceil(repeats / len(strategies)))
-    rows, spans, gaps = [], [], []
-    cases = []  # (strategy index, label, prompt length, executor, prompt, ops by step and name)
-    for s_index, strategy in enumerate(strategies):
-        label = strategy.strategy if strategy.strategy != "allreduce_ln" else f"allreduce_ln {strategy.allreduce}"
-        for prompt_len in CALIBRATION_PROMPTS:
-            plan = Plan(spec, tuple(ranks), batch, prompt_len, CALIBRATION_OUTPUT_TOKENS, strategy)
-            executor = Executor(plan, model, comm, rank, loader=loader)
+
+    def __init__(self, scenario, ranks, topology, rank: int, comm: Communicator, model, loader: BlockLoader | None,
+                 heartbeat: Callable[[str], None]):
+        spec = scenario.model
+        batch = scenario.config.workload.batch_size
+        self.ranks, self.topology, self.rank, self.heartbeat = tuple(ranks), topology, rank, heartbeat
+        self.device_class = topology.devices[rank].spec.name
+        self.model, self.group_size, self.batch, self.dtype = model, len(ranks), batch, spec.dtype
+        self.strategies = calibration_strategies(scenario)
+        self.cases = []  # (strategy index, label, prompt length, executor, prompt, ops by step and name)
+        for s_index, strategy in enumerate(self.strategies):
+            label = strategy.strategy if strategy.strategy != "allreduce_ln" else f"allreduce_ln {strategy.allreduce}"
+            for prompt_len in CALIBRATION_PROMPTS:
+                plan = Plan(spec, self.ranks, batch, prompt_len, CALIBRATION_OUTPUT_TOKENS, strategy)
+                executor = Executor(plan, model, comm, rank, loader=loader)
+                # Ops of one name in one step share their cost (every layer has the same shapes).
+                ops = [{op.name: op for seg in plan.phase(step).segments for op in seg.programs[rank]}
+                       for step in range(plan.num_phases)]
+                self.cases.append((s_index, label, prompt_len, executor,
+                                   prompt_tokens(spec, batch, prompt_len, seed=0).to(model.device), ops))
+        self.timings: list[dict] = []  # compute timings, one per op record
+        self.spans: list[tuple] = []  # collective records, for runtime.comm_timing.in_place_rows
+        self.gaps: list[float] = []
+
+    def round(self, index: int, timed: bool) -> None:
+        """One generation of every case; ``timed`` keeps its records (False: a warm-up)."""
+        for s_index, label, prompt_len, executor, prompt, ops in self.cases:
+            self.heartbeat(f"generating with {label}, prompt {prompt_len} tokens, repeat {index}")
+            executor.prepare()  # untimed: another executor of this model may have streamed its blocks
+            generation = executor.generate(prompt, common_start(self.model.device))
+            if timed:
+                self._keep(generation.records, ops, (s_index, prompt_len, index))
+
+    def _keep(self, records, ops, generation_id: tuple) -> None:
+        for before, after in zip(records, records[1:]):
+            if before.step == after.step:
+                self.gaps.append(after.start_s - before.end_s)
+        for record in records:
+            op = ops[record.step][record.name]
+            if op.collective is not None:
+                call = (generation_id, record.step, record.layer, record.name)
+                self.spans.append((call, self.rank, str(op.collective.kind), op.collective.algorithm,
+                                   op.collective.size_bytes, record.start_s, record.end_s))
+                continue
+            new, context = op.shape
+            cost = op.cost
+            self.timings.append({"measurement": "compute", "device_class": self.device_class, "op": record.kind,
+                                 "group_size": self.group_size, "batch_size": self.batch, "new_tokens": new,
+                                 "context_tokens": context, "dtype": self.dtype, "flops": cost.flops,
+                                 "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
+                                 "method": "timed in place while generating (the scenario's strategies)",
+                                 "median": record.end_s - record.start_s})
+
+    def rows(self) -> list[dict]:
+        """This rank's ``compute`` timings (one row each, folded by :func:`gather_profile`) and its
+        ``op_gap`` row."""
+        return self.timings + [{"measurement": "op_gap", "device_class": self.device_class, "unit": "s",
+                                "method": "time between consecutive ops of a rank while generating",
+                                **stats(self.gaps)}]
+
+    def framework_bytes(self) -> int:
+        """What this rank holds beyond its model's weights and KV cache (bytes): its peak resident
+        memory in one more, untimed generation at the shortest prompt with the exact allocator,
+        in which RSS is the baseline plus the live tensors (the timed generations ran fast). At the
+        shortest prompt, activations and workspace, which the simulator prices per shape, barely
+        enter it. Call it before anything large (the collective sweep's buffers) is allocated."""
+        _, _, _, executor, prompt, _ = self.cases[0]
+        cache_bytes = sum(t.numel() * t.element_size() for t in (*self.model.k_cache, *self.model.v_cache))
+        with memory_probe.exact_allocation():
             executor.prepare()
-            # Ops of one name in one step share their cost (every layer has the same shapes).
-            ops = [{op.name: op for seg in plan.phase(step).segments for op in seg.programs[rank]}
-                   for step in range(plan.num_phases)]
-            cases.append((s_index, label, prompt_len, executor, prompt_tokens(spec, batch, prompt_len, seed=0), ops))
-    # Round-robin over the cases, one generation each per round (the first round warms up): on a
-    # shared machine the pace drifts over tens of seconds, and a strategy timed in one block would
-    # carry whatever the machine did then into its collective rows; interleaved, every strategy
-    # samples the same stretch of time.
-    for index in range(timed + 1):
-        for s_index, label, prompt_len, executor, prompt, ops in cases:
-            heartbeat(f"generating with {label}, prompt {prompt_len} tokens, repeat {index}")
-            generation = executor.generate(prompt, common_start(device))
-            if index == 0:
-                continue  # warm-up
-            records = generation.records
-            for before, after in zip(records, records[1:]):
-                if before.step == after.step:
-                    gaps.append(after.start_s - before.end_s)
-            for record in records:
-                op = ops[record.step][record.name]
-                if op.collective is not None:
-                    call = (s_index, prompt_len, index, record.step, record.layer, record.name)
-                    spans.append((call, rank, str(op.collective.kind), op.collective.algorithm,
-                                  op.collective.size_bytes, record.start_s, record.end_s))
-                    continue
-                new, context = op.shape
-                cost = op.cost
-                rows.append({"measurement": "compute", "device_class": device_class, "op": record.kind,
-                             "group_size": len(ranks), "batch_size": batch, "new_tokens": new,
-                             "context_tokens": context, "dtype": spec.dtype, "flops": cost.flops,
-                             "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
-                             "method": "timed in place while generating (the scenario's strategies)",
-                             "median": record.end_s - record.start_s})
-    rows.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
-                 "method": "time between consecutive ops of a rank while generating", **stats(gaps)})
-    cache_bytes = sum(t.numel() * t.element_size() for t in (*model.k_cache, *model.v_cache))
-    # Memory: one more, untimed generation with the exact allocator, in which RSS is the baseline
-    # plus the live tensors (the timed ones above ran fast). At the shortest prompt: activations
-    # and workspace, which the simulator prices per shape, then barely enter the baseline.
-    _, _, _, executor, prompt, _ = cases[0]
-    with memory_probe.exact_allocation():
-        memory_probe.reset_peak(device)
-        executor.generate(prompt, time.perf_counter())
-        peak = peak_memory_bytes(device)
-    return rows, spans, peak - model.weight_bytes - cache_bytes
+            memory_probe.reset_peak(self.model.device)
+            executor.generate(prompt, time.perf_counter())
+            peak = peak_memory_bytes(self.model.device)
+        return peak - self.model.weight_bytes - cache_bytes
 
 
 def _merge_compute(rows: list[dict]):
@@ -234,22 +280,14 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         ConfigError: invalid scenario, or testbed not up.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
-    from runtime.launch import launch
-    from runtime.measure import placements_for
-    from sim.simulate import tensor_parallel_ranks
-    from sim.topology import build_topology
+    from runtime.measure import launch_scenario
 
-    topology = build_topology(scenario.config.cluster)
-    ranks = tensor_parallel_ranks(scenario, topology)
-    placements, enter = placements_for(scenario, topology, ranks, testbed)
-
-    def body(rank: int, heartbeat) -> object:
+    def body(topology, rank: int, heartbeat) -> object:
         torch.manual_seed(0)
         return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat,
                               used_only=used_only, held_out_sizes=held_out_sizes)
 
-    return launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
-                  enter_namespace=enter, on_beat=on_beat)[0]
+    return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,7 @@ and waits for a late peer is not charged for the wait, which a barrier followed 
 stopwatch would do: on a link with 5 ms of delay, ranks leave a barrier up to a message latency
 apart, and that skew read as up to 10 ms of a 24 ms collective.
 
-* :func:`collective_rows`: each algorithm of each kind in isolation. Every call starts at a
+* :class:`CollectiveSweep` (:func:`collective_rows`): each algorithm of each kind in isolation. Every call starts at a
   deadline agreed on the shared clock, so every rank starts together and a call never overlaps
   the previous one (back-to-back broadcasts would measure throughput, not latency). The repeats
   run in rounds over every (kind, algorithm, size), not in a block per size: on a shared machine
@@ -43,10 +43,10 @@ SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
 P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
                    "algorithm and size; last rank's start to last rank's end")
-IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end; "
-                   "the mean is charged")
-WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start; "
-               "the mean is charged")
+IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
+                   "each repeat a generation's mean call; the median is charged")
+WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start, "
+               "each repeat a generation's mean call; the median is charged")
 
 
 def stats(values) -> dict:
@@ -100,13 +100,14 @@ def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead
     return (stacked[:, :, 1].max(dim=0).values - stacked[:, :, 0].max(dim=0).values).tolist()
 
 
-def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float, heartbeat,
-                    sizes: tuple[int, ...] = SIZES_BYTES,
-                    algorithms: dict[OpKind, tuple[str, ...]] | None = None,
-                    held_out: tuple[int, ...] = ()) -> list[dict]:
-    """Time each algorithm of each collective kind in isolation at ``sizes`` and ``held_out``
-    (in ascending order; a kind's sizes stop once a call takes longer than ``max_call_s``),
-    ``repeats`` rounds over all of them; profile rows on ``ranks[0]``, an empty list elsewhere.
+class CollectiveSweep:
+    """Each algorithm of each collective kind timed in isolation at ``sizes`` and ``held_out``
+    (ascending; a kind's sizes stop once a call takes longer than ``max_call_s``), one call of each
+    per :meth:`round`, so that the rounds, not blocks of repeats, sample the machine's drift; and so
+    that ``hetsim validate`` can interleave them with its other rounds.
+
+    Building it warms every case up (which also builds its schedule) and agrees on the lead every
+    call starts after. Every rank of ``ranks`` must build it and call :meth:`round` alike.
 
     Args:
         algorithms: which to time, by kind (default: ``library`` and every one the registry knows).
@@ -114,39 +115,62 @@ def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float
             the simulator does not read: checks of its interpolation that sampled the same
             stretch of the machine's time as the sizes it interpolates between.
     """
-    hosts = len(topology.host_groups(ranks))
-    # How long an agreed deadline takes to reach every rank: the lead every call starts after.
-    lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
-    cases = []  # (call, tensor): what is timed, found by warming each up in ascending sizes
-    buffers: dict[int, torch.Tensor] = {}  # one per size, shared by the algorithms
-    for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
-        for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
-            for size in sorted(set(sizes) | set(held_out)):
-                call = Collective(kind, algorithm, tuple(ranks), size, ranks[0] if kind != OpKind.ALLREDUCE else None)
-                if size not in buffers:
-                    buffers[size] = torch.empty(size // 4, dtype=torch.float32)
-                tensor = buffers[size].fill_(1.0)
-                heartbeat(f"warming up {kind} {algorithm} {size // 1024} KiB")
-                try:
-                    comm.run(call, tensor)  # warm-up, and it builds the schedule
-                except ValueError:  # e.g. two_level_rs on hosts with different numbers of ranks
-                    break
-                cases.append((call, tensor))
-                if _slowest_s(lambda: comm.run(call, tensor)) > max_call_s:
-                    break
-    times: list[list[float]] = [[] for _ in cases]
-    for index in range(repeats):
-        for (call, tensor), spans in zip(cases, times):
-            heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB, round {index + 1} of {repeats}")
+
+    def __init__(self, ranks, topology, rank: int, comm, max_call_s: float, heartbeat,
+                 sizes: tuple[int, ...] = SIZES_BYTES, algorithms: dict[OpKind, tuple[str, ...]] | None = None,
+                 held_out: tuple[int, ...] = ()):
+        self.ranks, self.rank, self.comm, self.heartbeat = tuple(ranks), rank, comm, heartbeat
+        self.sizes, self.held_out = tuple(sizes), tuple(held_out)
+        self.hosts = len(topology.host_groups(ranks))
+        # How long an agreed deadline takes to reach every rank: the lead every call starts after.
+        self.lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
+        self.cases = []  # (call, tensor): what is timed, found by warming each up in ascending sizes
+        buffers: dict[int, torch.Tensor] = {}  # one per size, shared by the algorithms
+        for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
+            for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
+                for size in sorted(set(sizes) | set(held_out)):
+                    call = Collective(kind, algorithm, self.ranks, size, ranks[0] if kind != OpKind.ALLREDUCE else None)
+                    if size not in buffers:
+                        buffers[size] = torch.empty(size // 4, dtype=torch.float32)
+                    tensor = buffers[size].fill_(1.0)
+                    heartbeat(f"warming up {kind} {algorithm} {size // 1024} KiB")
+                    try:
+                        comm.run(call, tensor)  # warm-up, and it builds the schedule
+                    except ValueError:  # e.g. two_level_rs on hosts with different numbers of ranks
+                        break
+                    self.cases.append((call, tensor))
+                    if _slowest_s(lambda: comm.run(call, tensor)) > max_call_s:
+                        break
+        self.times: list[list[float]] = [[] for _ in self.cases]
+
+    def round(self, label: str) -> None:
+        """Time every case once; ``label`` ("round 2 of 5") goes into the heartbeats."""
+        for (call, tensor), spans in zip(self.cases, self.times):
+            self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB, {label}")
             tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
-            spans += synchronised_times(lambda: comm.run(call, tensor), 1, 0.0, lead_s)
-    if rank != ranks[0]:
-        return []
-    return [{"measurement": "collective_held_out" if call.size_bytes in held_out and call.size_bytes not in sizes
-             else "collective", "op": str(call.kind), "algorithm": call.algorithm,
-             "group_size": len(ranks), "num_hosts": hosts, "size_bytes": call.size_bytes, "unit": "s",
-             "method": ISOLATED_METHOD, **stats(spans)}
-            for (call, _), spans in zip(cases, times)]
+            spans += synchronised_times(lambda: self.comm.run(call, tensor), 1, 0.0, self.lead_s)
+
+    def rows(self) -> list[dict]:
+        """Profile rows of every round so far on ``ranks[0]``; an empty list elsewhere."""
+        if self.rank != self.ranks[0]:
+            return []
+        return [{"measurement": "collective_held_out" if call.size_bytes in self.held_out
+                 and call.size_bytes not in self.sizes else "collective", "op": str(call.kind),
+                 "algorithm": call.algorithm, "group_size": len(self.ranks), "num_hosts": self.hosts,
+                 "size_bytes": call.size_bytes, "unit": "s", "method": ISOLATED_METHOD, **stats(spans)}
+                for (call, _), spans in zip(self.cases, self.times)]
+
+
+def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float, heartbeat,
+                    sizes: tuple[int, ...] = SIZES_BYTES,
+                    algorithms: dict[OpKind, tuple[str, ...]] | None = None,
+                    held_out: tuple[int, ...] = ()) -> list[dict]:
+    """A :class:`CollectiveSweep` of ``repeats`` rounds in a row; its rows on ``ranks[0]``, an
+    empty list elsewhere."""
+    sweep = CollectiveSweep(ranks, topology, rank, comm, max_call_s, heartbeat, sizes, algorithms, held_out)
+    for index in range(repeats):
+        sweep.round(f"round {index + 1} of {repeats}")
+    return sweep.rows()
 
 
 def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int, master: int) -> list[dict]:
@@ -159,35 +183,47 @@ def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int, master: i
     broadcast's root leaves before its leaves have received, and the master then waits for them
     at the next call, which is where this charges it.
 
+    The statistics are over generations, each sample a generation's mean call: TTFT and TPOT are
+    medians over generations of a step that sums many calls, so the simulator charges the median
+    of these means (:data:`sim.calibrated.CHARGED`). Pooling every call instead lets one slow
+    generation's calls weigh in its mean, or a fast majority of calls in its median, where the
+    measured step has neither (on the 2-core testbed a slow stretch lasts about 20 s, the length
+    of a few generations).
+
     Args:
         spans: every rank's collective records, each ``(call, rank, kind, algorithm, size_bytes,
-            start_s, end_s)``: ``call`` identifies one collective call across ranks (generation,
-            step, layer, op name), times on the shared clock.
+            start_s, end_s)``: ``call`` identifies one collective call across ranks, a tuple whose
+            first element identifies its generation (then step, layer, op name), times on the
+            shared clock.
         group_size, num_hosts: the tensor-parallel group the calls ran over.
         master: the group's first rank.
 
     Returns:
-        Per (kind, algorithm, size), statistics over calls of the master's end less the last
-        start (``collective_in_place``) and of its wait (``collective_wait``: the last start, or
-        its own end if earlier, less its start). A call some rank did not record is left out.
+        Per (kind, algorithm, size), statistics over generations of the mean over the
+        generation's calls of the master's end less the last start (``collective_in_place``) and
+        of its wait (``collective_wait``: the last start, or its own end if earlier, less its
+        start). A call some rank did not record is left out.
     """
     by_call: dict[tuple, dict[int, tuple[float, float]]] = defaultdict(dict)
     shape: dict[tuple, tuple[str, str, int]] = {}
     for call, rank, kind, algorithm, size_bytes, start_s, end_s in spans:
         by_call[call][rank] = (start_s, end_s)
         shape[call] = (kind, algorithm, size_bytes)
-    spent: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
+    spent: dict[tuple[str, str, int], dict[object, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for call, times in by_call.items():
         if len(times) == group_size and master in times:
             start, end = times[master]
             wait = max(0.0, min(end, max(s for s, _ in times.values())) - start)
-            spent[shape[call]].append((end - start - wait, wait))
-    return [{"measurement": measurement, "op": kind, "algorithm": algorithm, "group_size": group_size,
-             "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s", "method": method,
-             **stats([pair[index] for pair in values])}
-            for (kind, algorithm, size_bytes), values in sorted(spent.items())
-            for index, (measurement, method) in enumerate((("collective_in_place", IN_PLACE_METHOD),
-                                                           ("collective_wait", WAIT_METHOD)))]
+            spent[shape[call]][call[0]].append((end - start - wait, wait))
+    rows = []
+    for (kind, algorithm, size_bytes), generations in sorted(spent.items()):
+        means = np.array([np.mean(calls, axis=0) for calls in generations.values()])  # [generations, 2]
+        for index, (measurement, method) in enumerate((("collective_in_place", IN_PLACE_METHOD),
+                                                       ("collective_wait", WAIT_METHOD))):
+            rows.append({"measurement": measurement, "op": kind, "algorithm": algorithm, "group_size": group_size,
+                         "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s", "method": method,
+                         **stats(means[:, index])})
+    return rows
 
 
 def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -81,6 +82,13 @@ def measured_stalls(stall_s: list[np.ndarray]) -> dict[str, float]:
             "loader_stall_decode_s": float(np.median(decode))}
 
 
+def repeat_timings(lead: RankMeasurement, batch_size: int) -> list[dict[str, float]]:
+    """Per timed repeat of the master's measurement ``lead``, its timing metrics
+    (:func:`sim.metrics.timing_metrics`: ``ttft_s``, ``tpot_s``, ...)."""
+    return [timing_metrics(Trace(pd.DataFrame(columns=OP_COLUMNS), _steps(s, e), pd.DataFrame()), batch_size)
+            for s, e in zip(lead.step_start_s, lead.step_end_s)]
+
+
 def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[RankMeasurement]]) -> MeasuredResult:
     """Fold every rank's measurements (``gathered[rank][variant]``) into a :class:`MeasuredResult`."""
     ranks = tuple(sorted(m[0].rank for m in gathered))
@@ -90,9 +98,7 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
     for v_index, variant in enumerate(scenario.config.variants):
         measured = {m[v_index].rank: m[v_index] for m in gathered}
         lead = measured[master]
-        per_repeat = [timing_metrics(Trace(pd.DataFrame(columns=OP_COLUMNS), _steps(s, e), pd.DataFrame()), batch)
-                      for s, e in zip(lead.step_start_s, lead.step_end_s)]
-        timing = summarise(per_repeat) | measured_stalls([measured[r].stall_s for r in ranks])
+        timing = summarise(repeat_timings(lead, batch)) | measured_stalls([measured[r].stall_s for r in ranks])
         ops = pd.DataFrame([r for rank in ranks for r in measured[rank].records], columns=OP_COLUMNS)
         memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
                               columns=MEMORY_COLUMNS)
@@ -130,49 +136,62 @@ def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
 def launch_measurement(scenario: Scenario, *, repeats: int, warmup: int = 1, seed: int = 0, testbed: bool = False,
                        hang_timeout_s: float = 120.0, min_timed_s: float = 0.0) -> list[list[RankMeasurement]]:
     """One launch of :func:`measure_scenario`'s ranks (``min_timed_s``: see
-    :func:`runtime.worker.timed_rounds`); every rank's measurements, ``[rank][variant]``, for
-    :func:`measured_result` or :func:`pooled`. Raises as :func:`measure_scenario`."""
+    :func:`runtime.worker.timed_rounds`; ``repeats=0`` reads peak memory only); every rank's
+    measurements, ``[rank][variant]``, for :func:`measured_result` or :func:`with_memory`.
+    Raises as :func:`measure_scenario`."""
     import torch
 
-    from runtime.launch import launch
     from runtime.worker import run_rank
+
+    def body(topology: Topology, rank: int, heartbeat) -> list | None:
+        return run_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed, device=torch.device("cpu"),
+                        heartbeat=heartbeat, min_timed_s=min_timed_s)
+
+    return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s)
+
+
+def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[[str], None]], object], *,
+                    testbed: bool, hang_timeout_s: float, on_beat: Callable[[int, str], None] | None = None) -> object:
+    """``body(topology, rank, heartbeat)`` in one forked rank per device of the scenario's
+    tensor-parallel group (:func:`runtime.launch.launch`), inside the testbed's host namespaces
+    when ``testbed``; returns rank 0's result.
+
+    Raises:
+        ConfigError: ``testbed`` while the scenario's testbed is not up.
+        runtime.errors.LaunchError: a rank failed, died or hung.
+    """
+    from runtime.launch import launch
     from sim.simulate import tensor_parallel_ranks
     from sim.topology import build_topology
 
     topology = build_topology(scenario.config.cluster)
     ranks = tensor_parallel_ranks(scenario, topology)
     placements, enter = placements_for(scenario, topology, ranks, testbed)
-    device = torch.device("cpu")
-
-    def body(rank: int, heartbeat) -> list | None:
-        return run_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed, device=device,
-                        heartbeat=heartbeat, min_timed_s=min_timed_s)
-
-    return launch(body, len(ranks), placements=placements, hang_timeout_s=hang_timeout_s,
-                  enter_namespace=enter)[0]
+    return launch(lambda rank, heartbeat: body(topology, rank, heartbeat), len(ranks), placements=placements,
+                  hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat)[0]
 
 
-def pooled(launches: list[list[list[RankMeasurement]]]) -> list[list[RankMeasurement]]:
-    """Several launches of one case (each ``[rank][variant]``) as one measurement: per rank and
-    variant, the timed repeats of every launch in launch order; the op records and memory samples
-    of the last launch; the highest peak memory (a high-water mark over all of them).
+def with_memory(timed: list[list[RankMeasurement]], memory: list[list[RankMeasurement]]) -> list[list[RankMeasurement]]:
+    """Timings of one launch joined with the memory of another (each ``[rank][variant]``): per
+    rank and variant, ``timed``'s measurement with ``memory``'s peak, and its memory samples'
+    bytes at ``timed``'s step times (the last timed repeat's, as :class:`runtime.worker.RankMeasurement`
+    holds them). ``hetsim validate`` times its cases interleaved with the calibration, in a
+    process that holds more than a measured run does, and reads their memory in a launch of
+    their own (:mod:`runtime.interleaved`).
 
     Raises:
-        ValueError: no launches, or launches that measured different ranks or variants.
+        ValueError: the two measured different ranks or variants.
     """
-    shapes = {tuple(tuple((m.rank, m.variant) for m in per_rank) for per_rank in launch) for launch in launches}
-    if len(shapes) != 1:
-        raise ValueError(f"pooled launches must measure the same ranks and variants (got {len(shapes)} layouts)")
+    layout = [[(m.rank, m.variant) for m in per_rank] for per_rank in timed]
+    if layout != [[(m.rank, m.variant) for m in per_rank] for per_rank in memory]:
+        raise ValueError("timings and memory must come from the same ranks and variants")
 
-    def pool(parts: list[RankMeasurement]) -> RankMeasurement:
-        return replace(parts[-1], step_start_s=np.concatenate([p.step_start_s for p in parts]),
-                       step_end_s=np.concatenate([p.step_end_s for p in parts]),
-                       tokens=np.concatenate([p.tokens for p in parts]),
-                       stall_s=np.concatenate([p.stall_s for p in parts]),
-                       peak_memory_bytes=max(p.peak_memory_bytes for p in parts))
+    def join(time_part: RankMeasurement, memory_part: RankMeasurement) -> RankMeasurement:
+        ends = time_part.step_end_s[-1] if len(time_part.step_end_s) else [t for t, _ in memory_part.memory_samples]
+        return replace(time_part, peak_memory_bytes=memory_part.peak_memory_bytes,
+                       memory_samples=list(zip(ends, [b for _, b in memory_part.memory_samples])))
 
-    return [[pool([launch[r][v] for launch in launches]) for v in range(len(per_rank))]
-            for r, per_rank in enumerate(launches[-1])]
+    return [[join(t, m) for t, m in zip(t_rank, m_rank)] for t_rank, m_rank in zip(timed, memory)]
 
 
 def placements_for(scenario: Scenario, topology: Topology, ranks: tuple[int, ...], testbed: bool):

@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -114,13 +115,101 @@ def timed_rounds(repeats: int, min_timed_s: float, slowest_generation_s: float) 
     return max(repeats, math.ceil(min_timed_s / slowest_generation_s))
 
 
+class MeasurementRounds:
+    """The measured generations of one rank: one generation of every variant of every case per
+    :meth:`round`, each timed one started at one instant on the shared clock.
+
+    Rounds over the variants, not one variant's repeats in a block: on a shared machine the speed
+    drifts over tens of seconds (20-30% on the 2-core testbed), and a slow stretch then lands on
+    every variant alike instead of on one, so the medians compare. Only what the measurement
+    needs is kept of each generation: held op records and hidden states would count in the peak
+    memory that :meth:`memory` reads.
+
+    Args:
+        cases: scenarios that differ only in their workload's prompt length (``hetsim validate``
+            measures several in one launch; ``hetsim measure`` one), sharing ``model``, whose KV
+            cache must hold the longest.
+        loader: reads (paced) weight blocks when a variant streams; None otherwise.
+        seed: of the prompts.
+    """
+
+    def __init__(self, cases: list[Scenario], ranks: tuple[int, ...], rank: int, model: RankModel, comm: Communicator,
+                 loader: BlockLoader | None, device: torch.device, seed: int,
+                 heartbeat: Callable[[str], None] = lambda label: None):
+        self.cases, self.rank, self.device, self.heartbeat = cases, rank, device, heartbeat
+        self.executors: dict[tuple[int, str], Executor] = {}
+        self.prompts: dict[int, torch.Tensor] = {}
+        for index, case in enumerate(cases):
+            workload = case.config.workload
+            self.prompts[index] = prompt_tokens(case.model, workload.batch_size, workload.prompt_tokens, seed).to(device)
+            for variant in case.config.variants:
+                self.executors[index, variant.name] = Executor(
+                    case.plan(variant, ranks), model, comm, rank, loader=loader,
+                    memory_probe=lambda: current_memory_bytes(device))
+        self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": []}
+                     for key in self.executors}
+
+    def _generate(self, key: tuple[int, str], label: str, t0: float | None = None):
+        executor = self.executors[key]
+        executor.prepare()  # untimed: the weights resident when the request arrives
+        start = common_start(self.device) if t0 is None else t0
+        name = key[1] if len(self.cases) == 1 else f"{key[1]} at prompt {self.cases[key[0]].config.workload.prompt_tokens}"
+        return executor.generate(self.prompts[key[0]], start, lambda step: self.heartbeat(f"{name} {label} step {step}"))
+
+    def round(self, label: str, timed: bool = True) -> list[float]:
+        """One generation of every variant of every case (``label``: "repeat 3" in the
+        heartbeats); ``timed`` keeps them (False: a warm-up, each generation started at once).
+        Returns, per case, its slowest generation's wall time on this rank (s)."""
+        slowest_s = [0.0] * len(self.cases)
+        for key in self.executors:
+            began = time.perf_counter()
+            generation = self._generate(key, label, t0=None if timed else began)
+            slowest_s[key[0]] = max(slowest_s[key[0]], time.perf_counter() - began)
+            if not timed:
+                continue
+            kept = self.kept[key]
+            kept["starts"].append(generation.step_start_s)
+            kept["ends"].append(generation.step_end_s)
+            kept["stalls"].append(generation.stall_s)
+            if generation.tokens:
+                kept["tokens"].append(torch.stack(generation.tokens, dim=1).cpu().numpy())
+            kept["records"] = [tuple(vars(r).values()) for r in generation.records]
+            del generation
+        return slowest_s
+
+    def measurements(self, memory: bool = True) -> list[list[RankMeasurement]]:
+        """Per case, per variant, this rank's :class:`RankMeasurement`: the timed rounds so far,
+        and (``memory``) the peak memory of one more, untimed generation with the exact
+        allocator, in which RSS is the baseline plus the live tensors (:mod:`runtime.memory_probe`;
+        the timed ones ran fast). With no timed round, the memory samples take the untimed
+        generation's times; without ``memory``, the peak is 0 and there are no samples."""
+        out: list[list[RankMeasurement]] = [[] for _ in self.cases]
+        for key, executor in self.executors.items():
+            kept = self.kept[key]
+            peak, samples = 0, []
+            if memory:
+                with memory_probe.exact_allocation():
+                    executor.prepare()
+                    memory_probe.reset_peak(self.device)
+                    probed = self._generate(key, "memory", t0=time.perf_counter())
+                    peak = peak_memory_bytes(self.device)
+                samples = list(zip(kept["ends"][-1] if kept["ends"] else probed.step_end_s, probed.memory_bytes))
+            out[key[0]].append(RankMeasurement(
+                self.rank, key[1], np.array(kept["starts"]), np.array(kept["ends"]), kept["records"],
+                np.array(kept["tokens"]) if kept["tokens"] else np.zeros((0,), dtype=np.int64),
+                peak, samples, np.array(kept["stalls"])))
+        return out
+
+
 def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: int, seed: int,
              device: torch.device, heartbeat: Callable[[str], None] = lambda label: None,
              block_dir: str | Path | None = None, min_timed_s: float = 0.0) -> list | None:
     """Measure every variant of ``scenario`` on this rank; returns all ranks' measurements on rank 0.
 
-    ``repeats`` timed rounds, more when ``min_timed_s`` asks (:func:`timed_rounds`, judged by rank
-    0's warm-up round; every rank runs the count rank 0 sends).
+    ``warmup`` untimed rounds, then ``repeats`` timed rounds of :class:`MeasurementRounds`, more
+    when ``min_timed_s`` asks (:func:`timed_rounds`, judged by rank 0's warm-up round; every rank
+    runs the count rank 0 sends), then the memory probes. ``repeats=0, warmup=0`` measures peak
+    memory only.
 
     Requires an initialised default process group whose ranks are the plan's ranks. When a variant
     streams weights, the model is built without its decoder-layer blocks, which are written once
@@ -133,77 +222,42 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     from sim.simulate import tensor_parallel_ranks
 
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
-    config, spec = scenario.config, scenario.model
     ranks = tensor_parallel_ranks(scenario, topology)
-    workload = config.workload
-    plans = {variant.name: scenario.plan(variant, ranks) for variant in config.variants}
+    workload = scenario.config.workload
     model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=workload.prompt_tokens
                               + workload.output_tokens, device=device, block_dir=block_dir)
-    loader = pacer = None
-    if store is not None:
-        # The ranks of this run on one machine share the pacing clocks of their loader channels.
-        run_id = [uuid.uuid4().hex if rank == ranks[0] else None]
-        dist.broadcast_object_list(run_id, src=ranks[0])
-        pacer = Pacer(LoaderLink.of(topology, rank), store.directory.parent / f".pace-{run_id[0]}")
-        loader = BlockLoader(store, device, pacer)
-    prompt = prompt_tokens(spec, workload.batch_size, workload.prompt_tokens, seed).to(device)
-    comm = Communicator(rank, topology.host_groups)
-    executors = {variant.name: Executor(plans[variant.name], model, comm, rank, loader=loader,
-                                        memory_probe=lambda: current_memory_bytes(device))
-                 for variant in config.variants}
-
-    def generate(name: str, label: str, t0: float | None = None):
-        executors[name].prepare()  # untimed: the weights resident when the request arrives
-        start = common_start(device) if t0 is None else t0
-        return executors[name].generate(prompt, start, lambda step: heartbeat(f"{name} {label} step {step}"))
-
-    # Rounds over the variants, not one variant's repeats in a block: on a shared machine the
-    # speed drifts over tens of seconds (20-30% on the 2-core testbed), and a slow stretch then
-    # lands on every variant alike instead of on one, so the medians compare.
-    slowest_s = 0.0
-    for index in range(warmup):
-        for name in executors:
-            began = time.perf_counter()
-            generate(name, f"warmup {index}", t0=began)
-            slowest_s = max(slowest_s, time.perf_counter() - began)
-    rounds = torch.tensor([timed_rounds(repeats, min_timed_s, slowest_s)], dtype=torch.int64, device=device)
-    dist.broadcast(rounds, src=ranks[0])
-    # Only what the measurement needs is kept of each generation: held op records and hidden
-    # states would count in the peak memory read below.
-    timed: dict[str, dict[str, list]] = {name: {"starts": [], "ends": [], "stalls": [], "tokens": []}
-                                         for name in executors}
-    last_records: dict[str, list[tuple]] = {}
-    for index in range(int(rounds.item())):
-        for name in executors:
-            generation = generate(name, f"repeat {index}")
-            kept = timed[name]
-            kept["starts"].append(generation.step_start_s)
-            kept["ends"].append(generation.step_end_s)
-            kept["stalls"].append(generation.stall_s)
-            if generation.tokens:
-                kept["tokens"].append(torch.stack(generation.tokens, dim=1).cpu().numpy())
-            last_records[name] = [tuple(vars(r).values()) for r in generation.records]
-            del generation
-    measurements = []
-    for name, kept in timed.items():
-        # Memory: one more, untimed generation with the exact allocator, in which RSS is the
-        # baseline plus the live tensors (runtime.memory_probe; the timed ones ran fast).
-        with memory_probe.exact_allocation():
-            executors[name].prepare()
-            memory_probe.reset_peak(device)
-            probed = generate(name, "memory", t0=time.perf_counter())
-            peak = peak_memory_bytes(device)
-        measurements.append(RankMeasurement(
-            rank, name, np.array(kept["starts"]), np.array(kept["ends"]), last_records[name],
-            np.array(kept["tokens"]) if kept["tokens"] else np.zeros((0,), dtype=np.int64),
-            peak, list(zip(kept["ends"][-1], probed.memory_bytes)), np.array(kept["stalls"])))
-    heartbeat("gather")
-    gathered = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(measurements, gathered, dst=0)
-    if pacer is not None:
-        dist.barrier()  # no rank paces any more: the shared clock files can go
-        pacer.close()
+    with paced_loader(store, topology, ranks, rank, device) as loader:
+        measured = MeasurementRounds([scenario], ranks, rank, model, Communicator(rank, topology.host_groups), loader,
+                                     device, seed, heartbeat)
+        slowest_s = max((measured.round(f"warmup {index}", timed=False)[0] for index in range(warmup)), default=0.0)
+        rounds = torch.tensor([timed_rounds(repeats, min_timed_s, slowest_s)], dtype=torch.int64, device=device)
+        dist.broadcast(rounds, src=ranks[0])
+        for index in range(int(rounds.item())):
+            measured.round(f"repeat {index}")
+        measurements = measured.measurements()[0]
+        heartbeat("gather")
+        gathered = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(measurements, gathered, dst=0)
     return gathered if rank == 0 else None
+
+
+@contextmanager
+def paced_loader(store: BlockStore | None, topology, ranks: tuple[int, ...], rank: int, device: torch.device):
+    """A :class:`runtime.blocks.BlockLoader` paced to this rank's loader link (the ranks of this run
+    on one machine share the pacing clocks of their loader channels), or None without ``store``
+    (no variant streams). Every rank of ``ranks`` must enter it; on leaving, once no rank paces
+    any more, the shared clock files go."""
+    if store is None:
+        yield None
+        return
+    run_id = [uuid.uuid4().hex if rank == ranks[0] else None]
+    dist.broadcast_object_list(run_id, src=ranks[0])
+    pacer = Pacer(LoaderLink.of(topology, rank), store.directory.parent / f".pace-{run_id[0]}")
+    try:
+        yield BlockLoader(store, device, pacer)
+        dist.barrier()
+    finally:
+        pacer.close()
 
 
 def common_start(device: torch.device) -> float:

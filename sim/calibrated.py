@@ -18,8 +18,8 @@ uncalibrated model's ratio (roofline, or the scenario's network model), and reco
 ``extrapolated`` so the output can say which predictions rest on it. Tables are built once;
 lookups are cached, so pricing is O(1) per op inside the simulation loop.
 
-What a run repeats per step (compute ops, gaps, in-place collectives and waits) is charged its
-measured *mean* (:data:`CHARGED`): a step is their sum (:mod:`sim.profile`).
+What a run repeats per step is charged the statistic :data:`CHARGED` names for its kind of
+measurement (:mod:`sim.profile` says why).
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ from sim.profile import Profile
 from sim.topology import Device, Topology
 
 
-CHARGED = "mean"  # the profile statistic charged for what a run repeats per step
+# The profile statistic charged, per kind of measurement a run repeats in every step: compute ops
+# and gaps are pooled over ranks, layers and repeats, and their mean is what a sum of them adds
+# up to; in-place collectives and waits are per-generation means already (runtime.comm_timing),
+# and their median over generations is what a median TTFT or TPOT is made of.
+CHARGED = {"compute": "mean", "op_gap": "mean", "collective_in_place": "median", "collective_wait": "median"}
 ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 
@@ -68,13 +72,13 @@ class CalibratedCompute:
             x = max(row.flops / (self.fallback.flops_efficiency * _peak(row.device_class, row.dtype)),
                     row.traffic_bytes / (self.fallback.memory_efficiency * _bandwidth(row.device_class)))
             key = (row.device_class, row.dtype, row.op, _regime(int(row.new_tokens)))
-            points.setdefault(key, []).append((x, float(getattr(row, CHARGED))))
+            points.setdefault(key, []).append((x, float(getattr(row, CHARGED["compute"]))))
         for key, values in points.items():
             xs = np.array(sorted({x for x, _ in values}))
             ys = np.array([np.median([y for x, y in values if x == v]) for v in xs])
             self._tables[key] = (xs, ys)
         for row in self.profile.of("op_gap").itertuples(index=False):
-            self._gap_s[row.device_class] = float(getattr(row, CHARGED))
+            self._gap_s[row.device_class] = float(getattr(row, CHARGED["op_gap"]))
 
     def gap_s(self, device: Device) -> float:
         """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
@@ -163,8 +167,9 @@ class CalibratedNetwork:
     def __post_init__(self) -> None:
         self._tables = _size_tables(self.profile.of("collective"), ISOLATED, monotone=True)
         if self.in_place:
-            self._in_place = _size_tables(self.profile.of("collective_in_place"), CHARGED, monotone=False)
-            self._wait = _size_tables(self.profile.of("collective_wait"), CHARGED, monotone=False)
+            self._in_place = _size_tables(self.profile.of("collective_in_place"), CHARGED["collective_in_place"],
+                                          monotone=False)
+            self._wait = _size_tables(self.profile.of("collective_wait"), CHARGED["collective_wait"], monotone=False)
 
     def time(self, schedule: CommSchedule) -> CollectiveTiming:
         """The timing of ``schedule``: the calibrated time for every rank (the profile holds the

@@ -18,21 +18,24 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
   * ``collective_held_out``: a ``collective`` row at a size the simulator does not interpolate
     from (``hetsim validate`` times sizes between the calibrated ones in the same rounds, to check
     the interpolation);
-  * ``collective_in_place``: a collective call of real generations of the scenario's strategies
-    (where it shares the cores with the ranks' compute), from the group's last arrival to the
+  * ``collective_in_place``: the collective calls of real generations of the scenario's strategies
+    (where they share the cores with the ranks' compute), from the group's last arrival to the
     end of the call on its first rank (the master: the rank whose steps TTFT and TPOT time);
+    each repeat is one generation's mean call;
   * ``collective_wait``: the same calls, the master's wait inside them for the last rank to
     arrive (arrival skew: ranks time-sliced on shared cores, a broadcast's leaves still
-    receiving after its root left);
+    receiving after its root left); each repeat one generation's mean;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
     (``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
     communication buffers, allocator), in bytes.
 ``median``, ``p10``, ``p90``, ``mean``: over ``repeats`` repetitions; ``method``: how it was measured.
-The simulator charges the *mean* of what a run repeats many times per step (``compute``,
-``op_gap``, ``collective_in_place``, ``collective_wait``): a step is a sum of them, and the mean of
-a sum is the sum of the means, where the median of a right-skewed time (a shared machine only
-ever adds time) falls short of it.
+The simulator charges, of what a run repeats in every step, the statistic
+:data:`sim.calibrated.CHARGED` names: the *mean* of ``compute`` and ``op_gap`` rows, pooled
+single timings, because a step is a sum of them, the mean of a sum is the sum of the means, and
+the median of a right-skewed time (a shared machine only ever adds time) falls short of it; the
+*median* of ``collective_in_place`` and ``collective_wait`` rows, whose repeats are generations'
+means already, because TTFT and TPOT are medians over generations.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import pandas as pd
 
 from models.errors import ConfigError
 
-PROFILE_VERSION = 3  # 3: the master's view of in-run collectives, collective_wait rows, means
+PROFILE_VERSION = 4  # 4: in-place collectives and waits: statistics over generations' means
 
 PROFILE_COLUMNS = [
     "version", "measurement", "device_class", "op", "algorithm", "group_size", "num_hosts", "batch_size",

@@ -214,19 +214,37 @@ def test_in_place_rows_split_the_masters_call_into_its_wait_and_the_rest():
     spans = []
     for call in range(3):  # rank 1 arrives 5 ms late (10 ms in the last call); the master ends 2 ms after
         t, late = call * 1.0, 0.005 if call < 2 else 0.010
-        spans += [((call,), 0, "allreduce", "ring", 4096, t, t + late + 0.002),
-                  ((call,), 1, "allreduce", "ring", 4096, t + late, t + late + 0.001)]
+        spans += [(("g", call), 0, "allreduce", "ring", 4096, t, t + late + 0.002),
+                  (("g", call), 1, "allreduce", "ring", 4096, t + late, t + late + 0.001)]
     # a broadcast's root (the master) leaves before its leaf arrives: it waited its whole call
-    spans += [(("b",), 0, "broadcast", "library", 4096, 0.0, 0.001), (("b",), 1, "broadcast", "library", 4096, 0.003, 0.004)]
-    spans.append(((9,), 0, "allreduce", "ring", 4096, 0.0, 5.0))  # a call only one rank recorded
+    spans += [(("g", "b"), 0, "broadcast", "library", 4096, 0.0, 0.001),
+              (("g", "b"), 1, "broadcast", "library", 4096, 0.003, 0.004)]
+    spans.append((("g", 9), 0, "allreduce", "ring", 4096, 0.0, 5.0))  # a call only one rank recorded
     rows = {(r["op"], r["measurement"]): r for r in in_place_rows(spans, group_size=2, num_hosts=2, master=0)}
     assert set(rows) == {(op, m) for op in ("allreduce", "broadcast") for m in ("collective_in_place", "collective_wait")}
     transfer, wait = rows["allreduce", "collective_in_place"], rows["allreduce", "collective_wait"]
-    assert transfer["size_bytes"] == 4096 and transfer["repeats"] == wait["repeats"] == 3
-    assert transfer["mean"] == pytest.approx(0.002) and wait["median"] == pytest.approx(0.005)
-    assert wait["mean"] == pytest.approx(0.020 / 3)  # the mean, which the simulator charges, keeps the tail
-    assert rows["broadcast", "collective_wait"]["mean"] == pytest.approx(0.001)
-    assert rows["broadcast", "collective_in_place"]["mean"] == pytest.approx(0.0)
+    # one generation: one sample, its mean call
+    assert transfer["size_bytes"] == 4096 and transfer["repeats"] == wait["repeats"] == 1
+    assert transfer["median"] == pytest.approx(0.002) and wait["median"] == pytest.approx(0.020 / 3)
+    assert rows["broadcast", "collective_wait"]["median"] == pytest.approx(0.001)
+    assert rows["broadcast", "collective_in_place"]["median"] == pytest.approx(0.0)
+
+
+def test_in_place_rows_are_statistics_over_generations_of_their_mean_call():
+    pytest.importorskip("torch")
+    from runtime.comm_timing import in_place_rows
+
+    spans = []
+    # Three generations of two calls each: means 2, 3 and 10 ms (a slow generation).
+    for generation, calls_s in enumerate(([0.001, 0.003], [0.003, 0.003], [0.010, 0.010])):
+        for call, duration in enumerate(calls_s):
+            t = generation * 10.0 + call
+            spans += [((generation, call), rank, "allreduce", "ring", 3072, t, t + duration) for rank in (0, 1)]
+    (row,) = [r for r in in_place_rows(spans, group_size=2, num_hosts=1, master=0)
+              if r["measurement"] == "collective_in_place"]
+    assert row["repeats"] == 3
+    assert row["median"] == pytest.approx(0.003)  # what the simulator charges: the slow generation does not move it
+    assert row["mean"] == pytest.approx(0.005)
 
 
 def _two_kinds_profile(waits: dict[int, float] | None = None) -> Profile:
@@ -234,9 +252,9 @@ def _two_kinds_profile(waits: dict[int, float] | None = None) -> Profile:
     rows = [{"measurement": "collective", "op": "allreduce", "algorithm": "ring", "group_size": 4, "num_hosts": 2,
              "size_bytes": size, "median": t, "unit": "s"} for size, t in {1024: 1e-3, 4096: 2e-3, 65536: 4e-3}.items()]
     rows += [{"measurement": "collective_in_place", "op": "allreduce", "algorithm": "ring", "group_size": 4,
-              "num_hosts": 2, "size_bytes": size, "mean": t, "unit": "s"} for size, t in {4096: 5e-3, 16384: 6e-3}.items()]
+              "num_hosts": 2, "size_bytes": size, "median": t, "unit": "s"} for size, t in {4096: 5e-3, 16384: 6e-3}.items()]
     rows += [{"measurement": "collective_wait", "op": "allreduce", "algorithm": "ring", "group_size": 4,
-              "num_hosts": 2, "size_bytes": size, "mean": t, "unit": "s"} for size, t in waits.items()]
+              "num_hosts": 2, "size_bytes": size, "median": t, "unit": "s"} for size, t in waits.items()]
     return Profile(profile_frame(rows))
 
 
@@ -309,33 +327,41 @@ def test_short_cases_get_enough_repeats_to_fill_the_timed_span():
     assert timed_rounds(3, 20.0, 0.0) == 3  # no warm-up to judge by
 
 
-def test_pooled_launches_keep_every_repeat_the_last_trace_and_the_highest_peak():
+def test_timings_join_the_memory_of_their_own_launch():
     pytest.importorskip("torch")
-    from runtime.measure import pooled
+    from runtime.measure import with_memory
     from runtime.worker import RankMeasurement
 
-    def launch(repeats: int, offset_s: float, peak: int, records: list) -> list[list[RankMeasurement]]:
-        starts = np.tile([0.0, 1.0], (repeats, 1)) + offset_s
-        return [[RankMeasurement(rank, name, starts, starts + 0.5, records, np.zeros((repeats, 1, 2)) if rank == 0
-                                 else np.zeros((0,)), peak + rank, [(0.0, peak)], np.zeros((repeats, 2)))
+    def launch(repeats: int, peak: int, samples: list) -> list[list[RankMeasurement]]:
+        starts = np.tile([0.0, 1.0], (repeats, 1))
+        return [[RankMeasurement(rank, name, starts, starts + 0.5, ["records"], np.zeros((repeats, 1, 2)),
+                                 peak + rank, samples, np.zeros((repeats, 2)))
                  for name in ("a", "b")] for rank in (0, 1)]
 
-    first, second = launch(2, 0.0, 100, ["first"]), launch(3, 10.0, 90, ["second"])
-    both = pooled([first, second])
-    assert [[m.variant for m in per_rank] for per_rank in both] == [["a", "b"], ["a", "b"]]
+    timed, memory = launch(3, 0, []), launch(0, 100, [(0.2, 70), (0.3, 90)])
+    both = with_memory(timed, memory)
     lead = both[0][1]
-    assert lead.step_start_s.shape == (5, 2) and lead.step_start_s[0, 0] == 0.0 and lead.step_start_s[-1, 0] == 10.0
-    assert lead.tokens.shape == (5, 1, 2) and both[1][0].tokens.shape == (0,)
-    assert lead.records == ["second"] and lead.memory_samples == [(0.0, 90)]
+    assert lead.step_start_s.shape == (3, 2) and lead.records == ["records"]
     assert [m.peak_memory_bytes for m in (both[0][0], both[1][0])] == [100, 101]
+    assert lead.memory_samples == [(0.5, 70), (1.5, 90)]  # the memory launch's bytes at the timed steps' ends
     with pytest.raises(ValueError, match="same ranks and variants"):
-        pooled([first, [per_rank[:1] for per_rank in second]])
-    with pytest.raises(ValueError):
-        pooled([])
+        with_memory(timed, [per_rank[:1] for per_rank in memory])
+
+
+def test_calibration_rounds_spread_evenly_over_the_interleaved_rounds():
+    pytest.importorskip("torch")
+    from runtime.interleaved import spread
+
+    assert spread(5, 5) == {0, 1, 2, 3, 4}
+    assert spread(5, 10) == {0, 2, 4, 7, 9}
+    assert spread(1, 4) == {0} and spread(2, 7) == {0, 6}
+    assert spread(8, 3) == {0, 1, 2}
+    with pytest.raises(ValueError, match="at least 1"):
+        spread(0, 3)
 
 
 def test_cpu_steal_is_the_stolen_share_of_all_ticks(tmp_path):
-    from validation.cpu_steal import cpu_ticks, steal_fraction
+    from runtime.cpu_steal import cpu_ticks, steal_fraction
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 800 10 0 20 20 0 0\ncpu0 1 2 3\n")
@@ -401,7 +427,7 @@ def test_calibrated_wait_is_charged_before_each_collective_and_shows_in_the_trac
 
     def with_collectives(wait_s: float) -> Profile:
         rows = [{"measurement": m, "op": "allreduce", "algorithm": "library", "group_size": 2, "num_hosts": 2,
-                 "size_bytes": size, "mean": t, "unit": "s"}
+                 "size_bytes": size, "median": t, "unit": "s"}
                 for m, t in (("collective_in_place", 1e-3), ("collective_wait", wait_s)) for size in (1, 1 << 30)]
         return Profile(profile_frame([*compute.rows.to_dict("records"), *rows]))
 

@@ -200,9 +200,25 @@ def exchange(testbed: Testbed, server_host: str, client_host: str, pings: int, s
     return found["rtt"], max(rates), found["intact"]
 
 
+def shaped_exchange(testbed: Testbed, server_host: str, client_host: str, pings: int, size: int,
+                    rate_bytes_per_s: float, attempts: int = 3):
+    """:func:`exchange` with ``transfers=3``, repeated up to ``attempts`` times until its best
+    rate is within 15% of ``rate_bytes_per_s``. The shaper caps the rate, and a slow stretch of a
+    shared machine can only lower it (one CI run measured 9.6 MB/s through a 12.5 MB/s link in
+    all three transfers), so retrying tests the cap without letting the machine fail it; a rate
+    above the cap fails at once. Returns the last attempt's (RTT s, best rate bytes/s, data intact)."""
+    for _ in range(attempts):
+        rtt_s, rate, intact = exchange(testbed, server_host, client_host, pings, size, transfers=3)
+        assert rate < rate_bytes_per_s * 1.15, f"{rate:.3g} B/s exceeds the shaped {rate_bytes_per_s:.3g} B/s"
+        if rate > rate_bytes_per_s * 0.85:
+            break
+    return rtt_s, rate, intact
+
+
 @needs_root
 def test_hosts_talk_over_tcp_at_the_nic_rate_with_the_path_delay(testbed):
-    rtt_s, rate, intact = exchange(testbed, "h1", "h0", pings=20, size=4_000_000, transfers=3)
+    rtt_s, rate, intact = shaped_exchange(testbed, "h1", "h0", pings=20, size=4_000_000,
+                                         rate_bytes_per_s=NIC_BYTES_PER_S)
     assert intact
     path_rtt_s = testbed.delay_s("h0", "h1") + testbed.delay_s("h1", "h0")
     # The forwarder and the machine add a little, never take away (measured: +0.3-0.7 ms).
@@ -213,7 +229,8 @@ def test_hosts_talk_over_tcp_at_the_nic_rate_with_the_path_delay(testbed):
 @needs_root
 def test_devices_of_one_host_share_the_shaped_loopback(testbed):
     # Dialling the host's own eth0 address goes over lo, shaped to the interconnect rate.
-    _, rate, intact = exchange(testbed, "h0", "h0", pings=1, size=20_000_000, transfers=3)
+    _, rate, intact = shaped_exchange(testbed, "h0", "h0", pings=1, size=20_000_000,
+                                      rate_bytes_per_s=INTRA_BYTES_PER_S)
     assert intact
     assert rate == pytest.approx(INTRA_BYTES_PER_S, rel=0.15)
 
@@ -231,7 +248,8 @@ def test_hosts_without_delay_meet_on_a_bridge_with_no_forwarder_on_the_path():
         for entry in status["hosts"].values():
             assert entry["uplink"]["rate_bytes_per_s"] == entry["downlink"]["rate_bytes_per_s"] == NIC_BYTES_PER_S
         assert json.loads(testbed.state_path.read_text())["namespaces"][-1] == testbed.switch_namespace
-        rtt_s, rate, intact = exchange(testbed, "h1", "h0", pings=20, size=4_000_000, transfers=3)
+        rtt_s, rate, intact = shaped_exchange(testbed, "h1", "h0", pings=20, size=4_000_000,
+                                         rate_bytes_per_s=NIC_BYTES_PER_S)
         assert intact
         # The forwarder's testbed measured 0.3-0.7 ms over the configured RTT; a veth path, tens of us.
         assert rtt_s < 0.5e-3, rtt_s

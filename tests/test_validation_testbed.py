@@ -1,6 +1,7 @@
 """A small calibrated validation on the emulated cluster (root and iproute2, as CI has):
-calibrate, measure and simulate a latency-bound case; the simulator must land within a tolerance
-wide enough for a shared 2-core machine and order the strategies as the measurement does."""
+calibrate and measure a latency-bound case interleaved, as ``hetsim validate`` does, and simulate
+it; the simulator must land within a tolerance wide enough for a shared 2-core machine and order
+the strategies as the measurement does. And ``hetsim validate`` end to end, on loopback."""
 
 import json
 import os
@@ -18,8 +19,8 @@ TINY_GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2, "vo
 
 
 def test_calibrated_simulation_predicts_the_testbed(tmp_path):
-    from runtime.calibrate import calibrate_scenario
-    from runtime.measure import launch_measurement, measured_result, pooled
+    from runtime.interleaved import launch_interleaved
+    from runtime.measure import measured_result
     from runtime.testbed import Testbed
     from sim.profile import Profile
     from sim.simulate import simulate
@@ -41,21 +42,39 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     bed = Testbed(scenario.name, topology)
     bed.down()
     bed.up()
+    beats = []
     try:
-        # Measured as `hetsim validate` measures: in two launches around the calibration, pooled,
-        # so a slow stretch of the shared machine falls on calibration and measurement alike.
-        before = launch_measurement(scenario, repeats=2, warmup=1, testbed=True)
-        beats = []
-        profile = Profile(calibrate_scenario(scenario, testbed=True, repeats=3, max_call_s=0.2, held_out_sizes=(6144,),
-                                             on_beat=lambda rank, label: beats.append(label) if rank == 0 else None))
-        after = launch_measurement(scenario, repeats=2, warmup=1, testbed=True)
-        measured = measured_result(scenario, topology,
-                                   pooled([before, after])).results
+        # Calibrated and measured as `hetsim validate` does: interleaved in rounds of one launch, so
+        # a slow stretch of the shared machine falls on calibration and measurement alike.
+        run = launch_interleaved(scenario, [scenario], testbed=True, repeats=3, warmup=1, min_timed_s=0.0,
+                                 calibration_repeats=3, max_call_s=0.2, held_out_sizes=(6144,),
+                                 on_beat=lambda rank, label: beats.append(label) if rank == 0 else None)
     finally:
         bed.down()
+    profile = Profile(run.profile)
+    measured = measured_result(scenario, topology, run.measurements[0]).results
+    assert run.rounds == {"measurement": 3, "calibration": 3}
+    assert 0 <= run.measurement_cpu_steal < 1 and 0 <= run.calibration_cpu_steal < 1
+
+    # The three parts take turns: after the warm-ups, each round measures every variant, generates
+    # with every calibration strategy and runs the sweep once, every other round in reverse order.
+    def part(label: str) -> str | None:
+        if label.startswith("generating") and not label.endswith("repeat 0"):
+            return "calibration"
+        if ", round " in label:
+            return "sweep"
+        if " repeat " in label and " step " in label:
+            return "measurement"
+        return None
+
+    turns = [p for p in map(part, beats) if p]
+    turns = [p for i, p in enumerate(turns) if i == 0 or turns[i - 1] != p]  # a part's labels, once
+    assert turns == ["measurement", "calibration", "sweep",  # round 1
+                     "calibration", "measurement",  # round 2 from its sweep, which follows round 1's
+                     "calibration", "sweep"], turns  # round 3 from its measurement, which follows round 2's
     # Calibration generates in rounds over every strategy, so each samples the same stretch of time.
     rounds = [int(label.rsplit(" ", 1)[1]) for label in beats if label.startswith("generating")]
-    assert rounds == sorted(rounds) and len(set(rounds)) >= 3
+    assert rounds == sorted(rounds) and set(rounds) == {0, 1, 2, 3}
     assert len({label.split(",")[0] for label in beats if label.endswith("repeat 0")}) == 3
     # So does the collective sweep, over every algorithm and size.
     sweep = [label.rsplit(", round ", 1) for label in beats if ", round " in label]
@@ -70,6 +89,11 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     assert set(held["size_bytes"]) == {6144} and len(held) == len(profile.of("collective").drop_duplicates(
         ["op", "algorithm"]))
     assert 6144 not in set(profile.of("collective")["size_bytes"])
+    # In-place rows: one repeat per calibration generation that called it: at the decode size
+    # (every prompt), 3 rounds x 3 prompts x the strategies calling it (the broadcast: all three).
+    in_place = profile.of("collective_in_place").set_index(["op", "algorithm", "size_bytes"])["repeats"]
+    decode_bytes = TINY_GPT2["n_embd"] * 4
+    assert in_place["allreduce", "star", decode_bytes] == 9 and in_place["broadcast", "library", decode_bytes] == 27
     simulated = simulate(scenario, profile=profile).results
     errors = case_errors(scenario.name, 8, simulated, measured)
     timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]
@@ -81,9 +105,10 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     assert len(clear) >= 2 and clear.simulator_agrees.all(), ranking.to_string()
 
 
-def test_validate_brackets_calibration_with_two_launches_and_writes_the_report(tmp_path):
-    """``hetsim validate`` end to end, on loopback (no testbed): every case measured in two pooled
-    launches, the held-out collective sizes checked, the report written."""
+def test_validate_interleaves_calibration_with_measurement_and_writes_the_report(tmp_path):
+    """``hetsim validate`` end to end, on loopback (no testbed): every case timed in the rounds of
+    one launch with the calibration, its memory read in a launch of its own, the held-out
+    collective sizes checked, the report written."""
     import pandas as pd
     import yaml
 
@@ -101,18 +126,23 @@ def test_validate_brackets_calibration_with_two_launches_and_writes_the_report(t
                      {"name": "allreduce_library", "strategy": "allreduce_ln", "allreduce": "library",
                       "broadcast": "library"}]}))
     (tmp_path / "matrix.yaml").write_text(yaml.safe_dump({
-        "name": "suite", "testbed": False, "repeats": 3, "min_timed_s": 0.5, "calibration_repeats": 2,
+        "name": "suite", "testbed": False, "repeats": 3, "min_timed_s": 0.0, "calibration_repeats": 2,
         "prompt_tokens": [8, 16], "scenarios": ["tiny.yaml"], "collective_sizes": ["6KiB"],
         "calibrate_collectives": "used"}))
     out = tmp_path / "report"
     main(["validate", str(tmp_path / "matrix.yaml"), "--out", str(out)])
     errors = pd.read_csv(out / "errors.csv")
-    assert set(errors["prompt_tokens"]) == {8, 16} and (errors["launches"] == 2).all()
+    assert set(errors["prompt_tokens"]) == {8, 16}
+    assert (errors["repeats"] == 3).all() and (errors["calibration_rounds"] == 2).all()
     assert errors[["cpu_steal", "calibration_cpu_steal"]].ge(0).all().all()
     assert "While each cluster was calibrated: suite_matrix" in (out / "summary.md").read_text()
-    assert (errors["repeats"] >= 4).all() and (errors["repeats"] % 2 == 0).all()  # as many in each launch
     timing = errors[errors["metric"].isin(["ttft_s", "tpot_s"])]
-    assert len(timing) == 8 and timing["error"].notna().all()
+    assert len(timing) == 8 and timing["error"].notna().all() and timing["split_half"].ge(0).all()
+    # Peak memory read in its own launch: every device of every case, within the target.
+    memory = errors[errors["metric"] == "peak_memory_bytes"]
+    assert len(memory) == 8 and (memory["measured"] > 0).all() and (memory["error"].abs() < 0.05).all()
+    summary = pd.read_csv(out / "summary.csv").set_index("metric")
+    assert summary.loc["tpot_s", "split_half_median"] >= 0
     collectives = pd.read_csv(out / "collectives.csv")
     assert set(collectives["size_bytes"]) == {6144} and set(collectives["op"]) == {"allreduce", "reduce", "broadcast"}
     assert (out / "summary.md").read_text().count("|") > 10 and (out / "report.html").stat().st_size > 0

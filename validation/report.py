@@ -81,11 +81,20 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
     """The short summary kept beside the CSV tables."""
     lines = [f"# Validation: {title}", "", "Signed error = simulated / measured - 1. `collective_s`: collectives "
              "alone, at least 1 MiB or over links with injected delay (`collective_s_all`: every size); "
-             "`collective_in_run_s`: the collective calls inside the runs, per variant, phase and size.", "",
-             "| metric | cases | median abs error | p90 abs error | median signed error |", "|---|---|---|---|---|"]
+             "`collective_in_run_s`: the collective calls inside the runs, per variant, phase and size. "
+             "Split half: the measurement against itself, the median of its even rounds against its odd "
+             "rounds' (|even / odd - 1|), the noise under any simulator's error on this machine.", "",
+             "| metric | cases | median abs error | p90 abs error | median signed error | split half median / p90 |",
+             "|---|---|---|---|---|---|"]
+
+    def percent(value) -> str:
+        return f"{value:.1%}" if pd.notna(value) else ""
+
     for row in report.summary.itertuples(index=False):
+        halves = (f"{percent(row.split_half_median)} / {percent(row.split_half_p90)}"
+                  if pd.notna(getattr(row, "split_half_median", float("nan"))) else "")
         lines.append(f"| {row.metric} | {row.cases} | {row.median_abs_error:.1%} | {row.p90_abs_error:.1%} | "
-                     f"{row.median_signed_error:+.1%} |")
+                     f"{row.median_signed_error:+.1%} | {halves} |")
     ranking = report.ranking
     agreed = int(ranking["simulator_agrees"].sum()) if len(ranking) else 0
     lines += ["", f"Strategy ranking: the simulator orders {agreed} of {len(ranking)} pairs whose measured "
@@ -95,15 +104,12 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
         lines.append(f"- wrong: {row.scenario} prompt {row.prompt_tokens} {row.metric}: {row.faster} measured "
                      f"{row.measured_difference:.0%} faster than {row.slower}")
     if "cpu_steal" in report.errors and report.errors["cpu_steal"].notna().any():
-        steal = report.errors.drop_duplicates(["scenario", "prompt_tokens"]).set_index(["scenario", "prompt_tokens"])
-        worst = steal["cpu_steal"].idxmax()
-        lines += ["", f"CPU time stolen by the hypervisor while cases were measured (/proc/stat): median "
-                      f"{steal['cpu_steal'].median():.1%}, most {steal['cpu_steal'].max():.1%} "
-                      f"({worst[0]} prompt {worst[1]})."]
+        steal = report.errors.drop_duplicates("scenario").set_index("scenario")
+        lines += ["", "CPU time stolen by the hypervisor (/proc/stat), while each cluster's cases were measured: "
+                      + ", ".join(f"{name} {value:.1%}" for name, value in steal["cpu_steal"].items()) + "."]
         if "calibration_cpu_steal" in steal:
-            calibrating = steal.groupby(level=0)["calibration_cpu_steal"].first()
             lines[-1] += (" While each cluster was calibrated: " + ", ".join(
-                f"{name} {value:.1%}" for name, value in calibrating.items()) + ".")
+                f"{name} {value:.1%}" for name, value in steal["calibration_cpu_steal"].items()) + ".")
     lines += _terms_markdown(report)
     regimes = report.regimes
     if len(regimes):

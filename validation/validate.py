@@ -1,16 +1,16 @@
 """``hetsim validate``: run a matrix both ways and report how far the simulator is from reality.
 
-For each scenario of the matrix, with its testbed up (if the matrix says so): measure every
-variant at each prompt length (one launch with half the repeats and timed span), calibrate, measure each
-prompt length again in reverse order with as many repeats, and pool the two launches; the
-calibration sits in the middle of the measurement in time, so slow drift of a shared machine
-falls on both alike. The calibration sweep also times the collectives at the matrix's
-``collective_sizes`` in its rounds, which the profile holds out of the interpolation
-(``collective_held_out``). Then simulate each case with the profile and compare: the metrics
-(:func:`case_errors`), the collective calls inside the runs (:func:`in_run_errors`), where
-each step's time goes (:func:`validation.terms.term_errors`), and the
-held-out collectives against the calibrated network model's interpolation
-(:func:`collective_errors`). The testbed goes down whatever happens.
+For each scenario of the matrix, with its testbed up (if the matrix says so): read each case's
+peak memory in a short launch of its own, then calibrate and measure every variant at every
+prompt length in one launch, interleaved in rounds (:mod:`runtime.interleaved`), so that a shared
+machine's drift falls on the calibration and the measurement alike. The calibration sweep also
+times the collectives at the matrix's ``collective_sizes`` in its rounds, which the profile holds
+out of the interpolation (``collective_held_out``). Then simulate each case with the profile and
+compare: the metrics (:func:`case_errors`, with the measurement's own split-half disagreement,
+:func:`split_halves`), the collective calls inside the runs (:func:`in_run_errors`), where each
+step's time goes (:func:`validation.terms.term_errors`), and the held-out collectives against
+the calibrated network model's interpolation (:func:`collective_errors`). The testbed goes down
+whatever happens.
 
 Errors are signed, ``simulated / measured - 1``. The report gives, per metric, the median and p90
 of |error| over cases; whether the simulator orders each pair of variants as the measurement does
@@ -31,7 +31,6 @@ import pandas as pd
 from sim.calibrated import CHARGED
 from sim.profile import Profile
 from sim.scenario import Scenario
-from validation.cpu_steal import cpu_ticks, steal_fraction
 from validation.matrix import Matrix, with_prompt
 from validation.terms import term_errors
 
@@ -119,6 +118,29 @@ def memory_regimes(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, m
     return pd.DataFrame(rows, columns=REGIME_COLUMNS)
 
 
+def split_halves(case: Scenario, gathered: list) -> pd.DataFrame:
+    """The measurement against itself, per variant and timing metric: the median over its even
+    timed rounds against the median over its odd ones, ``|even / odd - 1|`` (``split_half``). On
+    a shared machine this is the floor under any simulator's error: two halves of one
+    interleaved measurement disagree by it. NaN with fewer than two rounds.
+
+    Args:
+        gathered: the case's measurements, ``[rank][variant]`` (:mod:`runtime.measure`).
+    """
+    from runtime.measure import repeat_timings
+
+    master = min(range(len(gathered)), key=lambda index: gathered[index][0].rank)
+    rows = []
+    for lead in gathered[master]:
+        per_repeat = repeat_timings(lead, case.config.workload.batch_size)
+        for metric in TIMING_METRICS:
+            values = np.array([r[metric] for r in per_repeat], dtype=float)
+            half = (float(np.median(values[0::2]) / np.median(values[1::2]) - 1) if len(values) >= 2
+                    else np.nan)
+            rows.append({"variant": lead.variant, "metric": metric, "split_half": abs(half)})
+    return pd.DataFrame(rows, columns=["variant", "metric", "split_half"])
+
+
 def summarise_errors(errors: pd.DataFrame, collectives: pd.DataFrame, in_run: pd.DataFrame | None = None
                      ) -> pd.DataFrame:
     """Per metric: number of cases, median and p90 of |error|, median signed error.
@@ -132,12 +154,17 @@ def summarise_errors(errors: pd.DataFrame, collectives: pd.DataFrame, in_run: pd
         parts.append(collectives.assign(metric="collective_s_all")[["metric", "error"]])
     both = pd.concat(parts, ignore_index=True).dropna()
     grouped = both.groupby("metric", sort=True)["error"]
-    return pd.DataFrame({
+    summary = pd.DataFrame({
         "cases": grouped.size(),
         "median_abs_error": grouped.apply(lambda e: float(np.median(np.abs(e)))),
         "p90_abs_error": grouped.apply(lambda e: float(np.percentile(np.abs(e), 90))),
         "median_signed_error": grouped.median(),
-    }).reset_index()
+    })
+    if "split_half" in errors:
+        halves = errors.dropna(subset=["split_half"]).groupby("metric", sort=True)["split_half"]
+        summary["split_half_median"] = halves.median()
+        summary["split_half_p90"] = halves.apply(lambda e: float(np.percentile(e, 90)))
+    return summary.reset_index()
 
 
 def ranking_agreement(errors: pd.DataFrame) -> pd.DataFrame:
@@ -260,8 +287,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
         ConfigError: bad scenario, or testbed prerequisites missing.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
-    from runtime.calibrate import calibrate_scenario
-    from runtime.measure import launch_measurement, measured_result, pooled
+    from runtime.interleaved import launch_interleaved
+    from runtime.measure import launch_measurement, measured_result, with_memory
     from sim.outputs import write_atomic
     from sim.simulate import simulate, tensor_parallel_ranks
     from sim.topology import build_topology
@@ -279,46 +306,35 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             bed.up()
         try:
             cases = {prompt: with_prompt(scenario, prompt) for prompt in matrix.prompt_tokens}
-            launches: dict[int, list] = {prompt: [] for prompt in cases}
-            steal: dict[int, list[tuple[int, int]]] = {prompt: [] for prompt in cases}
-
-            def measure(prompt: int, repeats: int, min_timed_s: float) -> None:
-                on_progress(f"{scenario.name}: measuring at prompt {prompt}, launch {len(launches[prompt]) + 1}")
-                before = cpu_ticks()
-                launches[prompt].append(launch_measurement(cases[prompt], repeats=repeats, warmup=matrix.warmup,
-                                                           testbed=matrix.testbed, min_timed_s=min_timed_s))
-                after = cpu_ticks()
-                steal[prompt].append((after[0] - before[0], after[1] - before[1]))
-
-            # Half of each case's repeats before calibration and half after, pooled: the machine's
-            # pace drifts over minutes (4-7% of CPU time stolen in one case, under 1% in the next),
-            # and a calibration bracketed by the measurement samples the middle of that drift.
-            for prompt in cases:
-                measure(prompt, -(-matrix.repeats // 2), matrix.min_timed_s / 2)
-            beat = lambda rank, label, name=scenario.name: on_progress(f"{name}: {label}") if rank == 0 else None
-            on_progress(f"{scenario.name}: calibrating")
-            held_out = tuple(matrix.collective_sizes)
-            before = cpu_ticks()
-            table = calibrate_scenario(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
-                                       on_beat=beat, used_only=matrix.calibrate_collectives == "used",
-                                       held_out_sizes=held_out)
-            calibration_steal = steal_fraction(before, cpu_ticks())
-            write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", table.to_csv(index=False, lineterminator="\n"))
-            profile = Profile(table)
-            gaps = profile.of("op_gap").set_index("device_class")[CHARGED]
-            gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
-            for prompt in reversed(cases):
-                first = launches[prompt][0][0][0]  # rank 0, first variant: its timed repeats
-                measure(prompt, len(first.step_start_s), 0.0)
+            # Peak memory does not drift: it is read in a short launch per case (its warm-up, then
+            # the memory probes), in a process that holds what a measured run holds
+            # (runtime.interleaved says why not there).
+            memory = {}
             for prompt, case in cases.items():
+                on_progress(f"{scenario.name}: reading peak memory at prompt {prompt}")
+                memory[prompt] = launch_measurement(case, repeats=0, warmup=matrix.warmup, testbed=matrix.testbed)
+            on_progress(f"{scenario.name}: calibrating and measuring, interleaved")
+            beat = lambda rank, label, name=scenario.name: on_progress(f"{name}: {label}") if rank == 0 else None
+            held_out = tuple(matrix.collective_sizes)
+            run = launch_interleaved(scenario, list(cases.values()), testbed=matrix.testbed, repeats=matrix.repeats,
+                                     warmup=matrix.warmup, min_timed_s=matrix.min_timed_s,
+                                     calibration_repeats=matrix.calibration_repeats,
+                                     used_only=matrix.calibrate_collectives == "used", held_out_sizes=held_out,
+                                     on_beat=beat)
+            write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", run.profile.to_csv(index=False, lineterminator="\n"))
+            profile = Profile(run.profile)
+            gaps = profile.of("op_gap").set_index("device_class")[CHARGED["op_gap"]]
+            gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
+            for (prompt, case), timed in zip(cases.items(), run.measurements):
                 simulated = simulate(case, profile=profile)
-                measured = measured_result(case, topology, pooled(launches[prompt]))
-                stolen, total = map(sum, zip(*steal[prompt]))
+                gathered = with_memory(timed, memory[prompt])
+                measured = measured_result(case, topology, gathered)
                 errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results)
-                              .assign(repeats=sum(len(launch[0][0].step_start_s) for launch in launches[prompt]),
-                                      launches=len(launches[prompt]),
-                                      cpu_steal=stolen / total if total > 0 else np.nan,
-                                      calibration_cpu_steal=calibration_steal))
+                              .merge(split_halves(case, gathered), on=["variant", "metric"], how="left")
+                              .assign(repeats=run.rounds["measurement"],
+                                      calibration_rounds=run.rounds["calibration"],
+                                      cpu_steal=run.measurement_cpu_steal,
+                                      calibration_cpu_steal=run.calibration_cpu_steal))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
                 terms.append(term_errors(scenario.name, prompt, simulated, measured, gap_s))
