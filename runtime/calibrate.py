@@ -13,7 +13,7 @@ ranks torchrun starts: :func:`main`):
     of one device type, strategies, layers and repeats, per op kind and shape;
   * ``collective_in_place`` and ``collective_wait``: each collective call as the master sees it,
     from the last rank's start to its own end, and its wait for that start
-    (:func:`runtime.comm_timing.in_place_rows`), per kind, algorithm and size.
+    (:func:`runtime.comm_timing.in_place_rows`), per plan op, kind, algorithm and size.
 * ``collective``: every algorithm the registry knows for each kind (and ``library``), in
   isolation over the scenario's tensor-parallel group, at 1 KiB x 4^k up to 64 MiB
   (:func:`runtime.comm_timing.collective_rows`).
@@ -40,7 +40,7 @@ from models.ops import OpKind
 from runtime import memory_probe
 from runtime.blocks import BlockLoader
 from runtime.comm import Communicator
-from runtime.comm_timing import collective_rows, in_place_rows, p2p_rows, stats
+from runtime.comm_timing import CallSpan, collective_rows, in_place_rows, p2p_rows, stats
 from runtime.executor import Executor
 from runtime.weights import prompt_tokens
 from runtime.worker import common_start, peak_memory_bytes, rank_model
@@ -203,9 +203,9 @@ class CalibrationGenerations:
         for record in records:
             op = ops[record.step][record.name]
             if op.collective is not None:
-                call = (generation_id, record.step, record.layer, record.name)
-                self.spans.append((call, self.rank, str(op.collective.kind), op.collective.algorithm,
-                                   op.collective.size_bytes, record.start_s, record.end_s))
+                self.spans.append(CallSpan(generation_id, (record.step, record.layer, record.name), record.name,
+                                           self.rank, str(op.collective.kind), op.collective.algorithm,
+                                           op.collective.size_bytes, record.start_s, record.end_s))
                 continue
             new, context = op.shape
             cost = op.cost

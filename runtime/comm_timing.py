@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, Hashable, NamedTuple
 
 import numpy as np
 import torch
@@ -173,15 +173,36 @@ def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float
     return sweep.rows()
 
 
-def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int, master: int) -> list[dict]:
+class CallSpan(NamedTuple):
+    """One rank's record of one collective call of a real generation (times: s on the shared clock)."""
+
+    generation: Hashable  # which generation the call belongs to
+    call: Hashable  # which call of that generation (its step, layer and op name): one across ranks
+    name: str  # the plan op's name ("attn_allreduce", "embed_bcast"): the call's place in a step
+    rank: int
+    kind: str
+    algorithm: str
+    size_bytes: int
+    start_s: float
+    end_s: float
+
+
+def in_place_rows(spans: list[CallSpan], group_size: int, num_hosts: int, master: int) -> list[dict]:
     """Profile rows (``collective_in_place`` and ``collective_wait``) from the collectives of real
-    generations, as the master sees them.
+    generations, as the master sees them, per plan op (``call``: the op's name).
 
     The master's time inside a call splits into its wait for the last rank to arrive and the
     rest, from that arrival to its own end; its step is its compute, its gaps and these two, so
     charging both, per call, adds up to its step. The last rank's end is not the master's: a
     broadcast's root leaves before its leaves have received, and the master then waits for them
     at the next call, which is where this charges it.
+
+    Per plan op, because both parts depend on where in a step the call sits, not only on its
+    kind, algorithm and size: under reduce_ln_bcast the master broadcasts after its own
+    LayerNorm, arriving last, and leaves at once (0.7 ms at 96 KiB over 5 ms links); allreduce_ln's
+    one broadcast of a prefill, of the same size, starts the step before the other ranks have
+    left the barrier (5.8 ms, and 5 ms of wait). Pooled, the second set the median that the first
+    was charged 25 times a step.
 
     The statistics are over generations, each sample a generation's mean call: TTFT and TPOT are
     medians over generations of a step that sums many calls, so the simulator charges the median
@@ -191,38 +212,36 @@ def in_place_rows(spans: list[tuple], group_size: int, num_hosts: int, master: i
     of a few generations).
 
     Args:
-        spans: every rank's collective records, each ``(call, rank, kind, algorithm, size_bytes,
-            start_s, end_s)``: ``call`` identifies one collective call across ranks, a tuple whose
-            first element identifies its generation (then step, layer, op name), times on the
-            shared clock.
+        spans: every rank's collective records.
         group_size, num_hosts: the tensor-parallel group the calls ran over.
         master: the group's first rank.
 
     Returns:
-        Per (kind, algorithm, size), statistics over generations of the mean over the
+        Per (op name, kind, algorithm, size), statistics over generations of the mean over the
         generation's calls of the master's end less the last start (``collective_in_place``) and
         of its wait (``collective_wait``: the last start, or its own end if earlier, less its
         start). A call some rank did not record is left out.
     """
     by_call: dict[tuple, dict[int, tuple[float, float]]] = defaultdict(dict)
-    shape: dict[tuple, tuple[str, str, int]] = {}
-    for call, rank, kind, algorithm, size_bytes, start_s, end_s in spans:
-        by_call[call][rank] = (start_s, end_s)
-        shape[call] = (kind, algorithm, size_bytes)
-    spent: dict[tuple[str, str, int], dict[object, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    for call, times in by_call.items():
+    shape: dict[tuple, tuple[str, str, str, int]] = {}
+    for span in spans:
+        key = (span.generation, span.call)
+        by_call[key][span.rank] = (span.start_s, span.end_s)
+        shape[key] = (span.name, span.kind, span.algorithm, span.size_bytes)
+    spent: dict[tuple, dict[object, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for key, times in by_call.items():
         if len(times) == group_size and master in times:
             start, end = times[master]
             wait = max(0.0, min(end, max(s for s, _ in times.values())) - start)
-            spent[shape[call]][call[0]].append((end - start - wait, wait))
+            spent[shape[key]][key[0]].append((end - start - wait, wait))
     rows = []
-    for (kind, algorithm, size_bytes), generations in sorted(spent.items()):
+    for (name, kind, algorithm, size_bytes), generations in sorted(spent.items()):
         means = np.array([np.mean(calls, axis=0) for calls in generations.values()])  # [generations, 2]
         for index, (measurement, method) in enumerate((("collective_in_place", IN_PLACE_METHOD),
                                                        ("collective_wait", WAIT_METHOD))):
-            rows.append({"measurement": measurement, "op": kind, "algorithm": algorithm, "group_size": group_size,
-                         "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s", "method": method,
-                         **stats(means[:, index])})
+            rows.append({"measurement": measurement, "call": name, "op": kind, "algorithm": algorithm,
+                         "group_size": group_size, "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s",
+                         "method": method, **stats(means[:, index])})
     return rows
 
 

@@ -131,7 +131,10 @@ class CalibratedNetwork:
     * within the sizes measured in place (in real generations), by linear interpolation among
       them: what the call costs the master inside a run on this cluster, from the last rank's
       arrival to its end, plus its wait for that arrival (``wait_s`` of the timing: ranks that
-      share cores arrive apart, which the simulated ranks, doing equal work, do not);
+      share cores arrive apart, which the simulated ranks, doing equal work, do not). The
+      timings of the same plan op (``call``, its name: where in a step it sits, which sets who
+      arrives last and what the cores do meanwhile) where the profile has them; else those of
+      every call of the kind, algorithm and group, pooled (a median over the calls' rows);
     * elsewhere, by linear interpolation among the isolated timings plus the in-place overhead
       at the nearest in-place size (in place less isolated there, in seconds; flagged in
       ``extrapolated``), and the wait at that size. The overhead is per call (waking ranks,
@@ -167,19 +170,25 @@ class CalibratedNetwork:
     def __post_init__(self) -> None:
         self._tables = _size_tables(self.profile.of("collective"), ISOLATED, monotone=True)
         if self.in_place:
-            self._in_place = _size_tables(self.profile.of("collective_in_place"), CHARGED["collective_in_place"],
-                                          monotone=False)
-            self._wait = _size_tables(self.profile.of("collective_wait"), CHARGED["collective_wait"], monotone=False)
+            for measurement, tables in (("collective_in_place", self._in_place), ("collective_wait", self._wait)):
+                rows = self.profile.of(measurement)
+                statistic = CHARGED[measurement]
+                tables.update(_size_tables(rows, statistic, monotone=False))  # pooled, keyed without a call
+                for call, of_call in rows.groupby("call", sort=True):
+                    tables.update({(str(call), *key): table
+                                   for key, table in _size_tables(of_call, statistic, monotone=False).items()})
 
-    def time(self, schedule: CommSchedule) -> CollectiveTiming:
-        """The timing of ``schedule``: the calibrated time for every rank (the profile holds the
-        master's view of a call, not per-rank finishes), its calibrated wait in ``wait_s``."""
+    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
+        """The timing of ``schedule``, the plan op ``call`` where given: the calibrated time for
+        every rank (the profile holds the master's view of a call, not per-rank finishes), its
+        calibrated wait in ``wait_s``."""
         if len(schedule.group) == 1:
             return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
         key = (str(schedule.kind), schedule.algorithm, len(schedule.group),
                len(self.topology.host_groups(schedule.group)))
-        wait_s = self._wait_s(schedule, key)
-        duration = wait_s + self._duration(schedule, key) + self.gap_s
+        in_place_key = (call, *key) if (call, *key) in self._in_place else key
+        wait_s = self._wait_s(schedule, in_place_key)
+        duration = wait_s + self._duration(schedule, key, in_place_key) + self.gap_s
         return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s)
 
     def _wait_s(self, schedule: CommSchedule, key: tuple) -> float:
@@ -189,9 +198,9 @@ class CalibratedNetwork:
         sizes, times = table  # beyond the measured sizes, the nearest: skew comes from the compute around
         return max(0.0, float(np.interp(schedule.size_bytes, sizes, times)))
 
-    def _duration(self, schedule: CommSchedule, key: tuple) -> float:
+    def _duration(self, schedule: CommSchedule, key: tuple, in_place_key: tuple) -> float:
         label = f"{schedule.kind} {schedule.algorithm} over {key[2]} ranks on {key[3]} hosts"
-        in_place = self._in_place.get(key)
+        in_place = self._in_place.get(in_place_key)
         if in_place is None or schedule.size_bytes <= 0:
             return self._isolated_s(schedule, key, label, flag=True)
         sizes, times = in_place

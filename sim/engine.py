@@ -109,6 +109,6 @@ class Engine:
 
     def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]]) -> CollectiveTiming:
         c = op.collective
-        algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root)
+        algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
         algorithms[op.call] = (c.kind.value, algorithm)
         return timing

@@ -67,8 +67,11 @@ class CollectiveTiming:
 class NetworkModel(Protocol):
     """Prices a point-to-point schedule; see the module docstring for the shared semantics."""
 
-    def time(self, schedule: CommSchedule) -> CollectiveTiming:
-        """The timing of ``schedule`` started at t = 0 on an otherwise idle network."""
+    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
+        """The timing of ``schedule`` started at t = 0 on an otherwise idle network. ``call``: the
+        plan op's name (``attn_allreduce``), which a network priced from calls timed inside real
+        runs looks its timings up by (:class:`sim.calibrated.CalibratedNetwork`); the models
+        that price the schedule itself ignore it."""
         ...
 
 
@@ -124,8 +127,8 @@ class AlphaBetaNetwork:
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
         self._routes = _Routes(topology, reduce_s_per_byte)
 
-    def time(self, schedule: CommSchedule) -> CollectiveTiming:
-        """The timing of ``schedule``; O(number of transfers x path length)."""
+    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
+        """The timing of ``schedule``; O(number of transfers x path length). ``call`` is ignored."""
         capacity, gamma = self._routes.capacity, self._routes.gamma
         ready = dict.fromkeys(schedule.group, 0.0)
         for step in schedule.steps:
@@ -169,8 +172,8 @@ class FlowNetwork:
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
         self._routes = _Routes(topology, reduce_s_per_byte)
 
-    def time(self, schedule: CommSchedule) -> CollectiveTiming:
-        """The timing of ``schedule``."""
+    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
+        """The timing of ``schedule``. ``call`` is ignored."""
         return _FlowRun(schedule, self._routes).run()
 
 
@@ -339,9 +342,11 @@ class CollectivePricer:
         self._choices: dict[tuple, str] = {}
 
     def price(
-        self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None
+        self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
+        call: str | None = None,
     ) -> tuple[str, CollectiveTiming]:
-        """(resolved algorithm name, timing) of collective ``kind`` of ``size_bytes`` per rank.
+        """(resolved algorithm name, timing) of collective ``kind`` of ``size_bytes`` per rank;
+        ``call``: the plan op's name, passed to the network model (:meth:`NetworkModel.time`).
 
         Raises:
             ConfigError: from :func:`sim.collectives.registry.build_schedule` (unknown kind or
@@ -350,27 +355,29 @@ class CollectivePricer:
         """
         group = tuple(group)
         if algorithm == AUTO:
-            key = (kind, group, size_bytes, root)
+            key = (kind, group, size_bytes, root, call)
             if key not in self._choices:
-                self._choices[key] = self._fastest(kind, group, size_bytes, root)
+                self._choices[key] = self._fastest(kind, group, size_bytes, root, call)
             algorithm = self._choices[key]
-        return algorithm, self._time(kind, algorithm, group, size_bytes, root)
+        return algorithm, self._time(kind, algorithm, group, size_bytes, root, call)
 
-    def _time(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None) -> CollectiveTiming:
-        key = (kind, algorithm, group, size_bytes, root)
+    def _time(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None,
+              call: str | None) -> CollectiveTiming:
+        key = (kind, algorithm, group, size_bytes, root, call)
         if key not in self._timings:
             host_groups = self.topology.host_groups(group)
             schedule = build_schedule(kind, algorithm, group, size_bytes, root=root, host_groups=host_groups)
-            self._timings[key] = self.network.time(schedule)
+            self._timings[key] = self.network.time(schedule, call)
         return self._timings[key]
 
-    def _fastest(self, kind: OpKind, group: tuple[int, ...], size_bytes: int, root: int | None) -> str:
+    def _fastest(self, kind: OpKind, group: tuple[int, ...], size_bytes: int, root: int | None,
+                 call: str | None) -> str:
         if kind not in ALGORITHMS:
             raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
         priced, errors = [], []
         for name in sorted(ALGORITHMS[kind]):
             try:
-                priced.append((self._time(kind, name, group, size_bytes, root).duration_s, name))
+                priced.append((self._time(kind, name, group, size_bytes, root, call).duration_s, name))
             except ConfigError as error:  # e.g. two_level_rs on hosts holding different numbers of ranks
                 errors.append(error)
         if not priced:

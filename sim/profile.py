@@ -20,8 +20,9 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     the interpolation);
   * ``collective_in_place``: the collective calls of real generations of the scenario's strategies
     (where they share the cores with the ranks' compute), from the group's last arrival to the
-    end of the call on its first rank (the master: the rank whose steps TTFT and TPOT time);
-    each repeat is one generation's mean call;
+    end of the call on its first rank (the master: the rank whose steps TTFT and TPOT time),
+    per plan op (``call``: its name in the plan, such as ``attn_allreduce``, which says where in
+    a step it sits); each repeat is one generation's mean call;
   * ``collective_wait``: the same calls, the master's wait inside them for the last rank to
     arrive (arrival skew: ranks time-sliced on shared cores, a broadcast's leaves still
     receiving after its root left); each repeat one generation's mean;
@@ -47,10 +48,10 @@ import pandas as pd
 
 from models.errors import ConfigError
 
-PROFILE_VERSION = 4  # 4: in-place collectives and waits: statistics over generations' means
+PROFILE_VERSION = 4  # 4: in-place collectives and waits per plan op, statistics over generations' means
 
 PROFILE_COLUMNS = [
-    "version", "measurement", "device_class", "op", "algorithm", "group_size", "num_hosts", "batch_size",
+    "version", "measurement", "device_class", "call", "op", "algorithm", "group_size", "num_hosts", "batch_size",
     "new_tokens", "context_tokens", "size_bytes", "dtype", "flops", "traffic_bytes",
     "median", "p10", "p90", "mean", "unit", "repeats", "method",
 ]
@@ -75,7 +76,7 @@ def profile_frame(rows: list[dict]) -> pd.DataFrame:
     the file is the same for the same measurements."""
     frame = pd.DataFrame(rows, columns=PROFILE_COLUMNS)
     frame["version"] = PROFILE_VERSION
-    keys = ["measurement", "device_class", "op", "algorithm", "group_size", "num_hosts", "batch_size",
+    keys = ["measurement", "device_class", "call", "op", "algorithm", "group_size", "num_hosts", "batch_size",
             "new_tokens", "context_tokens", "size_bytes"]
     return frame.sort_values(keys, kind="stable", na_position="first").reset_index(drop=True)
 

@@ -207,6 +207,12 @@ def test_calibration_generates_with_each_distinct_named_strategy():
     assert [(c.strategy, c.allreduce) for c in calibration_strategies(only_auto)] == [("allreduce_ln", "library")]
 
 
+def _span(generation, call, rank, kind, algorithm, size_bytes, start_s, end_s, name="attn_allreduce"):
+    from runtime.comm_timing import CallSpan
+
+    return CallSpan(generation, call, name, rank, kind, algorithm, size_bytes, start_s, end_s)
+
+
 def test_in_place_rows_split_the_masters_call_into_its_wait_and_the_rest():
     pytest.importorskip("torch")
     from runtime.comm_timing import in_place_rows
@@ -214,23 +220,24 @@ def test_in_place_rows_split_the_masters_call_into_its_wait_and_the_rest():
     spans = []
     for call in range(3):  # rank 1 arrives 5 ms late (10 ms in the last call); the master ends 2 ms after
         t, late = call * 1.0, 0.005 if call < 2 else 0.010
-        spans += [(("g", call), 0, "allreduce", "ring", 4096, t, t + late + 0.002),
-                  (("g", call), 1, "allreduce", "ring", 4096, t + late, t + late + 0.001)]
+        spans += [_span("g", call, 0, "allreduce", "ring", 4096, t, t + late + 0.002),
+                  _span("g", call, 1, "allreduce", "ring", 4096, t + late, t + late + 0.001)]
     # a broadcast's root (the master) leaves before its leaf arrives: it waited its whole call
-    spans += [(("g", "b"), 0, "broadcast", "library", 4096, 0.0, 0.001),
-              (("g", "b"), 1, "broadcast", "library", 4096, 0.003, 0.004)]
-    spans.append((("g", 9), 0, "allreduce", "ring", 4096, 0.0, 5.0))  # a call only one rank recorded
+    spans += [_span("g", "b", 0, "broadcast", "library", 4096, 0.0, 0.001, name="attn_bcast"),
+              _span("g", "b", 1, "broadcast", "library", 4096, 0.003, 0.004, name="attn_bcast")]
+    spans.append(_span("g", 9, 0, "allreduce", "ring", 4096, 0.0, 5.0))  # a call only one rank recorded
     rows = {(r["op"], r["measurement"]): r for r in in_place_rows(spans, group_size=2, num_hosts=2, master=0)}
     assert set(rows) == {(op, m) for op in ("allreduce", "broadcast") for m in ("collective_in_place", "collective_wait")}
     transfer, wait = rows["allreduce", "collective_in_place"], rows["allreduce", "collective_wait"]
     # one generation: one sample, its mean call
     assert transfer["size_bytes"] == 4096 and transfer["repeats"] == wait["repeats"] == 1
+    assert transfer["call"] == "attn_allreduce" and rows["broadcast", "collective_wait"]["call"] == "attn_bcast"
     assert transfer["median"] == pytest.approx(0.002) and wait["median"] == pytest.approx(0.020 / 3)
     assert rows["broadcast", "collective_wait"]["median"] == pytest.approx(0.001)
     assert rows["broadcast", "collective_in_place"]["median"] == pytest.approx(0.0)
 
 
-def test_in_place_rows_are_statistics_over_generations_of_their_mean_call():
+def test_in_place_rows_are_statistics_over_generations_of_their_mean_call_per_plan_op():
     pytest.importorskip("torch")
     from runtime.comm_timing import in_place_rows
 
@@ -239,12 +246,17 @@ def test_in_place_rows_are_statistics_over_generations_of_their_mean_call():
     for generation, calls_s in enumerate(([0.001, 0.003], [0.003, 0.003], [0.010, 0.010])):
         for call, duration in enumerate(calls_s):
             t = generation * 10.0 + call
-            spans += [((generation, call), rank, "allreduce", "ring", 3072, t, t + duration) for rank in (0, 1)]
-    (row,) = [r for r in in_place_rows(spans, group_size=2, num_hosts=1, master=0)
-              if r["measurement"] == "collective_in_place"]
+            spans += [_span(generation, call, rank, "allreduce", "ring", 3072, t, t + duration) for rank in (0, 1)]
+            # the same kind, algorithm and size in another place of the step: a row of its own
+            spans += [_span(generation, ("other", call), rank, "allreduce", "ring", 3072, t + 0.5, t + 0.6,
+                            name="mlp_allreduce") for rank in (0, 1)]
+    rows = {r["call"]: r for r in in_place_rows(spans, group_size=2, num_hosts=1, master=0)
+            if r["measurement"] == "collective_in_place"}
+    row = rows["attn_allreduce"]
     assert row["repeats"] == 3
     assert row["median"] == pytest.approx(0.003)  # what the simulator charges: the slow generation does not move it
     assert row["mean"] == pytest.approx(0.005)
+    assert rows["mlp_allreduce"]["median"] == pytest.approx(0.1)
 
 
 def _two_kinds_profile(waits: dict[int, float] | None = None) -> Profile:
@@ -468,3 +480,25 @@ def test_in_run_errors_compare_with_the_measured_mean_and_skip_calls_with_no_tim
     assert table.loc["allreduce", "measured"] == pytest.approx(0.003)  # the mean of 2 ms and 4 ms
     assert table.loc["allreduce", "error"] == pytest.approx(0.0)
     assert table.loc["broadcast", "measured"] == 0.0 and math.isnan(table.loc["broadcast", "error"])
+
+
+def test_a_call_is_priced_from_its_own_plan_op_timed_in_place_and_else_from_every_call_pooled():
+    scenario, compute = _profile_from_simulation(scale=1.0)
+    topology = build_topology(scenario.config.cluster)
+    # The same kind, algorithm and sizes in two places of a step: 1 ms as mlp_allreduce, 9 ms as
+    # attn_allreduce (another place of the step, other neighbours, another last arrival).
+    rows = [{"measurement": "collective_in_place", "call": call, "op": "allreduce", "algorithm": "library",
+             "group_size": 2, "num_hosts": 2, "size_bytes": size, "median": t, "unit": "s"}
+            for call, t in (("mlp_allreduce", 1e-3), ("attn_allreduce", 9e-3)) for size in (1, 1 << 30)]
+    profile = Profile(profile_frame([*compute.rows.to_dict("records"), *rows]))
+    network = CalibratedNetwork(profile, FlowNetwork(topology), topology)
+    schedule = build_schedule(OpKind.ALLREDUCE, "library", (0, 1), 4096, host_groups=topology.host_groups((0, 1)))
+    assert network.time(schedule, "mlp_allreduce").duration_s == pytest.approx(1e-3)
+    assert network.time(schedule, "attn_allreduce").duration_s == pytest.approx(9e-3)
+    assert network.time(schedule, "embed_bcast").duration_s == pytest.approx(5e-3)  # not timed: the pooled median
+    assert network.time(schedule).duration_s == pytest.approx(5e-3)
+    # The engine names each call by its plan op: a step charges each its own.
+    trace = simulate(scenario, profile=profile).variants[0].trace
+    master = trace.ops[(trace.ops["rank"] == 0) & (trace.ops["kind"] == "allreduce")]
+    durations = (master["end_s"] - master["start_s"]).groupby(master["name"]).median()
+    assert durations["mlp_allreduce"] == pytest.approx(1e-3) and durations["attn_allreduce"] == pytest.approx(9e-3)

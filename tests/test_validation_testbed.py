@@ -89,11 +89,14 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     assert set(held["size_bytes"]) == {6144} and len(held) == len(profile.of("collective").drop_duplicates(
         ["op", "algorithm"]))
     assert 6144 not in set(profile.of("collective")["size_bytes"])
-    # In-place rows: one repeat per calibration generation that called it: at the decode size
-    # (every prompt), 3 rounds x 3 prompts x the strategies calling it (the broadcast: all three).
-    in_place = profile.of("collective_in_place").set_index(["op", "algorithm", "size_bytes"])["repeats"]
+    # In-place rows per plan op, one repeat per calibration generation that called it: at the decode
+    # size (every prompt), 3 rounds x 3 prompts x the strategies calling it (allreduce_ln's one
+    # broadcast of a step: two of them).
+    in_place = profile.of("collective_in_place").set_index(["call", "op", "algorithm", "size_bytes"])["repeats"]
     decode_bytes = TINY_GPT2["n_embd"] * 4
-    assert in_place["allreduce", "star", decode_bytes] == 9 and in_place["broadcast", "library", decode_bytes] == 27
+    assert in_place["attn_allreduce", "allreduce", "star", decode_bytes] == 9
+    assert in_place["mlp_bcast", "broadcast", "library", decode_bytes] == 9
+    assert in_place["embed_bcast", "broadcast", "library", decode_bytes] == 18
     simulated = simulate(scenario, profile=profile).results
     errors = case_errors(scenario.name, 8, simulated, measured)
     timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]

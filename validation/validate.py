@@ -45,7 +45,7 @@ INJECTED_DELAY_S = 1e-3
 STALL_THRESHOLD = 0.10  # a run stalls when waiting for weight loads takes over 10% of a decode step
 COLLECTIVE_COLUMNS = ["scenario", "op", "algorithm", "size_bytes", "simulated", "measured", "measured_p10",
                       "measured_p90", "error", "targeted"]
-IN_RUN_COLUMNS = ["scenario", "prompt_tokens", "variant", "phase", "op", "size_bytes", "simulated", "measured",
+IN_RUN_COLUMNS = ["scenario", "prompt_tokens", "variant", "phase", "call", "op", "size_bytes", "simulated", "measured",
                   "measured_p10", "measured_p90", "error"]
 REGIME_COLUMNS = ["scenario", "prompt_tokens", "variant", "fits_simulated", "fits_measured",
                   "stall_simulated_s", "stall_measured_s", "stalls_simulated", "stalls_measured", "agrees"]
@@ -240,19 +240,20 @@ def call_durations(ops: pd.DataFrame) -> pd.DataFrame:
     """Each collective call of a trace's op table, charged as the simulator's
     ``collective_in_place`` rows charge it: the master's (the trace's lowest rank's) end less the
     last rank's start; the master's wait before that start is left out, as it is a term of its own
-    (:mod:`validation.terms`). Columns: phase, op, size_bytes, duration_s."""
+    (:mod:`validation.terms`). Columns: phase, call (the plan op's name), op, size_bytes, duration_s."""
     calls = ops[ops["kind"].isin(("allreduce", "reduce", "broadcast"))]
     keys = ["step", "layer", "name"]
     last_start = calls.groupby(keys, sort=False)["start_s"].max().rename("last_start")
     master = calls[calls["rank"] == calls["rank"].min()].join(last_start, on=keys)
-    return pd.DataFrame({"phase": master["phase"], "op": master["kind"], "size_bytes": master["bytes"],
+    return pd.DataFrame({"phase": master["phase"], "call": master["name"], "op": master["kind"],
+                         "size_bytes": master["bytes"],
                          "duration_s": (master["end_s"] - master["last_start"]).clip(lower=0.0)}
                         ).reset_index(drop=True)
 
 
 def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.DataFrame:
-    """The collectives inside the runs: per variant, phase, kind and size, the simulated call
-    time against the measured mean (the statistic the simulator charges, :mod:`sim.calibrated`;
+    """The collectives inside the runs: per variant, phase, plan op, kind and size, the simulated
+    call time against the measured mean (the statistic the simulator charges, :mod:`sim.calibrated`;
     with p10 / p90) over the calls of the measured trace.
 
     Args:
@@ -263,15 +264,17 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
     for sim_variant, meas_variant in zip(simulated.variants, measured.variants):
         sim_calls = call_durations(sim_variant.trace.ops)
         meas_calls = call_durations(meas_variant.trace.ops)
-        for (phase, op, size), group in meas_calls.groupby(["phase", "op", "size_bytes"], sort=True):
-            predicted = sim_calls[(sim_calls.phase == phase) & (sim_calls.op == op) & (sim_calls.size_bytes == size)]
+        for (phase, call, op, size), group in meas_calls.groupby(["phase", "call", "op", "size_bytes"], sort=True):
+            predicted = sim_calls[(sim_calls.phase == phase) & (sim_calls.call == call) & (sim_calls.op == op)
+                                  & (sim_calls.size_bytes == size)]
             if predicted.empty:
                 continue
             value = float(predicted["duration_s"].median())
             times = group["duration_s"].to_numpy()
             mean = float(np.mean(times))
             rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": meas_variant.name,
-                         "phase": phase, "op": op, "size_bytes": int(size), "simulated": value, "measured": mean,
+                         "phase": phase, "call": call, "op": op, "size_bytes": int(size), "simulated": value,
+                         "measured": mean,
                          "measured_p10": float(np.percentile(times, 10)),
                          "measured_p90": float(np.percentile(times, 90)),
                          # a root that left before the last arrival: no time after it to compare
