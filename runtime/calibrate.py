@@ -16,7 +16,7 @@ ranks torchrun starts: :func:`main`):
     (:func:`runtime.comm_timing.in_place_rows`), per plan op, kind, algorithm and size.
 * ``collective``: every algorithm the registry knows for each kind (and ``library``), in
   isolation over the scenario's tensor-parallel group, at 1 KiB x 4^k up to 64 MiB
-  (:func:`runtime.comm_timing.collective_rows`).
+  (:class:`runtime.comm_timing.CollectiveSweep`), in rounds that take turns with the generations'.
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
@@ -27,7 +27,6 @@ ranks torchrun starts: :func:`main`):
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import defaultdict
@@ -40,7 +39,7 @@ from models.ops import OpKind
 from runtime import memory_probe
 from runtime.blocks import BlockLoader
 from runtime.comm import Communicator
-from runtime.comm_timing import CallSpan, collective_rows, in_place_rows, p2p_rows, stats
+from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_rows, stats
 from runtime.executor import Executor
 from runtime.weights import prompt_tokens
 from runtime.worker import common_start, peak_memory_bytes, rank_model
@@ -58,8 +57,12 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
                    heartbeat: Callable[[str], None], used_only: bool = False,
                    held_out_sizes: tuple[int, ...] = ()) -> list[dict] | None:
     """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere.
-    ``held_out_sizes``: collective sizes timed in the sweep's rounds as ``collective_held_out``
-    rows (:func:`runtime.comm_timing.collective_rows`)."""
+
+    ``repeats`` rounds, each one calibration generation per strategy and prompt
+    (:class:`CalibrationGenerations`) and one call of every case of the collective sweep
+    (:class:`runtime.comm_timing.CollectiveSweep`), after a warm-up round of generations; then
+    the point-to-point ping-pongs. ``held_out_sizes``: collective sizes timed in the sweep's
+    rounds as ``collective_held_out`` rows."""
     from sim.simulate import tensor_parallel_ranks
 
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
@@ -70,23 +73,19 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     # A model built from block files (when the scenario streams) is loaded whole before timing.
     generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model,
                                          BlockLoader(store, model.device) if store is not None else None, heartbeat)
-    # Generations first: the memory baseline is read from one, before the collective sweep's large
+    generations.round(0, timed=False)  # warms up
+    # The memory baseline is read from one more generation, before the collective sweep's large
     # buffers raise this process's high-water mark.
-    rounds = generation_rounds(repeats, len(generations.strategies))
-    for index in range(rounds + 1):
-        generations.round(index, timed=index > 0)  # the first round warms up
     framework_bytes = generations.framework_bytes()
-    rows = collective_rows(ranks, topology, rank, comm, repeats, max_call_s, heartbeat,
-                           algorithms=used_algorithms(scenario) if used_only else None,
-                           held_out=tuple(held_out_sizes))
-    rows += p2p_rows(ranks, topology, rank, repeats, heartbeat)
+    sweep = CollectiveSweep(ranks, topology, rank, comm, max_call_s, heartbeat,
+                            algorithms=used_algorithms(scenario) if used_only else None, held_out=tuple(held_out_sizes))
+    # The generations and the sweep take turns, so that both sample the same stretch of a shared
+    # machine's time (hetsim validate interleaves the measured generations too: runtime.interleaved).
+    for index in range(repeats):
+        generations.round(index + 1, timed=True)
+        sweep.round(f"round {index + 1} of {repeats}")
+    rows = sweep.rows() + p2p_rows(ranks, topology, rank, repeats, heartbeat)
     return gather_profile(generations, framework_bytes, rows)
-
-
-def generation_rounds(repeats: int, strategies: int) -> int:
-    """Timed rounds of calibration generations: each strategy generates ``repeats`` times over
-    the rounds at each prompt, at least twice."""
-    return max(2, math.ceil(repeats / strategies))
 
 
 def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict]):

@@ -8,7 +8,7 @@ and waits for a late peer is not charged for the wait, which a barrier followed 
 stopwatch would do: on a link with 5 ms of delay, ranks leave a barrier up to a message latency
 apart, and that skew read as up to 10 ms of a 24 ms collective.
 
-* :class:`CollectiveSweep` (:func:`collective_rows`): each algorithm of each kind in isolation. Every call starts at a
+* :class:`CollectiveSweep`: each algorithm of each kind in isolation. Every call starts at a
   deadline agreed on the shared clock, so every rank starts together and a call never overlaps
   the previous one (back-to-back broadcasts would measure throughput, not latency). The repeats
   run in rounds over every (kind, algorithm, size), not in a block per size: on a shared machine
@@ -159,18 +159,6 @@ class CollectiveSweep:
                  "algorithm": call.algorithm, "group_size": len(self.ranks), "num_hosts": self.hosts,
                  "size_bytes": call.size_bytes, "unit": "s", "method": ISOLATED_METHOD, **stats(spans)}
                 for (call, _), spans in zip(self.cases, self.times)]
-
-
-def collective_rows(ranks, topology, rank, comm, repeats: int, max_call_s: float, heartbeat,
-                    sizes: tuple[int, ...] = SIZES_BYTES,
-                    algorithms: dict[OpKind, tuple[str, ...]] | None = None,
-                    held_out: tuple[int, ...] = ()) -> list[dict]:
-    """A :class:`CollectiveSweep` of ``repeats`` rounds in a row; its rows on ``ranks[0]``, an
-    empty list elsewhere."""
-    sweep = CollectiveSweep(ranks, topology, rank, comm, max_call_s, heartbeat, sizes, algorithms, held_out)
-    for index in range(repeats):
-        sweep.round(f"round {index + 1} of {repeats}")
-    return sweep.rows()
 
 
 class CallSpan(NamedTuple):
