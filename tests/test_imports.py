@@ -1,4 +1,4 @@
-"""models/ and sim/ must run where torch is absent (DESIGN.md: imports go models <- sim <- runtime)."""
+"""models/ and sim/ must run where torch is absent (imports go models <- sim <- runtime)."""
 
 import pkgutil
 import subprocess

@@ -39,7 +39,7 @@ CHECKED_METRICS = (*TIMING_METRICS, "peak_memory_bytes")
 RANKING_THRESHOLD = 0.10
 # The collective target's population (the calibrate-and-validate issue): messages of at least
 # 1 MiB, or any size over links with injected delay (at least 1 ms one way between two hosts).
-# Below both, a gloo message is bound by the machine (0.7-2 ms, 30-170% spread; FIELD-NOTES).
+# Below both, a gloo message is bound by the machine (0.7-2 ms, 30-170% spread, measured here).
 TARGET_COLLECTIVE_BYTES = 2**20
 INJECTED_DELAY_S = 1e-3
 STALL_THRESHOLD = 0.10  # a run stalls when waiting for weight loads takes over 10% of a decode step

@@ -4,8 +4,7 @@ Each host of the topology becomes a network namespace; its ranks enter it
 (:func:`enter_namespace`, before creating threads or sockets) and talk over ``eth0``
 (``GLOO_SOCKET_IFNAME=eth0``) to other hosts and over ``lo`` among themselves. Links are shaped
 with tbf; where the scenario has delays over 0.2 ms they are added by a user-space forwarder,
-since this kernel has no netem, and otherwise the hosts' veths meet on a bridge. Facts the design
-rests on: FIELD-NOTES section 5. Usage::
+since this kernel has no netem, and otherwise the hosts' veths meet on a bridge. Usage::
 
     testbed = Testbed(scenario.name, build_topology(scenario.config.cluster))
     testbed.up()          # TestbedError if already up, not root, ...

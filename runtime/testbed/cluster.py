@@ -1,7 +1,7 @@
 """The testbed: a scenario's cluster built from network namespaces, shaped links and, where the
 scenario has delays, a delay forwarder.
 
-Layout (FIELD-NOTES section 5 for the facts, :mod:`runtime.testbed.links` for the derivation):
+Layout (:mod:`runtime.testbed` for the measured facts, :mod:`runtime.testbed.links` for the derivation):
 
 - one network namespace per host, ``<prefix>-<host>``; its ranks all live in it;
 - ``eth0`` in each, with the host's address in 10.77.0.0/16 and MTU 9000; ranks set
@@ -245,7 +245,7 @@ class Testbed:
         ip("link", "set", INTERFACE, "up", namespace=namespace)
         # Without RPS, packets that arrive from a process (the forwarder, a veth's sender)
         # migrating between CPUs are received on both CPUs' backlogs, reordered, and TCP
-        # retransmits (FIELD-NOTES section 5).
+        # retransmits (measured here; Linux Documentation/networking/scaling.rst on RPS).
         write_sysfs(namespace, f"/sys/class/net/{INTERFACE}/queues/rx-0/rps_cpus", "1")
         if math.isfinite(links.uplink_bytes_per_s):
             shape_egress(namespace, INTERFACE, links.uplink_bytes_per_s, INTER_HOST_MTU_BYTES)

@@ -1,6 +1,6 @@
 """The delay forwarder: carries IP packets between the hosts' TUN devices, each after its path's delay.
 
-The kernel here has no netem (FIELD-NOTES section 5), so one-way delay is added in user space.
+The kernel here has no netem (``tc qdisc add ... netem`` fails: the module is absent), so one-way delay is added in user space.
 Every host namespace has a TUN device (``eth0``) that carries its inter-host traffic: the kernel
 routes packets for other hosts' addresses into it, after its tbf (the host's uplink). This
 process reads each packet, looks up the destination host by the IPv4 destination address, holds

@@ -16,7 +16,7 @@ Derivation (a host stands for all of its devices, which share its namespace and 
   latency (tens of microseconds) stands in for them.
 - **Intra-host rate**: the path bandwidth between two devices of the host (the interconnect), or
   None for a single device. ``lo`` is shaped to it as one bucket shared by all devices and both
-  directions (FIELD-NOTES section 5), which is exact for one transfer at a time and an
+  directions (measured here, see :mod:`runtime.testbed`), which is exact for one transfer at a time and an
   approximation for concurrent ones, except with a ``shared`` interconnect, where it is exact.
   Intra-host latency (microseconds) is not emulated.
 - Links marked ``shared`` (one channel for both directions) are emulated full duplex; hosts with
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from sim.topology import Topology
 
 SUBNET_PREFIX_LENGTH = 16
-# FIELD-NOTES section 5: the 2 cores cap what the links can emulate faithfully.
+# Measured here (see :mod:`runtime.testbed`): the 2 cores cap what the links can emulate faithfully.
 MAX_INTER_HOST_BYTES_PER_S = 500e6 / 8
 MAX_INTRA_HOST_BYTES_PER_S = 1e9 / 8
 
@@ -137,7 +137,7 @@ def pair_delays_s(topology: Topology) -> list[list[float]]:
 
 def capacity_warnings(links: dict[str, HostLinks]) -> tuple[str, ...]:
     """One line per host whose links are faster than this machine can emulate faithfully
-    (FIELD-NOTES section 5: inter-host <= 500 Mbit/s, intra-host <= about 1 Gbit/s on 2 cores);
+    (measured here: inter-host <= 500 Mbit/s, intra-host <= about 1 Gbit/s on 2 cores);
     there the CPU, not the shaping, sets the measured times."""
     warnings = []
     for link in links.values():

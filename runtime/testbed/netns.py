@@ -1,6 +1,6 @@
 """Network namespaces: entering one, running ``ip``/``tc`` inside one, listing them, privileges.
 
-One network namespace per emulated host (FIELD-NOTES section 5). ``ip netns add NAME`` creates the
+One network namespace per emulated host (ip-netns(8), namespaces(7)). ``ip netns add NAME`` creates the
 namespace and bind-mounts it at ``/run/netns/NAME``; a process joins it with
 ``setns(fd, CLONE_NEWNET)``, which Python 3.11's ``os`` lacks, hence ctypes. A process must join
 before it creates threads or sockets: sockets stay in the namespace they were created in, and

@@ -1,6 +1,6 @@
 """Rate shaping with tbf: commands from rates, and what ``tc -s qdisc`` says is in force.
 
-Settings measured on this machine (FIELD-NOTES section 5): MTU 9000 on the inter-host devices and
+Settings measured on this machine (see :mod:`runtime.testbed`): MTU 9000 on the inter-host devices and
 a tbf burst of 32 kB give 0.98-0.99 of 100-200 Mbit/s; with MTU 1500 and small bursts rates
 undershoot. tbf drops outright a packet larger than its burst, so the burst is at least two
 MTUs: 128 KiB on ``lo`` (MTU 65536; with 32 kB, transfers over ``lo`` stall, measured here).

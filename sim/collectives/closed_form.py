@@ -3,7 +3,7 @@
 Notation: p ranks, n bytes per rank, alpha = per-message latency (s), beta = 1/bandwidth (s/byte),
 gamma = local reduction cost (s/byte), lg = log2. The formulas are the cost comments of MPICH's
 ``src/mpi/coll`` (Thakur, Rabenseifner, Gropp, "Optimization of Collective Communication
-Operations in MPICH", IJHPCA 2005) as collected in FIELD-NOTES section 1, written for the exact
+Operations in MPICH", IJHPCA 19(1), 2005, section 4), written for the exact
 schedules of this package, so that :class:`sim.network.AlphaBetaNetwork` reproduces them on a
 uniform network (every path the same alpha and beta, each rank its own link):
 
@@ -139,7 +139,8 @@ def two_level_time_s(
     gamma_s_per_byte: float,
     shared_nic: bool,
 ) -> float:
-    """Time (s) of a two-level allreduce over N hosts of G ranks (FIELD-NOTES "Two levels").
+    """Time (s) of a two-level allreduce over N hosts of G ranks (MPICH's SMP-aware allreduce,
+    ``src/mpi/coll/allreduce/allreduce_intra_smp.c``, priced with the Thakur et al. 2005 terms).
 
     With (a_i, b_i) = ``intra``, (a_e, b_e) = ``inter``, g = gamma, n = size:
 

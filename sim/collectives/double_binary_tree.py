@@ -11,8 +11,8 @@ per segment). Segment s of a tree is sent up by a node of height h (leaves have 
 the root's height. Both trees run in the same steps, so a step moves up to four segments through
 a rank's link each way. The number of segments k is a fixed function of the size (a
 :data:`SEGMENT_BYTES` segment, at most :data:`MAX_SEGMENTS`), so that the schedule depends only
-on (group, size) and the simulator and the runtime build the same one; FIELD-NOTES' optimum
-``k* = sqrt((D-1) n beta / alpha)`` would need the network's alpha and beta.
+on (group, size) and the simulator and the runtime build the same one; the pipelining optimum
+``k* = sqrt((D-1) n beta / alpha)`` (Sanders, Speck, Traeff, Parallel Computing 35(12), 2009) would need the network's alpha and beta.
 """
 
 from __future__ import annotations

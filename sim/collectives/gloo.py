@@ -2,7 +2,7 @@
 
 * Allreduce (gloo ``AllreduceRing``): a ring whose buffer is cut into at least two segments per
   rank; measured on this machine it costs about 4(p-1) message latencies, not 2(p-1)
-  (FIELD-NOTES section 4), so it is modelled as two ring allreduces of half the buffer each, one
+  (gloo ``gloo/allreduce.cc``, torch 2.13.0's ``ProcessGroupGloo.cpp``), so it is modelled as two ring allreduces of half the buffer each, one
   after the other: ``4(p-1) alpha + 2((p-1)/p) n beta``.
 * Reduce (gloo ``reduce.cc``): the same segmented ring reduce-scatter, after which every rank
   sends its reduced chunk to the root at once (a gather): ``(2(p-1) + 1) alpha``, about

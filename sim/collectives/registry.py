@@ -62,7 +62,7 @@ LIBRARY_MODEL: dict[OpKind, Builder] = {
     OpKind.BROADCAST: _rooted(binomial_broadcast),
 }
 """What stands for ``library`` in the simulator until calibration refines it: gloo's algorithms
-as PyTorch calls them (:mod:`sim.collectives.gloo`; FIELD-NOTES section 4, torch 2.13.0)."""
+as PyTorch calls them (:mod:`sim.collectives.gloo`; torch 2.13.0's ``ProcessGroupGloo.cpp``)."""
 
 
 def build_schedule(

@@ -1,8 +1,8 @@
 """Star (parameter-server) collectives: every rank talks to one hub directly.
 
 One step each way, so the latency term is minimal (one or two alpha), but the hub's link carries
-all p - 1 messages: allreduce ``2 alpha + 2(p-1) n beta_root + (p-1) n gamma`` (FIELD-NOTES table,
-after Thakur, Rabenseifner, Gropp 2005); reduce and broadcast pay one half each. Only a network
+all p - 1 messages: allreduce ``2 alpha + 2(p-1) n beta_root + (p-1) n gamma`` (the root's link
+serialises, after Thakur, Rabenseifner, Gropp, IJHPCA 2005); reduce and broadcast pay one half each. Only a network
 model that shares the hub's link among the p - 1 concurrent messages reproduces that cost.
 """
 

@@ -8,7 +8,8 @@
   ``2[(G-1) a_i + ((G-1)/G) n b_i] + 2(N-1) a_e + 2((N-1)/N)(n/G) b_e_eff``, where the G
   concurrent inter-host rings share one host NIC unless every device has its own.
 
-Formulas: FIELD-NOTES "Two levels"; their exact form for these schedules is
+Formulas: MPICH's SMP-aware allreduce (``src/mpi/coll/allreduce/allreduce_intra_smp.c``) priced
+with the terms of Thakur, Rabenseifner, Gropp (IJHPCA 2005); their exact form for these schedules is
 :func:`sim.collectives.closed_form.two_level_time_s`.
 """
 
