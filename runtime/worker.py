@@ -42,6 +42,7 @@ from runtime.model import RankModel
 from runtime.pacing import LoaderLink, Pacer
 from runtime.weights import block_names, prompt_tokens
 from sim.scenario import Scenario
+from sim.trace import TraceEvent
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,7 +52,7 @@ class RankMeasurement:
     """What one rank measured for one variant.
 
     ``step_start_s``/``step_end_s``: [repeats, steps] arrays (s from each repeat's start);
-    ``records``: op records of the last repeat (tuples in :data:`sim.trace.OP_COLUMNS` order);
+    ``records``: op records of the last repeat (:class:`sim.trace.TraceEvent`);
     ``tokens``: [repeats, batch, output_tokens] generated ids (master; empty elsewhere);
     ``peak_memory_bytes``: high-water mark of an untimed generation after the timed ones (CPU: peak
     RSS with the exact allocator; CUDA: max memory allocated), see :mod:`runtime.memory_probe`;
@@ -63,7 +64,7 @@ class RankMeasurement:
     variant: str
     step_start_s: np.ndarray
     step_end_s: np.ndarray
-    records: list[tuple]
+    records: list[TraceEvent]
     tokens: np.ndarray
     peak_memory_bytes: int
     memory_samples: list[tuple[float, int]]
@@ -173,7 +174,7 @@ class MeasurementRounds:
             kept["stalls"].append(generation.stall_s)
             if generation.tokens:
                 kept["tokens"].append(torch.stack(generation.tokens, dim=1).cpu().numpy())
-            kept["records"] = [tuple(vars(r).values()) for r in generation.records]
+            kept["records"] = list(generation.records)
             del generation
         return slowest_s
 
