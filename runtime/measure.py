@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from sim.metrics import result_rows, run_metrics
+from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.scenario import Scenario
 from sim.topology import Topology
-from sim.trace import MEMORY_COLUMNS, Trace, op_table, step_table
+from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
 from sim.vocabulary import TIMING_METRICS, Metric
 
 if TYPE_CHECKING:
@@ -102,9 +102,10 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
         ops = op_table(r for rank in ranks for r in measured[rank].records)
         memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
                               columns=MEMORY_COLUMNS)
-        trace = Trace(ops, repeat_traces(list(measured.values()), master)[-1].steps, memory)
-        memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: measured[r].peak_memory_bytes}
-                            for r in ranks}
+        trace = Trace(ops, repeat_traces(list(measured.values()), master)[-1].steps, memory,
+                      peak_table({r: measured[r].peak_memory_bytes for r in ranks}))
+        peaks = peak_memory_bytes(trace)
+        memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
         variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))
     return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))

@@ -13,7 +13,8 @@ Definitions (as vLLM and MLPerf Inference use them):
 * ``e2e_latency_s``: from the start of the prefill to the last token.
 * ``loader_stall_prefill_s``: the slowest rank's wait for streamed weights in the prefill;
   ``loader_stall_decode_s``: the same, mean per decode step (zero for resident weights).
-* ``peak_memory_bytes`` (per device): the highest device memory in use during the run.
+* ``peak_memory_bytes`` (per device): the highest device memory in use during the run
+  (:func:`peak_memory_bytes`).
 
 The simulator and the runtime compute them with the same functions from the same trace tables
 (:mod:`sim.trace`); the runtime per timed repeat, then summarised over repeats.
@@ -79,6 +80,13 @@ def _mean_of_linear(steps: np.ndarray, values: np.ndarray) -> float:
 def run_metrics(trace: Trace, batch_size: int) -> dict[str, float]:
     """Every whole-run metric of one generation: :func:`timing_metrics` and :func:`loader_stall_metrics`."""
     return timing_metrics(trace, batch_size) | loader_stall_metrics(trace)
+
+
+def peak_memory_bytes(trace: Trace) -> dict[int, float]:
+    """Per rank of the trace, the highest device memory in use (bytes): the larger of its
+    high-water mark (``trace.peaks``) and its highest memory sample."""
+    marks = pd.concat([trace.peaks[["rank", "bytes"]], trace.memory[["rank", "bytes"]]], ignore_index=True)
+    return {int(rank): max(group["bytes"]) for rank, group in marks.groupby("rank", sort=True)}
 
 
 def result_rows(scenario: str, variant: str, source: str, timing: dict[str, float],

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from sim.plan import Stream
 from sim.topology import Topology
 from sim.trace import Trace
 
 if TYPE_CHECKING:  # the orchestrator's result, read here; measured runs write without it
     from sim.simulate import SimulationResult
 
-_TID = {"steps": 0, "compute": 1, "comm": 2, "loader": 3}
+_TID = {"steps": 0, Stream.COMPUTE: 1, Stream.COMM: 2, Stream.LOADER: 3}  # thread per stream, steps first
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

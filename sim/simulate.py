@@ -19,7 +19,7 @@ from sim.cost import RooflineCompute
 from sim.engine import Engine
 from sim.loader import check_loader_paths
 from sim.memory import Overflow
-from sim.metrics import result_rows, run_metrics
+from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario, Variant
@@ -128,7 +128,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
             raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}", error.message) from None
         trace = build_trace(run, expand_steps)
         timing = run_metrics(trace, workload.batch_size)
-        memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: run.peak_bytes[r],
+        peaks = peak_memory_bytes(trace)
+        memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r],
                                              Metric.MEMORY_CAPACITY: topology.devices[r].memory_capacity_bytes}
                   for r in ranks}
         algorithms = tuple(f"{kind}={name}" for kind, name in sorted(

@@ -11,6 +11,9 @@ start:
   wait for streamed weights in the step; a simulated run gives it for the prefill and the first and
   last decode steps, NaN between).
 * ``memory``: counter samples ``rank, time_s, bytes`` (device memory in use).
+* ``peaks``: ``rank, bytes``, each rank's high-water mark of device memory, which the samples may
+  miss (a measured process's peak between two readings; a simulated step whose ops the trace
+  does not hold).
 
 A run of hundreds of decode steps on an 80-layer model has millions of op instances, so ``ops``
 holds the phases chosen when the trace is built (by default the prefill and the first decode step);
@@ -19,7 +22,7 @@ holds the phases chosen when the trace is built (by default the prefill and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
 import numpy as np
@@ -57,6 +60,7 @@ class TraceEvent(NamedTuple):
 OP_COLUMNS = list(TraceEvent._fields)
 STEP_COLUMNS = ["step", "phase", "start_s", "end_s", "stall_s"]
 MEMORY_COLUMNS = ["rank", "time_s", "bytes"]
+PEAK_COLUMNS = ["rank", "bytes"]
 
 
 def op_table(events: Iterable[TraceEvent]) -> pd.DataFrame:
@@ -81,11 +85,17 @@ def step_table(start_s, end_s, stall_s=None) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Trace:
-    """Op, step and memory tables of one run (see the module docstring for their columns)."""
+    """Op, step, memory and peak tables of one run (see the module docstring for their columns)."""
 
     ops: pd.DataFrame
     steps: pd.DataFrame
     memory: pd.DataFrame
+    peaks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PEAK_COLUMNS))
+
+
+def peak_table(peak_bytes: dict[int, float]) -> pd.DataFrame:
+    """The ``peaks`` table of rank -> high-water mark (bytes)."""
+    return pd.DataFrame({"rank": list(peak_bytes), "bytes": list(peak_bytes.values())}, columns=PEAK_COLUMNS)
 
 
 def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
@@ -115,7 +125,8 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
     ops = pd.concat(op_frames, ignore_index=True) if op_frames else pd.DataFrame(columns=OP_COLUMNS)
     memory = (pd.concat(memory_frames, ignore_index=True)
               .sort_values(["rank", "time_s"], kind="stable").reset_index(drop=True))
-    return Trace(ops.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True), steps, memory)
+    return Trace(ops.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True), steps, memory,
+                 peak_table(run.peak_bytes))
 
 
 def _phase_stall_s(run: PhaseRun) -> float:

@@ -175,7 +175,7 @@ def validate(matrix: Path, out_dir: Path) -> None:
 
     loaded, scenarios = load_matrix(matrix)
     _require_torch("validate")
-    from validation.report import summary_markdown, write_validation
+    from validation.present.validation_report import summary_markdown, write_validation
     from validation.validate import validate as run_validation
 
     console = _console()
