@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from models.ops import OpKind
 from sim.calibrated import CHARGED
 from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario
@@ -225,7 +226,7 @@ def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFra
     rows = []
     for row in measured.itertuples(index=False):
         group = tuple(range(int(row.group_size)))
-        root = None if row.op == "allreduce" else 0
+        root = None if row.op == OpKind.ALLREDUCE else 0
         schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes), root=root,
                                   host_groups=topology.host_groups(group))
         predicted = network.time(schedule).duration_s
