@@ -46,7 +46,7 @@ from runtime.worker import common_start, peak_memory_bytes, rank_model
 from sim.collectives.registry import ALGORITHMS, LIBRARY
 from sim.network import AUTO
 from sim.plan import Plan, StrategyChoice
-from sim.profile import profile_frame
+from sim.profile import MeasurementKind, profile_frame
 
 CALIBRATION_PROMPTS = (8, 32, 128)
 CALIBRATION_OUTPUT_TOKENS = 4
@@ -105,7 +105,7 @@ def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, 
         by_class[cls].append(value)
     rows = generations.rows() + rows
     for cls, values in by_class.items():
-        rows.append({"measurement": "memory_baseline", "device_class": cls, "unit": "bytes",
+        rows.append({"measurement": MeasurementKind.MEMORY_BASELINE, "device_class": cls, "unit": "bytes",
                      "method": "peak resident set size of an untimed generation at the shortest prompt "
                                "(exact allocator), less the model's weights and KV cache (framework, "
                                "communication buffers, activations)",
@@ -114,8 +114,8 @@ def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, 
     dist.gather_object((rows, generations.spans), gathered, dst=ranks[0])
     if generations.rank != ranks[0]:
         return None
-    merged = [row for part, _ in gathered for row in part if row.get("measurement") != "memory_baseline"]
-    merged += [row for row in gathered[0][0] if row.get("measurement") == "memory_baseline"]
+    merged = [row for part, _ in gathered for row in part if row.get("measurement") != MeasurementKind.MEMORY_BASELINE]
+    merged += [row for row in gathered[0][0] if row.get("measurement") == MeasurementKind.MEMORY_BASELINE]
     merged += in_place_rows([span for _, part in gathered for span in part], len(ranks),
                             len(generations.topology.host_groups(ranks)), master=ranks[0])
     return _merge_compute(merged)
@@ -208,7 +208,7 @@ class CalibrationGenerations:
                 continue
             new, context = op.shape
             cost = op.cost
-            self.timings.append({"measurement": "compute", "device_class": self.device_class, "op": record.kind,
+            self.timings.append({"measurement": MeasurementKind.COMPUTE, "device_class": self.device_class, "op": record.kind,
                                  "group_size": self.group_size, "batch_size": self.batch, "new_tokens": new,
                                  "context_tokens": context, "dtype": self.dtype, "flops": cost.flops,
                                  "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
@@ -218,7 +218,7 @@ class CalibrationGenerations:
     def rows(self) -> list[dict]:
         """This rank's ``compute`` timings (one row each, folded by :func:`gather_profile`) and its
         ``op_gap`` row."""
-        return self.timings + [{"measurement": "op_gap", "device_class": self.device_class, "unit": "s",
+        return self.timings + [{"measurement": MeasurementKind.OP_GAP, "device_class": self.device_class, "unit": "s",
                                 "method": "time between consecutive ops of a rank while generating",
                                 **stats(self.gaps)}]
 
@@ -244,21 +244,21 @@ def _merge_compute(rows: list[dict]):
     gaps = defaultdict(list)
     merged = []
     for row in rows:
-        if row["measurement"] == "compute":
+        if row["measurement"] == MeasurementKind.COMPUTE:
             key = tuple(row[k] for k in ("device_class", "op", "group_size", "batch_size", "new_tokens",
                                          "context_tokens", "dtype", "flops", "traffic_bytes", "method"))
             compute[key].append(row["median"])
-        elif row["measurement"] == "op_gap":
+        elif row["measurement"] == MeasurementKind.OP_GAP:
             gaps[row["device_class"]].append((row["median"], row["mean"]))
         else:
             merged.append(row)
     names = ("device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens", "dtype", "flops",
              "traffic_bytes", "method")
     for key, values in compute.items():
-        merged.append({"measurement": "compute", **dict(zip(names, key)), "unit": "s", **stats(values)})
+        merged.append({"measurement": MeasurementKind.COMPUTE, **dict(zip(names, key)), "unit": "s", **stats(values)})
     for device_class, values in gaps.items():
         medians, means = zip(*values)
-        merged.append({"measurement": "op_gap", "device_class": device_class, "unit": "s",
+        merged.append({"measurement": MeasurementKind.OP_GAP, "device_class": device_class, "unit": "s",
                        "method": "time between consecutive ops of a rank while generating (statistics over "
                                  "ranks of each rank's median; mean over ranks of each rank's mean)",
                        **stats(medians), "mean": float(sum(means) / len(means))})

@@ -31,6 +31,7 @@ from collections import defaultdict
 from typing import Callable, Hashable, NamedTuple
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -38,6 +39,8 @@ from models.ops import OpKind
 from runtime import clock
 from sim.collectives.registry import ALGORITHMS, LIBRARY
 from sim.plan import Collective
+from sim.profile import MeasurementKind
+from sim.trace import master_calls
 
 SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
 P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
@@ -154,8 +157,8 @@ class CollectiveSweep:
         """Profile rows of every round so far on ``ranks[0]``; an empty list elsewhere."""
         if self.rank != self.ranks[0]:
             return []
-        return [{"measurement": "collective_held_out" if call.size_bytes in self.held_out
-                 and call.size_bytes not in self.sizes else "collective", "op": str(call.kind),
+        return [{"measurement": MeasurementKind.COLLECTIVE_HELD_OUT if call.size_bytes in self.held_out
+                 and call.size_bytes not in self.sizes else MeasurementKind.COLLECTIVE, "op": str(call.kind),
                  "algorithm": call.algorithm, "group_size": len(self.ranks), "num_hosts": self.hosts,
                  "size_bytes": call.size_bytes, "unit": "s", "method": ISOLATED_METHOD, **stats(spans)}
                 for (call, _), spans in zip(self.cases, self.times)]
@@ -208,25 +211,22 @@ def in_place_rows(spans: list[CallSpan], group_size: int, num_hosts: int, master
         Per (op name, kind, algorithm, size), statistics over generations of the mean over the
         generation's calls of the master's end less the last start (``collective_in_place``) and
         of its wait (``collective_wait``: the last start, or its own end if earlier, less its
-        start). A call some rank did not record is left out.
+        start), as :func:`sim.trace.master_calls` splits a call. A call some rank did not record
+        is left out.
     """
-    by_call: dict[tuple, dict[int, tuple[float, float]]] = defaultdict(dict)
-    shape: dict[tuple, tuple[str, str, str, int]] = {}
-    for span in spans:
-        key = (span.generation, span.call)
-        by_call[key][span.rank] = (span.start_s, span.end_s)
-        shape[key] = (span.name, span.kind, span.algorithm, span.size_bytes)
+    table = pd.DataFrame(spans, columns=CallSpan._fields)
+    keys = ["generation", "call"]
+    ranks = table.groupby(keys, sort=False)["rank"]
+    complete = table[(ranks.transform("nunique") == group_size) & ranks.transform(lambda r: (r == master).any())]
+    seen = master_calls(complete, keys, master)
     spent: dict[tuple, dict[object, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    for key, times in by_call.items():
-        if len(times) == group_size and master in times:
-            start, end = times[master]
-            wait = max(0.0, min(end, max(s for s, _ in times.values())) - start)
-            spent[shape[key]][key[0]].append((end - start - wait, wait))
+    for row in seen.itertuples(index=False):
+        spent[(row.name, row.kind, row.algorithm, row.size_bytes)][row.generation].append((row.call_s, row.wait_s))
     rows = []
     for (name, kind, algorithm, size_bytes), generations in sorted(spent.items()):
         means = np.array([np.mean(calls, axis=0) for calls in generations.values()])  # [generations, 2]
-        for index, (measurement, method) in enumerate((("collective_in_place", IN_PLACE_METHOD),
-                                                       ("collective_wait", WAIT_METHOD))):
+        for index, (measurement, method) in enumerate(((MeasurementKind.COLLECTIVE_IN_PLACE, IN_PLACE_METHOD),
+                                                       (MeasurementKind.COLLECTIVE_WAIT, WAIT_METHOD))):
             rows.append({"measurement": measurement, "call": name, "op": kind, "algorithm": algorithm,
                          "group_size": group_size, "num_hosts": num_hosts, "size_bytes": size_bytes, "unit": "s",
                          "method": method, **stats(means[:, index])})
@@ -258,6 +258,6 @@ def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
                     dist.send(buffer, dst=ranks[0])
                 times.append((time.perf_counter() - start) / 2)
             if rank == ranks[0]:
-                rows.append({"measurement": "p2p", "device_class": link_class, "size_bytes": size, "unit": "s",
+                rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class, "size_bytes": size, "unit": "s",
                              "method": "half a send/recv ping-pong round trip", **stats(times[1:])})
     return rows

@@ -12,7 +12,8 @@ maps each op to the rank's model shard (:class:`runtime.model.RankModel`) or to 
   adds it to ``h`` first (residual), except before the first layer.
 
 Each op is timed with the host clock (after a device synchronisation on GPU) and recorded in the
-trace schema of :mod:`sim.trace`, so a measured and a simulated run compare op by op.
+trace schema of :mod:`sim.trace` (a :class:`sim.trace.TraceEvent` each), so a measured and a
+simulated run compare op by op.
 
 Weight streaming: a plan whose memory policy streams has one unrolled segment per phase, each op
 carrying its ``layer``, followed by ``weight_load`` ops of the loader stream. Those run on a
@@ -36,23 +37,7 @@ from runtime.blocks import BlockLoader
 from runtime.comm import Communicator
 from runtime.model import RankModel
 from sim.plan import Op, Phase, Plan, Stream
-
-
-@dataclass(frozen=True)
-class OpRecord:
-    """One executed op, in the columns of :data:`sim.trace.OP_COLUMNS` (times: s from the run start)."""
-
-    rank: int
-    stream: str
-    kind: str
-    name: str
-    phase: str
-    step: int
-    layer: int
-    start_s: float
-    end_s: float
-    bytes: float
-    flops: float
+from sim.trace import TraceEvent
 
 
 @dataclass
@@ -71,7 +56,7 @@ class Generation:
     step_end_s: list[float] = field(default_factory=list)
     memory_bytes: list[int] = field(default_factory=list)
     stall_s: list[float] = field(default_factory=list)
-    records: list[OpRecord] = field(default_factory=list)
+    records: list[TraceEvent] = field(default_factory=list)
 
 
 class Executor:
@@ -160,9 +145,7 @@ class Executor:
                     self._sync()
                     end = time.perf_counter()
                     if self.record_ops:
-                        out.records.append(OpRecord(self.rank, op.stream.value, op.kind.value, op.name, phase.name,
-                                                    phase.step, -1 if layer is None else layer,
-                                                    start - t0, end - t0, op.traffic_bytes, op.flops))
+                        out.records.append(self._record(op, phase, start - t0, end - t0, layer))
 
     def _run_streamed(self, phase: Phase, t0: float, out: Generation) -> None:
         """Run a streaming phase: the loader ops on a thread, the others here, in program order,
@@ -172,7 +155,7 @@ class Executor:
         done = [threading.Event() for _ in program]
         failure: list[BaseException] = []
         loads = [i for i, op in enumerate(program) if op.stream == Stream.LOADER]
-        load_records: list[OpRecord] = []
+        load_records: list[TraceEvent] = []
         loader = threading.Thread(target=self._load_blocks, name=f"hetsim-loader-{self.rank}", daemon=True,
                                   args=(program, loads, done, failure, phase, t0, load_records))
         loader.start()
@@ -210,7 +193,7 @@ class Executor:
         out.stall_s[-1] = stall_s
 
     def _load_blocks(self, program: tuple[Op, ...], loads: list[int], done: list[threading.Event],
-                     failure: list[BaseException], phase: Phase, t0: float, records: list[OpRecord]) -> None:
+                     failure: list[BaseException], phase: Phase, t0: float, records: list[TraceEvent]) -> None:
         """The loader thread: each load op of ``program`` in order, once its ``after`` ops are done."""
         try:
             for i in loads:
@@ -233,9 +216,11 @@ class Executor:
             for i in loads:  # never leave the compute thread waiting for a load that will not come
                 done[i].set()
 
-    def _record(self, op: Op, phase: Phase, start_s: float, end_s: float) -> OpRecord:
-        return OpRecord(self.rank, op.stream.value, op.kind.value, op.name, phase.name, phase.step,
-                        -1 if op.layer is None else op.layer, start_s, end_s, op.traffic_bytes, op.flops)
+    def _record(self, op: Op, phase: Phase, start_s: float, end_s: float, layer: int | None = None) -> TraceEvent:
+        """The trace event of one run of ``op`` (``layer``: its layer, when its segment repeats per layer)."""
+        layer = op.layer if layer is None else layer
+        return TraceEvent(self.rank, op.stream.value, op.kind.value, op.name, str(phase.name), phase.step,
+                          -1 if layer is None else layer, start_s, end_s, op.traffic_bytes, op.flops)
 
     def _execute(self, op: Op, layer: int | None) -> None:
         s, model = self._state, self.model

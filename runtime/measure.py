@@ -1,32 +1,38 @@
 """Measured results: per-rank measurements folded into the simulator's table and trace schema.
 
-Timing metrics are computed per repeat with :func:`sim.metrics.timing_metrics` from the master's
-step times (the master embeds the first token and samples the last, so its steps span the
-forward pass), then summarised over repeats: the metric itself is the median (``ttft_s``), with
-``ttft_p10_s`` / ``ttft_p90_s`` beside it, so a simulated and a measured run of one scenario join
+Run metrics are computed per repeat with :func:`sim.metrics.run_metrics`, the simulator's own,
+from a step table (:func:`sim.trace.step_table`) of the master's step times (the master embeds the
+first token and samples the last, so its steps span the forward pass) and the slowest rank's wait
+for streamed weights per step, then summarised over repeats: the metric itself is the median
+(``ttft_s``), with ``ttft_p10_s`` / ``ttft_p90_s`` beside the timing metrics
+(:meth:`sim.vocabulary.Metric.percentile`), so a simulated and a measured run of one scenario join
 on (scenario, variant, metric, device). Per device: ``peak_memory_bytes`` (the process's
-high-water mark on CPU, max CUDA memory allocated on GPU). ``loader_stall_*_s``: time lost waiting
-for streamed weights (:func:`measured_stalls`).
+high-water mark on CPU, max CUDA memory allocated on GPU).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
 
-from runtime.worker import RankMeasurement
-from sim.metrics import result_rows, timing_metrics
+from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.scenario import Scenario
 from sim.topology import Topology
-from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, Trace
+from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
+from sim.vocabulary import TIMING_METRICS, Metric
 
-_SPREAD = {"ttft_s": "ttft", "tpot_s": "tpot", "decode_tokens_per_s": "decode_tokens", "e2e_latency_s": "e2e_latency"}
+if TYPE_CHECKING:
+    from runtime.worker import RankMeasurement
 
 
 @dataclass(frozen=True)
@@ -50,43 +56,37 @@ class MeasuredResult:
     results: pd.DataFrame
 
 
-def _steps(start_s: np.ndarray, end_s: np.ndarray) -> pd.DataFrame:
-    steps = len(start_s)
-    return pd.DataFrame({"step": np.arange(steps), "phase": ["prefill"] + ["decode"] * (steps - 1),
-                         "start_s": start_s, "end_s": end_s})
-
-
 def summarise(per_repeat: list[dict[str, float]]) -> dict[str, float]:
-    """Median of each metric over repeats, with p10 / p90 as ``<name>_p10_<unit suffix>``."""
+    """Median of each metric over repeats; for the timing metrics also p10 / p90
+    (:meth:`sim.vocabulary.Metric.percentile`); ``repeats``."""
     summary: dict[str, float] = {}
-    for metric, stem in _SPREAD.items():
+    for metric in per_repeat[0]:
         values = np.array([r[metric] for r in per_repeat], dtype=float)
-        suffix = metric.removeprefix(stem)
         summary[metric] = float(np.median(values))
-        summary[f"{stem}_p10{suffix}"] = float(np.percentile(values, 10))
-        summary[f"{stem}_p90{suffix}"] = float(np.percentile(values, 90))
-    summary["repeats"] = float(len(per_repeat))
+        if metric in TIMING_METRICS:
+            summary[Metric(metric).percentile(10)] = float(np.percentile(values, 10))
+            summary[Metric(metric).percentile(90)] = float(np.percentile(values, 90))
+    summary[Metric.REPEATS] = float(len(per_repeat))
     return summary
 
 
-def measured_stalls(stall_s: list[np.ndarray]) -> dict[str, float]:
-    """``loader_stall_prefill_s`` and ``loader_stall_decode_s`` (mean per decode step) as the
-    simulator defines them: the slowest rank's wait for weight loads, median over repeats.
+def repeat_traces(measured: list[RankMeasurement], master: int) -> list[Trace]:
+    """Per timed repeat, the step table of the run (ops and memory left empty): the master's step
+    times, and per step the slowest rank's wait for streamed weights.
 
     Args:
-        stall_s: per rank, a [repeats, steps] array of seconds waited.
+        measured: one measurement per rank of one variant; ``master``: the master's rank.
     """
-    worst = np.max(np.stack(stall_s), axis=0)  # [repeats, steps]
-    decode = worst[:, 1:].mean(axis=1) if worst.shape[1] > 1 else np.full(len(worst), np.nan)
-    return {"loader_stall_prefill_s": float(np.median(worst[:, 0])),
-            "loader_stall_decode_s": float(np.median(decode))}
+    lead = next(m for m in measured if m.rank == master)
+    stalls = np.max(np.stack([m.stall_s for m in measured]), axis=0)  # [repeats, steps]
+    return [Trace(op_table(()), step_table(s, e, stall), pd.DataFrame(columns=MEMORY_COLUMNS))
+            for s, e, stall in zip(lead.step_start_s, lead.step_end_s, stalls)]
 
 
-def repeat_timings(lead: RankMeasurement, batch_size: int) -> list[dict[str, float]]:
-    """Per timed repeat of the master's measurement ``lead``, its timing metrics
-    (:func:`sim.metrics.timing_metrics`: ``ttft_s``, ``tpot_s``, ...)."""
-    return [timing_metrics(Trace(pd.DataFrame(columns=OP_COLUMNS), _steps(s, e), pd.DataFrame()), batch_size)
-            for s, e in zip(lead.step_start_s, lead.step_end_s)]
+def repeat_timings(measured: list[RankMeasurement], master: int, batch_size: int) -> list[dict[str, float]]:
+    """Per timed repeat, its run metrics (:func:`sim.metrics.run_metrics`: ``ttft_s``, ``tpot_s``,
+    ``loader_stall_decode_s``, ...) from :func:`repeat_traces`."""
+    return [run_metrics(trace, batch_size) for trace in repeat_traces(measured, master)]
 
 
 def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[RankMeasurement]]) -> MeasuredResult:
@@ -98,13 +98,14 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
     for v_index, variant in enumerate(scenario.config.variants):
         measured = {m[v_index].rank: m[v_index] for m in gathered}
         lead = measured[master]
-        timing = summarise(repeat_timings(lead, batch)) | measured_stalls([measured[r].stall_s for r in ranks])
-        ops = pd.DataFrame([r for rank in ranks for r in measured[rank].records], columns=OP_COLUMNS)
+        timing = summarise(repeat_timings(list(measured.values()), master, batch))
+        ops = op_table(r for rank in ranks for r in measured[rank].records)
         memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
                               columns=MEMORY_COLUMNS)
-        trace = Trace(ops, _steps(lead.step_start_s[-1], lead.step_end_s[-1]), memory)
-        memory_by_device = {topology.devices[r].name: {"peak_memory_bytes": measured[r].peak_memory_bytes}
-                            for r in ranks}
+        trace = Trace(ops, repeat_traces(list(measured.values()), master)[-1].steps, memory,
+                      peak_table({r: measured[r].peak_memory_bytes for r in ranks}))
+        peaks = peak_memory_bytes(trace)
+        memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
         variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))
     return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
@@ -211,3 +212,58 @@ def placements_for(scenario: Scenario, topology: Topology, ranks: tuple[int, ...
     bed = Testbed(scenario.name, topology)
     bed.require_up()
     return [RankPlacement(bed.namespace_of_rank(r), bed.master_address(), bed.interface) for r in ranks], enter_namespace
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun entry point: one rank of ``hetsim measure`` on a real cluster::
+
+        torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
+            -m runtime.measure scenarios/SCENARIO.yaml --out out/measured
+
+    reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment (env://
+    rendezvous), uses NCCL when CUDA is present (one GPU per local rank) and gloo otherwise, and
+    rank 0 writes results.csv and trace.json. Exits with code 2 on a bad scenario."""
+    import torch
+    import torch.distributed as dist
+
+    from models.errors import ConfigError
+    from runtime import clock
+    from runtime.worker import run_rank
+    from sim.scenario import load_scenario
+    from sim.topology import build_topology
+
+    parser = argparse.ArgumentParser(prog="python -m runtime.measure", description="one rank of hetsim measure")
+    parser.add_argument("scenario")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-dir", default=None,
+                        help="cache of weight block files for weight streaming (default: under the temp dir)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
+    args = parser.parse_args(argv)
+    try:
+        scenario = load_scenario(args.scenario)
+        topology = build_topology(scenario.config.cluster)
+    except ConfigError as error:
+        print(f"hetsim: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
+    try:
+        clock.synchronise(device)  # hosts' monotonic clocks differ: one timeline for the op records
+        gathered = run_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, warmup=args.warmup,
+                            seed=args.seed, device=device, block_dir=args.block_dir)
+        if gathered is not None:
+            result = measured_result(scenario, topology, gathered)
+            write_measured_outputs(result, Path(args.out or f"out/{scenario.name}-measured"))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,32 +1,20 @@
-"""One rank's measurement job, the same whether launched locally (forked) or by torchrun.
+"""One rank's measurement job, the same whether launched locally (forked) or by torchrun
+(:func:`runtime.measure.main` is the torchrun entry point).
 
 After the process group is up, a rank builds its model shard once, lowers for each variant of the
 scenario the same :class:`~sim.plan.Plan` the simulator prices, runs ``warmup`` untimed rounds
 and ``repeats`` timed rounds, each round one generation of every variant in turn (each timed one
 after a barrier), then one untimed generation per variant that reads its peak memory, and hands
 its measurements to rank 0 with ``gather_object``. Rank 0 returns them all; the others return None.
-
-Under torchrun (a real cluster)::
-
-    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
-        -m runtime.worker scenarios/SCENARIO.yaml --out out/measured
-
-reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment (env://
-rendezvous), uses NCCL when CUDA is present (one GPU per local rank) and gloo otherwise, and
-rank 0 writes results.csv and trace.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import sys
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +30,7 @@ from runtime.model import RankModel
 from runtime.pacing import LoaderLink, Pacer
 from runtime.weights import block_names, prompt_tokens
 from sim.scenario import Scenario
+from sim.trace import TraceEvent
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,7 +40,7 @@ class RankMeasurement:
     """What one rank measured for one variant.
 
     ``step_start_s``/``step_end_s``: [repeats, steps] arrays (s from each repeat's start);
-    ``records``: op records of the last repeat (tuples in :data:`sim.trace.OP_COLUMNS` order);
+    ``records``: op records of the last repeat (:class:`sim.trace.TraceEvent`);
     ``tokens``: [repeats, batch, output_tokens] generated ids (master; empty elsewhere);
     ``peak_memory_bytes``: high-water mark of an untimed generation after the timed ones (CPU: peak
     RSS with the exact allocator; CUDA: max memory allocated), see :mod:`runtime.memory_probe`;
@@ -63,7 +52,7 @@ class RankMeasurement:
     variant: str
     step_start_s: np.ndarray
     step_end_s: np.ndarray
-    records: list[tuple]
+    records: list[TraceEvent]
     tokens: np.ndarray
     peak_memory_bytes: int
     memory_samples: list[tuple[float, int]]
@@ -173,7 +162,7 @@ class MeasurementRounds:
             kept["stalls"].append(generation.stall_s)
             if generation.tokens:
                 kept["tokens"].append(torch.stack(generation.tokens, dim=1).cpu().numpy())
-            kept["records"] = [tuple(vars(r).values()) for r in generation.records]
+            kept["records"] = list(generation.records)
             del generation
         return slowest_s
 
@@ -267,47 +256,3 @@ def common_start(device: torch.device) -> float:
     t0 = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)  # NCCL needs device tensors
     dist.broadcast(t0, src=0)
     return clock.to_local(float(t0.item()))
-
-
-def main(argv: list[str] | None = None) -> None:
-    """torchrun entry point (see the module docstring)."""
-    from models.errors import ConfigError
-    from runtime.measure import measured_result, write_measured_outputs
-    from sim.scenario import load_scenario
-    from sim.topology import build_topology
-
-    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description="one rank of hetsim measure")
-    parser.add_argument("scenario")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-dir", default=None,
-                        help="cache of weight block files for weight streaming (default: under the temp dir)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
-    args = parser.parse_args(argv)
-    try:
-        scenario = load_scenario(args.scenario)
-        topology = build_topology(scenario.config.cluster)
-    except ConfigError as error:
-        print(f"hetsim: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
-    try:
-        clock.synchronise(device)  # hosts' monotonic clocks differ: one timeline for the op records
-        gathered = run_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, warmup=args.warmup,
-                            seed=args.seed, device=device, block_dir=args.block_dir)
-        if gathered is not None:
-            result = measured_result(scenario, topology, gathered)
-            write_measured_outputs(result, Path(args.out or f"out/{scenario.name}-measured"))
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -33,20 +33,22 @@ from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
 from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
-from sim.profile import Profile
+from sim.profile import MeasurementKind, Profile
 from sim.topology import Device, Topology
+from sim.vocabulary import PhaseKind
 
 
 # The profile statistic charged, per kind of measurement a run repeats in every step: compute ops
 # and gaps are pooled over ranks, layers and repeats, and their mean is what a sum of them adds
 # up to; in-place collectives and waits are per-generation means already (runtime.comm_timing),
 # and their median over generations is what a median TTFT or TPOT is made of.
-CHARGED = {"compute": "mean", "op_gap": "mean", "collective_in_place": "median", "collective_wait": "median"}
+CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.OP_GAP: "mean",
+           MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}
 ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 
-def _regime(new_tokens: int) -> str:
-    return "decode" if new_tokens == 1 else "prefill"
+def _regime(new_tokens: int) -> PhaseKind:
+    return PhaseKind.DECODE if new_tokens == 1 else PhaseKind.PREFILL
 
 
 @dataclass
@@ -66,19 +68,19 @@ class CalibratedCompute:
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        rows = self.profile.of("compute")
+        rows = self.profile.of(MeasurementKind.COMPUTE)
         points: dict[tuple, list[tuple[float, float]]] = {}
         for row in rows.itertuples(index=False):
             x = max(row.flops / (self.fallback.flops_efficiency * _peak(row.device_class, row.dtype)),
                     row.traffic_bytes / (self.fallback.memory_efficiency * _bandwidth(row.device_class)))
             key = (row.device_class, row.dtype, row.op, _regime(int(row.new_tokens)))
-            points.setdefault(key, []).append((x, float(getattr(row, CHARGED["compute"]))))
+            points.setdefault(key, []).append((x, float(getattr(row, CHARGED[MeasurementKind.COMPUTE]))))
         for key, values in points.items():
             xs = np.array(sorted({x for x, _ in values}))
             ys = np.array([np.median([y for x, y in values if x == v]) for v in xs])
             self._tables[key] = (xs, ys)
-        for row in self.profile.of("op_gap").itertuples(index=False):
-            self._gap_s[row.device_class] = float(getattr(row, CHARGED["op_gap"]))
+        for row in self.profile.of(MeasurementKind.OP_GAP).itertuples(index=False):
+            self._gap_s[row.device_class] = float(getattr(row, CHARGED[MeasurementKind.OP_GAP]))
 
     def gap_s(self, device: Device) -> float:
         """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
@@ -168,9 +170,10 @@ class CalibratedNetwork:
     _wait: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._tables = _size_tables(self.profile.of("collective"), ISOLATED, monotone=True)
+        self._tables = _size_tables(self.profile.of(MeasurementKind.COLLECTIVE), ISOLATED, monotone=True)
         if self.in_place:
-            for measurement, tables in (("collective_in_place", self._in_place), ("collective_wait", self._wait)):
+            for measurement, tables in ((MeasurementKind.COLLECTIVE_IN_PLACE, self._in_place),
+                                      (MeasurementKind.COLLECTIVE_WAIT, self._wait)):
                 rows = self.profile.of(measurement)
                 statistic = CHARGED[measurement]
                 tables.update(_size_tables(rows, statistic, monotone=False))  # pooled, keyed without a call

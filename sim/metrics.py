@@ -11,43 +11,82 @@ Definitions (as vLLM and MLPerf Inference use them):
   (``(end of last step - TTFT) / (output_tokens - 1)``); NaN with a single output token.
 * ``decode_tokens_per_s``: tokens produced per second while decoding, ``batch_size / tpot_s``.
 * ``e2e_latency_s``: from the start of the prefill to the last token.
-* ``peak_memory_bytes`` (per device): the highest device memory in use during the run.
+* ``loader_stall_prefill_s``: the slowest rank's wait for streamed weights in the prefill;
+  ``loader_stall_decode_s``: the same, mean per decode step (zero for resident weights).
+* ``peak_memory_bytes`` (per device): the highest device memory in use during the run
+  (:func:`peak_memory_bytes`).
+
+The simulator and the runtime compute them with the same functions from the same trace tables
+(:mod:`sim.trace`); the runtime per timed repeat, then summarised over repeats.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from sim.trace import Trace
+from sim.vocabulary import Metric, PhaseKind, unit_of
 
 RESULT_COLUMNS = ["scenario", "variant", "source", "metric", "value", "unit", "device"]
-
-def unit_of(metric: str) -> str:
-    """The unit a metric's name ends with: ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_s`` s."""
-    if metric.endswith("_per_s"):
-        return "tokens/s"
-    if metric.endswith("_bytes"):
-        return "bytes"
-    if metric.endswith("_s"):
-        return "s"
-    return "count"
 
 
 def timing_metrics(trace: Trace, batch_size: int) -> dict[str, float]:
     """TTFT, TPOT, decode tokens/s and end-to-end latency (s, tokens/s) from ``trace.steps``."""
     steps = trace.steps
-    ttft = float(steps.loc[steps["phase"] == "prefill", "end_s"].iloc[0])
-    decode = steps[steps["phase"] == "decode"]
+    ttft = float(steps.loc[steps["phase"] == PhaseKind.PREFILL, "end_s"].iloc[0])
+    decode = steps[steps["phase"] == PhaseKind.DECODE]
     e2e = float(steps["end_s"].iloc[-1])
     tpot = (e2e - ttft) / len(decode) if len(decode) else math.nan
     return {
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "decode_tokens_per_s": batch_size / tpot if len(decode) else math.nan,
-        "e2e_latency_s": e2e,
+        Metric.TTFT: ttft,
+        Metric.TPOT: tpot,
+        Metric.DECODE_TOKENS_PER_S: batch_size / tpot if len(decode) else math.nan,
+        Metric.E2E_LATENCY: e2e,
     }
+
+
+def loader_stall_metrics(trace: Trace) -> dict[str, float]:
+    """``loader_stall_prefill_s`` and ``loader_stall_decode_s`` (mean per decode step; NaN without
+    decode steps) in seconds, from the ``stall_s`` column of ``trace.steps``."""
+    steps = trace.steps
+    decode = steps[steps["phase"] == PhaseKind.DECODE].dropna(subset=["stall_s"])
+    return {Metric.LOADER_STALL_PREFILL: float(steps.loc[steps["phase"] == PhaseKind.PREFILL, "stall_s"].iloc[0]),
+            Metric.LOADER_STALL_DECODE: _mean_of_linear(decode["step"].to_numpy(), decode["stall_s"].to_numpy())}
+
+
+def _mean_of_linear(steps: np.ndarray, values: np.ndarray) -> float:
+    """The mean over every integer step from ``steps[0]`` to ``steps[-1]`` (ascending) of the
+    linear interpolation of ``values`` between them; the plain mean when every step is given.
+
+    The simulator gives a step table's stall only for the steps it simulated (the others are
+    interpolated, :mod:`sim.timeline`); this is the mean over all of them without filling them
+    in, and for a single interval exactly ``(first + last) / 2``.
+    """
+    if len(steps) == 0:
+        return math.nan
+    if len(steps) == 1:
+        return float(values[0])
+    count = steps[-1] - steps[0] + 1
+    # Each interval [a, b] holds b - a + 1 steps whose interpolated values average (f(a) + f(b)) / 2;
+    # an interior knot belongs to two intervals, so it is taken out once.
+    total = sum((b - a + 1) / count * ((fa + fb) / 2)
+                for a, b, fa, fb in zip(steps[:-1], steps[1:], values[:-1], values[1:]))
+    return float(total - np.sum(values[1:-1]) / count)
+
+
+def run_metrics(trace: Trace, batch_size: int) -> dict[str, float]:
+    """Every whole-run metric of one generation: :func:`timing_metrics` and :func:`loader_stall_metrics`."""
+    return timing_metrics(trace, batch_size) | loader_stall_metrics(trace)
+
+
+def peak_memory_bytes(trace: Trace) -> dict[int, float]:
+    """Per rank of the trace, the highest device memory in use (bytes): the larger of its
+    high-water mark (``trace.peaks``) and its highest memory sample."""
+    marks = pd.concat([trace.peaks[["rank", "bytes"]], trace.memory[["rank", "bytes"]]], ignore_index=True)
+    return {int(rank): max(group["bytes"]) for rank, group in marks.groupby("rank", sort=True)}
 
 
 def result_rows(scenario: str, variant: str, source: str, timing: dict[str, float],

@@ -1,5 +1,5 @@
-"""Files a run writes, simulated or measured: the tidy result table, the Chrome/Perfetto trace,
-and the per-variant summary table.
+"""Files a run writes, simulated or measured: the tidy result table and the Chrome/Perfetto trace
+(the HTML reports and terminal tables are presentation, in :mod:`validation.present`).
 
 Every file is written to a temporary name beside its target and renamed into place, so an
 interrupted run leaves either the previous file or the new one, never half of one.
@@ -8,19 +8,22 @@ interrupted run leaves either the previous file or the new one, never half of on
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from sim.simulate import SimulationResult
+from sim.plan import Stream
 from sim.topology import Topology
 from sim.trace import Trace
 
-_TID = {"steps": 0, "compute": 1, "comm": 2, "loader": 3}
+if TYPE_CHECKING:  # the orchestrator's result, read here; measured runs write without it
+    from sim.simulate import SimulationResult
+
+_TID = {"steps": 0, Stream.COMPUTE: 1, Stream.COMM: 2, Stream.LOADER: 3}  # thread per stream, steps first
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -83,23 +86,6 @@ def device_names(topology: Topology, ranks: Sequence[int]) -> dict[int, str]:
     return {rank: topology.devices[rank].name for rank in ranks}
 
 
-def summary_table(result: SimulationResult) -> pd.DataFrame:
-    """One row per variant: TTFT, TPOT, decode tokens/s, the largest per-device peak memory, whether
-    it fits, and the change of each timing against the baseline (%; negative TTFT/TPOT = faster)."""
-    baseline = result.variant(result.scenario.baseline)
-    rows = []
-    for vr in result.variants:
-        row = {"variant": vr.variant.name, "algorithms": ", ".join(vr.algorithms)}
-        for metric in ("ttft_s", "tpot_s", "decode_tokens_per_s"):
-            value, base = vr.timing[metric], baseline.timing[metric]
-            row[metric] = value
-            row[f"{metric}_change_pct"] = (value / base - 1) * 100 if base and not math.isnan(base) else math.nan
-        row["max_peak_memory_bytes"] = max(vr.run.peak_bytes.values())
-        row["fits_in_memory"] = vr.overflow is None
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def write_files(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
     """Write each ``name: text`` into ``out_dir`` atomically; returns the paths written."""
     paths = []
@@ -109,12 +95,8 @@ def write_files(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
     return paths
 
 
-def write_outputs(result: SimulationResult, out_dir: Path) -> list[Path]:
-    """Write results.csv, trace.json and report.html into ``out_dir``; returns the paths written."""
-    from sim.report import report_html
-
+def simulation_files(result: SimulationResult) -> dict[str, str]:
+    """``results.csv`` and ``trace.json`` of a simulation, by file name."""
     traces = [(v.variant.name, v.trace) for v in result.variants]
     trace = chrome_trace(traces, device_names(result.topology, result.ranks))
-    return write_files(out_dir, {"results.csv": results_csv(result.results),
-                                 "trace.json": json.dumps(trace, separators=(",", ":")),
-                                 "report.html": report_html(result)})
+    return {"results.csv": results_csv(result.results), "trace.json": json.dumps(trace, separators=(",", ":"))}

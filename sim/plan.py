@@ -25,6 +25,7 @@ from models.accounting import (OpCost, head_op_costs, kv_cache_bytes_per_token, 
                                layer_op_costs, rank_weight_bytes)
 from models.ops import OpKind
 from models.spec import ModelSpec
+from sim.vocabulary import PhaseKind
 
 
 class Stream(StrEnum):
@@ -172,7 +173,7 @@ class Segment:
 class Phase:
     """One forward pass: ``new_tokens`` per sequence attending to ``context_tokens`` (cache included)."""
 
-    name: str  # "prefill" or "decode"
+    name: PhaseKind
     step: int  # 0 for prefill, then 1 .. output_tokens - 1
     new_tokens: int
     context_tokens: int
@@ -291,15 +292,15 @@ class Plan:
             raise IndexError(f"step {step} outside 0..{self.num_phases - 1}")
         if step not in self._cache:
             if step == 0:
-                self._cache[step] = self._lower("prefill", 0, self.prompt_tokens, self.prompt_tokens)
+                self._cache[step] = self._lower(PhaseKind.PREFILL, 0, self.prompt_tokens, self.prompt_tokens)
             else:
-                self._cache[step] = self._lower("decode", step, 1, self.prompt_tokens + step)
+                self._cache[step] = self._lower(PhaseKind.DECODE, step, 1, self.prompt_tokens + step)
             if any(self.streamed_blocks.values()):
                 self._cache[step] = _stream_weights(self._cache[step], self.streamed_blocks,
                                                     self.memory_policy.window)
         return self._cache[step]
 
-    def _lower(self, name: str, step: int, new_tokens: int, context_tokens: int) -> Phase:
+    def _lower(self, name: PhaseKind, step: int, new_tokens: int, context_tokens: int) -> Phase:
         spec, ranks, master = self.model, self.ranks, self.master
         tp = len(ranks)
         layer = layer_op_costs(spec, tp_degree=tp, batch_size=self.batch_size,

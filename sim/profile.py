@@ -42,6 +42,7 @@ means already, because TTFT and TPOT are medians over generations.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import pandas as pd
@@ -56,8 +57,19 @@ PROFILE_COLUMNS = [
     "median", "p10", "p90", "mean", "unit", "repeats", "method",
 ]
 
-MEASUREMENTS = ("compute", "op_gap", "collective", "collective_held_out", "collective_in_place",
-                "collective_wait", "p2p", "memory_baseline")
+
+
+class MeasurementKind(StrEnum):
+    """What a profile row measured (its ``measurement`` column; the module docstring defines each)."""
+
+    COMPUTE = "compute"
+    OP_GAP = "op_gap"
+    COLLECTIVE = "collective"
+    COLLECTIVE_HELD_OUT = "collective_held_out"
+    COLLECTIVE_IN_PLACE = "collective_in_place"
+    COLLECTIVE_WAIT = "collective_wait"
+    P2P = "p2p"
+    MEMORY_BASELINE = "memory_baseline"
 
 
 @dataclass(frozen=True)
@@ -66,7 +78,7 @@ class Profile:
 
     rows: pd.DataFrame
 
-    def of(self, measurement: str) -> pd.DataFrame:
+    def of(self, measurement: MeasurementKind) -> pd.DataFrame:
         """The rows of one kind of measurement."""
         return self.rows[self.rows["measurement"] == measurement]
 
@@ -102,7 +114,8 @@ def load_profile(path: str | Path) -> Profile:
     if versions != {PROFILE_VERSION}:
         raise ConfigError("profile", f"profile version must be {PROFILE_VERSION}; recalibrate "
                                      f"(got {sorted(versions)} in '{path}')")
-    unknown = set(rows["measurement"]) - set(MEASUREMENTS)
+    unknown = set(rows["measurement"]) - set(MeasurementKind)
     if unknown:
-        raise ConfigError("profile", f"unknown measurement {sorted(unknown)[0]!r}; known: {', '.join(MEASUREMENTS)}")
+        raise ConfigError("profile", f"unknown measurement {sorted(unknown)[0]!r}; "
+                                     f"known: {', '.join(MeasurementKind)}")
     return Profile(rows)

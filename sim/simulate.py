@@ -8,7 +8,6 @@ once. The CLI only parses arguments, calls this and writes what it returns.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -18,15 +17,16 @@ from models.errors import ConfigError
 from sim.calibrated import CalibratedCompute, CalibratedNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
-from sim.loader import check_loader_paths, stall_s
+from sim.loader import check_loader_paths
 from sim.memory import Overflow
-from sim.metrics import result_rows, timing_metrics
+from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
-from sim.profile import Profile
+from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario, Variant
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
 from sim.trace import Trace, build_trace
+from sim.vocabulary import Metric
 
 
 @dataclass(frozen=True)
@@ -79,18 +79,6 @@ def tensor_parallel_ranks(scenario: Scenario, topology: Topology) -> tuple[int, 
     return tuple(range(degree))
 
 
-def loader_stalls(run: RunResult) -> dict[str, float]:
-    """Time lost waiting for streamed weights (s): in the prefill, and per decode step (the mean of
-    the first and last decode steps, which bound it). Zero for resident weights."""
-    def of(step: int) -> float:
-        phase = run.simulated[step]
-        return sum(seg.repeat * stall_s(seg, res) for seg, res in zip(phase.phase.segments, phase.results))
-
-    last = max(run.simulated)
-    return {"loader_stall_prefill_s": of(0),
-            "loader_stall_decode_s": (of(1) + of(last)) / 2 if last > 0 else math.nan}
-
-
 def simulate(scenario: Scenario, *, profile: Profile | None = None,
              expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
     """Simulate every variant of ``scenario``.
@@ -121,7 +109,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     if profile is not None:
         compute = CalibratedCompute(profile, compute)
         network = CalibratedNetwork(profile, network, topology, gap_s=compute.gap_s(topology.devices[ranks[0]]))
-        baseline = profile.of("memory_baseline").groupby("device_class")["median"].median()
+        baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
     engine = Engine(topology, compute, CollectivePricer(network, topology))
     workload = config.workload
@@ -139,9 +127,10 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         except ConfigError as error:
             raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}", error.message) from None
         trace = build_trace(run, expand_steps)
-        timing = timing_metrics(trace, workload.batch_size) | loader_stalls(run)
-        memory = {topology.devices[r].name: {"peak_memory_bytes": run.peak_bytes[r],
-                                             "memory_capacity_bytes": topology.devices[r].memory_capacity_bytes}
+        timing = run_metrics(trace, workload.batch_size)
+        peaks = peak_memory_bytes(trace)
+        memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r],
+                                             Metric.MEMORY_CAPACITY: topology.devices[r].memory_capacity_bytes}
                   for r in ranks}
         algorithms = tuple(f"{kind}={name}" for kind, name in sorted(
             {a for phase in run.simulated.values() for res in phase.results for a in res.algorithms.values()}))

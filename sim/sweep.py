@@ -29,11 +29,12 @@ from models.errors import ConfigError
 from sim.scenario import Scenario, Variant
 from sim.simulate import simulate
 from sim.topology import build_topology
+from sim.vocabulary import Metric
 
 SWEEP_COLUMNS = ["model", "devices", "memory_policy", "window", "retain_every", "variant", "feasible", "fits",
-                 "max_peak_memory_bytes", "master_peak_memory_bytes", "worker_peak_memory_bytes",
-                 "memory_capacity_bytes", "ttft_s", "tpot_s", "decode_tokens_per_s", "loader_stall_decode_s",
-                 "note"]
+                 Metric.MAX_PEAK_MEMORY, "master_peak_memory_bytes", "worker_peak_memory_bytes",
+                 Metric.MEMORY_CAPACITY, Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S,
+                 Metric.LOADER_STALL_DECODE, "note"]
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,11 @@ def run_sweep(scenario: Scenario, *, on_point=lambda point: None) -> pd.DataFram
             overflow = vr.overflow
             rows.append(_row(point, vr.variant, point.scenario) | {
                 "feasible": True, "fits": overflow is None,
-                "max_peak_memory_bytes": max(peaks.values()), "master_peak_memory_bytes": peaks[master],
+                Metric.MAX_PEAK_MEMORY: max(peaks.values()), "master_peak_memory_bytes": peaks[master],
                 "worker_peak_memory_bytes": max(workers) if workers else math.nan,
-                "memory_capacity_bytes": min(result.topology.devices[r].memory_capacity_bytes for r in result.ranks),
-                "ttft_s": vr.timing["ttft_s"], "tpot_s": vr.timing["tpot_s"],
-                "decode_tokens_per_s": vr.timing["decode_tokens_per_s"],
-                "loader_stall_decode_s": vr.timing["loader_stall_decode_s"],
+                Metric.MEMORY_CAPACITY: min(result.topology.devices[r].memory_capacity_bytes for r in result.ranks),
+                **{metric: vr.timing[metric] for metric in (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S,
+                                                            Metric.LOADER_STALL_DECODE)},
                 "note": "" if overflow is None else overflow.describe(result.topology.devices[overflow.rank].name)})
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
 

@@ -20,6 +20,7 @@ from sim.engine import Engine, SegmentResult
 from sim.memory import Overflow, PhaseMemory, phase_memory
 from sim.plan import MemoryCategory, Phase, Plan
 from sim.topology import Topology
+from sim.vocabulary import PhaseKind
 
 _RTOL = 1e-9
 
@@ -155,7 +156,7 @@ def _first_overflow(plan, topology, simulated, starts, runner, start_of):
         capacity = topology.devices[r].memory_capacity_bytes
         resident = sum(plan.initial_memory_bytes[r].values())
         if resident > capacity:
-            return Overflow(r, "weights (resident before the first op)", "prefill", 0, None, 0.0, resident, capacity)
+            return Overflow(r, "weights (resident before the first op)", PhaseKind.PREFILL, 0, None, 0.0, resident, capacity)
     candidates = [m.overflow for m in simulated[0].memory.values() if m.overflow is not None]
     if candidates:
         return min(candidates, key=lambda o: (o.time_s, o.rank))

@@ -3,10 +3,17 @@
 A :class:`Trace` holds three tidy tables (pandas DataFrames), all times in seconds from the run's
 start:
 
-* ``ops``: one row per op instance: ``rank, stream, kind, name, phase, step, layer, start_s, end_s,
-  bytes, flops`` (``bytes``: memory traffic of a compute op, message size of a collective).
-* ``steps``: one row per forward pass: ``step, phase, start_s, end_s`` (step 0 is the prefill).
+* ``ops``: one row per op instance, a :class:`TraceEvent` each (its fields are the columns). The
+  runtime's executor records one per op it runs; the simulator's trace builder writes the same
+  fields for every op instance it prices.
+* ``steps``: one row per forward pass, built by :func:`step_table` on both sides:
+  ``step, phase, start_s, end_s, stall_s`` (step 0 is the prefill; ``stall_s``: the slowest rank's
+  wait for streamed weights in the step; a simulated run gives it for the prefill and the first and
+  last decode steps, NaN between).
 * ``memory``: counter samples ``rank, time_s, bytes`` (device memory in use).
+* ``peaks``: ``rank, bytes``, each rank's high-water mark of device memory, which the samples may
+  miss (a measured process's peak between two readings; a simulated step whose ops the trace
+  does not hold).
 
 A run of hundreds of decode steps on an 80-layer model has millions of op instances, so ``ops``
 holds the phases chosen when the trace is built (by default the prefill and the first decode step);
@@ -15,39 +22,94 @@ holds the phases chosen when the trace is built (by default the prefill and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from models.ops import OpKind
+from sim.loader import stall_s
 from sim.memory import segment_ledger
 from sim.timeline import PhaseRun, RunResult
+from sim.vocabulary import PhaseKind
 
-OP_COLUMNS = ["rank", "stream", "kind", "name", "phase", "step", "layer", "start_s", "end_s", "bytes", "flops"]
-STEP_COLUMNS = ["step", "phase", "start_s", "end_s"]
+
+class TraceEvent(NamedTuple):
+    """One op instance of a run: a row of a trace's ``ops`` table (times: s from the run's start).
+
+    ``stream``, ``kind`` and ``phase`` hold the values of :class:`sim.plan.Stream`,
+    :class:`models.ops.OpKind` and :class:`sim.vocabulary.PhaseKind`; ``layer`` is -1 for an op
+    outside the decoder layers; ``bytes`` is the memory traffic of a compute op, the message size
+    of a collective, the block size of a weight load.
+    """
+
+    rank: int
+    stream: str
+    kind: str
+    name: str
+    phase: str
+    step: int
+    layer: int
+    start_s: float
+    end_s: float
+    bytes: float
+    flops: float
+
+
+OP_COLUMNS = list(TraceEvent._fields)
+STEP_COLUMNS = ["step", "phase", "start_s", "end_s", "stall_s"]
 MEMORY_COLUMNS = ["rank", "time_s", "bytes"]
+PEAK_COLUMNS = ["rank", "bytes"]
+
+
+def op_table(events: Iterable[TraceEvent]) -> pd.DataFrame:
+    """The ``ops`` table of recorded events (in the order given)."""
+    return pd.DataFrame(list(events), columns=OP_COLUMNS)
+
+
+def step_table(start_s, end_s, stall_s=None) -> pd.DataFrame:
+    """The ``steps`` table of one generation, the same for a simulated and a measured run.
+
+    Args:
+        start_s, end_s: [steps] start and end of each forward pass (s); step 0 is the prefill.
+        stall_s: [steps] the slowest rank's wait for streamed weights in each step (s); zeros
+            when omitted (resident weights).
+    """
+    start_s = np.asarray(start_s, dtype=float)
+    steps = len(start_s)
+    return pd.DataFrame({"step": np.arange(steps), "phase": [PhaseKind.of_step(s).value for s in range(steps)],
+                         "start_s": start_s, "end_s": np.asarray(end_s, dtype=float),
+                         "stall_s": np.zeros(steps) if stall_s is None else np.asarray(stall_s, dtype=float)})
 
 
 @dataclass(frozen=True)
 class Trace:
-    """Op, step and memory tables of one run (see the module docstring for their columns)."""
+    """Op, step, memory and peak tables of one run (see the module docstring for their columns)."""
 
     ops: pd.DataFrame
     steps: pd.DataFrame
     memory: pd.DataFrame
+    peaks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PEAK_COLUMNS))
+
+
+def peak_table(peak_bytes: dict[int, float]) -> pd.DataFrame:
+    """The ``peaks`` table of rank -> high-water mark (bytes)."""
+    return pd.DataFrame({"rank": list(peak_bytes), "bytes": list(peak_bytes.values())}, columns=PEAK_COLUMNS)
 
 
 def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
     """The trace of a simulated run, with op-level detail for the simulated steps in ``expand_steps``."""
     plan = run.plan
     num_steps = plan.num_phases
-    steps = pd.DataFrame({
-        "step": np.arange(num_steps),
-        "phase": ["prefill"] + ["decode"] * (num_steps - 1),
-        "start_s": run.step_start_s,
-        "end_s": run.step_end_s,
-    })
+    # Stalls of the prefill and the first and last decode steps; those between stay NaN:
+    # sim.timeline verified that the decode steps' op times are linear between the simulated
+    # ones, and sim.metrics averages the known stalls as a linear interpolation, without
+    # rounding each interpolated step's value.
+    stalls = np.full(num_steps, np.nan)
+    for step in {0, 1, num_steps - 1} & set(run.simulated):
+        stalls[step] = _phase_stall_s(run.simulated[step])
+    steps = step_table(run.step_start_s, run.step_end_s, stalls)
     op_frames, memory_frames = [], []
     for step in sorted(set(expand_steps)):
         if step in run.simulated:
@@ -63,7 +125,14 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
     ops = pd.concat(op_frames, ignore_index=True) if op_frames else pd.DataFrame(columns=OP_COLUMNS)
     memory = (pd.concat(memory_frames, ignore_index=True)
               .sort_values(["rank", "time_s"], kind="stable").reset_index(drop=True))
-    return Trace(ops.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True), steps, memory)
+    return Trace(ops.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True), steps, memory,
+                 peak_table(run.peak_bytes))
+
+
+def _phase_stall_s(run: PhaseRun) -> float:
+    """The slowest rank's wait for weight loads in one simulated phase (s): per segment instance
+    (:func:`sim.loader.stall_s`), times its repeats."""
+    return sum(seg.repeat * stall_s(seg, res) for seg, res in zip(run.phase.segments, run.results))
 
 
 def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -84,14 +153,14 @@ def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -
         instance = np.arange(segment.repeat)
         n = len(rows)
         shift = offset + np.repeat(instance, n) * result.duration_s
-        op_parts.append(pd.DataFrame({
-            "rank": np.tile(rank_col, segment.repeat), "stream": np.tile(stream, segment.repeat),
-            "kind": np.tile(kind, segment.repeat), "name": np.tile(name, segment.repeat),
-            "phase": phase.name, "step": phase.step,
-            "layer": (np.repeat(instance, n) + layer0) if layer0 is not None else np.tile(op_layer, segment.repeat),
-            "start_s": shift + np.tile(rel_start, segment.repeat), "end_s": shift + np.tile(rel_end, segment.repeat),
-            "bytes": np.tile(traffic, segment.repeat), "flops": np.tile(flops, segment.repeat),
-        }))
+        op_parts.append(pd.DataFrame(TraceEvent(  # an event of columns: one row per op instance
+            rank=np.tile(rank_col, segment.repeat), stream=np.tile(stream, segment.repeat),
+            kind=np.tile(kind, segment.repeat), name=np.tile(name, segment.repeat),
+            phase=str(phase.name), step=phase.step,
+            layer=(np.repeat(instance, n) + layer0) if layer0 is not None else np.tile(op_layer, segment.repeat),
+            start_s=shift + np.tile(rel_start, segment.repeat), end_s=shift + np.tile(rel_end, segment.repeat),
+            bytes=np.tile(traffic, segment.repeat), flops=np.tile(flops, segment.repeat),
+        )._asdict()))
         for rank in sorted(segment.programs):
             ledger = segment_ledger(segment, result, rank)
             net = sum(ledger.net_bytes.values())
@@ -106,3 +175,37 @@ def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -
         offset += segment.repeat * result.duration_s
     memory = pd.DataFrame(dict(zip(MEMORY_COLUMNS, map(np.concatenate, zip(*mem_parts)))))
     return pd.concat(op_parts, ignore_index=True), memory
+
+
+COLLECTIVE_KINDS = tuple(kind.value for kind in OpKind if kind.is_communication)
+"""The ``kind`` values of collective calls in an ``ops`` table."""
+
+CALL_KEYS = ["step", "layer", "name"]
+"""Columns of an ``ops`` table that name one collective call across its ranks."""
+
+
+def master_calls(calls: pd.DataFrame, keys: list[str] = CALL_KEYS, master: int | None = None) -> pd.DataFrame:
+    """Each collective call as the master rank sees it, the split every consumer of a trace uses
+    (the simulator's ``collective_in_place`` / ``collective_wait`` charges, the calibration that
+    measures them, validation's error terms).
+
+    The master's time inside a call splits into its wait for the last rank to arrive and the
+    rest, from that arrival to its own end: ``wait_s = clip(min(end, last start) - start, 0)``,
+    ``call_s = end - start - wait_s``. The simulator starts a collective when the last rank of its
+    group arrives (:mod:`sim.engine`), so ``call_s`` is what it charges for the call itself.
+
+    Args:
+        calls: one row per rank and call, with ``rank``, ``start_s``, ``end_s`` (s on one clock)
+            and the ``keys`` columns, which name a call across ranks.
+        master: the master's rank (default: the lowest rank in ``calls``).
+
+    Returns:
+        The master's rows of ``calls`` with ``wait_s`` and ``call_s`` added (s).
+    """
+    if calls.empty:
+        return calls.assign(wait_s=pd.Series(dtype=float), call_s=pd.Series(dtype=float))
+    last_start = calls.groupby(keys, sort=False)["start_s"].max().rename("_last_start_s")
+    master = calls["rank"].min() if master is None else master
+    mine = calls[calls["rank"] == master].join(last_start, on=keys)
+    wait = (np.minimum(mine["end_s"], mine["_last_start_s"]) - mine["start_s"]).clip(lower=0.0)
+    return mine.drop(columns="_last_start_s").assign(wait_s=wait, call_s=mine["end_s"] - mine["start_s"] - wait)

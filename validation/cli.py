@@ -8,7 +8,6 @@ stderr and exit with code 2, before anything is written. A run whose rank fails,
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -16,58 +15,17 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from models.errors import ConfigError
 from runtime.errors import LaunchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
-_GIB = 2**30
 
 
 def _console() -> Console:
     """Stdout, wide enough for the tables when it is not a terminal (a log, a pipe)."""
     return Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _change(pct: float) -> str:
-    return "" if math.isnan(pct) else f"{pct:+.1f}%"
-
-
-def print_summary(result, console: Console) -> None:
-    """The per-variant table and the per-device peak memory table."""
-    from sim.outputs import summary_table
-
-    config = result.scenario.config
-    table = Table(title=f"{config.name}: {result.scenario.model.name}, TP={len(result.ranks)}, "
-                        f"batch {config.workload.batch_size}, prompt {config.workload.prompt_tokens}, "
-                        f"output {config.workload.output_tokens} (baseline {result.scenario.baseline})")
-    for column in ("variant", "TTFT ms", "Δ", "TPOT ms", "Δ", "decode tok/s", "Δ", "max peak GiB", "fits"):
-        table.add_column(column, justify="left" if column == "variant" else "right")
-    summary = summary_table(result)
-    for row in summary.itertuples(index=False):
-        table.add_row(row.variant, f"{row.ttft_s * 1e3:.3f}", _change(row.ttft_s_change_pct),
-                      f"{row.tpot_s * 1e3:.3f}", _change(row.tpot_s_change_pct), f"{row.decode_tokens_per_s:.1f}",
-                      _change(row.decode_tokens_per_s_change_pct), f"{row.max_peak_memory_bytes / _GIB:.2f}",
-                      "yes" if row.fits_in_memory else "[red]no[/red]")
-    console.print(table)
-    for row in summary.itertuples(index=False):
-        console.print(f"  {row.variant}: {row.algorithms}")
-    memory = Table(title="Peak memory per device (GiB)")
-    memory.add_column("device")
-    memory.add_column("capacity", justify="right")
-    for vr in result.variants:
-        memory.add_column(vr.variant.name, justify="right")
-    for rank in result.ranks:
-        device = result.topology.devices[rank]
-        memory.add_row(device.name, f"{device.memory_capacity_bytes / _GIB:.2f}",
-                       *(f"{vr.run.peak_bytes[rank] / _GIB:.2f}" for vr in result.variants))
-    console.print(memory)
-    for vr in result.variants:
-        if vr.overflow is not None:
-            device = result.topology.devices[vr.overflow.rank].name
-            console.print(f"[red]{vr.variant.name}: {vr.overflow.describe(device)}[/red]")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,9 +44,10 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
 
     Without SCENARIO, runs the default scenario (scenarios/low_resource_llama2_7b.yaml).
     """
-    from sim.outputs import write_outputs
     from sim.scenario import load_scenario
     from sim.simulate import simulate as run_simulation
+    from validation.present.simulate_report import write_outputs
+    from validation.present.tables import print_summary
 
     from sim.profile import load_profile
 
@@ -119,7 +78,8 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
 
     from sim.outputs import results_csv, write_files
     from sim.sweep import run_sweep, sweep_points
-    from sim.sweep_report import sweep_html, sweep_tables
+    from validation.present.sweep_report import sweep_html
+    from validation.present.tables import sweep_tables
 
     total = len(sweep_points(scenario))
     with Progress(console=console, transient=True) as progress:
@@ -161,16 +121,10 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 
     result = measure_scenario(loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed,
                               hang_timeout_s=hang_timeout_s)
+    from validation.present.tables import measured_table
+
     console = _console()
-    table = Table(title=escape(f"{loaded.name} measured ({repeats} repeats; median [p10, p90])"))
-    for column in ("variant", "TTFT ms", "TPOT ms", "decode tok/s"):
-        table.add_column(column, justify="left" if column == "variant" else "right")
-    for v in result.variants:
-        t = v.timing
-        table.add_row(v.name, escape(f"{t['ttft_s'] * 1e3:.2f} [{t['ttft_p10_s'] * 1e3:.2f}, {t['ttft_p90_s'] * 1e3:.2f}]"),
-                      escape(f"{t['tpot_s'] * 1e3:.2f} [{t['tpot_p10_s'] * 1e3:.2f}, {t['tpot_p90_s'] * 1e3:.2f}]"),
-                      f"{t['decode_tokens_per_s']:.1f}")
-    console.print(table)
+    console.print(measured_table(loaded.name, repeats, result.variants))
     written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
     console.print("wrote " + ", ".join(str(p) for p in written))
 
@@ -221,7 +175,7 @@ def validate(matrix: Path, out_dir: Path) -> None:
 
     loaded, scenarios = load_matrix(matrix)
     _require_torch("validate")
-    from validation.report import summary_markdown, write_validation
+    from validation.present.validation_report import summary_markdown, write_validation
     from validation.validate import validate as run_validation
 
     console = _console()

@@ -27,14 +27,14 @@ the one to look at.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from models.ops import OpKind
+from sim.trace import COLLECTIVE_KINDS, master_calls
+from sim.vocabulary import Metric, PhaseKind
 
 TERM_COLUMNS = ["scenario", "prompt_tokens", "variant", "phase", "term", "simulated_s", "measured_s", "contribution"]
-PHASE_METRIC = {"prefill": "ttft_s", "decode": "tpot_s"}
-_COLLECTIVES = {str(kind) for kind in OpKind if kind.is_communication}
+PHASE_METRIC = {PhaseKind.PREFILL: Metric.TTFT, PhaseKind.DECODE: Metric.TPOT}
 
 
 def step_terms(ops: pd.DataFrame, steps: pd.DataFrame, gap_s: float = 0.0) -> pd.DataFrame:
@@ -55,17 +55,16 @@ def step_terms(ops: pd.DataFrame, steps: pd.DataFrame, gap_s: float = 0.0) -> pd
     ops = ops[ops["kind"] != str(OpKind.WEIGHT_LOAD)]
     if ops.empty:
         return pd.DataFrame(columns=["phase", "term", "seconds"])
-    calls = ops[ops["kind"].isin(_COLLECTIVES)]
-    last_start = calls.groupby(["step", "layer", "name"])["start_s"].max().rename("last_start_s")
-    mine = ops[ops["rank"] == ops["rank"].min()].join(last_start, on=["step", "layer", "name"])
-    span = mine["end_s"] - mine["start_s"]
-    wait = (np.minimum(mine["end_s"], mine["last_start_s"]) - mine["start_s"]).clip(lower=0.0).fillna(0.0)
-    is_call = mine["kind"].isin(_COLLECTIVES)
-    prefix = np.where(is_call, "collective:", "compute:")
+    master = ops["rank"].min()
+    is_call = ops["kind"].isin(COLLECTIVE_KINDS)
+    calls = master_calls(ops[is_call], master=master)
+    compute = ops[~is_call & (ops["rank"] == master)]
     parts = pd.concat([
-        pd.DataFrame({"phase": mine["phase"], "step": mine["step"], "term": prefix + mine["kind"].astype(str),
-                      "seconds": (span - wait - gap_s).clip(lower=0.0)}),
-        pd.DataFrame({"phase": mine["phase"], "step": mine["step"], "term": "wait", "seconds": wait})[is_call],
+        pd.DataFrame({"phase": compute["phase"], "step": compute["step"], "term": "compute:" + compute["kind"].astype(str),
+                      "seconds": (compute["end_s"] - compute["start_s"] - gap_s).clip(lower=0.0)}),
+        pd.DataFrame({"phase": calls["phase"], "step": calls["step"], "term": "collective:" + calls["kind"].astype(str),
+                      "seconds": (calls["call_s"] - gap_s).clip(lower=0.0)}),
+        pd.DataFrame({"phase": calls["phase"], "step": calls["step"], "term": "wait", "seconds": calls["wait_s"]}),
     ])
     duration = steps.set_index("step")["end_s"] - steps.set_index("step")["start_s"]
     rows = []

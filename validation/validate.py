@@ -28,14 +28,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from models.ops import OpKind
 from sim.calibrated import CHARGED
-from sim.profile import Profile
+from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario
+from sim.trace import COLLECTIVE_KINDS, master_calls
+from sim.vocabulary import Metric
 from validation.matrix import Matrix, with_prompt
 from validation.terms import term_errors
 
-TIMING_METRICS = ("ttft_s", "tpot_s", "decode_tokens_per_s")
-CHECKED_METRICS = (*TIMING_METRICS, "peak_memory_bytes")
+TIMING_METRICS = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S)
+CHECKED_METRICS = (*TIMING_METRICS, Metric.PEAK_MEMORY)
 RANKING_THRESHOLD = 0.10
 # The collective target's population (the calibrate-and-validate issue): messages of at least
 # 1 MiB, or any size over links with injected delay (at least 1 ms one way between two hosts).
@@ -74,11 +77,10 @@ def case_errors(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, meas
         key = (row.variant, row.metric, row.device)
         if key not in meas.index:
             continue
-        stem = {"ttft_s": "ttft_p{}_s", "tpot_s": "tpot_p{}_s", "decode_tokens_per_s": "decode_tokens_p{}_per_s"}
         p10 = p90 = np.nan
-        if row.metric in stem:
-            p10 = meas.get((row.variant, stem[row.metric].format(10), row.device), np.nan)
-            p90 = meas.get((row.variant, stem[row.metric].format(90), row.device), np.nan)
+        if row.metric in TIMING_METRICS:
+            p10 = meas.get((row.variant, Metric(row.metric).percentile(10), row.device), np.nan)
+            p90 = meas.get((row.variant, Metric(row.metric).percentile(90), row.device), np.nan)
         measured_value = float(meas[key])
         rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": row.variant,
                      "metric": row.metric, "device": row.device, "simulated": float(row.value),
@@ -97,19 +99,19 @@ def memory_regimes(scenario: str, prompt_tokens: int, simulated: pd.DataFrame, m
         meas = measured[measured["variant"] == variant]
         if meas.empty:
             continue
-        capacity = sim[sim["metric"] == "memory_capacity_bytes"].set_index("device")["value"]
+        capacity = sim[sim["metric"] == Metric.MEMORY_CAPACITY].set_index("device")["value"]
 
         def fits(table: pd.DataFrame) -> bool:
-            peaks = table[table["metric"] == "peak_memory_bytes"].set_index("device")["value"]
+            peaks = table[table["metric"] == Metric.PEAK_MEMORY].set_index("device")["value"]
             return bool((peaks <= capacity.reindex(peaks.index)).all())
 
         def value(table: pd.DataFrame, metric: str) -> float:
             found = table.loc[(table["metric"] == metric) & (table["device"].fillna("") == ""), "value"]
             return float(found.iloc[0]) if len(found) else np.nan
 
-        stall_sim, stall_meas = value(sim, "loader_stall_decode_s"), value(meas, "loader_stall_decode_s")
-        stalls_sim = bool(stall_sim > STALL_THRESHOLD * value(sim, "tpot_s"))
-        stalls_meas = bool(stall_meas > STALL_THRESHOLD * value(meas, "tpot_s"))
+        stall_sim, stall_meas = value(sim, Metric.LOADER_STALL_DECODE), value(meas, Metric.LOADER_STALL_DECODE)
+        stalls_sim = bool(stall_sim > STALL_THRESHOLD * value(sim, Metric.TPOT))
+        stalls_meas = bool(stall_meas > STALL_THRESHOLD * value(meas, Metric.TPOT))
         fits_sim, fits_meas = fits(sim), fits(meas)
         rows.append({"scenario": scenario, "prompt_tokens": prompt_tokens, "variant": variant,
                      "fits_simulated": fits_sim, "fits_measured": fits_meas, "stall_simulated_s": stall_sim,
@@ -129,15 +131,15 @@ def split_halves(case: Scenario, gathered: list) -> pd.DataFrame:
     """
     from runtime.measure import repeat_timings
 
-    master = min(range(len(gathered)), key=lambda index: gathered[index][0].rank)
+    master = min(per_rank[0].rank for per_rank in gathered)
     rows = []
-    for lead in gathered[master]:
-        per_repeat = repeat_timings(lead, case.config.workload.batch_size)
+    for measured in zip(*gathered):  # one variant, every rank
+        per_repeat = repeat_timings(list(measured), master, case.config.workload.batch_size)
         for metric in TIMING_METRICS:
             values = np.array([r[metric] for r in per_repeat], dtype=float)
             half = (float(np.median(values[0::2]) / np.median(values[1::2]) - 1) if len(values) >= 2
                     else np.nan)
-            rows.append({"variant": lead.variant, "metric": metric, "split_half": abs(half)})
+            rows.append({"variant": measured[0].variant, "metric": metric, "split_half": abs(half)})
     return pd.DataFrame(rows, columns=["variant", "metric", "split_half"])
 
 
@@ -148,10 +150,10 @@ def summarise_errors(errors: pd.DataFrame, collectives: pd.DataFrame, in_run: pd
     ``collective_in_run_s`` the collectives inside the measured runs (:func:`in_run_errors`)."""
     parts = [errors[["metric", "error"]]]
     if in_run is not None and len(in_run):
-        parts.append(in_run.assign(metric="collective_in_run_s")[["metric", "error"]])
+        parts.append(in_run.assign(metric=Metric.COLLECTIVE_IN_RUN.value)[["metric", "error"]])
     if len(collectives):
-        parts.append(collectives[collectives["targeted"].astype(bool)].assign(metric="collective_s")[["metric", "error"]])
-        parts.append(collectives.assign(metric="collective_s_all")[["metric", "error"]])
+        parts.append(collectives[collectives["targeted"].astype(bool)].assign(metric=Metric.COLLECTIVE.value)[["metric", "error"]])
+        parts.append(collectives.assign(metric=Metric.COLLECTIVE_ALL.value)[["metric", "error"]])
     both = pd.concat(parts, ignore_index=True).dropna()
     grouped = both.groupby("metric", sort=True)["error"]
     summary = pd.DataFrame({
@@ -171,7 +173,7 @@ def ranking_agreement(errors: pd.DataFrame) -> pd.DataFrame:
     """Every pair of variants of a case set whose measured TTFT or TPOT differ by more than 10%:
     does the simulator order them the same way?"""
     rows = []
-    timing = errors[errors["metric"].isin(("ttft_s", "tpot_s"))]
+    timing = errors[errors["metric"].isin((Metric.TTFT, Metric.TPOT))]
     for (scenario, prompt, metric), group in timing.groupby(["scenario", "prompt_tokens", "metric"], sort=True):
         values = group.set_index("variant")
         for a, b in itertools.combinations(sorted(values.index), 2):
@@ -195,16 +197,16 @@ def seed_claim(errors: pd.DataFrame) -> pd.DataFrame:
         by = group.set_index(["variant", "metric"])
         variants = sorted(group["variant"].unique())
         baseline = next((v for v in variants if v.startswith("reduce_ln_bcast")), None)
-        candidates = [v for v in variants if v != baseline and (v, "tpot_s") in by.index]
+        candidates = [v for v in variants if v != baseline and (v, Metric.TPOT) in by.index]
         if baseline is None or not candidates:
             continue
-        best = min(candidates, key=lambda v: by.loc[(v, "tpot_s"), "measured"])
+        best = min(candidates, key=lambda v: by.loc[(v, Metric.TPOT), "measured"])
         for source in ("measured", "simulated"):
             rows.append({"scenario": scenario, "prompt_tokens": prompt, "source": source, "best_allreduce": best,
-                         "ttft_reduce_ln_bcast_s": by.loc[(baseline, "ttft_s"), source],
-                         "ttft_allreduce_ln_s": by.loc[(best, "ttft_s"), source],
-                         "tokens_per_s_reduce_ln_bcast": by.loc[(baseline, "decode_tokens_per_s"), source],
-                         "tokens_per_s_allreduce_ln": by.loc[(best, "decode_tokens_per_s"), source]})
+                         "ttft_reduce_ln_bcast_s": by.loc[(baseline, Metric.TTFT), source],
+                         "ttft_allreduce_ln_s": by.loc[(best, Metric.TTFT), source],
+                         "tokens_per_s_reduce_ln_bcast": by.loc[(baseline, Metric.DECODE_TOKENS_PER_S), source],
+                         "tokens_per_s_allreduce_ln": by.loc[(best, Metric.DECODE_TOKENS_PER_S), source]})
     return pd.DataFrame(rows)
 
 
@@ -224,7 +226,7 @@ def collective_errors(scenario: Scenario, profile: Profile, measured: pd.DataFra
     rows = []
     for row in measured.itertuples(index=False):
         group = tuple(range(int(row.group_size)))
-        root = None if row.op == "allreduce" else 0
+        root = None if row.op == OpKind.ALLREDUCE else 0
         schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes), root=root,
                                   host_groups=topology.host_groups(group))
         predicted = network.time(schedule).duration_s
@@ -241,14 +243,9 @@ def call_durations(ops: pd.DataFrame) -> pd.DataFrame:
     ``collective_in_place`` rows charge it: the master's (the trace's lowest rank's) end less the
     last rank's start; the master's wait before that start is left out, as it is a term of its own
     (:mod:`validation.terms`). Columns: phase, call (the plan op's name), op, size_bytes, duration_s."""
-    calls = ops[ops["kind"].isin(("allreduce", "reduce", "broadcast"))]
-    keys = ["step", "layer", "name"]
-    last_start = calls.groupby(keys, sort=False)["start_s"].max().rename("last_start")
-    master = calls[calls["rank"] == calls["rank"].min()].join(last_start, on=keys)
+    master = master_calls(ops[ops["kind"].isin(COLLECTIVE_KINDS)])
     return pd.DataFrame({"phase": master["phase"], "call": master["name"], "op": master["kind"],
-                         "size_bytes": master["bytes"],
-                         "duration_s": (master["end_s"] - master["last_start"]).clip(lower=0.0)}
-                        ).reset_index(drop=True)
+                         "size_bytes": master["bytes"], "duration_s": master["call_s"]}).reset_index(drop=True)
 
 
 def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.DataFrame:
@@ -326,7 +323,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                                      on_beat=beat)
             write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", run.profile.to_csv(index=False, lineterminator="\n"))
             profile = Profile(run.profile)
-            gaps = profile.of("op_gap").set_index("device_class")[CHARGED["op_gap"]]
+            gaps = profile.of(MeasurementKind.OP_GAP).set_index("device_class")[CHARGED[MeasurementKind.OP_GAP]]
             gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
             for (prompt, case), timed in zip(cases.items(), run.measurements):
                 simulated = simulate(case, profile=profile)
@@ -342,7 +339,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
                 terms.append(term_errors(scenario.name, prompt, simulated, measured, gap_s))
             if held_out:
-                timed = profile.of("collective_held_out")
+                timed = profile.of(MeasurementKind.COLLECTIVE_HELD_OUT)
                 collectives.append(collective_errors(scenario, profile, timed))
         finally:
             if bed is not None:

@@ -8,13 +8,16 @@ device (baseline). Displayed units are ms, GiB and tokens/s; the data stay SI.
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sim.outputs import summary_table
+from sim.outputs import simulation_files, write_files
 from sim.simulate import SimulationResult, VariantResult
+from sim.vocabulary import Metric, PhaseKind
+from validation.present.tables import change_column, summary_table
 
 _GIB = 2**30
 _MAX_TIMELINE_OPS = 4000  # more bars than this make the page sluggish; show the first layers then
@@ -23,7 +26,7 @@ _MAX_TIMELINE_OPS = 4000  # more bars than this make the page sluggish; show the
 def _timing_figure(result: SimulationResult) -> go.Figure:
     names = [v.variant.name for v in result.variants]
     fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (ms)", "TPOT (ms)", "decode tokens/s"))
-    for col, (metric, scale) in enumerate((("ttft_s", 1e3), ("tpot_s", 1e3), ("decode_tokens_per_s", 1)), 1):
+    for col, (metric, scale) in enumerate(((Metric.TTFT, 1e3), (Metric.TPOT, 1e3), (Metric.DECODE_TOKENS_PER_S, 1)), 1):
         fig.add_trace(go.Bar(x=names, y=[v.timing[metric] * scale for v in result.variants], name=metric,
                              showlegend=False), row=1, col=col)
     fig.update_layout(title="Timing per variant", height=420)
@@ -43,7 +46,7 @@ def _memory_peak_figure(result: SimulationResult) -> go.Figure:
 
 
 def _timeline_figure(vr: VariantResult) -> go.Figure:
-    ops = vr.trace.ops[(vr.trace.ops["phase"] == "decode")]
+    ops = vr.trace.ops[(vr.trace.ops["phase"] == PhaseKind.DECODE)]
     ops = ops[ops["step"] == ops["step"].min()] if len(ops) else ops
     note = ""
     if len(ops) > _MAX_TIMELINE_OPS:
@@ -82,12 +85,12 @@ def _summary_html(result: SimulationResult) -> str:
     shown = pd.DataFrame({
         "variant": table["variant"],
         "algorithms": table["algorithms"],
-        "TTFT (ms)": (table["ttft_s"] * 1e3).map("{:.3f}".format),
-        "TTFT vs baseline": table["ttft_s_change_pct"].map("{:+.1f}%".format),
-        "TPOT (ms)": (table["tpot_s"] * 1e3).map("{:.3f}".format),
-        "TPOT vs baseline": table["tpot_s_change_pct"].map("{:+.1f}%".format),
-        "decode tokens/s": table["decode_tokens_per_s"].map("{:.1f}".format),
-        "max peak memory (GiB)": (table["max_peak_memory_bytes"] / _GIB).map("{:.2f}".format),
+        "TTFT (ms)": (table[Metric.TTFT] * 1e3).map("{:.3f}".format),
+        "TTFT vs baseline": table[change_column(Metric.TTFT)].map("{:+.1f}%".format),
+        "TPOT (ms)": (table[Metric.TPOT] * 1e3).map("{:.3f}".format),
+        "TPOT vs baseline": table[change_column(Metric.TPOT)].map("{:+.1f}%".format),
+        "decode tokens/s": table[Metric.DECODE_TOKENS_PER_S].map("{:.1f}".format),
+        "max peak memory (GiB)": (table[Metric.MAX_PEAK_MEMORY] / _GIB).map("{:.2f}".format),
         "fits": table["fits_in_memory"].map({True: "yes", False: "no"}),
     })
     return shown.to_html(index=False, border=0)
@@ -96,7 +99,7 @@ def _summary_html(result: SimulationResult) -> str:
 def report_html(result: SimulationResult) -> str:
     """The whole report page as HTML text (plotly.js embedded, so it opens offline)."""
     baseline = result.variant(result.scenario.baseline)
-    fastest = min(result.variants, key=lambda v: (v.timing["tpot_s"], v.variant.name))
+    fastest = min(result.variants, key=lambda v: (v.timing[Metric.TPOT], v.variant.name))
     figures = [_timing_figure(result), _memory_peak_figure(result), _timeline_figure(baseline)]
     if fastest is not baseline:
         figures.append(_timeline_figure(fastest))
@@ -129,3 +132,9 @@ def report_html(result: SimulationResult) -> str:
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}"))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def write_outputs(result: SimulationResult, out_dir: Path) -> list[Path]:
+    """Write results.csv, trace.json (:func:`sim.outputs.simulation_files`) and report.html into
+    ``out_dir``; returns the paths written."""
+    return write_files(out_dir, simulation_files(result) | {"report.html": report_html(result)})

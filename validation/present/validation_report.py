@@ -9,20 +9,21 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.outputs import write_files
+from sim.vocabulary import Metric
 from validation.terms import PHASE_METRIC, term_summary
 from validation.validate import ValidationReport
 
-_SCALE = {"ttft_s": (1e3, "ms"), "tpot_s": (1e3, "ms"), "decode_tokens_per_s": (1, "tokens/s"),
-          "peak_memory_bytes": (2**-20, "MiB"), "collective_s": (1e3, "ms"),
-          "collective_in_run_s": (1e3, "ms")}
+_SCALE = {Metric.TTFT: (1e3, "ms"), Metric.TPOT: (1e3, "ms"), Metric.DECODE_TOKENS_PER_S: (1, "tokens/s"),
+          Metric.PEAK_MEMORY: (2**-20, "MiB"), Metric.COLLECTIVE: (1e3, "ms"),
+          Metric.COLLECTIVE_IN_RUN: (1e3, "ms")}
 
 
 def _scatter(report: ValidationReport) -> go.Figure:
     panels = [(m, g) for m, g in report.errors.groupby("metric", sort=True)]
     if len(report.collectives):
-        panels.append(("collective_s", report.collectives))
+        panels.append((Metric.COLLECTIVE, report.collectives))
     if len(report.in_run):
-        panels.append(("collective_in_run_s", report.in_run))
+        panels.append((Metric.COLLECTIVE_IN_RUN, report.in_run))
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[
         f"{m} ({_SCALE[m][1]})" for m, _ in panels])
     for col, (metric, group) in enumerate(panels, 1):

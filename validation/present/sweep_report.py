@@ -1,4 +1,4 @@
-"""memory_report.html and the console tables of a sweep (:mod:`sim.sweep`).
+"""memory_report.html of a sweep (:mod:`sim.sweep`); its console tables are in :mod:`validation.present.tables`.
 
 Per model, against the number of devices: the largest per-device peak memory against the device
 capacity, TTFT and TPOT, one line per memory policy (and variant), so the cheapest policy that fits
@@ -12,7 +12,8 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-from rich.table import Table
+
+from sim.vocabulary import Metric
 
 _GIB = 2**30
 
@@ -25,41 +26,14 @@ def policy_label(row: pd.Series) -> str:
     return label + (f", retain 1/{int(row['retain_every'])}" if row["retain_every"] == row["retain_every"] else "")
 
 
-def _labels(sweep: pd.DataFrame) -> pd.Series:
+def labels(sweep: pd.DataFrame) -> pd.Series:
     many = sweep["variant"].nunique() > 1
     return sweep.apply(lambda r: (f"{r['variant']}: " if many else "") + policy_label(r), axis=1)
 
 
-def sweep_tables(sweep: pd.DataFrame) -> list[Table]:
-    """One rich table per model: a row per policy, a column per device count, each cell
-    ``peak GiB · TPOT s`` (red when it does not fit, ``n/a`` when the degree cannot shard the model)."""
-    sweep = sweep.assign(label=_labels(sweep))
-    tables = []
-    for model, rows in sweep.groupby("model", sort=False):
-        devices = sorted(rows["devices"].unique())
-        capacity = rows["memory_capacity_bytes"].dropna()
-        cap = f", {capacity.min() / _GIB:.0f} GiB per device" if len(capacity) else ""
-        table = Table(title=f"{model}: max peak memory per device (GiB) · TPOT (s) · TTFT (s){cap}")
-        table.add_column("memory policy")
-        for n in devices:
-            table.add_column(f"{n} devices", justify="right")
-        for label, by_label in rows.groupby("label", sort=False):
-            cells = []
-            for n in devices:
-                r = by_label[by_label["devices"] == n].iloc[0]
-                if not r["feasible"]:
-                    cells.append("[dim]n/a[/dim]")
-                    continue
-                text = f"{r['max_peak_memory_bytes'] / _GIB:.2f} · {r['tpot_s']:.2f} · {r['ttft_s']:.1f}"
-                cells.append(text if r["fits"] else f"[red]{text} OOM[/red]")
-            table.add_row(label, *cells)
-        tables.append(table)
-    return tables
-
-
 def sweep_figure(sweep: pd.DataFrame) -> go.Figure:
     """Peak memory, TPOT and TTFT against devices; a column per model, a line per policy."""
-    sweep = sweep.assign(label=_labels(sweep))
+    sweep = sweep.assign(label=labels(sweep))
     models = list(dict.fromkeys(sweep["model"]))
     fig = make_subplots(rows=3, cols=len(models), shared_xaxes=True, column_titles=models,
                         row_titles=["max peak memory per device (GiB)", "TPOT (s)", "TTFT (s)"],
@@ -70,8 +44,8 @@ def sweep_figure(sweep: pd.DataFrame) -> go.Figure:
         for label, line in rows.groupby("label", sort=False):
             line = line.sort_values("devices")
             hover = [f"{label}<br>{'fits' if fits else 'does not fit'}" for fits in line["fits"]]
-            for row, (metric, scale) in enumerate((("max_peak_memory_bytes", 1 / _GIB), ("tpot_s", 1),
-                                                    ("ttft_s", 1)), 1):
+            for row, (metric, scale) in enumerate(((Metric.MAX_PEAK_MEMORY, 1 / _GIB), (Metric.TPOT, 1),
+                                                    (Metric.TTFT, 1)), 1):
                 fig.add_trace(go.Scatter(
                     x=line["devices"], y=line[metric] * scale, mode="lines+markers", name=label,
                     legendgroup=label, showlegend=col == 1 and row == 1, line={"color": colors[label]},
@@ -79,7 +53,7 @@ def sweep_figure(sweep: pd.DataFrame) -> go.Figure:
                     hovertext=hover), row=row, col=col)
         if len(rows):
             devices = sorted(rows["devices"].unique())
-            fig.add_trace(go.Scatter(x=devices, y=[rows["memory_capacity_bytes"].min() / _GIB] * len(devices),
+            fig.add_trace(go.Scatter(x=devices, y=[rows[Metric.MEMORY_CAPACITY].min() / _GIB] * len(devices),
                                      mode="lines", name="device capacity", legendgroup="capacity",
                                      showlegend=col == 1, line={"dash": "dash", "color": "black"}), row=1, col=col)
     fig.update_yaxes(type="log", row=1)
@@ -91,13 +65,13 @@ def sweep_figure(sweep: pd.DataFrame) -> go.Figure:
 
 def sweep_html(title: str, sweep: pd.DataFrame) -> str:
     """A self-contained page: the figure, then the table (infeasible points with their reason)."""
-    shown = sweep.assign(policy=_labels(sweep),
-                         max_peak_gib=(sweep["max_peak_memory_bytes"] / _GIB).round(2),
-                         tpot_s=sweep["tpot_s"].round(3), ttft_s=sweep["ttft_s"].round(2),
-                         loader_stall_decode_s=sweep["loader_stall_decode_s"].round(3))
-    table = shown[["model", "devices", "policy", "fits", "max_peak_gib", "ttft_s", "tpot_s",
-                   "loader_stall_decode_s", "note"]].to_html(index=False, na_rep="")
-    figure = sweep_figure(sweep).to_html(full_html=False, include_plotlyjs=True)
+    shown = sweep.assign(policy=labels(sweep),
+                         max_peak_gib=(sweep[Metric.MAX_PEAK_MEMORY] / _GIB).round(2),
+                         **{Metric.TPOT: sweep[Metric.TPOT].round(3), Metric.TTFT: sweep[Metric.TTFT].round(2),
+                            Metric.LOADER_STALL_DECODE: sweep[Metric.LOADER_STALL_DECODE].round(3)})
+    table = shown[["model", "devices", "policy", "fits", "max_peak_gib", Metric.TTFT, Metric.TPOT,
+                   Metric.LOADER_STALL_DECODE, "note"]].to_html(index=False, na_rep="")
+    figure = sweep_figure(sweep).to_html(full_html=False, include_plotlyjs=True, div_id="sweep-figure")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
             f"<body><h1>{html.escape(title)}</h1>{figure}{table}</body></html>")
 
