@@ -2,7 +2,10 @@
 
 User errors (:class:`models.errors.ConfigError`, and click's usage errors) print one line on
 stderr and exit with code 2, before anything is written. A run whose rank fails, dies or hangs
-(:class:`runtime.errors.LaunchError`) prints one line naming the rank and exits with code 1.
+(:class:`runtime.errors.LaunchError`) prints one line naming the rank and exits with code 1. SIGTERM,
+SIGINT or SIGHUP ends any command cleanly (:func:`main`), with code 128 + the signal's number.
+Numeric options are bounded and finite, as scenario fields are; ``measure`` and ``calibrate``
+check that the plan fits in memory before any rank starts (:mod:`runtime.memory_fit`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,27 @@ from rich.markup import escape
 from rich.table import Table
 
 from models.errors import ConfigError
+from runtime import interrupt
 from runtime.errors import LaunchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
 _GIB = 2**30
+_MAX_REPEATS = 10_000  # a timed generation takes at least milliseconds: more would run for hours
+_MAX_TIMEOUT_S = 86_400.0
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float option within ``[min, max]`` that is also finite: click's FloatRange lets ``nan``
+    (every comparison with it is false) and ``inf`` through."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        converted = super().convert(value, param, ctx)
+        if not math.isfinite(converted):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return converted
 
 
 def _console() -> Console:
@@ -108,7 +127,8 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
             console.print(f"  {escape(line)}")
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
-    written = write_outputs(result, out_dir or Path("out") / loaded.name)
+    with interrupt.deferred():
+        written = write_outputs(result, out_dir or Path("out") / loaded.name)
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
@@ -144,18 +164,26 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for results.csv and trace.json (default: out/<scenario name>-measured).")
 @click.option("--testbed", is_flag=True, help="Run each rank inside its host's namespace (hetsim testbed up first).")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed generations per variant.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed generations first.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the prompt.")
-@click.option("--hang-timeout", "hang_timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds without progress after which the run fails, naming the stalled rank.")
+@click.option("--repeats", type=click.IntRange(1, _MAX_REPEATS), default=5, show_default=True,
+              help="Timed generations per variant.")
+@click.option("--warmup", type=click.IntRange(0, _MAX_REPEATS), default=1, show_default=True,
+              help="Untimed generations first.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Seed of the weights and the prompt.")
+@click.option("--hang-timeout", "hang_timeout_s", type=FiniteFloatRange(1, _MAX_TIMEOUT_S), default=120.0,
+              show_default=True, help="Seconds without progress after which the run fails, naming the stalled rank.")
+@click.option("--allow-overcommit", is_flag=True,
+              help="Run on CPU even when the plan's simulated peak exceeds a device's capacity or the free memory.")
 def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, warmup: int, seed: int,
-            hang_timeout_s: float) -> None:
+            hang_timeout_s: float, allow_overcommit: bool) -> None:
     """Run SCENARIO's variants for real (torch.distributed, one process per device) and measure
     TTFT, TPOT, decode tokens/s and peak memory; writes results.csv (source=measured), trace.json."""
     from sim.scenario import load_scenario
 
+    from runtime.memory_fit import check_memory_fits
+
     loaded = load_scenario(scenario)
+    check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("measure")
     from runtime.measure import measure_scenario, write_measured_outputs
 
@@ -171,7 +199,8 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
                       escape(f"{t['tpot_s'] * 1e3:.2f} [{t['tpot_p10_s'] * 1e3:.2f}, {t['tpot_p90_s'] * 1e3:.2f}]"),
                       f"{t['decode_tokens_per_s']:.1f}")
     console.print(table)
-    written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
+    with interrupt.deferred():  # both files or neither
+        written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
@@ -180,10 +209,14 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 @click.option("--out", "profile_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the calibration profile (CSV).")
 @click.option("--testbed", is_flag=True, help="Measure inside the scenario's testbed (hetsim testbed up first).")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Repeats per measurement.")
-@click.option("--max-call", "max_call_s", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+@click.option("--repeats", type=click.IntRange(1, _MAX_REPEATS), default=5, show_default=True,
+              help="Repeats per measurement.")
+@click.option("--max-call", "max_call_s", type=FiniteFloatRange(0.01, 3600.0), default=1.0, show_default=True,
               help="Stop growing a collective's size once one call takes longer than this (s).")
-def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, max_call_s: float) -> None:
+@click.option("--allow-overcommit", is_flag=True,
+              help="Run on CPU even when the plan's simulated peak exceeds a device's capacity or the free memory.")
+def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, max_call_s: float,
+              allow_overcommit: bool) -> None:
     """Measure SCENARIO's cluster (links, every collective algorithm, compute per op, framework
     overhead, memory baseline) and write a calibration profile for hetsim simulate --profile."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -191,7 +224,10 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
     from sim.outputs import write_atomic
     from sim.scenario import load_scenario
 
+    from runtime.memory_fit import check_memory_fits
+
     loaded = load_scenario(scenario)
+    check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("calibrate")
     from runtime.calibrate import calibrate_scenario
 
@@ -227,7 +263,8 @@ def validate(matrix: Path, out_dir: Path) -> None:
     console = _console()
     with console.status("validating") as status:
         report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text))
-    written = write_validation(report, out_dir, loaded.name)
+    with interrupt.deferred():  # the report's files together, or none
+        written = write_validation(report, out_dir, loaded.name)
     console.print(summary_markdown(report, loaded.name))
     console.print("wrote " + ", ".join(str(p) for p in written))
 
@@ -264,10 +301,27 @@ def testbed(action: str, scenario: Path) -> None:
     click.echo(json.dumps(bed.status(), indent=2) if action == "status" else "", nl=action == "status")
 
 
+def _command(args: list[str]) -> str:
+    """The subcommand named on the command line (``measure``, ``testbed up``), for messages."""
+    words = [arg for arg in args if not arg.startswith("-")]
+    return " ".join(words[:2] if words[:1] == ["testbed"] else words[:1]) or "hetsim"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``hetsim`` console script."""
+    """Entry point of the ``hetsim`` console script.
+
+    SIGTERM, SIGINT and SIGHUP end a command as an error does (:mod:`runtime.interrupt`): its
+    ranks are killed and reaped, a testbed it built is removed, nothing is written; one line names
+    the command and the signal, and the exit code is 128 + the signal's number.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        cli.main(args=argv, prog_name="hetsim", standalone_mode=False)
+        with interrupt.catching():
+            cli.main(args=args, prog_name="hetsim", standalone_mode=False)
+    except interrupt.Interrupted as error:
+        click.echo(f"hetsim: {_command(args)} interrupted by {error.signum.name}; every process it started "
+                   "is stopped and every testbed it built removed, nothing written", err=True)
+        sys.exit(error.exit_code)
     except ConfigError as error:
         click.echo(f"hetsim: error: {error}", err=True)
         sys.exit(2)

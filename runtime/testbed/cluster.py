@@ -42,6 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime import interrupt
 from runtime.testbed import forwarder
 from runtime.testbed.errors import TestbedError
 from runtime.testbed.links import (SUBNET_PREFIX_LENGTH, HostLinks, capacity_warnings, host_links,
@@ -126,7 +127,8 @@ class Testbed:
         Raises:
             TestbedError: not root or tools missing; this scenario's testbed (or what is left of
                 a crashed one) already exists; a command failed or the forwarder did not start.
-                On a failure everything built so far is removed first.
+            runtime.interrupt.Interrupted: a signal arrived (:func:`runtime.interrupt.catching`).
+            On a failure or an interruption everything built so far is removed first.
         """
         require_privileges()
         leftovers = self._leftovers()
@@ -153,21 +155,23 @@ class Testbed:
 
     def down(self) -> None:
         """Remove this scenario's forwarder, namespaces (with every device and qdisc in them) and
-        state; also what a crashed ``up`` left. Doing nothing when nothing is there.
+        state; also what a crashed ``up`` left. Doing nothing when nothing is there. A signal
+        arriving meanwhile is raised once everything is removed (:func:`runtime.interrupt.deferred`).
 
         Raises:
             TestbedError: not root or tools missing, or ``ip netns del`` failed.
         """
         require_privileges()
-        # The forwarder holds the TUN devices, which keep their namespaces alive: stop it first.
-        forwarder.stop(self.prefix)
-        if self._forwarder is not None:
-            self._forwarder.wait()
-            self._forwarder = None
-        for namespace in self._namespaces_present():
-            ip("netns", "del", namespace)
-        self.state_path.unlink(missing_ok=True)
-        self._log_path.unlink(missing_ok=True)
+        with interrupt.deferred():  # half a testbed would outlive the interrupted command
+            # The forwarder holds the TUN devices, which keep their namespaces alive: stop it first.
+            forwarder.stop(self.prefix)
+            if self._forwarder is not None:
+                self._forwarder.wait()
+                self._forwarder = None
+            for namespace in self._namespaces_present():
+                ip("netns", "del", namespace)
+            self.state_path.unlink(missing_ok=True)
+            self._log_path.unlink(missing_ok=True)
 
     def require_up(self) -> None:
         """Check that ranks can run in the testbed now: every namespace exists, the forwarder runs

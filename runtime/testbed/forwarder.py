@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from runtime import interrupt
 from runtime.testbed.errors import TestbedError
 from runtime.testbed.netns import TUN_DEVICE, inside_namespace
 
@@ -113,7 +114,9 @@ def start(prefix: str, namespaces: list[str], addresses: list[str], delays_s: li
     Raises:
         TestbedError: it exited or said nothing within ``START_TIMEOUT_S``, quoting its log.
     """
-    with open(log_path, "wb") as log:
+    # Deferred: a signal inside Popen could leave a forked child that is not yet the forwarder
+    # its command line would identify to stop().
+    with open(log_path, "wb") as log, interrupt.deferred():
         process = subprocess.Popen([sys.executable, "-m", _MODULE, prefix], cwd=_SOURCE_ROOT, stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     config = {"namespaces": namespaces, "addresses": addresses, "delays_s": delays_s}
