@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from runtime import interrupt
+from runtime.testbed import forwarder
 from runtime.testbed.links import scenario_prefix
 from runtime.testbed.netns import list_namespaces
 from tests.conftest import ROOT, tiny_model_config
@@ -185,10 +186,12 @@ def test_sigterm_to_validate_stops_ranks_and_forwarder_and_removes_the_testbed(t
     out = tmp_path / "report"
     proc = _hetsim("validate", str(tmp_path / "matrix.yaml"), "--out", str(out))
     _wait_for_ranks(proc, 2)
-    assert any(ns.startswith(scenario_prefix(name)) for ns in list_namespaces())
-    _, tree = _interrupt(proc, signal.SIGTERM)
-    assert any(b"runtime.testbed.forwarder" in _cmdline(pid) for pid in tree)
-    assert not [ns for ns in list_namespaces() if ns.startswith(scenario_prefix(name))]
+    prefix = scenario_prefix(name)
+    forwarders = forwarder.find(prefix)
+    assert any(ns.startswith(prefix) for ns in list_namespaces()) and forwarders
+    _, tree = _interrupt(proc, signal.SIGTERM)  # which checks that no process of the tree is left
+    assert set(forwarders) <= set(tree) and forwarder.find(prefix) == []
+    assert not [ns for ns in list_namespaces() if ns.startswith(prefix)]
     assert not Path(f"/run/hetsim/{name}.json").exists()
     assert not out.exists() or not any(out.rglob("*"))
 
@@ -208,8 +211,6 @@ def _small_testbed(label: str, hosts: int):
 def _interrupted_from_inside(monkeypatch, action) -> list:
     """Run ``action`` under :func:`interrupt.catching`, expecting the SIGTERM that a patched step
     sends; returns what of the testbed ``bed`` is left (namespaces, forwarders), then removes it."""
-    from runtime.testbed import forwarder
-
     bed = action.__self__
     try:
         with pytest.raises(interrupt.Interrupted, match="SIGTERM"), interrupt.catching():
@@ -227,7 +228,7 @@ def _interrupted_from_inside(monkeypatch, action) -> list:
 def test_sigterm_during_testbed_up_removes_what_was_built(monkeypatch, stage):
     """``hetsim testbed up`` interrupted midway (the signal sent from inside, at a chosen step):
     ``up`` tears down what it built, then the interruption goes on."""
-    from runtime.testbed import cluster, forwarder
+    from runtime.testbed import cluster
 
     bed = _small_testbed(f"up_{stage}", hosts=2)
     if stage == "netns":
@@ -322,6 +323,21 @@ def test_numeric_options_are_finite_and_in_range(tmp_path, capsys, args, option)
         main([a.format(s=path) for a in args])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and option in err, err
+
+
+@pytest.mark.parametrize("field, value", [("min_timed_s", float("nan")), ("min_timed_s", float("inf")),
+                                          ("repeats", 10**9), ("calibration_repeats", 0), ("warmup", -1)])
+def test_matrix_numbers_are_finite_and_in_range(tmp_path, capsys, field, value):
+    from validation.cli import main
+
+    _scenario_file(tmp_path, "matrix_case")
+    (tmp_path / "matrix.yaml").write_text(yaml.safe_dump({
+        "name": "m", "testbed": False, "prompt_tokens": [8], "scenarios": ["matrix_case.yaml"], field: value}))
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", str(tmp_path / "matrix.yaml"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and field in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def _refuses_before_any_rank(monkeypatch, capsys, args) -> str:

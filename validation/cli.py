@@ -24,12 +24,11 @@ from rich.table import Table
 from models.errors import ConfigError
 from runtime import interrupt
 from runtime.errors import LaunchError
+from validation.limits import MAX_REPEATS, MAX_TIMED_S, MAX_TIMEOUT_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
 _GIB = 2**30
-_MAX_REPEATS = 10_000  # a timed generation takes at least milliseconds: more would run for hours
-_MAX_TIMEOUT_S = 86_400.0
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -164,13 +163,13 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for results.csv and trace.json (default: out/<scenario name>-measured).")
 @click.option("--testbed", is_flag=True, help="Run each rank inside its host's namespace (hetsim testbed up first).")
-@click.option("--repeats", type=click.IntRange(1, _MAX_REPEATS), default=5, show_default=True,
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=5, show_default=True,
               help="Timed generations per variant.")
-@click.option("--warmup", type=click.IntRange(0, _MAX_REPEATS), default=1, show_default=True,
+@click.option("--warmup", type=click.IntRange(0, MAX_REPEATS), default=1, show_default=True,
               help="Untimed generations first.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
               help="Seed of the weights and the prompt.")
-@click.option("--hang-timeout", "hang_timeout_s", type=FiniteFloatRange(1, _MAX_TIMEOUT_S), default=120.0,
+@click.option("--hang-timeout", "hang_timeout_s", type=FiniteFloatRange(1, MAX_TIMEOUT_S), default=120.0,
               show_default=True, help="Seconds without progress after which the run fails, naming the stalled rank.")
 @click.option("--allow-overcommit", is_flag=True,
               help="Run on CPU even when the plan's simulated peak exceeds a device's capacity or the free memory.")
@@ -209,9 +208,10 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 @click.option("--out", "profile_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the calibration profile (CSV).")
 @click.option("--testbed", is_flag=True, help="Measure inside the scenario's testbed (hetsim testbed up first).")
-@click.option("--repeats", type=click.IntRange(1, _MAX_REPEATS), default=5, show_default=True,
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=5, show_default=True,
               help="Repeats per measurement.")
-@click.option("--max-call", "max_call_s", type=FiniteFloatRange(0.01, 3600.0), default=1.0, show_default=True,
+@click.option("--max-call", "max_call_s", type=FiniteFloatRange(0.01, MAX_TIMED_S), default=1.0,
+              show_default=True,
               help="Stop growing a collective's size once one call takes longer than this (s).")
 @click.option("--allow-overcommit", is_flag=True,
               help="Run on CPU even when the plan's simulated peak exceeds a device's capacity or the free memory.")

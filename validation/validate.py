@@ -335,7 +335,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                                      calibration_repeats=matrix.calibration_repeats,
                                      used_only=matrix.calibrate_collectives == "used", held_out_sizes=held_out,
                                      on_beat=beat)
-            profiles[out_dir / "profiles" / f"{scenario.name}.csv"] = run.profile.to_csv(index=False, lineterminator="\n")
+            profile_csv = run.profile.to_csv(index=False, lineterminator="\n")
+            profiles[out_dir / "profiles" / f"{scenario.name}.csv"] = profile_csv
             profile = Profile(run.profile)
             gaps = profile.of("op_gap").set_index("device_class")[CHARGED["op_gap"]]
             gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
