@@ -23,6 +23,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -64,11 +65,15 @@ def _handle(signum: int, frame) -> None:
 @contextmanager
 def catching() -> Iterator[None]:
     """Turn SIGTERM, SIGINT and SIGHUP into :class:`Interrupted` in the body; the previous
-    handlers come back after it. Call from the main thread (Python delivers signals there).
+    handlers come back after it. Outside the main thread (where Python delivers signals) it
+    changes nothing.
 
     Raises:
         Interrupted: one of the signals arrived in the body (outside :func:`deferred`).
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; signals reach it alone anyway
+        return
     previous = {signum: signal.signal(signum, _handle) for signum in SIGNALS}
     _State.raised, _State.pending = False, None
     try:

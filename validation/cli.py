@@ -31,6 +31,12 @@ DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
 _GIB = 2**30
 
 
+_ALLOW_OVERCOMMIT = click.option(
+    "--allow-overcommit", is_flag=True,
+    help="Run on this machine's CPU even when the plan's simulated peak exceeds a device's capacity "
+         "(never past the machine's available memory).")
+
+
 class FiniteFloatRange(click.FloatRange):
     """A float option within ``[min, max]`` that is also finite: click's FloatRange lets ``nan``
     (every comparison with it is false) and ``inf`` through."""
@@ -171,8 +177,7 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
               help="Seed of the weights and the prompt.")
 @click.option("--hang-timeout", "hang_timeout_s", type=FiniteFloatRange(1, MAX_TIMEOUT_S), default=120.0,
               show_default=True, help="Seconds without progress after which the run fails, naming the stalled rank.")
-@click.option("--allow-overcommit", is_flag=True,
-              help="Run on CPU even when the plan's simulated peak exceeds a device's capacity or the free memory.")
+@_ALLOW_OVERCOMMIT
 def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, warmup: int, seed: int,
             hang_timeout_s: float, allow_overcommit: bool) -> None:
     """Run SCENARIO's variants for real (torch.distributed, one process per device) and measure
@@ -213,8 +218,7 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 @click.option("--max-call", "max_call_s", type=FiniteFloatRange(0.01, MAX_TIMED_S), default=1.0,
               show_default=True,
               help="Stop growing a collective's size once one call takes longer than this (s).")
-@click.option("--allow-overcommit", is_flag=True,
-              help="Run on CPU even when the plan's simulated peak exceeds a device's capacity or the free memory.")
+@_ALLOW_OVERCOMMIT
 def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, max_call_s: float,
               allow_overcommit: bool) -> None:
     """Measure SCENARIO's cluster (links, every collective algorithm, compute per op, framework
@@ -250,7 +254,8 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
 @click.argument("matrix", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for the error report (CSV tables, summary.md, report.html) and profiles.")
-def validate(matrix: Path, out_dir: Path) -> None:
+@_ALLOW_OVERCOMMIT
+def validate(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
     """Run MATRIX both ways (calibrated simulation; measurement on the testbed) and report the
     simulator's error per case and metric, its ranking of strategies, and the seed's claim."""
     from validation.matrix import load_matrix
@@ -262,7 +267,8 @@ def validate(matrix: Path, out_dir: Path) -> None:
 
     console = _console()
     with console.status("validating") as status:
-        report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text))
+        report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text),
+                                allow_overcommit=allow_overcommit)
     with interrupt.deferred():  # the report's files together, or none
         written = write_validation(report, out_dir, loaded.name)
     console.print(summary_markdown(report, loaded.name))

@@ -283,10 +283,11 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
 
 
 def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
-             on_progress: Callable[[str], None] = lambda text: None) -> ValidationReport:
+             on_progress: Callable[[str], None] = lambda text: None, *,
+             allow_overcommit: bool = False) -> ValidationReport:
     """Run the matrix (see the module docstring); profiles are written under ``out_dir/profiles``
     once every scenario has run. Every case is checked to fit in memory first
-    (:func:`runtime.memory_fit.check_memory_fits`).
+    (:func:`runtime.memory_fit.check_memory_fits`, ``allow_overcommit`` as there).
 
     Raises:
         ConfigError: bad scenario, a case that does not fit in memory, or testbed prerequisites missing.
@@ -305,7 +306,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
 
     for scenario in scenarios:  # before any rank starts or any testbed is built
         for prompt in matrix.prompt_tokens:
-            check_memory_fits(with_prompt(scenario, prompt))
+            check_memory_fits(with_prompt(scenario, prompt), allow_overcommit=allow_overcommit)
     errors, collectives, regimes, in_run, terms = [], [], [], [], []
     profiles: dict[Path, str] = {}
     for scenario in scenarios:
