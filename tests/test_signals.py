@@ -142,7 +142,7 @@ def test_a_signal_to_measure_stops_every_rank_and_writes_nothing(tmp_path, signu
                    "--repeats", "10000")
     _wait_for_ranks(proc, 2)
     line, _ = _interrupt(proc, signum)
-    assert line.startswith("hetsim: measure interrupted")
+    assert line == f"hetsim: measure interrupted by {signum.name}; its ranks are stopped, nothing written"
     assert not out.exists()
 
 
@@ -151,7 +151,8 @@ def test_sigterm_to_calibrate_stops_every_rank_and_writes_no_profile(tmp_path):
     proc = _hetsim("calibrate", str(_scenario_file(tmp_path, "sig_calibrate")), "--out", str(profile),
                    "--repeats", "10000")
     _wait_for_ranks(proc, 2)
-    _interrupt(proc, signal.SIGTERM)
+    line, _ = _interrupt(proc, signal.SIGTERM)
+    assert line.startswith("hetsim: calibrate interrupted by SIGTERM;")
     assert list(tmp_path.glob("*.csv")) == [] and list(tmp_path.glob(".profile*")) == []
 
 
@@ -189,7 +190,8 @@ def test_sigterm_to_validate_stops_ranks_and_forwarder_and_removes_the_testbed(t
     prefix = scenario_prefix(name)
     forwarders = forwarder.find(prefix)
     assert any(ns.startswith(prefix) for ns in list_namespaces()) and forwarders
-    _, tree = _interrupt(proc, signal.SIGTERM)  # which checks that no process of the tree is left
+    line, tree = _interrupt(proc, signal.SIGTERM)  # which checks that no process of the tree is left
+    assert line.startswith("hetsim: validate interrupted by SIGTERM;")
     assert set(forwarders) <= set(tree) and forwarder.find(prefix) == []
     assert not [ns for ns in list_namespaces() if ns.startswith(prefix)]
     assert not Path(f"/run/hetsim/{name}.json").exists()

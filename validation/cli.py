@@ -307,6 +307,13 @@ def testbed(action: str, scenario: Path) -> None:
     click.echo(json.dumps(bed.status(), indent=2) if action == "status" else "", nl=action == "status")
 
 
+# What an interrupted command leaves, by command (the cleanup in runtime.launch, validate and Testbed.up).
+_INTERRUPTED = {"measure": "its ranks are stopped, nothing written",
+                "calibrate": "its ranks are stopped, no profile written",
+                "validate": "its ranks are stopped and its testbeds removed, nothing written",
+                "testbed up": "what it built is removed"}
+
+
 def _command(args: list[str]) -> str:
     """The subcommand named on the command line (``measure``, ``testbed up``), for messages."""
     words = [arg for arg in args if not arg.startswith("-")]
@@ -325,8 +332,9 @@ def main(argv: list[str] | None = None) -> None:
         with interrupt.catching():
             cli.main(args=args, prog_name="hetsim", standalone_mode=False)
     except interrupt.Interrupted as error:
-        click.echo(f"hetsim: {_command(args)} interrupted by {error.signum.name}; every process it started "
-                   "is stopped and every testbed it built removed, nothing written", err=True)
+        command = _command(args)
+        click.echo(f"hetsim: {command} interrupted by {error.signum.name}; "
+                   f"{_INTERRUPTED.get(command, 'nothing written')}", err=True)
         sys.exit(error.exit_code)
     except ConfigError as error:
         click.echo(f"hetsim: error: {error}", err=True)
