@@ -106,12 +106,18 @@ def deferred() -> Iterator[None]:
 
 def as_worker(parent_pid: int) -> None:
     """Make this freshly forked process a worker of ``parent_pid``: killed when the parent dies
-    (PR_SET_PDEATHSIG on Linux), SIGINT and SIGHUP ignored, SIGTERM's default action back.
-    Exits at once if the parent died before the death signal was armed."""
+    (:func:`die_with_parent`), SIGINT and SIGHUP ignored, SIGTERM's default action back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _State.raised, _State.deferring, _State.pending = False, 0, None
+    die_with_parent(parent_pid)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent_pid``, its parent, dies
+    (PR_SET_PDEATHSIG, Linux only; kept across exec); exits at once if the parent is gone already.
+    Safe in a ``subprocess`` ``preexec_fn``."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:

@@ -198,13 +198,14 @@ def test_sigterm_to_validate_stops_ranks_and_forwarder_and_removes_the_testbed(t
     assert not out.exists() or not any(out.rglob("*"))
 
 
-def _small_testbed(label: str, hosts: int):
-    """A testbed of ``hosts`` CPU hosts 1 ms apart (so a delay forwarder runs), not built yet."""
+def _small_testbed(label: str, hosts: int, pid: int | None = None):
+    """A testbed of ``hosts`` CPU hosts 1 ms apart (so a delay forwarder runs), not built yet;
+    named for ``label`` and the test process ``pid`` (default: this one)."""
     from runtime.testbed import Testbed
     from sim.cluster_config import ClusterConfig
     from sim.topology import build_topology
 
-    return Testbed(f"sig_{label}_{os.getpid()}", build_topology(ClusterConfig.model_validate({
+    return Testbed(f"sig_{label}_{pid or os.getpid()}", build_topology(ClusterConfig.model_validate({
         "switches": [{"name": "sw"}], "hosts": [{"name": "n{i}", "count": hosts, "parent": "sw",
                                                  "nic": {"bandwidth": "1Gbit/s", "latency": "1ms"},
                                                  "devices": {"type": "cpu", "count": 1}}]})))
@@ -270,6 +271,35 @@ def test_sigterm_during_testbed_down_finishes_the_teardown_first(monkeypatch):
 
     monkeypatch.setattr(cluster, "ip", ip)
     assert _interrupted_from_inside(monkeypatch, bed.down) == []
+
+
+@needs_root
+@pytest.mark.parametrize("owned", [True, False], ids=["owned", "shared"])
+def test_an_owned_testbeds_forwarder_dies_with_its_owner(owned):
+    """``hetsim validate`` owns the testbed it builds: killed outright, its forwarder goes with it.
+    ``hetsim testbed up`` does not: the forwarder outlives it, for the commands that follow."""
+    bed = _small_testbed(f"owner_{owned}", hosts=2)
+    code = ("import sys, time\n"
+            "from tests.test_signals import _small_testbed\n"
+            f"bed = _small_testbed('owner_{owned}', hosts=2, pid={os.getpid()})\n"
+            f"bed.up(owned={owned})\n"
+            "print('up', flush=True)\n"
+            "time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        assert forwarder.find(bed.prefix)
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 5.0
+        while forwarder.find(bed.prefix) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bool(forwarder.find(bed.prefix)) is not owned
+    finally:
+        owner.kill()
+        owner.wait()
+        bed.down()
 
 
 def test_a_signal_in_a_deferred_block_is_raised_when_it_ends():

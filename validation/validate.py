@@ -318,7 +318,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             require_privileges()
             bed = Testbed(scenario.name, topology)
             bed.down()  # a previous crash may have left it behind
-            bed.up()
+            bed.up(owned=True)
         try:
             cases = {prompt: with_prompt(scenario, prompt) for prompt in matrix.prompt_tokens}
             # Peak memory does not drift: it is read in a short launch per case (its warm-up, then
