@@ -9,7 +9,9 @@ Faults, bounded in time: a child that exits without a result (crash, SIGKILL) or
 fails the run at once; a run in which no rank reports progress for ``hang_timeout_s`` fails naming
 the rank heard from least recently (a stopped rank stalls the others inside a collective, and gloo
 lets them wait at most ``hang_timeout_s``). Either way every child is killed and reaped before the
-error is raised, so nothing is left running and no partial result is returned.
+error is raised, so nothing is left running and no partial result is returned. The same holds when
+the parent is interrupted (:mod:`runtime.interrupt`): SIGTERM, SIGINT or SIGHUP unwinds through
+the same cleanup, and a rank dies with its parent even when the parent is killed outright.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from runtime import clock
+from runtime import clock, interrupt
 from runtime.errors import LaunchError
 
 
@@ -64,28 +66,32 @@ def launch(body: Callable[[int, Callable[[str], None]], object], world_size: int
     Raises:
         LaunchError: a rank raised (its error and traceback's last line), died (exit code or
             signal) or the run made no progress for ``hang_timeout_s``.
+        runtime.interrupt.Interrupted: a signal arrived under :func:`runtime.interrupt.catching`.
+        Whatever is raised, every rank has been killed and reaped first.
     """
     placements = placements or [RankPlacement()] * world_size
     port = port or free_port()
     context = multiprocessing.get_context("fork")
     pipes, processes = [], []
-    for rank in range(world_size):
-        receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=_child, name=f"hetsim-rank{rank}", daemon=True,
-                                  args=(body, rank, world_size, placements[rank], port, hang_timeout_s, sender,
-                                        enter_namespace))
-        process.start()
-        sender.close()
-        pipes.append(receiver)
-        processes.append(process)
     try:
+        for rank in range(world_size):
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_child, name=f"hetsim-rank{rank}", daemon=True,
+                                      args=(body, rank, world_size, placements[rank], port, hang_timeout_s, sender,
+                                            enter_namespace, os.getpid()))
+            with interrupt.deferred():  # a rank forked but not yet listed would escape the cleanup below
+                process.start()
+                processes.append(process)
+            sender.close()
+            pipes.append(receiver)
         return _watch(pipes, processes, hang_timeout_s, on_beat or (lambda rank, label: None))
     finally:
-        for process in processes:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
-        for process in processes:
-            process.join()
+        with interrupt.deferred():
+            for process in processes:
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGKILL)
+            for process in processes:
+                process.join()
 
 
 def _watch(pipes: list[Connection], processes: list, hang_timeout_s: float,
@@ -166,7 +172,8 @@ def _send(pipe: Connection, kind: str, payload: object) -> None:
 
 
 def _child(body, rank: int, world_size: int, placement: RankPlacement, port: int, timeout_s: float,
-           pipe: Connection, enter_namespace) -> None:
+           pipe: Connection, enter_namespace, parent_pid: int) -> None:
+    interrupt.as_worker(parent_pid)  # first: a parent interrupted from here on takes this rank with it
     try:
         if placement.namespace is not None:
             enter_namespace(placement.namespace)  # before any thread or socket exists in this process

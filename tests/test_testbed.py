@@ -293,8 +293,8 @@ def _up_and_hang(testbed: Testbed, stage: str, reached) -> None:
         reached.set()
         time.sleep(60)
 
-    def start_then_hang(*args):
-        real_start(*args)
+    def start_then_hang(*args, **kwargs):
+        real_start(*args, **kwargs)
         hang()
 
     # This child is about to be killed, so patching modules in it needs no undoing.

@@ -2,12 +2,16 @@
 
 User errors (:class:`models.errors.ConfigError`, and click's usage errors) print one line on
 stderr and exit with code 2, before anything is written. A run whose rank fails, dies or hangs
-(:class:`runtime.errors.LaunchError`) prints one line naming the rank and exits with code 1.
+(:class:`runtime.errors.LaunchError`) prints one line naming the rank and exits with code 1. SIGTERM,
+SIGINT or SIGHUP ends any command cleanly (:func:`main`), with code 128 + the signal's number.
+Numeric options are bounded and finite, as scenario fields are; ``measure`` and ``calibrate``
+check that the plan fits in memory before any rank starts (:mod:`validation.memory_fit`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,10 +21,31 @@ from rich.console import Console
 from rich.markup import escape
 
 from models.errors import ConfigError
+from runtime import interrupt
 from runtime.errors import LaunchError
+from validation.limits import MAX_REPEATS, MAX_TIMED_S, MAX_TIMEOUT_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
+
+
+_ALLOW_OVERCOMMIT = click.option(
+    "--allow-overcommit", is_flag=True,
+    help="Run on this machine's CPU even when the plan's simulated peak exceeds a device's capacity "
+         "(never past the machine's available memory).")
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float option within ``[min, max]`` that is also finite: click's FloatRange lets ``nan``
+    (every comparison with it is false) and ``inf`` through."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        converted = super().convert(value, param, ctx)
+        if not math.isfinite(converted):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return converted
 
 
 def _console() -> Console:
@@ -67,7 +92,8 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
             console.print(f"  {escape(line)}")
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
-    written = write_outputs(result, out_dir or Path("out") / loaded.name)
+    with interrupt.deferred():
+        written = write_outputs(result, out_dir or Path("out") / loaded.name)
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
@@ -104,18 +130,25 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for results.csv and trace.json (default: out/<scenario name>-measured).")
 @click.option("--testbed", is_flag=True, help="Run each rank inside its host's namespace (hetsim testbed up first).")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed generations per variant.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed generations first.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the prompt.")
-@click.option("--hang-timeout", "hang_timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds without progress after which the run fails, naming the stalled rank.")
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=5, show_default=True,
+              help="Timed generations per variant.")
+@click.option("--warmup", type=click.IntRange(0, MAX_REPEATS), default=1, show_default=True,
+              help="Untimed generations first.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Seed of the weights and the prompt.")
+@click.option("--hang-timeout", "hang_timeout_s", type=FiniteFloatRange(1, MAX_TIMEOUT_S), default=120.0,
+              show_default=True, help="Seconds without progress after which the run fails, naming the stalled rank.")
+@_ALLOW_OVERCOMMIT
 def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, warmup: int, seed: int,
-            hang_timeout_s: float) -> None:
+            hang_timeout_s: float, allow_overcommit: bool) -> None:
     """Run SCENARIO's variants for real (torch.distributed, one process per device) and measure
     TTFT, TPOT, decode tokens/s and peak memory; writes results.csv (source=measured), trace.json."""
     from sim.scenario import load_scenario
 
+    from validation.memory_fit import check_memory_fits
+
     loaded = load_scenario(scenario)
+    check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("measure")
     from runtime.measure import measure_scenario, write_measured_outputs
 
@@ -125,7 +158,8 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 
     console = _console()
     console.print(measured_table(loaded.name, repeats, result.variants))
-    written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
+    with interrupt.deferred():  # both files or neither
+        written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
@@ -134,10 +168,14 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 @click.option("--out", "profile_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the calibration profile (CSV).")
 @click.option("--testbed", is_flag=True, help="Measure inside the scenario's testbed (hetsim testbed up first).")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Repeats per measurement.")
-@click.option("--max-call", "max_call_s", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=5, show_default=True,
+              help="Repeats per measurement.")
+@click.option("--max-call", "max_call_s", type=FiniteFloatRange(0.01, MAX_TIMED_S), default=1.0,
+              show_default=True,
               help="Stop growing a collective's size once one call takes longer than this (s).")
-def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, max_call_s: float) -> None:
+@_ALLOW_OVERCOMMIT
+def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, max_call_s: float,
+              allow_overcommit: bool) -> None:
     """Measure SCENARIO's cluster (links, every collective algorithm, compute per op, framework
     overhead, memory baseline) and write a calibration profile for hetsim simulate --profile."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -145,7 +183,10 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
     from sim.outputs import write_atomic
     from sim.scenario import load_scenario
 
+    from validation.memory_fit import check_memory_fits
+
     loaded = load_scenario(scenario)
+    check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("calibrate")
     from runtime.calibrate import calibrate_scenario
 
@@ -168,7 +209,8 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
 @click.argument("matrix", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for the error report (CSV tables, summary.md, report.html) and profiles.")
-def validate(matrix: Path, out_dir: Path) -> None:
+@_ALLOW_OVERCOMMIT
+def validate(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
     """Run MATRIX both ways (calibrated simulation; measurement on the testbed) and report the
     simulator's error per case and metric, its ranking of strategies, and the seed's claim."""
     from validation.matrix import load_matrix
@@ -180,8 +222,10 @@ def validate(matrix: Path, out_dir: Path) -> None:
 
     console = _console()
     with console.status("validating") as status:
-        report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text))
-    written = write_validation(report, out_dir, loaded.name)
+        report = run_validation(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text),
+                                allow_overcommit=allow_overcommit)
+    with interrupt.deferred():  # the report's files together, or none
+        written = write_validation(report, out_dir, loaded.name)
     console.print(summary_markdown(report, loaded.name))
     console.print("wrote " + ", ".join(str(p) for p in written))
 
@@ -218,10 +262,35 @@ def testbed(action: str, scenario: Path) -> None:
     click.echo(json.dumps(bed.status(), indent=2) if action == "status" else "", nl=action == "status")
 
 
+# What an interrupted command leaves, by command (the cleanup in runtime.launch, validate and Testbed.up).
+_INTERRUPTED = {"measure": "its ranks are stopped, nothing written",
+                "calibrate": "its ranks are stopped, no profile written",
+                "validate": "its ranks are stopped and its testbeds removed, nothing written",
+                "testbed up": "what it built is removed"}
+
+
+def _command(args: list[str]) -> str:
+    """The subcommand named on the command line (``measure``, ``testbed up``), for messages."""
+    words = [arg for arg in args if not arg.startswith("-")]
+    return " ".join(words[:2] if words[:1] == ["testbed"] else words[:1]) or "hetsim"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``hetsim`` console script."""
+    """Entry point of the ``hetsim`` console script.
+
+    SIGTERM, SIGINT and SIGHUP end a command as an error does (:mod:`runtime.interrupt`): its
+    ranks are killed and reaped, a testbed it built is removed, nothing is written; one line names
+    the command and the signal, and the exit code is 128 + the signal's number.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        cli.main(args=argv, prog_name="hetsim", standalone_mode=False)
+        with interrupt.catching():
+            cli.main(args=args, prog_name="hetsim", standalone_mode=False)
+    except interrupt.Interrupted as error:
+        command = _command(args)
+        click.echo(f"hetsim: {command} interrupted by {error.signum.name}; "
+                   f"{_INTERRUPTED.get(command, 'nothing written')}", err=True)
+        sys.exit(error.exit_code)
     except ConfigError as error:
         click.echo(f"hetsim: error: {error}", err=True)
         sys.exit(2)

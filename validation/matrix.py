@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from models.errors import ConfigError
 from sim.scenario import Scenario, config_error_from, load_scenario, scenario_from_dict
 from sim.units import parse_size
+from validation.limits import MAX_REPEATS, MAX_TIMED_S
 
 
 class Matrix(BaseModel):
@@ -36,10 +37,10 @@ class Matrix(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     testbed: bool = True
-    repeats: int = Field(default=3, gt=0)
-    min_timed_s: float = Field(default=0.0, ge=0)
-    warmup: int = Field(default=1, ge=0)
-    calibration_repeats: int = Field(default=5, gt=0)
+    repeats: int = Field(default=3, gt=0, le=MAX_REPEATS)
+    min_timed_s: float = Field(default=0.0, ge=0, le=MAX_TIMED_S, allow_inf_nan=False)
+    warmup: int = Field(default=1, ge=0, le=MAX_REPEATS)
+    calibration_repeats: int = Field(default=5, gt=0, le=MAX_REPEATS)
     prompt_tokens: list[int] = Field(min_length=1)
     scenarios: list[str] = Field(min_length=1)
     collective_sizes: list[int] = []

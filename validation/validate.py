@@ -280,20 +280,32 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
 
 
 def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
-             on_progress: Callable[[str], None] = lambda text: None) -> ValidationReport:
-    """Run the matrix (see the module docstring); profiles are written under ``out_dir/profiles``.
+             on_progress: Callable[[str], None] = lambda text: None, *,
+             allow_overcommit: bool = False) -> ValidationReport:
+    """Run the matrix (see the module docstring); profiles are written under ``out_dir/profiles``
+    once every scenario has run. Every case is checked to fit in memory first
+    (:func:`validation.memory_fit.check_memory_fits`, ``allow_overcommit`` as there).
 
     Raises:
-        ConfigError: bad scenario, or testbed prerequisites missing.
+        ConfigError: bad scenario, a case that does not fit in memory, or testbed prerequisites missing.
         runtime.errors.LaunchError: a rank failed, died or hung.
+        runtime.interrupt.Interrupted: a signal arrived; the ranks are stopped, the testbed is
+            down and no profile is written.
     """
+    from runtime import interrupt
     from runtime.interleaved import launch_interleaved
     from runtime.measure import launch_measurement, measured_result, with_memory
     from sim.outputs import write_atomic
     from sim.simulate import simulate, tensor_parallel_ranks
     from sim.topology import build_topology
 
+    from validation.memory_fit import check_memory_fits
+
+    for scenario in scenarios:  # before any rank starts or any testbed is built
+        for prompt in matrix.prompt_tokens:
+            check_memory_fits(with_prompt(scenario, prompt), allow_overcommit=allow_overcommit)
     errors, collectives, regimes, in_run, terms = [], [], [], [], []
+    profiles: dict[Path, str] = {}
     for scenario in scenarios:
         topology = build_topology(scenario.config.cluster)
         bed = None
@@ -303,7 +315,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             require_privileges()
             bed = Testbed(scenario.name, topology)
             bed.down()  # a previous crash may have left it behind
-            bed.up()
+            bed.up(owned=True)
         try:
             cases = {prompt: with_prompt(scenario, prompt) for prompt in matrix.prompt_tokens}
             # Peak memory does not drift: it is read in a short launch per case (its warm-up, then
@@ -321,7 +333,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                                      calibration_repeats=matrix.calibration_repeats,
                                      used_only=matrix.calibrate_collectives == "used", held_out_sizes=held_out,
                                      on_beat=beat)
-            write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", run.profile.to_csv(index=False, lineterminator="\n"))
+            profile_csv = run.profile.to_csv(index=False, lineterminator="\n")
+            profiles[out_dir / "profiles" / f"{scenario.name}.csv"] = profile_csv
             profile = Profile(run.profile)
             gaps = profile.of(MeasurementKind.OP_GAP).set_index("device_class")[CHARGED[MeasurementKind.OP_GAP]]
             gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
@@ -344,6 +357,9 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
         finally:
             if bed is not None:
                 bed.down()
+    with interrupt.deferred():  # written once every scenario ran: an interrupted run leaves none
+        for path, text in profiles.items():
+            write_atomic(path, text)
     error_table = pd.concat(errors, ignore_index=True)
     collective_table = pd.concat(collectives, ignore_index=True) if collectives else pd.DataFrame(
         columns=COLLECTIVE_COLUMNS)

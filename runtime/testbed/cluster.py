@@ -42,6 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime import interrupt
 from runtime.testbed import forwarder
 from runtime.testbed.errors import TestbedError
 from runtime.testbed.links import (SUBNET_PREFIX_LENGTH, HostLinks, capacity_warnings, host_links,
@@ -120,13 +121,19 @@ class Testbed:
         it when :attr:`injects_delay`, else it is left to the veth path. Raises KeyError."""
         return self._delays_s[self._host_index[source_host]][self._host_index[destination_host]]
 
-    def up(self) -> None:
+    def up(self, *, owned: bool = False) -> None:
         """Build the testbed: namespaces, devices, shaping, forwarder or bridge; about 0.2 s for 2 hosts.
+
+        ``owned``: the testbed lives no longer than this process (``hetsim validate`` builds and
+        removes its own), so its forwarder is killed with it even when it is killed outright; the
+        namespaces stay until the next ``down``. Else (``hetsim testbed up``) the forwarder
+        outlives the process that started it.
 
         Raises:
             TestbedError: not root or tools missing; this scenario's testbed (or what is left of
                 a crashed one) already exists; a command failed or the forwarder did not start.
-                On a failure everything built so far is removed first.
+            runtime.interrupt.Interrupted: a signal arrived (:func:`runtime.interrupt.catching`).
+            On a failure or an interruption everything built so far is removed first.
         """
         require_privileges()
         leftovers = self._leftovers()
@@ -145,7 +152,8 @@ class Testbed:
             if self.injects_delay:
                 self._forwarder = forwarder.start(
                     self.prefix, [links.namespace for links in self.hosts.values()],
-                    [links.address for links in self.hosts.values()], self._delays_s, self._log_path)
+                    [links.address for links in self.hosts.values()], self._delays_s, self._log_path,
+                    die_with_caller=owned)
                 self._write_state(forwarder_pid=self._forwarder.pid)
         except BaseException:
             self.down()
@@ -153,21 +161,23 @@ class Testbed:
 
     def down(self) -> None:
         """Remove this scenario's forwarder, namespaces (with every device and qdisc in them) and
-        state; also what a crashed ``up`` left. Doing nothing when nothing is there.
+        state; also what a crashed ``up`` left. Doing nothing when nothing is there. A signal
+        arriving meanwhile is raised once everything is removed (:func:`runtime.interrupt.deferred`).
 
         Raises:
             TestbedError: not root or tools missing, or ``ip netns del`` failed.
         """
         require_privileges()
-        # The forwarder holds the TUN devices, which keep their namespaces alive: stop it first.
-        forwarder.stop(self.prefix)
-        if self._forwarder is not None:
-            self._forwarder.wait()
-            self._forwarder = None
-        for namespace in self._namespaces_present():
-            ip("netns", "del", namespace)
-        self.state_path.unlink(missing_ok=True)
-        self._log_path.unlink(missing_ok=True)
+        with interrupt.deferred():  # half a testbed would outlive the interrupted command
+            # The forwarder holds the TUN devices, which keep their namespaces alive: stop it first.
+            forwarder.stop(self.prefix)
+            if self._forwarder is not None:
+                self._forwarder.wait()
+                self._forwarder = None
+            for namespace in self._namespaces_present():
+                ip("netns", "del", namespace)
+            self.state_path.unlink(missing_ok=True)
+            self._log_path.unlink(missing_ok=True)
 
     def require_up(self) -> None:
         """Check that ranks can run in the testbed now: every namespace exists, the forwarder runs

@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from runtime import interrupt
 from runtime.testbed.errors import TestbedError
 from runtime.testbed.netns import TUN_DEVICE, inside_namespace
 
@@ -105,17 +106,23 @@ def forward(fds: list[int], addresses: list[str], delays_s: list[list[float]]) -
 
 
 def start(prefix: str, namespaces: list[str], addresses: list[str], delays_s: list[list[float]],
-          log_path: Path) -> subprocess.Popen:
+          log_path: Path, *, die_with_caller: bool = False) -> subprocess.Popen:
     """Start the forwarder for a testbed and wait until it has attached to every TUN device.
 
-    Its stderr goes to ``log_path``. Returns its process (the caller reaps it after :func:`stop`).
+    Its stderr goes to ``log_path``. With ``die_with_caller`` it is killed when this process
+    dies, even by SIGKILL (:func:`runtime.interrupt.die_with_parent`); else it outlives it, as
+    ``hetsim testbed up`` needs. Returns its process (the caller reaps it after :func:`stop`).
 
     Raises:
         TestbedError: it exited or said nothing within ``START_TIMEOUT_S``, quoting its log.
     """
-    with open(log_path, "wb") as log:
+    # Deferred: a signal inside Popen could leave a forked child that is not yet the forwarder
+    # its command line would identify to stop().
+    with open(log_path, "wb") as log, interrupt.deferred():
+        caller = os.getpid()
         process = subprocess.Popen([sys.executable, "-m", _MODULE, prefix], cwd=_SOURCE_ROOT, stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+                                   stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                                   preexec_fn=(lambda: interrupt.die_with_parent(caller)) if die_with_caller else None)
     config = {"namespaces": namespaces, "addresses": addresses, "delays_s": delays_s}
     try:
         with process.stdin:
