@@ -43,9 +43,10 @@ from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_ro
 from runtime.executor import Executor
 from runtime.weights import prompt_tokens
 from runtime.worker import common_start, peak_memory_bytes, rank_model
-from sim.collectives.registry import ALGORITHMS, LIBRARY
-from sim.network import AUTO
-from sim.plan import Plan, StrategyChoice
+from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
+from sim.parallel import ParallelPlan
+from sim.plan import Plan
+from sim.strategies import StrategyChoice
 from sim.profile import profile_frame
 
 CALIBRATION_PROMPTS = (8, 32, 128)
@@ -63,10 +64,9 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     (:class:`runtime.comm_timing.CollectiveSweep`), after a warm-up round of generations; then
     the point-to-point ping-pongs. ``held_out_sizes``: collective sizes timed in the sweep's
     rounds as ``collective_held_out`` rows."""
-    from sim.simulate import tensor_parallel_ranks
 
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     comm = Communicator(rank, topology.host_groups)
     model, store = rank_model(scenario, tuple(ranks), rank, seed=0, max_tokens=CALIBRATION_MAX_TOKENS,
                               device=torch.device("cpu"))
@@ -127,23 +127,20 @@ def calibration_strategies(scenario) -> list[StrategyChoice]:
     ``allreduce_ln`` with the library allreduce when none does."""
     choices = []
     for v in scenario.config.variants:
-        choice = StrategyChoice(v.strategy, v.allreduce, v.reduce, v.broadcast)
-        names = (choice.allreduce, choice.broadcast) if v.strategy == "allreduce_ln" else (choice.reduce, choice.broadcast)
-        if AUTO not in names and choice not in choices:
+        choice = v.choice()
+        if AUTO not in choice.algorithms.values() and choice not in choices:
             choices.append(choice)
     return choices or [StrategyChoice("allreduce_ln", allreduce=LIBRARY, broadcast=LIBRARY)]
 
 
 def used_algorithms(scenario) -> dict[OpKind, tuple[str, ...]]:
-    """The collective algorithms the scenario's variants call, by kind (``auto`` needs them all)."""
-    used: dict[OpKind, set[str]] = {kind: set() for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST)}
+    """The collective algorithms the scenario's variants call, by kind (``auto`` needs them all):
+    each variant's strategy says which collectives it calls (:data:`sim.strategies.STRATEGIES`)."""
+    used: dict[OpKind, set[str]] = {kind: set() for kind in ALGORITHMS}
     for v in scenario.config.variants:
-        if v.strategy == "allreduce_ln":
-            used[OpKind.ALLREDUCE].add(v.allreduce)
-        else:
-            used[OpKind.REDUCE].add(v.reduce)
-        used[OpKind.BROADCAST].add(v.broadcast)
-    return {kind: (LIBRARY, *ALGORITHMS[kind]) if "auto" in names else tuple(sorted(names))
+        for kind, algorithm in v.choice().algorithms.items():
+            used[kind].add(algorithm)
+    return {kind: (LIBRARY, *ALGORITHMS[kind]) if AUTO in names else tuple(sorted(names))
             for kind, names in used.items()}
 
 
@@ -173,7 +170,7 @@ class CalibrationGenerations:
         self.strategies = calibration_strategies(scenario)
         self.cases = []  # (strategy index, label, prompt length, executor, prompt, ops by step and name)
         for s_index, strategy in enumerate(self.strategies):
-            label = strategy.strategy if strategy.strategy != "allreduce_ln" else f"allreduce_ln {strategy.allreduce}"
+            label = " ".join((strategy.strategy, *strategy.algorithms.values()))
             for prompt_len in CALIBRATION_PROMPTS:
                 plan = Plan(spec, self.ranks, batch, prompt_len, CALIBRATION_OUTPUT_TOKENS, strategy)
                 executor = Executor(plan, model, comm, rank, loader=loader)
@@ -309,7 +306,6 @@ def main(argv: list[str] | None = None) -> None:
     from runtime import clock
     from sim.outputs import write_atomic
     from sim.scenario import load_scenario
-    from sim.simulate import tensor_parallel_ranks
     from sim.topology import build_topology
 
     parser = argparse.ArgumentParser(prog="python -m runtime.calibrate", description="one rank of hetsim calibrate")
@@ -325,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         scenario = load_scenario(args.scenario)
         topology = build_topology(scenario.config.cluster)
-        ranks = tensor_parallel_ranks(scenario, topology)
+        ranks = ParallelPlan.of(scenario, topology).tensor_ranks
         if world_size != len(ranks):
             raise ConfigError("WORLD_SIZE", f"must be the scenario's tensor-parallel group size {len(ranks)} "
                                             f"(got {world_size})")

@@ -5,9 +5,10 @@ The executor walks the same :class:`~sim.plan.Phase` / :class:`~sim.plan.Segment
 maps each op to the rank's model shard (:class:`runtime.model.RankModel`) or to its
 :class:`runtime.comm.Communicator`. What flows between ops:
 
-* ``h``: the residual stream (the master always; every rank under ``allreduce_ln``);
-* ``x``: the normalised input of the next sub-layer (broadcast by the master under
-  ``reduce_ln_bcast``);
+* ``h``: the residual stream (the master always; every rank a broadcast hands it to, an op whose
+  ``carries`` is :attr:`~sim.program.Carries.RESIDUAL`);
+* ``x``: the normalised input of the next sub-layer (a LayerNorm op's output, at its ``norm_site``;
+  or what a broadcast carrying :attr:`~sim.program.Carries.NORMALISED` hands out);
 * ``partial``: a row-parallel partial sum, combined in place by reduce or allreduce; the next norm
   adds it to ``h`` first (residual), except before the first layer.
 
@@ -36,6 +37,7 @@ from runtime.blocks import BlockLoader
 from runtime.comm import Communicator
 from runtime.model import RankModel
 from sim.plan import Op, Phase, Plan, Stream
+from sim.program import Carries, NormSite
 
 
 @dataclass(frozen=True)
@@ -246,20 +248,17 @@ class Executor:
             if s.partial is not None:  # the residual: add the combined sub-layer output
                 s.h = s.h + s.partial
                 s.partial = None
-            which = op.name.removesuffix("_norm")
-            if which == "final":
-                s.x = model.norm(s.h, None, "final")
+            if op.norm_site == NormSite.FINAL:
+                s.x = model.norm(s.h, None, op.norm_site)
             else:
-                # An attention norm that closes a layer segment belongs to the next layer.
-                norm_layer = 0 if layer is None else layer + (1 if which == "attn" else 0)
-                s.x = model.norm(s.h, norm_layer, which)
+                s.x = model.norm(s.h, op.weight_block.layer(layer), op.norm_site)
         elif kind == OpKind.BROADCAST:
-            carries_h = op.name == "embed_bcast"  # allreduce_ln hands out the residual stream
-            tensor = (s.h if carries_h else s.x) if self.is_master else torch.empty(
+            residual = op.carries == Carries.RESIDUAL
+            tensor = (s.h if residual else s.x) if self.is_master else torch.empty(
                 s.shape, dtype=model.dtype, device=model.device)
             tensor = tensor.contiguous()
             self.comm.run(op.collective, tensor)
-            if carries_h:
+            if residual:
                 s.h = tensor
             else:
                 s.x = tensor

@@ -22,6 +22,7 @@ import pandas as pd
 from runtime.worker import RankMeasurement
 from sim.metrics import result_rows, timing_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
+from sim.parallel import ParallelPlan
 from sim.scenario import Scenario
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, Trace
@@ -161,11 +162,10 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.launch import launch
-    from sim.simulate import tensor_parallel_ranks
     from sim.topology import build_topology
 
     topology = build_topology(scenario.config.cluster)
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     placements, enter = placements_for(scenario, topology, ranks, testbed)
     return launch(lambda rank, heartbeat: body(topology, rank, heartbeat), len(ranks), placements=placements,
                   hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat)[0]

@@ -41,6 +41,7 @@ from runtime.executor import Executor
 from runtime.model import RankModel
 from runtime.pacing import LoaderLink, Pacer
 from runtime.weights import block_names, prompt_tokens
+from sim.parallel import ParallelPlan
 from sim.scenario import Scenario
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -219,10 +220,9 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     generation. Raises :class:`models.errors.ConfigError` when a
     variant streams and the rank's host has no ``storage`` link.
     """
-    from sim.simulate import tensor_parallel_ranks
 
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     workload = scenario.config.workload
     model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=workload.prompt_tokens
                               + workload.output_tokens, device=device, block_dir=block_dir)

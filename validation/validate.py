@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from models.ops import OpKind
 from sim.calibrated import CHARGED
+from sim.parallel import ParallelPlan
 from sim.profile import Profile
 from sim.scenario import Scenario
 from validation.matrix import Matrix, with_prompt
@@ -241,7 +243,7 @@ def call_durations(ops: pd.DataFrame) -> pd.DataFrame:
     ``collective_in_place`` rows charge it: the master's (the trace's lowest rank's) end less the
     last rank's start; the master's wait before that start is left out, as it is a term of its own
     (:mod:`validation.terms`). Columns: phase, call (the plan op's name), op, size_bytes, duration_s."""
-    calls = ops[ops["kind"].isin(("allreduce", "reduce", "broadcast"))]
+    calls = ops[ops["kind"].isin([str(kind) for kind in OpKind if kind.is_communication])]
     keys = ["step", "layer", "name"]
     last_start = calls.groupby(keys, sort=False)["start_s"].max().rename("last_start")
     master = calls[calls["rank"] == calls["rank"].min()].join(last_start, on=keys)
@@ -293,7 +295,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
     from runtime.interleaved import launch_interleaved
     from runtime.measure import launch_measurement, measured_result, with_memory
     from sim.outputs import write_atomic
-    from sim.simulate import simulate, tensor_parallel_ranks
+    from sim.simulate import simulate
     from sim.topology import build_topology
 
     errors, collectives, regimes, in_run, terms = [], [], [], [], []
@@ -327,7 +329,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             write_atomic(out_dir / "profiles" / f"{scenario.name}.csv", run.profile.to_csv(index=False, lineterminator="\n"))
             profile = Profile(run.profile)
             gaps = profile.of("op_gap").set_index("device_class")[CHARGED["op_gap"]]
-            gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
+            gap_s = float(gaps.get(topology.devices[ParallelPlan.of(scenario, topology).tensor_ranks[0]].spec.name, 0.0))
             for (prompt, case), timed in zip(cases.items(), run.measurements):
                 simulated = simulate(case, profile=profile)
                 gathered = with_memory(timed, memory[prompt])
