@@ -35,6 +35,7 @@ import torch
 from models.ops import OpKind
 from runtime.blocks import BlockLoader
 from runtime.comm import Communicator
+from runtime.device import device_of
 from runtime.model import RankModel
 from sim.plan import Op, Phase, Plan, Stream
 from sim.program import Carries, NormSite
@@ -96,11 +97,10 @@ class Executor:
         if loader is None and (self.streams or len(model.resident_blocks) < len(model.block_names)):
             raise ValueError(f"rank {rank}: a plan that streams weights ({plan.memory_policy.label()}), or a "
                              f"model built without some weight blocks, needs a BlockLoader")
-        cuda = model.device.type == "cuda"
-        self._sync = torch.cuda.synchronize if cuda else (lambda: None)
-        # While streaming, wait for this thread's stream only: a device-wide sync would also wait
-        # for the loader's copies and hide the overlap being measured.
-        self._sync_main = torch.cuda.current_stream(model.device).synchronize if cuda else (lambda: None)
+        device = device_of(model.device)
+        self._sync = device.synchronize
+        # While streaming, wait for this thread's stream only (Device.synchronize_stream says why).
+        self._sync_main = device.synchronize_stream
 
     def prepare(self) -> None:
         """Make the model hold the weights a generation starts with: every block except the

@@ -6,27 +6,16 @@ and ``repeats`` timed rounds, each round one generation of every variant in turn
 after a barrier), then one untimed generation per variant that reads its peak memory, and hands
 its measurements to rank 0 with ``gather_object``. Rank 0 returns them all; the others return None.
 
-Under torchrun (a real cluster)::
-
-    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
-        -m runtime.worker scenarios/SCENARIO.yaml --out out/measured
-
-reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment (env://
-rendezvous), uses NCCL when CUDA is present (one GPU per local rank) and gloo otherwise, and
-rank 0 writes results.csv and trace.json.
+Under torchrun (a real cluster), :mod:`runtime.torchrun` runs it (``-m runtime.torchrun measure``).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import sys
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +26,7 @@ import torch.distributed as dist
 from runtime import clock, memory_probe
 from runtime.blocks import BlockLoader, BlockStore
 from runtime.comm import Communicator
+from runtime.device import device_of
 from runtime.executor import Executor
 from runtime.model import RankModel
 from runtime.pacing import LoaderLink, Pacer
@@ -69,18 +59,6 @@ class RankMeasurement:
     peak_memory_bytes: int
     memory_samples: list[tuple[float, int]]
     stall_s: np.ndarray
-
-
-def current_memory_bytes(device: torch.device) -> int:
-    """Device memory in use now: resident set size on CPU, allocated CUDA memory on GPU
-    (:func:`runtime.memory_probe.current_bytes`)."""
-    return memory_probe.current_bytes(device)
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """High-water mark since the last :func:`runtime.memory_probe.reset_peak`: peak RSS (VmHWM) of
-    this process on CPU, max CUDA memory allocated on GPU (:func:`runtime.memory_probe.peak_bytes`)."""
-    return memory_probe.peak_bytes(device)
 
 
 def rank_model(scenario: Scenario, ranks: tuple[int, ...], rank: int, *, seed: int, max_tokens: int,
@@ -146,7 +124,7 @@ class MeasurementRounds:
             for variant in case.config.variants:
                 self.executors[index, variant.name] = Executor(
                     case.plan(variant, ranks), model, comm, rank, loader=loader,
-                    memory_probe=lambda: current_memory_bytes(device))
+                    memory_probe=device_of(device).memory_bytes)
         self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": []}
                      for key in self.executors}
 
@@ -191,9 +169,9 @@ class MeasurementRounds:
             if memory:
                 with memory_probe.exact_allocation():
                     executor.prepare()
-                    memory_probe.reset_peak(self.device)
+                    device_of(self.device).reset_peak_memory()
                     probed = self._generate(key, "memory", t0=time.perf_counter())
-                    peak = peak_memory_bytes(self.device)
+                    peak = device_of(self.device).peak_memory_bytes()
                 samples = list(zip(kept["ends"][-1] if kept["ends"] else probed.step_end_s, probed.memory_bytes))
             out[key[0]].append(RankMeasurement(
                 self.rank, key[1], np.array(kept["starts"]), np.array(kept["ends"]), kept["records"],
@@ -267,47 +245,3 @@ def common_start(device: torch.device) -> float:
     t0 = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)  # NCCL needs device tensors
     dist.broadcast(t0, src=0)
     return clock.to_local(float(t0.item()))
-
-
-def main(argv: list[str] | None = None) -> None:
-    """torchrun entry point (see the module docstring)."""
-    from models.errors import ConfigError
-    from runtime.measure import measured_result, write_measured_outputs
-    from sim.scenario import load_scenario
-    from sim.topology import build_topology
-
-    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description="one rank of hetsim measure")
-    parser.add_argument("scenario")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-dir", default=None,
-                        help="cache of weight block files for weight streaming (default: under the temp dir)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
-    args = parser.parse_args(argv)
-    try:
-        scenario = load_scenario(args.scenario)
-        topology = build_topology(scenario.config.cluster)
-    except ConfigError as error:
-        print(f"hetsim: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
-    try:
-        clock.synchronise(device)  # hosts' monotonic clocks differ: one timeline for the op records
-        gathered = run_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, warmup=args.warmup,
-                            seed=args.seed, device=device, block_dir=args.block_dir)
-        if gathered is not None:
-            result = measured_result(scenario, topology, gathered)
-            write_measured_outputs(result, Path(args.out or f"out/{scenario.name}-measured"))
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
