@@ -46,8 +46,8 @@ from runtime.worker import common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
 from sim.parallel import ParallelPlan
 from sim.plan import Plan
-from sim.strategies import StrategyChoice
 from sim.profile import profile_frame
+from sim.strategies import STRATEGIES, StrategyChoice
 
 CALIBRATION_PROMPTS = (8, 32, 128)
 CALIBRATION_OUTPUT_TOKENS = 4
@@ -124,13 +124,13 @@ def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, 
 def calibration_strategies(scenario) -> list[StrategyChoice]:
     """The distinct strategies of the scenario's variants that name their algorithms (``auto`` is
     resolved by the simulator's pricing, so it has no one algorithm to run), in variant order;
-    ``allreduce_ln`` with the library allreduce when none does."""
+    the registry's default strategy with the library's algorithms when none does."""
     choices = []
     for v in scenario.config.variants:
         choice = v.choice()
         if AUTO not in choice.algorithms.values() and choice not in choices:
             choices.append(choice)
-    return choices or [StrategyChoice("allreduce_ln", allreduce=LIBRARY, broadcast=LIBRARY)]
+    return choices or [StrategyChoice.library(next(iter(STRATEGIES)))]
 
 
 def used_algorithms(scenario) -> dict[OpKind, tuple[str, ...]]:

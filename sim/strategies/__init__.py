@@ -12,13 +12,14 @@ from dataclasses import dataclass, fields
 
 from models.errors import ConfigError
 from models.ops import OpKind
-from sim.collectives.registry import known_algorithms
+from sim.collectives.registry import LIBRARY, known_algorithms
 from sim.strategies.allreduce_ln import AllreduceLn
 from sim.strategies.base import Strategy
 from sim.strategies.reduce_ln_bcast import ReduceLnBcast
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (ReduceLnBcast(), AllreduceLn())}
-"""Implementations by the name a scenario writes."""
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (AllreduceLn(), ReduceLnBcast())}
+"""Implementations by the name a scenario writes. The first is the default: calibration generates
+with it (every algorithm ``library``) when no variant names its algorithms."""
 
 
 def get_strategy(name: str, field: str = "strategy") -> Strategy:
@@ -67,6 +68,11 @@ class StrategyChoice:
                 takes = ", ".join(f"'{name}'" for _, name in implementation.calls)
                 raise ConfigError(f.name, f"strategy {self.strategy} takes {takes}, not '{f.name}' "
                                           f"(got {getattr(self, f.name)!r})")
+
+    @classmethod
+    def library(cls, strategy: str) -> StrategyChoice:
+        """``strategy`` with the communication backend's own algorithm for every collective it calls."""
+        return cls(strategy, **{name: LIBRARY for _, name in get_strategy(strategy).calls})
 
     @property
     def implementation(self) -> Strategy:
