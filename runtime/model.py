@@ -281,9 +281,9 @@ def tensor_parallel_generate(spec: ModelSpec, tp_degree: int, *, seed: int, prom
                              ) -> tuple[torch.LongTensor, list[torch.Tensor]]:
     """Greedy generation by ``tp_degree`` :class:`RankModel` shards in one process, on the CPU.
 
-    Follows the op order of ``sim/plan.py`` with the ``allreduce_ln`` strategy: the partial sums of
-    ``out_proj`` and ``mlp_down`` are added in rank order (what an allreduce computes) and every
-    rank normalises its own copy of the residual stream. Returns what :func:`reference_generate`
+    Follows the op order of the ``allreduce_ln`` strategy (``sim/strategies/allreduce_ln.py``):
+    the partial sums of ``out_proj`` and ``mlp_down`` are added in rank order (what an allreduce
+    computes) and every rank normalises its own copy of the residual stream. Returns what :func:`reference_generate`
     returns, and raises what it and :class:`RankModel` raise.
     """
     batch, prompt_len = prompt.shape

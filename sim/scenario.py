@@ -90,7 +90,9 @@ class MemoryConfig(BaseModel):
 
 
 class Variant(BaseModel):
-    """One strategy to compare.
+    """One strategy to compare: ``strategy`` names an entry of :data:`sim.strategies.STRATEGIES`,
+    ``allreduce``/``reduce``/``broadcast`` the algorithms of the collectives it calls
+    (:class:`sim.strategies.StrategyChoice` validates them).
 
     ``reduce_ln_bcast``: partial sums are reduced to the master (rank 0 of the group), which adds the
     residual and normalises, then broadcasts the normalised tensor (``reduce``/``broadcast`` name
