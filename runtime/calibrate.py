@@ -64,7 +64,6 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     (:class:`runtime.comm_timing.CollectiveSweep`), after a warm-up round of generations; then
     the point-to-point ping-pongs. ``held_out_sizes``: collective sizes timed in the sweep's
     rounds as ``collective_held_out`` rows."""
-
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
     ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     comm = Communicator(rank, topology.host_groups)

@@ -85,7 +85,6 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         calibration_repeats: rounds of the calibration generations and of the collective sweep.
         max_call_s, used_only, held_out_sizes: the collective sweep's, as :func:`runtime.calibrate.calibrate_rank`'s.
     """
-
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings
     device = torch.device("cpu")
     ranks = ParallelPlan.of(scenario, topology).tensor_ranks

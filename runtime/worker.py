@@ -116,6 +116,7 @@ class MeasurementRounds:
                  loader: BlockLoader | None, device: torch.device, seed: int,
                  heartbeat: Callable[[str], None] = lambda label: None):
         self.cases, self.rank, self.device, self.heartbeat = cases, rank, device, heartbeat
+        self._device = device_of(device)
         self.executors: dict[tuple[int, str], Executor] = {}
         self.prompts: dict[int, torch.Tensor] = {}
         for index, case in enumerate(cases):
@@ -124,7 +125,7 @@ class MeasurementRounds:
             for variant in case.config.variants:
                 self.executors[index, variant.name] = Executor(
                     case.plan(variant, ranks), model, comm, rank, loader=loader,
-                    memory_probe=device_of(device).memory_bytes)
+                    memory_probe=self._device.memory_bytes)
         self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": []}
                      for key in self.executors}
 
@@ -169,9 +170,9 @@ class MeasurementRounds:
             if memory:
                 with memory_probe.exact_allocation():
                     executor.prepare()
-                    device_of(self.device).reset_peak_memory()
+                    self._device.reset_peak_memory()
                     probed = self._generate(key, "memory", t0=time.perf_counter())
-                    peak = device_of(self.device).peak_memory_bytes()
+                    peak = self._device.peak_memory_bytes()
                 samples = list(zip(kept["ends"][-1] if kept["ends"] else probed.step_end_s, probed.memory_bytes))
             out[key[0]].append(RankMeasurement(
                 self.rank, key[1], np.array(kept["starts"]), np.array(kept["ends"]), kept["records"],
@@ -198,7 +199,6 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     generation. Raises :class:`models.errors.ConfigError` when a
     variant streams and the rank's host has no ``storage`` link.
     """
-
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
     ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     workload = scenario.config.workload
