@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
+from runtime.device import device_of
 from runtime.model import RankModel
 from runtime.pacing import CHUNK_BYTES, Pacer
 
@@ -159,8 +160,7 @@ class BlockLoader:
 
     def __init__(self, store: BlockStore, device: torch.device | str, pacer: Pacer | None = None):
         self.store, self.device, self.pacer = store, torch.device(device), pacer
-        self._cuda = self.device.type == "cuda"
-        self._copy_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._device = device_of(self.device)
         self._staging = torch.empty(0, dtype=torch.uint8)
 
     def load(self, block: str) -> tuple[dict[str, torch.Tensor], int]:
@@ -175,21 +175,14 @@ class BlockLoader:
         return self._read(block, None)
 
     def _read(self, block: str, pacer: Pacer | None) -> tuple[dict[str, torch.Tensor], int]:
-        if not self._cuda:
+        if not self._device.uses_staging():
             buffer, layout, nbytes = self.store.read(block, lambda n: torch.empty(n, dtype=torch.uint8), pacer)
             return _views(buffer, layout), nbytes
         staging, layout, nbytes = self.store.read(block, self._staging_of_size, pacer)
-        with torch.cuda.stream(self._copy_stream):
-            # Allocated on the copy stream; the compute stream frees it only after a stream
-            # synchronisation (the executor syncs after every op), so no copy can overwrite it early.
-            on_device = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            on_device.copy_(staging[:nbytes], non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self._copy_stream)
-        done.synchronize()  # the staging buffer is reused by the next load
-        return _views(on_device, layout), nbytes
+        # The copy is complete on return: the staging buffer is reused by the next load.
+        return _views(self._device.to_device(staging, nbytes), layout), nbytes
 
     def _staging_of_size(self, nbytes: int) -> torch.Tensor:
         if self._staging.numel() < nbytes:
-            self._staging = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            self._staging = self._device.staging(nbytes)
         return self._staging

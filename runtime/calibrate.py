@@ -2,7 +2,7 @@
 
 Every measurement runs in the same forked ranks, over the same process group, as a real
 measurement, so it sees the same CPU sharing, framework and links (on a real cluster, in the
-ranks torchrun starts: :func:`main`):
+ranks torchrun starts: :mod:`runtime.torchrun`):
 
 * generations: the executor generates with the scenario's model at a grid of prompt lengths, once
   per distinct strategy of the scenario's variants (:func:`calibration_strategies`), each
@@ -27,7 +27,6 @@ ranks torchrun starts: :func:`main`):
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from typing import Callable
@@ -40,13 +39,15 @@ from runtime import memory_probe
 from runtime.blocks import BlockLoader
 from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_rows, stats
+from runtime.device import device_of
 from runtime.executor import Executor
 from runtime.weights import prompt_tokens
-from runtime.worker import common_start, peak_memory_bytes, rank_model
-from sim.collectives.registry import ALGORITHMS, LIBRARY
-from sim.network import AUTO
-from sim.plan import Plan, StrategyChoice
+from runtime.worker import common_start, rank_model
+from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
+from sim.parallel import ParallelPlan
+from sim.plan import Plan
 from sim.profile import MeasurementKind, profile_frame
+from sim.strategies import STRATEGIES, StrategyChoice
 
 CALIBRATION_PROMPTS = (8, 32, 128)
 CALIBRATION_OUTPUT_TOKENS = 4
@@ -63,10 +64,8 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     (:class:`runtime.comm_timing.CollectiveSweep`), after a warm-up round of generations; then
     the point-to-point ping-pongs. ``held_out_sizes``: collective sizes timed in the sweep's
     rounds as ``collective_held_out`` rows."""
-    from sim.simulate import tensor_parallel_ranks
-
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     comm = Communicator(rank, topology.host_groups)
     model, store = rank_model(scenario, tuple(ranks), rank, seed=0, max_tokens=CALIBRATION_MAX_TOKENS,
                               device=torch.device("cpu"))
@@ -124,26 +123,23 @@ def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, 
 def calibration_strategies(scenario) -> list[StrategyChoice]:
     """The distinct strategies of the scenario's variants that name their algorithms (``auto`` is
     resolved by the simulator's pricing, so it has no one algorithm to run), in variant order;
-    ``allreduce_ln`` with the library allreduce when none does."""
+    the registry's default strategy with the library's algorithms when none does."""
     choices = []
     for v in scenario.config.variants:
-        choice = StrategyChoice(v.strategy, v.allreduce, v.reduce, v.broadcast)
-        names = (choice.allreduce, choice.broadcast) if v.strategy == "allreduce_ln" else (choice.reduce, choice.broadcast)
-        if AUTO not in names and choice not in choices:
+        choice = v.choice()
+        if AUTO not in choice.algorithms.values() and choice not in choices:
             choices.append(choice)
-    return choices or [StrategyChoice("allreduce_ln", allreduce=LIBRARY, broadcast=LIBRARY)]
+    return choices or [StrategyChoice.library(next(iter(STRATEGIES)))]
 
 
 def used_algorithms(scenario) -> dict[OpKind, tuple[str, ...]]:
-    """The collective algorithms the scenario's variants call, by kind (``auto`` needs them all)."""
-    used: dict[OpKind, set[str]] = {kind: set() for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST)}
+    """The collective algorithms the scenario's variants call, by kind (``auto`` needs them all):
+    each variant's strategy says which collectives it calls (:data:`sim.strategies.STRATEGIES`)."""
+    used: dict[OpKind, set[str]] = {kind: set() for kind in ALGORITHMS}
     for v in scenario.config.variants:
-        if v.strategy == "allreduce_ln":
-            used[OpKind.ALLREDUCE].add(v.allreduce)
-        else:
-            used[OpKind.REDUCE].add(v.reduce)
-        used[OpKind.BROADCAST].add(v.broadcast)
-    return {kind: (LIBRARY, *ALGORITHMS[kind]) if "auto" in names else tuple(sorted(names))
+        for kind, algorithm in v.choice().algorithms.items():
+            used[kind].add(algorithm)
+    return {kind: (LIBRARY, *ALGORITHMS[kind]) if AUTO in names else tuple(sorted(names))
             for kind, names in used.items()}
 
 
@@ -173,7 +169,7 @@ class CalibrationGenerations:
         self.strategies = calibration_strategies(scenario)
         self.cases = []  # (strategy index, label, prompt length, executor, prompt, ops by step and name)
         for s_index, strategy in enumerate(self.strategies):
-            label = strategy.strategy if strategy.strategy != "allreduce_ln" else f"allreduce_ln {strategy.allreduce}"
+            label = " ".join((strategy.strategy, *strategy.algorithms.values()))
             for prompt_len in CALIBRATION_PROMPTS:
                 plan = Plan(spec, self.ranks, batch, prompt_len, CALIBRATION_OUTPUT_TOKENS, strategy)
                 executor = Executor(plan, model, comm, rank, loader=loader)
@@ -232,9 +228,10 @@ class CalibrationGenerations:
         cache_bytes = sum(t.numel() * t.element_size() for t in (*self.model.k_cache, *self.model.v_cache))
         with memory_probe.exact_allocation():
             executor.prepare()
-            memory_probe.reset_peak(self.model.device)
+            device = device_of(self.model.device)
+            device.reset_peak_memory()
             executor.generate(prompt, time.perf_counter())
-            peak = peak_memory_bytes(self.model.device)
+            peak = device.peak_memory_bytes()
         return peak - self.model.weight_bytes - cache_bytes
 
 
@@ -287,62 +284,3 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
                               used_only=used_only, held_out_sizes=held_out_sizes)
 
     return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """torchrun entry point: calibrate a real cluster, one process per device of the scenario's
-    tensor-parallel group (CPU ranks over gloo)::
-
-        torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
-            -m runtime.calibrate scenarios/SCENARIO.yaml --out profile.csv
-
-    The hosts' clocks are put on rank 0's first (:func:`runtime.clock.synchronise`); rank 0 writes
-    the profile. A bad scenario, or a world size other than the group's, exits with code 2 and a
-    one-line error.
-    """
-    import argparse
-    import sys
-    from datetime import timedelta
-    from pathlib import Path
-
-    from models.errors import ConfigError
-    from runtime import clock
-    from sim.outputs import write_atomic
-    from sim.scenario import load_scenario
-    from sim.simulate import tensor_parallel_ranks
-    from sim.topology import build_topology
-
-    parser = argparse.ArgumentParser(prog="python -m runtime.calibrate", description="one rank of hetsim calibrate")
-    parser.add_argument("scenario")
-    parser.add_argument("--out", required=True, help="where rank 0 writes the profile (CSV)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--max-call", type=float, default=1.0, dest="max_call_s",
-                        help="stop growing a collective's size once one call takes longer (s)")
-    parser.add_argument("--used-only", action="store_true", help="time only the algorithms the variants call")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
-    args = parser.parse_args(argv)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    try:
-        scenario = load_scenario(args.scenario)
-        topology = build_topology(scenario.config.cluster)
-        ranks = tensor_parallel_ranks(scenario, topology)
-        if world_size != len(ranks):
-            raise ConfigError("WORLD_SIZE", f"must be the scenario's tensor-parallel group size {len(ranks)} "
-                                            f"(got {world_size})")
-    except ConfigError as error:
-        print(f"hetsim: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
-    try:
-        clock.synchronise()
-        torch.manual_seed(0)
-        rows = calibrate_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, max_call_s=args.max_call_s,
-                              heartbeat=lambda label: None, used_only=args.used_only)
-        if rows is not None:
-            write_atomic(Path(args.out), rows.to_csv(index=False, lineterminator="\n"))
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

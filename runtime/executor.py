@@ -5,9 +5,10 @@ The executor walks the same :class:`~sim.plan.Phase` / :class:`~sim.plan.Segment
 maps each op to the rank's model shard (:class:`runtime.model.RankModel`) or to its
 :class:`runtime.comm.Communicator`. What flows between ops:
 
-* ``h``: the residual stream (the master always; every rank under ``allreduce_ln``);
-* ``x``: the normalised input of the next sub-layer (broadcast by the master under
-  ``reduce_ln_bcast``);
+* ``h``: the residual stream (the master always; every rank a broadcast hands it to, an op whose
+  ``carries`` is :attr:`~sim.program.Carries.RESIDUAL`);
+* ``x``: the normalised input of the next sub-layer (a LayerNorm op's output, at its ``norm_site``;
+  or what a broadcast carrying :attr:`~sim.program.Carries.NORMALISED` hands out);
 * ``partial``: a row-parallel partial sum, combined in place by reduce or allreduce; the next norm
   adds it to ``h`` first (residual), except before the first layer.
 
@@ -35,8 +36,10 @@ import torch
 from models.ops import OpKind
 from runtime.blocks import BlockLoader
 from runtime.comm import Communicator
+from runtime.device import device_of
 from runtime.model import RankModel
 from sim.plan import Op, Phase, Plan, Stream
+from sim.program import Carries, NormSite
 from sim.trace import TraceEvent
 
 
@@ -79,11 +82,10 @@ class Executor:
         if loader is None and (self.streams or len(model.resident_blocks) < len(model.block_names)):
             raise ValueError(f"rank {rank}: a plan that streams weights ({plan.memory_policy.label()}), or a "
                              f"model built without some weight blocks, needs a BlockLoader")
-        cuda = model.device.type == "cuda"
-        self._sync = torch.cuda.synchronize if cuda else (lambda: None)
-        # While streaming, wait for this thread's stream only: a device-wide sync would also wait
-        # for the loader's copies and hide the overlap being measured.
-        self._sync_main = torch.cuda.current_stream(model.device).synchronize if cuda else (lambda: None)
+        device = device_of(model.device)
+        self._sync = device.synchronize
+        # While streaming, wait for this thread's stream only (Device.synchronize_stream says why).
+        self._sync_main = device.synchronize_stream
 
     def prepare(self) -> None:
         """Make the model hold the weights a generation starts with: every block except the
@@ -231,20 +233,17 @@ class Executor:
             if s.partial is not None:  # the residual: add the combined sub-layer output
                 s.h = s.h + s.partial
                 s.partial = None
-            which = op.name.removesuffix("_norm")
-            if which == "final":
-                s.x = model.norm(s.h, None, "final")
+            if op.norm_site == NormSite.FINAL:
+                s.x = model.norm(s.h, None, op.norm_site)
             else:
-                # An attention norm that closes a layer segment belongs to the next layer.
-                norm_layer = 0 if layer is None else layer + (1 if which == "attn" else 0)
-                s.x = model.norm(s.h, norm_layer, which)
+                s.x = model.norm(s.h, op.weight_block.layer(layer), op.norm_site)
         elif kind == OpKind.BROADCAST:
-            carries_h = op.name == "embed_bcast"  # allreduce_ln hands out the residual stream
-            tensor = (s.h if carries_h else s.x) if self.is_master else torch.empty(
+            residual = op.carries == Carries.RESIDUAL
+            tensor = (s.h if residual else s.x) if self.is_master else torch.empty(
                 s.shape, dtype=model.dtype, device=model.device)
             tensor = tensor.contiguous()
             self.comm.run(op.collective, tensor)
-            if carries_h:
+            if residual:
                 s.h = tensor
             else:
                 s.x = tensor

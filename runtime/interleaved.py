@@ -41,6 +41,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import CollectiveSweep, p2p_rows
 from runtime.cpu_steal import cpu_ticks, steal_fraction
 from runtime.worker import MeasurementRounds, RankMeasurement, paced_loader, rank_model, timed_rounds
+from sim.parallel import ParallelPlan
 from sim.scenario import Scenario
 
 
@@ -84,11 +85,9 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         calibration_repeats: rounds of the calibration generations and of the collective sweep.
         max_call_s, used_only, held_out_sizes: the collective sweep's, as :func:`runtime.calibrate.calibrate_rank`'s.
     """
-    from sim.simulate import tensor_parallel_ranks
-
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings
     device = torch.device("cpu")
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     longest = max(c.config.workload.prompt_tokens + c.config.workload.output_tokens for c in cases)
     model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=max(longest, CALIBRATION_MAX_TOKENS),
                               device=device)

@@ -12,12 +12,8 @@ high-water mark on CPU, max CUDA memory allocated on GPU).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -26,6 +22,7 @@ import pandas as pd
 
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
+from sim.parallel import ParallelPlan
 from sim.scenario import Scenario
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
@@ -162,11 +159,10 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.launch import launch
-    from sim.simulate import tensor_parallel_ranks
     from sim.topology import build_topology
 
     topology = build_topology(scenario.config.cluster)
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     placements, enter = placements_for(scenario, topology, ranks, testbed)
     return launch(lambda rank, heartbeat: body(topology, rank, heartbeat), len(ranks), placements=placements,
                   hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat)[0]
@@ -213,57 +209,3 @@ def placements_for(scenario: Scenario, topology: Topology, ranks: tuple[int, ...
     bed.require_up()
     return [RankPlacement(bed.namespace_of_rank(r), bed.master_address(), bed.interface) for r in ranks], enter_namespace
 
-
-def main(argv: list[str] | None = None) -> None:
-    """torchrun entry point: one rank of ``hetsim measure`` on a real cluster::
-
-        torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
-            -m runtime.measure scenarios/SCENARIO.yaml --out out/measured
-
-    reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment (env://
-    rendezvous), uses NCCL when CUDA is present (one GPU per local rank) and gloo otherwise, and
-    rank 0 writes results.csv and trace.json. Exits with code 2 on a bad scenario."""
-    import torch
-    import torch.distributed as dist
-
-    from models.errors import ConfigError
-    from runtime import clock
-    from runtime.worker import run_rank
-    from sim.scenario import load_scenario
-    from sim.topology import build_topology
-
-    parser = argparse.ArgumentParser(prog="python -m runtime.measure", description="one rank of hetsim measure")
-    parser.add_argument("scenario")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-dir", default=None,
-                        help="cache of weight block files for weight streaming (default: under the temp dir)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
-    args = parser.parse_args(argv)
-    try:
-        scenario = load_scenario(args.scenario)
-        topology = build_topology(scenario.config.cluster)
-    except ConfigError as error:
-        print(f"hetsim: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
-    try:
-        clock.synchronise(device)  # hosts' monotonic clocks differ: one timeline for the op records
-        gathered = run_rank(scenario, topology, dist.get_rank(), repeats=args.repeats, warmup=args.warmup,
-                            seed=args.seed, device=device, block_dir=args.block_dir)
-        if gathered is not None:
-            result = measured_result(scenario, topology, gathered)
-            write_measured_outputs(result, Path(args.out or f"out/{scenario.name}-measured"))
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

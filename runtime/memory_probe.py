@@ -2,7 +2,8 @@
 
 The simulator prices a rank's memory as a constant framework baseline plus the bytes of its live
 tensors (weights, KV cache, activations and workspace). On CUDA the caching allocator counts
-exactly the tensor bytes (``torch.cuda.memory_allocated`` / ``max_memory_allocated``). On the CPU
+exactly the tensor bytes (``torch.cuda.memory_allocated`` / ``max_memory_allocated``, read by
+:class:`runtime.device.CudaDevice`). On the CPU
 there is no such counter, so this module reads the resident set size (RSS) of the process from
 Linux's ``/proc`` and makes it follow the live tensors:
 
@@ -44,8 +45,6 @@ import resource
 import sys
 from contextlib import contextmanager
 from typing import Iterator
-
-import torch
 
 EXACT_MMAP_THRESHOLD_BYTES = 64 * 1024
 """Exact mode: blocks of this size or larger get an mmap of their own, returned on free."""
@@ -120,21 +119,17 @@ def _trim(libc) -> None:
         trim(0)
 
 
-def reset_peak(device: torch.device | str = "cpu") -> bool:
+def reset_peak() -> bool:
     """Start a new peak: :func:`peak_bytes` reads the largest use from now on.
 
-    CPU: collects garbage (``gc.collect``) and trims malloc's free pages so that the reset starts
-    from the live data, then writes ``5`` to ``/proc/self/clear_refs``, which sets ``VmHWM`` to the
-    current RSS (proc(5), Linux 4.0 or newer). CUDA: ``torch.cuda.reset_peak_memory_stats``.
+    Collects garbage (``gc.collect``) and trims malloc's free pages so that the reset starts from
+    the live data, then writes ``5`` to ``/proc/self/clear_refs``, which sets ``VmHWM`` to the
+    current RSS (proc(5), Linux 4.0 or newer). (CUDA memory: :class:`runtime.device.CudaDevice`.)
 
     Returns:
         True if the peak was reset; False where the kernel does not allow it (then
         :func:`peak_bytes` keeps reading the peak since the process started).
     """
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return True
     gc.collect()
     libc = _libc()
     if libc is not None:
@@ -147,12 +142,9 @@ def reset_peak(device: torch.device | str = "cpu") -> bool:
         return False
 
 
-def current_bytes(device: torch.device | str = "cpu") -> int:
-    """Bytes in use now: RSS of this process on the CPU (``/proc/self/statm`` resident pages x page
-    size; 0 without ``/proc``), bytes of live tensors on CUDA (``torch.cuda.memory_allocated``)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device)
+def current_bytes() -> int:
+    """Bytes in use now: RSS of this process (``/proc/self/statm`` resident pages x page size; 0
+    without ``/proc``)."""
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -160,13 +152,10 @@ def current_bytes(device: torch.device | str = "cpu") -> int:
         return 0
 
 
-def peak_bytes(device: torch.device | str = "cpu") -> int:
+def peak_bytes() -> int:
     """Largest use since the last :func:`reset_peak`, in bytes: ``VmHWM`` of ``/proc/self/status``
-    on the CPU (the RSS high-water mark; ``ru_maxrss`` where ``/proc`` is missing, which macOS
-    reports in bytes and Linux in KiB), ``torch.cuda.max_memory_allocated`` on CUDA."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
+    (the RSS high-water mark; ``ru_maxrss`` where ``/proc`` is missing, which macOS reports in
+    bytes and Linux in KiB)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:

@@ -21,11 +21,12 @@ from models.accounting import check_tensor_parallel, kv_heads_per_rank
 from models.spec import ModelSpec
 from runtime.weights import (block_names, block_of, family_of, prompt_tokens, seeded_tensor, seeded_weights,
                              weight_shapes)
+from sim.program import NormSite
 
 # The weight and prompt helpers are re-exported: callers need only this module.
 __all__ = ["RankModel", "prompt_tokens", "reference_generate", "seeded_tensor", "seeded_weights",
            "tensor_parallel_generate"]
-_NORMS = ("attn", "mlp", "final")
+_NORMS = tuple(NormSite)
 
 
 class RankModel:
@@ -97,16 +98,17 @@ class RankModel:
             h = h + self.weights["pos_embed.weight"][start_pos:start_pos + tokens.shape[1]]
         return h
 
-    def norm(self, h: torch.Tensor, layer: int | None, which: str) -> torch.Tensor:
+    def norm(self, h: torch.Tensor, layer: int | None, which: NormSite | str) -> torch.Tensor:
         """LayerNorm or RMSNorm of the residual stream ``h`` ``[batch, t, hidden]``.
 
-        ``which`` is ``"attn"`` or ``"mlp"`` (the norm before that sub-layer of ``layer``, on every
-        rank) or ``"final"`` (``layer`` None, master only). RMSNorm normalises in fp32 and casts
+        ``which`` (a :class:`sim.program.NormSite` or its value) is ``"attn"`` or ``"mlp"`` (the
+        norm before that sub-layer of ``layer``, on every rank) or ``"final"`` (``layer`` None,
+        master only). RMSNorm normalises in fp32 and casts
         back before the gain, as HF ``LlamaRMSNorm`` does. Raises ``ValueError`` on another ``which``.
         """
         if which not in _NORMS:
             raise ValueError(f"norm must be one of {', '.join(_NORMS)} (got {which!r})")
-        if which == "final":
+        if which == NormSite.FINAL:
             self._require_master("the final norm")
             prefix = "final_norm"
         else:
@@ -279,9 +281,9 @@ def tensor_parallel_generate(spec: ModelSpec, tp_degree: int, *, seed: int, prom
                              ) -> tuple[torch.LongTensor, list[torch.Tensor]]:
     """Greedy generation by ``tp_degree`` :class:`RankModel` shards in one process, on the CPU.
 
-    Follows the op order of ``sim/plan.py`` with the ``allreduce_ln`` strategy: the partial sums of
-    ``out_proj`` and ``mlp_down`` are added in rank order (what an allreduce computes) and every
-    rank normalises its own copy of the residual stream. Returns what :func:`reference_generate`
+    Follows the op order of the ``allreduce_ln`` strategy (``sim/strategies/allreduce_ln.py``):
+    the partial sums of ``out_proj`` and ``mlp_down`` are added in rank order (what an allreduce
+    computes) and every rank normalises its own copy of the residual stream. Returns what :func:`reference_generate`
     returns, and raises what it and :class:`RankModel` raise.
     """
     batch, prompt_len = prompt.shape
@@ -292,15 +294,15 @@ def tensor_parallel_generate(spec: ModelSpec, tp_degree: int, *, seed: int, prom
 
     def forward(tokens: torch.LongTensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         h = master.embedding(tokens, start_pos)
-        x = [rank.norm(h, 0, "attn") for rank in ranks]
+        x = [rank.norm(h, 0, NormSite.ATTENTION) for rank in ranks]
         for layer in range(spec.num_layers):
             h = h + sum(rank.out_proj(rank.attention(*rank.qkv_proj(x_r, layer), layer, start_pos), layer)
                         for rank, x_r in zip(ranks, x))
-            x = [rank.norm(h, layer, "mlp") for rank in ranks]
+            x = [rank.norm(h, layer, NormSite.MLP) for rank in ranks]
             h = h + sum(rank.mlp_down(rank.mlp_up(x_r, layer), layer) for rank, x_r in zip(ranks, x))
             if layer + 1 < spec.num_layers:
-                x = [rank.norm(h, layer + 1, "attn") for rank in ranks]
-        hidden = master.norm(h, None, "final")[:, -1]
+                x = [rank.norm(h, layer + 1, NormSite.ATTENTION) for rank in ranks]
+        hidden = master.norm(h, None, NormSite.FINAL)[:, -1]
         return hidden, master.lm_head(hidden)
 
     return _greedy(forward, prompt, output_tokens)

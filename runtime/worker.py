@@ -1,5 +1,5 @@
 """One rank's measurement job, the same whether launched locally (forked) or by torchrun
-(:func:`runtime.measure.main` is the torchrun entry point).
+(:mod:`runtime.torchrun` is the torchrun entry point).
 
 After the process group is up, a rank builds its model shard once, lowers for each variant of the
 scenario the same :class:`~sim.plan.Plan` the simulator prices, runs ``warmup`` untimed rounds
@@ -25,10 +25,12 @@ import torch.distributed as dist
 from runtime import clock, memory_probe
 from runtime.blocks import BlockLoader, BlockStore
 from runtime.comm import Communicator
+from runtime.device import device_of
 from runtime.executor import Executor
 from runtime.model import RankModel
 from runtime.pacing import LoaderLink, Pacer
 from runtime.weights import block_names, prompt_tokens
+from sim.parallel import ParallelPlan
 from sim.scenario import Scenario
 from sim.trace import TraceEvent
 
@@ -57,18 +59,6 @@ class RankMeasurement:
     peak_memory_bytes: int
     memory_samples: list[tuple[float, int]]
     stall_s: np.ndarray
-
-
-def current_memory_bytes(device: torch.device) -> int:
-    """Device memory in use now: resident set size on CPU, allocated CUDA memory on GPU
-    (:func:`runtime.memory_probe.current_bytes`)."""
-    return memory_probe.current_bytes(device)
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """High-water mark since the last :func:`runtime.memory_probe.reset_peak`: peak RSS (VmHWM) of
-    this process on CPU, max CUDA memory allocated on GPU (:func:`runtime.memory_probe.peak_bytes`)."""
-    return memory_probe.peak_bytes(device)
 
 
 def rank_model(scenario: Scenario, ranks: tuple[int, ...], rank: int, *, seed: int, max_tokens: int,
@@ -126,6 +116,7 @@ class MeasurementRounds:
                  loader: BlockLoader | None, device: torch.device, seed: int,
                  heartbeat: Callable[[str], None] = lambda label: None):
         self.cases, self.rank, self.device, self.heartbeat = cases, rank, device, heartbeat
+        self._device = device_of(device)
         self.executors: dict[tuple[int, str], Executor] = {}
         self.prompts: dict[int, torch.Tensor] = {}
         for index, case in enumerate(cases):
@@ -134,7 +125,7 @@ class MeasurementRounds:
             for variant in case.config.variants:
                 self.executors[index, variant.name] = Executor(
                     case.plan(variant, ranks), model, comm, rank, loader=loader,
-                    memory_probe=lambda: current_memory_bytes(device))
+                    memory_probe=self._device.memory_bytes)
         self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": []}
                      for key in self.executors}
 
@@ -179,9 +170,9 @@ class MeasurementRounds:
             if memory:
                 with memory_probe.exact_allocation():
                     executor.prepare()
-                    memory_probe.reset_peak(self.device)
+                    self._device.reset_peak_memory()
                     probed = self._generate(key, "memory", t0=time.perf_counter())
-                    peak = peak_memory_bytes(self.device)
+                    peak = self._device.peak_memory_bytes()
                 samples = list(zip(kept["ends"][-1] if kept["ends"] else probed.step_end_s, probed.memory_bytes))
             out[key[0]].append(RankMeasurement(
                 self.rank, key[1], np.array(kept["starts"]), np.array(kept["ends"]), kept["records"],
@@ -208,10 +199,8 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     generation. Raises :class:`models.errors.ConfigError` when a
     variant streams and the rank's host has no ``storage`` link.
     """
-    from sim.simulate import tensor_parallel_ranks
-
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     workload = scenario.config.workload
     model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=workload.prompt_tokens
                               + workload.output_tokens, device=device, block_dir=block_dir)

@@ -40,11 +40,9 @@ from typing import NamedTuple, Protocol
 
 from models.errors import ConfigError
 from models.ops import OpKind
-from sim.collectives.registry import ALGORITHMS, build_schedule
+from sim.collectives.registry import ALGORITHMS, AUTO, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.topology import Topology
-
-AUTO = "auto"
 
 
 @dataclass(frozen=True)

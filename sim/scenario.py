@@ -25,7 +25,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -34,7 +34,8 @@ from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError
 from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
-from sim.plan import MemoryPolicy, Plan, StrategyChoice
+from sim.plan import MemoryPolicy, Plan, WeightPolicy
+from sim.strategies import STRATEGIES, StrategyChoice
 from sim.units import parse_duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -80,7 +81,7 @@ class MemoryConfig(BaseModel):
     (and the device's ``host_link``, if any), see :mod:`sim.cluster_config`."""
 
     model_config = _STRICT
-    policy: Literal["resident", "sliding_window"] = "resident"
+    policy: WeightPolicy = WeightPolicy.RESIDENT
     window: int = Field(default=1, ge=1)
     retain_every: int | None = Field(default=None, ge=2)
 
@@ -89,7 +90,9 @@ class MemoryConfig(BaseModel):
 
 
 class Variant(BaseModel):
-    """One strategy to compare.
+    """One strategy to compare: ``strategy`` names an entry of :data:`sim.strategies.STRATEGIES`,
+    ``allreduce``/``reduce``/``broadcast`` the algorithms of the collectives it calls
+    (:class:`sim.strategies.StrategyChoice` validates them).
 
     ``reduce_ln_bcast``: partial sums are reduced to the master (rank 0 of the group), which adds the
     residual and normalises, then broadcasts the normalised tensor (``reduce``/``broadcast`` name
@@ -100,19 +103,30 @@ class Variant(BaseModel):
 
     model_config = _STRICT
     name: str = Field(min_length=1)
-    strategy: Literal["reduce_ln_bcast", "allreduce_ln"]
+    strategy: str
     allreduce: str | None = None
     reduce: str = "binomial"
     broadcast: str = "binomial"
     memory: MemoryConfig | None = None  # overrides the scenario's memory policy
 
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        if value not in STRATEGIES:
+            raise ValueError(f"unknown strategy; known: {', '.join(STRATEGIES)}")
+        return value
+
     @model_validator(mode="after")
-    def _algorithm_fits_strategy(self) -> Variant:
-        if self.strategy == "allreduce_ln" and self.allreduce is None:
-            raise ValueError(f"variant '{self.name}' uses allreduce_ln and needs 'allreduce' (an algorithm or auto)")
-        if self.strategy == "reduce_ln_bcast" and self.allreduce is not None:
-            raise ValueError(f"variant '{self.name}' uses reduce_ln_bcast, which takes 'reduce' and 'broadcast', not 'allreduce'")
+    def _algorithms_fit_strategy(self) -> Variant:
+        try:
+            self.choice()
+        except ConfigError as error:
+            raise ValueError(f"{error.field}: {error.message}") from None
         return self
+
+    def choice(self) -> StrategyChoice:
+        """The variant's strategy and algorithms (:class:`sim.strategies.StrategyChoice`)."""
+        return StrategyChoice(self.strategy, self.allreduce, self.reduce, self.broadcast)
 
 
 class SweepConfig(BaseModel):
@@ -179,7 +193,7 @@ class Scenario(BaseModel):
         """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one)."""
         w = self.config.workload
         return Plan(self.model, ranks, w.batch_size, w.prompt_tokens, w.output_tokens,
-                    StrategyChoice(variant.strategy, variant.allreduce, variant.reduce, variant.broadcast),
+                    variant.choice(),
                     runtime_memory_bytes or {}, self.memory_policy(variant))
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from models.accounting import check_tensor_parallel
 from models.errors import ConfigError
 from sim.calibrated import CalibratedCompute, CalibratedNetwork
 from sim.cost import RooflineCompute
@@ -21,6 +20,7 @@ from sim.loader import check_loader_paths
 from sim.memory import Overflow
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
+from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario, Variant
 from sim.timeline import RunResult, simulate_run
@@ -65,18 +65,6 @@ class SimulationResult:
         return next(v for v in self.variants if v.variant.name == name)
 
 
-def tensor_parallel_ranks(scenario: Scenario, topology: Topology) -> tuple[int, ...]:
-    """The ranks of the tensor-parallel group: the first ``parallel.tensor`` devices (default: all).
-
-    Raises:
-        ConfigError: the degree exceeds the devices, or does not divide the model's heads.
-    """
-    degree = scenario.config.parallel.tensor or topology.num_ranks
-    if degree > topology.num_ranks:
-        raise ConfigError("parallel.tensor", f"tensor-parallel degree exceeds the cluster's "
-                                             f"{topology.num_ranks} devices (got {degree})")
-    check_tensor_parallel(scenario.model, degree)
-    return tuple(range(degree))
 
 
 def simulate(scenario: Scenario, *, profile: Profile | None = None,
@@ -94,7 +82,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     """
     config = scenario.config
     topology = build_topology(config.cluster)
-    ranks = tensor_parallel_ranks(scenario, topology)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
     dtype = scenario.model.dtype
     for rank in ranks:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")

@@ -70,7 +70,7 @@ workload: {batch_size: 1, prompt_tokens: 8, output_tokens: 4}
 variants: [{name: ar, strategy: allreduce_ln, allreduce: library, broadcast: library}]
 """)
     profile_path = tmp_path / "profile.csv"
-    arguments = ["-m", "runtime.calibrate", str(path), "--out", str(profile_path), "--repeats", "2",
+    arguments = ["-m", "runtime.torchrun", "calibrate", str(path), "--out", str(profile_path), "--repeats", "2",
                  "--max-call", "0.05", "--used-only"]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            *arguments], cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -26,14 +26,7 @@ KNOWN_CYCLE_EDGES = {
     # sim.engine imports sim.loader; the one network inside the engine replaces sim.loader's links.
     ("sim.loader", "sim.engine"),
 }
-KNOWN_ORCHESTRATOR_IMPORTS = {
-    # registry (issue 16 item 6): the runtime takes rank placement from the plan, not from
-    # sim.simulate.tensor_parallel_ranks.
-    ("runtime.calibrate", "sim.simulate"),
-    ("runtime.interleaved", "sim.simulate"),
-    ("runtime.measure", "sim.simulate"),
-    ("runtime.worker", "sim.simulate"),
-}
+KNOWN_ORCHESTRATOR_IMPORTS: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -77,6 +77,30 @@ def test_every_strategy_generates_the_reference_tokens(tmp_path, config, tp):
         torch.testing.assert_close(got_hidden, torch.stack(hidden, 1), rtol=1e-4, atol=1e-5, msg=str(choice))
 
 
+def test_the_runtime_runs_a_new_strategy_from_its_typed_ops_alone(tmp_path, monkeypatch):
+    from sim.strategies import STRATEGIES
+    from tests.test_strategies import ResidualBcastReduceLn
+
+    # Registered in the simulator only: the executor knows nothing of it but the ops' typed fields.
+    monkeypatch.setitem(STRATEGIES, ResidualBcastReduceLn.name, ResidualBcastReduceLn())
+    scenario = _scenario(tmp_path, LLAMA_LIKE, 2)
+    spec, work = scenario.model, scenario.config.workload
+    topology = build_topology(scenario.config.cluster)
+    prompt = prompt_tokens(spec, work.batch_size, work.prompt_tokens, seed=7)
+    plan = Plan(spec, (0, 1), work.batch_size, work.prompt_tokens, work.output_tokens,
+                StrategyChoice(ResidualBcastReduceLn.name, reduce="star", broadcast="binomial"))
+
+    def body(rank, heartbeat):
+        model = RankModel(spec, 2, rank, seed=7, batch_size=work.batch_size,
+                          max_tokens=work.prompt_tokens + work.output_tokens)
+        generation = Executor(plan, model, Communicator(rank, topology.host_groups), rank).generate(
+            prompt, time.perf_counter())
+        return torch.stack(generation.tokens, 1) if rank == 0 else None
+
+    tokens, _ = reference_generate(spec, seed=7, prompt=prompt, output_tokens=work.output_tokens)
+    assert torch.equal(launch(body, 2, hang_timeout_s=60)[0], tokens)
+
+
 def _no_children_left():
     assert multiprocessing.active_children() == []
 

@@ -30,6 +30,7 @@ import pandas as pd
 
 from models.ops import OpKind
 from sim.calibrated import CHARGED
+from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario
 from sim.trace import COLLECTIVE_KINDS, master_calls
@@ -296,7 +297,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
     from runtime.interleaved import launch_interleaved
     from runtime.measure import launch_measurement, measured_result, with_memory
     from sim.outputs import write_atomic
-    from sim.simulate import simulate, tensor_parallel_ranks
+    from sim.simulate import simulate
     from sim.topology import build_topology
 
     from validation.memory_fit import check_memory_fits
@@ -337,7 +338,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             profiles[out_dir / "profiles" / f"{scenario.name}.csv"] = profile_csv
             profile = Profile(run.profile)
             gaps = profile.of(MeasurementKind.OP_GAP).set_index("device_class")[CHARGED[MeasurementKind.OP_GAP]]
-            gap_s = float(gaps.get(topology.devices[tensor_parallel_ranks(scenario, topology)[0]].spec.name, 0.0))
+            gap_s = float(gaps.get(topology.devices[ParallelPlan.of(scenario, topology).tensor_ranks[0]].spec.name, 0.0))
             for (prompt, case), timed in zip(cases.items(), run.measurements):
                 simulated = simulate(case, profile=profile)
                 gathered = with_memory(timed, memory[prompt])

@@ -56,6 +56,10 @@ ALGORITHMS: dict[OpKind, dict[str, Builder]] = {
 LIBRARY = "library"
 """The communication backend's own collective (gloo or NCCL), which the runtime calls directly."""
 
+AUTO = "auto"
+"""Not an algorithm: the simulator prices every algorithm of the kind and takes the fastest
+(:class:`sim.network.CollectivePricer`)."""
+
 LIBRARY_MODEL: dict[OpKind, Builder] = {
     OpKind.ALLREDUCE: _flat(gloo_allreduce),
     OpKind.REDUCE: _rooted(gloo_reduce),
@@ -63,6 +67,18 @@ LIBRARY_MODEL: dict[OpKind, Builder] = {
 }
 """What stands for ``library`` in the simulator until calibration refines it: gloo's algorithms
 as PyTorch calls them (:mod:`sim.collectives.gloo`; torch 2.13.0's ``ProcessGroupGloo.cpp``)."""
+
+
+def known_algorithms(kind: OpKind) -> tuple[str, ...]:
+    """Every name a scenario may write for a collective of ``kind``: the registry's algorithms,
+    ``library`` and ``auto``.
+
+    Raises:
+        ConfigError: ``kind`` is not a collective, listing the ones that are.
+    """
+    if kind not in ALGORITHMS:
+        raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
+    return (*ALGORITHMS[kind], LIBRARY, AUTO)
 
 
 def build_schedule(

@@ -1,0 +1,89 @@
+"""The parallel plan: how many ways a model is split, and which device runs which rank.
+
+A :class:`ParallelPlan` is validated data: the degrees (tensor now; data and pipeline are fields
+already, held at 1 until those parallelisms land) and the placement of the tensor-parallel ranks
+on the topology's devices. The simulator and the runtime both take their ranks from it, so the
+runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.accounting import check_tensor_parallel
+from models.errors import ConfigError
+from models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Degrees and placement of one run of ``model`` on a cluster whose devices are ``devices``
+    (their names, in topology rank order).
+
+    Attributes:
+        tensor: tensor-parallel degree (Megatron-LM, arXiv 1909.08053): ranks sharing each layer.
+        data: data-parallel degree; must be 1 for now.
+        pipeline: pipeline-parallel degree; must be 1 for now.
+        placement: the topology rank (index into ``devices``) of each tensor-parallel rank, the
+            first one the master; default: the first ``tensor`` devices.
+
+    Raises:
+        ConfigError: on ``parallel.*``: a degree below 1, a data or pipeline degree other than 1,
+            degrees whose product exceeds the devices, a tensor degree that cannot shard the model
+            (:func:`models.accounting.check_tensor_parallel`), a placement of the wrong length, on
+            a device that does not exist, or twice on one device. Messages name every degree and
+            the devices involved.
+    """
+
+    model: ModelSpec
+    devices: tuple[str, ...]
+    tensor: int
+    data: int = 1
+    pipeline: int = 1
+    placement: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        degrees = f"tensor {self.tensor} x data {self.data} x pipeline {self.pipeline}"
+        for name in ("tensor", "data", "pipeline"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"parallel.{name}", f"must be a positive integer ({degrees}) (got {value!r})")
+        for name in ("data", "pipeline"):
+            if getattr(self, name) != 1:
+                raise ConfigError(f"parallel.{name}", f"only 1 is supported so far ({degrees}) "
+                                                      f"(got {getattr(self, name)})")
+        needed = self.tensor * self.data * self.pipeline
+        if needed > len(self.devices):
+            raise ConfigError("parallel.tensor", f"{degrees} = {needed} ranks exceed the cluster's "
+                                                 f"{len(self.devices)} devices ({', '.join(self.devices)}) "
+                                                 f"(got {self.tensor})")
+        check_tensor_parallel(self.model, self.tensor)
+        placement = tuple(range(self.tensor)) if self.placement is None else tuple(self.placement)
+        if len(placement) != self.tensor:
+            raise ConfigError("parallel.placement", f"must place each of the {degrees} ranks on a device "
+                                                    f"(got {len(placement)} placements)")
+        for rank, device in enumerate(placement):
+            if not 0 <= device < len(self.devices):
+                raise ConfigError("parallel.placement", f"tensor-parallel rank {rank} on device {device}, but the "
+                                                        f"cluster has devices 0..{len(self.devices) - 1} "
+                                                        f"({', '.join(self.devices)}) (got {device})")
+            if placement.index(device) != rank:
+                raise ConfigError("parallel.placement", f"tensor-parallel ranks {placement.index(device)} and "
+                                                        f"{rank} both on device {self.devices[device]} (got {device})")
+        object.__setattr__(self, "placement", placement)
+
+    @property
+    def tensor_ranks(self) -> tuple[int, ...]:
+        """The topology ranks of the tensor-parallel group, in group order (the first is the master)."""
+        return self.placement
+
+    @classmethod
+    def of(cls, scenario, topology) -> ParallelPlan:
+        """The plan a scenario (:class:`sim.scenario.Scenario`) asks for on ``topology``
+        (:class:`sim.topology.Topology`): ``parallel.tensor``, default every device.
+
+        Raises:
+            ConfigError: see the class.
+        """
+        devices = tuple(d.name for d in topology.devices)
+        return cls(scenario.model, devices, scenario.config.parallel.tensor or len(devices))

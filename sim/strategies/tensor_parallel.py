@@ -1,0 +1,134 @@
+"""The Megatron-style tensor-parallel forward pass both TP strategies share.
+
+Column-parallel q/k/v and MLP-up projections, row-parallel output and MLP-down projections whose
+partial sums a strategy combines after each sub-layer (Megatron-LM, arXiv 1909.08053, section 3).
+A strategy module subclasses :class:`TensorParallel` and says how the first normalised input is
+handed out (:meth:`TensorParallel.hand_out`) and how partial sums are combined and normalised
+(:meth:`TensorParallel.combine`, :meth:`TensorParallel.combine_final`); everything else (costs,
+memory effects, segments) is lowered here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from models.accounting import OpCost, head_op_costs, kv_cache_bytes_per_token, layer_op_costs
+from models.ops import OpKind
+from models.spec import ModelSpec
+from sim.program import BlockPart, BlockRef, Collective, MemoryCategory, NormSite, Phase, ProgramBuilder
+from sim.vocabulary import PhaseKind
+
+# The weight block each per-layer compute op reads (the norms get theirs where they are emitted).
+ATTENTION_BLOCK = BlockRef(0, BlockPart.ATTENTION)
+MLP_BLOCK = BlockRef(0, BlockPart.MLP)
+NEXT_ATTENTION_BLOCK = BlockRef(1, BlockPart.ATTENTION)  # the attention norm closing a layer segment
+
+
+@dataclass(frozen=True)
+class Group:
+    """The group a pass runs on and what its collectives need: ``ranks`` (``ranks[0]`` the
+    master), ``algorithms`` by collective kind, ``size_bytes`` of the hidden state
+    ([batch, new tokens, hidden] in the model's dtype) and the LayerNorm's cost."""
+
+    ranks: tuple[int, ...]
+    algorithms: dict[OpKind, str]
+    size_bytes: int
+    norm: OpCost
+
+    @property
+    def master(self) -> int:
+        return self.ranks[0]
+
+    def call(self, kind: OpKind) -> Collective:
+        """A collective of ``kind`` over the group, rooted at the master unless an allreduce."""
+        root = None if kind == OpKind.ALLREDUCE else self.master
+        return Collective(kind, self.algorithms[kind], self.ranks, self.size_bytes, root)
+
+
+def norm_block(site: NormSite, closes_layer: bool) -> BlockRef:
+    """The weight block a norm producing ``site``'s input reads; ``closes_layer``: it ends a layer
+    segment, so it belongs to the next layer."""
+    if site == NormSite.MLP:
+        return MLP_BLOCK
+    return NEXT_ATTENTION_BLOCK if closes_layer else ATTENTION_BLOCK
+
+
+class TensorParallel:
+    """Shared lowering of a tensor-parallel forward pass (see the module docstring).
+
+    Subclasses set ``name`` and ``calls`` (:class:`sim.strategies.base.Strategy`) and implement
+    the three hooks.
+    """
+
+    name: str
+    calls: tuple[tuple[OpKind, str], ...]
+
+    def hand_out(self, prog: ProgramBuilder, group: Group) -> None:
+        """Prologue, after the master's embedding: give every rank the first layer's normalised input."""
+        raise NotImplementedError
+
+    def combine(self, prog: ProgramBuilder, group: Group, sub: str, site: NormSite, closes_layer: bool) -> None:
+        """Combine the partial sums of sub-layer ``sub`` (``attn``/``mlp``, the ops' label) and
+        produce every rank's normalised input for ``site``."""
+        raise NotImplementedError
+
+    def combine_final(self, prog: ProgramBuilder, group: Group, sub: str) -> None:
+        """The last combine: the master must end up with the full hidden state."""
+        raise NotImplementedError
+
+    def lower(self, model: ModelSpec, batch_size: int, ranks: tuple[int, ...], algorithms: dict[OpKind, str],
+              name: PhaseKind, step: int, new_tokens: int, context_tokens: int) -> Phase:
+        """See :meth:`sim.strategies.base.Strategy.lower`. Costs from
+        :func:`models.accounting.layer_op_costs` / :func:`~models.accounting.head_op_costs`."""
+        tp = len(ranks)
+        layer = layer_op_costs(model, tp_degree=tp, batch_size=batch_size,
+                               new_tokens=new_tokens, context_tokens=context_tokens)
+        head = head_op_costs(model, batch_size=batch_size, new_tokens=new_tokens)
+        hidden_bytes = batch_size * new_tokens * model.hidden_size * model.dtype_bytes
+        kv_bytes = kv_cache_bytes_per_token(model, tp) // model.num_layers * batch_size * new_tokens
+        # The residual stream and the normalised input live for the whole pass on every rank.
+        activations = ((MemoryCategory.ACTIVATIONS, 2 * hidden_bytes),)
+        group = Group(ranks, algorithms, hidden_bytes, layer[OpKind.LAYERNORM])
+        everyone, only_master = ranks, (group.master,)
+
+        # Prologue: the master embeds the tokens and hands the first normalised input out.
+        shape = (new_tokens, context_tokens)
+        pro = ProgramBuilder(ranks, shape)
+        pro.compute(only_master, OpKind.EMBEDDING, "embedding", head[OpKind.EMBEDDING], alloc=activations)
+        self.hand_out(pro, group)
+        for r in ranks[1:]:
+            pro.ops[r][0] = replace(pro.ops[r][0], alloc=activations)
+
+        def layer_program(last: bool) -> ProgramBuilder:
+            prog = ProgramBuilder(ranks, shape)
+            prog.compute(everyone, OpKind.QKV_PROJ, "qkv_proj", layer[OpKind.QKV_PROJ], weight_block=ATTENTION_BLOCK)
+            prog.compute(everyone, OpKind.ATTENTION, "attention", layer[OpKind.ATTENTION],
+                         alloc=((MemoryCategory.KV_CACHE, kv_bytes),))
+            prog.compute(everyone, OpKind.OUT_PROJ, "out_proj", layer[OpKind.OUT_PROJ], weight_block=ATTENTION_BLOCK)
+            self.combine(prog, group, "attn", NormSite.MLP, closes_layer=False)
+            prog.compute(everyone, OpKind.MLP_UP, "mlp_up", layer[OpKind.MLP_UP], weight_block=MLP_BLOCK)
+            prog.compute(everyone, OpKind.MLP_DOWN, "mlp_down", layer[OpKind.MLP_DOWN], weight_block=MLP_BLOCK)
+            if last:
+                # Only the master needs the final hidden state: it normalises and projects to logits.
+                self.combine_final(prog, group, "mlp")
+                prog.compute(only_master, OpKind.LAYERNORM, "final_norm", head[OpKind.LAYERNORM],
+                             norm_site=NormSite.FINAL)
+                prog.compute(only_master, OpKind.LM_HEAD, "lm_head", head[OpKind.LM_HEAD])
+                for r in ranks:
+                    prog.ops[r][-1] = replace(prog.ops[r][-1], free=activations)
+            else:
+                self.combine(prog, group, "mlp", NormSite.ATTENTION, closes_layer=True)
+            return prog
+
+        segments = [pro.segment("prologue")]
+        if model.num_layers > 1:
+            segments.append(layer_program(last=False).segment("layer", repeat=model.num_layers - 1, layers=1))
+        segments.append(layer_program(last=True).segment("layer_last", layers=1))
+        return Phase(name, step, new_tokens, context_tokens, tuple(segments))
+
+
+def norm(prog: ProgramBuilder, ranks: tuple[int, ...], group: Group, site: NormSite, closes_layer: bool) -> None:
+    """The residual add and LayerNorm producing ``site``'s input on ``ranks`` (labelled
+    ``attn_norm``/``mlp_norm``, the names the calibration profiles key on)."""
+    prog.compute(ranks, OpKind.LAYERNORM, f"{site}_norm", group.norm, norm_site=site,
+                 weight_block=norm_block(site, closes_layer))
