@@ -51,12 +51,10 @@ def check_memory_fits(scenario: Scenario, *, allow_overcommit: bool = False,
         ConfigError: naming the device (``device h0.d0: the plan needs 586 MB at peak ...``) or
             this machine, with both numbers; also any error simulating the scenario raises.
     """
-    from sim.simulate import simulate, tensor_parallel_ranks
-    from sim.topology import build_topology
+    from sim.simulate import simulate
 
-    topology = build_topology(scenario.config.cluster)
-    ranks = tensor_parallel_ranks(scenario, topology)
     result = simulate(scenario, expand_steps=())
+    topology, ranks = result.topology, result.ranks
     peaks = {rank: max((vr.run.peak_bytes[rank], vr.variant.name) for vr in result.variants) for rank in ranks}
     if not allow_overcommit:
         for rank, (peak_bytes, variant) in peaks.items():
