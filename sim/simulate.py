@@ -15,6 +15,7 @@ import pandas as pd
 
 from models.accounting import check_tensor_parallel
 from models.errors import ConfigError
+from sim.budget import check_job_size
 from sim.calibrated import CalibratedCompute, CalibratedNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
@@ -79,6 +80,21 @@ def tensor_parallel_ranks(scenario: Scenario, topology: Topology) -> tuple[int, 
     return tuple(range(degree))
 
 
+def check_finite(timing: dict[str, float], field: str, *, decodes: bool) -> None:
+    """Raise ConfigError on ``field`` if a metric came out inf or NaN: a result row must never be
+    one. The inputs are bounded (:mod:`sim.units`) so that this should not happen; it is the last
+    check before anything is written. Without decode steps (``decodes`` false: one output token)
+    the per-decode-step metrics are NaN by definition."""
+    for metric, value in timing.items():
+        if math.isfinite(value) or (math.isnan(value) and not decodes and metric in _DECODE_METRICS):
+            continue
+        raise ConfigError(field, f"the simulated {metric} is not a finite number; the scenario's magnitudes "
+                                 f"(latencies, bandwidths, sizes) are out of any useful range (got {value})")
+
+
+_DECODE_METRICS = ("tpot_s", "decode_tokens_per_s", "loader_stall_decode_s")
+
+
 def loader_stalls(run: RunResult) -> dict[str, float]:
     """Time lost waiting for streamed weights (s): in the prefill, and per decode step (the mean of
     the first and last decode steps, which bound it). Zero for resident weights."""
@@ -107,6 +123,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     config = scenario.config
     topology = build_topology(config.cluster)
     ranks = tensor_parallel_ranks(scenario, topology)
+    check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
+                   ranks_field="parallel.tensor" if config.parallel.tensor else "cluster")
     dtype = scenario.model.dtype
     for rank in ranks:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")
@@ -137,9 +155,12 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         try:
             run = simulate_run(plan, engine, topology)
         except ConfigError as error:
+            # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
+            # broadcast): the variant's field of that name.
             raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}", error.message) from None
         trace = build_trace(run, expand_steps)
         timing = timing_metrics(trace, workload.batch_size) | loader_stalls(run)
+        check_finite(timing, f"variants[{config.variants.index(variant)}]", decodes=workload.output_tokens > 1)
         memory = {topology.devices[r].name: {"peak_memory_bytes": run.peak_bytes[r],
                                              "memory_capacity_bytes": topology.devices[r].memory_capacity_bytes}
                   for r in ranks}

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from models.errors import ConfigError
+from models.errors import ConfigError, shorten
 from runtime.errors import LaunchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -93,10 +93,12 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
     from sim.profile import load_profile
 
     loaded = load_scenario(scenario or DEFAULT_SCENARIO)
+    out_dir = out_dir or Path("out") / loaded.name
+    check_out_dir(out_dir)
     profile = load_profile(profile_path) if profile_path else None
     console = _console()
     if loaded.config.sweep is not None:
-        _simulate_sweep(loaded, out_dir or Path("out") / loaded.name, console)
+        _simulate_sweep(loaded, out_dir, console)
         return
     result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
@@ -108,8 +110,36 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
             console.print(f"  {escape(line)}")
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
-    written = write_outputs(result, out_dir or Path("out") / loaded.name)
+    written = write_outputs(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+_SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Raise ConfigError on ``--out`` unless ``out_dir`` is, or can be made, a writable directory.
+
+    Checked before any work, and without creating anything: the nearest existing ancestor must be
+    a directory we may write into, and nothing on the way may be a file; kernel trees (/proc, /sys,
+    /dev) are refused outright.
+    """
+    shown = shorten(str(out_dir), keep_end=True)
+    try:
+        resolved = out_dir.resolve()
+    except (OSError, RuntimeError) as error:
+        raise ConfigError("--out", f"not a usable directory: {error} (got {shown})") from None
+    if any(resolved == tree or tree in resolved.parents for tree in _SYSTEM_TREES):
+        raise ConfigError("--out", f"a kernel file system, not a place for results (got {shown})")
+    existing = resolved
+    while not existing.exists():
+        if existing.is_symlink():  # a dangling link: mkdir would fail on it
+            raise ConfigError("--out", f"a dangling symbolic link on the way (got {shown})")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError("--out", f"{shorten(str(existing), keep_end=True)} is a file, not a directory (got {shown})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError("--out", f"no permission to write in {shorten(str(existing), keep_end=True)} (got {shown})")
 
 
 def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
