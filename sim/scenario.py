@@ -55,8 +55,9 @@ MAX_PROMPT_TOKENS = 1 << 20
 MAX_OUTPUT_TOKENS = 1 << 17
 MAX_BATCH_TOKENS = 1 << 26
 MAX_NAME_CHARS = 100
-# Safe as one path component: no separator, not "." or "..", no leading dot (hidden, or a parent).
-_FILE_NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+# Safe as one path component: no separator, not "." or "..", no leading dot (hidden, or a parent),
+# no leading dash (read as an option by the shell tools a user points at out/<name>).
+_FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 
 
 class Workload(BaseModel):
@@ -96,8 +97,8 @@ class ComputeSettings(BaseModel):
     """Roofline factors: achieved / peak FLOP/s and memory bandwidth, and a fixed cost per op (s)."""
 
     model_config = _STRICT
-    flops_efficiency: StrictFloat | StrictInt = Field(default=0.6, gt=0, le=1)
-    memory_efficiency: StrictFloat | StrictInt = Field(default=0.8, gt=0, le=1)
+    flops_efficiency: StrictFloat = Field(default=0.6, gt=0, le=1)
+    memory_efficiency: StrictFloat = Field(default=0.8, gt=0, le=1)
     op_overhead_s: float = Field(default=5e-6, ge=0, le=1, alias="op_overhead")
 
     @field_validator("op_overhead_s", mode="before")
@@ -151,6 +152,10 @@ class Variant(BaseModel):
         if self.strategy == "allreduce_ln" and self.allreduce is None:
             raise ConfigError("allreduce", f"variant {shorten(self.name)} uses allreduce_ln and needs 'allreduce' "
                                            "(an algorithm or auto) (got none)")
+        if self.strategy == "allreduce_ln" and "reduce" in self.model_fields_set:
+            # allreduce_ln reduces nothing to a master: a name here would be silently ignored.
+            raise ConfigError("reduce", f"variant {shorten(self.name)} uses allreduce_ln, which takes 'allreduce' "
+                                        f"and 'broadcast', not 'reduce' (got {shorten(self.reduce)})")
         if self.strategy == "reduce_ln_bcast" and self.allreduce is not None:
             raise ConfigError("allreduce", f"variant {shorten(self.name)} uses reduce_ln_bcast, which takes 'reduce' "
                                            f"and 'broadcast', not 'allreduce' (got {shorten(self.allreduce)})")

@@ -52,6 +52,8 @@ def _quantity(text: str | int | float, what: str, example: str) -> pint.Quantity
         raise ValueError(f"not {what}; write e.g. {example} (got {shorten(text)})")
     if isinstance(text, (int, float)):
         return _as_float(text, what, example)
+    if not any(c.isdigit() for c in text):  # pint reads a bare "ms" as 1 ms: a unit is not a value
+        raise ValueError(f"not {what}; write e.g. {example} (got {shorten(text)})")
     try:
         quantity = _registry().Quantity(text.strip())
     except Exception:  # noqa: BLE001  (pint's parser raises anything: ZeroDivisionError for "(1/0) ms", ...)
