@@ -17,6 +17,8 @@ field the caller names, one line, before anything else sees the data:
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +32,23 @@ MAX_INT_DIGITS = 30
 MAX_YAML_ALIASES = 100
 
 
-def read_text(path: Path, field: str) -> str:
-    """The UTF-8 text of ``path`` (at most :data:`MAX_FILE_BYTES`).
+def read_text(path: Path, field: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of ``path`` (at most ``max_bytes``).
 
     Raises:
         ConfigError: on ``field`` for a file that cannot be read, is too large or is not UTF-8.
     """
     shown = shorten(str(path), keep_end=True)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+            raise ConfigError(field, f"not a regular file (got {shown})")
         with open(path, "rb") as handle:
             # Read one byte past the limit: /proc files and pipes report no size.
-            data = handle.read(MAX_FILE_BYTES + 1)
+            data = handle.read(max_bytes + 1)
     except OSError as error:
         raise ConfigError(field, f"cannot read file: {error.strerror or error} (got {shown})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(field, f"file larger than {MAX_FILE_BYTES} bytes (got {shown})")
+    if len(data) > max_bytes:
+        raise ConfigError(field, f"file larger than {max_bytes} bytes (got {shown})")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

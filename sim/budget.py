@@ -40,12 +40,13 @@ def work_units(num_variants: int, num_layers: int, num_ranks: int, output_tokens
 
 
 def check_job_size(num_variants: int, num_layers: int, num_ranks: int, output_tokens: int, *,
-                   ranks_field: str) -> float:
+                   ranks_field: str, variants_field: str = "variants") -> float:
     """Raise :class:`ConfigError` if the simulation would exceed :data:`MAX_WORK_UNITS` or
     :data:`MAX_STEP_ROWS`; return its work units otherwise.
 
     ``ranks_field`` is the field that set the number of ranks (``parallel.tensor``, or ``cluster``
-    when every device of the cluster is used).
+    when every device of the cluster is used), ``variants_field`` the one that set the number of
+    variants; the error names the variants' field when one variant alone would fit.
     """
     rows = num_variants * num_ranks * output_tokens
     if rows > MAX_STEP_ROWS:
@@ -55,8 +56,9 @@ def check_job_size(num_variants: int, num_layers: int, num_ranks: int, output_to
                           f"tokens, ranks or variants (got {output_tokens})")
     work = work_units(num_variants, num_layers, num_ranks, output_tokens)
     if work > MAX_WORK_UNITS:
-        raise ConfigError(ranks_field,
+        alone_fits = work_units(1, num_layers, num_ranks, output_tokens) <= MAX_WORK_UNITS
+        raise ConfigError(variants_field if alone_fits else ranks_field,
                           f"{num_variants} variants x {num_layers} layers on {num_ranks} ranks is estimated at "
                           f"{work:.3g} work units, more than the {MAX_WORK_UNITS:.3g} hetsim runs (minutes); "
-                          f"use fewer ranks, variants or layers (got {num_ranks} ranks)")
+                          f"use fewer ranks, variants or layers (got {num_variants} variants on {num_ranks} ranks)")
     return work

@@ -76,7 +76,15 @@ def tensor_parallel_ranks(scenario: Scenario, topology: Topology) -> tuple[int, 
     if degree > topology.num_ranks:
         raise ConfigError("parallel.tensor", f"tensor-parallel degree exceeds the cluster's "
                                              f"{topology.num_ranks} devices (got {degree})")
-    check_tensor_parallel(scenario.model, degree)
+    try:
+        check_tensor_parallel(scenario.model, degree)
+    except ConfigError as error:
+        if scenario.config.parallel.tensor is not None:
+            raise
+        # The degree came from the device count: name what the user wrote.
+        raise ConfigError("cluster", f"the cluster's {degree} devices are the default tensor-parallel degree, "
+                                     f"which {error.message.removeprefix(f'tensor-parallel degree {degree} ')}; "
+                                     "set parallel.tensor") from None
     return tuple(range(degree))
 
 

@@ -86,7 +86,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         for j, degree in enumerate(degrees):
             field = f"sweep.devices[{j}]" if sweep.devices else ("parallel.tensor" if config.parallel.tensor else "cluster")
             total_work += check_job_size(len(variants), spec.num_layers, degree, config.workload.output_tokens,
-                                         ranks_field=field)
+                                         ranks_field=field, variants_field="sweep.memory" if sweep.memory else "variants")
             if total_work > MAX_SWEEP_WORK_UNITS:
                 raise ConfigError("sweep", f"the sweep's points are estimated at more than {MAX_SWEEP_WORK_UNITS:.3g} "
                                            f"work units in all (minutes); sweep fewer models, degrees or memory "

@@ -168,14 +168,20 @@ def test_output_tokens_beyond_the_limit_are_refused(tmp_path, capsys):
     assert _refused(tmp_path, capsys, data).startswith("workload.output_tokens: ")
 
 
-def test_a_job_estimated_past_the_work_limit_is_refused_naming_its_ranks(tmp_path, capsys):
-    # 512 single-device hosts, llama-2-70b needs TP dividing 64 heads: 64 ranks x 80 layers x 40 variants.
+def test_a_job_estimated_past_the_work_limit_is_refused_naming_what_makes_it_large(tmp_path, capsys):
+    # llama-2-70b on 64 ranks: one variant fits the work limit, forty do not.
     variants = [{"name": f"v{i}", "strategy": "allreduce_ln", "allreduce": "ring"} for i in range(40)]
-    data = scenario_dict(model="llama-2-70b", cluster=cluster(num_hosts=64, devices_per_host=1),
-                         variants=variants)
-    assert work_units(40, 80, 64, 8) > MAX_WORK_UNITS
+    data = scenario_dict(model="llama-2-70b", cluster=cluster(num_hosts=64, devices_per_host=1), variants=variants)
+    assert work_units(40, 80, 64, 8) > MAX_WORK_UNITS >= work_units(1, 80, 64, 8)
     error = _refused(tmp_path, capsys, data)
-    assert error.startswith("cluster: ") and "work units" in error
+    assert error.startswith("variants: 40 variants x 80 layers on 64 ranks") and "work units" in error
+    # 1,024 ranks: even one variant is too much, and the ranks come from the cluster.
+    config = tiny_model_config("llama", 80) | {"hidden_size": 1024 * 64, "num_attention_heads": 1024,
+                                               "num_key_value_heads": 1024, "intermediate_size": 1024 * 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    data = scenario_dict(model="config.json", cluster=cluster(num_hosts=1024, devices_per_host=1),
+                         variants=variants[:1], workload={"batch_size": 1, "prompt_tokens": 8, "output_tokens": 8})
+    assert _refused(tmp_path, capsys, data).startswith("cluster: 1 variants x 80 layers on 1024 ranks")
 
 
 def test_weights_streamed_over_a_one_bit_per_second_disk_finish(tmp_path, capsys):
@@ -209,3 +215,14 @@ def test_shipped_scenarios_still_load():
     from sim.scenario import load_scenario
     for path in sorted(ROOT.glob("scenarios/**/*.yaml")):
         assert load_scenario(path).name
+
+
+def test_a_device_count_that_does_not_shard_the_model_names_the_cluster(tmp_path, capsys):
+    # No parallel.tensor: the degree is the device count, so the error names what the user wrote.
+    error = _refused(tmp_path, capsys, scenario_dict(cluster=cluster(num_hosts=5, devices_per_host=1)))
+    assert error.startswith("cluster: the cluster's 5 devices are the default tensor-parallel degree")
+
+
+def test_a_model_config_that_is_a_fifo_is_refused_without_blocking(tmp_path, capsys):
+    os.mkfifo(tmp_path / "config.json")
+    assert _refused(tmp_path, capsys, scenario_dict(model="config.json")).startswith("model.config: not a regular file")

@@ -100,7 +100,8 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
     if loaded.config.sweep is not None:
         _simulate_sweep(loaded, out_dir, console)
         return
-    result = run_simulation(loaded, profile=profile)
+    with console.status(f"simulating {len(loaded.config.variants)} variants"):  # a terminal sees it is busy
+        result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
     if profile is None:
         console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)")
