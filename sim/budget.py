@@ -9,12 +9,16 @@ known from the scenario before the first event:
   fits the run time of ring, tree and doubling variants on 16 to 64 ranks). The timeline samples
   about ``3 + 2 log2(output_tokens)`` steps (:mod:`sim.timeline`). One unit takes about 25 us on
   one core of the development machine, so :data:`MAX_WORK_UNITS` is about 40 s there.
-* **step rows** ``variants x ranks x output_tokens``: the trace keeps one memory sample per rank
-  and step (``Trace.memory``) and the Chrome trace one event each, about 1.4 KB of memory per row,
-  so :data:`MAX_STEP_ROWS` is about 1 GB.
+* **trace rows** ``variants x ranks x (2 x output_tokens + 60 x (layers + 1))``: the trace keeps
+  a step span and a memory sample per rank and step, and for the two expanded steps (prefill and
+  first decode step) about 10 ops and 20 memory samples per layer and rank; the Chrome trace holds
+  one event per row. A row costs about 0.8 KB of memory and 20 us to write, so
+  :data:`MAX_TRACE_ROWS` is about 800 MB and 20 s.
 
 A sweep adds up its points (:data:`MAX_SWEEP_WORK_UNITS`). The errors name the field that sets the
-dominant factor (``parallel.tensor`` or ``cluster``, ``workload.output_tokens``, ``variants``).
+dominant factor: ``variants`` (or ``sweep.memory``) when one variant alone would fit, else
+``workload.output_tokens`` when the tokens dominate the rows, else the ranks' field
+(``parallel.tensor``, or ``cluster`` when every device is used).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from models.errors import ConfigError
 
 MAX_WORK_UNITS = 1_500_000
 MAX_SWEEP_WORK_UNITS = 6_000_000
-MAX_STEP_ROWS = 600_000
+MAX_TRACE_ROWS = 1_000_000
+_ROWS_PER_LAYER = 60
 _RANK_EXPONENT = 1.25
 
 
@@ -39,26 +44,36 @@ def work_units(num_variants: int, num_layers: int, num_ranks: int, output_tokens
     return num_variants * num_layers * num_ranks ** _RANK_EXPONENT * sampled_steps(output_tokens)
 
 
+def trace_rows(num_variants: int, num_layers: int, num_ranks: int, output_tokens: int) -> int:
+    """The estimated rows of the traces of a simulation (see the module docstring)."""
+    return num_variants * num_ranks * (2 * output_tokens + _ROWS_PER_LAYER * (num_layers + 1))
+
+
 def check_job_size(num_variants: int, num_layers: int, num_ranks: int, output_tokens: int, *,
                    ranks_field: str, variants_field: str = "variants") -> float:
     """Raise :class:`ConfigError` if the simulation would exceed :data:`MAX_WORK_UNITS` or
-    :data:`MAX_STEP_ROWS`; return its work units otherwise.
+    :data:`MAX_TRACE_ROWS`; return its work units otherwise.
 
     ``ranks_field`` is the field that set the number of ranks (``parallel.tensor``, or ``cluster``
     when every device of the cluster is used), ``variants_field`` the one that set the number of
-    variants; the error names the variants' field when one variant alone would fit.
+    variants. The error names the field of the dominant factor (see the module docstring).
     """
-    rows = num_variants * num_ranks * output_tokens
-    if rows > MAX_STEP_ROWS:
-        raise ConfigError("workload.output_tokens",
-                          f"{num_variants} variants x {num_ranks} ranks x {output_tokens} output tokens = {rows} "
-                          f"trace rows, more than the {MAX_STEP_ROWS} hetsim keeps in memory; simulate fewer "
-                          f"tokens, ranks or variants (got {output_tokens})")
+    shape = f"{num_variants} variants x {num_layers} layers on {num_ranks} ranks"
+    rows = trace_rows(num_variants, num_layers, num_ranks, output_tokens)
+    if rows > MAX_TRACE_ROWS:
+        if trace_rows(1, num_layers, num_ranks, output_tokens) <= MAX_TRACE_ROWS:
+            field, value = variants_field, f"{num_variants} variants"
+        elif 2 * output_tokens >= _ROWS_PER_LAYER * (num_layers + 1):
+            field, value = "workload.output_tokens", str(output_tokens)
+        else:
+            field, value = ranks_field, f"{num_ranks} ranks"
+        raise ConfigError(field, f"{shape} with {output_tokens} output tokens make about {rows} trace rows, more than "
+                                 f"the {MAX_TRACE_ROWS} hetsim keeps in memory; simulate fewer variants, ranks, layers "
+                                 f"or tokens (got {value})")
     work = work_units(num_variants, num_layers, num_ranks, output_tokens)
     if work > MAX_WORK_UNITS:
         alone_fits = work_units(1, num_layers, num_ranks, output_tokens) <= MAX_WORK_UNITS
-        raise ConfigError(variants_field if alone_fits else ranks_field,
-                          f"{num_variants} variants x {num_layers} layers on {num_ranks} ranks is estimated at "
-                          f"{work:.3g} work units, more than the {MAX_WORK_UNITS:.3g} hetsim runs (minutes); "
-                          f"use fewer ranks, variants or layers (got {num_variants} variants on {num_ranks} ranks)")
+        field, value = (variants_field, f"{num_variants} variants") if alone_fits else (ranks_field, f"{num_ranks} ranks")
+        raise ConfigError(field, f"{shape} is estimated at {work:.3g} work units, more than the {MAX_WORK_UNITS:.3g} "
+                                 f"hetsim runs (minutes); use fewer variants, ranks or layers (got {value})")
     return work

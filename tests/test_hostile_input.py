@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from models.errors import ConfigError
-from sim.budget import MAX_WORK_UNITS, work_units
+from sim.budget import check_job_size, work_units
 from sim.simulate import check_finite
 from tests.conftest import ROOT, cluster, scenario_dict, tiny_model_config
 from tests.test_cli import _run
@@ -172,9 +172,8 @@ def test_a_job_estimated_past_the_work_limit_is_refused_naming_what_makes_it_lar
     # llama-2-70b on 64 ranks: one variant fits the work limit, forty do not.
     variants = [{"name": f"v{i}", "strategy": "allreduce_ln", "allreduce": "ring"} for i in range(40)]
     data = scenario_dict(model="llama-2-70b", cluster=cluster(num_hosts=64, devices_per_host=1), variants=variants)
-    assert work_units(40, 80, 64, 8) > MAX_WORK_UNITS >= work_units(1, 80, 64, 8)
     error = _refused(tmp_path, capsys, data)
-    assert error.startswith("variants: 40 variants x 80 layers on 64 ranks") and "work units" in error
+    assert error.startswith("variants: 40 variants x 80 layers on 64 ranks") and "trace rows" in error
     # 1,024 ranks: even one variant is too much, and the ranks come from the cluster.
     config = tiny_model_config("llama", 80) | {"hidden_size": 1024 * 64, "num_attention_heads": 1024,
                                                "num_key_value_heads": 1024, "intermediate_size": 1024 * 128}
@@ -182,6 +181,16 @@ def test_a_job_estimated_past_the_work_limit_is_refused_naming_what_makes_it_lar
     data = scenario_dict(model="config.json", cluster=cluster(num_hosts=1024, devices_per_host=1),
                          variants=variants[:1], workload={"batch_size": 1, "prompt_tokens": 8, "output_tokens": 8})
     assert _refused(tmp_path, capsys, data).startswith("cluster: 1 variants x 80 layers on 1024 ranks")
+
+
+def test_the_job_limits_name_the_dominant_factor():
+    with pytest.raises(ConfigError, match=r"^sweep\.memory: 60 variants x 80 layers on 8 ranks with 1024 output"):
+        check_job_size(60, 80, 8, 1024, ranks_field="cluster", variants_field="sweep.memory")
+    with pytest.raises(ConfigError, match=r"^workload\.output_tokens: .* \(got 131072\)$"):
+        check_job_size(1, 80, 4, 2**17, ranks_field="cluster")
+    with pytest.raises(ConfigError, match=r"^parallel\.tensor: .* \(got 64 ranks\)$"):
+        check_job_size(1, 1024, 64, 16, ranks_field="parallel.tensor")
+    assert check_job_size(5, 32, 8, 128, ranks_field="cluster") == work_units(5, 32, 8, 128)
 
 
 def test_weights_streamed_over_a_one_bit_per_second_disk_finish(tmp_path, capsys):
