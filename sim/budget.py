@@ -12,8 +12,8 @@ known from the scenario before the first event:
 * **trace rows** ``variants x ranks x (2 x output_tokens + 60 x (layers + 1))``: the trace keeps
   a step span and a memory sample per rank and step, and for the two expanded steps (prefill and
   first decode step) about 10 ops and 20 memory samples per layer and rank; the Chrome trace holds
-  one event per row. A row costs about 0.8 KB of memory and 20 us to write, so
-  :data:`MAX_TRACE_ROWS` is about 800 MB and 20 s.
+  one event per row. A row costs about 0.8 KB of memory and 15 to 20 us to write, so
+  :data:`MAX_TRACE_ROWS` is about 600 MB and 12 to 15 s.
 
 A sweep adds up its points (:data:`MAX_SWEEP_WORK_UNITS`). The errors name the field that sets the
 dominant factor: ``variants`` (or ``sweep.memory``) when one variant alone would fit, else
@@ -29,7 +29,7 @@ from models.errors import ConfigError
 
 MAX_WORK_UNITS = 1_500_000
 MAX_SWEEP_WORK_UNITS = 6_000_000
-MAX_TRACE_ROWS = 1_000_000
+MAX_TRACE_ROWS = 750_000
 _ROWS_PER_LAYER = 60
 _RANK_EXPONENT = 1.25
 

@@ -327,17 +327,81 @@ def _hf_config(rng, scenario, config):
     return _dump(data), body, label
 
 
+def _big_valid(rng, scenario, config):
+    """Values at or near the documented limits: valid, so they must run (or be refused) quickly."""
+    data = copy.deepcopy(scenario)
+    choice = rng.choice(("output_tokens", "batch", "prompt", "hosts", "window", "variants", "config"))
+    workload = data["workload"]
+    if choice == "output_tokens":
+        workload.update(output_tokens=rng.choice((2**17, 100_000, 30_000, 4096)), allow_beyond_context=True)
+    elif choice == "batch":
+        workload.update(batch_size=rng.choice((65536, 4096)), prompt_tokens=rng.choice((1000, 1)))
+    elif choice == "prompt":
+        workload.update(prompt_tokens=rng.choice((2**20, 500_000)), allow_beyond_context=True)
+    elif choice == "hosts":
+        host = data["cluster"]["hosts"][0]
+        host["count"] = rng.choice((1024, 512, 256))
+        if "{i}" not in host["name"]:
+            host["name"] += "{i}"
+        if host.get("parent") and "{i}" in host["parent"]:
+            host["parent"] = data["cluster"]["switches"][0]["name"]
+    elif choice == "window":
+        data["memory"] = {"policy": "sliding_window", "window": rng.choice((65536, 1000, 2)),
+                          "retain_every": rng.choice((2, 65536))}
+    elif choice == "variants":
+        data["variants"] = [dict(data["variants"][0], name=f"v{i}") for i in range(rng.choice((64, 20)))]
+        data.pop("baseline", None)
+    else:
+        data["model"] = "config.json"
+        data.pop("sweep", None)
+        cfg = copy.deepcopy(config)
+        layers = "n_layer" if cfg.get("model_type") == "gpt2" else "num_hidden_layers"
+        cfg[layers] = rng.choice((1024, 200, 80))
+        return _dump(data), json.dumps(cfg).encode(), f"near limits: config {layers}={cfg[layers]}"
+    return _dump(data), None, f"near limits: {choice}"
+
+
+def _yaml_syntax(rng, scenario, config):
+    text = bytearray(_dump(scenario))
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(text))
+        if rng.random() < 0.5:
+            del text[at]
+        else:
+            text[at:at] = rng.choice((b":", b"-", b" ", b"\n", b"{", b"[", b"'", b'"', b"&a", b"*a", b"!!", b"#", b"\t"))
+    return bytes(text), None, "YAML syntax damage"
+
+
+def _model_path(rng, scenario, config):
+    data = copy.deepcopy(scenario)
+    data.pop("sweep", None)
+    data["model"] = rng.choice(("/", "missing.json", ".json", "/dev/null.json", "../../../../etc/passwd.json",
+                                "/proc/self/status.json", "dir.json", "x" * 300 + ".json", "/dev/zero",
+                                "config.json/", "~/config.json"))
+    return _dump(data), None, f"model={_short(data['model'])}"
+
+
+def _out_dir(rng, scenario, config):
+    return _dump(scenario), None, "out"
+
+
 MUTATIONS: dict[str, Callable] = {
     "field_value": _field_value, "two_fields": _two_fields, "delete_field": _delete_field,
     "unknown_field": _unknown_field, "duplicate_key": _duplicate_key, "workload": _workload,
     "cluster_count": _cluster_count, "link": _link, "variant": _variant, "sweep": _sweep, "name": _name,
     "latin1_byte": _latin1_byte, "utf16": _utf16, "binary": _binary, "deep": _deep, "huge_int": _huge_int,
-    "whole_file": _whole_file, "hf_config": _hf_config,
+    "whole_file": _whole_file, "hf_config": _hf_config, "big_valid": _big_valid, "yaml_syntax": _yaml_syntax,
+    "model_path": _model_path, "out_dir": _out_dir,
 }
+# ``out_dir`` cases run with one of these as --out ({workdir}: the case's directory, holding a
+# regular file "afile" and a directory "dir.json").
+OUT_DIRS = ("{workdir}/afile", "{workdir}/afile/out", "/proc/hetsim-fuzz", "/sys/hetsim", "/dev/null",
+            "/dev/null/out", "{workdir}/a/b/c/../../out", "")
 # Field-level mutations are where the variety is; the whole-file ones have few distinct outcomes.
 WEIGHTS = {"field_value": 8, "two_fields": 4, "delete_field": 2, "unknown_field": 1, "duplicate_key": 1,
            "workload": 3, "cluster_count": 2, "link": 3, "variant": 2, "sweep": 2, "name": 1, "latin1_byte": 1,
-           "utf16": 1, "binary": 1, "deep": 1, "huge_int": 1, "whole_file": 2, "hf_config": 5}
+           "utf16": 1, "binary": 1, "deep": 1, "huge_int": 1, "whole_file": 2, "hf_config": 5, "big_valid": 2,
+           "yaml_syntax": 2, "model_path": 1, "out_dir": 1}
 
 
 def _get(data: Any, path: tuple) -> Any:
@@ -365,6 +429,7 @@ class Case:
     label: str
     scenario: bytes
     config: bytes | None
+    out: str | None = None  # --out, if not the case's own out/ (see OUT_DIRS)
 
 
 def make_case(index: int, rng: random.Random, seeds: dict[str, dict], configs: dict[str, dict],
@@ -375,9 +440,10 @@ def make_case(index: int, rng: random.Random, seeds: dict[str, dict], configs: d
     seed = rng.choice(sorted(seeds))
     config_name = rng.choice(sorted(configs))
     scenario, config, label = MUTATIONS[mutation](rng, seeds[seed], configs[config_name])
-    if mutation == "hf_config":
+    if mutation in ("hf_config", "big_valid"):
         seed = f"{seed} + {config_name}"
-    return Case(index, seed, mutation, label, scenario, config)
+    out = rng.choice(OUT_DIRS) if mutation == "out_dir" else None
+    return Case(index, seed, mutation, f"--out {out!r}" if out is not None else label, scenario, config, out)
 
 
 @dataclass(frozen=True)
@@ -403,7 +469,9 @@ def run_case(case: Case, workdir: Path, *, time_limit_s: float = TIME_LIMIT_S,
     scenario_path.write_bytes(case.scenario)
     if case.config is not None:
         (workdir / "config.json").write_bytes(case.config)
-    out_dir = workdir / "out"
+    (workdir / "afile").write_text("a file, not a directory\n")
+    (workdir / "dir.json").mkdir()
+    out_dir = workdir / "out" if case.out is None else Path(case.out.replace("{workdir}", str(workdir)))
     stdout_path, stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
     start = time.monotonic()
     pid = os.fork()
@@ -464,7 +532,7 @@ def classify(exit_code: int | None, timed_out: bool, stderr: str, out_dir: Path)
     if timed_out:
         return "hang"
     lines = stderr.strip().splitlines()
-    written = out_dir.exists() and any(out_dir.rglob("*"))
+    written = out_dir.is_dir() and str(out_dir) not in ("/", ".", "") and any(out_dir.rglob("*"))
     if "MemoryError" in stderr or exit_code in (-signal.SIGKILL, 137):
         return "memory"
     if "Traceback (most recent call last)" in stderr:
