@@ -129,7 +129,7 @@ def test_out_under_a_file_or_proc_is_refused_before_any_work(tmp_path, capsys):
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(scenario_dict()))
     (tmp_path / "file").write_text("")
-    for out in (tmp_path / "file" / "out", Path("/proc/hetsim-out")):
+    for out in (tmp_path / "file" / "out", Path("/proc/hetsim-out"), ""):
         code, _, stderr = _run(["simulate", str(path), "--out", str(out)], capsys)
         assert code == 2 and stderr.startswith("hetsim: error: --out: ") and len(stderr.splitlines()) == 1
 

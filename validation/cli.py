@@ -77,11 +77,11 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for results.csv, trace.json and report.html (default: out/<scenario name>).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Calibration profile from hetsim calibrate: price ops from measurements.")
-def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | None) -> None:
+def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | None) -> None:
     """Predict TTFT, TPOT, decode tokens/s and peak memory for each variant of SCENARIO.
 
     Without SCENARIO, runs the default scenario (scenarios/low_resource_llama2_7b.yaml).
@@ -92,8 +92,10 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
 
     from sim.profile import load_profile
 
+    if out_dir == "":  # an unset variable in --out "$DIR"; Path("") would be the current directory
+        raise ConfigError("--out", "empty path; write --out . for the current directory (got '')")
     loaded = load_scenario(scenario or DEFAULT_SCENARIO)
-    out_dir = out_dir or Path("out") / loaded.name
+    out_dir = Path(out_dir) if out_dir is not None else Path("out") / loaded.name
     check_out_dir(out_dir)
     profile = load_profile(profile_path) if profile_path else None
     console = _console()
