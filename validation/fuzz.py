@@ -100,19 +100,19 @@ STRINGS: tuple[Any, ...] = ("", ".", "..", "../escape", "a/b", "/etc/passwd", "x
                             "😀" * 10, None, [], {}, [1, 2], {"a": 1})
 
 
-def _leaves(data: Any, path: tuple = ()) -> list[tuple]:
+def value_paths(data: Any, path: tuple = ()) -> list[tuple]:
     """Paths to every value of a nested mapping/list (containers included, the root excluded)."""
     paths = [path] if path else []
     if isinstance(data, dict):
         for key, value in data.items():
-            paths += _leaves(value, (*path, key))
+            paths += value_paths(value, (*path, key))
     elif isinstance(data, list):
         for i, value in enumerate(data):
-            paths += _leaves(value, (*path, i))
+            paths += value_paths(value, (*path, i))
     return paths
 
 
-def _set(data: Any, path: tuple, value: Any) -> None:
+def set_value(data: Any, path: tuple, value: Any) -> None:
     node = data
     for key in path[:-1]:
         node = node[key]
@@ -142,9 +142,9 @@ def _dump(data: Any) -> bytes:
 
 def _field_value(rng, scenario, config):
     data = copy.deepcopy(scenario)
-    path = rng.choice(_leaves(data))
+    path = rng.choice(value_paths(data))
     old = _get(data, path)
-    _set(data, path, _hostile_value(rng, old))
+    set_value(data, path, _hostile_value(rng, old))
     return _dump(data), None, f"{_dotted(path)}={_short(_get(data, path))}"
 
 
@@ -152,22 +152,22 @@ def _two_fields(rng, scenario, config):
     data = copy.deepcopy(scenario)
     labels = []
     for _ in range(2):
-        path = rng.choice(_leaves(data))
-        _set(data, path, _hostile_value(rng, _get(data, path)))
+        path = rng.choice(value_paths(data))
+        set_value(data, path, _hostile_value(rng, _get(data, path)))
         labels.append(f"{_dotted(path)}={_short(_get(data, path))}")
     return _dump(data), None, " ".join(labels)
 
 
 def _delete_field(rng, scenario, config):
     data = copy.deepcopy(scenario)
-    path = rng.choice(_leaves(data))
+    path = rng.choice(value_paths(data))
     _delete(data, path)
     return _dump(data), None, f"del {_dotted(path)}"
 
 
 def _unknown_field(rng, scenario, config):
     data = copy.deepcopy(scenario)
-    containers = [p for p in _leaves(data) if isinstance(_get(data, p), dict)] + [()]
+    containers = [p for p in value_paths(data) if isinstance(_get(data, p), dict)] + [()]
     path = rng.choice(containers)
     node = _get(data, path) if path else data
     node[rng.choice(("colour", "bandwith", "latancy", "count ", "Name", "tensor_parallel"))] = 1
@@ -202,9 +202,9 @@ def _cluster_count(rng, scenario, config):
 
 def _link(rng, scenario, config):
     data = copy.deepcopy(scenario)
-    links = [p for p in _leaves(data) if p and p[-1] in ("bandwidth", "latency", "memory")]
+    links = [p for p in value_paths(data) if p and p[-1] in ("bandwidth", "latency", "memory")]
     path = rng.choice(links)
-    _set(data, path, rng.choice(UNITS + (0, -1, 1e308, 1e-300, float("nan"), True)))
+    set_value(data, path, rng.choice(UNITS + (0, -1, 1e308, 1e-300, float("nan"), True)))
     return _dump(data), None, f"{_dotted(path)}={_short(_get(data, path))}"
 
 
