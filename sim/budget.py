@@ -7,8 +7,11 @@ known from the scenario before the first event:
 * **work units** ``variants x layers x ranks^1.25 x sampled steps``: the engine runs every op of
   every rank of each sampled step, and a collective's schedule grows with its group (the exponent
   fits the run time of ring, tree and doubling variants on 16 to 64 ranks). The timeline samples
-  about ``3 + 2 log2(output_tokens)`` steps (:mod:`sim.timeline`). One unit takes about 25 us on
-  one core of the development machine, so :data:`MAX_WORK_UNITS` is about 40 s there.
+  about ``3 + 2 log2(output_tokens)`` steps (:mod:`sim.timeline`). A variant that streams its
+  weights (``sliding_window``) counts :data:`STREAMED_VARIANT_WEIGHT` times: its weight loads
+  share links through the loader's events (Llama-2-7B on 8 ranks: 0.09 s resident, 1.0 to 1.4 s
+  streamed). One unit takes about 12 to 25 us on one core of the development machine, so
+  :data:`MAX_WORK_UNITS` is 20 to 40 s there.
 * **trace rows** ``variants x ranks x (2 x output_tokens + 60 x (layers + 1))``: the trace keeps
   a step span and a memory sample per rank and step, and for the two expanded steps (prefill and
   first decode step) about 10 ops and 20 memory samples per layer and rank; the Chrome trace holds
@@ -28,7 +31,8 @@ import math
 from models.errors import ConfigError
 
 MAX_WORK_UNITS = 1_500_000
-MAX_SWEEP_WORK_UNITS = 6_000_000
+MAX_SWEEP_WORK_UNITS = 12_000_000  # the shipped memory sweep is about 6e6 (95 s), with a progress bar
+STREAMED_VARIANT_WEIGHT = 15
 MAX_TRACE_ROWS = 750_000
 _ROWS_PER_LAYER = 60
 _RANK_EXPONENT = 1.25
@@ -39,9 +43,12 @@ def sampled_steps(output_tokens: int) -> int:
     return min(output_tokens, 3 + 2 * math.ceil(math.log2(max(output_tokens, 2))))
 
 
-def work_units(num_variants: int, num_layers: int, num_ranks: int, output_tokens: int) -> float:
-    """The estimated engine work of a simulation (dimensionless; see the module docstring)."""
-    return num_variants * num_layers * num_ranks ** _RANK_EXPONENT * sampled_steps(output_tokens)
+def work_units(num_variants: int, num_layers: int, num_ranks: int, output_tokens: int,
+               streamed_variants: int = 0) -> float:
+    """The estimated engine work of a simulation (dimensionless; see the module docstring);
+    ``streamed_variants`` of the ``num_variants`` stream their weights."""
+    weighted = num_variants + (STREAMED_VARIANT_WEIGHT - 1) * streamed_variants
+    return weighted * num_layers * num_ranks ** _RANK_EXPONENT * sampled_steps(output_tokens)
 
 
 def trace_rows(num_variants: int, num_layers: int, num_ranks: int, output_tokens: int) -> int:
@@ -50,15 +57,17 @@ def trace_rows(num_variants: int, num_layers: int, num_ranks: int, output_tokens
 
 
 def check_job_size(num_variants: int, num_layers: int, num_ranks: int, output_tokens: int, *,
-                   ranks_field: str, variants_field: str = "variants") -> float:
+                   ranks_field: str, variants_field: str = "variants", streamed_variants: int = 0) -> float:
     """Raise :class:`ConfigError` if the simulation would exceed :data:`MAX_WORK_UNITS` or
     :data:`MAX_TRACE_ROWS`; return its work units otherwise.
 
     ``ranks_field`` is the field that set the number of ranks (``parallel.tensor``, or ``cluster``
     when every device of the cluster is used), ``variants_field`` the one that set the number of
-    variants. The error names the field of the dominant factor (see the module docstring).
+    variants, ``streamed_variants`` how many of them stream their weights. The error names the
+    field of the dominant factor (see the module docstring).
     """
-    shape = f"{num_variants} variants x {num_layers} layers on {num_ranks} ranks"
+    streamed = f" ({streamed_variants} streaming weights)" if streamed_variants else ""
+    shape = f"{num_variants} variants{streamed} x {num_layers} layers on {num_ranks} ranks"
     rows = trace_rows(num_variants, num_layers, num_ranks, output_tokens)
     if rows > MAX_TRACE_ROWS:
         if trace_rows(1, num_layers, num_ranks, output_tokens) <= MAX_TRACE_ROWS:
@@ -70,9 +79,9 @@ def check_job_size(num_variants: int, num_layers: int, num_ranks: int, output_to
         raise ConfigError(field, f"{shape} with {output_tokens} output tokens make about {rows} trace rows, more than "
                                  f"the {MAX_TRACE_ROWS} hetsim keeps in memory; simulate fewer variants, ranks, layers "
                                  f"or tokens (got {value})")
-    work = work_units(num_variants, num_layers, num_ranks, output_tokens)
+    work = work_units(num_variants, num_layers, num_ranks, output_tokens, streamed_variants)
     if work > MAX_WORK_UNITS:
-        alone_fits = work_units(1, num_layers, num_ranks, output_tokens) <= MAX_WORK_UNITS
+        alone_fits = work_units(1, num_layers, num_ranks, output_tokens, min(streamed_variants, 1)) <= MAX_WORK_UNITS
         field, value = (variants_field, f"{num_variants} variants") if alone_fits else (ranks_field, f"{num_ranks} ranks")
         raise ConfigError(field, f"{shape} is estimated at {work:.3g} work units, more than the {MAX_WORK_UNITS:.3g} "
                                  f"hetsim runs (minutes); use fewer variants, ranks or layers (got {value})")

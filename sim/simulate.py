@@ -132,7 +132,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     topology = build_topology(config.cluster)
     ranks = tensor_parallel_ranks(scenario, topology)
     check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
-                   ranks_field="parallel.tensor" if config.parallel.tensor else "cluster")
+                   ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
+                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
     dtype = scenario.model.dtype
     for rank in ranks:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")

@@ -71,6 +71,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             raise ConfigError(f"sweep.devices[{i}]", f"must be between 1 and the cluster's {num_devices} devices "
                                                      f"(got {degree})")
     variants = _variants(scenario)
+    streamed = sum(scenario.memory_policy(v).streams for v in variants)
     points = []
     total_work = 0.0
     for i, name in enumerate(models):
@@ -86,7 +87,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         for j, degree in enumerate(degrees):
             field = f"sweep.devices[{j}]" if sweep.devices else ("parallel.tensor" if config.parallel.tensor else "cluster")
             total_work += check_job_size(len(variants), spec.num_layers, degree, config.workload.output_tokens,
-                                         ranks_field=field, variants_field="sweep.memory" if sweep.memory else "variants")
+                                         ranks_field=field, variants_field="sweep.memory" if sweep.memory else "variants",
+                                         streamed_variants=streamed)
             if total_work > MAX_SWEEP_WORK_UNITS:
                 raise ConfigError("sweep", f"the sweep's points are estimated at more than {MAX_SWEEP_WORK_UNITS:.3g} "
                                            f"work units in all (minutes); sweep fewer models, degrees or memory "

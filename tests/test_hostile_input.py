@@ -235,3 +235,7 @@ def test_a_device_count_that_does_not_shard_the_model_names_the_cluster(tmp_path
 def test_a_model_config_that_is_a_fifo_is_refused_without_blocking(tmp_path, capsys):
     os.mkfifo(tmp_path / "config.json")
     assert _refused(tmp_path, capsys, scenario_dict(model="config.json")).startswith("model.config: not a regular file")
+
+
+def test_a_variant_streaming_its_weights_counts_as_more_work():
+    assert work_units(2, 32, 8, 128, streamed_variants=1) == work_units(1, 32, 8, 128) * 16

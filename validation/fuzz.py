@@ -471,7 +471,8 @@ def run_case(case: Case, workdir: Path, *, time_limit_s: float = TIME_LIMIT_S,
         (workdir / "config.json").write_bytes(case.config)
     (workdir / "afile").write_text("a file, not a directory\n")
     (workdir / "dir.json").mkdir()
-    out_dir = workdir / "out" if case.out is None else Path(case.out.replace("{workdir}", str(workdir)))
+    out_arg = str(workdir / "out") if case.out is None else case.out.replace("{workdir}", str(workdir))
+    out_dir = Path(out_arg)
     stdout_path, stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
     start = time.monotonic()
     pid = os.fork()
@@ -488,7 +489,7 @@ def run_case(case: Case, workdir: Path, *, time_limit_s: float = TIME_LIMIT_S,
             sys.stderr = open(2, "w", closefd=False)
             os.chdir(workdir)
             try:
-                main(["simulate", str(scenario_path), "--out", str(out_dir)])
+                main(["simulate", str(scenario_path), "--out", out_arg])
                 code = 0
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else 1
