@@ -7,8 +7,10 @@ field the caller names, one line, before anything else sees the data:
 * encoding: UTF-8 text (a latin-1 byte, UTF-16, a binary file give "not UTF-8 text");
 * nesting: at most :data:`MAX_DEPTH` levels of mappings and lists (the YAML composer and the JSON
   decoder recurse, so 900 levels would otherwise end in a RecursionError);
-* integers: at most :data:`MAX_INT_DIGITS` digits (no count hetsim reads comes near; Python
-  refuses to parse more than 4,300 digits and a float overflows past 309);
+* integers: more than :data:`MAX_INT_DIGITS` digits are not parsed (no count hetsim reads comes
+  near; Python refuses to parse more than 4,300 digits and a float overflows past 309) but kept
+  as a :class:`LongNumber`, a string the field's own validation refuses, so the error names the
+  field (``workload.prompt_tokens: ... (got a 5000-digit number)``);
 * YAML: no duplicate keys in a mapping (the last one would silently win), at most
   :data:`MAX_YAML_ALIASES` aliases (an alias bomb expands exponentially when validated);
 * JSON: no ``NaN`` or ``Infinity`` literals.
@@ -56,6 +58,13 @@ def read_text(path: Path, field: str, max_bytes: int = MAX_FILE_BYTES) -> str:
                                  f"(got {shown})") from None
 
 
+class LongNumber(str):
+    """The text of an integer too long to parse; shown by its length, never whole."""
+
+    def __repr__(self) -> str:
+        return f"a {sum(c.isdigit() for c in self)}-digit number"
+
+
 class _StrictLoader(yaml.SafeLoader):
     """PyYAML's SafeLoader refusing duplicate keys, deep nesting, alias bombs and huge integers."""
 
@@ -98,10 +107,8 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node):  # noqa: ANN001
-        digits = sum(c.isdigit() for c in str(node.value))
-        if digits > MAX_INT_DIGITS:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"integer of {digits} digits (at most {MAX_INT_DIGITS})", node.start_mark)
+        if sum(c.isdigit() for c in str(node.value)) > MAX_INT_DIGITS:
+            return LongNumber(node.value)
         return super().construct_yaml_int(node)
 
 
@@ -131,10 +138,8 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number hetsim accepts")
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
-    return int(text)
+def _bounded_int(text: str) -> int | LongNumber:
+    return LongNumber(text) if len(text.lstrip("-")) > MAX_INT_DIGITS else int(text)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -148,7 +153,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def load_json(path: Path, field: str) -> Any:
     """The JSON document in ``path``, read by :func:`read_text`; duplicate keys, NaN/Infinity
-    literals, integers over :data:`MAX_INT_DIGITS` digits and nesting past :data:`MAX_DEPTH` refused.
+    literals and nesting past :data:`MAX_DEPTH` refused, integers over :data:`MAX_INT_DIGITS`
+    digits kept as :class:`LongNumber`.
 
     Raises:
         ConfigError: on ``field``, naming the problem and the file.

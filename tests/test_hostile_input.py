@@ -64,7 +64,12 @@ def test_deep_nesting_is_refused_without_recursion_error(tmp_path, capsys):
 
 def test_huge_integer_is_refused(tmp_path, capsys):
     text = yaml.safe_dump(scenario_dict()).replace("prompt_tokens: 32", "prompt_tokens: " + "9" * 5000)
-    assert "integer of 5000 digits" in _refused(tmp_path, capsys, text)
+    error = _refused(tmp_path, capsys, text)
+    assert error == "workload.prompt_tokens: Input should be a valid integer (got a 5000-digit number)"
+    config = tiny_model_config("llama", 2)
+    (tmp_path / "config.json").write_text(json.dumps(config).replace('"vocab_size": 256', '"vocab_size": ' + "7" * 5000))
+    error = _refused(tmp_path, capsys, scenario_dict(model="config.json"))
+    assert error == "model.config.vocab_size: must be an integer (got a 5000-digit number)"
 
 
 def test_duplicate_keys_are_refused(tmp_path, capsys):
