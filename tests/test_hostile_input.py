@@ -244,3 +244,13 @@ def test_a_model_config_that_is_a_fifo_is_refused_without_blocking(tmp_path, cap
 
 def test_a_variant_streaming_its_weights_counts_as_more_work():
     assert work_units(2, 32, 8, 128, streamed_variants=1) == work_units(1, 32, 8, 128) * 16
+
+
+def test_a_sweep_of_more_policies_than_colours_is_plotted(tmp_path, capsys):
+    # The memory report's palette has 8 colours; 40 lines once raised a KeyError.
+    variants = [{"name": f"v{i}", "strategy": "allreduce_ln", "allreduce": "ring"} for i in range(40)]
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(scenario_dict(variants=variants, sweep={"devices": [2]})))
+    code, _, stderr = _run(["simulate", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, stderr
+    assert (tmp_path / "out" / "memory_report.html").exists()
