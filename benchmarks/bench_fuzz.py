@@ -22,6 +22,7 @@ import os
 import platform
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,6 +76,18 @@ def main() -> None:
     sys.exit(1 if bad else 0)
 
 
+def _commit() -> str:
+    """The checkout's commit (with "+changes" when the work tree differs), or "unknown"."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!validation/fuzz-report"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+changes" if dirty else "")
+
+
 def _write_report(args: argparse.Namespace, results: list, wall_s: float) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "cases.csv", "w", newline="") as handle:
@@ -91,7 +104,8 @@ def _write_report(args: argparse.Namespace, results: list, wall_s: float) -> Non
     lines = [
         "# Fuzz report: hetsim simulate on hostile input",
         "",
-        f"Command: `python benchmarks/bench_fuzz.py --cases {args.cases} --seed {args.seed} --workers {args.workers}`",
+        f"Command: `python benchmarks/bench_fuzz.py --cases {args.cases} --seed {args.seed} --workers {args.workers}`"
+        f" at commit {_commit()}",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}",
         f"Cases: {len(results)} in {wall_s:.0f} s wall ({args.workers} workers); per case median "

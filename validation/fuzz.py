@@ -507,7 +507,8 @@ def run_case(case: Case, workdir: Path, *, time_limit_s: float = TIME_LIMIT_S,
     exit_code, timed_out = _wait(pid, time_limit_s)
     wall_s = time.monotonic() - start
     stderr = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
-    first = stderr.strip().splitlines()[0] if stderr.strip() else ""
+    # The case's directory is a fresh temporary one: named "CASE" so that reports are reproducible.
+    first = stderr.strip().splitlines()[0].replace(str(workdir), "CASE") if stderr.strip() else ""
     outcome = classify(exit_code, timed_out, stderr, out_dir)
     return Outcome(outcome, exit_code, round(wall_s, 3), first[:200])
 
