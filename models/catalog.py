@@ -4,11 +4,11 @@ Every catalog entry transcribes the ``config.json`` of the Hugging Face reposito
 comment, including its ``torch_dtype`` (GPT-2's config has none; its checkpoint is fp32).
 """
 
-import json
 from pathlib import Path
 from typing import Any
 
-from models.errors import ConfigError
+from models.errors import ConfigError, shorten
+from models.input_files import load_json
 from models.spec import ModelSpec
 
 
@@ -172,7 +172,7 @@ def get_model(name: str) -> ModelSpec:
     """
     spec = CATALOG.get(str(name).lower())
     if spec is None:
-        raise ConfigError("model", f"unknown model {name!r}; known: {', '.join(CATALOG)}")
+        raise ConfigError("model", f"unknown model {shorten(name)}; known: {', '.join(CATALOG)}")
     return spec
 
 
@@ -189,71 +189,80 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
     ``torch_dtype`` means fp32, as in the GPT-2 checkpoint. ``hidden_act`` is not read: the MLP's
     shape follows from the model type (SwiGLU for the Llama family, GELU MLP for GPT-2).
 
+    The file is read by :func:`models.input_files.load_json` (UTF-8, size, depth, duplicate keys,
+    no NaN); every number read must be a JSON integer (``true`` and ``12.0`` are not counts),
+    checked before any arithmetic on it.
+
     Raises :class:`ConfigError` on ``model.config`` for a missing or unreadable file, bad JSON,
     an unsupported model_type, a missing key or an architecture :class:`ModelSpec` cannot express;
     on ``model.<field>`` when a value is invalid.
     """
     path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except OSError as error:
-        reason = error.strerror or error
-        raise ConfigError("model.config", f"cannot read file: {reason} (got {str(path)!r})") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError("model.config", f"invalid JSON: {error} (got {str(path)!r})") from None
+    config = load_json(path, "model.config")
+    shown = shorten(str(path), keep_end=True)
     if not isinstance(config, dict):
-        raise ConfigError("model.config", f"not a JSON object (got {str(path)!r})")
+        raise ConfigError("model.config", f"not a JSON object (got {shown})")
     model_type = config.get("model_type")
 
     def require(key: str) -> Any:
         if key not in config:
-            raise ConfigError("model.config", f"{path}: missing key {key!r} (got model_type {model_type!r})")
+            raise ConfigError("model.config", f"{shown}: missing key {key!r} (got model_type {shorten(model_type)})")
         return config[key]
 
-    if model_type not in _SUPPORTED_MODEL_TYPES:
+    def integer(key: str, value: Any) -> Any:
+        # Checked before it is multiplied: "x" * 10**9 would be a string of a billion characters.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"model.config.{key}", f"must be an integer (got {shorten(value)})")
+        return value
+
+    def require_int(key: str) -> int:
+        return integer(key, require(key))
+
+    if not isinstance(model_type, str) or model_type not in _SUPPORTED_MODEL_TYPES:
         raise ConfigError(
             "model.config",
-            f"{path}: unsupported model_type; known: {', '.join(_SUPPORTED_MODEL_TYPES)} "
-            f"(got {model_type!r})",
+            f"{shown}: unsupported model_type; known: {', '.join(_SUPPORTED_MODEL_TYPES)} "
+            f"(got {shorten(model_type)})",
         )
     torch_dtype = config.get("torch_dtype", "float32")
-    if torch_dtype not in _TORCH_DTYPES:
+    if not isinstance(torch_dtype, str) or torch_dtype not in _TORCH_DTYPES:
         raise ConfigError(
             "model.config",
-            f"{path}: unsupported torch_dtype; known: {', '.join(_TORCH_DTYPES)} (got {torch_dtype!r})",
+            f"{shown}: unsupported torch_dtype; known: {', '.join(_TORCH_DTYPES)} (got {shorten(torch_dtype)})",
         )
     if name is None and path.name == "config.json":
         name = path.parent.name
     elif name is None:
         name = path.name.removesuffix(".json").removesuffix(".config")
-    common = dict(name=name, vocab_size=require("vocab_size"), dtype=_TORCH_DTYPES[torch_dtype])
+    common = dict(name=name, vocab_size=require_int("vocab_size"), dtype=_TORCH_DTYPES[torch_dtype])
 
     if model_type == "gpt2":
-        hidden_size = require("n_embd")
+        hidden_size = require_int("n_embd")
+        n_inner = config.get("n_inner")
         return ModelSpec(
             **common,
-            num_layers=require("n_layer"),
+            num_layers=require_int("n_layer"),
             hidden_size=hidden_size,
-            num_attention_heads=require("n_head"),
-            num_kv_heads=require("n_head"),
+            num_attention_heads=require_int("n_head"),
+            num_kv_heads=require_int("n_head"),
             # GPT2Config: n_inner null means 4 * n_embd.
-            intermediate_size=config.get("n_inner") or 4 * hidden_size,
+            intermediate_size=4 * hidden_size if n_inner is None else integer("n_inner", n_inner),
             norm="layernorm",
             mlp="plain",
             tied_embeddings=config.get("tie_word_embeddings", True),
             attention_bias=True,
             linear_bias=True,
             learned_position_embeddings=True,
-            max_position_embeddings=require("n_positions"),
+            max_position_embeddings=require_int("n_positions"),
         )
 
-    hidden_size = require("hidden_size")
-    num_attention_heads = require("num_attention_heads")
+    hidden_size = require_int("hidden_size")
+    num_attention_heads = require_int("num_attention_heads")
     head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim * num_attention_heads != hidden_size:
+    if head_dim is not None and integer("head_dim", head_dim) * num_attention_heads != hidden_size:
         raise ConfigError(
             "model.config",
-            f"{path}: head_dim must equal hidden_size / num_attention_heads = "
+            f"{shown}: head_dim must equal hidden_size / num_attention_heads = "
             f"{hidden_size} / {num_attention_heads} (got {head_dim})",
         )
     if model_type == "qwen2":
@@ -266,22 +275,24 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
         if attention_bias != linear_bias:
             raise ConfigError(
                 "model.config",
-                f"{path}: attention_bias without mlp_bias (or the reverse) is not supported "
+                f"{shown}: attention_bias without mlp_bias (or the reverse) is not supported "
                 f"(got attention_bias={attention_bias}, mlp_bias={linear_bias})",
             )
+    num_kv_heads = config.get("num_key_value_heads")
     return ModelSpec(
         **common,
-        num_layers=require("num_hidden_layers"),
+        num_layers=require_int("num_hidden_layers"),
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
-        # Configs predating grouped-query attention omit it: one KV head per query head.
-        num_kv_heads=config.get("num_key_value_heads") or num_attention_heads,
-        intermediate_size=require("intermediate_size"),
+        # Configs predating grouped-query attention omit it (or write null): one KV head per query
+        # head. A 0 is not "omitted": ModelSpec refuses it.
+        num_kv_heads=num_attention_heads if num_kv_heads is None else integer("num_key_value_heads", num_kv_heads),
+        intermediate_size=require_int("intermediate_size"),
         norm="rmsnorm",
         mlp="gated",
         tied_embeddings=config.get("tie_word_embeddings", False),
         attention_bias=attention_bias,
         linear_bias=linear_bias,
         learned_position_embeddings=False,
-        max_position_embeddings=require("max_position_embeddings"),
+        max_position_embeddings=require_int("max_position_embeddings"),
     )

@@ -5,20 +5,23 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from models.dtypes import dtype_bytes
-from models.errors import ConfigError
+from models.errors import ConfigError, shorten
 
 Norm = Literal["layernorm", "rmsnorm"]
 Mlp = Literal["gated", "plain"]
 
-_POSITIVE_INT_FIELDS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_kv_heads",
-    "intermediate_size",
-    "vocab_size",
-    "max_position_embeddings",
-)
+# Upper bounds, a few times the largest published models' (Llama-3.1-405B: 126 layers, hidden
+# 16384, intermediate 53248, 128 heads; vocabularies of 256k; contexts of 1M tokens), so that no
+# count of parameters, FLOPs or bytes the accounting forms of them leaves a 64-bit integer.
+_POSITIVE_INT_FIELDS = {
+    "num_layers": 1024,
+    "hidden_size": 1 << 17,
+    "num_attention_heads": 1 << 12,
+    "num_kv_heads": 1 << 12,
+    "intermediate_size": 1 << 19,
+    "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 24,
+}
 _BOOL_FIELDS = ("tied_embeddings", "attention_bias", "linear_bias", "learned_position_embeddings")
 
 
@@ -54,20 +57,20 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ConfigError("model.name", f"must be a non-empty string (got {self.name!r})")
-        for field in _POSITIVE_INT_FIELDS:
+            raise ConfigError("model.name", f"must be a non-empty string (got {shorten(self.name)})")
+        for field, most in _POSITIVE_INT_FIELDS.items():
             value = getattr(self, field)
             # bool is an int subclass; True must not pass as 1 layer.
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"model.{field}", f"must be a positive integer (got {value!r})")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= most:
+                raise ConfigError(f"model.{field}", f"must be an integer between 1 and {most} (got {shorten(value)})")
         for field in _BOOL_FIELDS:
             value = getattr(self, field)
             if not isinstance(value, bool):
-                raise ConfigError(f"model.{field}", f"must be true or false (got {value!r})")
+                raise ConfigError(f"model.{field}", f"must be true or false (got {shorten(value)})")
         for field, allowed in (("norm", get_args(Norm)), ("mlp", get_args(Mlp))):
             value = getattr(self, field)
             if value not in allowed:
-                raise ConfigError(f"model.{field}", f"must be one of {', '.join(allowed)} (got {value!r})")
+                raise ConfigError(f"model.{field}", f"must be one of {', '.join(allowed)} (got {shorten(value)})")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 "model.num_attention_heads",

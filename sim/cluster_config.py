@@ -20,13 +20,24 @@ parsed by :mod:`sim.units` here, so a bad one is reported with its location; aft
 every number is SI (``bandwidth_bytes_per_s``, ``latency_s``, ``memory_capacity_bytes``), while the
 file keeps the short keys (``bandwidth``, ``latency``, ``memory``). Checks that need the whole tree
 (unknown parents, duplicates, cycles, device types) live in :func:`sim.topology.build_topology`.
+
+Counts are integers (``true`` is not a count) of at most :data:`MAX_COUNT` per entry, and the
+whole cluster holds at most :data:`MAX_DEVICES` devices and :data:`MAX_HOSTS` hosts: past those
+the topology alone (a route per pair of devices) would take longer than a simulation should.
+Names are at most :data:`MAX_NAME_CHARS` characters.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from models.errors import ConfigError
 from sim.units import parse_bandwidth, parse_duration, parse_size
+
+MAX_COUNT = 1024
+MAX_HOSTS = 1024
+MAX_DEVICES = 1024
+MAX_NAME_CHARS = 100
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 # Names end up in channel names ("host0/dev1.link:up"), so "/" and ":" would make them ambiguous.
@@ -45,7 +56,7 @@ class LinkConfig(BaseModel):
 
     bandwidth_bytes_per_s: float = Field(alias="bandwidth")
     latency_s: float = Field(alias="latency")
-    shared: bool = False
+    shared: StrictBool = False
 
     @field_validator("bandwidth_bytes_per_s", mode="before")
     @classmethod
@@ -66,9 +77,9 @@ class SwitchConfig(BaseModel):
 
     model_config = _STRICT
 
-    name: str = Field(pattern=_NAME_PATTERN)
-    count: int = Field(1, ge=1)
-    parent: str | None = None
+    name: str = Field(pattern=_NAME_PATTERN, max_length=MAX_NAME_CHARS)
+    count: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    parent: str | None = Field(None, max_length=MAX_NAME_CHARS)
     uplink: LinkConfig | None = None
 
     @model_validator(mode="after")
@@ -90,8 +101,8 @@ class DevicesConfig(BaseModel):
 
     model_config = _STRICT
 
-    type: str
-    count: int = Field(1, ge=1)
+    type: str = Field(max_length=MAX_NAME_CHARS)
+    count: StrictInt = Field(1, ge=1, le=MAX_COUNT)
     memory_capacity_bytes: int | None = Field(None, alias="memory")
     host_link: LinkConfig | None = None
 
@@ -114,11 +125,11 @@ class HostConfig(BaseModel):
 
     model_config = _STRICT
 
-    name: str = Field(pattern=_NAME_PATTERN)
-    count: int = Field(1, ge=1)
-    parent: str | None = None
+    name: str = Field(pattern=_NAME_PATTERN, max_length=MAX_NAME_CHARS)
+    count: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    parent: str | None = Field(None, max_length=MAX_NAME_CHARS)
     nic: LinkConfig | None = None
-    nic_per_device: bool = False
+    nic_per_device: StrictBool = False
     interconnect: LinkConfig | None = None
     storage: LinkConfig | None = None
     devices: DevicesConfig
@@ -140,5 +151,22 @@ class ClusterConfig(BaseModel):
 
     model_config = _STRICT
 
-    switches: list[SwitchConfig] = []
-    hosts: list[HostConfig] = Field(min_length=1)
+    switches: list[SwitchConfig] = Field(default=[], max_length=MAX_COUNT)
+    hosts: list[HostConfig] = Field(min_length=1, max_length=MAX_COUNT)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> ClusterConfig:
+        """At most MAX_HOSTS hosts and MAX_DEVICES devices, naming the entry that goes past."""
+        hosts = devices = 0
+        for i, host in enumerate(self.hosts):
+            hosts += host.count
+            devices += host.count * host.devices.count
+            if hosts > MAX_HOSTS:
+                raise ConfigError(f"hosts[{i}].count", f"the cluster would have {hosts} hosts, more than the "
+                                                       f"{MAX_HOSTS} hetsim simulates (got {host.count})")
+            if devices > MAX_DEVICES:
+                field = f"hosts[{i}].devices.count" if host.devices.count > host.count else f"hosts[{i}].count"
+                value = host.devices.count if field.endswith("devices.count") else host.count
+                raise ConfigError(field, f"the cluster would have {devices} devices, more than the "
+                                         f"{MAX_DEVICES} hetsim simulates (got {value})")
+        return self

@@ -107,7 +107,10 @@ class LoaderLinks:
         if generation != self._generation:
             return  # a load started or ended meanwhile and rescheduled
         self._advance()
-        finished = [f for f, flow in self._flows.items() if flow[0] / self._rates[f] <= 1e-12]
+        # Relative to the clock: at a simulated time of hours (a 1 bit/s link) a float's rounding
+        # leaves a remainder worth more than 1e-12 s, and an absolute tolerance would wake forever.
+        tolerance_s = 1e-12 * max(1.0, self.env.now)
+        finished = [f for f, flow in self._flows.items() if flow[0] / self._rates[f] <= tolerance_s]
         for f in finished:
             self._flows.pop(f)[2].succeed()
         self._reshare()

@@ -86,4 +86,12 @@ class ParallelPlan:
             ConfigError: see the class.
         """
         devices = tuple(d.name for d in topology.devices)
-        return cls(scenario.model, devices, scenario.config.parallel.tensor or len(devices))
+        written = scenario.config.parallel.tensor
+        try:
+            return cls(scenario.model, devices, written or len(devices))
+        except ConfigError as error:
+            if written is not None or not error.field.startswith("parallel."):
+                raise
+            # The degree came from the device count: name what the user wrote.
+            raise ConfigError("cluster", f"the cluster's {len(devices)} devices are the default tensor-parallel "
+                                         f"degree: {error.message}; set parallel.tensor") from None

@@ -41,14 +41,17 @@ means already, because TTFT and TPOT are medians over generations.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 import pandas as pd
 
-from models.errors import ConfigError
+from models.errors import ConfigError, shorten
+from models.input_files import read_text
 
+_MAX_PROFILE_BYTES = 64 << 20  # a calibrated cluster's profile is tens of KiB
 PROFILE_VERSION = 4  # 4: in-place collectives and waits per plan op, statistics over generations' means
 
 PROFILE_COLUMNS = [
@@ -103,14 +106,19 @@ def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("profile", f"no such file (got '{path}')")
+    text = read_text(path, "profile", max_bytes=_MAX_PROFILE_BYTES)
     try:
-        rows = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise ConfigError("profile", f"not a CSV profile: {str(error).splitlines()[0]} (got '{path}')") from None
+        rows = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as error:
+        raise ConfigError("profile", f"not a CSV profile: {shorten(str(error).splitlines()[0], quote=False)} "
+                                     f"(got '{path}')") from None
     missing = [c for c in PROFILE_COLUMNS if c not in rows.columns]
     if missing:
         raise ConfigError("profile", f"missing columns {', '.join(missing)} (got '{path}')")
-    versions = set(rows["version"].dropna().astype(int))
+    try:
+        versions = set(pd.to_numeric(rows["version"].dropna()).astype(int))
+    except (ValueError, TypeError, OverflowError):
+        versions = {"not a number"}
     if versions != {PROFILE_VERSION}:
         raise ConfigError("profile", f"profile version must be {PROFILE_VERSION}; recalibrate "
                                      f"(got {sorted(versions)} in '{path}')")

@@ -11,7 +11,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     dtype: fp16                     # optional, overrides the model's dtype
     cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
     parallel: {tensor: 8}           # optional, default: every device of the cluster
-    workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}
+    workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
     memory: {policy: sliding_window, window: 2, retain_every: 4}   # optional, default resident
@@ -20,6 +20,17 @@ Example (``scenarios/*.yaml`` hold complete ones)::
       - {name: reduce_ln_bcast, strategy: reduce_ln_bcast, reduce: binomial, broadcast: binomial}
       - {name: allreduce_ring, strategy: allreduce_ln, allreduce: ring}
       - {name: ring_streamed, strategy: allreduce_ln, allreduce: ring, memory: {policy: sliding_window, window: 1}}
+
+Limits (every one refused with the field, never silently clipped): the file is UTF-8 YAML of at
+most 1 MiB, nested at most 32 deep, without duplicate keys (:mod:`models.input_files`); counts are
+integers (``true`` is not a count); ``name`` is a safe file name (letters, digits, ``_ . -``, not
+starting with a dot, at most 100 characters), since outputs go to ``out/<name>``;
+``prompt_tokens + output_tokens`` fits the model's context (``max_position_embeddings``) unless
+``workload.allow_beyond_context: true``; ``batch_size`` at most :data:`MAX_BATCH_SIZE`,
+``prompt_tokens`` at most :data:`MAX_PROMPT_TOKENS`, ``output_tokens`` at most
+:data:`MAX_OUTPUT_TOKENS`, and ``batch_size x (prompt_tokens + output_tokens)`` at most
+:data:`MAX_BATCH_TOKENS`; quantities within the ranges of :mod:`sim.units`; the cluster within
+the counts of :mod:`sim.cluster_config`; the whole job within the work bounds of :mod:`sim.budget`.
 """
 
 from __future__ import annotations
@@ -27,39 +38,69 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
+                      field_validator, model_validator)
 
 from models.catalog import get_model, load_hf_config
-from models.errors import ConfigError
+from models.errors import ConfigError, shorten
+from models.input_files import load_yaml
 from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import STRATEGIES, StrategyChoice
 from sim.units import parse_duration
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+MAX_BATCH_SIZE = 65536
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_OUTPUT_TOKENS = 1 << 17
+MAX_BATCH_TOKENS = 1 << 26
+MAX_NAME_CHARS = 100
+# Safe as one path component: no separator, not "." or "..", no leading dot (hidden, or a parent),
+# no leading dash (read as an option by the shell tools a user points at out/<name>).
+_FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 
 
 class Workload(BaseModel):
     """Requests served at once: ``batch_size`` sequences of ``prompt_tokens`` producing ``output_tokens``.
 
     The first output token comes from prefill; the other ``output_tokens - 1`` from decode steps.
+    ``allow_beyond_context``: accept a prompt plus output longer than the model's
+    ``max_position_embeddings`` (the model was not trained for it; the cost model still applies).
     """
 
     model_config = _STRICT
-    batch_size: int = Field(gt=0)
-    prompt_tokens: int = Field(gt=0)
-    output_tokens: int = Field(gt=0)
+    batch_size: StrictInt = Field(gt=0, le=MAX_BATCH_SIZE)
+    prompt_tokens: StrictInt = Field(gt=0, le=MAX_PROMPT_TOKENS)
+    output_tokens: StrictInt = Field(gt=0, le=MAX_OUTPUT_TOKENS)
+    allow_beyond_context: StrictBool = False
+
+    @model_validator(mode="after")
+    def _bounded_tokens(self) -> Workload:
+        total = self.batch_size * (self.prompt_tokens + self.output_tokens)
+        if total > MAX_BATCH_TOKENS:
+            raise ConfigError("batch_size", f"batch_size x (prompt_tokens + output_tokens) = {total} tokens, more "
+                                            f"than the {MAX_BATCH_TOKENS} hetsim simulates (got {self.batch_size})")
+        return self
+
+    def check_context(self, model: ModelSpec, field: str = "workload") -> None:
+        """Raise ConfigError unless the prompt and output fit ``model``'s context (or it is allowed)."""
+        if self.allow_beyond_context or self.prompt_tokens + self.output_tokens <= model.max_position_embeddings:
+            return
+        which = "prompt_tokens" if self.prompt_tokens > model.max_position_embeddings else "output_tokens"
+        raise ConfigError(f"{field}.{which}", f"prompt_tokens + output_tokens = {self.prompt_tokens + self.output_tokens} "
+                                              f"exceeds {model.name}'s context of {model.max_position_embeddings} "
+                                              f"tokens; set workload.allow_beyond_context: true to simulate it anyway "
+                                              f"(got {getattr(self, which)})")
 
 
 class ComputeSettings(BaseModel):
     """Roofline factors: achieved / peak FLOP/s and memory bandwidth, and a fixed cost per op (s)."""
 
     model_config = _STRICT
-    flops_efficiency: float = Field(default=0.6, gt=0, le=1)
-    memory_efficiency: float = Field(default=0.8, gt=0, le=1)
-    op_overhead_s: float = Field(default=5e-6, ge=0, alias="op_overhead")
+    flops_efficiency: StrictFloat = Field(default=0.6, gt=0, le=1)
+    memory_efficiency: StrictFloat = Field(default=0.8, gt=0, le=1)
+    op_overhead_s: float = Field(default=5e-6, ge=0, le=1, alias="op_overhead")
 
     @field_validator("op_overhead_s", mode="before")
     @classmethod
@@ -71,7 +112,7 @@ class Parallel(BaseModel):
     """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all."""
 
     model_config = _STRICT
-    tensor: int | None = Field(default=None, gt=0)
+    tensor: StrictInt | None = Field(default=None, gt=0)
 
 
 class MemoryConfig(BaseModel):
@@ -82,8 +123,8 @@ class MemoryConfig(BaseModel):
 
     model_config = _STRICT
     policy: WeightPolicy = WeightPolicy.RESIDENT
-    window: int = Field(default=1, ge=1)
-    retain_every: int | None = Field(default=None, ge=2)
+    window: StrictInt = Field(default=1, ge=1, le=1 << 16)
+    retain_every: StrictInt | None = Field(default=None, ge=2, le=1 << 16)
 
     def to_policy(self) -> MemoryPolicy:
         return MemoryPolicy(self.policy, self.window, self.retain_every)
@@ -102,11 +143,11 @@ class Variant(BaseModel):
     """
 
     model_config = _STRICT
-    name: str = Field(min_length=1)
-    strategy: str
-    allreduce: str | None = None
-    reduce: str = "binomial"
-    broadcast: str = "binomial"
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    strategy: str = Field(max_length=MAX_NAME_CHARS)
+    allreduce: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    reduce: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
+    broadcast: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     memory: MemoryConfig | None = None  # overrides the scenario's memory policy
 
     @field_validator("strategy")
@@ -118,10 +159,18 @@ class Variant(BaseModel):
 
     @model_validator(mode="after")
     def _algorithms_fit_strategy(self) -> Variant:
-        try:
-            self.choice()
-        except ConfigError as error:
-            raise ValueError(f"{error.field}: {error.message}") from None
+        # StrategyChoice raises ConfigError on the field at fault (strategy, allreduce, ...);
+        # config_error_from joins it to this variant's place in the scenario.
+        choice = self.choice()
+        called = {name for _, name in choice.implementation.calls}
+        # A re-validated dump sets every field: only a value other than the default was written.
+        written = {name for name in self.model_fields_set
+                   if getattr(self, name) != type(self).model_fields[name].default}
+        for name in sorted({"allreduce", "reduce", "broadcast"} & written - called):
+            # An algorithm the strategy never calls would be silently ignored.
+            takes = ", ".join(f"'{n}'" for _, n in choice.implementation.calls)
+            raise ConfigError(name, f"variant {shorten(self.name)} uses {self.strategy}, which takes {takes}, "
+                                    f"not '{name}' (got {shorten(getattr(self, name))})")
         return self
 
     def choice(self) -> StrategyChoice:
@@ -134,37 +183,38 @@ class SweepConfig(BaseModel):
     cross with the variants (see :mod:`sim.sweep`)."""
 
     model_config = _STRICT
-    models: list[str] = Field(default_factory=list)
-    devices: list[int] = Field(default_factory=list)
-    memory: list[MemoryConfig] = Field(default_factory=list)
+    models: list[str] = Field(default_factory=list, max_length=64)
+    devices: list[StrictInt] = Field(default_factory=list, max_length=64)
+    memory: list[MemoryConfig] = Field(default_factory=list, max_length=64)
 
 
 class ScenarioConfig(BaseModel):
     """The YAML document, validated field by field (units parsed to SI)."""
 
     model_config = _STRICT
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    description: str = ""
-    model: str = Field(min_length=1)
-    dtype: str | None = None
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=_FILE_NAME_PATTERN)
+    description: str = Field(default="", max_length=10_000)
+    model: str = Field(min_length=1, max_length=4096)
+    dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     cluster: ClusterConfig
     parallel: Parallel = Parallel()
     workload: Workload
     compute: ComputeSettings = ComputeSettings()
-    network_model: str = "flow"
+    network_model: str = Field(default="flow", max_length=MAX_NAME_CHARS)
     memory: MemoryConfig = MemoryConfig()
     sweep: SweepConfig | None = None
     baseline: str | None = None
-    variants: list[Variant] = Field(min_length=1)
+    variants: list[Variant] = Field(min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _names(self) -> ScenarioConfig:
         names = [v.name for v in self.variants]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"variant names must be unique (got {', '.join(duplicates)} twice)")
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ConfigError(f"variants[{i}].name", f"variant names must be unique (got {shorten(name)} twice)")
         if self.baseline is not None and self.baseline not in names:
-            raise ValueError(f"baseline '{self.baseline}' is not a variant name; variants: {', '.join(names)}")
+            raise ConfigError("baseline", f"not a variant name; variants: {shorten(', '.join(names), 200, quote=False)} "
+                                          f"(got {shorten(self.baseline)})")
         return self
 
 
@@ -205,15 +255,36 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 
 def config_error_from(error: ValidationError) -> ConfigError:
-    """The first problem of a pydantic ValidationError as a one-line ConfigError (field, value)."""
+    """The first problem of a pydantic ValidationError as a one-line ConfigError (field, value).
+
+    A validator that raises :class:`ConfigError` names a field relative to the model it checks
+    (``allreduce`` of a variant, ``hosts[0].count`` of a cluster); it is joined to the location.
+    The value is shown once, shortened to 60 characters.
+    """
     first = error.errors()[0]
-    field = _location(tuple(x for x in first["loc"] if not str(x).startswith("function-")))
+    loc = tuple(x for x in first["loc"] if not str(x).startswith("function-"))
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return ConfigError(_location((*loc, *_split(cause.field))), cause.message)
+    field = _location(loc)
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown field"
     value = first.get("input")
-    shown = "" if isinstance(value, dict | list) or first["type"] == "missing" else f" (got {value!r})"
-    return ConfigError(field, f"{message}{shown}")
+    already = "(got " in message
+    shown = "" if already or isinstance(value, dict | list) or first["type"] == "missing" else f" (got {shorten(value)})"
+    return ConfigError(field, f"{shorten(message, 300, quote=False)}{shown}")
+
+
+def _split(field: str) -> tuple[Any, ...]:
+    """``"hosts[0].count"`` as ``("hosts", 0, "count")``, the form of a pydantic location."""
+    parts: list[Any] = []
+    for name in field.split("."):
+        head, *indices = name.split("[")
+        if head:
+            parts.append(head)
+        parts += [int(i.rstrip("]")) for i in indices]
+    return tuple(parts)
 
 
 def _resolve_model(config: ScenarioConfig, base_dir: Path) -> ModelSpec:
@@ -223,7 +294,17 @@ def _resolve_model(config: ScenarioConfig, base_dir: Path) -> ModelSpec:
         spec = load_hf_config(path if path.is_absolute() else base_dir / path)
     else:
         spec = get_model(name)
-    return spec.with_dtype(config.dtype) if config.dtype else spec
+    return with_dtype(spec, config.dtype)
+
+
+def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
+    """``spec`` in the scenario's ``dtype`` (unchanged for None); raises ConfigError on ``dtype``."""
+    if dtype is None:
+        return spec
+    try:
+        return spec.with_dtype(dtype)
+    except ConfigError as error:
+        raise ConfigError("dtype", error.message) from None
 
 
 def scenario_from_dict(data: Any, *, base_dir: Path = Path("."), source_path: Path | None = None) -> Scenario:
@@ -238,7 +319,9 @@ def scenario_from_dict(data: Any, *, base_dir: Path = Path("."), source_path: Pa
         config = ScenarioConfig.model_validate(data)
     except ValidationError as error:
         raise config_error_from(error) from None
-    return Scenario(config=config, model=_resolve_model(config, base_dir), source_path=source_path)
+    model = _resolve_model(config, base_dir)
+    config.workload.check_context(model)
+    return Scenario(config=config, model=model, source_path=source_path)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -249,12 +332,6 @@ def load_scenario(path: str | Path) -> Scenario:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("scenario", f"no such file (got '{path}')")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError("scenario", f"malformed YAML{where}: {problem} (got '{path}')") from None
+        raise ConfigError("scenario", f"no such file (got {shorten(str(path), keep_end=True)})")
+    data = load_yaml(path, "scenario")
     return scenario_from_dict(data, base_dir=path.parent, source_path=path)

@@ -8,11 +8,13 @@ once. The CLI only parses arguments, calls this and writes what it returns.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
 
 from models.errors import ConfigError
+from sim.budget import check_job_size
 from sim.calibrated import CalibratedCompute, CalibratedNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
@@ -26,7 +28,7 @@ from sim.scenario import Scenario, Variant
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
 from sim.trace import Trace, build_trace
-from sim.vocabulary import Metric
+from sim.vocabulary import DECODE_METRICS, Metric
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,17 @@ class SimulationResult:
         return next(v for v in self.variants if v.variant.name == name)
 
 
+def check_finite(timing: dict[str, float], field: str, *, decodes: bool) -> None:
+    """Raise ConfigError on ``field`` if a metric came out inf or NaN: a result row must never be
+    one. The inputs are bounded (:mod:`sim.units`) so that this should not happen; it is the last
+    check before anything is written. Without decode steps (``decodes`` false: one output token)
+    the per-decode-step metrics are NaN by definition."""
+    for metric, value in timing.items():
+        if math.isfinite(value) or (math.isnan(value) and not decodes and metric in DECODE_METRICS):
+            continue
+        raise ConfigError(field, f"the simulated {metric} is not a finite number; the scenario's magnitudes "
+                                 f"(latencies, bandwidths, sizes) are out of any useful range (got {value})")
+
 
 
 def simulate(scenario: Scenario, *, profile: Profile | None = None,
@@ -83,6 +96,9 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     config = scenario.config
     topology = build_topology(config.cluster)
     ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
+                   ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
+                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
     dtype = scenario.model.dtype
     for rank in ranks:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")
@@ -113,9 +129,12 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         try:
             run = simulate_run(plan, engine, topology)
         except ConfigError as error:
+            # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
+            # broadcast): the variant's field of that name.
             raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}", error.message) from None
         trace = build_trace(run, expand_steps)
         timing = run_metrics(trace, workload.batch_size)
+        check_finite(timing, f"variants[{config.variants.index(variant)}]", decodes=workload.output_tokens > 1)
         peaks = peak_memory_bytes(trace)
         memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r],
                                              Metric.MEMORY_CAPACITY: topology.devices[r].memory_capacity_bytes}

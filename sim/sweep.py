@@ -13,7 +13,10 @@ each cost in TTFT and TPOT?"::
 
 Every point (model, devices, memory policy, variant) is one simulated run. A point that cannot be
 built (a degree that does not divide the model's heads) is kept as a row with its reason, so the
-report shows the gap instead of hiding it.
+report shows the gap instead of hiding it. Every axis value is validated as the scenario's own
+field would be (``sweep.devices[i]`` within the cluster, ``sweep.models[i]`` a known model whose
+context holds the workload), ``parallel.tensor`` too even when ``sweep.devices`` replaces it, and
+the whole sweep's estimated work is bounded (:data:`sim.budget.MAX_SWEEP_WORK_UNITS`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import pandas as pd
 from models.accounting import check_tensor_parallel
 from models.catalog import get_model
 from models.errors import ConfigError
-from sim.scenario import Scenario, Variant
+from sim.budget import MAX_SWEEP_WORK_UNITS, check_job_size
+from sim.scenario import Scenario, Variant, with_dtype
 from sim.simulate import simulate
 from sim.topology import build_topology
 from sim.vocabulary import Metric
@@ -51,12 +55,16 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     """The scenarios of a sweep: per model and degree, the variants crossed with the memory policies.
 
     Raises:
-        ConfigError: an unknown model name or a degree larger than the cluster (``sweep.*``).
+        ConfigError: an unknown model name, a degree larger than the cluster (``sweep.*``,
+            ``parallel.tensor``), a workload beyond a model's context, or a sweep too large to run.
     """
     sweep = scenario.config.sweep
     assert sweep is not None
     config = scenario.config
     num_devices = build_topology(config.cluster).num_ranks
+    if config.parallel.tensor is not None and config.parallel.tensor > num_devices:
+        raise ConfigError("parallel.tensor", f"tensor-parallel degree exceeds the cluster's {num_devices} devices "
+                                             f"(got {config.parallel.tensor})")
     models = sweep.models or [config.model]
     degrees = sweep.devices or [config.parallel.tensor or num_devices]
     for i, degree in enumerate(degrees):
@@ -64,14 +72,28 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             raise ConfigError(f"sweep.devices[{i}]", f"must be between 1 and the cluster's {num_devices} devices "
                                                      f"(got {degree})")
     variants = _variants(scenario)
+    streamed = sum(scenario.memory_policy(v).streams for v in variants)
     points = []
+    total_work = 0.0
     for i, name in enumerate(models):
-        try:
-            spec = get_model(name)
-        except ConfigError as error:
-            raise ConfigError(f"sweep.models[{i}]", error.message) from None
-        spec = spec.with_dtype(config.dtype) if config.dtype else spec
-        for degree in degrees:
+        if not sweep.models:
+            spec = scenario.model
+        else:
+            try:
+                spec = get_model(name)
+            except ConfigError as error:
+                raise ConfigError(f"sweep.models[{i}]", error.message) from None
+            spec = with_dtype(spec, config.dtype)
+            config.workload.check_context(spec)
+        for j, degree in enumerate(degrees):
+            field = f"sweep.devices[{j}]" if sweep.devices else ("parallel.tensor" if config.parallel.tensor else "cluster")
+            total_work += check_job_size(len(variants), spec.num_layers, degree, config.workload.output_tokens,
+                                         ranks_field=field, variants_field="sweep.memory" if sweep.memory else "variants",
+                                         streamed_variants=streamed)
+            if total_work > MAX_SWEEP_WORK_UNITS:
+                raise ConfigError("sweep", f"the sweep's points are estimated at more than {MAX_SWEEP_WORK_UNITS:.3g} "
+                                           f"work units in all (minutes); sweep fewer models, degrees or memory "
+                                           f"policies (got {len(models)} x {len(degrees)} points)")
             point_config = config.model_copy(update={
                 "name": f"{config.name}-{name}-tp{degree}", "model": name, "variants": variants, "baseline": None,
                 "parallel": config.parallel.model_copy(update={"tensor": degree}), "sweep": None})

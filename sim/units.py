@@ -9,7 +9,13 @@ pint does the arithmetic, but it treats bit and byte as dimensionless, reads ``b
 the dimensionality, and accepts only whole-bit multiples (k, M, G, T, P and Ki, Mi, Gi, Ti, Pi).
 
 Plain numbers (int or float) are taken as already being in SI units. Bad input raises
-``ValueError`` with a one-line message that shows an example of correct input.
+``ValueError`` with a one-line message that shows an example of correct input and the value
+(shortened to 60 characters).
+
+Every quantity is bounded to a physical range (:data:`BANDWIDTH_RANGE_BYTES_PER_S`,
+:data:`MAX_DURATION_S`, :data:`SIZE_RANGE_BYTES`, :data:`FLOPS_RANGE`), wide enough for any real
+link, device or disk, and narrow enough that no sum, product or quotient the simulator forms of
+them overflows to inf or NaN (``latency: 1e308 s`` or ``bandwidth: 1e-300 bit/s`` would).
 """
 
 from __future__ import annotations
@@ -20,8 +26,16 @@ import re
 
 import pint
 
+from models.errors import shorten
+
 _INFORMATION_UNIT = re.compile(r"^(|kilo|mega|giga|tera|peta|kibi|mebi|gibi|tebi|pebi)(bit|byte)$")
 _FLOPS_SUFFIX = re.compile(r"FLOP(?:S|/s)$", re.IGNORECASE)
+# Text longer than this is no quantity anyone writes; pint's parser recurses on parentheses.
+_MAX_TEXT_CHARS = 64
+BANDWIDTH_RANGE_BYTES_PER_S = (0.125, 1e18)  # 1 bit/s .. 8 Ebit/s
+MAX_DURATION_S = 3600.0  # a link latency or per-op overhead of an hour is no cluster's
+SIZE_RANGE_BYTES = (1, 2**60)  # 1 byte .. 1 EiB
+FLOPS_RANGE = (1.0, 1e21)  # 1 FLOP/s .. 1 ZFLOP/s per device
 _FLOP_PREFIX_FACTOR = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
 
@@ -33,35 +47,54 @@ def _registry() -> pint.UnitRegistry:
 
 def _quantity(text: str | int | float, what: str, example: str) -> pint.Quantity | float:
     """Parse ``text`` with pint, or return a plain number unchanged."""
-    if isinstance(text, bool):
-        raise ValueError(f"not {what}: {text!r}; write e.g. {example}")
+    if isinstance(text, bool) or not isinstance(text, (int, float, str)) or (
+            isinstance(text, str) and len(text) > _MAX_TEXT_CHARS):
+        raise ValueError(f"not {what}; write e.g. {example} (got {shorten(text)})")
     if isinstance(text, (int, float)):
-        return float(text)
-    if not isinstance(text, str):
-        raise ValueError(f"not {what}: {text!r}; write e.g. {example}")
+        return _as_float(text, what, example)
+    if not any(c.isdigit() for c in text):  # pint reads a bare "ms" as 1 ms: a unit is not a value
+        raise ValueError(f"not {what}; write e.g. {example} (got {shorten(text)})")
     try:
         quantity = _registry().Quantity(text.strip())
-    except (pint.errors.PintError, ValueError, TypeError, AttributeError, SyntaxError):
-        raise ValueError(f"not {what}: {text!r}; write e.g. {example}") from None
+    except Exception:  # noqa: BLE001  (pint's parser raises anything: ZeroDivisionError for "(1/0) ms", ...)
+        raise ValueError(f"not {what}; write e.g. {example} (got {shorten(text)})") from None
+    if not isinstance(quantity, pint.Quantity):
+        return _as_float(quantity, what, example)
     return quantity
 
 
-def _to_si(quantity: pint.Quantity, unit: str) -> float:
+def _as_float(number: object, what: str, example: str) -> float:
+    try:
+        return float(number)
+    except (OverflowError, TypeError, ValueError):  # an int too large for a float
+        raise ValueError(f"not {what}; write e.g. {example} (got {shorten(number)})") from None
+
+
+def _to_si(quantity: pint.Quantity, unit: str, text: object, what: str, *, exact: bool = False) -> float:
     # pint's prefix arithmetic leaves one-ulp noise ("10us" -> 9.999999999999999e-06); 15
-    # significant digits give back the exact decimal value without losing real precision.
-    return float(f"{quantity.to(unit).magnitude:.15g}")
+    # significant digits give back the exact decimal value without losing real precision
+    # (``exact``: sizes, whose binary prefixes are exact in a float but have 16 digits).
+    try:
+        value = float(quantity.to(unit).magnitude)
+        return value if exact else float(f"{value:.15g}")
+    except Exception:  # noqa: BLE001  (a magnitude pint computed but cannot convert: overflow, complex)
+        raise ValueError(f"not {what} (got {shorten(text)})") from None
 
 
 def _is_time_unit(name: str) -> bool:
     return _registry().Unit(name).dimensionality == _registry().second.dimensionality
 
 
-def _check_value(value: float, text: object, what: str, *, allow_zero: bool) -> float:
+def _check_value(value: float, text: object, what: str, low: float, high: float, unit: str, *,
+                 allow_zero: bool = False) -> float:
+    """``value`` if finite and within [low, high] (or exactly 0 with ``allow_zero``)."""
     if not math.isfinite(value):
-        raise ValueError(f"{what} must be finite (got {text!r})")
+        raise ValueError(f"{what} must be finite (got {shorten(text)})")
     if value < 0 or (value == 0 and not allow_zero):
         bound = "must not be negative" if allow_zero else "must be positive"
-        raise ValueError(f"{what} {bound} (got {text!r})")
+        raise ValueError(f"{what} {bound} (got {shorten(text)})")
+    if value != 0 and not low <= value <= high:
+        raise ValueError(f"{what} must be between {low:g} and {high:g} {unit} (got {shorten(text)})")
     return value
 
 
@@ -75,14 +108,14 @@ def parse_bandwidth(text: str | int | float) -> float:
     example = "10Gbit/s or 1.25GB/s"
     quantity = _quantity(text, "a bandwidth", example)
     if isinstance(quantity, float):
-        return _check_value(quantity, text, "bandwidth", allow_zero=False)
+        return _check_value(quantity, text, "bandwidth", *BANDWIDTH_RANGE_BYTES_PER_S, "bytes/s")
     units = dict(quantity.unit_items())
     information = [name for name, power in units.items() if power == 1 and _INFORMATION_UNIT.match(name)]
     time = [name for name, power in units.items() if power == -1 and _is_time_unit(name)]
     if len(units) != 2 or len(information) != 1 or len(time) != 1:
-        raise ValueError(f"not a bandwidth: {text!r}; write e.g. {example}")
-    value = _to_si(quantity, "byte / second")
-    return _check_value(value, text, "bandwidth", allow_zero=False)
+        raise ValueError(f"not a bandwidth; write e.g. {example} (got {shorten(text)})")
+    value = _to_si(quantity, "byte / second", text, "a bandwidth")
+    return _check_value(value, text, "bandwidth", *BANDWIDTH_RANGE_BYTES_PER_S, "bytes/s")
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -94,12 +127,12 @@ def parse_duration(text: str | int | float) -> float:
     example = "1ms, 50us or 2s"
     quantity = _quantity(text, "a duration", example)
     if isinstance(quantity, float):
-        return _check_value(quantity, text, "duration", allow_zero=True)
+        return _check_value(quantity, text, "duration", 0.0, MAX_DURATION_S, "s", allow_zero=True)
     units = dict(quantity.unit_items())
     if len(units) != 1 or next(iter(units.values())) != 1 or not _is_time_unit(next(iter(units))):
-        raise ValueError(f"not a duration: {text!r}; write e.g. {example}")
-    value = _to_si(quantity, "second")
-    return _check_value(value, text, "duration", allow_zero=True)
+        raise ValueError(f"not a duration; write e.g. {example} (got {shorten(text)})")
+    value = _to_si(quantity, "second", text, "a duration")
+    return _check_value(value, text, "duration", 0.0, MAX_DURATION_S, "s", allow_zero=True)
 
 
 def parse_size(text: str | int | float) -> int:
@@ -111,12 +144,13 @@ def parse_size(text: str | int | float) -> int:
     example = "16GiB or 8GB"
     quantity = _quantity(text, "a size", example)
     if isinstance(quantity, float):
-        return round(_check_value(quantity, text, "size", allow_zero=False))
+        return round(_check_value(quantity, text, "size", *SIZE_RANGE_BYTES, "bytes"))
     units = dict(quantity.unit_items())
     if len(units) != 1 or next(iter(units.values())) != 1 or not _INFORMATION_UNIT.match(next(iter(units))):
-        raise ValueError(f"not a size: {text!r}; write e.g. {example}")
-    value = float(quantity.to("byte").magnitude)
-    return round(_check_value(value, text, "size", allow_zero=False))
+        raise ValueError(f"not a size; write e.g. {example} (got {shorten(text)})")
+    value = _to_si(quantity, "byte", text, "a size", exact=True)
+    # At least one byte, so "0.4 byte" is refused rather than rounded to an empty device.
+    return round(_check_value(value, text, "size", *SIZE_RANGE_BYTES, "bytes"))
 
 
 def parse_flops(text: str | int | float) -> float:
@@ -126,13 +160,14 @@ def parse_flops(text: str | int | float) -> float:
     P, E) is read here. A plain number is taken as FLOP/s. Raises ValueError otherwise.
     """
     example = "989 TFLOP/s or 19.5TFLOPS"
-    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
-        raise ValueError(f"not a compute rate: {text!r}; write e.g. {example}")
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)) or (
+            isinstance(text, str) and len(text) > _MAX_TEXT_CHARS):
+        raise ValueError(f"not a compute rate; write e.g. {example} (got {shorten(text)})")
     if isinstance(text, (int, float)):
-        return _check_value(float(text), text, "compute rate", allow_zero=False)
+        return _check_value(_as_float(text, "a compute rate", example), text, "compute rate", *FLOPS_RANGE, "FLOP/s")
     stripped = _FLOPS_SUFFIX.sub("", text.strip())
     if stripped == text.strip():
-        raise ValueError(f"not a compute rate: {text!r}; write e.g. {example}")
+        raise ValueError(f"not a compute rate; write e.g. {example} (got {shorten(text)})")
     number = stripped.rstrip()
     prefix = ""
     if number and number[-1] in _FLOP_PREFIX_FACTOR:
@@ -140,5 +175,5 @@ def parse_flops(text: str | int | float) -> float:
     try:
         magnitude = float(number)
     except ValueError:
-        raise ValueError(f"not a compute rate: {text!r}; write e.g. {example}") from None
-    return _check_value(magnitude * _FLOP_PREFIX_FACTOR[prefix], text, "compute rate", allow_zero=False)
+        raise ValueError(f"not a compute rate; write e.g. {example} (got {shorten(text)})") from None
+    return _check_value(magnitude * _FLOP_PREFIX_FACTOR[prefix], text, "compute rate", *FLOPS_RANGE, "FLOP/s")

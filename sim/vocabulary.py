@@ -65,6 +65,8 @@ class Metric(StrEnum):
 
 TIMING_METRICS = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY)
 """The metrics of a generation's step times (:func:`sim.metrics.timing_metrics`)."""
+DECODE_METRICS = (Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.LOADER_STALL_DECODE)
+"""The metrics of decode steps: NaN by definition when a generation has none (one output token)."""
 
 
 def unit_of(name: str) -> str:

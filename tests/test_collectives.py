@@ -232,9 +232,9 @@ def test_registry_lists_the_algorithms():
 
 
 def test_unknown_algorithm_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"^algorithm: unknown allreduce algorithm 'x'; known: ring, recursive_doubling, ") as caught:
+    with pytest.raises(ConfigError, match=r"^allreduce: unknown allreduce algorithm 'x'; known: ring, recursive_doubling, ") as caught:
         build_schedule(OpKind.ALLREDUCE, "x", (0, 1), 8)
-    assert caught.value.field == "algorithm"
+    assert caught.value.field == "allreduce"  # the variant's field that names it
     with pytest.raises(ConfigError, match="kind"):
         build_schedule(OpKind.LAYERNORM, "ring", (0, 1), 8)
 

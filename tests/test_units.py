@@ -35,7 +35,7 @@ def test_parse_bandwidth_bits_and_bytes(text, bytes_per_s):
     ],
 )
 def test_parse_bandwidth_rejects_ambiguous_or_wrong_units(text):
-    with pytest.raises(ValueError, match=r"not a bandwidth: .*; write e\.g\. 10Gbit/s"):
+    with pytest.raises(ValueError, match=r"not a bandwidth; write e\.g\. 10Gbit/s"):
         parse_bandwidth(text)
 
 
@@ -56,7 +56,7 @@ def test_parse_duration(text, seconds):
 
 @pytest.mark.parametrize("text", ["5 GB", "1", "soon", "1 m/s"])
 def test_parse_duration_rejects_non_times(text):
-    with pytest.raises(ValueError, match=r"not a duration: .*write e\.g\. 1ms"):
+    with pytest.raises(ValueError, match=r"not a duration; write e\.g\. 1ms"):
         parse_duration(text)
 
 
@@ -84,7 +84,7 @@ def test_parse_size_distinguishes_mib_from_mbit(text, num_bytes):
 
 @pytest.mark.parametrize("text", ["8 KB", "8 mB", "16 GiB/s", "lots"])
 def test_parse_size_rejects_bad_text(text):
-    with pytest.raises(ValueError, match=r"not a size: .*write e\.g\. 16GiB"):
+    with pytest.raises(ValueError, match=r"not a size; write e\.g\. 16GiB"):
         parse_size(text)
 
 
@@ -103,7 +103,7 @@ def test_parse_flops(text, flops_per_s):
 
 @pytest.mark.parametrize("text", ["12 TOPS", "x TFLOPS", "100 GB/s", "5 XFLOPS"])
 def test_parse_flops_rejects_bad_text(text):
-    with pytest.raises(ValueError, match=r"not a compute rate: .*write e\.g\. 989 TFLOP/s"):
+    with pytest.raises(ValueError, match=r"not a compute rate; write e\.g\. 989 TFLOP/s"):
         parse_flops(text)
 
 

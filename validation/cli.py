@@ -20,7 +20,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from models.errors import ConfigError
+from models.errors import ConfigError, shorten
 from runtime import interrupt
 from runtime.errors import LaunchError
 from validation.limits import MAX_REPEATS, MAX_TIMED_S, MAX_TIMEOUT_S
@@ -60,11 +60,11 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for results.csv, trace.json and report.html (default: out/<scenario name>).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Calibration profile from hetsim calibrate: price ops from measurements.")
-def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | None) -> None:
+def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | None) -> None:
     """Predict TTFT, TPOT, decode tokens/s and peak memory for each variant of SCENARIO.
 
     Without SCENARIO, runs the default scenario (scenarios/low_resource_llama2_7b.yaml).
@@ -76,13 +76,18 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
 
     from sim.profile import load_profile
 
+    if out_dir == "":  # an unset variable in --out "$DIR"; Path("") would be the current directory
+        raise ConfigError("--out", "empty path; write --out . for the current directory (got '')")
     loaded = load_scenario(scenario or DEFAULT_SCENARIO)
+    out_dir = Path(out_dir) if out_dir is not None else Path("out") / loaded.name
+    check_out_dir(out_dir)
     profile = load_profile(profile_path) if profile_path else None
     console = _console()
     if loaded.config.sweep is not None:
-        _simulate_sweep(loaded, out_dir or Path("out") / loaded.name, console)
+        _simulate_sweep(loaded, out_dir, console)
         return
-    result = run_simulation(loaded, profile=profile)
+    with console.status(f"simulating {len(loaded.config.variants)} variants"):  # a terminal sees it is busy
+        result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
     if profile is None:
         console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)")
@@ -93,8 +98,36 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
     with interrupt.deferred():
-        written = write_outputs(result, out_dir or Path("out") / loaded.name)
+        written = write_outputs(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+_SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Raise ConfigError on ``--out`` unless ``out_dir`` is, or can be made, a writable directory.
+
+    Checked before any work, and without creating anything: the nearest existing ancestor must be
+    a directory we may write into, and nothing on the way may be a file; kernel trees (/proc, /sys,
+    /dev) are refused outright.
+    """
+    shown = shorten(str(out_dir), keep_end=True)
+    try:
+        resolved = out_dir.resolve()
+    except (OSError, RuntimeError) as error:
+        raise ConfigError("--out", f"not a usable directory: {error} (got {shown})") from None
+    if any(resolved == tree or tree in resolved.parents for tree in _SYSTEM_TREES):
+        raise ConfigError("--out", f"a kernel file system, not a place for results (got {shown})")
+    existing = resolved
+    while not existing.exists():
+        if existing.is_symlink():  # a dangling link: mkdir would fail on it
+            raise ConfigError("--out", f"a dangling symbolic link on the way (got {shown})")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError("--out", f"{shorten(str(existing), keep_end=True)} is a file, not a directory (got {shown})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError("--out", f"no permission to write in {shorten(str(existing), keep_end=True)} (got {shown})")
 
 
 def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:

@@ -22,10 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from models.errors import ConfigError
+from models.input_files import load_yaml
 from sim.scenario import Scenario, config_error_from, load_scenario, scenario_from_dict
 from sim.units import parse_size
 from validation.limits import MAX_REPEATS, MAX_TIMED_S
@@ -62,9 +62,7 @@ def load_matrix(path: str | Path) -> tuple[Matrix, list[Scenario]]:
     if not path.is_file():
         raise ConfigError("matrix", f"no such file (got '{path}')")
     try:
-        matrix = Matrix.model_validate(yaml.safe_load(path.read_text()))
-    except yaml.YAMLError as error:
-        raise ConfigError("matrix", f"malformed YAML: {str(error).splitlines()[0]} (got '{path}')") from None
+        matrix = Matrix.model_validate(load_yaml(path, "matrix"))
     except ValidationError as error:
         raise config_error_from(error) from None
     scenarios = [load_scenario(path.parent / name) for name in matrix.scenarios]

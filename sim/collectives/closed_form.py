@@ -121,7 +121,7 @@ def closed_form_time_s(
     """
     formulas = _FORMULAS.get(kind, {})
     if algorithm not in formulas:
-        raise ConfigError("algorithm", f"no closed form for {kind} algorithm {algorithm!r}; known: {', '.join(formulas)}")
+        raise ConfigError(str(kind), f"no closed form for {kind} algorithm {algorithm!r}; known: {', '.join(formulas)}")
     if p < 1:
         raise ConfigError("p", f"must be at least 1 (got {p})")
     if p == 1:

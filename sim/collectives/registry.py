@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from models.errors import ConfigError
+from models.errors import ConfigError, shorten
 from models.ops import OpKind
 from sim.collectives.binomial import binomial_broadcast, binomial_reduce
 from sim.collectives.doubling import rabenseifner, recursive_doubling
@@ -114,7 +114,7 @@ def build_schedule(
     if algorithm == LIBRARY:
         builders = {LIBRARY: LIBRARY_MODEL[kind]}
     if algorithm not in builders:
-        raise ConfigError("algorithm", f"unknown {kind} algorithm {algorithm!r}; known: "
+        raise ConfigError(str(kind), f"unknown {kind} algorithm {shorten(algorithm)}; known: "
                                        f"{', '.join((*builders, LIBRARY))}")
     members = tuple(group)
     if not members or len(set(members)) != len(members):

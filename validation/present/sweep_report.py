@@ -8,6 +8,7 @@ reads off one column. Displayed units are GiB and seconds; the table stays SI.
 from __future__ import annotations
 
 import html
+import itertools
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -38,7 +39,7 @@ def sweep_figure(sweep: pd.DataFrame) -> go.Figure:
     fig = make_subplots(rows=3, cols=len(models), shared_xaxes=True, column_titles=models,
                         row_titles=["max peak memory per device (GiB)", "TPOT (s)", "TTFT (s)"],
                         vertical_spacing=0.06, horizontal_spacing=0.05)
-    colors = dict(zip(dict.fromkeys(sweep["label"]), _PALETTE * 4))
+    colors = dict(zip(dict.fromkeys(sweep["label"]), itertools.cycle(_PALETTE)))  # any number of policies
     for col, model in enumerate(models, 1):
         rows = sweep[(sweep["model"] == model) & sweep["feasible"]]
         for label, line in rows.groupby("label", sort=False):
