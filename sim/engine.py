@@ -12,8 +12,23 @@ Semantics (what the tests pin down):
   ``wait_s`` (calibrated arrival skew) is the group's first rank waiting for the others: the
   trace shows the others arriving ``wait_s`` after the simulated last arrival. Timings are priced
   once per (kind, algorithm, group, size, root) and cached by the :class:`CollectivePricer`.
-* A weight load (``Op.load``) crosses the rank's loader path, sharing it with the loads of other
-  ranks in flight (:class:`sim.loader.LoaderLinks`).
+* Every transfer in flight shares one network, the segment's :class:`sim.fabric.Fabric`: weight
+  loads (``Op.load``, over the rank's loader path) always run on it, max-min fair among
+  themselves and with whatever else crosses their channels.
+* What contends with what, and when a collective keeps its closed form: before a segment runs,
+  the engine asks whether any collective of it *could* meet other traffic on a channel: a channel
+  its schedule crosses is on the loader path of a rank that loads weights in the segment, or is
+  crossed by a collective of another group, or by another collective of the same rank issued
+  from another stream (so possibly at the same time). If not (the common tensor-parallel segment:
+  one group, every rank waiting on each collective in program order, no loader on its channels),
+  collectives take their priced timing (closed form, cached, or calibrated) unchanged, and
+  nothing but the rendezvous is simulated. If so, every collective of the segment runs its
+  schedule on the fabric, and each rank is released at its fluid finish plus the difference
+  between the priced timing and the fluid model's timing on an idle network
+  (:meth:`sim.fabric.Fabric.collective`): a collective that meets nothing still takes its priced
+  (e.g. calibrated) time, and contention adds what the fluid model says it costs. A calibrated
+  timing is a measured duration; contention is the uncalibrated fluid model's delay added to it.
+  ``auto`` picks its algorithm on the idle network either way.
 * A segment starts with every rank idle at time 0 and lasts until its last op ends.
 """
 
@@ -26,8 +41,8 @@ import numpy as np
 import simpy
 
 from sim.cost import ComputeModel
-from sim.loader import LoaderLinks
-from sim.network import CollectivePricer, CollectiveTiming
+from sim.fabric import Fabric
+from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links
 from sim.plan import Op, Segment, Stream
 from sim.topology import Topology
 
@@ -56,11 +71,16 @@ class Engine:
         self.compute = compute
         self.pricer = pricer
         self.load_rate_cap = load_rate_cap
+        self.links = Links(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+        self._idle_fluid = FlowNetwork(topology, links=self.links)
+        self._extra_s: dict[tuple, dict[int, float]] = {}
+        self._footprints: dict[tuple, frozenset[int]] = {}
 
     def run_segment(self, segment: Segment) -> SegmentResult:
         """Simulate one instance of ``segment``; see the module docstring for the semantics."""
         env = simpy.Environment()
-        self._loads = LoaderLinks(env, self.topology, self.load_rate_cap)
+        fabric = Fabric(env, self.links, self.load_rate_cap)
+        shared = self._may_contend(segment)
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         calls: dict[int, list] = {}
@@ -76,13 +96,13 @@ class Engine:
             done = [env.event() for _ in program]
             for indices in groups:
                 if indices:
-                    env.process(self._stream(env, rank, program, indices, done, starts[rank], ends[rank],
-                                             calls, algorithms))
+                    env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
+                                             ends[rank], calls, algorithms))
         env.run()
         duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
         return SegmentResult(starts, ends, duration, algorithms)
 
-    def _stream(self, env, rank, program, indices, done, starts, ends, calls, algorithms):
+    def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -91,21 +111,84 @@ class Engine:
                     yield done[dep]
             starts[i] = env.now
             if op.load is not None:
-                yield from self._loads.load(rank, op.load.size_bytes)
+                yield fabric.load(rank, op.load.size_bytes)
             elif op.collective is None:
                 yield env.timeout(self.compute.duration_s(op, device))
             else:
                 timing = self._timing(op, algorithms)
-                entry = calls.setdefault(op.call, [0, env.event()])
+                entry = calls.setdefault(op.call, [0, env.event(), None])
                 entry[0] += 1
                 if entry[0] == len(op.collective.group):
+                    if shared:
+                        entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], timing)
                     entry[1].succeed(env.now)
                 start = yield entry[1]
                 if timing.wait_s and rank != op.collective.group[0]:
                     starts[i] = max(starts[i], start + timing.wait_s)
-                yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
+                if shared:
+                    yield entry[2][rank]
+                else:
+                    yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
             ends[i] = env.now
             done[i].succeed()
+
+    def _may_contend(self, segment: Segment) -> bool:
+        """Whether a collective of ``segment`` could share a channel with other traffic in flight
+        (see the module docstring); False keeps every collective at its priced timing."""
+        load_ranks: set[int] = set()
+        calls: dict[int, Op] = {}
+        streams_overlap = False
+        for rank, program in segment.programs.items():
+            streams = set()
+            sequential = True
+            for op in program:
+                if op.after is not None:
+                    sequential = False
+                if op.load is not None:
+                    load_ranks.add(rank)
+                elif op.collective is not None:
+                    calls[op.call] = op
+                    streams.add(op.stream)
+            streams_overlap |= not sequential and len(streams) > 1
+        if not calls:
+            return False
+        groups = {op.collective.group for op in calls.values()}
+        if not load_ranks and len(groups) == 1 and not streams_overlap:
+            return False
+        if streams_overlap and len(calls) > 1:
+            return True
+        by_group: dict[tuple[int, ...], set[int]] = {}
+        for op in calls.values():
+            by_group.setdefault(op.collective.group, set()).update(self._footprint(op))
+        loaded = {c for rank in load_ranks for c in self.links.loader(rank, self.load_rate_cap(rank)).channels}
+        footprints = list(by_group.values())
+        if any(footprint & loaded for footprint in footprints):
+            return True
+        return any(a & b for i, a in enumerate(footprints) for b in footprints[i + 1:])
+
+    def _footprint(self, op: Op) -> frozenset[int]:
+        """The channel ids the schedule of collective ``op`` crosses."""
+        c = op.collective
+        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
+        key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
+        footprint = self._footprints.get(key)
+        if footprint is None:
+            schedule = self.pricer.schedule(*key)
+            footprint = self._footprints[key] = frozenset(
+                channel for t in schedule.transfers() for channel in self.links.get(t.src, t.dst).channels)
+        return footprint
+
+    def _on_fabric(self, fabric: Fabric, op: Op, algorithm: str, timing: CollectiveTiming):
+        """Start collective ``op`` on the fabric now; per rank, the event releasing it."""
+        c = op.collective
+        key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
+        schedule = self.pricer.schedule(*key)
+        extra = self._extra_s.get((key, op.name))
+        if extra is None:
+            idle = self._idle_fluid.time(schedule)
+            extra = self._extra_s[(key, op.name)] = {rank: timing.finish_s.get(rank, 0.0) - idle.finish_s[rank]
+                                                    for rank in c.group}
+        return fabric.collective(schedule, extra)
 
     def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]]) -> CollectiveTiming:
         c = op.collective

@@ -75,16 +75,32 @@ class NetworkModel(Protocol):
         ...
 
 
-class _Route(NamedTuple):
-    id: int  # small integer naming the (src, dst) pair, for cheap rate-cache keys
+class Route(NamedTuple):
+    """A path through the network as :class:`Links` numbers it."""
+
+    id: int  # small integer naming the channel tuple, for cheap rate-cache keys
     latency_s: float
-    channels: tuple[int, ...]  # indices into the topology's channels
+    channels: tuple[int, ...]  # channel ids: indices into ``Links.capacity``
 
 
-class _Routes:
-    """Routes between ranks as channel indices, channel capacities and per-rank gamma, cached."""
+class Links:
+    """The channels of a topology as numbered capacities, the routes over them, and per-rank gamma.
 
-    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None):
+    Shared by every fluid computation of a simulation (:class:`FlowNetwork` pricing a schedule on
+    an idle network, :class:`sim.fabric.Fabric` carrying every transfer of a segment), so a route
+    or a max-min solution is computed once. Channel ids ``0 .. len(topology.channels) - 1`` are
+    the topology's channels in order; :meth:`private_channel` appends channels no route of the
+    topology crosses (a calibrated ceiling on one rank's weight loads).
+
+    Args:
+        topology: where the ranks are and what connects them.
+        reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+
+    Raises:
+        ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
+    """
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
         self.topology = topology
         self.index = {channel.name: i for i, channel in enumerate(topology.channels)}
         self.capacity = [channel.bandwidth_bytes_per_s for channel in topology.channels]
@@ -95,18 +111,131 @@ class _Routes:
             if missing:
                 raise ValueError(f"reduce_s_per_byte lacks ranks {missing}")
             self.gamma = [float(reduce_s_per_byte[rank]) for rank in range(topology.num_ranks)]
-        self._cache: dict[tuple[int, int], _Route] = {}
-        self.by_id: list[_Route] = []
+        self.channels_of: list[tuple[int, ...]] = []  # route id -> channel ids
+        self._route_ids: dict[tuple[int, ...], int] = {}
+        self._pairs: dict[tuple[int, int], Route] = {}
+        self._loaders: dict[tuple[int, float | None], Route] = {}
+        self._caps: dict[tuple[int, float], int] = {}
+        self._solved: dict[tuple[int, ...], dict[int, float]] = {}
 
-    def get(self, src: int, dst: int) -> _Route:
+    def route(self, channels: tuple[int, ...], latency_s: float) -> Route:
+        """The :class:`Route` over ``channels`` (ids), numbered on first use."""
+        route_id = self._route_ids.get(channels)
+        if route_id is None:
+            route_id = self._route_ids[channels] = len(self.channels_of)
+            self.channels_of.append(channels)
+        return Route(route_id, latency_s, channels)
+
+    def get(self, src: int, dst: int) -> Route:
+        """The route of a transfer from rank ``src`` to rank ``dst`` (:meth:`Topology.path`)."""
         key = (src, dst)
-        route = self._cache.get(key)
+        route = self._pairs.get(key)
         if route is None:
             path = self.topology.path(src, dst)
-            route = _Route(len(self._cache), sum(c.latency_s for c in path), tuple(self.index[c.name] for c in path))
-            self._cache[key] = route
-            self.by_id.append(route)
+            route = self._pairs[key] = self.route(tuple(self.index[c.name] for c in path),
+                                                  sum(c.latency_s for c in path))
         return route
+
+    def loader(self, rank: int, rate_cap: float | None = None) -> Route:
+        """The route of a weight load to ``rank`` (:meth:`Topology.loader_path`), plus a channel
+        private to the rank of capacity ``rate_cap`` (bytes/s) where one is given."""
+        key = (rank, rate_cap)
+        route = self._loaders.get(key)
+        if route is None:
+            path = self.topology.loader_path(rank)
+            channels = tuple(self.index[c.name] for c in path)
+            if rate_cap is not None:
+                channels += (self.private_channel(rank, rate_cap),)
+            route = self._loaders[key] = self.route(channels, sum(c.latency_s for c in path))
+        return route
+
+    def private_channel(self, owner: int, capacity_bytes_per_s: float) -> int:
+        """The id of a channel of ``capacity_bytes_per_s`` that only ``owner``'s routes cross."""
+        key = (owner, capacity_bytes_per_s)
+        if key not in self._caps:
+            self._caps[key] = len(self.capacity)
+            self.capacity.append(capacity_bytes_per_s)
+        return self._caps[key]
+
+    def rates(self, mix: tuple[int, ...]) -> dict[int, float]:
+        """Max-min fair rate (bytes/s) per route id of the flows ``mix`` (route ids, sorted, one
+        entry per flow), by :func:`max_min_rates`; cached, since pipelines repeat the same mixes."""
+        rates = self._solved.get(mix)
+        if rates is None:
+            rates = self._solved[mix] = max_min_rates(Counter(mix), self.channels_of, self.capacity)
+        return rates
+
+
+class _ScheduleRun:
+    """The dependency state of one run of a schedule (module docstring), whatever carries the bytes.
+
+    Subclasses say how a transfer travels (:meth:`_start`, called once both endpoints reached its
+    step, at ``now``) and how a reduction's end is awaited (:meth:`_reduce_until`); they call
+    :meth:`_arrived` when a transfer's bytes are in and :meth:`_complete` (of the receiver) when a
+    reduction ends, with ``now`` set. ``finish[rank]`` is relative to the run's start.
+    """
+
+    def __init__(self, schedule: CommSchedule, links: Links):
+        self.links = links
+        self.transfers = [t for step in schedule.steps for t in step]
+        self.route = [links.get(t.src, t.dst) for t in self.transfers]
+        # Each rank's work: the transfer ids of each step it takes part in, in step order.
+        by_step: dict[int, dict[int, list[int]]] = {rank: {} for rank in schedule.group}
+        i = 0
+        for k, step in enumerate(schedule.steps):
+            for t in step:
+                by_step[t.src].setdefault(k, []).append(i)
+                by_step[t.dst].setdefault(k, []).append(i)
+                i += 1
+        self.work = {rank: list(steps.values()) for rank, steps in by_step.items()}
+        self.position = dict.fromkeys(schedule.group, 0)
+        self.pending = {rank: len(work[0]) if work else 0 for rank, work in self.work.items()}
+        self.endpoints_ready = [0] * len(self.transfers)
+        self.finish = dict.fromkeys(schedule.group, 0.0)
+        self.reducer_free = dict.fromkeys(schedule.group, 0.0)
+        self.now = 0.0
+
+    def _begin(self) -> None:
+        for rank, work in self.work.items():
+            if work:
+                self._enter(rank)
+            else:
+                self._done(rank)
+
+    def _start(self, transfer: int) -> None:
+        raise NotImplementedError
+
+    def _reduce_until(self, time_s: float, transfer: int) -> None:
+        raise NotImplementedError
+
+    def _done(self, rank: int) -> None:
+        """Called once ``rank`` has finished all its work (at ``now``); nothing by default."""
+
+    def _enter(self, rank: int) -> None:
+        for transfer in self.work[rank][self.position[rank]]:
+            self.endpoints_ready[transfer] += 1
+            if self.endpoints_ready[transfer] == 2:
+                self._start(transfer)
+
+    def _complete(self, rank: int) -> None:
+        self.pending[rank] -= 1
+        if self.pending[rank] == 0:
+            self.finish[rank] = self.now
+            self.position[rank] += 1
+            if self.position[rank] < len(self.work[rank]):
+                self.pending[rank] = len(self.work[rank][self.position[rank]])
+                self._enter(rank)
+            else:
+                self._done(rank)
+
+    def _arrived(self, transfer: int) -> None:
+        t = self.transfers[transfer]
+        self._complete(t.src)
+        if t.reduce:
+            self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.links.gamma[t.dst] * t.size_bytes
+            self._reduce_until(self.reducer_free[t.dst], transfer)
+        else:
+            self._complete(t.dst)
 
 
 class AlphaBetaNetwork:
@@ -119,20 +248,23 @@ class AlphaBetaNetwork:
     Args:
         topology: where the ranks are and what connects them.
         reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+        links: share this :class:`Links` (its routes and cached solutions) instead of building
+            one from the first two arguments.
 
     Raises:
         ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
     """
 
-    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
-        self._routes = _Routes(topology, reduce_s_per_byte)
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None, *,
+                 links: Links | None = None):
+        self.links = links if links is not None else Links(topology, reduce_s_per_byte)
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule``; O(number of transfers x path length). ``call`` is ignored."""
-        capacity, gamma = self._routes.capacity, self._routes.gamma
+        capacity, gamma = self.links.capacity, self.links.gamma
         ready = dict.fromkeys(schedule.group, 0.0)
         for step in schedule.steps:
-            routes = [self._routes.get(t.src, t.dst) for t in step]
+            routes = [self.links.get(t.src, t.dst) for t in step]
             load = Counter(c for t, route in zip(step, routes) if t.size_bytes for c in route.channels)
             done: dict[int, float] = {}
             arrivals = []
@@ -164,21 +296,24 @@ class FlowNetwork:
     Args:
         topology: where the ranks are and what connects them.
         reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+        links: share this :class:`Links` (its routes and cached solutions) instead of building
+            one from the first two arguments.
 
     Raises:
         ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
     """
 
-    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
-        self._routes = _Routes(topology, reduce_s_per_byte)
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None, *,
+                 links: Links | None = None):
+        self.links = links if links is not None else Links(topology, reduce_s_per_byte)
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule``. ``call`` is ignored."""
-        return _FlowRun(schedule, self._routes).run()
+        return _FlowRun(schedule, self.links).run()
 
 
-class _FlowRun:
-    """One pricing of a schedule by :class:`FlowNetwork`: its state and event loop.
+class _FlowRun(_ScheduleRun):
+    """One pricing of a schedule by :class:`FlowNetwork`: its own event loop on an idle network.
 
     A transfer starts once both endpoints have reached its step; a "latency over" event then
     turns it into a flow. A flow's projected end only changes when rates are recomputed.
@@ -186,45 +321,29 @@ class _FlowRun:
 
     _LATENCY_OVER, _REDUCED = 0, 1
 
-    def __init__(self, schedule: CommSchedule, routes: _Routes):
-        self.routes = routes
-        self.transfers = [t for step in schedule.steps for t in step]
-        self.route = [routes.get(t.src, t.dst) for t in self.transfers]
-        # Each rank's work: the transfer ids of each step it takes part in, in step order.
-        by_step: dict[int, dict[int, list[int]]] = {rank: {} for rank in schedule.group}
-        for i, (k, t) in enumerate((k, t) for k, step in enumerate(schedule.steps) for t in step):
-            by_step[t.src].setdefault(k, []).append(i)
-            by_step[t.dst].setdefault(k, []).append(i)
-        self.work = {rank: list(steps.values()) for rank, steps in by_step.items()}
-        self.position = dict.fromkeys(schedule.group, 0)
-        self.pending = {rank: len(work[0]) if work else 0 for rank, work in self.work.items()}
-        self.endpoints_ready = [0] * len(self.transfers)
-        self.finish = dict.fromkeys(schedule.group, 0.0)
-        self.reducer_free = dict.fromkeys(schedule.group, 0.0)
+    def __init__(self, schedule: CommSchedule, links: Links):
+        super().__init__(schedule, links)
         self.events: list[tuple[float, int, int, int]] = []  # (time, sequence, kind, transfer id)
         self.sequence = 0
-        self.now = 0.0
         self.rate: dict[int, float] = {}  # of each flowing transfer, bytes/s
         self.end: dict[int, float] = {}  # projected end of each flowing transfer at its rate
         self.starting: list[int] = []  # transfers whose bytes start flowing now
-        # Pipelines repeat the same mix of routes many times: solve each mix once.
-        self.solved: dict[tuple[int, ...], dict[int, float]] = {}
 
     def run(self) -> CollectiveTiming:
-        for rank, work in self.work.items():
-            if work:
-                self._enter(rank)
-        while self.events or self.end:
-            self.now = min(self.events[0][0] if self.events else math.inf, min(self.end.values(), default=math.inf))
+        self._begin()
+        events = self.events
+        while events or self.end:
+            end = self.end  # _reshare replaces it
+            self.now = min(events[0][0] if events else math.inf, min(end.values(), default=math.inf))
             # Events this close to now are simultaneous up to rounding: one rate update serves all.
             horizon = self.now * (1 + 1e-12) + 1e-15
-            ended = [f for f, end in self.end.items() if end <= horizon]
+            ended = [f for f, finish in end.items() if finish <= horizon]
             for f in ended:
-                del self.end[f]
+                del end[f]
             for f in ended:
                 self._arrived(f)
-            while self.events and self.events[0][0] <= horizon:
-                _, _, kind, f = heapq.heappop(self.events)
+            while events and events[0][0] <= horizon:
+                _, _, kind, f = heapq.heappop(events)
                 if kind == self._REDUCED:
                     self._complete(self.transfers[f].dst)
                 elif self.transfers[f].size_bytes:
@@ -240,40 +359,20 @@ class _FlowRun:
         remaining = {f: (end[f] - now) * rate[f] for f in end}
         remaining.update((f, float(self.transfers[f].size_bytes)) for f in self.starting)
         self.starting = []
-        mix = tuple(sorted(self.route[f].id for f in remaining))
-        if mix not in self.solved:
-            self.solved[mix] = max_min_rates(Counter(mix), [r.channels for r in self.routes.by_id], self.routes.capacity)
-        by_route = self.solved[mix]
-        self.rate = {f: by_route[self.route[f].id] for f in remaining}
+        route = self.route
+        by_route = self.links.rates(tuple(sorted(route[f].id for f in remaining)))
+        self.rate = {f: by_route[route[f].id] for f in remaining}
         self.end = {f: now + left / self.rate[f] for f, left in remaining.items()}
 
     def _push(self, time: float, kind: int, transfer: int) -> None:
         heapq.heappush(self.events, (time, self.sequence, kind, transfer))
         self.sequence += 1
 
-    def _enter(self, rank: int) -> None:
-        for transfer in self.work[rank][self.position[rank]]:
-            self.endpoints_ready[transfer] += 1
-            if self.endpoints_ready[transfer] == 2:
-                self._push(self.now + self.route[transfer].latency_s, self._LATENCY_OVER, transfer)
+    def _start(self, transfer: int) -> None:
+        self._push(self.now + self.route[transfer].latency_s, self._LATENCY_OVER, transfer)
 
-    def _complete(self, rank: int) -> None:
-        self.pending[rank] -= 1
-        if self.pending[rank] == 0:
-            self.finish[rank] = self.now
-            self.position[rank] += 1
-            if self.position[rank] < len(self.work[rank]):
-                self.pending[rank] = len(self.work[rank][self.position[rank]])
-                self._enter(rank)
-
-    def _arrived(self, transfer: int) -> None:
-        t = self.transfers[transfer]
-        self._complete(t.src)
-        if t.reduce:
-            self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.routes.gamma[t.dst] * t.size_bytes
-            self._push(self.reducer_free[t.dst], self._REDUCED, transfer)
-        else:
-            self._complete(t.dst)
+    def _reduce_until(self, time_s: float, transfer: int) -> None:
+        self._push(time_s, self._REDUCED, transfer)
 
 
 def max_min_rates(flows_per_route: Mapping[int, int], routes: Sequence[Sequence[int]],
@@ -340,6 +439,7 @@ class CollectivePricer:
         self.topology = topology
         self._timings: dict[tuple, CollectiveTiming] = {}
         self._choices: dict[tuple, str] = {}
+        self._schedules: dict[tuple, CommSchedule] = {}
 
     def price(
         self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
@@ -365,10 +465,22 @@ class CollectivePricer:
               call: str | None) -> CollectiveTiming:
         key = (kind, algorithm, group, size_bytes, root, call)
         if key not in self._timings:
-            host_groups = self.topology.host_groups(group)
-            schedule = build_schedule(kind, algorithm, group, size_bytes, root=root, host_groups=host_groups)
-            self._timings[key] = self.network.time(schedule, call)
+            self._timings[key] = self.network.time(self.schedule(kind, algorithm, group, size_bytes, root), call)
         return self._timings[key]
+
+    def schedule(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int,
+                 root: int | None = None) -> CommSchedule:
+        """The point-to-point schedule of ``algorithm`` (a registered name, not ``auto``), cached.
+
+        Raises:
+            ConfigError: as :func:`sim.collectives.registry.build_schedule`.
+        """
+        key = (kind, algorithm, group, size_bytes, root)
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = self._schedules[key] = build_schedule(kind, algorithm, group, size_bytes, root=root,
+                                                             host_groups=self.topology.host_groups(group))
+        return schedule
 
     def _fastest(self, kind: OpKind, group: tuple[int, ...], size_bytes: int, root: int | None,
                  call: str | None) -> str:
