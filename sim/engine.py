@@ -78,13 +78,62 @@ class Engine:
 
     def run_segment(self, segment: Segment) -> SegmentResult:
         """Simulate one instance of ``segment``; see the module docstring for the semantics."""
-        env = simpy.Environment()
-        fabric = Fabric(env, self.links, self.load_rate_cap)
-        shared = self._may_contend(segment)
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
-        calls: dict[int, list] = {}
         algorithms: dict[int, tuple[str, str]] = {}
+        shared = self._may_contend(segment)
+        if not shared and all(op.after is None for program in segment.programs.values() for op in program):
+            self._run_in_order(segment, starts, ends, algorithms)
+        else:
+            self._run_events(segment, shared, starts, ends, algorithms)
+        duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
+        return SegmentResult(starts, ends, duration, algorithms)
+
+    def _run_in_order(self, segment: Segment, starts, ends, algorithms) -> None:
+        """The simpy run of a segment whose programs run in order and whose collectives keep their
+        priced timings, without simpy: each rank runs until a collective, the last arrival starts
+        it. The arithmetic is simpy's (an event at ``now + delay``), so the times are the same bits."""
+        programs = segment.programs
+        position = dict.fromkeys(programs, 0)
+        now = dict.fromkeys(programs, 0.0)
+        waiting: dict[int, list[tuple[int, int]]] = {}  # call -> [(rank, op index)] arrived
+        runnable = sorted(programs)
+        while runnable:
+            released = []
+            for rank in runnable:
+                program, device = programs[rank], self.topology.devices[rank]
+                rank_starts, rank_ends = starts[rank], ends[rank]
+                t, i = now[rank], position[rank]
+                while i < len(program):
+                    op = program[i]
+                    rank_starts[i] = t
+                    if op.collective is None:
+                        t = t + self.compute.duration_s(op, device)
+                        rank_ends[i] = t
+                        i += 1
+                        continue
+                    timing = self._timing(op, algorithms)
+                    arrived = waiting.setdefault(op.call, [])
+                    arrived.append((rank, i))
+                    if len(arrived) == len(op.collective.group):
+                        start = max(starts[r][j] for r, j in arrived)
+                        first = op.collective.group[0]
+                        for r, j in arrived:
+                            if timing.wait_s and r != first:
+                                starts[r][j] = max(starts[r][j], start + timing.wait_s)
+                            ends[r][j] = now[r] = start + (start + timing.finish_s.get(r, 0.0) - start)
+                            position[r] = j + 1
+                            released.append(r)
+                    break
+                else:
+                    position[rank] = i
+            runnable = sorted(set(released))
+
+    def _run_events(self, segment: Segment, shared: bool, starts, ends, algorithms) -> None:
+        """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers."""
+        env = simpy.Environment()
+        fabric = Fabric(env, self.links, self.load_rate_cap)
+        calls: dict[int, list] = {}
         for rank in sorted(segment.programs):
             program = segment.programs[rank]
             if all(op.after is None for op in program):
@@ -99,8 +148,6 @@ class Engine:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
                                              ends[rank], calls, algorithms))
         env.run()
-        duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
-        return SegmentResult(starts, ends, duration, algorithms)
 
     def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms):
         device = self.topology.devices[rank]

@@ -65,7 +65,12 @@ class CollectiveTiming:
 
 
 class NetworkModel(Protocol):
-    """Prices a point-to-point schedule; see the module docstring for the shared semantics."""
+    """Prices a point-to-point schedule; see the module docstring for the shared semantics.
+
+    A model may set ``prices_by_call = False`` to say that :meth:`time` ignores ``call``, so the
+    :class:`CollectivePricer` prices a schedule once for all the calls that use it (a model
+    without the attribute is priced per call).
+    """
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule`` started at t = 0 on an otherwise idle network. ``call``: the
@@ -255,6 +260,8 @@ class AlphaBetaNetwork:
         ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
     """
 
+    prices_by_call = False
+
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None, *,
                  links: Links | None = None):
         self.links = links if links is not None else Links(topology, reduce_s_per_byte)
@@ -302,6 +309,8 @@ class FlowNetwork:
     Raises:
         ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
     """
+
+    prices_by_call = False
 
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None, *,
                  links: Links | None = None):
@@ -440,6 +449,7 @@ class CollectivePricer:
         self._timings: dict[tuple, CollectiveTiming] = {}
         self._choices: dict[tuple, str] = {}
         self._schedules: dict[tuple, CommSchedule] = {}
+        self._by_call = getattr(network, "prices_by_call", True)
 
     def price(
         self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
@@ -454,6 +464,8 @@ class CollectivePricer:
                 ``"auto"``, only when no algorithm applies.
         """
         group = tuple(group)
+        if not self._by_call:
+            call = None  # the same schedule costs the same wherever it is called: price it once
         if algorithm == AUTO:
             key = (kind, group, size_bytes, root, call)
             if key not in self._choices:
