@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import itemgetter
 
 import numpy as np
 
@@ -42,31 +44,44 @@ class SegmentLedger:
 def segment_ledger(segment: Segment, result: SegmentResult, rank: int) -> SegmentLedger:
     """Build ``rank``'s ledger of one instance of ``segment`` from its simulated op times."""
     program = segment.programs[rank]
+    starts, ends = result.starts[rank].tolist(), result.ends[rank].tolist()
     events: list[tuple[float, int, int, MemoryCategory, int]] = []  # (time, order, op, category, delta)
+    append = events.append
     for i, op in enumerate(program):
-        start, end = float(result.starts[rank][i]), float(result.ends[rank][i])
+        start, end = starts[i], ends[i]
         for category, size in op.alloc:
-            events.append((start, 1, i, category, size))
-        if op.transient_bytes:
-            events.append((start, 1, i, op.transient_category, op.transient_bytes))
-            events.append((end, 0, i, op.transient_category, -op.transient_bytes))
+            append((start, 1, i, category, size))
+        transient = op.transient_bytes
+        if transient:
+            category = op.transient_category
+            append((start, 1, i, category, transient))
+            append((end, 0, i, category, -transient))
         for category, size in op.free:
-            events.append((end, 0, i, category, -size))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
+            append((end, 0, i, category, -size))
+    events.sort(key=_EVENT_ORDER)
+    deltas = [event[4] for event in events]
+    totals = list(accumulate(deltas))
+    peak, at = max(zip(totals, range(len(totals))), key=_first_highest, default=(0, -1))
+    if peak <= 0:
+        peak, at = 0, -1
     by_category = dict.fromkeys(CATEGORIES, 0)
-    running = 0
-    peak, peak_by_category = 0, dict(by_category)
-    times, totals, ops = [], [], []
-    for time_s, _, i, category, delta in events:
+    for index, (_, _, _, category, delta) in enumerate(events):
         by_category[category] += delta
-        running += delta
-        times.append(time_s)
-        totals.append(running)
-        ops.append(i)
-        if running > peak:
-            peak, peak_by_category = running, dict(by_category)
-    return SegmentLedger(np.array(times), np.array(totals, dtype=np.int64), np.array(ops, dtype=np.int64),
-                         by_category, peak, peak_by_category)
+        if index == at:
+            peak_by_category = dict(by_category)
+    if at < 0:
+        peak_by_category = dict.fromkeys(CATEGORIES, 0)
+    return SegmentLedger(np.array([event[0] for event in events]), np.array(totals, dtype=np.int64),
+                         np.array([event[2] for event in events], dtype=np.int64), by_category, peak,
+                         peak_by_category)
+
+
+_EVENT_ORDER = itemgetter(0, 1, 2)
+
+
+def _first_highest(total_and_index: tuple[int, int]) -> tuple[int, int]:
+    """Order of (running total, event index) whose maximum is the first event at the highest total."""
+    return total_and_index[0], -total_and_index[1]
 
 
 @dataclass(frozen=True)

@@ -320,6 +320,27 @@ class FlowNetwork:
         """The timing of ``schedule``. ``call`` is ignored."""
         return _FlowRun(schedule, self.links).run()
 
+    def lower_bound_s(self, schedule: CommSchedule) -> float:
+        """A duration :meth:`time` cannot beat (s), in O(transfers x path length): the larger of
+        the schedule's critical path of latencies alone and the busiest channel's bytes over its
+        capacity (max-min rates never exceed a channel's capacity). The pricer skips the
+        schedules of ``auto`` whose bound exceeds the best time found."""
+        links = self.links
+        ready = dict.fromkeys(schedule.group, 0.0)
+        carried: dict[int, int] = {}
+        for step in schedule.steps:
+            done: dict[int, float] = {}
+            for t in step:
+                route = links.get(t.src, t.dst)
+                end = max(ready[t.src], ready[t.dst]) + route.latency_s
+                for channel in route.channels:
+                    carried[channel] = carried.get(channel, 0) + t.size_bytes
+                done[t.src] = max(done.get(t.src, 0.0), end)
+                done[t.dst] = max(done.get(t.dst, 0.0), end)
+            ready.update(done)
+        busiest = max((size / links.capacity[channel] for channel, size in carried.items()), default=0.0)
+        return max(max(ready.values(), default=0.0), busiest)
+
 
 class _FlowRun(_ScheduleRun):
     """One pricing of a schedule by :class:`FlowNetwork`: its own event loop on an idle network.
@@ -498,12 +519,22 @@ class CollectivePricer:
                  call: str | None) -> str:
         if kind not in ALGORITHMS:
             raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
-        priced, errors = [], []
+        candidates, errors = [], []
         for name in sorted(ALGORITHMS[kind]):
             try:
-                priced.append((self._time(kind, name, group, size_bytes, root, call).duration_s, name))
+                candidates.append((name, self.schedule(kind, name, group, size_bytes, root)))
             except ConfigError as error:  # e.g. two_level_rs on hosts holding different numbers of ranks
                 errors.append(error)
-        if not priced:
+        if not candidates:
             raise errors[0]
+        bound = getattr(self.network, "lower_bound_s", None)
+        ordered = sorted((bound(schedule), name) for name, schedule in candidates) if bound else \
+            [(0.0, name) for name, _ in candidates]
+        priced, best = [], math.inf
+        for lower_bound, name in ordered:
+            # A schedule that cannot beat the best so far is not priced: the choice is the same.
+            if lower_bound > best * (1 + 1e-9):
+                break
+            priced.append((self._time(kind, name, group, size_bytes, root, call).duration_s, name))
+            best = min(best, priced[-1][0])
         return min(priced)[1]
