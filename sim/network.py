@@ -30,6 +30,7 @@ Where no channel is ever crossed by two flows at once, the two models agree.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import Counter
@@ -346,7 +347,9 @@ class _FlowRun(_ScheduleRun):
     """One pricing of a schedule by :class:`FlowNetwork`: its own event loop on an idle network.
 
     A transfer starts once both endpoints have reached its step; a "latency over" event then
-    turns it into a flow. A flow's projected end only changes when rates are recomputed.
+    turns it into a flow. A flow's projected end only changes when the rate of its route does
+    (flows on one route share one rate), so a rate update touches only the routes it changes;
+    projected ends sit in a heap whose stale entries are skipped.
     """
 
     _LATENCY_OVER, _REDUCED = 0, 1
@@ -355,21 +358,33 @@ class _FlowRun(_ScheduleRun):
         super().__init__(schedule, links)
         self.events: list[tuple[float, int, int, int]] = []  # (time, sequence, kind, transfer id)
         self.sequence = 0
-        self.rate: dict[int, float] = {}  # of each flowing transfer, bytes/s
         self.end: dict[int, float] = {}  # projected end of each flowing transfer at its rate
+        self.ends: list[tuple[float, int]] = []  # heap of (projected end, transfer id), some stale
+        self.mix: list[int] = []  # route id of every flowing transfer, sorted
+        self.on_route: dict[int, set[int]] = {}  # route id -> flowing transfers
+        self.route_rate: dict[int, float] = {}  # route id -> rate of each of its flows, bytes/s
         self.starting: list[int] = []  # transfers whose bytes start flowing now
 
     def run(self) -> CollectiveTiming:
         self._begin()
-        events = self.events
-        while events or self.end:
-            end = self.end  # _reshare replaces it
-            self.now = min(events[0][0] if events else math.inf, min(end.values(), default=math.inf))
+        events, ends, end = self.events, self.ends, self.end
+        while events or end:
+            while ends and end.get(ends[0][1]) != ends[0][0]:
+                heapq.heappop(ends)
+            self.now = min(events[0][0] if events else math.inf, ends[0][0] if ends else math.inf)
             # Events this close to now are simultaneous up to rounding: one rate update serves all.
             horizon = self.now * (1 + 1e-12) + 1e-15
-            ended = [f for f, finish in end.items() if finish <= horizon]
+            ended = []
+            while ends and ends[0][0] <= horizon:
+                finish, f = heapq.heappop(ends)
+                if end.get(f) == finish:
+                    del end[f]
+                    ended.append(f)
+            ended.sort()
             for f in ended:
-                del end[f]
+                route_id = self.route[f].id
+                del self.mix[bisect.bisect_left(self.mix, route_id)]
+                self.on_route[route_id].discard(f)
             for f in ended:
                 self._arrived(f)
             while events and events[0][0] <= horizon:
@@ -385,14 +400,25 @@ class _FlowRun(_ScheduleRun):
         return _timing(self.finish)
 
     def _reshare(self) -> None:
-        now, rate, end = self.now, self.rate, self.end
-        remaining = {f: (end[f] - now) * rate[f] for f in end}
-        remaining.update((f, float(self.transfers[f].size_bytes)) for f in self.starting)
+        now, end, ends, route, on_route, route_rate = self.now, self.end, self.ends, self.route, self.on_route, \
+            self.route_rate
+        for f in self.starting:
+            bisect.insort(self.mix, route[f].id)
+        by_route = self.links.rates(tuple(self.mix))
+        for route_id, flows in on_route.items():
+            new = by_route.get(route_id)
+            old = route_rate.get(route_id)
+            if flows and new != old:
+                for f in flows:
+                    end[f] = finish = now + (end[f] - now) * old / new
+                    heapq.heappush(ends, (finish, f))
+        self.route_rate = by_route
+        for f in self.starting:
+            route_id = route[f].id
+            on_route.setdefault(route_id, set()).add(f)
+            end[f] = finish = now + self.transfers[f].size_bytes / by_route[route_id]
+            heapq.heappush(ends, (finish, f))
         self.starting = []
-        route = self.route
-        by_route = self.links.rates(tuple(sorted(route[f].id for f in remaining)))
-        self.rate = {f: by_route[route[f].id] for f in remaining}
-        self.end = {f: now + left / self.rate[f] for f, left in remaining.items()}
 
     def _push(self, time: float, kind: int, transfer: int) -> None:
         heapq.heappush(self.events, (time, self.sequence, kind, transfer))
