@@ -34,7 +34,7 @@ Semantics (what the tests pin down):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -59,6 +59,7 @@ class SegmentResult:
     ends: dict[int, np.ndarray]
     duration_s: float
     algorithms: dict[int, tuple[str, str]]
+    ledgers: dict = field(default_factory=dict, compare=False, repr=False)  # rank -> memory ledger (sim.memory)
 
 
 class Engine:

@@ -20,7 +20,7 @@ from operator import itemgetter
 import numpy as np
 
 from sim.engine import SegmentResult
-from sim.plan import MemoryCategory, Phase, Segment
+from sim.plan import MemoryCategory, Op, Phase, Segment
 
 CATEGORIES = tuple(MemoryCategory)
 
@@ -42,8 +42,15 @@ class SegmentLedger:
 
 
 def segment_ledger(segment: Segment, result: SegmentResult, rank: int) -> SegmentLedger:
-    """Build ``rank``'s ledger of one instance of ``segment`` from its simulated op times."""
-    program = segment.programs[rank]
+    """Build ``rank``'s ledger of one instance of ``segment`` from its simulated op times (kept in
+    ``result``: the run's memory and its trace ask for the same ledgers)."""
+    ledger = result.ledgers.get(rank)
+    if ledger is None:
+        ledger = result.ledgers[rank] = _ledger(segment.programs[rank], result, rank)
+    return ledger
+
+
+def _ledger(program: tuple[Op, ...], result: SegmentResult, rank: int) -> SegmentLedger:
     starts, ends = result.starts[rank].tolist(), result.ends[rank].tolist()
     events: list[tuple[float, int, int, MemoryCategory, int]] = []  # (time, order, op, category, delta)
     append = events.append
