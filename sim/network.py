@@ -361,7 +361,7 @@ class _FlowRun(_ScheduleRun):
         self.end: dict[int, float] = {}  # projected end of each flowing transfer at its rate
         self.ends: list[tuple[float, int]] = []  # heap of (projected end, transfer id), some stale
         self.mix: list[int] = []  # route id of every flowing transfer, sorted
-        self.on_route: dict[int, set[int]] = {}  # route id -> flowing transfers
+        self.on_route: dict[int, set[int]] = {}  # route id -> its flowing transfers (never empty)
         self.route_rate: dict[int, float] = {}  # route id -> rate of each of its flows, bytes/s
         self.starting: list[int] = []  # transfers whose bytes start flowing now
 
@@ -384,7 +384,10 @@ class _FlowRun(_ScheduleRun):
             for f in ended:
                 route_id = self.route[f].id
                 del self.mix[bisect.bisect_left(self.mix, route_id)]
-                self.on_route[route_id].discard(f)
+                flows = self.on_route[route_id]
+                flows.discard(f)
+                if not flows:
+                    del self.on_route[route_id]
             for f in ended:
                 self._arrived(f)
             while events and events[0][0] <= horizon:
@@ -406,9 +409,8 @@ class _FlowRun(_ScheduleRun):
             bisect.insort(self.mix, route[f].id)
         by_route = self.links.rates(tuple(self.mix))
         for route_id, flows in on_route.items():
-            new = by_route.get(route_id)
-            old = route_rate.get(route_id)
-            if flows and new != old:
+            new, old = by_route[route_id], route_rate[route_id]
+            if new != old:
                 for f in flows:
                     end[f] = finish = now + (end[f] - now) * old / new
                     heapq.heappush(ends, (finish, f))
