@@ -66,29 +66,22 @@ def _ledger(program: tuple[Op, ...], result: SegmentResult, rank: int) -> Segmen
         for category, size in op.free:
             append((end, 0, i, category, -size))
     events.sort(key=_EVENT_ORDER)
-    deltas = [event[4] for event in events]
-    totals = list(accumulate(deltas))
-    peak, at = max(zip(totals, range(len(totals))), key=_first_highest, default=(0, -1))
-    if peak <= 0:
-        peak, at = 0, -1
+    totals = list(accumulate(event[4] for event in events))
+    peak = max(totals, default=0)
+    at = totals.index(peak) if peak > 0 else -1  # the first event at the highest total
+    peak = max(peak, 0)
     by_category = dict.fromkeys(CATEGORIES, 0)
-    for index, (_, _, _, category, delta) in enumerate(events):
+    for _, _, _, category, delta in events[:at + 1]:
         by_category[category] += delta
-        if index == at:
-            peak_by_category = dict(by_category)
-    if at < 0:
-        peak_by_category = dict.fromkeys(CATEGORIES, 0)
+    peak_by_category = dict(by_category)
+    for _, _, _, category, delta in events[at + 1:]:
+        by_category[category] += delta
     return SegmentLedger(np.array([event[0] for event in events]), np.array(totals, dtype=np.int64),
                          np.array([event[2] for event in events], dtype=np.int64), by_category, peak,
                          peak_by_category)
 
 
 _EVENT_ORDER = itemgetter(0, 1, 2)
-
-
-def _first_highest(total_and_index: tuple[int, int]) -> tuple[int, int]:
-    """Order of (running total, event index) whose maximum is the first event at the highest total."""
-    return total_and_index[0], -total_and_index[1]
 
 
 @dataclass(frozen=True)

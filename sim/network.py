@@ -26,6 +26,12 @@ The models differ in what a transfer costs once started:
   steps costs.
 
 Where no channel is ever crossed by two flows at once, the two models agree.
+
+Both price a schedule on an otherwise idle network, and :class:`CollectivePricer` caches the
+result: the engine uses it where nothing else can be in flight on the schedule's channels. What
+runs concurrently shares one fluid network, :class:`sim.fabric.Fabric`, built on the same
+:class:`Links` (routes, capacities, gamma, cached max-min solutions) and the same dependency
+semantics (:class:`_ScheduleRun`) as :class:`FlowNetwork`; :mod:`sim.engine` says when which applies.
 """
 
 from __future__ import annotations
@@ -556,7 +562,12 @@ class CollectivePricer:
         if not candidates:
             raise errors[0]
         bound = getattr(self.network, "lower_bound_s", None)
-        ordered = sorted((bound(schedule), name) for name, schedule in candidates) if bound else \
+
+        def lower_bound(name: str, schedule: CommSchedule) -> float:
+            priced = self._timings.get((kind, name, group, size_bytes, root, call))
+            return priced.duration_s if priced is not None else bound(schedule)  # a time is its own bound
+
+        ordered = sorted((lower_bound(name, schedule), name) for name, schedule in candidates) if bound else \
             [(0.0, name) for name, _ in candidates]
         priced, best = [], math.inf
         for lower_bound, name in ordered:
