@@ -177,3 +177,24 @@ def test_contention_adds_the_fluid_models_delay_to_a_measured_timing():
     assert measured.run_segment(both).ends[0][0] == pytest.approx(7.0 + fluid - idle, rel=1e-12)
     alone = Segment("alone", {0: (collective,), 2: (collective,)})
     assert measured.run_segment(alone).duration_s == 7.0
+
+
+def test_segments_computed_without_simpy_match_the_simpy_run_bit_for_bit():
+    from sim.simulate import tensor_parallel_ranks
+    from tests.conftest import make_scenario
+    from tests.test_engine import _engine_parts
+
+    scenario = make_scenario()
+    result = simulate(scenario)
+    _, _, engine = _engine_parts(result)
+    for variant in scenario.config.variants:
+        plan = scenario.plan(variant, tensor_parallel_ranks(scenario, result.topology))
+        for step in (0, 1):
+            for segment in plan.phase(step).segments:
+                starts, ends, simpy_starts, simpy_ends = (
+                    {r: np.zeros(len(p)) for r, p in segment.programs.items()} for _ in range(4))
+                engine._run_in_order(segment, starts, ends, {})
+                engine._run_events(segment, False, simpy_starts, simpy_ends, {})
+                for rank in segment.programs:
+                    assert np.array_equal(starts[rank], simpy_starts[rank])
+                    assert np.array_equal(ends[rank], simpy_ends[rank])
