@@ -24,12 +24,15 @@ Semantics (what the tests pin down):
   collectives take their priced timing (closed form, cached, or calibrated) unchanged, and
   nothing but the rendezvous is simulated. If so, every collective of the segment runs its
   schedule on the fabric, and each rank is released at its fluid finish plus the difference
-  between the priced timing and the fluid model's timing on an idle network
-  (:meth:`sim.fabric.Fabric.collective`): a collective that meets nothing still takes its priced
+  between the priced timing and the fluid model's timing on an idle network, never before its
+  fluid finish (:meth:`sim.fabric.Fabric.collective`): a collective that meets nothing still takes its priced
   (e.g. calibrated) time, and contention adds what the fluid model says it costs. A calibrated
   timing is a measured duration; contention is the uncalibrated fluid model's delay added to it.
   ``auto`` picks its algorithm on the idle network either way.
 * A segment starts with every rank idle at time 0 and lasts until its last op ends.
+* A segment whose every op waits for the previous op of its rank and whose collectives keep their
+  priced timings (no loads, no contention) is computed without simpy, by simpy's arithmetic
+  (an event at ``now + delay``): the same times, bit for bit, at a fraction of the cost.
 """
 
 from __future__ import annotations
