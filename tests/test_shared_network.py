@@ -198,3 +198,14 @@ def test_segments_computed_without_simpy_match_the_simpy_run_bit_for_bit():
                 for rank in segment.programs:
                     assert np.array_equal(starts[rank], simpy_starts[rank])
                     assert np.array_equal(ends[rank], simpy_ends[rank])
+
+
+def test_a_calibrated_load_rate_cap_is_a_channel_of_the_rank_alone():
+    topology = _two_hosts()
+    capped = Engine(topology, _FreeCompute(), CollectivePricer(NETWORK_MODELS["flow"](topology), topology),
+                    load_rate_cap=lambda rank: 1e8 if rank == 0 else None)
+    # ranks 0 and 1 stream over h0's 1 GB/s storage: rank 0 is held to 100 MB/s, rank 1 takes the rest
+    result = capped.run_segment(Segment("loads", {0: (_load(SIZE_BYTES),), 1: (_load(SIZE_BYTES),)}))
+    latency = topology.loader_path(0)[0].latency_s
+    assert result.ends[0][0] == pytest.approx(latency + SIZE_BYTES / 1e8, rel=1e-9)
+    assert result.ends[1][0] == pytest.approx(latency + SIZE_BYTES / 9e8, rel=1e-9)
