@@ -12,22 +12,40 @@ Semantics (what the tests pin down):
   ``wait_s`` (calibrated arrival skew) is the group's first rank waiting for the others: the
   trace shows the others arriving ``wait_s`` after the simulated last arrival. Timings are priced
   once per (kind, algorithm, group, size, root) and cached by the :class:`CollectivePricer`.
-* A weight load (``Op.load``) crosses the rank's loader path, sharing it with the loads of other
-  ranks in flight (:class:`sim.loader.LoaderLinks`).
+* Every transfer in flight shares one network, the segment's :class:`sim.fabric.Fabric`: weight
+  loads (``Op.load``, over the rank's loader path) always run on it, max-min fair among
+  themselves and with whatever else crosses their channels.
+* What contends with what, and when a collective keeps its closed form: before a segment runs,
+  the engine asks whether any collective of it *could* meet other traffic on a channel: a channel
+  its schedule crosses is on the loader path of a rank that loads weights in the segment, or is
+  crossed by a collective of another group, or by another collective of the same rank issued
+  from another stream (so possibly at the same time). If not (the common tensor-parallel segment:
+  one group, every rank waiting on each collective in program order, no loader on its channels),
+  collectives take their priced timing (closed form, cached, or calibrated) unchanged, and
+  nothing but the rendezvous is simulated. If so, every collective of the segment runs its
+  schedule on the fabric, and each rank is released at its fluid finish plus the difference
+  between the priced timing and the fluid model's timing on an idle network, never before its
+  fluid finish (:meth:`sim.fabric.Fabric.collective`): a collective that meets nothing still takes its priced
+  (e.g. calibrated) time, and contention adds what the fluid model says it costs. A calibrated
+  timing is a measured duration; contention is the uncalibrated fluid model's delay added to it.
+  ``auto`` picks its algorithm on the idle network either way.
 * A segment starts with every rank idle at time 0 and lasts until its last op ends.
+* A segment whose every op waits for the previous op of its rank and whose collectives keep their
+  priced timings (no loads, no contention) is computed without simpy, by simpy's arithmetic
+  (an event at ``now + delay``): the same times, bit for bit, at a fraction of the cost.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import simpy
 
 from sim.cost import ComputeModel
-from sim.loader import LoaderLinks
-from sim.network import CollectivePricer, CollectiveTiming
+from sim.fabric import Fabric
+from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links
 from sim.plan import Op, Segment, Stream
 from sim.topology import Topology
 
@@ -44,6 +62,7 @@ class SegmentResult:
     ends: dict[int, np.ndarray]
     duration_s: float
     algorithms: dict[int, tuple[str, str]]
+    ledgers: dict = field(default_factory=dict, compare=False, repr=False)  # rank -> memory ledger (sim.memory)
 
 
 class Engine:
@@ -56,15 +75,69 @@ class Engine:
         self.compute = compute
         self.pricer = pricer
         self.load_rate_cap = load_rate_cap
+        self.links = Links(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+        self._idle_fluid = FlowNetwork(topology, links=self.links)
+        self._extra_s: dict[tuple, dict[int, float]] = {}
+        self._footprints: dict[tuple, frozenset[int]] = {}
 
     def run_segment(self, segment: Segment) -> SegmentResult:
         """Simulate one instance of ``segment``; see the module docstring for the semantics."""
-        env = simpy.Environment()
-        self._loads = LoaderLinks(env, self.topology, self.load_rate_cap)
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
-        calls: dict[int, list] = {}
         algorithms: dict[int, tuple[str, str]] = {}
+        shared = self._may_contend(segment)
+        if not shared and all(op.after is None for program in segment.programs.values() for op in program):
+            self._run_in_order(segment, starts, ends, algorithms)
+        else:
+            self._run_events(segment, shared, starts, ends, algorithms)
+        duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
+        return SegmentResult(starts, ends, duration, algorithms)
+
+    def _run_in_order(self, segment: Segment, starts, ends, algorithms) -> None:
+        """The simpy run of a segment whose programs run in order and whose collectives keep their
+        priced timings, without simpy: each rank runs until a collective, the last arrival starts
+        it. The arithmetic is simpy's (an event at ``now + delay``), so the times are the same bits."""
+        programs = segment.programs
+        position = dict.fromkeys(programs, 0)
+        now = dict.fromkeys(programs, 0.0)
+        waiting: dict[int, list[tuple[int, int]]] = {}  # call -> [(rank, op index)] arrived
+        runnable = sorted(programs)
+        while runnable:
+            released = []
+            for rank in runnable:
+                program, device = programs[rank], self.topology.devices[rank]
+                rank_starts, rank_ends = starts[rank], ends[rank]
+                t, i = now[rank], position[rank]
+                while i < len(program):
+                    op = program[i]
+                    rank_starts[i] = t
+                    if op.collective is None:
+                        t = t + self.compute.duration_s(op, device)
+                        rank_ends[i] = t
+                        i += 1
+                        continue
+                    timing = self._timing(op, algorithms)
+                    arrived = waiting.setdefault(op.call, [])
+                    arrived.append((rank, i))
+                    if len(arrived) == len(op.collective.group):
+                        start = max(starts[r][j] for r, j in arrived)
+                        first = op.collective.group[0]
+                        for r, j in arrived:
+                            if timing.wait_s and r != first:
+                                starts[r][j] = max(starts[r][j], start + timing.wait_s)
+                            ends[r][j] = now[r] = start + (start + timing.finish_s.get(r, 0.0) - start)
+                            position[r] = j + 1
+                            released.append(r)
+                    break
+                else:
+                    position[rank] = i
+            runnable = sorted(set(released))
+
+    def _run_events(self, segment: Segment, shared: bool, starts, ends, algorithms) -> None:
+        """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers."""
+        env = simpy.Environment()
+        fabric = Fabric(env, self.links, self.load_rate_cap)
+        calls: dict[int, list] = {}
         for rank in sorted(segment.programs):
             program = segment.programs[rank]
             if all(op.after is None for op in program):
@@ -76,13 +149,11 @@ class Engine:
             done = [env.event() for _ in program]
             for indices in groups:
                 if indices:
-                    env.process(self._stream(env, rank, program, indices, done, starts[rank], ends[rank],
-                                             calls, algorithms))
+                    env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
+                                             ends[rank], calls, algorithms))
         env.run()
-        duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
-        return SegmentResult(starts, ends, duration, algorithms)
 
-    def _stream(self, env, rank, program, indices, done, starts, ends, calls, algorithms):
+    def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -91,21 +162,84 @@ class Engine:
                     yield done[dep]
             starts[i] = env.now
             if op.load is not None:
-                yield from self._loads.load(rank, op.load.size_bytes)
+                yield fabric.load(rank, op.load.size_bytes)
             elif op.collective is None:
                 yield env.timeout(self.compute.duration_s(op, device))
             else:
                 timing = self._timing(op, algorithms)
-                entry = calls.setdefault(op.call, [0, env.event()])
+                entry = calls.setdefault(op.call, [0, env.event(), None])
                 entry[0] += 1
                 if entry[0] == len(op.collective.group):
+                    if shared:
+                        entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], timing)
                     entry[1].succeed(env.now)
                 start = yield entry[1]
                 if timing.wait_s and rank != op.collective.group[0]:
                     starts[i] = max(starts[i], start + timing.wait_s)
-                yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
+                if shared:
+                    yield entry[2][rank]
+                else:
+                    yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
             ends[i] = env.now
             done[i].succeed()
+
+    def _may_contend(self, segment: Segment) -> bool:
+        """Whether a collective of ``segment`` could share a channel with other traffic in flight
+        (see the module docstring); False keeps every collective at its priced timing."""
+        load_ranks: set[int] = set()
+        calls: dict[int, Op] = {}
+        streams_overlap = False
+        for rank, program in segment.programs.items():
+            streams = set()
+            sequential = True
+            for op in program:
+                if op.after is not None:
+                    sequential = False
+                if op.load is not None:
+                    load_ranks.add(rank)
+                elif op.collective is not None:
+                    calls[op.call] = op
+                    streams.add(op.stream)
+            streams_overlap |= not sequential and len(streams) > 1
+        if not calls:
+            return False
+        groups = {op.collective.group for op in calls.values()}
+        if not load_ranks and len(groups) == 1 and not streams_overlap:
+            return False
+        if streams_overlap and len(calls) > 1:
+            return True
+        by_group: dict[tuple[int, ...], set[int]] = {}
+        for op in calls.values():
+            by_group.setdefault(op.collective.group, set()).update(self._footprint(op))
+        loaded = {c for rank in load_ranks for c in self.links.loader(rank, self.load_rate_cap(rank)).channels}
+        footprints = list(by_group.values())
+        if any(footprint & loaded for footprint in footprints):
+            return True
+        return any(a & b for i, a in enumerate(footprints) for b in footprints[i + 1:])
+
+    def _footprint(self, op: Op) -> frozenset[int]:
+        """The channel ids the schedule of collective ``op`` crosses."""
+        c = op.collective
+        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
+        key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
+        footprint = self._footprints.get(key)
+        if footprint is None:
+            schedule = self.pricer.schedule(*key)
+            footprint = self._footprints[key] = frozenset(
+                channel for t in schedule.transfers() for channel in self.links.get(t.src, t.dst).channels)
+        return footprint
+
+    def _on_fabric(self, fabric: Fabric, op: Op, algorithm: str, timing: CollectiveTiming):
+        """Start collective ``op`` on the fabric now; per rank, the event releasing it."""
+        c = op.collective
+        key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
+        schedule = self.pricer.schedule(*key)
+        extra = self._extra_s.get((key, op.name))
+        if extra is None:
+            idle = self._idle_fluid.time(schedule)
+            extra = self._extra_s[(key, op.name)] = {rank: timing.finish_s.get(rank, 0.0) - idle.finish_s[rank]
+                                                    for rank in c.group}
+        return fabric.collective(schedule, extra)
 
     def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]]) -> CollectiveTiming:
         c = op.collective

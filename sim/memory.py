@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import itemgetter
 
 import numpy as np
 
 from sim.engine import SegmentResult
-from sim.plan import MemoryCategory, Phase, Segment
+from sim.plan import MemoryCategory, Op, Phase, Segment
 
 CATEGORIES = tuple(MemoryCategory)
 
@@ -40,33 +42,46 @@ class SegmentLedger:
 
 
 def segment_ledger(segment: Segment, result: SegmentResult, rank: int) -> SegmentLedger:
-    """Build ``rank``'s ledger of one instance of ``segment`` from its simulated op times."""
-    program = segment.programs[rank]
+    """Build ``rank``'s ledger of one instance of ``segment`` from its simulated op times (kept in
+    ``result``: the run's memory and its trace ask for the same ledgers)."""
+    ledger = result.ledgers.get(rank)
+    if ledger is None:
+        ledger = result.ledgers[rank] = _ledger(segment.programs[rank], result, rank)
+    return ledger
+
+
+def _ledger(program: tuple[Op, ...], result: SegmentResult, rank: int) -> SegmentLedger:
+    starts, ends = result.starts[rank].tolist(), result.ends[rank].tolist()
     events: list[tuple[float, int, int, MemoryCategory, int]] = []  # (time, order, op, category, delta)
+    append = events.append
     for i, op in enumerate(program):
-        start, end = float(result.starts[rank][i]), float(result.ends[rank][i])
+        start, end = starts[i], ends[i]
         for category, size in op.alloc:
-            events.append((start, 1, i, category, size))
-        if op.transient_bytes:
-            events.append((start, 1, i, op.transient_category, op.transient_bytes))
-            events.append((end, 0, i, op.transient_category, -op.transient_bytes))
+            append((start, 1, i, category, size))
+        transient = op.transient_bytes
+        if transient:
+            category = op.transient_category
+            append((start, 1, i, category, transient))
+            append((end, 0, i, category, -transient))
         for category, size in op.free:
-            events.append((end, 0, i, category, -size))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
+            append((end, 0, i, category, -size))
+    events.sort(key=_EVENT_ORDER)
+    totals = list(accumulate(event[4] for event in events))
+    peak = max(totals, default=0)
+    at = totals.index(peak) if peak > 0 else -1  # the first event at the highest total
+    peak = max(peak, 0)
     by_category = dict.fromkeys(CATEGORIES, 0)
-    running = 0
-    peak, peak_by_category = 0, dict(by_category)
-    times, totals, ops = [], [], []
-    for time_s, _, i, category, delta in events:
+    for _, _, _, category, delta in events[:at + 1]:
         by_category[category] += delta
-        running += delta
-        times.append(time_s)
-        totals.append(running)
-        ops.append(i)
-        if running > peak:
-            peak, peak_by_category = running, dict(by_category)
-    return SegmentLedger(np.array(times), np.array(totals, dtype=np.int64), np.array(ops, dtype=np.int64),
-                         by_category, peak, peak_by_category)
+    peak_by_category = dict(by_category)
+    for _, _, _, category, delta in events[at + 1:]:
+        by_category[category] += delta
+    return SegmentLedger(np.array([event[0] for event in events]), np.array(totals, dtype=np.int64),
+                         np.array([event[2] for event in events], dtype=np.int64), by_category, peak,
+                         peak_by_category)
+
+
+_EVENT_ORDER = itemgetter(0, 1, 2)
 
 
 @dataclass(frozen=True)

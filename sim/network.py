@@ -26,10 +26,17 @@ The models differ in what a transfer costs once started:
   steps costs.
 
 Where no channel is ever crossed by two flows at once, the two models agree.
+
+Both price a schedule on an otherwise idle network, and :class:`CollectivePricer` caches the
+result: the engine uses it where nothing else can be in flight on the schedule's channels. What
+runs concurrently shares one fluid network, :class:`sim.fabric.Fabric`, built on the same
+:class:`Links` (routes, capacities, gamma, cached max-min solutions) and the same dependency
+semantics (:class:`_ScheduleRun`) as :class:`FlowNetwork`; :mod:`sim.engine` says when which applies.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import Counter
@@ -63,7 +70,12 @@ class CollectiveTiming:
 
 
 class NetworkModel(Protocol):
-    """Prices a point-to-point schedule; see the module docstring for the shared semantics."""
+    """Prices a point-to-point schedule; see the module docstring for the shared semantics.
+
+    A model may set ``prices_by_call = False`` to say that :meth:`time` ignores ``call``, so the
+    :class:`CollectivePricer` prices a schedule once for all the calls that use it (a model
+    without the attribute is priced per call).
+    """
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule`` started at t = 0 on an otherwise idle network. ``call``: the
@@ -73,16 +85,32 @@ class NetworkModel(Protocol):
         ...
 
 
-class _Route(NamedTuple):
-    id: int  # small integer naming the (src, dst) pair, for cheap rate-cache keys
+class Route(NamedTuple):
+    """A path through the network as :class:`Links` numbers it."""
+
+    id: int  # small integer naming the channel tuple, for cheap rate-cache keys
     latency_s: float
-    channels: tuple[int, ...]  # indices into the topology's channels
+    channels: tuple[int, ...]  # channel ids: indices into ``Links.capacity``
 
 
-class _Routes:
-    """Routes between ranks as channel indices, channel capacities and per-rank gamma, cached."""
+class Links:
+    """The channels of a topology as numbered capacities, the routes over them, and per-rank gamma.
 
-    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None):
+    Shared by every fluid computation of a simulation (:class:`FlowNetwork` pricing a schedule on
+    an idle network, :class:`sim.fabric.Fabric` carrying every transfer of a segment), so a route
+    or a max-min solution is computed once. Channel ids ``0 .. len(topology.channels) - 1`` are
+    the topology's channels in order; :meth:`private_channel` appends channels no route of the
+    topology crosses (a calibrated ceiling on one rank's weight loads).
+
+    Args:
+        topology: where the ranks are and what connects them.
+        reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+
+    Raises:
+        ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
+    """
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
         self.topology = topology
         self.index = {channel.name: i for i, channel in enumerate(topology.channels)}
         self.capacity = [channel.bandwidth_bytes_per_s for channel in topology.channels]
@@ -93,18 +121,131 @@ class _Routes:
             if missing:
                 raise ValueError(f"reduce_s_per_byte lacks ranks {missing}")
             self.gamma = [float(reduce_s_per_byte[rank]) for rank in range(topology.num_ranks)]
-        self._cache: dict[tuple[int, int], _Route] = {}
-        self.by_id: list[_Route] = []
+        self.channels_of: list[tuple[int, ...]] = []  # route id -> channel ids
+        self._route_ids: dict[tuple[int, ...], int] = {}
+        self._pairs: dict[tuple[int, int], Route] = {}
+        self._loaders: dict[tuple[int, float | None], Route] = {}
+        self._caps: dict[tuple[int, float], int] = {}
+        self._solved: dict[tuple[int, ...], dict[int, float]] = {}
 
-    def get(self, src: int, dst: int) -> _Route:
+    def route(self, channels: tuple[int, ...], latency_s: float) -> Route:
+        """The :class:`Route` over ``channels`` (ids), numbered on first use."""
+        route_id = self._route_ids.get(channels)
+        if route_id is None:
+            route_id = self._route_ids[channels] = len(self.channels_of)
+            self.channels_of.append(channels)
+        return Route(route_id, latency_s, channels)
+
+    def get(self, src: int, dst: int) -> Route:
+        """The route of a transfer from rank ``src`` to rank ``dst`` (:meth:`Topology.path`)."""
         key = (src, dst)
-        route = self._cache.get(key)
+        route = self._pairs.get(key)
         if route is None:
             path = self.topology.path(src, dst)
-            route = _Route(len(self._cache), sum(c.latency_s for c in path), tuple(self.index[c.name] for c in path))
-            self._cache[key] = route
-            self.by_id.append(route)
+            route = self._pairs[key] = self.route(tuple(self.index[c.name] for c in path),
+                                                  sum(c.latency_s for c in path))
         return route
+
+    def loader(self, rank: int, rate_cap: float | None = None) -> Route:
+        """The route of a weight load to ``rank`` (:meth:`Topology.loader_path`), plus a channel
+        private to the rank of capacity ``rate_cap`` (bytes/s) where one is given."""
+        key = (rank, rate_cap)
+        route = self._loaders.get(key)
+        if route is None:
+            path = self.topology.loader_path(rank)
+            channels = tuple(self.index[c.name] for c in path)
+            if rate_cap is not None:
+                channels += (self.private_channel(rank, rate_cap),)
+            route = self._loaders[key] = self.route(channels, sum(c.latency_s for c in path))
+        return route
+
+    def private_channel(self, owner: int, capacity_bytes_per_s: float) -> int:
+        """The id of a channel of ``capacity_bytes_per_s`` that only ``owner``'s routes cross."""
+        key = (owner, capacity_bytes_per_s)
+        if key not in self._caps:
+            self._caps[key] = len(self.capacity)
+            self.capacity.append(capacity_bytes_per_s)
+        return self._caps[key]
+
+    def rates(self, mix: tuple[int, ...]) -> dict[int, float]:
+        """Max-min fair rate (bytes/s) per route id of the flows ``mix`` (route ids, sorted, one
+        entry per flow), by :func:`max_min_rates`; cached, since pipelines repeat the same mixes."""
+        rates = self._solved.get(mix)
+        if rates is None:
+            rates = self._solved[mix] = max_min_rates(Counter(mix), self.channels_of, self.capacity)
+        return rates
+
+
+class _ScheduleRun:
+    """The dependency state of one run of a schedule (module docstring), whatever carries the bytes.
+
+    Subclasses say how a transfer travels (:meth:`_start`, called once both endpoints reached its
+    step, at ``now``) and how a reduction's end is awaited (:meth:`_reduce_until`); they call
+    :meth:`_arrived` when a transfer's bytes are in and :meth:`_complete` (of the receiver) when a
+    reduction ends, with ``now`` set. ``finish[rank]`` is relative to the run's start.
+    """
+
+    def __init__(self, schedule: CommSchedule, links: Links):
+        self.links = links
+        self.transfers = [t for step in schedule.steps for t in step]
+        self.route = [links.get(t.src, t.dst) for t in self.transfers]
+        # Each rank's work: the transfer ids of each step it takes part in, in step order.
+        by_step: dict[int, dict[int, list[int]]] = {rank: {} for rank in schedule.group}
+        i = 0
+        for k, step in enumerate(schedule.steps):
+            for t in step:
+                by_step[t.src].setdefault(k, []).append(i)
+                by_step[t.dst].setdefault(k, []).append(i)
+                i += 1
+        self.work = {rank: list(steps.values()) for rank, steps in by_step.items()}
+        self.position = dict.fromkeys(schedule.group, 0)
+        self.pending = {rank: len(work[0]) if work else 0 for rank, work in self.work.items()}
+        self.endpoints_ready = [0] * len(self.transfers)
+        self.finish = dict.fromkeys(schedule.group, 0.0)
+        self.reducer_free = dict.fromkeys(schedule.group, 0.0)
+        self.now = 0.0
+
+    def _begin(self) -> None:
+        for rank, work in self.work.items():
+            if work:
+                self._enter(rank)
+            else:
+                self._done(rank)
+
+    def _start(self, transfer: int) -> None:
+        raise NotImplementedError
+
+    def _reduce_until(self, time_s: float, transfer: int) -> None:
+        raise NotImplementedError
+
+    def _done(self, rank: int) -> None:
+        """Called once ``rank`` has finished all its work (at ``now``); nothing by default."""
+
+    def _enter(self, rank: int) -> None:
+        for transfer in self.work[rank][self.position[rank]]:
+            self.endpoints_ready[transfer] += 1
+            if self.endpoints_ready[transfer] == 2:
+                self._start(transfer)
+
+    def _complete(self, rank: int) -> None:
+        self.pending[rank] -= 1
+        if self.pending[rank] == 0:
+            self.finish[rank] = self.now
+            self.position[rank] += 1
+            if self.position[rank] < len(self.work[rank]):
+                self.pending[rank] = len(self.work[rank][self.position[rank]])
+                self._enter(rank)
+            else:
+                self._done(rank)
+
+    def _arrived(self, transfer: int) -> None:
+        t = self.transfers[transfer]
+        self._complete(t.src)
+        if t.reduce:
+            self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.links.gamma[t.dst] * t.size_bytes
+            self._reduce_until(self.reducer_free[t.dst], transfer)
+        else:
+            self._complete(t.dst)
 
 
 class AlphaBetaNetwork:
@@ -117,20 +258,25 @@ class AlphaBetaNetwork:
     Args:
         topology: where the ranks are and what connects them.
         reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+        links: share this :class:`Links` (its routes and cached solutions) instead of building
+            one from the first two arguments.
 
     Raises:
         ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
     """
 
-    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
-        self._routes = _Routes(topology, reduce_s_per_byte)
+    prices_by_call = False
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None, *,
+                 links: Links | None = None):
+        self.links = links if links is not None else Links(topology, reduce_s_per_byte)
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule``; O(number of transfers x path length). ``call`` is ignored."""
-        capacity, gamma = self._routes.capacity, self._routes.gamma
+        capacity, gamma = self.links.capacity, self.links.gamma
         ready = dict.fromkeys(schedule.group, 0.0)
         for step in schedule.steps:
-            routes = [self._routes.get(t.src, t.dst) for t in step]
+            routes = [self.links.get(t.src, t.dst) for t in step]
             load = Counter(c for t, route in zip(step, routes) if t.size_bytes for c in route.channels)
             done: dict[int, float] = {}
             arrivals = []
@@ -162,67 +308,94 @@ class FlowNetwork:
     Args:
         topology: where the ranks are and what connects them.
         reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+        links: share this :class:`Links` (its routes and cached solutions) instead of building
+            one from the first two arguments.
 
     Raises:
         ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
     """
 
-    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None):
-        self._routes = _Routes(topology, reduce_s_per_byte)
+    prices_by_call = False
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None = None, *,
+                 links: Links | None = None):
+        self.links = links if links is not None else Links(topology, reduce_s_per_byte)
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule``. ``call`` is ignored."""
-        return _FlowRun(schedule, self._routes).run()
+        return _FlowRun(schedule, self.links).run()
+
+    def lower_bound_s(self, schedule: CommSchedule) -> float:
+        """A duration :meth:`time` cannot beat (s), in O(transfers x path length): the larger of
+        the schedule's critical path of latencies alone and the busiest channel's bytes over its
+        capacity (max-min rates never exceed a channel's capacity). The pricer skips the
+        schedules of ``auto`` whose bound exceeds the best time found."""
+        links = self.links
+        ready = dict.fromkeys(schedule.group, 0.0)
+        carried: dict[int, int] = {}
+        for step in schedule.steps:
+            done: dict[int, float] = {}
+            for t in step:
+                route = links.get(t.src, t.dst)
+                end = max(ready[t.src], ready[t.dst]) + route.latency_s
+                for channel in route.channels:
+                    carried[channel] = carried.get(channel, 0) + t.size_bytes
+                done[t.src] = max(done.get(t.src, 0.0), end)
+                done[t.dst] = max(done.get(t.dst, 0.0), end)
+            ready.update(done)
+        busiest = max((size / links.capacity[channel] for channel, size in carried.items()), default=0.0)
+        return max(max(ready.values(), default=0.0), busiest)
 
 
-class _FlowRun:
-    """One pricing of a schedule by :class:`FlowNetwork`: its state and event loop.
+class _FlowRun(_ScheduleRun):
+    """One pricing of a schedule by :class:`FlowNetwork`: its own event loop on an idle network.
 
     A transfer starts once both endpoints have reached its step; a "latency over" event then
-    turns it into a flow. A flow's projected end only changes when rates are recomputed.
+    turns it into a flow. A flow's projected end only changes when the rate of its route does
+    (flows on one route share one rate), so a rate update touches only the routes it changes;
+    projected ends sit in a heap whose stale entries are skipped.
     """
 
     _LATENCY_OVER, _REDUCED = 0, 1
 
-    def __init__(self, schedule: CommSchedule, routes: _Routes):
-        self.routes = routes
-        self.transfers = [t for step in schedule.steps for t in step]
-        self.route = [routes.get(t.src, t.dst) for t in self.transfers]
-        # Each rank's work: the transfer ids of each step it takes part in, in step order.
-        by_step: dict[int, dict[int, list[int]]] = {rank: {} for rank in schedule.group}
-        for i, (k, t) in enumerate((k, t) for k, step in enumerate(schedule.steps) for t in step):
-            by_step[t.src].setdefault(k, []).append(i)
-            by_step[t.dst].setdefault(k, []).append(i)
-        self.work = {rank: list(steps.values()) for rank, steps in by_step.items()}
-        self.position = dict.fromkeys(schedule.group, 0)
-        self.pending = {rank: len(work[0]) if work else 0 for rank, work in self.work.items()}
-        self.endpoints_ready = [0] * len(self.transfers)
-        self.finish = dict.fromkeys(schedule.group, 0.0)
-        self.reducer_free = dict.fromkeys(schedule.group, 0.0)
+    def __init__(self, schedule: CommSchedule, links: Links):
+        super().__init__(schedule, links)
         self.events: list[tuple[float, int, int, int]] = []  # (time, sequence, kind, transfer id)
         self.sequence = 0
-        self.now = 0.0
-        self.rate: dict[int, float] = {}  # of each flowing transfer, bytes/s
         self.end: dict[int, float] = {}  # projected end of each flowing transfer at its rate
+        self.ends: list[tuple[float, int]] = []  # heap of (projected end, transfer id), some stale
+        self.mix: list[int] = []  # route id of every flowing transfer, sorted
+        self.on_route: dict[int, set[int]] = {}  # route id -> its flowing transfers (never empty)
+        self.route_rate: dict[int, float] = {}  # route id -> rate of each of its flows, bytes/s
         self.starting: list[int] = []  # transfers whose bytes start flowing now
-        # Pipelines repeat the same mix of routes many times: solve each mix once.
-        self.solved: dict[tuple[int, ...], dict[int, float]] = {}
 
     def run(self) -> CollectiveTiming:
-        for rank, work in self.work.items():
-            if work:
-                self._enter(rank)
-        while self.events or self.end:
-            self.now = min(self.events[0][0] if self.events else math.inf, min(self.end.values(), default=math.inf))
+        self._begin()
+        events, ends, end = self.events, self.ends, self.end
+        while events or end:
+            while ends and end.get(ends[0][1]) != ends[0][0]:
+                heapq.heappop(ends)
+            self.now = min(events[0][0] if events else math.inf, ends[0][0] if ends else math.inf)
             # Events this close to now are simultaneous up to rounding: one rate update serves all.
             horizon = self.now * (1 + 1e-12) + 1e-15
-            ended = [f for f, end in self.end.items() if end <= horizon]
+            ended = []
+            while ends and ends[0][0] <= horizon:
+                finish, f = heapq.heappop(ends)
+                if end.get(f) == finish:
+                    del end[f]
+                    ended.append(f)
+            ended.sort()
             for f in ended:
-                del self.end[f]
+                route_id = self.route[f].id
+                del self.mix[bisect.bisect_left(self.mix, route_id)]
+                flows = self.on_route[route_id]
+                flows.discard(f)
+                if not flows:
+                    del self.on_route[route_id]
             for f in ended:
                 self._arrived(f)
-            while self.events and self.events[0][0] <= horizon:
-                _, _, kind, f = heapq.heappop(self.events)
+            while events and events[0][0] <= horizon:
+                _, _, kind, f = heapq.heappop(events)
                 if kind == self._REDUCED:
                     self._complete(self.transfers[f].dst)
                 elif self.transfers[f].size_bytes:
@@ -234,44 +407,34 @@ class _FlowRun:
         return _timing(self.finish)
 
     def _reshare(self) -> None:
-        now, rate, end = self.now, self.rate, self.end
-        remaining = {f: (end[f] - now) * rate[f] for f in end}
-        remaining.update((f, float(self.transfers[f].size_bytes)) for f in self.starting)
+        now, end, ends, route, on_route, route_rate = self.now, self.end, self.ends, self.route, self.on_route, \
+            self.route_rate
+        for f in self.starting:
+            bisect.insort(self.mix, route[f].id)
+        by_route = self.links.rates(tuple(self.mix))
+        for route_id, flows in on_route.items():
+            new, old = by_route[route_id], route_rate[route_id]
+            if new != old:
+                for f in flows:
+                    end[f] = finish = now + (end[f] - now) * old / new
+                    heapq.heappush(ends, (finish, f))
+        self.route_rate = by_route
+        for f in self.starting:
+            route_id = route[f].id
+            on_route.setdefault(route_id, set()).add(f)
+            end[f] = finish = now + self.transfers[f].size_bytes / by_route[route_id]
+            heapq.heappush(ends, (finish, f))
         self.starting = []
-        mix = tuple(sorted(self.route[f].id for f in remaining))
-        if mix not in self.solved:
-            self.solved[mix] = max_min_rates(Counter(mix), [r.channels for r in self.routes.by_id], self.routes.capacity)
-        by_route = self.solved[mix]
-        self.rate = {f: by_route[self.route[f].id] for f in remaining}
-        self.end = {f: now + left / self.rate[f] for f, left in remaining.items()}
 
     def _push(self, time: float, kind: int, transfer: int) -> None:
         heapq.heappush(self.events, (time, self.sequence, kind, transfer))
         self.sequence += 1
 
-    def _enter(self, rank: int) -> None:
-        for transfer in self.work[rank][self.position[rank]]:
-            self.endpoints_ready[transfer] += 1
-            if self.endpoints_ready[transfer] == 2:
-                self._push(self.now + self.route[transfer].latency_s, self._LATENCY_OVER, transfer)
+    def _start(self, transfer: int) -> None:
+        self._push(self.now + self.route[transfer].latency_s, self._LATENCY_OVER, transfer)
 
-    def _complete(self, rank: int) -> None:
-        self.pending[rank] -= 1
-        if self.pending[rank] == 0:
-            self.finish[rank] = self.now
-            self.position[rank] += 1
-            if self.position[rank] < len(self.work[rank]):
-                self.pending[rank] = len(self.work[rank][self.position[rank]])
-                self._enter(rank)
-
-    def _arrived(self, transfer: int) -> None:
-        t = self.transfers[transfer]
-        self._complete(t.src)
-        if t.reduce:
-            self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.routes.gamma[t.dst] * t.size_bytes
-            self._push(self.reducer_free[t.dst], self._REDUCED, transfer)
-        else:
-            self._complete(t.dst)
+    def _reduce_until(self, time_s: float, transfer: int) -> None:
+        self._push(time_s, self._REDUCED, transfer)
 
 
 def max_min_rates(flows_per_route: Mapping[int, int], routes: Sequence[Sequence[int]],
@@ -338,6 +501,8 @@ class CollectivePricer:
         self.topology = topology
         self._timings: dict[tuple, CollectiveTiming] = {}
         self._choices: dict[tuple, str] = {}
+        self._schedules: dict[tuple, CommSchedule] = {}
+        self._by_call = getattr(network, "prices_by_call", True)
 
     def price(
         self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
@@ -352,6 +517,8 @@ class CollectivePricer:
                 ``"auto"``, only when no algorithm applies.
         """
         group = tuple(group)
+        if not self._by_call:
+            call = None  # the same schedule costs the same wherever it is called: price it once
         if algorithm == AUTO:
             key = (kind, group, size_bytes, root, call)
             if key not in self._choices:
@@ -363,21 +530,48 @@ class CollectivePricer:
               call: str | None) -> CollectiveTiming:
         key = (kind, algorithm, group, size_bytes, root, call)
         if key not in self._timings:
-            host_groups = self.topology.host_groups(group)
-            schedule = build_schedule(kind, algorithm, group, size_bytes, root=root, host_groups=host_groups)
-            self._timings[key] = self.network.time(schedule, call)
+            self._timings[key] = self.network.time(self.schedule(kind, algorithm, group, size_bytes, root), call)
         return self._timings[key]
+
+    def schedule(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int,
+                 root: int | None = None) -> CommSchedule:
+        """The point-to-point schedule of ``algorithm`` (a registered name, not ``auto``), cached.
+
+        Raises:
+            ConfigError: as :func:`sim.collectives.registry.build_schedule`.
+        """
+        key = (kind, algorithm, group, size_bytes, root)
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = self._schedules[key] = build_schedule(kind, algorithm, group, size_bytes, root=root,
+                                                             host_groups=self.topology.host_groups(group))
+        return schedule
 
     def _fastest(self, kind: OpKind, group: tuple[int, ...], size_bytes: int, root: int | None,
                  call: str | None) -> str:
         if kind not in ALGORITHMS:
             raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
-        priced, errors = [], []
+        candidates, errors = [], []
         for name in sorted(ALGORITHMS[kind]):
             try:
-                priced.append((self._time(kind, name, group, size_bytes, root, call).duration_s, name))
+                candidates.append((name, self.schedule(kind, name, group, size_bytes, root)))
             except ConfigError as error:  # e.g. two_level_rs on hosts holding different numbers of ranks
                 errors.append(error)
-        if not priced:
+        if not candidates:
             raise errors[0]
+        bound = getattr(self.network, "lower_bound_s", None)
+
+        def lower_bound(name: str, schedule: CommSchedule) -> float:
+            priced = self._timings.get((kind, name, group, size_bytes, root, call))
+            return priced.duration_s if priced is not None else bound(schedule)  # a time is its own bound
+
+        ordered = sorted((lower_bound(name, schedule), name) for name, schedule in candidates) if bound else \
+            [(0.0, name) for name, _ in candidates]
+        priced, best = [], math.inf
+        for lower_bound, name in ordered:
+            # A schedule that cannot beat the best so far is not priced: the choice is the same.
+            if lower_bound > best * (1 + 1e-9):
+                break
+            priced.append((self._time(kind, name, group, size_bytes, root, call).duration_s, name))
+            best = min(best, priced[-1][0])
         return min(priced)[1]

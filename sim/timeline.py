@@ -8,6 +8,12 @@ function that meets its chord at an interior point is linear on the whole interv
 simulates the first and last decode steps, then bisects only where the midpoint step disagrees with
 the chord (relative tolerance 1e-9). Steps in between are interpolated exactly. A typical decode of
 hundreds of tokens costs three simulated steps; every op regime change adds a few more.
+
+Convexity holds where collectives keep their priced timings (every shipped scenario). Where
+transfers share links on the segment's network (:mod:`sim.fabric`: streamed weight loads among
+themselves, or with a collective crossing their links), a time can also fall as a step's compute
+grows (a load that overlaps less of a collective), so it is piecewise linear but not necessarily
+convex, and a midpoint on the chord is strong evidence of linearity, not a proof.
 """
 
 from __future__ import annotations

@@ -20,12 +20,8 @@ PRESENTATION_LIBRARIES = ("rich", "plotly")
 # The orchestrator of a simulation; the runtime should depend on the plan and its placement only.
 ORCHESTRATOR = "sim.simulate"
 
-# Known exceptions, each in a module another engineer owns; remove an entry once its branch is merged.
-KNOWN_CYCLE_EDGES = {
-    # network (issue 16 item 5): sim.loader names sim.engine.SegmentResult under TYPE_CHECKING while
-    # sim.engine imports sim.loader; the one network inside the engine replaces sim.loader's links.
-    ("sim.loader", "sim.engine"),
-}
+# Known exceptions (none left): an entry names an edge to be removed, and why it is there.
+KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
 KNOWN_ORCHESTRATOR_IMPORTS: set[tuple[str, str]] = set()
 
 

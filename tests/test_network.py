@@ -280,3 +280,21 @@ def test_auto_breaks_ties_by_name():
     durations = {name: pricer.price(OpKind.ALLREDUCE, name, (0, 1), 4096)[1].duration_s for name in ALGORITHMS[OpKind.ALLREDUCE]}
     best = min(durations.values())
     assert pricer.price(OpKind.ALLREDUCE, "auto", (0, 1), 4096)[0] == min(n for n, d in durations.items() if d == best)
+
+
+@pytest.mark.parametrize("size", [64, 2**16, 2**24])
+@pytest.mark.parametrize("nic_per_device", [False, True])
+def test_flow_lower_bound_never_exceeds_the_time_so_auto_skips_exactly(size, nic_per_device):
+    topology = hosts(2, 4, nic_per_device=nic_per_device)
+    network = FlowNetwork(topology, gammas(topology))
+    pricer = CollectivePricer(network, topology)
+    group = tuple(range(8))
+    for kind, names in ALGORITHMS.items():
+        root = None if kind == OpKind.ALLREDUCE else 0
+        durations = {}
+        for name in names:
+            schedule = build_schedule(kind, name, group, size, root=root, host_groups=topology.host_groups(group))
+            durations[name] = network.time(schedule).duration_s
+            assert network.lower_bound_s(schedule) <= durations[name] * (1 + 1e-12)
+        best = min(durations.values())
+        assert pricer.price(kind, "auto", group, size, root)[0] == min(n for n, d in durations.items() if d == best)

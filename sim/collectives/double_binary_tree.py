@@ -105,9 +105,10 @@ def double_binary_tree(group: Sequence[int], size_bytes: int) -> CommSchedule:
         k = num_segments(size_bytes)
         for tree, half in zip(nccl_double_tree(p), split(ByteRange(0, size_bytes), 2)):
             top = tree.height(tree.root)
+            segments = split(half, k)
             for node in range(p):
                 height, depth = tree.height(node), tree.depth(node)
-                for s, segment in enumerate(split(half, k)):
+                for s, segment in enumerate(segments):
                     if node != tree.root:
                         _at(steps, s + height).append(send(group[node], group[tree.parent[node]], segment, reduce=True))
                     for child in tree.children[node]:

@@ -130,4 +130,4 @@ def build_schedule(
     hosts = None if host_groups is None else tuple(tuple(host) for host in host_groups)
     schedule = builders[algorithm](members, size_bytes, resolved_root, hosts)
     # Named as asked, so calibrated timings of ``library`` are looked up under that name.
-    return replace(schedule, algorithm=algorithm)
+    return schedule if schedule.algorithm == algorithm else replace(schedule, algorithm=algorithm)
