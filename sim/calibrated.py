@@ -24,6 +24,7 @@ measurement (:mod:`sim.profile` says why).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -246,3 +247,93 @@ def _size_tables(rows, statistic: str, monotone: bool) -> dict[tuple, tuple[np.n
             times = np.minimum.accumulate(times[::-1])[::-1]
         tables[(str(key[0]), str(key[1]), int(key[2]), int(key[3]))] = (group.index.to_numpy(dtype=float), times)
     return tables
+
+
+@dataclass(frozen=True)
+class NetworkChoice:
+    """How a profile prices a scenario's collectives (:func:`calibrated_network`).
+
+    Attributes:
+        network: the network model to price collectives with.
+        same_cluster: the profile's collective timings are replayed (same-cluster mode).
+        terms: the scenario's terms against the profile's context (:func:`sim.context.compare`).
+        sources: one line per collective implementation: where its price comes from.
+    """
+
+    network: NetworkModel
+    same_cluster: bool
+    terms: tuple
+    sources: tuple[str, ...]
+
+
+_FITS: dict[int, tuple[Profile, dict]] = {}  # id(profile) -> (profile, fitted terms): fitting takes seconds
+
+
+def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
+                       reduce_s_per_byte: Callable[[Device], float], gap_s: float) -> NetworkChoice:
+    """The network model a profile gives a scenario whose context is ``target``
+    (:class:`sim.context.CalibrationContext`).
+
+    Where the profile records no context, or one cluster whose network is the target's, its
+    timings are replayed (:class:`CalibratedNetwork`; *same-cluster mode*). Otherwise no timing
+    measured on another network is replayed: every collective is its schedule priced over the
+    target's topology with transport terms fitted on the profile's isolated collective sweep
+    (:class:`sim.transport.TransportNetwork`), or the gloo defaults for an implementation the
+    profile did not time.
+    """
+    from sim.context import compare, profile_contexts, same_cluster
+    from sim.transport import TransportNetwork, default_terms, fit_profile
+
+    contexts = profile_contexts(profile.rows)
+    terms = compare(contexts, target)
+    if not contexts or same_cluster(contexts, target):
+        mode = "same-cluster mode: timings of this cluster's collectives replayed (in place per plan op, isolated)"
+        return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s), True, terms, (mode,))
+    cached = _FITS.get(id(profile))
+    if cached is None or cached[0] is not profile:
+        fitted: dict = {}
+        for context in contexts:  # a pool: each cluster's own sweep over its own links; first fit wins
+            rows = profile.of("collective")
+            calibrated = {d.rank: reduce_s_per_byte(d) for d in context_devices(context)}
+            for key, value in fit_profile(rows[_rows_of(profile.rows, rows, context.name)], context,
+                                          calibrated).items():
+                fitted.setdefault(key, value)
+        cached = _FITS[id(profile)] = (profile, fitted)
+    fitted = cached[1]
+    gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
+    network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms("", "gloo/tcp default"),
+                               gap_s)
+    sources = tuple(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items()))
+    return NetworkChoice(network, False, terms, sources)
+
+
+def _borrowed(fitted: dict):
+    """The terms of an isend/irecv schedule the profile did not time: the median of those it did
+    (every such schedule sends the same kind of message), None if it timed none."""
+    from sim.collectives.registry import LIBRARY
+    from sim.transport import TransportTerms
+
+    p2p = [t for (_, algorithm), t in sorted(fitted.items()) if algorithm != LIBRARY]
+    if not p2p:
+        return None
+    return TransportTerms(float(np.median([t.per_message_s for t in p2p])),
+                          float(np.median([t.latencies_per_message for t in p2p])),
+                          float(np.median([t.bandwidth_efficiency for t in p2p])),
+                          f"the median of the {len(p2p)} point-to-point schedules fitted")
+
+
+def context_devices(context) -> tuple[Device, ...]:
+    """The devices of the cluster a context describes (:func:`sim.transport.context_topology`)."""
+    from sim.transport import context_topology
+
+    return context_topology(context).devices
+
+
+def _rows_of(all_rows, rows, name: str):
+    """Which of ``rows`` belong to calibrated cluster ``name``. A pooled profile concatenates
+    whole profiles, each sorted by measurement (:func:`sim.profile.profile_frame`), so one begins
+    wherever the measurement kind goes back in order; its context rows name it."""
+    kinds = all_rows["measurement"].astype(str)
+    segment = (kinds < kinds.shift(fill_value="")).cumsum()
+    named = all_rows[kinds == "context"].groupby(segment[kinds == "context"])["call"].first()
+    return segment.loc[rows.index].map(named).to_numpy() == name

@@ -29,7 +29,11 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
     (``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
-    communication buffers, allocator), in bytes.
+    communication buffers, allocator), in bytes;
+  * ``context``: what the profile was measured on (device types, ranks per host, cores, each
+    link class's rate and delay, backend and transport, torch version), one row per term with
+    its value as JSON in ``method`` (:mod:`sim.context`). A profile without them is taken to be
+    of the scenario it is simulated with.
 ``median``, ``p10``, ``p90``, ``mean``: over ``repeats`` repetitions; ``method``: how it was measured.
 The simulator charges, of what a run repeats in every step, the statistic
 :data:`sim.calibrated.CHARGED` names: the *mean* of ``compute`` and ``op_gap`` rows, pooled
@@ -57,7 +61,7 @@ PROFILE_COLUMNS = [
 ]
 
 MEASUREMENTS = ("compute", "op_gap", "collective", "collective_held_out", "collective_in_place",
-                "collective_wait", "p2p", "memory_baseline")
+                "collective_wait", "p2p", "memory_baseline", "context")
 
 
 @dataclass(frozen=True)

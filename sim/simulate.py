@@ -15,7 +15,8 @@ import pandas as pd
 
 from models.accounting import check_tensor_parallel
 from models.errors import ConfigError
-from sim.calibrated import CalibratedCompute, CalibratedNetwork
+from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
+from sim.context import scenario_context
 from sim.cost import RooflineCompute
 from sim.engine import Engine
 from sim.loader import check_loader_paths, stall_s
@@ -50,7 +51,8 @@ class SimulationResult:
     """Everything ``hetsim simulate`` reports: per-variant results and the tidy result table.
 
     ``calibrated``: priced from a calibration profile; ``extrapolated``: the predictions that fell
-    outside what the profile measured (priced by the uncalibrated models, scaled), one line each.
+    outside what the profile measured (priced by the uncalibrated models, scaled), one line each;
+    ``network``: how the profile priced the collectives (same-cluster replay or transferred terms).
     """
 
     scenario: Scenario
@@ -60,6 +62,14 @@ class SimulationResult:
     results: pd.DataFrame
     calibrated: bool = False
     extrapolated: tuple[str, ...] = ()
+    network: "NetworkChoice | None" = None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Where the calibrated prediction's terms come from (:mod:`sim.context`), one line each."""
+        if self.network is None:
+            return ()
+        return (*(term.line() for term in self.network.terms), *self.network.sources)
 
     def variant(self, name: str) -> VariantResult:
         return next(v for v in self.variants if v.variant.name == name)
@@ -118,9 +128,13 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     network = NETWORK_MODELS[config.network_model](
         topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     runtime_memory: dict[int, int] = {}
+    choice = None
     if profile is not None:
+        gamma = compute.reduce_s_per_byte
         compute = CalibratedCompute(profile, compute)
-        network = CalibratedNetwork(profile, network, topology, gap_s=compute.gap_s(topology.devices[ranks[0]]))
+        choice = calibrated_network(profile, network, topology, scenario_context(scenario.name, topology, ranks, dtype),
+                                    gamma, compute.gap_s(topology.devices[ranks[0]]))
+        network = choice.network
         baseline = profile.of("memory_baseline").groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
     engine = Engine(topology, compute, CollectivePricer(network, topology))
@@ -149,5 +163,5 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
     extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
     return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True),
-                            calibrated=profile is not None, extrapolated=extrapolated)
+                            calibrated=profile is not None, extrapolated=extrapolated, network=choice)
 

@@ -41,3 +41,71 @@ def test_every_pair_is_compared_case_by_case(clusters):
     overall = overall_table(errors, ["v2x2_bandwidth"])
     assert set(overall["pairs"]) == {"same", "other", POOLED, NO_PROFILE}
     assert overall["median_abs_error"].round(9).eq(0.1).all()
+
+
+def test_shipped_profiles_say_what_they_were_measured_on_and_replay_only_on_their_own_network(clusters):
+    from sim.context import profile_contexts
+    from sim.simulate import simulate
+
+    own, other = clusters[3], clusters[4]  # v4x1_latency, h3x1_delay: 5 ms and 3 ms between hosts
+    (context,) = profile_contexts(own.profile.rows)
+    assert context.name == own.name and context.ranks_per_host == (1, 1, 1, 1)
+    assert [round(l.delay_s, 6) for l in context.links] == [0.005]
+    assert context.backend == "gloo/tcp" and context.cores == 2
+    same = simulate(own.scenario, profile=own.profile)
+    assert same.network.same_cluster
+    assert any("same-cluster mode" in line for line in same.sources)
+    moved = simulate(other.scenario, profile=own.profile)
+    assert not moved.network.same_cluster
+    assert any("not replayed" in line for line in moved.sources)
+    assert any(line.startswith("link inter_host 200 Mbit/s, 3 ms: rescaled") for line in moved.sources)
+
+
+def test_transport_terms_fitted_on_a_sweep_are_the_terms_that_made_it():
+    import pandas as pd
+
+    from sim.collectives.registry import build_schedule
+    from sim.transport import TransportTerms, fit_terms, price
+    from sim.topology import build_topology
+    from sim.cluster_config import ClusterConfig
+
+    topology = build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+        {"name": "h{i}", "count": 4, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": "2.5ms"},
+         "devices": {"type": "cpu", "count": 1, "memory": "4GiB"}}]}))
+    truth = TransportTerms(1.5e-3, 2.0, 0.8, "")
+    rows = []
+    for algorithm in ("recursive_doubling", "rabenseifner"):
+        for size in (1024, 16384, 262144, 4194304):
+            schedule = build_schedule("allreduce", algorithm, (0, 1, 2, 3), size, host_groups=topology.host_groups((0, 1, 2, 3)))
+            rows.append({"op": "allreduce", "algorithm": algorithm, "group_size": 4, "num_hosts": 4,
+                         "size_bytes": size, "median": price(schedule, topology, truth).duration_s})
+    # One delay between hosts: the latency count is the default's, and the rest is fitted.
+    fitted = fit_terms(pd.DataFrame(rows), topology, TransportTerms(0.0, 2.0, 1.0, "default"), "synthetic")
+    for terms in fitted.values():
+        assert terms.latencies_per_message == 2.0
+        assert abs(terms.per_message_s - 1.5e-3) < 1e-4
+        assert terms.bandwidth_efficiency == pytest.approx(0.8)
+
+
+def test_calibration_records_its_context(tmp_path):
+    pytest.importorskip("torch")
+    import json
+
+    from runtime.calibrate import calibrate_scenario
+    from sim.context import profile_contexts, scenario_context
+    from sim.simulate import tensor_parallel_ranks
+    from sim.topology import build_topology
+    from tests.conftest import cluster, make_scenario, tiny_model_config
+
+    path = tmp_path / "gpt2.config.json"
+    path.write_text(json.dumps(dict(tiny_model_config("gpt2", num_layers=1), n_positions=256)))
+    scenario = make_scenario(model=str(path), dtype="fp32", cluster=cluster(2, 1, device="cpu"),
+                             workload={"batch_size": 1, "prompt_tokens": 5, "output_tokens": 2},
+                             variants=[{"name": "a", "strategy": "allreduce_ln", "allreduce": "library",
+                                        "broadcast": "library"}])
+    profile = calibrate_scenario(scenario, repeats=1, max_call_s=0.01, used_only=True)
+    (context,) = profile_contexts(profile)
+    topology = build_topology(scenario.config.cluster)
+    assert context.backend == "gloo/tcp" and context.cores >= 1 and context.torch_version
+    assert context.same_network(scenario_context(scenario.name, topology, tensor_parallel_ranks(scenario, topology),
+                                                 "fp32"))

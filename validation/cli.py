@@ -108,6 +108,10 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
             console.print(f"  {escape(line)}")
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
+    if profile is not None:
+        console.print(f"what came from where (the profile's context against {escape(loaded.name)}):")
+        for line in result.sources:
+            console.print(f"  {escape(line)}")
     written = write_outputs(result, out_dir or Path("out") / loaded.name)
     console.print("wrote " + ", ".join(str(p) for p in written))
 

@@ -215,3 +215,49 @@ def write_transfer_report(errors: pd.DataFrame, out_dir: Path, command: str,
         "overall.csv": overall_table(errors, matrix_clusters).to_csv(index=False, lineterminator="\n"),
         "summary.md": summary_markdown(errors, command, matrix_clusters),
     })
+
+
+# What the shipped reports were measured on (their summary.md): the project's 2-core virtual
+# machine, gloo over TCP in the emulated hosts, torch 2.13.0.
+SHIPPED_CORES = 2
+SHIPPED_BACKEND = "gloo/tcp"
+SHIPPED_TORCH = "2.13.0"
+
+
+def add_context(profile_path: Path, scenario: Scenario, *, cores: int | None, backend: str | None,
+                torch_version: str | None) -> None:
+    """Rewrite a profile file with ``context`` rows derived from the scenario it was calibrated
+    on (replacing any it had), so that it says what it was measured on (:mod:`sim.context`).
+
+    Raises:
+        ConfigError: the profile does not load.
+    """
+    from sim.context import CONTEXT, context_rows, scenario_context
+    from sim.outputs import write_atomic
+    from sim.profile import profile_frame
+    from sim.simulate import tensor_parallel_ranks
+    from sim.topology import build_topology
+
+    load_profile(profile_path)  # checks it
+    topology = build_topology(scenario.config.cluster)
+    context = scenario_context(scenario.name, topology, tensor_parallel_ranks(scenario, topology),
+                               scenario.model.dtype, cores=cores, backend=backend, torch_version=torch_version)
+    # The measured rows stay byte for byte as calibration wrote them; the context rows go where
+    # profile_frame's order puts them (after the compute rows).
+    header, *lines = [line for line in profile_path.read_text().splitlines()
+                      if line.split(",")[1:2] != [CONTEXT]]
+    kinds = [line.split(",")[1] for line in lines]
+    at = sum(kind <= CONTEXT for kind in kinds)
+    added = profile_frame(context_rows(context)).to_csv(index=False, header=False, lineterminator="\n").splitlines()
+    write_atomic(profile_path, "\n".join([header, *lines[:at], *added, *lines[at:]]) + "\n")
+
+
+def add_shipped_context(reports: Sequence[tuple[Path, Path]] = SHIPPED) -> list[Path]:
+    """:func:`add_context` on every profile of the shipped reports; returns the paths."""
+    written = []
+    for matrix_path, report_dir in reports:
+        for scenario in load_matrix(matrix_path)[1]:
+            path = report_dir / "profiles" / f"{scenario.name}.csv"
+            add_context(path, scenario, cores=SHIPPED_CORES, backend=SHIPPED_BACKEND, torch_version=SHIPPED_TORCH)
+            written.append(path)
+    return written
