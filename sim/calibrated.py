@@ -57,10 +57,13 @@ class CalibratedCompute:
     Args:
         profile: the calibration profile.
         fallback: the roofline used as the interpolation axis and outside the measured range.
+        scale: factor on every compute op and gap (core contention other than calibrated:
+            :func:`sim.context.contention_scale`).
     """
 
     profile: Profile
     fallback: RooflineCompute
+    scale: float = 1.0
     extrapolated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
@@ -89,7 +92,7 @@ class CalibratedCompute:
         key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._price(op, device) + self.gap_s(device)
+            cached = self._cache[key] = (self._price(op, device) + self.gap_s(device)) * self.scale
         return cached
 
     def reduce_s_per_byte(self, device: Device) -> float:
@@ -256,6 +259,7 @@ class NetworkChoice:
     Attributes:
         network: the network model to price collectives with.
         same_cluster: the profile's collective timings are replayed (same-cluster mode).
+        compute_scale: factor on calibrated compute for core contention (:func:`sim.context.contention_scale`).
         terms: the scenario's terms against the profile's context (:func:`sim.context.compare`).
         sources: one line per collective implementation: where its price comes from.
     """
@@ -264,6 +268,7 @@ class NetworkChoice:
     same_cluster: bool
     terms: tuple
     sources: tuple[str, ...]
+    compute_scale: float = 1.0
 
 
 _FITS: dict[int, tuple[Profile, dict]] = {}  # id(profile) -> (profile, fitted terms): fitting takes seconds
@@ -281,7 +286,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     (:class:`sim.transport.TransportNetwork`), or the gloo defaults for an implementation the
     profile did not time.
     """
-    from sim.context import compare, profile_contexts, same_cluster
+    from sim.context import compare, contention_scale, profile_contexts, same_cluster
     from sim.transport import TransportNetwork, default_terms, fit_profile
 
     contexts = profile_contexts(profile.rows)
@@ -303,8 +308,9 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms("", "gloo/tcp default"),
                                gap_s)
-    sources = tuple(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items()))
-    return NetworkChoice(network, False, terms, sources)
+    scale, contention = contention_scale(contexts, target)
+    sources = (contention, *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())))
+    return NetworkChoice(network, False, terms, sources, scale)
 
 
 def _borrowed(fitted: dict):

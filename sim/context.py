@@ -239,3 +239,24 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
     out.append(TermComparison("in-place collective timings", Verdict.NOT_APPLICABLE,
                               f"measured on another network ({names}): not replayed"))
     return tuple(out)
+
+
+def contention_scale(contexts: tuple[CalibrationContext, ...], target: CalibrationContext) -> tuple[float, str]:
+    """(factor on calibrated compute times, a line saying why) for ranks sharing CPU cores.
+
+    Compute is timed in place, with every rank of the calibrated group running: where ranks
+    outnumber the cores, each gets ``cores / ranks`` of one and its ops take ``ranks / cores``
+    times as long (a processor-sharing queue, as Linux's fair scheduler approximates:
+    Kleinrock, "Queueing Systems", vol. 2, 1976, section 4.4). A target with another number of
+    ranks per core scales by the ratio. The target's cores are the calibrated machine's where
+    the scenario does not say (the emulated hosts share one machine). 1 for devices of their own
+    (no cores recorded) and in same-cluster mode."""
+    known = [c for c in contexts if c.cores is not None]
+    if not known or same_cluster(contexts, target):
+        return 1.0, "core contention: as calibrated"
+    calibrated = known[0]
+    cores = target.cores or calibrated.cores
+    ranks, calibrated_ranks = sum(target.ranks_per_host), sum(calibrated.ranks_per_host)
+    scale = max(1.0, ranks / cores) / max(1.0, calibrated_ranks / calibrated.cores)
+    return scale, (f"core contention: compute x {scale:.2f} ({ranks} ranks on {cores} cores against "
+                   f"{calibrated_ranks} on {calibrated.cores} in {calibrated.name})")

@@ -134,7 +134,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         compute = CalibratedCompute(profile, compute)
         choice = calibrated_network(profile, network, topology, scenario_context(scenario.name, topology, ranks, dtype),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]))
-        network = choice.network
+        network, compute.scale = choice.network, choice.compute_scale
         baseline = profile.of("memory_baseline").groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
     engine = Engine(topology, compute, CollectivePricer(network, topology))
