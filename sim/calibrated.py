@@ -306,7 +306,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
         cached = _FITS[id(profile)] = (profile, fitted)
     fitted = cached[1]
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
-    network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms("", "gloo/tcp default"),
+    network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s)
     scale, contention = contention_scale(contexts, target)
     sources = (contention, *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())))

@@ -17,6 +17,7 @@ from models.accounting import check_tensor_parallel
 from models.errors import ConfigError
 from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
 from sim.context import scenario_context
+from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
 from sim.loader import check_loader_paths, stall_s
@@ -107,7 +108,9 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
 
     Args:
         profile: a calibration profile; without one, compute is priced by the roofline and
-            communication by the scenario's network model from datasheet figures.
+            communication by the scenario's network model from datasheet figures, the flow
+            model with each transport's documented per-message terms
+            (:class:`sim.transport.DefaultTransportNetwork`).
         expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
 
     Raises:
@@ -137,6 +140,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         network, compute.scale = choice.network, choice.compute_scale
         baseline = profile.of("memory_baseline").groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
+    elif config.network_model == DEFAULT_TRANSPORT_MODEL:
+        network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     engine = Engine(topology, compute, CollectivePricer(network, topology))
     workload = config.workload
     variants, tables = [], []
@@ -162,6 +167,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         variants.append(VariantResult(variant, run, trace, timing, algorithms))
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
     extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
+    if isinstance(network, DefaultTransportNetwork):
+        choice = NetworkChoice(network, False, (), tuple(sorted(network.used)))
     return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True),
                             calibrated=profile is not None, extrapolated=extrapolated, network=choice)
 

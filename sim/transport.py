@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -54,6 +55,7 @@ class TransportTerms:
 
     Attributes:
         per_message_s: software overhead per message (s).
+        per_call_s: fixed cost of launching a collective (s), once per call.
         latencies_per_message: one-way path latencies a message costs.
         bandwidth_efficiency: the fraction of the bottleneck bandwidth a message's bytes reach.
         source: where the terms come from (fitted on which rows, or a documented default).
@@ -63,9 +65,11 @@ class TransportTerms:
     latencies_per_message: float
     bandwidth_efficiency: float
     source: str
+    per_call_s: float = 0.0
 
     def describe(self) -> str:
-        return (f"{self.per_message_s * 1e3:.2f} ms + {self.latencies_per_message:g} latencies per message, "
+        call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
+        return (f"{call}{self.per_message_s * 1e3:.3g} ms + {self.latencies_per_message:g} latencies per message, "
                 f"{self.bandwidth_efficiency:.0%} of the bandwidth ({self.source})")
 
 
@@ -110,7 +114,7 @@ class TransportNetwork:
 
     topology: Topology
     reduce_s_per_byte: Mapping[int, float] | None
-    terms: Mapping[tuple[str, str], TransportTerms]
+    terms: dict[tuple[str, str], TransportTerms]
     default: TransportTerms
     gap_s: float = 0.0
     extrapolated: set[str] = field(default_factory=set)
@@ -128,8 +132,9 @@ class TransportNetwork:
         if routes is None:
             routes = self._routes[terms] = _TransportRoutes(self.topology, self.reduce_s_per_byte, terms)
         timing = _FlowRun(schedule, routes).run()
-        finish = {rank: t + self.gap_s for rank, t in timing.finish_s.items()}
-        return CollectiveTiming(timing.duration_s + self.gap_s, finish)
+        extra_s = self.gap_s + terms.per_call_s
+        finish = {rank: t + extra_s for rank, t in timing.finish_s.items()}
+        return CollectiveTiming(timing.duration_s + extra_s, finish)
 
 
 def context_topology(context: CalibrationContext) -> Topology:
@@ -208,23 +213,99 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
     return fitted
 
 
-# Defaults of the gloo backend over TCP where a profile has no timing to fit a term on: gloo's
-# own collectives (``library``) are modelled with their extra round of messages in their schedule
-# (:mod:`sim.collectives.gloo`), so one latency per message; a point-to-point isend/irecv pays the
-# rendezvous, two (the module docstring). Checked on the shipped profiles: with these counts the
-# fitted overheads come out at 0-0.7 ms per message over both 3 ms and 5 ms links, and 0.4-1.1 ms
-# without delay, where other counts need overheads that differ by the delay. No overhead and the
-# full bandwidth where nothing is fitted: the uncalibrated model's figures.
-GLOO_LIBRARY_LATENCIES = 1.0
-GLOO_P2P_LATENCIES = 2.0
+class Transport(str, Enum):
+    """A backend over a transport, as the uncalibrated defaults know them."""
+
+    GLOO_TCP = "gloo/tcp"
+    NCCL_NVLINK = "nccl/nvlink"
+    NCCL_PCIE = "nccl/pcie"
+    NCCL_NET = "nccl/net"  # InfiniBand or RoCE
 
 
-def default_terms(algorithm: str, source: str = "gloo/tcp default") -> TransportTerms:
-    """The terms a collective implementation gets where nothing was fitted (see above)."""
+@dataclass(frozen=True)
+class TransportDefault:
+    """Documented terms of a transport: (per-message overhead s, latencies per message) for the
+    library's own collectives and for point-to-point schedules, a per-call cost, its source."""
+
+    library: tuple[float, float]
+    point_to_point: tuple[float, float]
+    per_call_s: float
+    source: str
+
+
+# gloo over TCP: gloo's own collectives (``library``) are modelled with their extra round of
+# messages in their schedule (:mod:`sim.collectives.gloo`), so one latency per message; a
+# point-to-point isend/irecv pays the rendezvous, two (the module docstring). With these counts
+# the overheads fitted on the six shipped profiles (``validation/report/profiles``,
+# ``validation/holdout-report/profiles``: 2-core VM, torch 2.13.0, links of 0.05-5 ms) have
+# medians of 0.3 ms (library) and 0.5 ms (point to point) and bandwidth efficiencies of 1.0.
+# NCCL: the Ring / Simple protocol's latencies of NCCL's own tuning model (NVIDIA/nccl
+# ``src/graph/tuning.cc``, ``baseLat`` 8.4 us per call and ``hwLat`` per hop: NVLink 3.4 us,
+# PCI 5.7 us, NET 14.0 us), one per message; NCCL's collectives and point-to-point alike.
+DEFAULTS: dict[Transport, TransportDefault] = {
+    Transport.GLOO_TCP: TransportDefault((0.3e-3, 1.0), (0.5e-3, 2.0), 0.0,
+                                         "gloo/tcp default: medians of the shipped profiles' fits"),
+    Transport.NCCL_NVLINK: TransportDefault((3.4e-6, 1.0), (3.4e-6, 1.0), 8.4e-6,
+                                            "nccl/nvlink default: NCCL tuning.cc Ring/Simple"),
+    Transport.NCCL_PCIE: TransportDefault((5.7e-6, 1.0), (5.7e-6, 1.0), 8.4e-6,
+                                          "nccl/pcie default: NCCL tuning.cc Ring/Simple"),
+    Transport.NCCL_NET: TransportDefault((14.0e-6, 1.0), (14.0e-6, 1.0), 8.4e-6,
+                                         "nccl/net (InfiniBand/RoCE) default: NCCL tuning.cc Ring/Simple"),
+}
+
+
+def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP) -> TransportTerms:
+    """The documented terms of ``algorithm`` over ``transport`` (:data:`DEFAULTS`), full bandwidth."""
     from sim.collectives.registry import LIBRARY
 
-    latencies = GLOO_LIBRARY_LATENCIES if algorithm == LIBRARY else GLOO_P2P_LATENCIES
-    return TransportTerms(0.0, latencies, 1.0, source)
+    default = DEFAULTS[transport]
+    overhead_s, latencies = default.library if algorithm == LIBRARY else default.point_to_point
+    return TransportTerms(overhead_s, latencies, 1.0, default.source, default.per_call_s)
+
+
+def group_transport(topology: Topology, group: tuple[int, ...]) -> Transport:
+    """The transport a group's messages take, by the defaults: gloo over TCP among CPUs; NCCL
+    among GPUs, over the network where the group spans hosts, else NVLink on SXM parts and PCIe
+    on the others (the slowest a message of the group crosses prices it)."""
+    specs = [topology.devices[rank].spec for rank in group]
+    if all(spec.name == "cpu" for spec in specs):
+        return Transport.GLOO_TCP
+    if len({topology.devices[rank].host for rank in group}) > 1:
+        return Transport.NCCL_NET
+    return Transport.NCCL_NVLINK if all("SXM" in spec.description for spec in specs) else Transport.NCCL_PCIE
+
+
+DEFAULT_TRANSPORT_MODEL = "flow"  # the scenario network model the uncalibrated defaults refine
+
+
+@dataclass
+class DefaultTransportNetwork:
+    """The uncalibrated network: every collective its schedule priced by the flow model with the
+    documented terms of the transport its group takes (:func:`group_transport`, :data:`DEFAULTS`).
+
+    Args:
+        topology: the scenario's cluster.
+        reduce_s_per_byte: gamma of every rank (s/byte).
+    """
+
+    topology: Topology
+    reduce_s_per_byte: Mapping[int, float] | None = None
+    used: set[str] = field(default_factory=set)
+    _networks: dict[Transport, TransportNetwork] = field(default_factory=dict, repr=False)
+
+    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
+        """The timing of ``schedule`` (``call`` is ignored)."""
+        transport = group_transport(self.topology, tuple(schedule.group))
+        network = self._networks.get(transport)
+        if network is None:
+            network = self._networks[transport] = TransportNetwork(
+                self.topology, self.reduce_s_per_byte, {}, default_terms("", transport))
+        key = (str(schedule.kind), schedule.algorithm)
+        if key not in network.terms:
+            network.terms[key] = default_terms(schedule.algorithm, transport)
+            self.used.add(f"{schedule.kind} {schedule.algorithm} over {transport.value}: "
+                          f"{network.terms[key].describe()}")
+        return network.time(schedule)
 
 
 def fit_profile(rows, context: CalibrationContext,

@@ -109,3 +109,30 @@ def test_calibration_records_its_context(tmp_path):
     assert context.backend == "gloo/tcp" and context.cores >= 1 and context.torch_version
     assert context.same_network(scenario_context(scenario.name, topology, tensor_parallel_ranks(scenario, topology),
                                                  "fp32"))
+
+
+def test_uncalibrated_simulation_states_the_transport_defaults_it_used(root):
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+
+    cpu = simulate(load_scenario(root / "scenarios" / "validation" / "v4x1_latency.yaml"))
+    assert cpu.sources and all("over gloo/tcp" in line for line in cpu.sources)
+    gpu = simulate(load_scenario(root / "scenarios" / "h100_2x8_llama31_70b.yaml"))
+    assert any("over nccl/net" in line and "tuning.cc" in line for line in gpu.sources)
+
+
+def test_group_transport_follows_devices_and_hosts():
+    from sim.cluster_config import ClusterConfig
+    from sim.topology import build_topology
+    from sim.transport import Transport, group_transport
+
+    def topology(device: str, hosts: int):
+        return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+            {"name": "h{i}", "count": hosts, "parent": "sw", "nic": {"bandwidth": "100Gbit/s", "latency": "5us"},
+             "interconnect": {"bandwidth": "900GB/s", "latency": "1us"},
+             "devices": {"type": device, "count": 2}}]}))
+
+    assert group_transport(topology("cpu", 2), (0, 2)) is Transport.GLOO_TCP
+    assert group_transport(topology("h100_sxm", 2), (0, 1)) is Transport.NCCL_NVLINK
+    assert group_transport(topology("h100_sxm", 2), (0, 2)) is Transport.NCCL_NET
+    assert group_transport(topology("rtx_4090", 1), (0, 1)) is Transport.NCCL_PCIE

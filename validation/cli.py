@@ -101,7 +101,10 @@ def simulate(scenario: Path | None, out_dir: Path | None, profile_path: Path | N
     result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
     if profile is None:
-        console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)")
+        console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)"
+                      + ("; transport terms from documented defaults:" if result.sources else ""))
+        for line in result.sources:
+            console.print(f"  {escape(line)}")
     elif result.extrapolated:
         console.print(f"[yellow]{len(result.extrapolated)} predictions extrapolated outside the calibrated range:[/yellow]")
         for line in result.extrapolated:
