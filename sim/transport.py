@@ -56,6 +56,9 @@ class TransportTerms:
     Attributes:
         per_message_s: software overhead per message (s).
         per_call_s: fixed cost of launching a collective (s), once per call.
+        min_message_s: the least a message costs (s) where ranks outnumber the cores: both ends
+            must be scheduled onto a core for it to move, which on a fast link takes longer than
+            the wire (:func:`sim.calibrated.contention_floor`).
         latencies_per_message: one-way path latencies a message costs.
         bandwidth_efficiency: the fraction of the bottleneck bandwidth a message's bytes reach.
         source: where the terms come from (fitted on which rows, or a documented default).
@@ -66,9 +69,12 @@ class TransportTerms:
     bandwidth_efficiency: float
     source: str
     per_call_s: float = 0.0
+    min_message_s: float = 0.0
 
     def describe(self) -> str:
         call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
+        if self.min_message_s:
+            call += f"at least {self.min_message_s * 1e3:.2f} ms (core contention), "
         return (f"{call}{self.per_message_s * 1e3:.3g} ms + {self.latencies_per_message:g} latencies per message, "
                 f"{self.bandwidth_efficiency:.0%} of the bandwidth ({self.source})")
 
@@ -86,8 +92,9 @@ class _TransportRoutes(_Routes):
         route = self._cache.get(key)
         if route is None:
             path = self.topology.path(src, dst)
-            latency_s = (self.terms.per_message_s
-                         + self.terms.latencies_per_message * sum(c.latency_s for c in path))
+            latency_s = max(self.terms.per_message_s
+                            + self.terms.latencies_per_message * sum(c.latency_s for c in path),
+                            self.terms.min_message_s)
             route = _Route(len(self._cache), latency_s, tuple(self.index[c.name] for c in path))
             self._cache[key] = route
             self.by_id.append(route)

@@ -136,3 +136,24 @@ def test_group_transport_follows_devices_and_hosts():
     assert group_transport(topology("h100_sxm", 2), (0, 1)) is Transport.NCCL_NVLINK
     assert group_transport(topology("h100_sxm", 2), (0, 2)) is Transport.NCCL_NET
     assert group_transport(topology("rtx_4090", 1), (0, 1)) is Transport.NCCL_PCIE
+
+
+def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scales_with_excess_ranks(clusters):
+    from sim.calibrated import contention_floor
+    from sim.context import profile_contexts, scenario_context
+    from sim.simulate import tensor_parallel_ranks
+    from sim.topology import build_topology
+    from sim.transport import fit_profile
+
+    def floor(source, target):
+        contexts = profile_contexts(source.profile.rows)
+        topology = build_topology(target.scenario.config.cluster)
+        context = scenario_context(target.name, topology, tensor_parallel_ranks(target.scenario, topology), "fp32")
+        return contention_floor(source.profile, contexts, context,
+                                fit_profile(source.profile.of("collective"), contexts[0]))[0]
+
+    fast, slow, three = clusters[0], clusters[3], clusters[4]  # v2x2_bandwidth, v4x1_latency, h3x1_delay
+    four_ranks = floor(fast, clusters[2])
+    assert 1e-3 < four_ranks < 4e-3  # 4 ranks on 2 cores: both ends wait for a core
+    assert floor(fast, three) == pytest.approx(four_ranks / 2)  # 3 ranks: one beyond the cores, not two
+    assert floor(slow, clusters[2]) == 0.0  # 5 ms links hid it: nothing to carry over
