@@ -27,7 +27,7 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     arrive (arrival skew: ranks time-sliced on shared cores, a broadcast's leaves still
     receiving after its root left); each repeat one generation's mean;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
-    (``intra_host`` or ``inter_host``), half a ping-pong round trip;
+    (:class:`sim.context.LinkClass`: ``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
     communication buffers, allocator), in bytes;
   * ``context``: what the profile was measured on (device types, ranks per host, cores, each
@@ -89,8 +89,8 @@ def load_profile(path: str | Path) -> Profile:
     """Read and check a profile CSV.
 
     Raises:
-        ConfigError: missing file, unreadable CSV, missing columns, another version, or an unknown
-            kind of measurement (field ``profile``).
+        ConfigError: missing file, unreadable CSV, missing columns, another version, an unknown
+            kind of measurement, or a context row that does not parse (field ``profile``).
     """
     path = Path(path)
     if not path.is_file():
@@ -109,4 +109,10 @@ def load_profile(path: str | Path) -> Profile:
     unknown = set(rows["measurement"]) - set(MEASUREMENTS)
     if unknown:
         raise ConfigError("profile", f"unknown measurement {sorted(unknown)[0]!r}; known: {', '.join(MEASUREMENTS)}")
+    from sim.context import profile_contexts
+
+    try:
+        profile_contexts(rows)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError("profile", f"unreadable context row: {str(error).splitlines()[0]} (got '{path}')") from None
     return Profile(rows)

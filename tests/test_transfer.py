@@ -157,3 +157,16 @@ def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scal
     assert 1e-3 < four_ranks < 4e-3  # 4 ranks on 2 cores: both ends wait for a core
     assert floor(fast, three) == pytest.approx(four_ranks / 2)  # 3 ranks: one beyond the cores, not two
     assert floor(slow, clusters[2]) == 0.0  # 5 ms links hid it: nothing to carry over
+
+
+def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
+    from models.errors import ConfigError
+    from sim.profile import load_profile
+    from validation.transfer import SHIPPED
+
+    text = (SHIPPED[0][1] / "profiles" / "v2x2_bandwidth.csv").read_text()
+    broken = tmp_path / "broken.csv"
+    broken.write_text(text.replace('{""cores"": 2}', '{""cores"": ', 1))
+    with pytest.raises(ConfigError) as error:
+        load_profile(broken)
+    assert error.value.field == "profile" and "context" in str(error.value) and "\n" not in str(error.value)
