@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from validation.transfer import (NO_PROFILE, POOLED, overall_table, shipped_clusters, transfer_errors,
-                                 transfer_table)
+from validation.transfer import (NO_PROFILE, POOLED, overall_table, ranking_table, shipped_clusters,
+                                 transfer_errors, transfer_table)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,8 @@ def test_every_pair_is_compared_case_by_case(clusters):
     overall = overall_table(errors, ["v2x2_bandwidth"])
     assert set(overall["pairs"]) == {"same", "other", POOLED, NO_PROFILE}
     assert overall["median_abs_error"].round(9).eq(0.1).all()
+    ranking = ranking_table(errors)  # a uniform error keeps every order
+    assert ranking["compared"].sum() > 0 and ranking["agreeing"].eq(ranking["compared"]).all()
 
 
 def test_shipped_profiles_say_what_they_were_measured_on_and_replay_only_on_their_own_network(clusters):

@@ -171,6 +171,21 @@ def overall_table(errors: pd.DataFrame, matrix_clusters: Sequence[str] = ()) -> 
     return pd.DataFrame(rows, columns=OVERALL_COLUMNS)
 
 
+def ranking_table(errors: pd.DataFrame) -> pd.DataFrame:
+    """Per kind of pair (:func:`kind_of_pair`): of the variant pairs of a target whose measured
+    TTFT or TPOT differ by more than 10%, how many the source's prediction orders as measured
+    (:func:`validation.validate.ranking_agreement`, per source and target)."""
+    from validation.validate import ranking_agreement
+
+    rows = []
+    for (source, target), group in errors.groupby(["source", "target"], sort=True):
+        ranked = ranking_agreement(group.rename(columns={"target": "scenario"}))
+        rows.append({"pairs": kind_of_pair(source, target), "source": source, "target": target,
+                     "compared": len(ranked), "agreeing": int(ranked["simulator_agrees"].sum())})
+    table = pd.DataFrame(rows, columns=["pairs", "source", "target", "compared", "agreeing"])
+    return table.groupby("pairs", sort=True)[["compared", "agreeing"]].sum().reset_index()
+
+
 def matrix_table(errors: pd.DataFrame) -> pd.DataFrame:
     """Target x source: median |error| over the target's TTFT and TPOT cases."""
     table = errors.assign(abs_error=errors["error"].abs()).pivot_table(
@@ -195,6 +210,9 @@ def summary_markdown(errors: pd.DataFrame, command: str, matrix_clusters: Sequen
     for row in overall_table(errors, matrix_clusters).itertuples(index=False):
         lines.append(f"| {row.scope} | {row.pairs} | {row.metric} | {row.cases} | {row.median_abs_error:.1%} | "
                      f"{row.p90_abs_error:.1%} | {row.median_signed_error:+.1%} |")
+    lines += ["", "Strategy ranking: of the variant pairs of a target whose measured TTFT or TPOT differ by more "
+              "than 10%, those the prediction orders as measured:", ""]
+    lines += [f"- {row.pairs}: {row.agreeing} of {row.compared}" for row in ranking_table(errors).itertuples()]
     table = matrix_table(errors)
     lines += ["", "Median |error| (TTFT and TPOT) per target (rows) and source profile (columns):", "",
               "| target | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
