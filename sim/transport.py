@@ -56,9 +56,10 @@ class TransportTerms:
     Attributes:
         per_message_s: software overhead per message (s).
         per_call_s: fixed cost of launching a collective (s), once per call.
-        min_message_s: the least a message costs (s) where ranks outnumber the cores: both ends
-            must be scheduled onto a core for it to move, which on a fast link takes longer than
-            the wire (:func:`sim.calibrated.contention_floor`).
+        min_message_s: the least a message costs (s), from both ends ready to its last byte,
+            where ranks outnumber the cores: both ends must be scheduled onto a core for it to
+            move, which on a fast link takes longer than the wire; a long message's transfer
+            hides it, the ranks sleeping meanwhile (:func:`sim.calibrated.contention_floor`).
         latencies_per_message: one-way path latencies a message costs.
         bandwidth_efficiency: the fraction of the bottleneck bandwidth a message's bytes reach.
         source: where the terms come from (fitted on which rows, or a documented default).
@@ -92,19 +93,33 @@ class _TransportRoutes(_Routes):
         route = self._cache.get(key)
         if route is None:
             path = self.topology.path(src, dst)
-            latency_s = max(self.terms.per_message_s
-                            + self.terms.latencies_per_message * sum(c.latency_s for c in path),
-                            self.terms.min_message_s)
+            latency_s = (self.terms.per_message_s
+                         + self.terms.latencies_per_message * sum(c.latency_s for c in path))
             route = _Route(len(self._cache), latency_s, tuple(self.index[c.name] for c in path))
             self._cache[key] = route
             self.by_id.append(route)
         return route
 
 
+class _TransportRun(_FlowRun):
+    """A flow-model pricing in which no message takes less than the terms' ``min_message_s``
+    from both ends being ready to its last byte: a message whose wire time is shorter waits out
+    the rest before its bytes flow (both ends scheduled onto a core)."""
+
+    def _enter(self, rank: int) -> None:
+        floor_s = self.routes.terms.min_message_s
+        for transfer in self.work[rank][self.position[rank]]:
+            self.endpoints_ready[transfer] += 1
+            if self.endpoints_ready[transfer] == 2:
+                route = self.route[transfer]
+                wire_s = self.transfers[transfer].size_bytes / min(self.routes.capacity[c] for c in route.channels)
+                self._push(self.now + max(route.latency_s, floor_s - wire_s), self._LATENCY_OVER, transfer)
+
+
 def price(schedule: CommSchedule, topology: Topology, terms: TransportTerms,
           reduce_s_per_byte: Mapping[int, float] | None = None) -> CollectiveTiming:
     """``schedule`` priced by the flow model with ``terms`` on every message."""
-    return _FlowRun(schedule, _TransportRoutes(topology, reduce_s_per_byte, terms)).run()
+    return _TransportRun(schedule, _TransportRoutes(topology, reduce_s_per_byte, terms)).run()
 
 
 @dataclass
@@ -138,7 +153,7 @@ class TransportNetwork:
         routes = self._routes.get(terms)
         if routes is None:
             routes = self._routes[terms] = _TransportRoutes(self.topology, self.reduce_s_per_byte, terms)
-        timing = _FlowRun(schedule, routes).run()
+        timing = _TransportRun(schedule, routes).run()
         extra_s = self.gap_s + terms.per_call_s
         finish = {rank: t + extra_s for rank, t in timing.finish_s.items()}
         return CollectiveTiming(timing.duration_s + extra_s, finish)
