@@ -47,6 +47,7 @@ from runtime.weights import prompt_tokens
 from runtime.worker import common_start, peak_memory_bytes, rank_model
 from sim.collectives.registry import ALGORITHMS, LIBRARY
 from sim.context import context_rows, scenario_context
+from sim.transport import Transport
 from sim.network import AUTO
 from sim.plan import Plan, StrategyChoice
 from sim.profile import profile_frame
@@ -131,7 +132,7 @@ def backend_context() -> str:
     """The process group's backend and transport, as a profile's context records it: gloo talks
     TCP here (its only transport on Linux in torch 2.13.0's build); NCCL picks its own."""
     backend = str(dist.get_backend())
-    return f"{backend}/tcp" if backend == "gloo" else f"{backend}/auto"
+    return Transport.GLOO_TCP.value if backend == "gloo" else f"{backend}/auto"
 
 
 def calibration_strategies(scenario) -> list[StrategyChoice]:

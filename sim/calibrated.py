@@ -319,6 +319,10 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     return NetworkChoice(network, False, terms, sources, scale)
 
 
+# gloo over TCP where the calibrated links hid it: the shipped profiles whose links are fast
+# enough (v2x2_bandwidth, v4x1_bandwidth: 4 ranks on 2 cores) give 2.03 and 2.2 ms per message in
+# place, 1.0 and 1.1 ms per rank beyond the cores; their mean.
+GLOO_CONTENTION_PER_EXCESS_RANK_S = 1.05e-3
 CONTENTION_BOUND = 1.5  # a message is contention-bound where it costs this much more than its wire
 
 
@@ -332,9 +336,10 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict) -> tuple[
     :data:`CONTENTION_BOUND` times what the fitted transport terms give a message (else the
     links hid it), per rank beyond the cores (measured here: 2.0-2.2 ms per message with 4 ranks
     on 2 cores over links without delay). Scaled to the target's ranks beyond its cores (the
-    calibrated machine's where the scenario does not say); 0 where they do not outnumber them,
-    and where no calibrated cluster's links let it show."""
-    from sim.transport import context_topology
+    calibrated machine's where the scenario does not say); 0 where they do not outnumber them.
+    Where no calibrated cluster's links let it show, the gloo/tcp default
+    (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
+    from sim.transport import Transport, context_topology
 
     known = [c for c in contexts if c.cores is not None]
     if not known:
@@ -372,6 +377,10 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict) -> tuple[
         return floor_s, (f"core contention per message: at least {floor_s * 1e3:.2f} ms, fitted on the "
                          f"point-to-point calls timed in place on {', '.join(names)} "
                          f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
+    if all(c.backend == Transport.GLOO_TCP.value for c in known):
+        floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S * excess
+        return floor_s, (f"core contention per message: at least {floor_s * 1e3:.2f} ms, the gloo/tcp default (the "
+                         f"calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
     return 0.0, ("core contention per message: not priced (the calibrated links were too slow for it to show "
                  f"in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sim.profile import Profile, load_profile
+from sim.transport import Transport
 from sim.scenario import Scenario
 from validation.matrix import load_matrix, with_prompt
 
@@ -238,7 +239,7 @@ def write_transfer_report(errors: pd.DataFrame, out_dir: Path, command: str,
 # What the shipped reports were measured on (their summary.md): the project's 2-core virtual
 # machine, gloo over TCP in the emulated hosts, torch 2.13.0.
 SHIPPED_CORES = 2
-SHIPPED_BACKEND = "gloo/tcp"
+SHIPPED_BACKEND = Transport.GLOO_TCP.value
 SHIPPED_TORCH = "2.13.0"
 
 
