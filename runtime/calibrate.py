@@ -19,6 +19,8 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
   (:class:`runtime.comm_timing.CollectiveSweep`), in rounds that take turns with the generations'.
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
+* ``context``: what all this was measured on (:mod:`sim.context`): device types, ranks per host,
+  the cores the ranks share, each link class's rate and delay, backend and transport, torch version.
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
   untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
@@ -27,6 +29,7 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from typing import Callable
@@ -44,10 +47,12 @@ from runtime.executor import Executor
 from runtime.weights import prompt_tokens
 from runtime.worker import common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
+from sim.context import context_rows, scenario_context
 from sim.parallel import ParallelPlan
 from sim.plan import Plan
 from sim.profile import MeasurementKind, profile_frame
 from sim.strategies import STRATEGIES, StrategyChoice
+from sim.transport import Transport
 
 CALIBRATION_PROMPTS = (8, 32, 128)
 CALIBRATION_OUTPUT_TOKENS = 4
@@ -117,7 +122,17 @@ def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, 
     merged += [row for row in gathered[0][0] if row.get("measurement") == MeasurementKind.MEMORY_BASELINE]
     merged += in_place_rows([span for _, part in gathered for span in part], len(ranks),
                             len(generations.topology.host_groups(ranks)), master=ranks[0])
+    merged += context_rows(scenario_context(
+        generations.scenario_name, generations.topology, ranks, generations.dtype,
+        cores=len(os.sched_getaffinity(0)), backend=backend_context(), torch_version=torch.__version__))
     return _merge_compute(merged)
+
+
+def backend_context() -> str:
+    """The process group's backend and transport, as a profile's context records it: gloo talks
+    TCP here (its only transport on Linux in torch 2.13.0's build); NCCL picks its own."""
+    backend = str(dist.get_backend())
+    return Transport.GLOO_TCP.value if backend == "gloo" else f"{backend}/auto"
 
 
 def calibration_strategies(scenario) -> list[StrategyChoice]:
@@ -164,6 +179,7 @@ class CalibrationGenerations:
         spec = scenario.model
         batch = scenario.config.workload.batch_size
         self.ranks, self.topology, self.rank, self.heartbeat = tuple(ranks), topology, rank, heartbeat
+        self.scenario_name = scenario.name
         self.device_class = topology.devices[rank].spec.name
         self.model, self.group_size, self.batch, self.dtype = model, len(ranks), batch, spec.dtype
         self.strategies = calibration_strategies(scenario)

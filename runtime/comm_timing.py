@@ -38,6 +38,7 @@ import torch.distributed as dist
 from models.ops import OpKind
 from runtime import clock
 from sim.collectives.registry import ALGORITHMS, LIBRARY
+from sim.context import LinkClass
 from sim.plan import Collective
 from sim.profile import MeasurementKind
 from sim.trace import master_calls
@@ -238,13 +239,13 @@ def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
     1 KiB to 4 MiB; profile rows on ``ranks[0]``."""
     rows = []
     master_host = topology.devices[ranks[0]].host
-    peers = {"intra_host": next((r for r in ranks[1:] if topology.devices[r].host == master_host), None),
-             "inter_host": next((r for r in ranks[1:] if topology.devices[r].host != master_host), None)}
+    peers = {LinkClass.INTRA_HOST: next((r for r in ranks[1:] if topology.devices[r].host == master_host), None),
+             LinkClass.INTER_HOST: next((r for r in ranks[1:] if topology.devices[r].host != master_host), None)}
     for link_class, peer in peers.items():
         if peer is None:
             continue
         for size in P2P_SIZES_BYTES:
-            heartbeat(f"p2p {link_class} {size // 1024} KiB")
+            heartbeat(f"p2p {link_class.value} {size // 1024} KiB")
             buffer = torch.ones(size // 4, dtype=torch.float32)
             times = []
             for _ in range(repeats + 1):
@@ -258,6 +259,6 @@ def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
                     dist.send(buffer, dst=ranks[0])
                 times.append((time.perf_counter() - start) / 2)
             if rank == ranks[0]:
-                rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class, "size_bytes": size, "unit": "s",
+                rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class.value, "size_bytes": size, "unit": "s",
                              "method": "half a send/recv ping-pong round trip", **stats(times[1:])})
     return rows

@@ -24,11 +24,12 @@ measurement (:mod:`sim.profile` says why).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sim.collectives.registry import build_schedule
+from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
 from sim.network import CollectiveTiming, NetworkModel
@@ -58,10 +59,13 @@ class CalibratedCompute:
     Args:
         profile: the calibration profile.
         fallback: the roofline used as the interpolation axis and outside the measured range.
+        scale: factor on every compute op and gap (core contention other than calibrated:
+            :func:`sim.context.contention_scale`).
     """
 
     profile: Profile
     fallback: RooflineCompute
+    scale: float = 1.0
     extrapolated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
@@ -90,7 +94,7 @@ class CalibratedCompute:
         key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._price(op, device) + self.gap_s(device)
+            cached = self._cache[key] = (self._price(op, device) + self.gap_s(device)) * self.scale
         return cached
 
     def reduce_s_per_byte(self, device: Device) -> float:
@@ -249,3 +253,167 @@ def _size_tables(rows, statistic: str, monotone: bool) -> dict[tuple, tuple[np.n
             times = np.minimum.accumulate(times[::-1])[::-1]
         tables[(str(key[0]), str(key[1]), int(key[2]), int(key[3]))] = (group.index.to_numpy(dtype=float), times)
     return tables
+
+
+@dataclass(frozen=True)
+class NetworkChoice:
+    """How a profile prices a scenario's collectives (:func:`calibrated_network`).
+
+    Attributes:
+        network: the network model to price collectives with.
+        same_cluster: the profile's collective timings are replayed (same-cluster mode).
+        compute_scale: factor on calibrated compute for core contention (:func:`sim.context.contention_scale`).
+        terms: the scenario's terms against the profile's context (:func:`sim.context.compare`).
+        sources: one line per collective implementation: where its price comes from.
+    """
+
+    network: NetworkModel
+    same_cluster: bool
+    terms: tuple
+    sources: tuple[str, ...]
+    compute_scale: float = 1.0
+
+
+_FITS: dict[int, tuple[Profile, dict]] = {}  # id(profile) -> (profile, fitted terms): fitting takes seconds
+
+
+def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
+                       reduce_s_per_byte: Callable[[Device], float], gap_s: float) -> NetworkChoice:
+    """The network model a profile gives a scenario whose context is ``target``
+    (:class:`sim.context.CalibrationContext`).
+
+    Where the profile records no context, or one cluster whose network is the target's, its
+    timings are replayed (:class:`CalibratedNetwork`; *same-cluster mode*). Otherwise no timing
+    measured on another network is replayed: every collective is its schedule priced over the
+    target's topology with transport terms fitted on the profile's isolated collective sweep
+    (:class:`sim.transport.TransportNetwork`), or the gloo defaults for an implementation the
+    profile did not time.
+    """
+    from sim.context import compare, contention_scale, profile_contexts, same_cluster
+    from sim.transport import TransportNetwork, default_terms, fit_profile
+
+    contexts = profile_contexts(profile.rows)
+    terms = compare(contexts, target)
+    if not contexts or same_cluster(contexts, target):
+        mode = "same-cluster mode: timings of this cluster's collectives replayed (in place per plan op, isolated)"
+        return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s), True, terms, (mode,))
+    cached = _FITS.get(id(profile))
+    if cached is None or cached[0] is not profile:
+        fitted: dict = {}
+        for context in contexts:  # a pool: each cluster's own sweep over its own links; first fit wins
+            rows = profile.of(MeasurementKind.COLLECTIVE)
+            calibrated = {d.rank: reduce_s_per_byte(d) for d in context_devices(context)}
+            for key, value in fit_profile(rows[_rows_of(profile.rows, rows, context.name)], context,
+                                          calibrated).items():
+                fitted.setdefault(key, value)
+        cached = _FITS[id(profile)] = (profile, fitted)
+    fitted = cached[1]
+    gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
+    network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
+                               gap_s)
+    scale, contention = contention_scale(contexts, target)
+    floor_s, floor_line = contention_floor(profile, contexts, target, fitted)
+    if floor_s > 0:
+        fitted = {key: t if key[1] == LIBRARY else replace(t, min_message_s=floor_s) for key, t in fitted.items()}
+        network.terms = fitted
+        network.default = replace(network.default, min_message_s=floor_s)
+    sources = (contention, floor_line,
+               *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())))
+    return NetworkChoice(network, False, terms, sources, scale)
+
+
+# gloo over TCP where the calibrated links hid it: the shipped profiles whose links are fast
+# enough (v2x2_bandwidth, v4x1_bandwidth: 4 ranks on 2 cores) give 2.03 and 2.2 ms per message in
+# place, 1.0 and 1.1 ms per rank beyond the cores; their mean.
+GLOO_CONTENTION_PER_EXCESS_RANK_S = 1.05e-3
+CONTENTION_BOUND = 1.5  # a message is contention-bound where it costs this much more than its wire
+
+
+def contention_floor(profile: Profile, contexts, target, fitted: dict) -> tuple[float, str]:
+    """(the least a point-to-point message costs on the target, s; a line saying whence).
+
+    Where ranks outnumber the cores, a message moves only once both its ends are scheduled, so
+    on a fast link it costs a scheduling delay, not its wire time; over a slow link the ranks
+    sleep and the cores are free. Fitted on the calibrated cluster's collectives timed in place
+    at their smallest size: each point-to-point call over its schedule's steps, where that is
+    :data:`CONTENTION_BOUND` times what the fitted transport terms give a message (else the
+    links hid it), per rank beyond the cores (measured here: 2.0-2.2 ms per message with 4 ranks
+    on 2 cores over links without delay). Scaled to the target's ranks beyond its cores (the
+    calibrated machine's where the scenario does not say); 0 where they do not outnumber them.
+    Where no calibrated cluster's links let it show, the gloo/tcp default
+    (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
+    from sim.transport import Transport, context_topology
+
+    known = [c for c in contexts if c.cores is not None]
+    if not known:
+        return 0.0, "core contention per message: none (no cores recorded)"
+    cores = target.cores or known[0].cores
+    excess = max(0, sum(target.ranks_per_host) - cores)
+    if excess == 0:
+        return 0.0, f"core contention per message: none ({sum(target.ranks_per_host)} ranks on {cores} cores)"
+    all_rows = profile.of("collective_in_place")
+    per_excess_rank, names = [], []
+    for calibrated in known:  # a pool: each cluster's calls over its own links and cores
+        calibrated_excess = max(0, sum(calibrated.ranks_per_host) - calibrated.cores)
+        rows = all_rows[_rows_of(profile.rows, all_rows, calibrated.name)]
+        rows = rows[(rows["algorithm"] != LIBRARY) & (rows["size_bytes"] == rows["size_bytes"].min())]
+        topology = context_topology(calibrated)
+        delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
+                       for b in range(topology.num_ranks) if a != b), default=0.0)
+        bound = []
+        for row in rows.itertuples(index=False):
+            terms = fitted.get((str(row.op), str(row.algorithm)))
+            group = tuple(range(int(row.group_size)))
+            if terms is None or calibrated_excess == 0 or len(group) > topology.num_ranks:
+                continue
+            steps = len(build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
+                                       root=None if row.op == "allreduce" else 0,
+                                       host_groups=topology.host_groups(group)).steps)
+            per_message_s = float(getattr(row, CHARGED["collective_in_place"])) / steps
+            if per_message_s > CONTENTION_BOUND * (terms.per_message_s + terms.latencies_per_message * delay_s):
+                bound.append(per_message_s)
+        if bound:
+            per_excess_rank.append(float(np.median(bound)) / calibrated_excess)
+            names.append(calibrated.name)
+    if per_excess_rank:
+        floor_s = float(np.median(per_excess_rank)) * excess
+        return floor_s, (f"core contention per message: at least {floor_s * 1e3:.2f} ms, fitted on the "
+                         f"point-to-point calls timed in place on {', '.join(names)} "
+                         f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
+    if all(c.backend == Transport.GLOO_TCP.value for c in known):
+        floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S * excess
+        return floor_s, (f"core contention per message: at least {floor_s * 1e3:.2f} ms, the gloo/tcp default (the "
+                         f"calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
+    return 0.0, ("core contention per message: not priced (the calibrated links were too slow for it to show "
+                 f"in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
+
+
+def _borrowed(fitted: dict):
+    """The terms of an isend/irecv schedule the profile did not time: the median of those it did
+    (every such schedule sends the same kind of message), None if it timed none."""
+    from sim.transport import TransportTerms
+
+    p2p = [t for (_, algorithm), t in sorted(fitted.items()) if algorithm != LIBRARY]
+    if not p2p:
+        return None
+    return TransportTerms(float(np.median([t.per_message_s for t in p2p])),
+                          float(np.median([t.latencies_per_message for t in p2p])),
+                          float(np.median([t.bandwidth_efficiency for t in p2p])),
+                          f"the median of the {len(p2p)} point-to-point schedules fitted")
+
+
+def context_devices(context) -> tuple[Device, ...]:
+    """The devices of the cluster a context describes (:func:`sim.transport.context_topology`)."""
+    from sim.transport import context_topology
+
+    return context_topology(context).devices
+
+
+def _rows_of(all_rows, rows, name: str):
+    """Which of ``rows`` belong to calibrated cluster ``name``. A pooled profile concatenates
+    whole profiles, each sorted by measurement (:func:`sim.profile.profile_frame`), so one begins
+    wherever the measurement kind goes back in order; its context rows name it."""
+    kinds = all_rows["measurement"].astype(str)
+    segment = (kinds < kinds.shift(fill_value="")).cumsum()
+    named = all_rows[kinds == MeasurementKind.CONTEXT].groupby(segment[kinds == MeasurementKind.CONTEXT])["call"].first()
+    return segment.loc[rows.index].map(named).to_numpy() == name

@@ -27,9 +27,13 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     arrive (arrival skew: ranks time-sliced on shared cores, a broadcast's leaves still
     receiving after its root left); each repeat one generation's mean;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
-    (``intra_host`` or ``inter_host``), half a ping-pong round trip;
+    (:class:`sim.context.LinkClass`: ``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
-    communication buffers, allocator), in bytes.
+    communication buffers, allocator), in bytes;
+  * ``context``: what the profile was measured on (device types, ranks per host, cores, each
+    link class's rate and delay, backend and transport, torch version), one row per term with
+    its value as JSON in ``method`` (:mod:`sim.context`). A profile without them is taken to be
+    of the scenario it is simulated with.
 ``median``, ``p10``, ``p90``, ``mean``: over ``repeats`` repetitions; ``method``: how it was measured.
 The simulator charges, of what a run repeats in every step, the statistic
 :data:`sim.calibrated.CHARGED` names: the *mean* of ``compute`` and ``op_gap`` rows, pooled
@@ -43,13 +47,13 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import pandas as pd
 
 from models.errors import ConfigError, shorten
 from models.input_files import read_text
+from sim.vocabulary import MeasurementKind  # noqa: F401 - re-exported: a profile's rows are read by kind
 
 _MAX_PROFILE_BYTES = 64 << 20  # a calibrated cluster's profile is tens of KiB
 PROFILE_VERSION = 4  # 4: in-place collectives and waits per plan op, statistics over generations' means
@@ -59,20 +63,6 @@ PROFILE_COLUMNS = [
     "new_tokens", "context_tokens", "size_bytes", "dtype", "flops", "traffic_bytes",
     "median", "p10", "p90", "mean", "unit", "repeats", "method",
 ]
-
-
-
-class MeasurementKind(StrEnum):
-    """What a profile row measured (its ``measurement`` column; the module docstring defines each)."""
-
-    COMPUTE = "compute"
-    OP_GAP = "op_gap"
-    COLLECTIVE = "collective"
-    COLLECTIVE_HELD_OUT = "collective_held_out"
-    COLLECTIVE_IN_PLACE = "collective_in_place"
-    COLLECTIVE_WAIT = "collective_wait"
-    P2P = "p2p"
-    MEMORY_BASELINE = "memory_baseline"
 
 
 @dataclass(frozen=True)
@@ -100,8 +90,8 @@ def load_profile(path: str | Path) -> Profile:
     """Read and check a profile CSV.
 
     Raises:
-        ConfigError: missing file, unreadable CSV, missing columns, another version, or an unknown
-            kind of measurement (field ``profile``).
+        ConfigError: missing file, unreadable CSV, missing columns, another version, an unknown
+            kind of measurement, or a context row that does not parse (field ``profile``).
     """
     path = Path(path)
     if not path.is_file():
@@ -126,4 +116,10 @@ def load_profile(path: str | Path) -> Profile:
     if unknown:
         raise ConfigError("profile", f"unknown measurement {sorted(unknown)[0]!r}; "
                                      f"known: {', '.join(MeasurementKind)}")
+    from sim.context import profile_contexts
+
+    try:
+        profile_contexts(rows)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError("profile", f"unreadable context row: {str(error).splitlines()[0]} (got '{path}')") from None
     return Profile(rows)

@@ -15,7 +15,9 @@ import pandas as pd
 
 from models.errors import ConfigError
 from sim.budget import check_job_size
-from sim.calibrated import CalibratedCompute, CalibratedNetwork
+from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
+from sim.context import scenario_context
+from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
 from sim.loader import check_loader_paths
@@ -52,7 +54,8 @@ class SimulationResult:
     """Everything ``hetsim simulate`` reports: per-variant results and the tidy result table.
 
     ``calibrated``: priced from a calibration profile; ``extrapolated``: the predictions that fell
-    outside what the profile measured (priced by the uncalibrated models, scaled), one line each.
+    outside what the profile measured (priced by the uncalibrated models, scaled), one line each;
+    ``network``: how the profile priced the collectives (same-cluster replay or transferred terms).
     """
 
     scenario: Scenario
@@ -62,6 +65,14 @@ class SimulationResult:
     results: pd.DataFrame
     calibrated: bool = False
     extrapolated: tuple[str, ...] = ()
+    network: "NetworkChoice | None" = None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Where the calibrated prediction's terms come from (:mod:`sim.context`), one line each."""
+        if self.network is None:
+            return ()
+        return (*(term.line() for term in self.network.terms), *self.network.sources)
 
     def variant(self, name: str) -> VariantResult:
         return next(v for v in self.variants if v.variant.name == name)
@@ -86,7 +97,9 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
 
     Args:
         profile: a calibration profile; without one, compute is priced by the roofline and
-            communication by the scenario's network model from datasheet figures.
+            communication by the scenario's network model from datasheet figures, the flow
+            model with each transport's documented per-message terms
+            (:class:`sim.transport.DefaultTransportNetwork`).
         expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
 
     Raises:
@@ -110,11 +123,17 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     network = NETWORK_MODELS[config.network_model](
         topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     runtime_memory: dict[int, int] = {}
+    choice = None
     if profile is not None:
+        gamma = compute.reduce_s_per_byte
         compute = CalibratedCompute(profile, compute)
-        network = CalibratedNetwork(profile, network, topology, gap_s=compute.gap_s(topology.devices[ranks[0]]))
+        choice = calibrated_network(profile, network, topology, scenario_context(scenario.name, topology, ranks, dtype),
+                                    gamma, compute.gap_s(topology.devices[ranks[0]]))
+        network, compute.scale = choice.network, choice.compute_scale
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
+    elif config.network_model == DEFAULT_TRANSPORT_MODEL:
+        network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     engine = Engine(topology, compute, CollectivePricer(network, topology))
     workload = config.workload
     variants, tables = [], []
@@ -144,6 +163,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         variants.append(VariantResult(variant, run, trace, timing, algorithms))
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
     extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
+    if isinstance(network, DefaultTransportNetwork):
+        choice = NetworkChoice(network, False, (), tuple(sorted(network.used)))
     return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True),
-                            calibrated=profile is not None, extrapolated=extrapolated)
+                            calibrated=profile is not None, extrapolated=extrapolated, network=choice)
 

@@ -69,6 +69,21 @@ DECODE_METRICS = (Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.LOADER_STALL_D
 """The metrics of decode steps: NaN by definition when a generation has none (one output token)."""
 
 
+class MeasurementKind(StrEnum):
+    """What a calibration profile row measured (its ``measurement`` column; :mod:`sim.profile`
+    defines each)."""
+
+    COMPUTE = "compute"
+    OP_GAP = "op_gap"
+    COLLECTIVE = "collective"
+    COLLECTIVE_HELD_OUT = "collective_held_out"
+    COLLECTIVE_IN_PLACE = "collective_in_place"
+    COLLECTIVE_WAIT = "collective_wait"
+    P2P = "p2p"
+    MEMORY_BASELINE = "memory_baseline"
+    CONTEXT = "context"
+
+
 def unit_of(name: str) -> str:
     """The unit a metric name ends with (a :class:`Metric` or one of its percentiles):
     ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_s`` s, otherwise ``count``."""

@@ -134,3 +134,17 @@ def test_memory_report_scenario_is_the_default_cluster():
     assert memory["cluster"] == default["cluster"]
     assert memory["sweep"]["devices"] == [2, 4, 6, 8]
     assert memory["sweep"]["models"] == ["llama-2-7b", "llama-2-13b", "llama-2-70b"]
+
+
+def test_simulate_with_another_clusters_profile_says_what_came_from_where(tmp_path, capsys):
+    scenario = ROOT / "scenarios" / "holdout" / "h3x1_delay.yaml"
+    other = ROOT / "validation" / "report" / "profiles" / "v4x1_latency.csv"
+    code, stdout, _ = _run(["simulate", str(scenario), "--profile", str(other), "--out", str(tmp_path / "a")], capsys)
+    assert code == 0
+    text = " ".join(stdout.split())
+    assert "compute on cpu fp32: same (measured on v4x1_latency)" in text
+    assert "link inter_host 200 Mbit/s, 3 ms: rescaled" in text
+    assert "not replayed" in text and "same-cluster mode" not in text
+    own = ROOT / "validation" / "holdout-report" / "profiles" / "h3x1_delay.csv"
+    code, stdout, _ = _run(["simulate", str(scenario), "--profile", str(own), "--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and "same-cluster mode" in " ".join(stdout.split())

@@ -14,7 +14,8 @@ from tests.conftest import cluster, make_scenario
 
 
 def _engine_parts(result):
-    """Rebuild the engine of a simulated scenario's first variant (same topology and models)."""
+    """Rebuild the engine of a simulated scenario's first variant (same topology and models; the
+    network model simulate priced with, the uncalibrated transport defaults included)."""
     from sim.cost import RooflineCompute
     from sim.engine import Engine
     from sim.network import NETWORK_MODELS, CollectivePricer
@@ -22,8 +23,8 @@ def _engine_parts(result):
     config = result.scenario.config
     compute = RooflineCompute(result.scenario.model.dtype, config.compute.flops_efficiency,
                               config.compute.memory_efficiency, config.compute.op_overhead_s)
-    network = NETWORK_MODELS[config.network_model](
-        result.topology, {d.rank: compute.reduce_s_per_byte(d) for d in result.topology.devices})
+    network = (result.network.network if result.network is not None else NETWORK_MODELS[config.network_model](
+        result.topology, {d.rank: compute.reduce_s_per_byte(d) for d in result.topology.devices}))
     pricer = CollectivePricer(network, result.topology)
     return compute, pricer, Engine(result.topology, compute, pricer)
 

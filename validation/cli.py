@@ -90,13 +90,20 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
         result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
     if profile is None:
-        console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)")
+        console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)"
+                      + ("; transport terms from documented defaults:" if result.sources else ""))
+        for line in result.sources:
+            console.print(f"  {escape(line)}")
     elif result.extrapolated:
         console.print(f"[yellow]{len(result.extrapolated)} predictions extrapolated outside the calibrated range:[/yellow]")
         for line in result.extrapolated:
             console.print(f"  {escape(line)}")
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
+    if profile is not None:
+        console.print(f"what came from where (the profile's context against {escape(loaded.name)}):")
+        for line in result.sources:
+            console.print(f"  {escape(line)}")
     with interrupt.deferred():
         written = write_outputs(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))

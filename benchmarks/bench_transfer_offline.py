@@ -1,0 +1,38 @@
+"""Offline calibration transfer (issue 18): every shipped cluster predicted with every shipped
+profile, with none, and with the pooled profiles of the others; see :mod:`validation.transfer`.
+
+Re-simulates the shipped reports (``validation/report``, ``validation/holdout-report``) against
+their measured medians; no testbed. About a minute on the project's 2-core machine. Writes
+``errors.csv``, ``transfer.csv``, ``overall.csv`` and ``summary.md``.
+
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from validation.transfer import (matrix_cluster_names, overall_table, shipped_clusters, transfer_errors,
+                                 write_transfer_report)
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMAND = "PYTHONPATH=. python benchmarks/bench_transfer_offline.py --out validation/transfer-report"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "validation" / "transfer-report")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    errors = transfer_errors(shipped_clusters(), on_progress=lambda text: print(text, file=sys.stderr))
+    matrix = matrix_cluster_names()
+    written = write_transfer_report(errors, args.out, COMMAND, matrix)
+    print(overall_table(errors, matrix).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"{time.perf_counter() - started:.0f} s; wrote " + ", ".join(str(p) for p in written))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Calibration context: what a profile was measured on, and what of it carries over to a scenario.
+
+A profile's ``context`` rows (:mod:`sim.profile`) record the cluster its timings come from: the
+device types and dtype the ranks computed in, the ranks per host of the calibrated group, the
+cores those ranks shared, each link class's rate and one-way delay, the communication backend and
+transport, and the torch version. :func:`compare` sets them against a scenario, term by term:
+
+* ``same``: carries over unchanged (compute of the same device type and dtype; a network whose
+  links, group shape and backend are the calibrated ones, so its in-place and isolated collective
+  timings may be replayed: *same-cluster mode*);
+* ``rescaled``: priced by a model from terms fitted on the profile (network terms at other rates,
+  delays or group shapes: :mod:`sim.transport`);
+* ``not applicable``: nothing in the profile prices it (another device type, another backend):
+  the uncalibrated model prices it.
+
+One row per context term: ``measurement`` = ``context``, ``call`` = the calibrated cluster's
+name (so a pool of several profiles keeps each one's context apart), ``op`` = the term
+(:class:`ContextTerm`), ``device_class`` = its subject (a device type, a link class), ``method``
+= its value as a JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+import pandas as pd
+
+from sim.topology import Topology
+from sim.vocabulary import MeasurementKind
+
+RELATIVE_TOLERANCE = 0.01  # rates and delays within 1% are the same link
+
+
+class ContextTerm(str, Enum):
+    """What a context row records."""
+
+    DEVICE = "device"  # device_class: device type; dtype; {"ranks": n}
+    HOSTS = "hosts"  # {"ranks_per_host": [..]} of the calibrated group, in host order
+    CORES = "cores"  # {"cores": n}: the CPU cores the ranks shared
+    LINK = "link"  # device_class: link class; {"rate_bytes_per_s": r, "delay_s": d}
+    BACKEND = "backend"  # {"backend": "gloo", "transport": "tcp"}
+    TORCH = "torch"  # {"version": "2.13.0"}
+
+
+class LinkClass(str, Enum):
+    """Where a point-to-point message goes (the ``device_class`` of ``p2p`` rows too)."""
+
+    INTRA_HOST = "intra_host"
+    INTER_HOST = "inter_host"
+
+
+class Verdict(str, Enum):
+    """How a term of a scenario is priced from a profile (:func:`compare`)."""
+
+    SAME = "same"
+    RESCALED = "rescaled"
+    NOT_APPLICABLE = "not applicable"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A class of point-to-point path: its bottleneck rate (bytes/s) and one-way delay (s)."""
+
+    link_class: LinkClass
+    rate_bytes_per_s: float
+    delay_s: float
+
+    def matches(self, other: Link) -> bool:
+        return (self.link_class == other.link_class
+                and _close(self.rate_bytes_per_s, other.rate_bytes_per_s) and _close(self.delay_s, other.delay_s))
+
+    def describe(self) -> str:
+        return f"{self.link_class.value} {self.rate_bytes_per_s * 8 / 1e6:g} Mbit/s, {self.delay_s * 1e3:g} ms"
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= RELATIVE_TOLERANCE * max(abs(a), abs(b), 1e-12)
+
+
+@dataclass(frozen=True)
+class CalibrationContext:
+    """What a profile was measured on (or what a scenario asks for; unknowns are None).
+
+    Attributes:
+        name: the calibrated cluster (scenario) name.
+        devices: (device type, dtype, ranks) of the group, sorted.
+        ranks_per_host: the group's ranks on each of its hosts, in host order.
+        links: the distinct link classes between the group's ranks, sorted.
+        cores: CPU cores the ranks shared; None where unknown (a scenario does not say).
+        backend: communication backend and transport, such as ``gloo/tcp``; None: unknown.
+        torch_version: None where unknown.
+    """
+
+    name: str
+    devices: tuple[tuple[str, str, int], ...]
+    ranks_per_host: tuple[int, ...]
+    links: tuple[Link, ...]
+    cores: int | None = None
+    backend: str | None = None
+    torch_version: str | None = None
+
+    def same_network(self, other: CalibrationContext) -> bool:
+        """Same group shape, backend and links (each of ``other``'s matches one of these)."""
+        return (self.ranks_per_host == other.ranks_per_host
+                and (self.backend is None or other.backend is None or self.backend == other.backend)
+                and len(self.links) == len(other.links)
+                and all(any(mine.matches(theirs) for mine in self.links) for theirs in other.links))
+
+
+def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtype: str, *,
+                     cores: int | None = None, backend: str | None = None,
+                     torch_version: str | None = None) -> CalibrationContext:
+    """The context of ``ranks`` of ``topology`` computing in ``dtype``: devices, ranks per host and
+    every distinct link class between two of the ranks (rate: the path's narrowest channel;
+    delay: the sum of its channels' latencies, :meth:`sim.topology.Topology.path_latency_s`)."""
+    counts: dict[tuple[str, str], int] = {}
+    for rank in ranks:
+        key = (topology.devices[rank].spec.name, dtype)
+        counts[key] = counts.get(key, 0) + 1
+    links: list[Link] = []
+    for a in ranks:
+        for b in ranks:
+            if a == b:
+                continue
+            same_host = topology.devices[a].host == topology.devices[b].host
+            link = Link(LinkClass.INTRA_HOST if same_host else LinkClass.INTER_HOST,
+                        topology.path_bandwidth_bytes_per_s(a, b), topology.path_latency_s(a, b))
+            if not any(link.matches(known) for known in links):
+                links.append(link)
+    links.sort(key=lambda l: (l.link_class.value, l.rate_bytes_per_s, l.delay_s))
+    return CalibrationContext(name, tuple(sorted((d, t, n) for (d, t), n in counts.items())),
+                              tuple(len(group) for group in topology.host_groups(ranks)), tuple(links),
+                              cores, backend, torch_version)
+
+
+def context_rows(context: CalibrationContext) -> list[dict]:
+    """The profile rows (dicts of :data:`sim.profile.PROFILE_COLUMNS`) recording ``context``."""
+    def row(term: ContextTerm, value: dict, subject: str | None = None, dtype: str | None = None) -> dict:
+        return {"measurement": MeasurementKind.CONTEXT, "call": context.name, "op": term.value, "device_class": subject,
+                "dtype": dtype, "method": json.dumps(value, sort_keys=True)}
+
+    rows = [row(ContextTerm.DEVICE, {"ranks": n}, device, dtype) for device, dtype, n in context.devices]
+    rows.append(row(ContextTerm.HOSTS, {"ranks_per_host": list(context.ranks_per_host)}))
+    rows += [row(ContextTerm.LINK, {"rate_bytes_per_s": l.rate_bytes_per_s, "delay_s": l.delay_s}, l.link_class.value)
+             for l in context.links]
+    if context.cores is not None:
+        rows.append(row(ContextTerm.CORES, {"cores": context.cores}))
+    if context.backend is not None:
+        backend, _, transport = context.backend.partition("/")
+        rows.append(row(ContextTerm.BACKEND, {"backend": backend, "transport": transport}))
+    if context.torch_version is not None:
+        rows.append(row(ContextTerm.TORCH, {"version": context.torch_version}))
+    return rows
+
+
+def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
+    """The contexts recorded in a profile's rows, one per calibrated cluster (a pooled profile
+    holds several), by name; empty for a profile without context rows."""
+    contexts = []
+    for name, of_name in rows[rows["measurement"] == MeasurementKind.CONTEXT].groupby("call", sort=True):
+        devices, links = [], []
+        fields: dict = {}
+        for row in of_name.itertuples(index=False):
+            value = json.loads(row.method)
+            term = ContextTerm(row.op)
+            if term is ContextTerm.DEVICE:
+                devices.append((str(row.device_class), str(row.dtype), int(value["ranks"])))
+            elif term is ContextTerm.LINK:
+                links.append(Link(LinkClass(row.device_class), float(value["rate_bytes_per_s"]),
+                                  float(value["delay_s"])))
+            elif term is ContextTerm.HOSTS:
+                fields["ranks_per_host"] = tuple(int(n) for n in value["ranks_per_host"])
+            elif term is ContextTerm.CORES:
+                fields["cores"] = int(value["cores"])
+            elif term is ContextTerm.BACKEND:
+                fields["backend"] = f"{value['backend']}/{value['transport']}"
+            else:
+                fields["torch_version"] = str(value["version"])
+        contexts.append(CalibrationContext(str(name), tuple(sorted(devices)), fields.pop("ranks_per_host", ()),
+                                           tuple(sorted(links, key=lambda l: (l.link_class.value,
+                                                                              l.rate_bytes_per_s, l.delay_s))),
+                                           **fields))
+    return tuple(contexts)
+
+
+@dataclass(frozen=True)
+class TermComparison:
+    """One term of a scenario against a profile's context: what prices it and why."""
+
+    term: str
+    verdict: Verdict
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.term}: {self.verdict.value} ({self.detail})"
+
+
+def same_cluster(contexts: tuple[CalibrationContext, ...], target: CalibrationContext) -> bool:
+    """Whether the profile's timings of whole collectives may be replayed on ``target``: one
+    calibrated cluster, whose network (links, group shape, backend) is the target's."""
+    return len(contexts) == 1 and contexts[0].same_network(target)
+
+
+def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext) -> tuple[TermComparison, ...]:
+    """Each term of ``target`` against the profile's ``contexts``; see the module docstring."""
+    if not contexts:
+        return (TermComparison("context", Verdict.NOT_APPLICABLE,
+                               "the profile records no context: its timings are taken to be of this cluster"),)
+    names = ", ".join(c.name for c in contexts)
+    out = []
+    calibrated_devices = {(d, t) for c in contexts for d, t, _ in c.devices}
+    for device, dtype, _ in target.devices:
+        if (device, dtype) in calibrated_devices:
+            out.append(TermComparison(f"compute on {device} {dtype}", Verdict.SAME, f"measured on {names}"))
+        else:
+            out.append(TermComparison(f"compute on {device} {dtype}", Verdict.NOT_APPLICABLE,
+                                      "not calibrated: roofline"))
+    if same_cluster(contexts, target):
+        out.append(TermComparison("network", Verdict.SAME,
+                                  f"same-cluster mode: links, group shape and backend are {names}'s; its "
+                                  "collective timings (in place, per plan op, and isolated) are replayed"))
+        return tuple(out)
+    calibrated_links = [l for c in contexts for l in c.links]
+    for link in target.links:
+        seen = any(link.matches(known) for known in calibrated_links)
+        out.append(TermComparison(f"link {link.describe()}", Verdict.RESCALED,
+                                  ("within the calibrated range" if seen else "outside every calibrated link")
+                                  + ": transport terms fitted on the profile's collectives, priced over this link"))
+    shapes = sorted({c.ranks_per_host for c in contexts})
+    if target.ranks_per_host not in shapes:
+        out.append(TermComparison(f"group of {list(target.ranks_per_host)} ranks per host", Verdict.RESCALED,
+                                  f"calibrated on {[list(s) for s in shapes]}: collectives priced as their schedule"))
+    backends = {c.backend for c in contexts} - {None}
+    if target.backend is not None and backends and target.backend not in backends:
+        out.append(TermComparison(f"backend {target.backend}", Verdict.NOT_APPLICABLE,
+                                  f"calibrated with {', '.join(sorted(backends))}: transport defaults"))
+    out.append(TermComparison("in-place collective timings", Verdict.NOT_APPLICABLE,
+                              f"measured on another network ({names}): not replayed"))
+    return tuple(out)
+
+
+def contention_scale(contexts: tuple[CalibrationContext, ...], target: CalibrationContext) -> tuple[float, str]:
+    """(factor on calibrated compute times, a line saying why) for ranks sharing CPU cores.
+
+    Compute is timed in place, with every rank of the calibrated group running: where ranks
+    outnumber the cores, each gets ``cores / ranks`` of one and its ops take ``ranks / cores``
+    times as long (a processor-sharing queue, as Linux's fair scheduler approximates:
+    Kleinrock, "Queueing Systems", vol. 2, 1976, section 4.4). A target with another number of
+    ranks per core scales by the ratio. The target's cores are the calibrated machine's where
+    the scenario does not say (the emulated hosts share one machine). 1 for devices of their own
+    (no cores recorded) and in same-cluster mode."""
+    known = [c for c in contexts if c.cores is not None]
+    if not known or same_cluster(contexts, target):
+        return 1.0, "core contention: as calibrated"
+    calibrated = known[0]
+    cores = target.cores or calibrated.cores
+    ranks, calibrated_ranks = sum(target.ranks_per_host), sum(calibrated.ranks_per_host)
+    scale = max(1.0, ranks / cores) / max(1.0, calibrated_ranks / calibrated.cores)
+    return scale, (f"core contention: compute x {scale:.2f} ({ranks} ranks on {cores} cores against "
+                   f"{calibrated_ranks} on {calibrated.cores} in {calibrated.name})")

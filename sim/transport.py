@@ -1,0 +1,339 @@
+"""Transport terms that transfer between networks, fitted from a profile's collective sweep.
+
+A message of ``n`` bytes over a path of one-way latency ``L`` (the sum of its channels') and
+bottleneck bandwidth ``B`` costs, once both endpoints are ready::
+
+    per_message_s + latencies_per_message x L + n / (bandwidth_efficiency x B)
+
+the LogP/LogGP decomposition of a message's cost into software overhead, wire latency and gap
+per byte (Culler et al., "LogP: towards a realistic model of parallel computation", PPoPP 1993;
+Alexandrov et al., "LogGP", SPAA 1995). ``latencies_per_message`` is more than one where the
+backend pays round trips per message: a gloo ``isend``/``irecv`` pair over TCP rendezvouses
+before the payload moves (gloo ``gloo/transport/tcp/pair.cc``: a receiver announces its buffer,
+then the sender writes), so a message costs about two to three one-way latencies, not one.
+
+The terms are fitted per collective implementation (kind and algorithm: gloo's own ``library``
+collectives and the runtime's point-to-point schedules pay different overheads) on the isolated
+``collective`` rows of a profile: every schedule is priced over the calibrated cluster's links
+(rebuilt from the profile's context, :mod:`sim.context`) by the flow model
+(:class:`sim.network.FlowNetwork`, max-min fair sharing, per-rank finishes so that arrival skew
+emerges), and the terms are those minimising the squared log error over the rows. The latency
+count is fitted only where the calibrated links have at least two distinct delays of at least
+:data:`IDENTIFIABLE_DELAY_S`: over one delay ``L``, ``o + k L`` is one number and any ``k`` fits
+it with its own ``o``, and below that the delay is lost in the overhead. Else the backend's
+default count is kept (:func:`default_terms`) and the overhead absorbs the rest. Never fitted on
+a target's measurements.
+
+A collective on any topology is then its schedule priced with these terms by
+:class:`TransportNetwork`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from sim.cluster_config import ClusterConfig
+from sim.collectives.registry import build_schedule
+from sim.collectives.schedule import CommSchedule
+from sim.context import CalibrationContext, LinkClass
+from sim.network import CollectiveTiming, Links, Route, _FlowRun
+from sim.topology import Topology, build_topology
+
+IDENTIFIABLE_DELAY_S = 1e-3
+_LATENCY_COUNTS = (1.0, 1.5, 2.0, 2.5, 3.0)
+_EFFICIENCIES = tuple(np.round(np.arange(0.5, 1.201, 0.1), 2))
+_OVERHEADS_S = np.linspace(0.0, 5e-3, 201)
+
+
+@dataclass(frozen=True)
+class TransportTerms:
+    """The per-message cost terms of one collective implementation (see the module docstring).
+
+    Attributes:
+        per_message_s: software overhead per message (s).
+        per_call_s: fixed cost of launching a collective (s), once per call.
+        min_message_s: the least a message costs (s), from both ends ready to its last byte,
+            where ranks outnumber the cores: both ends must be scheduled onto a core for it to
+            move, which on a fast link takes longer than the wire; a long message's transfer
+            hides it, the ranks sleeping meanwhile (:func:`sim.calibrated.contention_floor`).
+        latencies_per_message: one-way path latencies a message costs.
+        bandwidth_efficiency: the fraction of the bottleneck bandwidth a message's bytes reach.
+        source: where the terms come from (fitted on which rows, or a documented default).
+    """
+
+    per_message_s: float
+    latencies_per_message: float
+    bandwidth_efficiency: float
+    source: str
+    per_call_s: float = 0.0
+    min_message_s: float = 0.0
+
+    def describe(self) -> str:
+        call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
+        if self.min_message_s:
+            call += f"at least {self.min_message_s * 1e3:.2f} ms (core contention), "
+        return (f"{call}{self.per_message_s * 1e3:.3g} ms + {self.latencies_per_message:g} latencies per message, "
+                f"{self.bandwidth_efficiency:.0%} of the bandwidth ({self.source})")
+
+
+class _TransportLinks(Links):
+    """Links whose routes' latency and channels' capacity include a :class:`TransportTerms`."""
+
+    def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None, terms: TransportTerms):
+        super().__init__(topology, reduce_s_per_byte)
+        self.terms = terms
+        self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
+
+    def get(self, src: int, dst: int) -> Route:
+        key = (src, dst)
+        route = self._pairs.get(key)
+        if route is None:
+            path = self.topology.path(src, dst)
+            latency_s = (self.terms.per_message_s
+                         + self.terms.latencies_per_message * sum(c.latency_s for c in path))
+            route = self._pairs[key] = self.route(tuple(self.index[c.name] for c in path), latency_s)
+        return route
+
+
+class _TransportRun(_FlowRun):
+    """A flow-model pricing in which no message takes less than the terms' ``min_message_s``
+    from both ends being ready to its last byte: a message whose wire time is shorter waits out
+    the rest before its bytes flow (both ends scheduled onto a core)."""
+
+    def _start(self, transfer: int) -> None:
+        route = self.route[transfer]
+        wire_s = self.transfers[transfer].size_bytes / min((self.links.capacity[c] for c in route.channels),
+                                                           default=math.inf)
+        self._push(self.now + max(route.latency_s, self.links.terms.min_message_s - wire_s),
+                   self._LATENCY_OVER, transfer)
+
+
+def price(schedule: CommSchedule, topology: Topology, terms: TransportTerms,
+          reduce_s_per_byte: Mapping[int, float] | None = None) -> CollectiveTiming:
+    """``schedule`` priced by the flow model with ``terms`` on every message."""
+    return _TransportRun(schedule, _TransportLinks(topology, reduce_s_per_byte, terms)).run()
+
+
+@dataclass
+class TransportNetwork:
+    """A network model pricing every collective as its schedule with fitted transport terms.
+
+    Args:
+        topology: the scenario's cluster.
+        reduce_s_per_byte: gamma of every rank (s/byte), as the uncalibrated models take it.
+        terms: per (kind, algorithm), the terms of that implementation.
+        default: the terms of an implementation the profile did not time.
+        gap_s: the framework's time between two ops, added to every collective.
+    """
+
+    topology: Topology
+    reduce_s_per_byte: Mapping[int, float] | None
+    terms: dict[tuple[str, str], TransportTerms]
+    default: TransportTerms
+    gap_s: float = 0.0
+    extrapolated: set[str] = field(default_factory=set)
+    _routes: dict[TransportTerms, _TransportLinks] = field(default_factory=dict, repr=False)
+
+    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
+        """The timing of ``schedule`` (``call`` is ignored: no timing of a call is replayed)."""
+        if len(schedule.group) == 1:
+            return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
+        terms = self.terms.get((str(schedule.kind), schedule.algorithm))
+        if terms is None:
+            terms = self.default
+            self.extrapolated.add(f"{schedule.kind} {schedule.algorithm}: not calibrated, {terms.describe()}")
+        routes = self._routes.get(terms)
+        if routes is None:
+            routes = self._routes[terms] = _TransportLinks(self.topology, self.reduce_s_per_byte, terms)
+        timing = _TransportRun(schedule, routes).run()
+        extra_s = self.gap_s + terms.per_call_s
+        finish = {rank: t + extra_s for rank, t in timing.finish_s.items()}
+        return CollectiveTiming(timing.duration_s + extra_s, finish)
+
+
+def context_topology(context: CalibrationContext) -> Topology:
+    """A cluster with the calibrated group's shape and links: hosts holding ``ranks_per_host``
+    ranks of the first device type under one switch, the inter-host link's delay split over the
+    two NICs, the intra-host link as a shared bus (as the shipped scenarios describe the
+    emulated hosts). Where the context has several links of a class, the first (slowest) one."""
+    def first(link_class: LinkClass):
+        return next((l for l in context.links if l.link_class == link_class), None)
+
+    inter, intra = first(LinkClass.INTER_HOST), first(LinkClass.INTRA_HOST)
+    device = context.devices[0][0]
+    hosts = []
+    for index, ranks in enumerate(context.ranks_per_host):
+        # An inter-host message crosses both hosts' buses too, where the hosts have one.
+        bus_s = intra.delay_s if ranks > 1 and intra is not None else 0.0
+        host = {"name": f"h{index}", "parent": "sw", "devices": {"type": device, "count": ranks, "memory": "1TiB"},
+                "nic": {"bandwidth": f"{inter.rate_bytes_per_s if inter else 1e12}B/s",
+                        "latency": f"{max(0.0, inter.delay_s / 2 - bus_s) if inter else 0.0}s"}}
+        if ranks > 1 and intra is not None:
+            host["interconnect"] = {"bandwidth": f"{intra.rate_bytes_per_s}B/s", "latency": f"{intra.delay_s}s",
+                                    "shared": True}
+        hosts.append(host)
+    return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": hosts}))
+
+
+def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
+              reduce_s_per_byte: Mapping[int, float] | None = None) -> dict[tuple[str, str], TransportTerms]:
+    """Fit :class:`TransportTerms` per (kind, algorithm) on a profile's isolated ``collective``
+    rows (median times), each priced over the first ``group_size`` ranks of ``topology`` (the
+    calibrated cluster); see the module docstring.
+
+    Args:
+        rows: the profile's ``collective`` rows.
+        default: the backend's default terms; its latency count is kept where the links' delays
+            cannot identify it.
+        name: the calibrated cluster, named in each term's ``source``.
+    """
+    delays = {round(topology.path_latency_s(a, b), 6) for a in range(topology.num_ranks)
+              for b in range(topology.num_ranks) if a != b}
+    identifiable = len({d for d in delays if d >= IDENTIFIABLE_DELAY_S}) >= 2
+    counts = _LATENCY_COUNTS if identifiable else (default.latencies_per_message,)
+    fitted = {}
+    for (kind, algorithm), of_kind in rows.groupby(["op", "algorithm"], sort=True):
+        schedules, measured = [], []
+        for row in of_kind.itertuples(index=False):
+            group = tuple(range(int(row.group_size)))
+            if len(group) > topology.num_ranks or row.size_bytes <= 0:
+                continue
+            schedules.append(build_schedule(kind, algorithm, group, int(row.size_bytes),
+                                            root=None if kind == "allreduce" else group[0],
+                                            host_groups=topology.host_groups(group)))
+            measured.append(float(row.median))
+        if not schedules:
+            continue
+        log_measured = np.log(np.array(measured))
+        best = None
+        for count in counts:
+            for efficiency in _EFFICIENCIES:
+                base = np.array([price(s, topology, TransportTerms(0.0, count, efficiency, ""), reduce_s_per_byte)
+                                 .duration_s for s in schedules])
+                probe = np.array([price(s, topology, TransportTerms(1e-3, count, efficiency, ""), reduce_s_per_byte)
+                                  .duration_s for s in schedules])
+                slope = (probe - base) / 1e-3  # messages on each schedule's critical path
+                predicted = base[None, :] + _OVERHEADS_S[:, None] * slope[None, :]
+                loss = ((np.log(np.maximum(predicted, 1e-9)) - log_measured[None, :]) ** 2).sum(axis=1)
+                index = int(np.argmin(loss))
+                if best is None or loss[index] < best[0] - 1e-12:
+                    best = (float(loss[index]), float(_OVERHEADS_S[index]), count, float(efficiency))
+        loss, overhead, count, efficiency = best
+        rms = float(np.sqrt(loss / len(schedules)))
+        fitted[(str(kind), str(algorithm))] = TransportTerms(
+            overhead, count, efficiency,
+            f"fitted on {name}'s {len(schedules)} isolated timings, rms log error {rms:.2f}"
+            + ("" if identifiable else f"; latency count: the {default.source}"))
+    return fitted
+
+
+class Transport(str, Enum):
+    """A backend over a transport, as the uncalibrated defaults know them."""
+
+    GLOO_TCP = "gloo/tcp"
+    NCCL_NVLINK = "nccl/nvlink"
+    NCCL_PCIE = "nccl/pcie"
+    NCCL_NET = "nccl/net"  # InfiniBand or RoCE
+
+
+@dataclass(frozen=True)
+class TransportDefault:
+    """Documented terms of a transport: (per-message overhead s, latencies per message) for the
+    library's own collectives and for point-to-point schedules, a per-call cost, its source."""
+
+    library: tuple[float, float]
+    point_to_point: tuple[float, float]
+    per_call_s: float
+    source: str
+
+
+# gloo over TCP: gloo's own collectives (``library``) are modelled with their extra round of
+# messages in their schedule (:mod:`sim.collectives.gloo`), so one latency per message; a
+# point-to-point isend/irecv pays the rendezvous, two (the module docstring). With these counts
+# the overheads fitted on the six shipped profiles (``validation/report/profiles``,
+# ``validation/holdout-report/profiles``: 2-core VM, torch 2.13.0, links of 0.05-5 ms) have
+# medians of 0.3 ms (library) and 0.5 ms (point to point) and bandwidth efficiencies of 1.0.
+# NCCL: the Ring / Simple protocol's latencies of NCCL's own tuning model (NVIDIA/nccl
+# ``src/graph/tuning.cc``, ``baseLat`` 8.4 us per call and ``hwLat`` per hop: NVLink 3.4 us,
+# PCI 5.7 us, NET 14.0 us), one per message; NCCL's collectives and point-to-point alike.
+DEFAULTS: dict[Transport, TransportDefault] = {
+    Transport.GLOO_TCP: TransportDefault((0.3e-3, 1.0), (0.5e-3, 2.0), 0.0,
+                                         "gloo/tcp default: medians of the shipped profiles' fits"),
+    Transport.NCCL_NVLINK: TransportDefault((3.4e-6, 1.0), (3.4e-6, 1.0), 8.4e-6,
+                                            "nccl/nvlink default: NCCL tuning.cc Ring/Simple"),
+    Transport.NCCL_PCIE: TransportDefault((5.7e-6, 1.0), (5.7e-6, 1.0), 8.4e-6,
+                                          "nccl/pcie default: NCCL tuning.cc Ring/Simple"),
+    Transport.NCCL_NET: TransportDefault((14.0e-6, 1.0), (14.0e-6, 1.0), 8.4e-6,
+                                         "nccl/net (InfiniBand/RoCE) default: NCCL tuning.cc Ring/Simple"),
+}
+
+
+def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP) -> TransportTerms:
+    """The documented terms of ``algorithm`` over ``transport`` (:data:`DEFAULTS`), full bandwidth."""
+    from sim.collectives.registry import LIBRARY
+
+    default = DEFAULTS[transport]
+    overhead_s, latencies = default.library if algorithm == LIBRARY else default.point_to_point
+    return TransportTerms(overhead_s, latencies, 1.0, default.source, default.per_call_s)
+
+
+def group_transport(topology: Topology, group: tuple[int, ...]) -> Transport:
+    """The transport a group's messages take, by the defaults: gloo over TCP among CPUs; NCCL
+    among GPUs, over the network where the group spans hosts, else NVLink on SXM parts and PCIe
+    on the others (the slowest a message of the group crosses prices it)."""
+    specs = [topology.devices[rank].spec for rank in group]
+    if all(spec.name == "cpu" for spec in specs):
+        return Transport.GLOO_TCP
+    if len({topology.devices[rank].host for rank in group}) > 1:
+        return Transport.NCCL_NET
+    return Transport.NCCL_NVLINK if all("SXM" in spec.description for spec in specs) else Transport.NCCL_PCIE
+
+
+DEFAULT_TRANSPORT_MODEL = "flow"  # the scenario network model the uncalibrated defaults refine
+
+
+@dataclass
+class DefaultTransportNetwork:
+    """The uncalibrated network: every collective its schedule priced by the flow model with the
+    documented terms of the transport its group takes (:func:`group_transport`, :data:`DEFAULTS`).
+
+    Args:
+        topology: the scenario's cluster.
+        reduce_s_per_byte: gamma of every rank (s/byte).
+    """
+
+    topology: Topology
+    reduce_s_per_byte: Mapping[int, float] | None = None
+    used: set[str] = field(default_factory=set)
+    _networks: dict[Transport, TransportNetwork] = field(default_factory=dict, repr=False)
+
+    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
+        """The timing of ``schedule`` (``call`` is ignored)."""
+        transport = group_transport(self.topology, tuple(schedule.group))
+        network = self._networks.get(transport)
+        if network is None:
+            network = self._networks[transport] = TransportNetwork(
+                self.topology, self.reduce_s_per_byte, {}, default_terms("", transport))
+        key = (str(schedule.kind), schedule.algorithm)
+        if key not in network.terms:
+            network.terms[key] = default_terms(schedule.algorithm, transport)
+            self.used.add(f"{schedule.kind} {schedule.algorithm} over {transport.value}: "
+                          f"{network.terms[key].describe()}")
+        return network.time(schedule)
+
+
+def fit_profile(rows, context: CalibrationContext,
+                reduce_s_per_byte: Mapping[int, float] | None = None) -> dict[tuple[str, str], TransportTerms]:
+    """:func:`fit_terms` over the cluster ``context`` describes, each implementation's latency
+    count defaulting to :func:`default_terms`'s."""
+    topology = context_topology(context)
+    fitted = {}
+    for algorithm, of_algorithm in rows.groupby("algorithm", sort=True):
+        fitted.update(fit_terms(of_algorithm, topology, default_terms(str(algorithm)), context.name,
+                                reduce_s_per_byte))
+    return fitted

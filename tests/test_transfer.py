@@ -1,0 +1,175 @@
+"""The offline transfer evaluation (validation/transfer.py) on the shipped reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from validation.transfer import (NO_PROFILE, POOLED, overall_table, ranking_table, shipped_clusters,
+                                 transfer_errors, transfer_table)
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    return shipped_clusters()
+
+
+def test_shipped_reports_hold_six_clusters_with_their_measured_cases(clusters):
+    names = [c.name for c in clusters]
+    assert names == ["v2x2_bandwidth", "v2x2_latency", "v4x1_bandwidth", "v4x1_latency", "h3x1_delay", "h2x2_mid"]
+    assert all(len(c.measured) == 10 * c.measured["prompt_tokens"].nunique() for c in clusters)
+
+
+def test_every_pair_is_compared_case_by_case(clusters):
+    class Stub:  # predicts every case 10% above what the target measured
+        def __init__(self, results):
+            self.results = results
+
+    import pandas as pd
+
+    def simulate_case(scenario, profile):
+        target = next(c for c in clusters if c.name == scenario.name)
+        rows = target.measured[target.measured["prompt_tokens"] == scenario.config.workload.prompt_tokens]
+        return Stub(pd.DataFrame({"variant": rows["variant"], "metric": rows["metric"], "device": "",
+                                  "value": rows["measured"] * 1.1}))
+
+    errors = transfer_errors(clusters[:2], simulate_case=simulate_case)
+    assert set(errors["source"]) == {"v2x2_bandwidth", "v2x2_latency", NO_PROFILE, POOLED}
+    assert errors["error"].round(9).eq(0.1).all()
+    table = transfer_table(errors)
+    assert len(table) == 2 * 4 * 2  # targets x sources x metrics
+    assert table["cases"].eq(10).all()
+    overall = overall_table(errors, ["v2x2_bandwidth"])
+    assert set(overall["pairs"]) == {"same", "other", POOLED, NO_PROFILE}
+    assert overall["median_abs_error"].round(9).eq(0.1).all()
+    ranking = ranking_table(errors)  # a uniform error keeps every order
+    assert ranking["compared"].sum() > 0 and ranking["agreeing"].eq(ranking["compared"]).all()
+
+
+def test_shipped_profiles_say_what_they_were_measured_on_and_replay_only_on_their_own_network(clusters):
+    from sim.context import profile_contexts
+    from sim.simulate import simulate
+
+    own, other = clusters[3], clusters[4]  # v4x1_latency, h3x1_delay: 5 ms and 3 ms between hosts
+    (context,) = profile_contexts(own.profile.rows)
+    assert context.name == own.name and context.ranks_per_host == (1, 1, 1, 1)
+    assert [round(l.delay_s, 6) for l in context.links] == [0.005]
+    assert context.backend == "gloo/tcp" and context.cores == 2
+    same = simulate(own.scenario, profile=own.profile)
+    assert same.network.same_cluster
+    assert any("same-cluster mode" in line for line in same.sources)
+    moved = simulate(other.scenario, profile=own.profile)
+    assert not moved.network.same_cluster
+    assert any("not replayed" in line for line in moved.sources)
+    assert any(line.startswith("link inter_host 200 Mbit/s, 3 ms: rescaled") for line in moved.sources)
+
+
+def test_transport_terms_fitted_on_a_sweep_are_the_terms_that_made_it():
+    import pandas as pd
+
+    from sim.collectives.registry import build_schedule
+    from sim.transport import TransportTerms, fit_terms, price
+    from sim.topology import build_topology
+    from sim.cluster_config import ClusterConfig
+
+    topology = build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+        {"name": "h{i}", "count": 4, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": "2.5ms"},
+         "devices": {"type": "cpu", "count": 1, "memory": "4GiB"}}]}))
+    truth = TransportTerms(1.5e-3, 2.0, 0.8, "")
+    rows = []
+    for algorithm in ("recursive_doubling", "rabenseifner"):
+        for size in (1024, 16384, 262144, 4194304):
+            schedule = build_schedule("allreduce", algorithm, (0, 1, 2, 3), size, host_groups=topology.host_groups((0, 1, 2, 3)))
+            rows.append({"op": "allreduce", "algorithm": algorithm, "group_size": 4, "num_hosts": 4,
+                         "size_bytes": size, "median": price(schedule, topology, truth).duration_s})
+    # One delay between hosts: the latency count is the default's, and the rest is fitted.
+    fitted = fit_terms(pd.DataFrame(rows), topology, TransportTerms(0.0, 2.0, 1.0, "default"), "synthetic")
+    for terms in fitted.values():
+        assert terms.latencies_per_message == 2.0
+        assert abs(terms.per_message_s - 1.5e-3) < 1e-4
+        assert terms.bandwidth_efficiency == pytest.approx(0.8)
+
+
+def test_calibration_records_its_context(tmp_path):
+    pytest.importorskip("torch")
+    import json
+
+    from runtime.calibrate import calibrate_scenario
+    from sim.context import profile_contexts, scenario_context
+    from sim.parallel import ParallelPlan
+    from sim.topology import build_topology
+    from tests.conftest import cluster, make_scenario, tiny_model_config
+
+    path = tmp_path / "gpt2.config.json"
+    path.write_text(json.dumps(dict(tiny_model_config("gpt2", num_layers=1), n_positions=256)))
+    scenario = make_scenario(model=str(path), dtype="fp32", cluster=cluster(2, 1, device="cpu"),
+                             workload={"batch_size": 1, "prompt_tokens": 5, "output_tokens": 2},
+                             variants=[{"name": "a", "strategy": "allreduce_ln", "allreduce": "library",
+                                        "broadcast": "library"}])
+    profile = calibrate_scenario(scenario, repeats=1, max_call_s=0.01, used_only=True)
+    (context,) = profile_contexts(profile)
+    topology = build_topology(scenario.config.cluster)
+    assert context.backend == "gloo/tcp" and context.cores >= 1 and context.torch_version
+    assert context.same_network(scenario_context(scenario.name, topology, ParallelPlan.of(scenario, topology).tensor_ranks,
+                                                 "fp32"))
+
+
+def test_uncalibrated_simulation_states_the_transport_defaults_it_used(root):
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+
+    cpu = simulate(load_scenario(root / "scenarios" / "validation" / "v4x1_latency.yaml"))
+    assert cpu.sources and all("over gloo/tcp" in line for line in cpu.sources)
+    gpu = simulate(load_scenario(root / "scenarios" / "h100_2x8_llama31_70b.yaml"))
+    assert any("over nccl/net" in line and "tuning.cc" in line for line in gpu.sources)
+
+
+def test_group_transport_follows_devices_and_hosts():
+    from sim.cluster_config import ClusterConfig
+    from sim.topology import build_topology
+    from sim.transport import Transport, group_transport
+
+    def topology(device: str, hosts: int):
+        return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+            {"name": "h{i}", "count": hosts, "parent": "sw", "nic": {"bandwidth": "100Gbit/s", "latency": "5us"},
+             "interconnect": {"bandwidth": "900GB/s", "latency": "1us"},
+             "devices": {"type": device, "count": 2}}]}))
+
+    assert group_transport(topology("cpu", 2), (0, 2)) is Transport.GLOO_TCP
+    assert group_transport(topology("h100_sxm", 2), (0, 1)) is Transport.NCCL_NVLINK
+    assert group_transport(topology("h100_sxm", 2), (0, 2)) is Transport.NCCL_NET
+    assert group_transport(topology("rtx_4090", 1), (0, 1)) is Transport.NCCL_PCIE
+
+
+def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scales_with_excess_ranks(clusters):
+    from sim.calibrated import GLOO_CONTENTION_PER_EXCESS_RANK_S, contention_floor
+    from sim.context import profile_contexts, scenario_context
+    from sim.parallel import ParallelPlan
+    from sim.topology import build_topology
+    from sim.transport import fit_profile
+
+    def floor(source, target):
+        contexts = profile_contexts(source.profile.rows)
+        topology = build_topology(target.scenario.config.cluster)
+        context = scenario_context(target.name, topology, ParallelPlan.of(target.scenario, topology).tensor_ranks, "fp32")
+        return contention_floor(source.profile, contexts, context,
+                                fit_profile(source.profile.of("collective"), contexts[0]))[0]
+
+    fast, slow, three = clusters[0], clusters[3], clusters[4]  # v2x2_bandwidth, v4x1_latency, h3x1_delay
+    four_ranks = floor(fast, clusters[2])
+    assert 1e-3 < four_ranks < 4e-3  # 4 ranks on 2 cores: both ends wait for a core
+    assert floor(fast, three) == pytest.approx(four_ranks / 2)  # 3 ranks: one beyond the cores, not two
+    # 5 ms links hid it: the gloo/tcp default, per rank beyond the cores
+    assert floor(slow, clusters[2]) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S)
+
+
+def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
+    from models.errors import ConfigError
+    from sim.profile import load_profile
+    from validation.transfer import SHIPPED
+
+    text = (SHIPPED[0][1] / "profiles" / "v2x2_bandwidth.csv").read_text()
+    broken = tmp_path / "broken.csv"
+    broken.write_text(text.replace('{""cores"": 2}', '{""cores"": ', 1))
+    with pytest.raises(ConfigError) as error:
+        load_profile(broken)
+    assert error.value.field == "profile" and "context" in str(error.value) and "\n" not in str(error.value)
