@@ -7,12 +7,13 @@ the scenario (``scenarios/h100_2x8_llama31_70b.yaml``). Reports the median of re
 fresh process state except imports, and the median CPU time of the process (on a shared machine
 the wall time also counts waiting for a core).
 
-Measured on the project's 2-core machine, shared with four other sessions (CPU steal under 0.2%),
-4 interleaved rounds of 9 repeats each against 39bae59, median of the rounds' medians: 39bae59
-0.68 s, now 0.41 s (0.6x; round medians 0.44-0.77 s against 0.32-0.47 s); the same machine timed
-39bae59 at 0.38 s when it was quieter, which puts this code near 0.23 s there. What is left: the
-trace's DataFrames (about 40%), pricing the 16 MiB double binary tree and the auto candidates in
-the flow model, plan lowering and the memory ledger.
+Measured on the project's 2-core machine, idle but for this benchmark (CPU steal 0.02%), 3
+interleaved rounds of 7 repeats each against 39bae59: 39bae59 median 0.45 / 0.50 / 0.52 s, now
+0.36 / 0.40 / 0.41 s (0.8x). The uncalibrated simulator now prices collectives with per-message
+transport terms (:mod:`sim.transport`), which runs a fluid model of each schedule; the network
+alone had brought 0.68 s to 0.41 s (0.6x) on a loaded machine. What is left: the trace's
+DataFrames, the flow model's pricing of the 16 MiB double binary tree and the auto candidates,
+plan lowering and the memory ledger.
 
 Run: ``.venv/bin/python benchmarks/bench_simulate.py [--repeats 7] [SCENARIO]``
 """

@@ -326,25 +326,30 @@ class FlowNetwork:
         return _FlowRun(schedule, self.links).run()
 
     def lower_bound_s(self, schedule: CommSchedule) -> float:
-        """A duration :meth:`time` cannot beat (s), in O(transfers x path length): the larger of
-        the schedule's critical path of latencies alone and the busiest channel's bytes over its
-        capacity (max-min rates never exceed a channel's capacity). The pricer skips the
-        schedules of ``auto`` whose bound exceeds the best time found."""
-        links = self.links
-        ready = dict.fromkeys(schedule.group, 0.0)
-        carried: dict[int, int] = {}
-        for step in schedule.steps:
-            done: dict[int, float] = {}
-            for t in step:
-                route = links.get(t.src, t.dst)
-                end = max(ready[t.src], ready[t.dst]) + route.latency_s
-                for channel in route.channels:
-                    carried[channel] = carried.get(channel, 0) + t.size_bytes
-                done[t.src] = max(done.get(t.src, 0.0), end)
-                done[t.dst] = max(done.get(t.dst, 0.0), end)
-            ready.update(done)
-        busiest = max((size / links.capacity[channel] for channel, size in carried.items()), default=0.0)
-        return max(max(ready.values(), default=0.0), busiest)
+        """A duration :meth:`time` cannot beat (s): :func:`fluid_lower_bound_s`. The pricer skips
+        the schedules of ``auto`` whose bound exceeds the best time found."""
+        return fluid_lower_bound_s(schedule, self.links)
+
+
+def fluid_lower_bound_s(schedule: CommSchedule, links: Links) -> float:
+    """A duration the fluid model cannot beat for ``schedule`` over ``links`` (s), in
+    O(transfers x path length): the larger of the schedule's critical path of route latencies
+    alone and the busiest channel's bytes over its capacity (max-min rates never exceed a
+    channel's capacity)."""
+    ready = dict.fromkeys(schedule.group, 0.0)
+    carried: dict[int, int] = {}
+    for step in schedule.steps:
+        done: dict[int, float] = {}
+        for t in step:
+            route = links.get(t.src, t.dst)
+            end = max(ready[t.src], ready[t.dst]) + route.latency_s
+            for channel in route.channels:
+                carried[channel] = carried.get(channel, 0) + t.size_bytes
+            done[t.src] = max(done.get(t.src, 0.0), end)
+            done[t.dst] = max(done.get(t.dst, 0.0), end)
+        ready.update(done)
+    busiest = max((size / links.capacity[channel] for channel, size in carried.items()), default=0.0)
+    return max(max(ready.values(), default=0.0), busiest)
 
 
 class _FlowRun(_ScheduleRun):

@@ -41,7 +41,7 @@ from sim.cluster_config import ClusterConfig
 from sim.collectives.registry import build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.context import CalibrationContext, LinkClass
-from sim.network import CollectiveTiming, Links, Route, _FlowRun
+from sim.network import CollectiveTiming, Links, Route, _FlowRun, fluid_lower_bound_s
 from sim.topology import Topology, build_topology
 
 IDENTIFIABLE_DELAY_S = 1e-3
@@ -139,21 +139,37 @@ class TransportNetwork:
     extrapolated: set[str] = field(default_factory=set)
     _routes: dict[TransportTerms, _TransportLinks] = field(default_factory=dict, repr=False)
 
+    prices_by_call = False  # no timing of a call is replayed: a schedule costs the same wherever called
+
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule`` (``call`` is ignored: no timing of a call is replayed)."""
         if len(schedule.group) == 1:
             return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
-        terms = self.terms.get((str(schedule.kind), schedule.algorithm))
-        if terms is None:
-            terms = self.default
-            self.extrapolated.add(f"{schedule.kind} {schedule.algorithm}: not calibrated, {terms.describe()}")
-        routes = self._routes.get(terms)
-        if routes is None:
-            routes = self._routes[terms] = _TransportLinks(self.topology, self.reduce_s_per_byte, terms)
-        timing = _TransportRun(schedule, routes).run()
+        terms, links = self._links(schedule, note=True)
+        timing = _TransportRun(schedule, links).run()
         extra_s = self.gap_s + terms.per_call_s
         finish = {rank: t + extra_s for rank, t in timing.finish_s.items()}
         return CollectiveTiming(timing.duration_s + extra_s, finish)
+
+    def lower_bound_s(self, schedule: CommSchedule) -> float:
+        """A duration :meth:`time` cannot beat (s): the fluid bound over the terms' links
+        (:func:`sim.network.fluid_lower_bound_s`; a message's floor only adds to it) plus the
+        per-call terms. The pricer skips the schedules of ``auto`` whose bound exceeds the best."""
+        if len(schedule.group) == 1:
+            return 0.0
+        terms, links = self._links(schedule, note=False)
+        return fluid_lower_bound_s(schedule, links) + self.gap_s + terms.per_call_s
+
+    def _links(self, schedule: CommSchedule, note: bool) -> tuple[TransportTerms, _TransportLinks]:
+        terms = self.terms.get((str(schedule.kind), schedule.algorithm))
+        if terms is None:
+            terms = self.default
+            if note:
+                self.extrapolated.add(f"{schedule.kind} {schedule.algorithm}: not calibrated, {terms.describe()}")
+        links = self._routes.get(terms)
+        if links is None:
+            links = self._routes[terms] = _TransportLinks(self.topology, self.reduce_s_per_byte, terms)
+        return terms, links
 
 
 def context_topology(context: CalibrationContext) -> Topology:
@@ -312,8 +328,17 @@ class DefaultTransportNetwork:
     used: set[str] = field(default_factory=set)
     _networks: dict[Transport, TransportNetwork] = field(default_factory=dict, repr=False)
 
+    prices_by_call = False  # ``call`` is ignored: a schedule costs the same wherever called
+
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule`` (``call`` is ignored)."""
+        return self._network(schedule, note=True).time(schedule)
+
+    def lower_bound_s(self, schedule: CommSchedule) -> float:
+        """A duration :meth:`time` cannot beat (s), see :meth:`TransportNetwork.lower_bound_s`."""
+        return self._network(schedule, note=False).lower_bound_s(schedule)
+
+    def _network(self, schedule: CommSchedule, note: bool) -> TransportNetwork:
         transport = group_transport(self.topology, tuple(schedule.group))
         network = self._networks.get(transport)
         if network is None:
@@ -322,9 +347,10 @@ class DefaultTransportNetwork:
         key = (str(schedule.kind), schedule.algorithm)
         if key not in network.terms:
             network.terms[key] = default_terms(schedule.algorithm, transport)
+        if note:
             self.used.add(f"{schedule.kind} {schedule.algorithm} over {transport.value}: "
                           f"{network.terms[key].describe()}")
-        return network.time(schedule)
+        return network
 
 
 def fit_profile(rows, context: CalibrationContext,
