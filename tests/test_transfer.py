@@ -173,3 +173,21 @@ def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError) as error:
         load_profile(broken)
     assert error.value.field == "profile" and "context" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_simulate_with_another_clusters_profile_says_so_and_lists_what_came_from_where(root, tmp_path):
+    from click.testing import CliRunner
+
+    from validation.cli import cli
+
+    scenario = root / "scenarios" / "validation" / "v2x2_latency.yaml"
+    profiles = root / "validation" / "report" / "profiles"
+    other = CliRunner().invoke(cli, ["simulate", str(scenario), "--profile", str(profiles / "v4x1_bandwidth.csv"),
+                                     "--out", str(tmp_path / "other")], terminal_width=400)
+    assert other.exit_code == 0, other.output
+    assert "measured on another cluster" in other.output and "no prediction outside" not in other.output
+    assert "in-place collective timings: not applicable" in other.output
+    own = CliRunner().invoke(cli, ["simulate", str(scenario), "--profile", str(profiles / "v2x2_latency.csv"),
+                                   "--out", str(tmp_path / "own")], terminal_width=400)
+    assert own.exit_code == 0, own.output
+    assert "measured on another cluster" not in own.output and "same-cluster mode" in own.output

@@ -98,6 +98,9 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
         console.print(f"[yellow]{len(result.extrapolated)} predictions extrapolated outside the calibrated range:[/yellow]")
         for line in result.extrapolated:
             console.print(f"  {escape(line)}")
+    elif result.network is not None and not result.network.same_cluster:
+        console.print(f"calibrated from {profile_path}, measured on another cluster: its terms are rescaled to "
+                      "this one and none of its timings is replayed (what came from where: below)")
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
     if profile is not None:
