@@ -114,8 +114,8 @@ def build_schedule(
     if algorithm == LIBRARY:
         builders = {LIBRARY: LIBRARY_MODEL[kind]}
     if algorithm not in builders:
-        raise ConfigError(str(kind), f"unknown {kind} algorithm {shorten(algorithm)}; known: "
-                                       f"{', '.join((*builders, LIBRARY))}")
+        raise ConfigError(str(kind), f"unknown {kind} algorithm; known: {', '.join((*builders, LIBRARY))} "
+                                       f"(got {shorten(algorithm)})")
     members = tuple(group)
     if not members or len(set(members)) != len(members):
         raise ConfigError("group", f"must be non-empty with distinct ranks (got {members})")
