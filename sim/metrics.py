@@ -86,7 +86,7 @@ def peak_memory_bytes(trace: Trace) -> dict[int, float]:
     """Per rank of the trace, the highest device memory in use (bytes): the larger of its
     high-water mark (``trace.peaks``) and its highest memory sample."""
     marks = pd.concat([trace.peaks[["rank", "bytes"]], trace.memory[["rank", "bytes"]]], ignore_index=True)
-    return {int(rank): max(group["bytes"]) for rank, group in marks.groupby("rank", sort=True)}
+    return {int(rank): peak for rank, peak in marks.groupby("rank", sort=True)["bytes"].max().items()}
 
 
 def result_rows(scenario: str, variant: str, source: str, timing: dict[str, float],
