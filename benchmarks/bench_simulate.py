@@ -7,9 +7,9 @@ the scenario (``scenarios/h100_2x8_llama31_70b.yaml``). Reports the median of re
 fresh process state except imports, and the median CPU time of the process (on a shared machine
 the wall time also counts waiting for a core).
 
-Measured on the project's 2-core machine, idle but for this benchmark (CPU steal 0.02%), 3
-interleaved rounds of 7 repeats each against 39bae59: 39bae59 median 0.45 / 0.50 / 0.52 s, now
-0.36 / 0.40 / 0.41 s (0.8x). The uncalibrated simulator now prices collectives with per-message
+Measured on the project's 2-core machine (two other sessions thinking, CPU steal 0.05%), 3
+interleaved rounds of 7 repeats each against 39bae59: 39bae59 median 0.61 / 0.51 / 0.44 s, now
+0.47 / 0.33 / 0.32 s (median of rounds 0.51 s against 0.33 s, 0.65x). The uncalibrated simulator now prices collectives with per-message
 transport terms (:mod:`sim.transport`), which runs a fluid model of each schedule; the network
 alone had brought 0.68 s to 0.41 s (0.6x) on a loaded machine. What is left: the trace's
 DataFrames, the flow model's pricing of the 16 MiB double binary tree and the auto candidates,
