@@ -9,9 +9,10 @@ the wall time also counts waiting for a core).
 
 Measured on the project's 2-core machine (two other sessions thinking, CPU steal 0.05%), 3
 interleaved rounds of 7 repeats each against 39bae59: 39bae59 median 0.61 / 0.51 / 0.44 s, now
-0.47 / 0.33 / 0.32 s (median of rounds 0.51 s against 0.33 s, 0.65x). The uncalibrated simulator now prices collectives with per-message
-transport terms (:mod:`sim.transport`), which runs a fluid model of each schedule; the network
-alone had brought 0.68 s to 0.41 s (0.6x) on a loaded machine. What is left: the trace's
+0.47 / 0.33 / 0.32 s (median of rounds 0.51 s against 0.33 s, 0.65x). The uncalibrated
+simulator now prices collectives with per-message transport terms (:mod:`sim.transport`), which
+runs a fluid model of each schedule; the network alone had brought 0.68 s to 0.41 s (0.6x) on a
+loaded machine. What is left: the trace's
 DataFrames, the flow model's pricing of the 16 MiB double binary tree and the auto candidates,
 plan lowering and the memory ledger.
 
