@@ -270,7 +270,28 @@ def validate(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
     with interrupt.deferred():  # the report's files together, or none
         written = write_validation(report, out_dir, loaded.name)
     console.print(summary_markdown(report, loaded.name))
+    if loaded.transfer:
+        written += _transfer(matrix, out_dir, console)
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _transfer(matrix: Path, out_dir: Path, console: Console) -> list[Path]:
+    """The transfer step of a matrix with ``transfer: true``: every cluster just calibrated and
+    measured, predicted from every other cluster's profile, from all others pooled and from none
+    (:mod:`validation.transfer`), written under ``out_dir/transfer``."""
+    from validation.present.transfer_report import transfer_html
+    from sim.outputs import write_files
+    from validation.transfer import shipped_clusters, transfer_errors, write_transfer_report
+
+    clusters = shipped_clusters([(matrix, out_dir)])
+    with console.status("predicting every cluster from every other's profile") as status:
+        errors = transfer_errors(clusters, on_progress=lambda text: status.update(text))
+    with interrupt.deferred():
+        written = write_transfer_report(errors, out_dir / "transfer", f"hetsim validate {matrix} --out {out_dir}",
+                                        [c.name for c in clusters])
+        written += write_files(out_dir / "transfer", {"report.html": transfer_html(errors)})
+    console.print((out_dir / "transfer" / "summary.md").read_text())
+    return written
 
 
 def _require_torch(command: str) -> None:

@@ -13,6 +13,7 @@ Example (``validation/matrix.yaml`` is the shipped one)::
       - ../scenarios/validation/2x2_bandwidth.yaml
     collective_sizes: [2KiB, 96KiB, 1.5MiB]   # collectives held out of calibration, timed with it
     calibrate_collectives: all    # all (every algorithm) | used (only those the variants call)
+    transfer: false               # also predict every scenario from every other's profile (transfer/)
 
 A case is one variant of one scenario at one prompt length.
 """
@@ -45,6 +46,7 @@ class Matrix(BaseModel):
     scenarios: list[str] = Field(min_length=1)
     collective_sizes: list[int] = []
     calibrate_collectives: Literal["all", "used"] = "all"
+    transfer: bool = False
 
     @field_validator("collective_sizes", mode="before")
     @classmethod
