@@ -56,21 +56,23 @@ _SOFTMAX_GRAD_FLOPS = 4
 _DROPOUT_MASK_BYTES = 1
 # Adam's two moments, and the master weights of mixed precision, are fp32.
 _FP32_BYTES = dtype_bytes("fp32")
-# One multiply and one add per element for the weight decay and the LM head's loss are not
-# counted here; per-parameter FLOPs of one optimizer step, torch.optim's single-tensor paths:
-# SGD p -= lr * g (2); Adam m.lerp_(g, 1 - b1) (3), v = b2 v + (1 - b2) g^2 (4),
-# denom = sqrt(v) / sqrt(bc2) + eps (3), p.addcdiv_(m, denom, -step) (3); AdamW adds
-# p *= 1 - lr * wd (1) (Loshchilov and Hutter, arXiv 1711.05101, algorithm 2).
-_OPTIMIZER_STEP_FLOPS = {"sgd": 2, "adam": 13, "adamw": 14}
-_OPTIMIZER_MOMENTS = {"sgd": 0, "adam": 2, "adamw": 2}
 
 
 class Optimizer(StrEnum):
-    """The optimizers a training workload can use (torch.optim defaults: SGD without momentum)."""
+    """The optimizers a training workload can use (torch.optim defaults: SGD without momentum,
+    Adam without L2 weight decay)."""
 
     SGD = "sgd"
     ADAM = "adam"
     ADAMW = "adamw"
+
+
+# Per-parameter FLOPs of one step, torch.optim's single-tensor paths with those defaults:
+# SGD p -= lr * g (2); Adam m.lerp_(g, 1 - b1) (3), v = b2 v + (1 - b2) g^2 (4),
+# denom = sqrt(v) / sqrt(bc2) + eps (3), p.addcdiv_(m, denom, -step) (3); AdamW adds the
+# decoupled decay p *= 1 - lr * wd (1) (Loshchilov and Hutter, arXiv 1711.05101, algorithm 2).
+_OPTIMIZER_STEP_FLOPS = {Optimizer.SGD: 2, Optimizer.ADAM: 13, Optimizer.ADAMW: 14}
+_OPTIMIZER_MOMENTS = {Optimizer.SGD: 0, Optimizer.ADAM: 2, Optimizer.ADAMW: 2}
 
 
 class Precision(StrEnum):
@@ -206,31 +208,53 @@ def layer_backward_costs(
         workspace_bytes=square_bytes + qkv_bytes,
     )
 
-    elements = tokens * h
-    norm_weights = h * (2 if spec.norm == "layernorm" else 1)
-    norm = BackwardCost(
-        input_grad=OpCost(
-            flops=elements * (_NORM_INPUT_GRAD_FLOPS[spec.norm] + _RESIDUAL_ADD_GRAD_FLOPS),
-            bytes_read=3 * elements * b + norm_weights * b,
-            bytes_written=elements * b,
-            weight_bytes=norm_weights * b,
-            workspace_bytes=elements * b,
-        ),
-        weight_grad=OpCost(
-            flops=elements * _NORM_WEIGHT_GRAD_FLOPS[spec.norm],
-            bytes_read=2 * elements * b,
-            bytes_written=norm_weights * g,
-            weight_bytes=norm_weights * b,
-            workspace_bytes=norm_weights * g,
-        ),
-    )
     return {
-        OpKind.LAYERNORM: norm,
+        OpKind.LAYERNORM: _norm_backward(spec, tokens, g),
         OpKind.QKV_PROJ: _linear_backward(tokens, h, qkv_width, qkv_width if spec.attention_bias else 0, b, g),
         OpKind.ATTENTION: BackwardCost(input_grad=attention, weight_grad=_NO_COST),
         OpKind.OUT_PROJ: _linear_backward(tokens, q_width, h, h if spec.linear_bias else 0, b, g),
         OpKind.MLP_UP: BackwardCost(input_grad=mlp_up_input, weight_grad=up.weight_grad),
         OpKind.MLP_DOWN: _linear_backward(tokens, mlp_width, h, h if spec.linear_bias else 0, b, g),
+    }
+
+
+def head_backward_costs(
+    spec: ModelSpec, *, batch_size: int, sequence_length: int, gradient_dtype: str | None = None
+) -> dict[OpKind, BackwardCost]:
+    """Backward cost of the master-only ops around the layers, for T = batch_size *
+    sequence_length tokens. Training computes the logits of every position, so the matching
+    forward is :func:`models.accounting.head_op_costs` with ``batch_size=T, new_tokens=1``.
+
+    - LM_HEAD: (T, h) @ (h, vocab), as a linear (:func:`layer_backward_costs`); tied, its weight
+      gradient accumulates into the embedding table's.
+    - LAYERNORM: the final norm and residual add, as a layer's norm.
+    - EMBEDDING: no input gradient (token ids); the weight gradient scatter-adds the T rows of dY
+      into each table (one FLOP per element; learned positions add the position table's), reading
+      dY and the rows, writing the rows; its workspace is the dense gradient of the tables.
+
+    The loss (softmax cross-entropy over the logits) is not counted. Raises :class:`ConfigError`
+    if a count is not a positive integer or the dtype is unknown.
+    """
+    _check_positive("batch_size", batch_size, "batch size")
+    _check_positive("sequence_length", sequence_length, "sequence length")
+    b = spec.dtype_bytes
+    g = b if gradient_dtype is None else dtype_bytes(gradient_dtype, "training.gradient_dtype")
+    h = spec.hidden_size
+    tokens = batch_size * sequence_length
+    tables = 2 if spec.learned_position_embeddings else 1
+    table_rows = spec.vocab_size + (spec.max_position_embeddings if spec.learned_position_embeddings else 0)
+    rows = tables * tokens * h
+    embedding = OpCost(
+        flops=rows,
+        bytes_read=tokens * h * b + rows * g,
+        bytes_written=rows * g,
+        weight_bytes=table_rows * h * b,
+        workspace_bytes=table_rows * h * g,
+    )
+    return {
+        OpKind.EMBEDDING: BackwardCost(input_grad=_NO_COST, weight_grad=embedding),
+        OpKind.LAYERNORM: _norm_backward(spec, tokens, g),
+        OpKind.LM_HEAD: _linear_backward(tokens, h, spec.vocab_size, 0, b, g),
     }
 
 
@@ -395,15 +419,40 @@ def model_state_memory(
     )
 
 
+@dataclass(frozen=True)
+class ActivationLayout:
+    """How one micro-batch's activations lie on a rank: ``micro_batch_size`` sequences of
+    ``sequence_length`` tokens, tensor parallelism of degree ``tp_degree`` (with Megatron's
+    ``sequence_parallel`` or without), and whether the model applies ``dropout`` (one-byte masks).
+
+    Construction raises :class:`ConfigError` naming the field (``workload.micro_batch_size``,
+    ``workload.sequence_length``, ``parallel.tensor``, ``training.sequence_parallel``,
+    ``training.dropout``).
+    """
+
+    micro_batch_size: int
+    sequence_length: int
+    tp_degree: int = 1
+    sequence_parallel: bool = False
+    dropout: bool = False
+
+    def __post_init__(self) -> None:
+        _check_positive("workload.micro_batch_size", self.micro_batch_size, "micro-batch size")
+        _check_positive("workload.sequence_length", self.sequence_length, "sequence length")
+        _check_positive("parallel.tensor", self.tp_degree, "tensor-parallel degree")
+        for field in ("sequence_parallel", "dropout"):
+            value = getattr(self, field)
+            if not isinstance(value, bool):
+                raise ConfigError(f"training.{field}", f"must be true or false (got {shorten(value)})")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the micro-batch, ``micro_batch_size * sequence_length``."""
+        return self.micro_batch_size * self.sequence_length
+
+
 def layer_activation_bytes(
-    spec: ModelSpec,
-    *,
-    micro_batch_size: int,
-    sequence_length: int,
-    tp_degree: int = 1,
-    sequence_parallel: bool = False,
-    dropout: bool = False,
-    recompute: Recompute | str = Recompute.NONE,
+    spec: ModelSpec, layout: ActivationLayout, *, recompute: Recompute | str = Recompute.NONE
 ) -> float:
     """Bytes one decoder layer keeps for backward on one rank, in the spec's dtype (dropout masks
     one byte per element), after Korthikanti et al. 2022 (arXiv 2205.05198, section 4.1).
@@ -420,40 +469,32 @@ def layer_activation_bytes(
     under sequence parallelism. For GPT-style layers (LayerNorm, plain MLP of 4h, as many KV
     heads as heads, dropout, 2 bytes) this is the paper's table 2: sbh(34 + 5as/h),
     sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh/t (34 + 5as/h) with sequence
-    parallelism too. Raises :class:`ConfigError` on a bad count, degree or recompute value.
+    parallelism too. Raises :class:`ConfigError` if ``layout.tp_degree`` cannot shard ``spec``
+    or ``recompute`` is unknown.
     """
-    check_tensor_parallel(spec, tp_degree)
-    _check_positive("micro_batch_size", micro_batch_size, "micro-batch size")
-    _check_positive("sequence_length", sequence_length, "sequence length")
+    t = layout.tp_degree
+    check_tensor_parallel(spec, t)
     recompute = _parse(Recompute, recompute, "training.recompute")
     e = spec.dtype_bytes
-    tokens = micro_batch_size * sequence_length
+    tokens = layout.tokens
     h = spec.hidden_size
-    sp_split = tp_degree if sequence_parallel else 1
+    sp_split = t if layout.sequence_parallel else 1
     if recompute is Recompute.FULL:
         return tokens * h * e / sp_split
-    mask = _DROPOUT_MASK_BYTES if dropout else 0
+    mask = _DROPOUT_MASK_BYTES if layout.dropout else 0
     replicated = 4 * tokens * h * e + 2 * tokens * h * mask
-    q_width = spec.num_attention_heads // tp_degree * spec.head_dim
-    kv_width = kv_heads_per_rank(spec, tp_degree) * spec.head_dim
-    intermediates = (4 if spec.mlp == "gated" else 2) * spec.intermediate_size // tp_degree
+    q_width = spec.num_attention_heads // t * spec.head_dim
+    kv_width = kv_heads_per_rank(spec, t) * spec.head_dim
+    intermediates = (4 if spec.mlp == "gated" else 2) * spec.intermediate_size // t
     split = tokens * (2 * q_width + 2 * kv_width + intermediates) * e
     if recompute is Recompute.NONE:
-        squares = micro_batch_size * spec.num_attention_heads // tp_degree * sequence_length**2
-        split += squares * (2 * e + mask if dropout else e)
+        squares = layout.micro_batch_size * spec.num_attention_heads // t * layout.sequence_length**2
+        split += squares * (2 * e + mask if layout.dropout else e)
     return replicated / sp_split + split
 
 
 def activation_bytes(
-    spec: ModelSpec,
-    *,
-    micro_batch_size: int,
-    sequence_length: int,
-    tp_degree: int = 1,
-    sequence_parallel: bool = False,
-    dropout: bool = False,
-    checkpoint_every: int | None = None,
-    is_master: bool = True,
+    spec: ModelSpec, layout: ActivationLayout, *, checkpoint_every: int | None = None, is_master: bool = True
 ) -> float:
     """Peak bytes of activations kept for backward on one rank for one micro-batch.
 
@@ -462,53 +503,42 @@ def activation_bytes(
     each of the ceil(L / k) segments, plus, while the backward of one segment runs, that
     segment's min(k, L) layers' full activations (its input counted once). On the master, the
     head's: the final norm's and the LM head's inputs (2 sbh e) and the logits of every position
-    (sbV e) with the fp32 log-probabilities cross-entropy saves (sbV 4). Raises
-    :class:`ConfigError` as :func:`layer_activation_bytes` and :func:`recomputed_layer_count` do.
+    (sbV e) with the fp32 log-probabilities cross-entropy saves (sbV 4). Gradients of activations,
+    transient during backward, are not counted. Raises :class:`ConfigError` as
+    :func:`layer_activation_bytes` and :func:`recomputed_layer_count` do.
     """
-    kwargs = dict(
-        micro_batch_size=micro_batch_size,
-        sequence_length=sequence_length,
-        tp_degree=tp_degree,
-        sequence_parallel=sequence_parallel,
-        dropout=dropout,
-    )
-    full = layer_activation_bytes(spec, **kwargs)
+    full = layer_activation_bytes(spec, layout)
     layers = spec.num_layers
     if recomputed_layer_count(layers, checkpoint_every):
-        segment_input = layer_activation_bytes(spec, recompute=Recompute.FULL, **kwargs)
+        segment_input = layer_activation_bytes(spec, layout, recompute=Recompute.FULL)
         segments = math.ceil(layers / checkpoint_every)
         layer_total = (segments - 1) * segment_input + min(checkpoint_every, layers) * full
     else:
         layer_total = layers * full
     if not is_master:
         return layer_total
-    tokens = micro_batch_size * sequence_length
-    head = tokens * (2 * spec.hidden_size * spec.dtype_bytes + spec.vocab_size * (spec.dtype_bytes + _FP32_BYTES))
-    return layer_total + head
+    e = spec.dtype_bytes
+    return layer_total + layout.tokens * (2 * spec.hidden_size * e + spec.vocab_size * (e + _FP32_BYTES))
 
 
 def training_memory(
     spec: ModelSpec,
+    layout: ActivationLayout,
     *,
     optimizer: Optimizer | str,
     precision: Precision | str,
-    micro_batch_size: int,
-    sequence_length: int,
     data_parallel: int = 1,
-    tp_degree: int = 1,
-    sequence_parallel: bool = False,
     gradient_dtype: str | None = None,
     zero_stage: int = 0,
     gradient_as_bucket_view: bool = False,
-    dropout: bool = False,
     checkpoint_every: int | None = None,
     framework_baseline_bytes: float = 0,
     is_master: bool = True,
 ) -> TrainingMemory:
     """Memory by category of one device training ``spec`` data-parallel over ``data_parallel``
-    replicas of ``tp_degree`` tensor-parallel ranks: :func:`model_state_memory` of the rank's
-    parameters (:func:`models.accounting.rank_parameter_count`), :func:`activation_bytes` in the
-    precision's compute dtype, and ``framework_baseline_bytes`` as given. Raises
+    replicas of ``layout.tp_degree`` tensor-parallel ranks: :func:`model_state_memory` of the
+    rank's parameters (:func:`models.accounting.rank_parameter_count`), :func:`activation_bytes`
+    in the precision's compute dtype, and ``framework_baseline_bytes`` as given. Raises
     :class:`ConfigError` naming the offending field (``training.framework_baseline_bytes`` for a
     negative baseline).
     """
@@ -520,9 +550,8 @@ def training_memory(
             "training.framework_baseline_bytes",
             f"must be a non-negative number of bytes (got {shorten(framework_baseline_bytes)})",
         )
-    compute_spec = spec.with_dtype(compute_dtype(precision))
     states = model_state_memory(
-        rank_parameter_count(spec, tp_degree, is_master=is_master),
+        rank_parameter_count(spec, layout.tp_degree, is_master=is_master),
         optimizer=optimizer,
         precision=precision,
         gradient_dtype=gradient_dtype,
@@ -530,21 +559,12 @@ def training_memory(
         zero_stage=zero_stage,
         gradient_as_bucket_view=gradient_as_bucket_view,
     )
-    activations = activation_bytes(
-        compute_spec,
-        micro_batch_size=micro_batch_size,
-        sequence_length=sequence_length,
-        tp_degree=tp_degree,
-        sequence_parallel=sequence_parallel,
-        dropout=dropout,
-        checkpoint_every=checkpoint_every,
-        is_master=is_master,
-    )
+    compute_spec = spec.with_dtype(compute_dtype(precision))
     return TrainingMemory(
         weights=states.weights,
         gradients=states.gradients,
         optimizer_states=states.optimizer_states,
-        activations=activations,
+        activations=activation_bytes(compute_spec, layout, checkpoint_every=checkpoint_every, is_master=is_master),
         bucket_buffers=states.bucket_buffers,
         framework=framework_baseline_bytes,
     )
@@ -558,7 +578,32 @@ def _invocations(kind: OpKind) -> int:
     return 2 if kind is OpKind.LAYERNORM else 1
 
 
-def _linear_backward(tokens: int, in_features: int, out_features: int, bias_features: int, b: int, g: int) -> BackwardCost:
+def _norm_backward(spec: ModelSpec, tokens: int, g: int) -> BackwardCost:
+    """Residual add and norm over (tokens, h) in the spec's dtype, weight gradients in ``g`` bytes."""
+    b = spec.dtype_bytes
+    elements = tokens * spec.hidden_size
+    norm_weights = spec.hidden_size * (2 if spec.norm == "layernorm" else 1)
+    return BackwardCost(
+        input_grad=OpCost(
+            flops=elements * (_NORM_INPUT_GRAD_FLOPS[spec.norm] + _RESIDUAL_ADD_GRAD_FLOPS),
+            bytes_read=3 * elements * b + norm_weights * b,
+            bytes_written=elements * b,
+            weight_bytes=norm_weights * b,
+            workspace_bytes=elements * b,
+        ),
+        weight_grad=OpCost(
+            flops=elements * _NORM_WEIGHT_GRAD_FLOPS[spec.norm],
+            bytes_read=2 * elements * b,
+            bytes_written=norm_weights * g,
+            weight_bytes=norm_weights * b,
+            workspace_bytes=norm_weights * g,
+        ),
+    )
+
+
+def _linear_backward(
+    tokens: int, in_features: int, out_features: int, bias_features: int, b: int, g: int
+) -> BackwardCost:
     """(tokens, in) @ (in, out) plus a bias: activations and weights in ``b`` bytes, gradients of
     the weights written in ``g``."""
     matmul_flops = 2 * tokens * in_features * out_features

@@ -8,15 +8,17 @@ import math
 
 import pytest
 
-from models.accounting import layer_op_costs, parameter_count, rank_parameter_count
+from models.accounting import head_op_costs, layer_op_costs, parameter_count, rank_parameter_count
 from models.catalog import get_model
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.training import (
+    ActivationLayout,
     Optimizer,
     Precision,
     Recompute,
     activation_bytes,
+    head_backward_costs,
     layer_activation_bytes,
     layer_backward_costs,
     layer_step_flops,
@@ -55,7 +57,7 @@ def test_activations_without_parallelism_are_the_papers_sbh_34_plus_5as_over_h(n
     spec = gpt_layer(name)
     h, a = spec.hidden_size, spec.num_attention_heads
     published = s * b * h * (34 + 5 * a * s / h)
-    assert layer_activation_bytes(spec, micro_batch_size=b, sequence_length=s, dropout=True) == published
+    assert layer_activation_bytes(spec, ActivationLayout(b, s, dropout=True)) == published
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -64,14 +66,15 @@ def test_activations_without_parallelism_are_the_papers_sbh_34_plus_5as_over_h(n
 def test_activations_under_tensor_parallelism_follow_table_2(name, b, s, t):
     spec = gpt_layer(name)
     h, a = spec.hidden_size, spec.num_attention_heads
-    common = dict(micro_batch_size=b, sequence_length=s, tp_degree=t, dropout=True)
-    assert layer_activation_bytes(spec, **common) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    assert layer_activation_bytes(spec, sequence_parallel=True, **common) == s * b * h / t * (34 + 5 * a * s / h)
-    assert layer_activation_bytes(spec, recompute="selective", **common) == s * b * h * (10 + 24 / t)
-    assert layer_activation_bytes(spec, sequence_parallel=True, recompute=Recompute.SELECTIVE, **common) == (
+    tensor = ActivationLayout(b, s, tp_degree=t, dropout=True)
+    sequence = ActivationLayout(b, s, tp_degree=t, sequence_parallel=True, dropout=True)
+    assert layer_activation_bytes(spec, tensor) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert layer_activation_bytes(spec, sequence) == s * b * h / t * (34 + 5 * a * s / h)
+    assert layer_activation_bytes(spec, tensor, recompute="selective") == s * b * h * (10 + 24 / t)
+    assert layer_activation_bytes(spec, sequence, recompute=Recompute.SELECTIVE) == (
         s * b * h * 34 / t
     )
-    assert layer_activation_bytes(spec, recompute=Recompute.FULL, **common) == 2 * s * b * h
+    assert layer_activation_bytes(spec, tensor, recompute=Recompute.FULL) == 2 * s * b * h
 
 
 @pytest.mark.parametrize("name", ("gpt2", "llama-2-7b", "llama-3.1-8b"))
@@ -84,10 +87,11 @@ def test_activations_match_megatron_per_layer_estimators_with_the_models_own_mlp
         num_kv_heads=get_model(name).num_attention_heads,
     )
     b, s, h, ffn = 2, 1024, spec.hidden_size, spec.intermediate_size
-    common = dict(micro_batch_size=b, sequence_length=s, tp_degree=t, dropout=True, recompute="selective")
-    assert layer_activation_bytes(spec, sequence_parallel=True, **common) == (s * b * h) * (18 + 4 * (ffn / h)) / t
+    sequence = ActivationLayout(b, s, tp_degree=t, sequence_parallel=True, dropout=True)
+    assert layer_activation_bytes(spec, sequence, recompute="selective") == (s * b * h) * (18 + 4 * (ffn / h)) / t
     gpt = gpt_layer(name)
-    assert layer_activation_bytes(gpt, **common) == s * b * gpt.hidden_size * (10 + 24 / t)
+    tensor = ActivationLayout(b, s, tp_degree=t, dropout=True)
+    assert layer_activation_bytes(gpt, tensor, recompute="selective") == s * b * gpt.hidden_size * (10 + 24 / t)
 
 
 def test_gated_mlp_and_grouped_query_attention_keep_what_autograd_saves():
@@ -97,27 +101,27 @@ def test_gated_mlp_and_grouped_query_attention_keep_what_autograd_saves():
     squares = b * spec.num_attention_heads * s * s
     # norm inputs, qkv and up inputs (4 sbh); q, k, v, o; gate, silu, up, product; probabilities.
     expected = 2 * (4 * s * b * h + s * b * (2 * h + 2 * kv) + 4 * s * b * i + squares)
-    assert layer_activation_bytes(spec, micro_batch_size=b, sequence_length=s) == expected
+    assert layer_activation_bytes(spec, ActivationLayout(b, s)) == expected
 
 
 @pytest.mark.parametrize("k", (1, 4, 5, 32, 100))
 def test_checkpointing_every_k_layers_keeps_segment_inputs_and_one_segment(k):
     spec = get_model("llama-2-7b").with_dtype("bf16")
-    common = dict(micro_batch_size=2, sequence_length=1024, tp_degree=2)
-    full = layer_activation_bytes(spec, **common)
+    layout = ActivationLayout(2, 1024, tp_degree=2)
+    full = layer_activation_bytes(spec, layout)
     segment_input = 2 * 1024 * 2 * spec.hidden_size
     layers = spec.num_layers
     expected = (math.ceil(layers / k) - 1) * segment_input + min(k, layers) * full
-    assert activation_bytes(spec, checkpoint_every=k, is_master=False, **common) == expected
-    assert activation_bytes(spec, is_master=False, **common) == layers * full
+    assert activation_bytes(spec, layout, checkpoint_every=k, is_master=False) == expected
+    assert activation_bytes(spec, layout, is_master=False) == layers * full
     # One segment of every layer saves nothing: the whole model is recomputed at once.
     assert expected < layers * full if k < layers else expected == layers * full
 
 
 def test_the_master_also_keeps_the_heads_inputs_and_logits():
     spec = get_model("gpt2").with_dtype("bf16")
-    common = dict(micro_batch_size=2, sequence_length=128)
-    head = activation_bytes(spec, **common) - activation_bytes(spec, is_master=False, **common)
+    layout = ActivationLayout(2, 128)
+    head = activation_bytes(spec, layout) - activation_bytes(spec, layout, is_master=False)
     tokens = 2 * 128
     assert head == tokens * (2 * spec.hidden_size * 2 + spec.vocab_size * (2 + 4))
 
@@ -217,18 +221,16 @@ def test_gradient_as_bucket_view_removes_the_bucket_copy_and_zero_1_shards_only_
 
 def test_training_memory_puts_every_category_together_per_device():
     spec = get_model("llama-2-7b")
-    common = dict(optimizer="adamw", precision="bf16_mixed", micro_batch_size=1, sequence_length=1024,
-                  data_parallel=2, tp_degree=4, framework_baseline_bytes=500e6, checkpoint_every=4)
-    memory = training_memory(spec, is_master=False, **common)
+    layout = ActivationLayout(1, 1024, tp_degree=4)
+    common = dict(optimizer="adamw", precision="bf16_mixed", data_parallel=2, framework_baseline_bytes=500e6,
+                  checkpoint_every=4)
+    memory = training_memory(spec, layout, is_master=False, **common)
     params = rank_parameter_count(spec, 4, is_master=False)
     assert memory.weights == 2 * params and memory.optimizer_states == 16 * params
     assert memory.framework == 500e6
-    assert memory.activations == activation_bytes(
-        spec.with_dtype("bf16"), micro_batch_size=1, sequence_length=1024, tp_degree=4, checkpoint_every=4,
-        is_master=False,
-    )
+    assert memory.activations == activation_bytes(spec.with_dtype("bf16"), layout, checkpoint_every=4, is_master=False)
     assert memory.total == sum(dataclasses.astuple(memory))
-    assert training_memory(spec, is_master=True, **common).total > memory.total
+    assert training_memory(spec, layout, is_master=True, **common).total > memory.total
 
 
 @pytest.mark.parametrize(
@@ -254,8 +256,29 @@ def test_bad_checkpointing_and_baseline_name_their_field():
     with pytest.raises(ConfigError, match="training.activation_checkpointing"):
         recomputed_layer_count(32, 0)
     with pytest.raises(ConfigError, match="training.framework_baseline_bytes"):
-        training_memory(get_model("gpt2"), optimizer="sgd", precision="fp32", micro_batch_size=1,
-                        sequence_length=8, framework_baseline_bytes=-1)
+        training_memory(get_model("gpt2"), ActivationLayout(1, 8), optimizer="sgd", precision="fp32",
+                        framework_baseline_bytes=-1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    (
+        (dict(micro_batch_size=0), "workload.micro_batch_size"),
+        (dict(sequence_length=2.5), "workload.sequence_length"),
+        (dict(tp_degree=-1), "parallel.tensor"),
+        (dict(sequence_parallel="no"), "training.sequence_parallel"),
+        (dict(dropout=1), "training.dropout"),
+    ),
+)
+def test_bad_activation_layouts_name_their_field(kwargs, field):
+    with pytest.raises(ConfigError) as error:
+        ActivationLayout(**(dict(micro_batch_size=1, sequence_length=8) | kwargs))
+    assert error.value.field == field
+
+
+def test_a_tensor_parallel_degree_the_model_cannot_take_is_refused():
+    with pytest.raises(ConfigError, match="parallel.tensor"):
+        layer_activation_bytes(get_model("gpt2"), ActivationLayout(1, 8, tp_degree=5))
 
 
 # --- backward and optimizer FLOPs and bytes -------------------------------------------------------
@@ -312,6 +335,22 @@ def test_weight_gradients_are_written_in_the_gradient_dtype():
     fp32 = layer_backward_costs(spec, tp_degree=1, batch_size=1, sequence_length=4, gradient_dtype="fp32")
     assert bf16[OpKind.OUT_PROJ].weight_grad.bytes_written == h * h * 2
     assert fp32[OpKind.OUT_PROJ].weight_grad.bytes_written == h * h * 4
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_head_backward_prices_the_logits_of_every_position_twice_and_embeddings_by_scatter_add(name):
+    spec = get_model(name)
+    b, s = 2, 64
+    tokens = b * s
+    backward = head_backward_costs(spec, batch_size=b, sequence_length=s)
+    forward = head_op_costs(spec, batch_size=tokens, new_tokens=1)
+    assert forward[OpKind.LM_HEAD].flops == 2 * tokens * spec.hidden_size * spec.vocab_size
+    assert backward[OpKind.LM_HEAD].input_grad.flops == forward[OpKind.LM_HEAD].flops
+    assert backward[OpKind.LM_HEAD].weight_grad.flops == forward[OpKind.LM_HEAD].flops
+    embedding = backward[OpKind.EMBEDDING]
+    assert embedding.input_grad.flops == 0 and embedding.input_grad.bytes_written == 0
+    tables = 2 if spec.learned_position_embeddings else 1
+    assert embedding.weight_grad.flops == tables * tokens * spec.hidden_size
 
 
 @pytest.mark.parametrize("name", MODELS)
