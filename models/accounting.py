@@ -104,16 +104,24 @@ def layer_block_weight_bytes(spec: ModelSpec, tp_degree: int) -> dict[str, int]:
     }
 
 
-def rank_weight_bytes(spec: ModelSpec, tp_degree: int, *, is_master: bool) -> int:
-    """Resident weight bytes of one rank: its shard of every layer, plus on the master the
-    embeddings, final norm and LM head (once if tied).
+def rank_parameter_count(spec: ModelSpec, tp_degree: int, *, is_master: bool) -> int:
+    """Parameters one rank holds: its shard of every layer, plus on the master the embeddings,
+    final norm and LM head (once if tied).
 
-    With ``tp_degree=1`` and ``is_master=True`` this is ``parameter_count(spec) * dtype_bytes``.
+    With ``tp_degree=1`` and ``is_master=True`` this is ``parameter_count(spec)``.
     Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec``.
     """
-    layer_bytes = sum(layer_block_weight_bytes(spec, tp_degree).values())
-    master_bytes = _master_params(spec) * spec.dtype_bytes if is_master else 0
-    return spec.num_layers * layer_bytes + master_bytes
+    check_tensor_parallel(spec, tp_degree)
+    per_layer = _attention_block_params(spec, tp_degree) + _mlp_block_params(spec, tp_degree)
+    return spec.num_layers * per_layer + (_master_params(spec) if is_master else 0)
+
+
+def rank_weight_bytes(spec: ModelSpec, tp_degree: int, *, is_master: bool) -> int:
+    """Resident weight bytes of one rank, ``rank_parameter_count * dtype_bytes``.
+
+    Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec``.
+    """
+    return rank_parameter_count(spec, tp_degree, is_master=is_master) * spec.dtype_bytes
 
 
 def kv_cache_bytes_per_token(spec: ModelSpec, tp_degree: int = 1) -> int:
