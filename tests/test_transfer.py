@@ -147,19 +147,23 @@ def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scal
     from sim.topology import build_topology
     from sim.transport import fit_profile
 
-    def floor(source, target):
+    def floor(source, target, library=False):
         contexts = profile_contexts(source.profile.rows)
         topology = build_topology(target.scenario.config.cluster)
         context = scenario_context(target.name, topology, ParallelPlan.of(target.scenario, topology).tensor_ranks, "fp32")
         return contention_floor(source.profile, contexts, context,
-                                fit_profile(source.profile.of("collective"), contexts[0]))[0]
+                                fit_profile(source.profile.of("collective"), contexts[0]), library=library)[0]
 
     fast, slow, three = clusters[0], clusters[3], clusters[4]  # v2x2_bandwidth, v4x1_latency, h3x1_delay
     four_ranks = floor(fast, clusters[2])
     assert 1e-3 < four_ranks < 4e-3  # 4 ranks on 2 cores: both ends wait for a core
     assert floor(fast, three) == pytest.approx(four_ranks / 2)  # 3 ranks: one beyond the cores, not two
     # 5 ms links hid it: the gloo/tcp default, per rank beyond the cores
-    assert floor(slow, clusters[2]) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S)
+    assert floor(slow, clusters[2]) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False])
+    # gloo's own collectives wait inside the library: a step costs less than a Python isend/irecv
+    library = floor(fast, clusters[2], library=True)
+    assert 0.2e-3 < library < four_ranks / 2
+    assert floor(slow, clusters[2], library=True) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[True])
 
 
 def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
