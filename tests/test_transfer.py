@@ -166,6 +166,31 @@ def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scal
     assert floor(slow, clusters[2], library=True) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[True])
 
 
+def test_a_step_that_leaves_ranks_idle_pays_only_the_contention_of_its_busy_ranks(clusters):
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import TransportNetwork, TransportTerms
+
+    topology = build_topology(clusters[0].scenario.config.cluster)  # 2 hosts of 2 ranks
+    group = (0, 1, 2, 3)
+    floor_s = 2e-3
+    terms = TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=floor_s)
+    network = TransportNetwork(topology, None, {}, terms, cores=2, ranks=4)
+
+    def cost(algorithm):
+        return network.time(build_schedule("allreduce", algorithm, group, 3072, root=None,
+                                           host_groups=topology.host_groups(group))).duration_s
+
+    # recursive doubling: 2 steps, every rank busy in each: the whole floor twice
+    assert 2 * floor_s <= cost("recursive_doubling") < 2 * floor_s + 0.5e-3
+    # two-level tree: 4 steps, the 2 between the hosts' leaders keep 2 ranks on the 2 cores
+    assert 2 * floor_s < cost("two_level_tree") < 3 * floor_s
+    # ranks with a core each: no floor at all
+    alone = TransportNetwork(topology, None, {}, terms, cores=4, ranks=4)
+    assert alone.time(build_schedule("allreduce", "recursive_doubling", group, 3072, root=None,
+                                     host_groups=topology.host_groups(group))).duration_s < floor_s
+
+
 def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
     from models.errors import ConfigError
     from sim.profile import load_profile
