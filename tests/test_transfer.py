@@ -191,6 +191,18 @@ def test_a_step_that_leaves_ranks_idle_pays_only_the_contention_of_its_busy_rank
                                      host_groups=topology.host_groups(group))).duration_s < floor_s
 
 
+def test_a_broadcast_timed_alone_pays_the_receivers_notice_which_a_run_does_not(clusters):
+    from sim.context import profile_contexts
+    from sim.transport import fit_profile
+
+    slow = clusters[3]  # v4x1_latency: 5 ms links, where a 2-step broadcast of 1 KiB takes 15.8 ms alone
+    terms = fit_profile(slow.profile.of("collective"), profile_contexts(slow.profile.rows)[0])
+    broadcast = terms[("broadcast", "library")]
+    # priced at one latency per message, the notice not absorbed into the overhead (2.2 ms if it were)
+    assert broadcast.latencies_per_message == 1.0
+    assert broadcast.per_message_s < 1e-3
+
+
 def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
     from models.errors import ConfigError
     from sim.profile import load_profile
