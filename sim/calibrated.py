@@ -312,51 +312,73 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s)
     scale, contention = contention_scale(contexts, target)
-    floor_s, floor_line = contention_floor(profile, contexts, target, fitted)
-    if floor_s > 0:
-        fitted = {key: t if key[1] == LIBRARY else replace(t, min_message_s=floor_s) for key, t in fitted.items()}
+    floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
+    if any(floor_s > 0 for floor_s, _ in floors.values()):
+        fitted = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in fitted.items()}
         network.terms = fitted
-        network.default = replace(network.default, min_message_s=floor_s)
-    sources = (contention, floor_line,
+        network.default = replace(network.default, min_message_s=floors[False][0])
+        network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
+    sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())))
     return NetworkChoice(network, False, terms, sources, scale)
 
 
-# gloo over TCP where the calibrated links hid it: the shipped profiles whose links are fast
-# enough (v2x2_bandwidth, v4x1_bandwidth: 4 ranks on 2 cores) give 2.03 and 2.2 ms per message in
-# place, 1.0 and 1.1 ms per rank beyond the cores; their mean.
-GLOO_CONTENTION_PER_EXCESS_RANK_S = 1.05e-3
+# gloo over TCP where the calibrated links hid it, per rank beyond the cores, keyed by "gloo's own
+# collective" (else point-to-point): the least a message costs when every rank is busy, fitted by
+# :func:`contention_floor` on the shipped profiles whose links are fast enough (v2x2_bandwidth,
+# v4x1_bandwidth: 4 ranks on 2 cores), their mean. Point-to-point: 2.08 and 2.21 ms per message
+# in place (1.04 and 1.11 ms per rank beyond the cores); gloo's own allreduce, reduce and
+# broadcast, which wait inside one library call instead of returning to Python between messages:
+# 0.57 and 0.52 ms per step (0.29 and 0.26 ms per rank beyond the cores).
+GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.274e-3}
 CONTENTION_BOUND = 1.5  # a message is contention-bound where it costs this much more than its wire
 
 
-def contention_floor(profile: Profile, contexts, target, fitted: dict) -> tuple[float, str]:
-    """(the least a point-to-point message costs on the target, s; a line saying whence).
+def contention_cores(contexts, target) -> int | None:
+    """The cores the target's ranks share: the scenario's, else the first calibrated machine's
+    that records them (the emulated hosts share one machine); None where none does."""
+    known = [c.cores for c in contexts if c.cores is not None]
+    return target.cores or (known[0] if known else None)
+
+
+def contention_floor(profile: Profile, contexts, target, fitted: dict, library: bool = False) -> tuple[float, str]:
+    """(the least a message costs on the target in a step that keeps every rank busy, s; a line
+    saying whence), for point-to-point schedules or (``library``) gloo's own collectives.
 
     Where ranks outnumber the cores, a message moves only once both its ends are scheduled, so
     on a fast link it costs a scheduling delay, not its wire time; over a slow link the ranks
-    sleep and the cores are free. Fitted on the calibrated cluster's collectives timed in place
-    at their smallest size: each point-to-point call over its schedule's steps, where that is
+    sleep and the cores are free, and so are they in a step that leaves ranks idle
+    (:meth:`sim.transport._TransportLinks.floor_s` scales the floor by a step's busy ranks
+    beyond the cores). Fitted on the calibrated cluster's collectives of that family timed in
+    place at their smallest size: each call over its steps at full contention (each step
+    counted as its busy ranks beyond the cores over all ranks beyond them), where that is
     :data:`CONTENTION_BOUND` times what the fitted transport terms give a message (else the
-    links hid it), per rank beyond the cores (measured here: 2.0-2.2 ms per message with 4 ranks
-    on 2 cores over links without delay). Scaled to the target's ranks beyond its cores (the
-    calibrated machine's where the scenario does not say); 0 where they do not outnumber them.
-    Where no calibrated cluster's links let it show, the gloo/tcp default
+    links hid it), per rank beyond the cores. For gloo's own collectives the test is against
+    the wire's latencies alone: their isolated sweep on fast links ran on the same shared cores,
+    so the fitted per-message overhead already holds the contention and would hide it.
+    Measured here with 4 ranks on 2 cores over links without delay: 2.1-2.2 ms per
+    point-to-point message, 0.5-0.6 ms per step of gloo's own allreduce, reduce and broadcast,
+    which wait inside the library. Scaled to the target's ranks beyond its cores (the
+    calibrated machine's cores where the scenario does not say); 0 where they do not outnumber
+    them. Where no calibrated cluster's links let it show, the gloo/tcp default
     (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
-    from sim.transport import Transport, context_topology
+    from sim.transport import Transport, busy_ranks, context_topology
 
+    family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
-    if not known:
-        return 0.0, "core contention per message: none (no cores recorded)"
-    cores = target.cores or known[0].cores
+    cores = contention_cores(contexts, target)
+    if cores is None:
+        return 0.0, f"core contention per message ({family}): none (no cores recorded)"
     excess = max(0, sum(target.ranks_per_host) - cores)
     if excess == 0:
-        return 0.0, f"core contention per message: none ({sum(target.ranks_per_host)} ranks on {cores} cores)"
+        return 0.0, (f"core contention per message ({family}): none "
+                     f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     all_rows = profile.of("collective_in_place")
     per_excess_rank, names = [], []
     for calibrated in known:  # a pool: each cluster's calls over its own links and cores
         calibrated_excess = max(0, sum(calibrated.ranks_per_host) - calibrated.cores)
         rows = all_rows[_rows_of(profile.rows, all_rows, calibrated.name)]
-        rows = rows[(rows["algorithm"] != LIBRARY) & (rows["size_bytes"] == rows["size_bytes"].min())]
+        rows = rows[((rows["algorithm"] == LIBRARY) == library) & (rows["size_bytes"] == rows["size_bytes"].min())]
         topology = context_topology(calibrated)
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
                        for b in range(topology.num_ranks) if a != b), default=0.0)
@@ -366,26 +388,31 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict) -> tuple[
             group = tuple(range(int(row.group_size)))
             if terms is None or calibrated_excess == 0 or len(group) > topology.num_ranks:
                 continue
-            steps = len(build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
-                                       root=None if row.op == "allreduce" else 0,
-                                       host_groups=topology.host_groups(group)).steps)
+            busy = busy_ranks(build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
+                                             root=None if row.op == "allreduce" else 0,
+                                             host_groups=topology.host_groups(group)))
+            # steps at full contention: a step's share is its busy ranks beyond the cores
+            steps = sum(max(0, n - calibrated.cores) / calibrated_excess for n in busy)
+            if steps <= 0:
+                continue
             per_message_s = float(getattr(row, CHARGED["collective_in_place"])) / steps
-            if per_message_s > CONTENTION_BOUND * (terms.per_message_s + terms.latencies_per_message * delay_s):
+            overhead_s = 0.0 if library else terms.per_message_s
+            if per_message_s > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
                 bound.append(per_message_s)
         if bound:
             per_excess_rank.append(float(np.median(bound)) / calibrated_excess)
             names.append(calibrated.name)
     if per_excess_rank:
         floor_s = float(np.median(per_excess_rank)) * excess
-        return floor_s, (f"core contention per message: at least {floor_s * 1e3:.2f} ms, fitted on the "
-                         f"point-to-point calls timed in place on {', '.join(names)} "
+        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
+                         f"the calls timed in place on {', '.join(names)} "
                          f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
-        floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S * excess
-        return floor_s, (f"core contention per message: at least {floor_s * 1e3:.2f} ms, the gloo/tcp default (the "
-                         f"calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
-    return 0.0, ("core contention per message: not priced (the calibrated links were too slow for it to show "
-                 f"in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
+        floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S[library] * excess
+        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
+                         f"default (the calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
+    return 0.0, (f"core contention per message ({family}): not priced (the calibrated links were too slow for "
+                 f"it to show in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
 
 
 def _borrowed(fitted: dict):

@@ -147,19 +147,60 @@ def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scal
     from sim.topology import build_topology
     from sim.transport import fit_profile
 
-    def floor(source, target):
+    def floor(source, target, library=False):
         contexts = profile_contexts(source.profile.rows)
         topology = build_topology(target.scenario.config.cluster)
         context = scenario_context(target.name, topology, ParallelPlan.of(target.scenario, topology).tensor_ranks, "fp32")
         return contention_floor(source.profile, contexts, context,
-                                fit_profile(source.profile.of("collective"), contexts[0]))[0]
+                                fit_profile(source.profile.of("collective"), contexts[0]), library=library)[0]
 
     fast, slow, three = clusters[0], clusters[3], clusters[4]  # v2x2_bandwidth, v4x1_latency, h3x1_delay
     four_ranks = floor(fast, clusters[2])
     assert 1e-3 < four_ranks < 4e-3  # 4 ranks on 2 cores: both ends wait for a core
     assert floor(fast, three) == pytest.approx(four_ranks / 2)  # 3 ranks: one beyond the cores, not two
     # 5 ms links hid it: the gloo/tcp default, per rank beyond the cores
-    assert floor(slow, clusters[2]) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S)
+    assert floor(slow, clusters[2]) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False])
+    # gloo's own collectives wait inside the library: a step costs less than a Python isend/irecv
+    library = floor(fast, clusters[2], library=True)
+    assert 0.2e-3 < library < four_ranks / 2
+    assert floor(slow, clusters[2], library=True) == pytest.approx(2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[True])
+
+
+def test_a_step_that_leaves_ranks_idle_pays_only_the_contention_of_its_busy_ranks(clusters):
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import TransportNetwork, TransportTerms
+
+    topology = build_topology(clusters[0].scenario.config.cluster)  # 2 hosts of 2 ranks
+    group = (0, 1, 2, 3)
+    floor_s = 2e-3
+    terms = TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=floor_s)
+    network = TransportNetwork(topology, None, {}, terms, cores=2, ranks=4)
+
+    def cost(algorithm):
+        return network.time(build_schedule("allreduce", algorithm, group, 3072, root=None,
+                                           host_groups=topology.host_groups(group))).duration_s
+
+    # recursive doubling: 2 steps, every rank busy in each: the whole floor twice
+    assert 2 * floor_s <= cost("recursive_doubling") < 2 * floor_s + 0.5e-3
+    # two-level tree: 4 steps, the 2 between the hosts' leaders keep 2 ranks on the 2 cores
+    assert 2 * floor_s < cost("two_level_tree") < 3 * floor_s
+    # ranks with a core each: no floor at all
+    alone = TransportNetwork(topology, None, {}, terms, cores=4, ranks=4)
+    assert alone.time(build_schedule("allreduce", "recursive_doubling", group, 3072, root=None,
+                                     host_groups=topology.host_groups(group))).duration_s < floor_s
+
+
+def test_a_broadcast_timed_alone_pays_the_receivers_notice_which_a_run_does_not(clusters):
+    from sim.context import profile_contexts
+    from sim.transport import fit_profile
+
+    slow = clusters[3]  # v4x1_latency: 5 ms links, where a 2-step broadcast of 1 KiB takes 15.8 ms alone
+    terms = fit_profile(slow.profile.of("collective"), profile_contexts(slow.profile.rows)[0])
+    broadcast = terms[("broadcast", "library")]
+    # priced at one latency per message, the notice not absorbed into the overhead (2.2 ms if it were)
+    assert broadcast.latencies_per_message == 1.0
+    assert broadcast.per_message_s < 1e-3
 
 
 def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
