@@ -3,7 +3,8 @@ profile, with none, and with the pooled profiles of the others; see :mod:`valida
 
 Re-simulates the shipped reports (``validation/report``, ``validation/holdout-report``) against
 their measured medians; no testbed. About a minute on the project's 2-core machine. Writes
-``errors.csv``, ``transfer.csv``, ``overall.csv`` and ``summary.md``.
+``errors.csv``, ``transfer.csv``, ``overall.csv``, ``summary.md`` and ``report.html`` (the source x
+target heat map). ``--also MATRIX REPORT`` adds the clusters of another validation run.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report]``
 """
@@ -15,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from validation.transfer import (matrix_cluster_names, overall_table, shipped_clusters, transfer_errors,
+from sim.outputs import write_files
+from validation.present.transfer_report import transfer_html
+from validation.transfer import (SHIPPED, matrix_cluster_names, overall_table, shipped_clusters, transfer_errors,
                                  write_transfer_report)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,11 +28,19 @@ COMMAND = "PYTHONPATH=. python benchmarks/bench_transfer_offline.py --out valida
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "validation" / "transfer-report")
+    parser.add_argument("--also", nargs=2, action="append", type=Path, default=[], metavar=("MATRIX", "REPORT"),
+                        help="a further validation report (its matrix file and output directory) whose clusters "
+                             "join the shipped ones, as sources and targets")
     args = parser.parse_args()
     started = time.perf_counter()
-    errors = transfer_errors(shipped_clusters(), on_progress=lambda text: print(text, file=sys.stderr))
+    reports = (*SHIPPED, *(tuple(pair) for pair in args.also))
+    errors = transfer_errors(shipped_clusters(reports), on_progress=lambda text: print(text, file=sys.stderr))
     matrix = matrix_cluster_names()
-    written = write_transfer_report(errors, args.out, COMMAND, matrix)
+    command = COMMAND if not args.also else " ".join(["PYTHONPATH=. python benchmarks/bench_transfer_offline.py",
+                                                     "--out", str(args.out),
+                                                     *(f"--also {m} {r}" for m, r in args.also)])
+    written = write_transfer_report(errors, args.out, command, matrix)
+    written += write_files(args.out, {"report.html": transfer_html(errors)})
     print(overall_table(errors, matrix).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"{time.perf_counter() - started:.0f} s; wrote " + ", ".join(str(p) for p in written))
 

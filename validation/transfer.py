@@ -198,14 +198,15 @@ def matrix_table(errors: pd.DataFrame) -> pd.DataFrame:
 
 def summary_markdown(errors: pd.DataFrame, command: str, matrix_clusters: Sequence[str] = ()) -> str:
     """The report's summary: how it was made, the overall figures and the source x target table."""
-    lines = ["# Calibration transfer, offline", "",
-             f"Regenerate: `{command}` (re-simulation of the shipped reports' profiles against their measured "
-             "medians; no testbed).", "",
+    lines = ["# Calibration transfer", "",
+             f"Regenerate: `{command}` (re-simulation of the reports' profiles against their measured "
+             "medians).", "",
              "Signed error = simulated / measured - 1, TTFT and TPOT of every variant at every measured prompt "
              "length. Pairs: `same` = a cluster with its own profile (same-cluster mode); `other` = another "
              "cluster's profile (true transfer); `pooled` = the profiles of all clusters but the target; "
-             "`none` = no profile. Scope `all`: the 6 clusters; `matrix`: the 4 clusters of "
-             "`validation/matrix.yaml` among themselves (the issue's 240 off-diagonal cases).", "",
+             f"`none` = no profile. Scope `all`: the {errors['target'].nunique()} clusters; `matrix`: the "
+             f"{len(matrix_clusters)} clusters of `validation/matrix.yaml` among themselves (the issue's 240 "
+             "off-diagonal cases).", "",
              "| scope | pairs | metric | cases | median abs error | p90 abs error | median signed error |",
              "|---|---|---|---|---|---|---|"]
     for row in overall_table(errors, matrix_clusters).itertuples(index=False):
