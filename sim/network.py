@@ -142,9 +142,13 @@ class Links:
         route = self._pairs.get(key)
         if route is None:
             path = self.topology.path(src, dst)
-            route = self._pairs[key] = self.route(tuple(self.index[c.name] for c in path),
-                                                  sum(c.latency_s for c in path))
+            route = self._pairs[key] = self.route(tuple(self.index[c.name] for c in path), self.message_latency_s(path))
         return route
+
+    def message_latency_s(self, path) -> float:
+        """What a message waits before its bytes flow over ``path`` (channels): the sum of their
+        latencies (s). Transport models add their per-message terms here."""
+        return sum(c.latency_s for c in path)
 
     def loader(self, rank: int, rate_cap: float | None = None) -> Route:
         """The route of a weight load to ``rank`` (:meth:`Topology.loader_path`), plus a channel

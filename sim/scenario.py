@@ -47,7 +47,7 @@ from models.input_files import load_yaml
 from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
-from sim.strategies import STRATEGIES, StrategyChoice
+from sim.strategies import StrategyChoice
 from sim.units import parse_duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -149,13 +149,6 @@ class Variant(BaseModel):
     reduce: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     broadcast: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     memory: MemoryConfig | None = None  # overrides the scenario's memory policy
-
-    @field_validator("strategy")
-    @classmethod
-    def _known_strategy(cls, value: str) -> str:
-        if value not in STRATEGIES:
-            raise ValueError(f"unknown strategy; known: {', '.join(STRATEGIES)}")
-        return value
 
     @model_validator(mode="after")
     def _algorithms_fit_strategy(self) -> Variant:

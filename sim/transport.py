@@ -41,7 +41,7 @@ from sim.cluster_config import ClusterConfig
 from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.context import CalibrationContext, LinkClass
-from sim.network import CollectiveTiming, Links, Route, _FlowRun, fluid_lower_bound_s
+from sim.network import CollectiveTiming, Links, _FlowRun, fluid_lower_bound_s
 from sim.topology import Topology, build_topology
 
 IDENTIFIABLE_DELAY_S = 1e-3
@@ -95,15 +95,9 @@ class _TransportLinks(Links):
         self.cores, self.ranks = cores, ranks
         self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
 
-    def get(self, src: int, dst: int) -> Route:
-        key = (src, dst)
-        route = self._pairs.get(key)
-        if route is None:
-            path = self.topology.path(src, dst)
-            latency_s = (self.terms.per_message_s
-                         + self.terms.latencies_per_message * sum(c.latency_s for c in path))
-            route = self._pairs[key] = self.route(tuple(self.index[c.name] for c in path), latency_s)
-        return route
+    def message_latency_s(self, path) -> float:
+        """The terms' software overhead plus their number of one-way latencies of ``path`` (s)."""
+        return self.terms.per_message_s + self.terms.latencies_per_message * sum(c.latency_s for c in path)
 
     def floor_s(self, busy_ranks: int) -> float:
         """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks

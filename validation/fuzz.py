@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import yaml
 
-from sim.vocabulary import DECODE_METRICS
+from sim.vocabulary import DECODE_METRICS, Metric
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MEMORY_LIMIT_BYTES = 4 << 30
@@ -566,13 +566,13 @@ def results_make_sense(out_dir: Path) -> bool:
                 continue
             if not math.isfinite(value):
                 return False
-        return bool((values.loc[["ttft_s"]] > 0).all() and (values.loc[["peak_memory_bytes"]] > 0).all())
+        return bool((values.loc[[Metric.TTFT.value]] > 0).all() and (values.loc[[Metric.PEAK_MEMORY.value]] > 0).all())
     sweep = out_dir / "sweep.csv"
     if sweep.exists():
         table = pd.read_csv(sweep)
         feasible = table[table["feasible"]]
-        numbers = feasible[["ttft_s", "max_peak_memory_bytes"]].to_numpy(dtype=float)
-        tpot = feasible["tpot_s"].to_numpy(dtype=float)
+        numbers = feasible[[Metric.TTFT.value, Metric.MAX_PEAK_MEMORY.value]].to_numpy(dtype=float)
+        tpot = feasible[Metric.TPOT.value].to_numpy(dtype=float)
         return not table.empty and bool(((numbers > 0) & (numbers < math.inf)).all()) and bool(
             ((tpot > 0) & (tpot < math.inf) | (tpot != tpot)).all())
     return False

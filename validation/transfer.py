@@ -26,6 +26,7 @@ import pandas as pd
 
 from sim.profile import Profile, load_profile
 from sim.transport import Transport
+from sim.vocabulary import Metric
 from sim.scenario import Scenario
 from validation.matrix import load_matrix, with_prompt
 
@@ -33,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The shipped reports and the matrices that produced them.
 SHIPPED = ((REPO_ROOT / "validation" / "matrix.yaml", REPO_ROOT / "validation" / "report"),
            (REPO_ROOT / "validation" / "holdout.yaml", REPO_ROOT / "validation" / "holdout-report"))
-TRANSFER_METRICS = ("ttft_s", "tpot_s")
+TRANSFER_METRICS = (Metric.TTFT, Metric.TPOT)
 NO_PROFILE = "none"
 POOLED = "pooled"
 ERROR_COLUMNS = ["source", "target", "prompt_tokens", "variant", "metric", "simulated", "measured", "error"]
