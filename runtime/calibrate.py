@@ -292,6 +292,7 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         ConfigError: invalid scenario, or testbed not up.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
+    scenario.require_inference("calibrate")
     from runtime.measure import launch_scenario
 
     def body(topology, rank: int, heartbeat) -> object:

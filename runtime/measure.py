@@ -137,6 +137,7 @@ def launch_measurement(scenario: Scenario, *, repeats: int, warmup: int = 1, see
     :func:`runtime.worker.timed_rounds`; ``repeats=0`` reads peak memory only); every rank's
     measurements, ``[rank][variant]``, for :func:`measured_result` or :func:`with_memory`.
     Raises as :func:`measure_scenario`."""
+    scenario.require_inference("measure")
     import torch
 
     from runtime.worker import run_rank

@@ -38,8 +38,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
-                      field_validator, model_validator)
+from typing import Annotated, Literal
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag,
+                      ValidationError, field_validator, model_validator)
 
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
@@ -48,6 +50,7 @@ from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
+from sim.training_config import TrainingSettings, TrainingWorkload
 from sim.units import parse_duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -70,6 +73,7 @@ class Workload(BaseModel):
     """
 
     model_config = _STRICT
+    kind: Literal["inference"] = "inference"
     batch_size: StrictInt = Field(gt=0, le=MAX_BATCH_SIZE)
     prompt_tokens: StrictInt = Field(gt=0, le=MAX_PROMPT_TOKENS)
     output_tokens: StrictInt = Field(gt=0, le=MAX_OUTPUT_TOKENS)
@@ -109,10 +113,13 @@ class ComputeSettings(BaseModel):
 
 
 class Parallel(BaseModel):
-    """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all."""
+    """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all.
+    ``data``: data-parallel degree of a training workload (replicas of the tensor-parallel group,
+    each on the next ``tensor`` devices); None = 1."""
 
     model_config = _STRICT
     tensor: StrictInt | None = Field(default=None, gt=0)
+    data: StrictInt | None = Field(default=None, gt=0)
 
 
 class MemoryConfig(BaseModel):
@@ -144,14 +151,19 @@ class Variant(BaseModel):
 
     model_config = _STRICT
     name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    strategy: str = Field(max_length=MAX_NAME_CHARS)
+    strategy: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     allreduce: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     reduce: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     broadcast: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     memory: MemoryConfig | None = None  # overrides the scenario's memory policy
+    training: TrainingSettings | None = None  # a training workload's settings this variant changes
 
     @model_validator(mode="after")
     def _algorithms_fit_strategy(self) -> Variant:
+        if self.strategy is None:
+            # A training variant without tensor parallelism calls no strategy; ScenarioConfig
+            # requires one for inference.
+            return self
         # StrategyChoice raises ConfigError on the field at fault (strategy, allreduce, ...);
         # config_error_from joins it to this variant's place in the scenario.
         choice = self.choice()
@@ -167,7 +179,13 @@ class Variant(BaseModel):
         return self
 
     def choice(self) -> StrategyChoice:
-        """The variant's strategy and algorithms (:class:`sim.strategies.StrategyChoice`)."""
+        """The variant's strategy and algorithms (:class:`sim.strategies.StrategyChoice`).
+
+        Raises:
+            ConfigError: on ``strategy`` when the variant names none.
+        """
+        if self.strategy is None:
+            raise ConfigError("strategy", f"variant {shorten(self.name)} names no tensor-parallel strategy")
         return StrategyChoice(self.strategy, self.allreduce, self.reduce, self.broadcast)
 
 
@@ -181,6 +199,17 @@ class SweepConfig(BaseModel):
     memory: list[MemoryConfig] = Field(default_factory=list, max_length=64)
 
 
+_INFERENCE = "inference"
+_TRAINING = "training"
+
+
+def _workload_kind(value: Any) -> str:
+    """The workload union's tag: ``training`` when ``kind`` says so, else ``inference`` (the default,
+    so scenarios written before training existed keep their meaning)."""
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return _TRAINING if kind == _TRAINING else _INFERENCE
+
+
 class ScenarioConfig(BaseModel):
     """The YAML document, validated field by field (units parsed to SI)."""
 
@@ -191,13 +220,53 @@ class ScenarioConfig(BaseModel):
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     cluster: ClusterConfig
     parallel: Parallel = Parallel()
-    workload: Workload
+    workload: Annotated[Annotated[Workload, Tag(_INFERENCE)] | Annotated[TrainingWorkload, Tag(_TRAINING)],
+                        Discriminator(_workload_kind)]
+    training: TrainingSettings | None = None
     compute: ComputeSettings = ComputeSettings()
     network_model: str = Field(default="flow", max_length=MAX_NAME_CHARS)
     memory: MemoryConfig = MemoryConfig()
     sweep: SweepConfig | None = None
     baseline: str | None = None
     variants: list[Variant] = Field(min_length=1, max_length=64)
+
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _known_kind(cls, value: Any) -> Any:
+        kind = value.get("kind", _INFERENCE) if isinstance(value, dict) else _INFERENCE
+        if kind not in (_INFERENCE, _TRAINING):
+            raise ConfigError("kind", f"unknown workload kind; known: {_INFERENCE}, {_TRAINING} (got {shorten(kind)})")
+        return value
+
+    @property
+    def is_training(self) -> bool:
+        """Whether the workload is a training job (:class:`sim.training_config.TrainingWorkload`)."""
+        return isinstance(self.workload, TrainingWorkload)
+
+    @model_validator(mode="after")
+    def _sections_fit_workload(self) -> ScenarioConfig:
+        if self.is_training:
+            for i, variant in enumerate(self.variants):
+                if variant.memory is not None:
+                    raise ConfigError(f"variants[{i}].memory", "weight memory policies apply to inference "
+                                                              "workloads, not training (got a memory section)")
+            if self.sweep is not None:
+                raise ConfigError("sweep", "a sweep section applies to inference workloads (got one with a "
+                                           "training workload)")
+            return self
+        if self.training is not None:
+            raise ConfigError("training", "applies to workload kind: training (got a training section with "
+                                          "an inference workload)")
+        if self.parallel.data not in (None, 1):
+            raise ConfigError("parallel.data", f"data parallelism applies to training workloads "
+                                               f"(got {self.parallel.data})")
+        for i, variant in enumerate(self.variants):
+            if variant.training is not None:
+                raise ConfigError(f"variants[{i}].training", "applies to workload kind: training (got a training "
+                                                            "section with an inference workload)")
+            if variant.strategy is None:
+                raise ConfigError(f"variants[{i}].strategy", "Field required for an inference workload")
+        return self
 
     @model_validator(mode="after")
     def _names(self) -> ScenarioConfig:
@@ -231,6 +300,17 @@ class Scenario(BaseModel):
         """The variant's weight memory policy: its own ``memory``, else the scenario's."""
         return (variant.memory or self.config.memory).to_policy()
 
+    def require_inference(self, what: str) -> None:
+        """Raise ConfigError on ``workload.kind`` if this is a training scenario, which ``what`` (a
+        command or function) does not run."""
+        if self.config.is_training:
+            raise ConfigError("workload.kind", f"{what} takes inference workloads (got training)")
+
+    def training_settings(self, variant: Variant) -> TrainingSettings:
+        """A training variant's settings: the scenario's ``training`` section (defaults where absent)
+        with the fields the variant writes replacing them."""
+        return (self.config.training or TrainingSettings()).merged(variant.training)
+
     def plan(self, variant: Variant, ranks: tuple[int, ...], runtime_memory_bytes: dict[int, int] | None = None
              ) -> Plan:
         """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one)."""
@@ -242,6 +322,8 @@ class Scenario(BaseModel):
 
 def _location(loc: tuple[Any, ...]) -> str:
     text = ""
+    # The workload union's tag is pydantic's bookkeeping, not a field the user wrote.
+    loc = tuple(x for i, x in enumerate(loc) if not (i and loc[i - 1] == "workload" and x in (_INFERENCE, _TRAINING)))
     for item in loc:
         text += f"[{item}]" if isinstance(item, int) else (f".{item}" if text else str(item))
     return text or "scenario"

@@ -106,6 +106,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         ConfigError: an inconsistent scenario (devices without the dtype, an unknown algorithm or
             network model, a tensor-parallel degree that does not fit).
     """
+    scenario.require_inference("simulate")
     config = scenario.config
     topology = build_topology(config.cluster)
     ranks = ParallelPlan.of(scenario, topology).tensor_ranks
