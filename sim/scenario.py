@@ -50,7 +50,9 @@ from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
+from sim.serving.config import ServingWorkload
 from sim.training_config import TrainingSettings, TrainingWorkload
+from sim.vocabulary import WorkloadKind
 from sim.units import parse_duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -199,15 +201,11 @@ class SweepConfig(BaseModel):
     memory: list[MemoryConfig] = Field(default_factory=list, max_length=64)
 
 
-_INFERENCE = "inference"
-_TRAINING = "training"
-
-
 def _workload_kind(value: Any) -> str:
-    """The workload union's tag: ``training`` when ``kind`` says so, else ``inference`` (the default,
-    so scenarios written before training existed keep their meaning)."""
+    """The workload union's tag: its ``kind``, ``inference`` by default (so scenarios written before
+    other kinds existed keep their meaning)."""
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    return _TRAINING if kind == _TRAINING else _INFERENCE
+    return kind if kind in set(WorkloadKind) else WorkloadKind.INFERENCE
 
 
 class ScenarioConfig(BaseModel):
@@ -220,7 +218,9 @@ class ScenarioConfig(BaseModel):
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     cluster: ClusterConfig
     parallel: Parallel = Parallel()
-    workload: Annotated[Annotated[Workload, Tag(_INFERENCE)] | Annotated[TrainingWorkload, Tag(_TRAINING)],
+    workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
+                        | Annotated[TrainingWorkload, Tag(WorkloadKind.TRAINING)]
+                        | Annotated[ServingWorkload, Tag(WorkloadKind.SERVING)],
                         Discriminator(_workload_kind)]
     training: TrainingSettings | None = None
     compute: ComputeSettings = ComputeSettings()
@@ -233,15 +233,20 @@ class ScenarioConfig(BaseModel):
     @field_validator("workload", mode="before")
     @classmethod
     def _known_kind(cls, value: Any) -> Any:
-        kind = value.get("kind", _INFERENCE) if isinstance(value, dict) else _INFERENCE
-        if kind not in (_INFERENCE, _TRAINING):
-            raise ConfigError("kind", f"unknown workload kind; known: {_INFERENCE}, {_TRAINING} (got {shorten(kind)})")
+        kind = value.get("kind", WorkloadKind.INFERENCE) if isinstance(value, dict) else WorkloadKind.INFERENCE
+        if kind not in set(WorkloadKind):
+            raise ConfigError("kind", f"unknown workload kind; known: {', '.join(WorkloadKind)} (got {shorten(kind)})")
         return value
+
+    @property
+    def workload_kind(self) -> WorkloadKind:
+        """The workload's kind (``workload.kind``)."""
+        return WorkloadKind(self.workload.kind)
 
     @property
     def is_training(self) -> bool:
         """Whether the workload is a training job (:class:`sim.training_config.TrainingWorkload`)."""
-        return isinstance(self.workload, TrainingWorkload)
+        return self.workload_kind is WorkloadKind.TRAINING
 
     @model_validator(mode="after")
     def _sections_fit_workload(self) -> ScenarioConfig:
@@ -257,6 +262,15 @@ class ScenarioConfig(BaseModel):
         if self.training is not None:
             raise ConfigError("training", "applies to workload kind: training (got a training section with "
                                           "an inference workload)")
+        if self.workload_kind is WorkloadKind.SERVING:
+            for i, variant in enumerate(self.variants):
+                if self.memory_policy_of(variant).streams:
+                    raise ConfigError(f"variants[{i}].memory" if variant.memory else "memory",
+                                      "weight streaming is not simulated under a serving workload "
+                                      f"(got {self.memory_policy_of(variant).label()})")
+            if self.sweep is not None:
+                raise ConfigError("sweep", "a sweep section applies to inference workloads (got one with a "
+                                           "serving workload)")
         if self.parallel.data not in (None, 1):
             raise ConfigError("parallel.data", f"data parallelism applies to training workloads "
                                                f"(got {self.parallel.data})")
@@ -267,6 +281,10 @@ class ScenarioConfig(BaseModel):
             if variant.strategy is None:
                 raise ConfigError(f"variants[{i}].strategy", "Field required for an inference workload")
         return self
+
+    def memory_policy_of(self, variant: Variant) -> MemoryPolicy:
+        """The variant's weight memory policy: its own ``memory``, else the scenario's."""
+        return (variant.memory or self.memory).to_policy()
 
     @model_validator(mode="after")
     def _names(self) -> ScenarioConfig:
@@ -298,13 +316,14 @@ class Scenario(BaseModel):
 
     def memory_policy(self, variant: Variant) -> MemoryPolicy:
         """The variant's weight memory policy: its own ``memory``, else the scenario's."""
-        return (variant.memory or self.config.memory).to_policy()
+        return self.config.memory_policy_of(variant)
 
     def require_inference(self, what: str) -> None:
         """Raise ConfigError on ``workload.kind`` if this is a training scenario, which ``what`` (a
         command or function) does not run."""
-        if self.config.is_training:
-            raise ConfigError("workload.kind", f"{what} takes inference workloads (got training)")
+        kind = self.config.workload_kind
+        if kind is not WorkloadKind.INFERENCE:
+            raise ConfigError("workload.kind", f"{what} takes inference workloads (got {kind})")
 
     def training_settings(self, variant: Variant) -> TrainingSettings:
         """A training variant's settings: the scenario's ``training`` section (defaults where absent)
@@ -323,7 +342,7 @@ class Scenario(BaseModel):
 def _location(loc: tuple[Any, ...]) -> str:
     text = ""
     # The workload union's tag is pydantic's bookkeeping, not a field the user wrote.
-    loc = tuple(x for i, x in enumerate(loc) if not (i and loc[i - 1] == "workload" and x in (_INFERENCE, _TRAINING)))
+    loc = tuple(x for i, x in enumerate(loc) if not (i and loc[i - 1] == "workload" and x in set(WorkloadKind)))
     for item in loc:
         text += f"[{item}]" if isinstance(item, int) else (f".{item}" if text else str(item))
     return text or "scenario"

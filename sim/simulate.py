@@ -91,28 +91,30 @@ def check_finite(timing: dict[str, float], field: str, *, decodes: bool) -> None
 
 
 
-def simulate(scenario: Scenario, *, profile: Profile | None = None,
-             expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
-    """Simulate every variant of ``scenario``.
+@dataclass(frozen=True)
+class Pricing:
+    """How a scenario's forward passes are priced on its cluster: the compute model (roofline, or
+    calibrated), the network model, the engine built on them, how a profile's network terms were
+    used (None without a profile) and the runtime's own memory per rank (bytes, from a profile)."""
 
-    Args:
-        profile: a calibration profile; without one, compute is priced by the roofline and
-            communication by the scenario's network model from datasheet figures, the flow
-            model with each transport's documented per-message terms
-            (:class:`sim.transport.DefaultTransportNetwork`).
-        expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
+    compute: object
+    network: object
+    engine: Engine
+    choice: NetworkChoice | None
+    runtime_memory: dict[int, int]
+
+
+def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
+                  profile: Profile | None = None) -> Pricing:
+    """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
+    ``topology``: the roofline and the scenario's network model (with each transport's documented
+    per-message terms for the default one), or a calibration ``profile`` compared with the
+    scenario's context (:mod:`sim.calibrated`).
 
     Raises:
-        ConfigError: an inconsistent scenario (devices without the dtype, an unknown algorithm or
-            network model, a tensor-parallel degree that does not fit).
+        ConfigError: devices without the scenario's dtype, an unknown network model.
     """
-    scenario.require_inference("simulate")
     config = scenario.config
-    topology = build_topology(config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
-    check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
-                   ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
-                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
     dtype = scenario.model.dtype
     for rank in ranks:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")
@@ -136,6 +138,34 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     engine = Engine(topology, compute, CollectivePricer(network, topology))
+    return Pricing(compute, network, engine, choice, runtime_memory)
+
+
+def simulate(scenario: Scenario, *, profile: Profile | None = None,
+             expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
+    """Simulate every variant of ``scenario``.
+
+    Args:
+        profile: a calibration profile; without one, compute is priced by the roofline and
+            communication by the scenario's network model from datasheet figures, the flow
+            model with each transport's documented per-message terms
+            (:class:`sim.transport.DefaultTransportNetwork`).
+        expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
+
+    Raises:
+        ConfigError: an inconsistent scenario (devices without the dtype, an unknown algorithm or
+            network model, a tensor-parallel degree that does not fit).
+    """
+    scenario.require_inference("simulate")
+    config = scenario.config
+    topology = build_topology(config.cluster)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
+                   ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
+                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
+    pricing = build_pricing(scenario, topology, ranks, profile)
+    compute, network, engine = pricing.compute, pricing.network, pricing.engine
+    choice, runtime_memory = pricing.choice, pricing.runtime_memory
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:

@@ -23,6 +23,15 @@ class PhaseKind(StrEnum):
         return cls.PREFILL if step == 0 else cls.DECODE
 
 
+class WorkloadKind(StrEnum):
+    """What a scenario's cluster does (``workload.kind``): one batch of generations
+    (``inference``, the default), a training job, or requests arriving over time (``serving``)."""
+
+    INFERENCE = "inference"
+    TRAINING = "training"
+    SERVING = "serving"
+
+
 class Metric(StrEnum):
     """A metric of the tidy result table (:mod:`sim.metrics` defines each), named with its unit.
 
@@ -39,6 +48,11 @@ class Metric(StrEnum):
     MEMORY_CAPACITY = "memory_capacity_bytes"
     MAX_PEAK_MEMORY = "max_peak_memory_bytes"
     REPEATS = "repeats"
+    # Serving (sim/serving): over requests, TTFT and TPOT are means and their percentiles.
+    OUTPUT_TOKENS_PER_S = "output_tokens_per_s"
+    REQUESTS_PER_S = "requests_per_s"
+    SLO_ATTAINED = "slo_attained_fraction"
+    MAX_REQUEST_RATE = "max_request_rate_per_s"
     # Validation's summary rows: collective call times against the calibrated network model.
     COLLECTIVE = "collective_s"
     COLLECTIVE_ALL = "collective_s_all"
@@ -86,9 +100,12 @@ class MeasurementKind(StrEnum):
 
 def unit_of(name: str) -> str:
     """The unit a metric name ends with (a :class:`Metric` or one of its percentiles):
-    ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_s`` s, otherwise ``count``."""
+    ``*request*_per_s`` requests/s, other ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_fraction``
+    fraction, ``*_s`` s, otherwise ``count``."""
     if name.endswith("_per_s"):
-        return "tokens/s"
+        return "requests/s" if "request" in name else "tokens/s"
+    if name.endswith("_fraction"):
+        return "fraction"
     if name.endswith("_bytes"):
         return "bytes"
     if name.endswith("_s"):

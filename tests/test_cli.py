@@ -102,9 +102,16 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_every_shipped_scenario_simulates(path):
     from sim.scenario import load_scenario
+    from sim.serving.simulate import simulate_serving
     from sim.simulate import simulate
+    from sim.vocabulary import WorkloadKind
 
-    result = simulate(load_scenario(path))
+    scenario = load_scenario(path)
+    if scenario.config.workload_kind is WorkloadKind.SERVING:
+        served = simulate_serving(scenario)
+        assert all(v.metrics["ttft_s"] > 0 and v.metrics["max_request_rate_per_s"] > 0 for v in served.variants)
+        return
+    result = simulate(scenario)
     for vr in result.variants:
         assert vr.timing["ttft_s"] > 0 and vr.timing["tpot_s"] > 0
     if "70b" in path.stem and "low_resource" in path.stem:

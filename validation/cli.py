@@ -23,6 +23,7 @@ from rich.markup import escape
 from models.errors import ConfigError, shorten
 from runtime import interrupt
 from runtime.errors import LaunchError
+from sim.vocabulary import WorkloadKind
 from validation.limits import MAX_REPEATS, MAX_TIMED_S, MAX_TIMEOUT_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +87,9 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     if loaded.config.sweep is not None:
         _simulate_sweep(loaded, out_dir, console)
         return
+    if loaded.config.workload_kind is WorkloadKind.SERVING:
+        _simulate_serving(loaded, out_dir, profile, console)
+        return
     with console.status(f"simulating {len(loaded.config.variants)} variants"):  # a terminal sees it is busy
         result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
@@ -138,6 +142,20 @@ def check_out_dir(out_dir: Path) -> None:
         raise ConfigError("--out", f"{shorten(str(existing), keep_end=True)} is a file, not a directory (got {shown})")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError("--out", f"no permission to write in {shorten(str(existing), keep_end=True)} (got {shown})")
+
+
+def _simulate_serving(scenario, out_dir: Path, profile, console: Console) -> None:
+    """Serve a ``kind: serving`` scenario's requests with each variant; print the table, write
+    results.csv, requests.csv and report.html."""
+    from sim.serving.simulate import simulate_serving
+    from validation.present.serving import print_serving, write_serving
+
+    with console.status(f"serving {len(scenario.config.variants)} variants"):
+        result = simulate_serving(scenario, profile=profile)
+    print_serving(result, console)
+    with interrupt.deferred():
+        written = write_serving(result, out_dir)
+    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
 def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:

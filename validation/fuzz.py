@@ -72,7 +72,10 @@ def seed_scenarios() -> dict[str, dict]:
         data["variants"] = data["variants"][:2]
         if data.get("baseline") not in {v["name"] for v in data["variants"]}:
             data.pop("baseline", None)
-        data["workload"]["output_tokens"] = min(data["workload"]["output_tokens"], 16)
+        workload = data["workload"]
+        for field, most in (("output_tokens", 16), ("requests", 20)):  # keep each case short
+            if field in workload:
+                workload[field] = min(workload[field], most)
         if "sweep" in data:
             data["sweep"] = {key: values[:2] if key != "models" else values[:1] for key, values in data["sweep"].items()}
         if str(data.get("model", "")).endswith(".json"):

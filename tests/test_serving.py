@@ -1,0 +1,150 @@
+"""Serving load (sim/serving): requests arriving over time, continuous batching under a token
+budget, latency percentiles over requests and the highest rate meeting an SLO."""
+
+import copy
+import re
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from models.errors import ConfigError
+from sim.scenario import scenario_from_dict
+from sim.serving.requests import poisson_arrivals, workload_requests
+from sim.serving.simulate import cost_per_million_tokens, meets_slo, simulate_serving
+from sim.simulate import simulate
+from sim.vocabulary import Metric, unit_of
+
+DATA = Path(__file__).parent / "data"
+
+
+def _document() -> dict:
+    return yaml.safe_load((DATA / "serving_small.yaml").read_text())
+
+
+def _scenario(**workload):
+    document = _document()
+    document["workload"].update(workload)
+    return scenario_from_dict(document, base_dir=DATA)
+
+
+def test_an_unloaded_request_takes_the_inference_simulators_ttft_and_tpot():
+    serving = simulate_serving(_scenario(requests=1, slo=None))
+    document = _document()
+    document["workload"] = {"batch_size": 1, "prompt_tokens": 256, "output_tokens": 32}
+    inference = simulate(scenario_from_dict(document))
+    for served, batch in zip(serving.variants, inference.variants):
+        assert served.metrics[Metric.TTFT] == pytest.approx(batch.timing[Metric.TTFT], rel=1e-9)
+        assert served.metrics[Metric.TPOT] == pytest.approx(batch.timing[Metric.TPOT], rel=1e-6)
+
+
+def test_latency_grows_with_load_and_throughput_follows_the_offered_rate():
+    runs = [simulate_serving(_scenario(rate_per_s=rate, slo=None)).variants[1] for rate in (0.5, 2.0, 8.0)]
+    p90 = [r.metrics[Metric.TTFT.percentile(90)] for r in runs]
+    assert p90[0] <= p90[1] < p90[2]
+    assert [r.run.max_running for r in runs] == sorted(r.run.max_running for r in runs)
+    # Under light load the server delivers what arrives; overloaded, it saturates below the offer.
+    light = runs[0].metrics[Metric.REQUESTS_PER_S]
+    assert light == pytest.approx(0.5, rel=0.3)
+    assert runs[2].metrics[Metric.REQUESTS_PER_S] < 8.0
+
+
+def test_a_smaller_token_budget_chunks_the_prefill_and_delays_the_first_token():
+    whole = simulate_serving(_scenario(requests=1, slo=None)).variants[0].metrics[Metric.TTFT]
+    chunked = simulate_serving(_scenario(requests=1, slo=None, max_batch_tokens=64)).variants[0]
+    assert chunked.run.iterations == 4 + 31  # 256 prompt tokens in chunks of 64, then 31 decode steps
+    assert chunked.metrics[Metric.TTFT] > whole
+
+
+def test_the_kv_cache_bounds_the_requests_running_at_once():
+    roomy = simulate_serving(_scenario(rate_per_s=50.0, slo=None)).variants[0]
+    # gpt2's weights on 4 GiB leave a small cache at utilisation 0.09: five requests at a time.
+    tight = simulate_serving(_scenario(rate_per_s=50.0, slo=None, memory_utilization=0.09)).variants[0]
+    assert tight.run.max_running * (256 + 32) <= tight.run.kv_capacity_tokens < roomy.run.kv_capacity_tokens
+    assert tight.run.max_running < roomy.run.max_running
+    with pytest.raises(ConfigError, match="^workload.memory_utilization: "):
+        simulate_serving(_scenario(memory_utilization=0.01))
+
+
+def test_the_maximum_rate_meets_the_slo_and_twice_it_does_not():
+    result = simulate_serving(_scenario())
+    slo = result.scenario.config.workload.slo
+    for vr in result.variants:
+        rate = vr.metrics[Metric.MAX_REQUEST_RATE]
+        assert rate > 0 and meets_slo(vr.search.metrics, slo)
+        faster = simulate_serving(_scenario(rate_per_s=2 * rate)).variant_result(vr.variant.name)
+        assert not meets_slo(faster.metrics, slo)
+    rates = {vr.variant.name: vr.metrics[Metric.MAX_REQUEST_RATE] for vr in result.variants}
+    assert rates["allreduce_ring"] > rates["reduce_ln_bcast"]  # the faster step serves more
+
+
+def test_same_seed_same_requests_and_results():
+    assert (poisson_arrivals(3.0, 50, 7) == poisson_arrivals(3.0, 50, 7)).all()
+    assert not (poisson_arrivals(3.0, 50, 7) == poisson_arrivals(3.0, 50, 8)).all()
+    first, second = (simulate_serving(_scenario(slo=None)).results for _ in range(2))
+    assert first.equals(second)
+
+
+def test_a_trace_gives_lengths_and_arrivals(tmp_path):
+    trace = tmp_path / "requests.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,5\n0.5,50,1\n")
+    scenario = scenario_from_dict({**_document(), "workload": {"kind": "serving", "rate_per_s": 1, "trace": str(trace)}})
+    requests = workload_requests(scenario.config.workload, scenario.model)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests] == [(0.0, 100, 10), (0.5, 200, 5),
+                                                                                 (0.5, 50, 1)]
+    served = simulate_serving(scenario).variants[0].run.served
+    assert math.isnan(served[2].tpot_s) and served[2].finish_s == served[2].first_token_s
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("prompt_tokens\n10\n", "missing output_tokens"),
+    ("prompt_tokens,output_tokens\n10,0\n", "line 2: output_tokens must be a positive integer"),
+    ("prompt_tokens,output_tokens\n1000,100\n", "line 2: prompt_tokens + output_tokens = 1100 exceeds"),
+    ("arrival_s,prompt_tokens,output_tokens\n1,10,1\n0.5,10,1\n", "line 3: arrival_s must be finite"),
+    ("prompt_tokens,output_tokens\n", "no requests"),
+])
+def test_bad_traces_are_named_by_line(tmp_path, text, expected):
+    trace = tmp_path / "requests.csv"
+    trace.write_text(text)
+    scenario = scenario_from_dict({**_document(), "workload": {"kind": "serving", "rate_per_s": 1, "trace": str(trace)}})
+    with pytest.raises(ConfigError, match=f"^workload.trace: .*{re.escape(expected)}"):
+        simulate_serving(scenario)
+
+
+@pytest.mark.parametrize("workload, expected", [
+    ({"rate_per_s": 0}, "workload.rate_per_s: "),
+    ({"requests": 0}, "workload.requests: "),
+    ({"max_batch_tokens": 0}, "workload.max_batch_tokens: "),
+    ({"trace": "x.csv"}, "workload.trace: request lengths come from the trace or"),
+    ({"slo": {"percentile": 90}}, "workload.slo.ttft: an SLO names ttft, tpot or both"),
+    ({"slo": {"ttft": "fast"}}, "workload.slo.ttft: "),
+    ({"slo": {"tpot": "100ms"}}, None),
+    ({"prompt_tokens": 1000, "output_tokens": 100}, "workload.prompt_tokens: prompt_tokens + output_tokens = 1100"),
+])
+def test_bad_serving_fields_are_named(workload, expected):
+    document = _document()
+    document["workload"].update(workload)
+    if expected is None:  # a TPOT-only SLO is attained or not, but cannot bound the rate (no queue in TPOT)
+        metrics = simulate_serving(scenario_from_dict(document)).variants[0].metrics
+        assert Metric.SLO_ATTAINED in metrics and Metric.MAX_REQUEST_RATE not in metrics
+        return
+    with pytest.raises(ConfigError) as caught:
+        scenario_from_dict(document)
+    assert str(caught.value).startswith(expected)
+
+
+def test_serving_refuses_weight_streaming_and_the_batch_commands():
+    document = _document()
+    document["memory"] = {"policy": "sliding_window", "window": 1}
+    with pytest.raises(ConfigError, match="^memory: weight streaming is not simulated under a serving"):
+        scenario_from_dict(document)
+    with pytest.raises(ConfigError, match="^workload.kind: simulate takes inference workloads"):
+        simulate(scenario_from_dict(_document()))
+
+
+def test_units_and_cost_per_million_tokens():
+    assert unit_of(Metric.MAX_REQUEST_RATE) == "requests/s" and unit_of(Metric.REQUESTS_PER_S) == "requests/s"
+    assert unit_of(Metric.OUTPUT_TOKENS_PER_S) == "tokens/s" and unit_of(Metric.SLO_ATTAINED) == "fraction"
+    assert unit_of(Metric.TTFT.percentile(99)) == "s"
+    assert cost_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)  # $3.6/h at 1000 tok/s: $1 per 1e6
