@@ -7,20 +7,26 @@ measure writes the training metrics and a trace of buckets."""
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 
 from models.errors import ConfigError  # noqa: E402
 from runtime.launch import launch  # noqa: E402
+from runtime.training.calibrate import calibrate_training  # noqa: E402
 from runtime.training.measure import measure_training  # noqa: E402
 from runtime.training.model import DecoderLM  # noqa: E402
 from runtime.training.ranks import data_parallel_ranks  # noqa: E402
 from runtime.training.reference import local_sgd_reference, reference_parameters  # noqa: E402
 from runtime.training.trainer import Trainer, TrainingSetup  # noqa: E402
+from sim.profile import load_profile  # noqa: E402
 from sim.scenario import scenario_from_dict  # noqa: E402
 from sim.topology import build_topology  # noqa: E402
-from tests.conftest import ROOT, cluster, tiny_model_config  # noqa: E402
+from sim.vocabulary import MeasurementKind  # noqa: E402
+from tests.conftest import ROOT, cluster, run_cli, tiny_model_config  # noqa: E402
+from validation.cli import main  # noqa: E402
 
 SEED = 3
 STEPS = 2
@@ -184,3 +190,43 @@ def test_tensor_parallel_training_is_refused(tmp_path):
     scenario = scenario_from_dict(document, base_dir=ROOT)
     with pytest.raises(ConfigError, match="data parallelism only"):
         data_parallel_ranks(scenario, build_topology(scenario.config.cluster))
+
+
+def test_calibration_times_backward_per_op_kind_and_the_optimizer_step(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd"}, [
+        {"name": "fp32"},
+        {"name": "adamw_bf16", "training": {"optimizer": "adamw", "precision": "bf16_mixed"}},
+    ])
+    profile = calibrate_training(scenario, repeats=1)
+    path = tmp_path / "profile.csv"
+    path.write_text(profile.to_csv(index=False))
+    rows = load_profile(path).rows
+    timed = rows[rows["measurement"] != MeasurementKind.CONTEXT]
+    assert (timed["median"] > 0).all() and (timed["flops"] > 0).all() and (timed["repeats"] == 2).all()
+    kinds = {"layernorm", "qkv_proj", "attention", "out_proj", "mlp_up", "mlp_down", "lm_head", "embedding"}
+    for measurement, expected in [(MeasurementKind.BACKWARD_INPUT, kinds - {"embedding"}),
+                                  (MeasurementKind.BACKWARD_WEIGHT, kinds - {"attention"})]:
+        for dtype in ("fp32", "bf16"):
+            of = timed[(timed["measurement"] == measurement) & (timed["dtype"] == dtype)]
+            assert set(of["op"]) == expected, (measurement, dtype)
+    steps = timed[timed["measurement"] == MeasurementKind.OPTIMIZER_STEP]
+    assert set(steps["op"]) == {"sgd", "adamw"} and len(steps) == 6  # 2^16, 2^20 and the model's parameters
+
+
+def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(tmp_path, capsys):
+    document = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd", "allreduce": "ring"}, [{"name": "ring"}],
+                         steps=1).config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(document))
+    out = tmp_path / "out"
+    code, stdout, _ = run_cli(main, ["measure", str(path), "--out", str(out), "--repeats", "1", "--warmup", "0"], capsys)
+    assert code == 0 and "step ms" in stdout
+    results = pd.read_csv(out / "results.csv")
+    assert set(results["source"]) == {"measured"}
+    assert results.set_index("metric").loc["samples_per_s", "unit"] == "samples/s"
+    assert any(e.get("name") == "bucket 0" for e in json.loads((out / "trace.json").read_text())["traceEvents"])
+    document["training"]["allreduce"] = "auto"
+    path.write_text(yaml.safe_dump(document))
+    code, _, stderr = run_cli(main, ["measure", str(path), "--out", str(tmp_path / "bad")], capsys)
+    assert code == 2 and stderr.startswith("hetsim: error: training.allreduce: ") and stderr.count("\n") == 1
+    assert not (tmp_path / "bad").exists()

@@ -234,6 +234,7 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
     check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("calibrate")
     from runtime.calibrate import calibrate_scenario
+    from runtime.training.calibrate import calibrate_training
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   transient=not sys.stdout.isatty()) as progress:
@@ -243,8 +244,11 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
             if rank == 0:
                 progress.update(task, description=f"calibrating: {label}")
 
-        profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
-                                     on_beat=on_beat)
+        if loaded.config.is_training:
+            profile = calibrate_training(loaded, testbed=testbed, repeats=repeats, on_beat=on_beat)
+        else:
+            profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
+                                         on_beat=on_beat)
     write_atomic(profile_path, profile.to_csv(index=False, lineterminator="\n"))
     counts = profile["measurement"].value_counts().to_dict()
     click.echo(f"wrote {profile_path}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))

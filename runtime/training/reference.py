@@ -27,7 +27,7 @@ def reference_parameters(setup: TrainingSetup, steps: int, seed: int) -> dict[st
     optimizer = make_optimizer(list(model.parameters()), setup.settings)
     for step in range(steps):
         batch = training_batch(setup.spec, w.global_batch_size, w.sequence_length, seed, step)
-        with autocast(setup.settings, torch.device("cpu")):
+        with autocast(setup.settings.precision, torch.device("cpu")):
             loss = next_token_loss(model(batch[:, :-1]), batch[:, 1:])
         loss.backward()
         optimizer.step()
@@ -46,7 +46,7 @@ def local_sgd_reference(setup: TrainingSetup, steps: int, seed: int) -> list[dic
         batch = training_batch(setup.spec, w.global_batch_size, w.sequence_length, seed, step)
         for index, (model, optimizer) in enumerate(zip(replicas, optimizers)):
             mine = batch[index * rows:(index + 1) * rows]
-            with autocast(setup.settings, torch.device("cpu")):
+            with autocast(setup.settings.precision, torch.device("cpu")):
                 loss = next_token_loss(model(mine[:, :-1]), mine[:, 1:])
             loss.backward()
             optimizer.step()

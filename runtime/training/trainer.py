@@ -93,10 +93,10 @@ def make_optimizer(parameters, settings: TrainingSettings, zero: bool = False) -
     return cls(parameters, lr=LEARNING_RATE[settings.optimizer])
 
 
-def autocast(settings: TrainingSettings, device: torch.device):
+def autocast(precision: Precision, device: torch.device):
     """The forward pass's precision context: bf16 autocast under ``bf16_mixed`` (fp32 parameters,
     gradients and optimizer states: torch's automatic mixed precision), else nothing."""
-    if settings.precision is Precision.BF16_MIXED:
+    if precision is Precision.BF16_MIXED:
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 
@@ -166,7 +166,7 @@ class Trainer:
             local = s.no_sync and j < k - 1
             with self.ddp.no_sync() if local else nullcontext():
                 start = self._now()
-                with autocast(s, self.device.torch_device):
+                with autocast(s.precision, self.device.torch_device):
                     loss = next_token_loss(self.ddp(micro[:, :-1]), micro[:, 1:]) / k
                 middle = self._now()
                 loss.backward()
