@@ -27,6 +27,7 @@ from sim.topology import build_topology  # noqa: E402
 from sim.vocabulary import MeasurementKind  # noqa: E402
 from tests.conftest import ROOT, cluster, run_cli, tiny_model_config  # noqa: E402
 from validation.cli import main  # noqa: E402
+from validation.memory_fit import check_memory_fits  # noqa: E402
 
 SEED = 3
 STEPS = 2
@@ -230,3 +231,12 @@ def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(
     code, _, stderr = run_cli(main, ["measure", str(path), "--out", str(tmp_path / "bad")], capsys)
     assert code == 2 and stderr.startswith("hetsim: error: training.allreduce: ") and stderr.count("\n") == 1
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_training_plan_that_cannot_fit_is_refused_before_any_rank_starts(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "adamw"}, [{"name": "v"}])
+    check_memory_fits(scenario)  # a few MB per rank
+    document = scenario.config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["cluster"] = cluster(2, 1, device="cpu", memory="1MiB")
+    with pytest.raises(ConfigError, match="device h0/dev0: the plan needs"):
+        check_memory_fits(scenario_from_dict(document, base_dir=ROOT))
