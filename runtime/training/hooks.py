@@ -136,6 +136,8 @@ class BucketAllreduce:
 
     def _run_schedule(self, index: int, buffer: torch.Tensor, ready: float, future: torch.futures.Future) -> None:
         try:
+            if buffer.is_cuda:  # the current device is per thread; NCCL sends from this one
+                torch.cuda.set_device(buffer.device)
             start = time.perf_counter()
             wire = self._wire(buffer)
             run_schedule(self._schedule(wire), wire, self.rank)
