@@ -16,11 +16,12 @@ torch = pytest.importorskip("torch")
 from models.errors import ConfigError  # noqa: E402
 from runtime.launch import launch  # noqa: E402
 from runtime.training.calibrate import calibrate_training  # noqa: E402
-from runtime.training.measure import measure_training  # noqa: E402
+from runtime.training.hooks import BucketCall  # noqa: E402
+from runtime.training.measure import measure_training, step_metrics  # noqa: E402
 from runtime.training.model import DecoderLM  # noqa: E402
 from runtime.training.ranks import data_parallel_ranks  # noqa: E402
 from runtime.training.reference import local_sgd_reference, reference_parameters  # noqa: E402
-from runtime.training.trainer import Trainer, TrainingSetup  # noqa: E402
+from runtime.training.trainer import StepTiming, Trainer, TrainingSetup  # noqa: E402
 from sim.profile import load_profile  # noqa: E402
 from sim.scenario import scenario_from_dict  # noqa: E402
 from sim.topology import build_topology  # noqa: E402
@@ -240,3 +241,19 @@ def test_a_training_plan_that_cannot_fit_is_refused_before_any_rank_starts(tmp_p
     document["cluster"] = cluster(2, 1, device="cpu", memory="1MiB")
     with pytest.raises(ConfigError, match="device h0/dev0: the plan needs"):
         check_memory_fits(scenario_from_dict(document, base_dir=ROOT))
+
+
+def test_exposed_communication_is_what_each_synchronising_backward_waits_for():
+    # Two micro-batches synchronising each (no_sync off): backward 0-10 ms with buckets ready at 4
+    # and 9 ms, reduced 4-8 and 9-12 ms (3 ms exposed); backward 12-20 ms, one bucket ready at 19,
+    # reduced 19-25 ms (6 ms exposed); then a parameter average of 3 ms.
+    ms = 1e-3
+    step = StepTiming(0, 0.0, 28 * ms, forward=[(0, 0), (10 * ms, 12 * ms)],
+                      backward=[(0, 12 * ms), (12 * ms, 25 * ms)], optimizer=(25 * ms, 25 * ms),
+                      averaging=(25 * ms, 28 * ms),
+                      buckets=[BucketCall(0, 8, 4 * ms, 4 * ms, 8 * ms), BucketCall(1, 8, 9 * ms, 9 * ms, 12 * ms),
+                               BucketCall(0, 8, 19 * ms, 19 * ms, 25 * ms)])
+    metrics = step_metrics([step], global_batch_size=4, sequence_length=10)
+    assert metrics["exposed_communication_s"] == pytest.approx(12 * ms)
+    assert metrics["overlap_ratio"] == pytest.approx(1 - 9 / 13)  # 13 ms on the wire, 9 of them exposed
+    assert metrics["step_time_s"] == pytest.approx(28 * ms) and metrics["tokens_per_s"] == pytest.approx(40 / 0.028)

@@ -17,9 +17,9 @@ repeats with p10 / p90 beside it (:func:`runtime.measure.summarise`):
   sequences and tokens over it;
 * ``forward_s``, ``backward_s``, ``optimizer_s``: per step, the micro-batches' forward passes, their
   backward passes (which include DDP's wait for the last bucket) and the optimizer step;
-* ``exposed_communication_s``: communication not hidden behind compute: from the moment the last
-  bucket became ready (backward's last gradient) to the end of the last bucket's allreduce, plus
-  the parameter average, which nothing overlaps;
+* ``exposed_communication_s``: communication not hidden behind compute: in each backward pass that
+  synchronises, from the moment its last bucket became ready (the pass's last gradient) to the
+  end of its last allreduce, plus the parameter average, which nothing overlaps;
 * ``overlap_ratio``: the share of the buckets' communication time (the union of their allreduces'
   spans) that ran while backward still computed, 1 - exposed / communication; absent where no
   gradient is communicated (parameter averaging, one rank).
@@ -66,12 +66,14 @@ def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> d
     exposed, communicated = [], []
     for s in steps:
         averaging = s.averaging[1] - s.averaging[0] if s.averaging else 0.0
+        # A backward pass that synchronises (every one without no_sync) waits for its own buckets.
+        bucket_exposed = 0.0
+        for start, end in s.backward:
+            mine = [b for b in s.buckets if start <= b.ready_s <= end]
+            if mine:
+                bucket_exposed += max(0.0, max(b.end_s for b in mine) - max(b.ready_s for b in mine))
         if s.buckets:
-            last_ready = max(b.ready_s for b in s.buckets)
-            bucket_exposed = max(0.0, max(b.end_s for b in s.buckets) - last_ready)
             communicated.append((bucket_exposed, _union_s([(b.start_s, b.end_s) for b in s.buckets])))
-        else:
-            bucket_exposed = 0.0
         exposed.append(bucket_exposed + averaging)
     metrics = {
         Metric.STEP_TIME: step_s,
