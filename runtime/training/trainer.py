@@ -4,9 +4,10 @@
 :func:`sim.training_config.micro_batching`, the optimizer and precision, the reducer's settings)
 and refuses what the runtime does not run, naming the field. :class:`Trainer` builds the model
 (:class:`runtime.training.model.DecoderLM`), wraps it in
-``torch.nn.parallel.DistributedDataParallel`` with the variant's ``bucket_cap_mb`` (the first
-bucket capped at ``first_bucket_mb``: DDP's ``bucket_cap_mb_list``, whose last cap repeats) and
-``gradient_as_bucket_view``, registers the comm hook of :mod:`runtime.training.hooks`, and runs
+``torch.nn.parallel.DistributedDataParallel`` with the variant's ``bucket_cap_mb`` and
+``gradient_as_bucket_view`` (the first bucket capped at ``first_bucket_mb`` through DDP's
+``bucket_cap_mb_list``, whose last cap repeats; never above ``bucket_cap_mb``, since DDP's own
+``_BucketCapacityConfig`` never makes the first bucket the larger), registers the comm hook of :mod:`runtime.training.hooks`, and runs
 optimizer steps: ``gradient_accumulation`` micro-batches each (all but the last under
 ``no_sync()`` when ``training.no_sync``), the loss of each scaled by 1 / accumulation so that the
 accumulated gradient is the mean over the rank's rows, then the optimizer (torch.optim's, or
