@@ -26,6 +26,11 @@ class OpKind(StrEnum):
     REDUCE = "reduce"
     BROADCAST = "broadcast"
     WEIGHT_LOAD = "weight_load"
+    # Training, as the runtime times it: a micro-batch's whole forward or backward pass, the
+    # optimizer step over the rank's parameters.
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer_step"
 
     @property
     def is_communication(self) -> bool:

@@ -26,7 +26,7 @@ from sim.parallel import ParallelPlan
 from sim.scenario import Scenario
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
-from sim.vocabulary import TIMING_METRICS, Metric
+from sim.vocabulary import TIMING_METRICS, TRAINING_TIMING_METRICS, Metric
 
 if TYPE_CHECKING:
     from runtime.worker import RankMeasurement
@@ -60,7 +60,7 @@ def summarise(per_repeat: list[dict[str, float]]) -> dict[str, float]:
     for metric in per_repeat[0]:
         values = np.array([r[metric] for r in per_repeat], dtype=float)
         summary[metric] = float(np.median(values))
-        if metric in TIMING_METRICS:
+        if metric in TIMING_METRICS or metric in TRAINING_TIMING_METRICS:
             summary[Metric(metric).percentile(10)] = float(np.percentile(values, 10))
             summary[Metric(metric).percentile(90)] = float(np.percentile(values, 90))
     summary[Metric.REPEATS] = float(len(per_repeat))
@@ -118,7 +118,8 @@ def write_measured_outputs(result: MeasuredResult, out_dir: Path) -> list[Path]:
 def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, seed: int = 0,
                      testbed: bool = False, hang_timeout_s: float = 120.0) -> MeasuredResult:
     """Measure every variant of ``scenario`` on this machine: one forked rank per device of the
-    tensor-parallel group, inside the testbed's host namespaces when ``testbed`` is true.
+    tensor-parallel group, inside the testbed's host namespaces when ``testbed`` is true (a training
+    scenario: :func:`runtime.training.measure.measure_training`).
 
     Raises:
         ConfigError: an invalid scenario, or ``testbed`` while the scenario's testbed is not up.

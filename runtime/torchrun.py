@@ -9,7 +9,8 @@
 
 Each process reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment
 (env:// rendezvous); there must be one per rank of the scenario's tensor-parallel group
-(:class:`sim.parallel.ParallelPlan`). ``measure`` runs on GPU ``LOCAL_RANK`` over NCCL where CUDA
+(:class:`sim.parallel.ParallelPlan`), or of a training scenario's data-parallel group
+(:mod:`runtime.training`: DDP over NCCL on GPUs, untested so far). ``measure`` runs on GPU ``LOCAL_RANK`` over NCCL where CUDA
 is present, else on the CPU over gloo (:func:`runtime.device.local_device`); ``calibrate`` times
 CPU ranks over gloo (NCCL calibration of GPUs is not built yet). The hosts' clocks are put on
 rank 0's first (:func:`runtime.clock.synchronise`), then :func:`runtime.worker.run_rank` or
@@ -34,6 +35,9 @@ from runtime import clock
 from runtime.calibrate import calibrate_rank
 from runtime.device import Device, local_device
 from runtime.measure import measured_result, write_measured_outputs
+from runtime.training.calibrate import calibrate_training_rank
+from runtime.training.measure import measured_training, train_rank
+from runtime.training.ranks import data_parallel_ranks
 from runtime.worker import run_rank
 from sim.outputs import write_atomic
 from sim.parallel import ParallelPlan
@@ -70,10 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         scenario = load_scenario(args.scenario)
         topology = build_topology(scenario.config.cluster)
-        ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+        training = scenario.config.is_training
+        ranks = data_parallel_ranks(scenario, topology) if training else ParallelPlan.of(scenario, topology).tensor_ranks
         if world_size != len(ranks):
-            raise ConfigError("WORLD_SIZE", f"must be the scenario's tensor-parallel group size {len(ranks)} "
-                                            f"(got {world_size})")
+            raise ConfigError("WORLD_SIZE", f"must be the scenario's {'data' if training else 'tensor'}-parallel "
+                                            f"group size {len(ranks)} (got {world_size})")
     except ConfigError as error:
         print(f"hetsim: error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -83,7 +88,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         clock.synchronise(device.torch_device)  # hosts' monotonic clocks differ: one timeline for the op records
         rank = dist.get_rank()
-        if args.command == "measure":
+        if args.command == "measure" and training:
+            gathered = train_rank(scenario, topology, rank, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                                  device=device.torch_device)
+            if gathered is not None:
+                write_measured_outputs(measured_training(scenario, topology, gathered, args.repeats),
+                                       Path(args.out or f"out/{scenario.name}-measured"))
+        elif args.command == "calibrate" and training:
+            rows = calibrate_training_rank(scenario, topology, rank, repeats=args.repeats, device=device.torch_device)
+            if rows is not None:
+                write_atomic(Path(args.out), rows.to_csv(index=False, lineterminator="\n"))
+        elif args.command == "measure":
             gathered = run_rank(scenario, topology, rank, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
                                 device=device.torch_device, block_dir=args.block_dir)
             if gathered is not None:

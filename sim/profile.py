@@ -30,6 +30,11 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     (:class:`sim.context.LinkClass`: ``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
     communication buffers, allocator), in bytes;
+  * ``backward_input`` / ``backward_weight``: a training scenario's backward of one compute ``op``
+    kind, the gradient of its inputs or of its weights alone, at ``batch_size`` sequences of
+    ``new_tokens`` tokens, with the op's ``flops`` and ``traffic_bytes`` (:mod:`models.training`);
+  * ``optimizer_step``: one step of optimizer ``op`` (sgd, adam, adamw) over ``size_bytes`` of fp32
+    parameters, with its ``flops`` and ``traffic_bytes`` (:func:`models.training.optimizer_step_cost`);
   * ``context``: what the profile was measured on (device types, ranks per host, cores, each
     link class's rate and delay, backend and transport, torch version), one row per term with
     its value as JSON in ``method`` (:mod:`sim.context`). A profile without them is taken to be

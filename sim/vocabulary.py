@@ -12,10 +12,13 @@ from enum import StrEnum
 
 
 class PhaseKind(StrEnum):
-    """A forward pass of a generation: the prefill (step 0), then one decode step per further token."""
+    """A forward pass of a generation: the prefill (step 0), then one decode step per further token;
+    or one optimizer step of a training job (forward and backward of its micro-batches, the
+    optimizer)."""
 
     PREFILL = "prefill"
     DECODE = "decode"
+    TRAINING = "training"
 
     @classmethod
     def of_step(cls, step: int) -> PhaseKind:
@@ -57,6 +60,15 @@ class Metric(StrEnum):
     COLLECTIVE = "collective_s"
     COLLECTIVE_ALL = "collective_s_all"
     COLLECTIVE_IN_RUN = "collective_in_run_s"
+    # Training: one optimizer step over the global batch, and its parts on the master rank.
+    STEP_TIME = "step_time_s"
+    SAMPLES_PER_S = "samples_per_s"
+    TOKENS_PER_S = "tokens_per_s"
+    EXPOSED_COMMUNICATION = "exposed_communication_s"
+    OVERLAP_RATIO = "overlap_ratio"
+    FORWARD_TIME = "forward_s"
+    BACKWARD_TIME = "backward_s"
+    OPTIMIZER_TIME = "optimizer_s"
 
     @property
     def unit(self) -> str:
@@ -65,7 +77,7 @@ class Metric(StrEnum):
 
     @property
     def _unit_suffix(self) -> str:
-        for suffix in ("_per_s", "_bytes", "_s"):
+        for suffix in ("_per_s", "_bytes", "_s", "_ratio"):
             if self.value.endswith(suffix):
                 return suffix
         return ""
@@ -79,6 +91,9 @@ class Metric(StrEnum):
 
 TIMING_METRICS = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY)
 """The metrics of a generation's step times (:func:`sim.metrics.timing_metrics`)."""
+TRAINING_TIMING_METRICS = (Metric.STEP_TIME, Metric.SAMPLES_PER_S, Metric.TOKENS_PER_S, Metric.FORWARD_TIME,
+                           Metric.BACKWARD_TIME, Metric.OPTIMIZER_TIME, Metric.EXPOSED_COMMUNICATION)
+"""The metrics of a training run's optimizer steps whose spread over repeats is reported."""
 DECODE_METRICS = (Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.LOADER_STALL_DECODE)
 """The metrics of decode steps: NaN by definition when a generation has none (one output token)."""
 
@@ -96,18 +111,25 @@ class MeasurementKind(StrEnum):
     P2P = "p2p"
     MEMORY_BASELINE = "memory_baseline"
     CONTEXT = "context"
+    BACKWARD_INPUT = "backward_input"
+    BACKWARD_WEIGHT = "backward_weight"
+    OPTIMIZER_STEP = "optimizer_step"
 
 
 def unit_of(name: str) -> str:
     """The unit a metric name ends with (a :class:`Metric` or one of its percentiles):
-    ``*request*_per_s`` requests/s, other ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_fraction``
-    fraction, ``*_s`` s, otherwise ``count``."""
+    ``*request*_per_s`` requests/s, ``samples*_per_s`` samples/s, other ``*_per_s`` tokens/s,
+    ``*_bytes`` bytes, ``*_fraction`` fraction, ``*_s`` s, ``*_ratio`` ratio, otherwise ``count``."""
     if name.endswith("_per_s"):
-        return "requests/s" if "request" in name else "tokens/s"
+        if "request" in name:
+            return "requests/s"
+        return "samples/s" if name.startswith("samples") else "tokens/s"
     if name.endswith("_fraction"):
         return "fraction"
     if name.endswith("_bytes"):
         return "bytes"
     if name.endswith("_s"):
         return "s"
+    if name.endswith("_ratio"):
+        return "ratio"
     return "count"

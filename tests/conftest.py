@@ -55,6 +55,17 @@ def tiny_model_config(model_type: str, num_layers: int) -> dict:
             "n_positions": 128, "n_inner": None, "torch_dtype": "float32"}
 
 
+def run_cli(main, args, capsys) -> tuple[int, str, str]:
+    """``main(args)`` in this process: (exit code, stdout, stderr)."""
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def make_scenario(**overrides) -> Scenario:
     return scenario_from_dict(scenario_dict(**overrides), base_dir=ROOT)
 

@@ -9,20 +9,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import ROOT, scenario_dict
+from tests.conftest import ROOT, run_cli, scenario_dict
 from validation.cli import main
 
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 
 
 def _run(args, capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return run_cli(main, args, capsys)
 
 
 def _write(tmp_path: Path, data) -> Path:

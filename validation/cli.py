@@ -192,9 +192,9 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
               help="Directory for results.csv and trace.json (default: out/<scenario name>-measured).")
 @click.option("--testbed", is_flag=True, help="Run each rank inside its host's namespace (hetsim testbed up first).")
 @click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=5, show_default=True,
-              help="Timed generations per variant.")
+              help="Timed generations per variant (training: timed runs of workload.steps optimizer steps).")
 @click.option("--warmup", type=click.IntRange(0, MAX_REPEATS), default=1, show_default=True,
-              help="Untimed generations first.")
+              help="Untimed generations first (training: untimed optimizer steps).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
               help="Seed of the weights and the prompt.")
 @click.option("--hang-timeout", "hang_timeout_s", type=FiniteFloatRange(1, MAX_TIMEOUT_S), default=120.0,
@@ -212,13 +212,15 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
     check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("measure")
     from runtime.measure import measure_scenario, write_measured_outputs
+    from runtime.training.measure import measure_training
 
-    result = measure_scenario(loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed,
-                              hang_timeout_s=hang_timeout_s)
-    from validation.present.tables import measured_table
+    training = loaded.config.is_training
+    result = (measure_training if training else measure_scenario)(
+        loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed, hang_timeout_s=hang_timeout_s)
+    from validation.present.tables import measured_table, measured_training_table
 
     console = _console()
-    console.print(measured_table(loaded.name, repeats, result.variants))
+    console.print((measured_training_table if training else measured_table)(loaded.name, repeats, result.variants))
     with interrupt.deferred():  # both files or neither
         written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
     console.print("wrote " + ", ".join(str(p) for p in written))
@@ -250,6 +252,7 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
     check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("calibrate")
     from runtime.calibrate import calibrate_scenario
+    from runtime.training.calibrate import calibrate_training
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   transient=not sys.stdout.isatty()) as progress:
@@ -259,8 +262,11 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
             if rank == 0:
                 progress.update(task, description=f"calibrating: {label}")
 
-        profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
-                                     on_beat=on_beat)
+        if loaded.config.is_training:
+            profile = calibrate_training(loaded, testbed=testbed, repeats=repeats, on_beat=on_beat)
+        else:
+            profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
+                                         on_beat=on_beat)
     write_atomic(profile_path, profile.to_csv(index=False, lineterminator="\n"))
     counts = profile["measurement"].value_counts().to_dict()
     click.echo(f"wrote {profile_path}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))

@@ -51,11 +51,14 @@ def check_memory_fits(scenario: Scenario, *, allow_overcommit: bool = False,
         ConfigError: naming the device (``device h0.d0: the plan needs 586 MB at peak ...``) or
             this machine, with both numbers; also any error simulating the scenario raises.
     """
-    from sim.simulate import simulate
+    if scenario.config.is_training:
+        topology, ranks, peaks = _training_peaks(scenario)
+    else:
+        from sim.simulate import simulate
 
-    result = simulate(scenario, expand_steps=())
-    topology, ranks = result.topology, result.ranks
-    peaks = {rank: max((vr.run.peak_bytes[rank], vr.variant.name) for vr in result.variants) for rank in ranks}
+        result = simulate(scenario, expand_steps=())
+        topology, ranks = result.topology, result.ranks
+        peaks = {rank: max((vr.run.peak_bytes[rank], vr.variant.name) for vr in result.variants) for rank in ranks}
     if not allow_overcommit:
         for rank, (peak_bytes, variant) in peaks.items():
             device = topology.devices[rank]
@@ -68,3 +71,28 @@ def check_memory_fits(scenario: Scenario, *, allow_overcommit: bool = False,
     if available is not None and total_bytes > available:
         raise ConfigError("machine", f"the plan's {len(ranks)} ranks need {_mb(total_bytes)} at peak together, "
                                      f"this machine has {_mb(available)} available (MemAvailable)")
+
+
+def _training_peaks(scenario: Scenario):
+    """Topology, data-parallel ranks and each rank's largest model-state and activation bytes over
+    the variants (:func:`models.training.training_memory`; the runtime keeps fp32 parameters under
+    autocast, so they are counted in fp32)."""
+    from models.training import ActivationLayout, Precision, training_memory
+    from runtime.training.ranks import data_parallel_ranks
+    from sim.topology import build_topology
+    from sim.training_config import micro_batching
+
+    topology = build_topology(scenario.config.cluster)
+    ranks = data_parallel_ranks(scenario, topology)
+    workload = scenario.config.workload
+    peaks = {}
+    for variant in scenario.config.variants:
+        settings = scenario.training_settings(variant)
+        micro, _ = micro_batching(workload, settings, len(ranks))
+        memory = training_memory(scenario.model.with_dtype("fp32"), ActivationLayout(micro, workload.sequence_length),
+                                 optimizer=settings.optimizer, precision=Precision.FP32, data_parallel=len(ranks),
+                                 zero_stage=settings.zero, gradient_as_bucket_view=settings.gradient_as_bucket_view,
+                                 checkpoint_every=settings.activation_checkpointing)
+        for rank in ranks:
+            peaks[rank] = max(peaks.get(rank, (0, "")), (memory.total, variant.name))
+    return topology, ranks, peaks

@@ -101,6 +101,29 @@ def measured_table(name: str, repeats: int, variants) -> Table:
     return table
 
 
+def measured_training_table(name: str, repeats: int, variants) -> Table:
+    """A measured training run per variant: step time median [p10, p90] over ``repeats``, its
+    parts, tokens/s and how much communication stayed exposed.
+
+    Args:
+        variants: :class:`runtime.measure.MeasuredVariant` objects (``name``, ``timing``).
+    """
+    table = Table(title=escape(f"{name} measured training ({repeats} repeats; median [p10, p90])"))
+    columns = ("variant", "step ms", "forward ms", "backward ms", "optimizer ms", "exposed comm ms", "overlap",
+               "tokens/s")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for v in variants:
+        t = v.timing
+        step = escape(f"{t[Metric.STEP_TIME] * 1e3:.1f} [{t[Metric.STEP_TIME.percentile(10)] * 1e3:.1f}, "
+                      f"{t[Metric.STEP_TIME.percentile(90)] * 1e3:.1f}]")
+        overlap = f"{t[Metric.OVERLAP_RATIO]:.0%}" if Metric.OVERLAP_RATIO in t else "-"
+        table.add_row(v.name, step, *(f"{t[m] * 1e3:.1f}" for m in (Metric.FORWARD_TIME, Metric.BACKWARD_TIME,
+                                                                  Metric.OPTIMIZER_TIME, Metric.EXPOSED_COMMUNICATION)),
+                      overlap, f"{t[Metric.TOKENS_PER_S]:.0f}")
+    return table
+
+
 def sweep_tables(sweep: pd.DataFrame) -> list[Table]:
     """One rich table per model of a sweep (:mod:`sim.sweep`): a row per policy, a column per
     device count, each cell ``peak GiB · TPOT s · TTFT s`` (red when it does not fit, ``n/a`` when

@@ -1,0 +1,213 @@
+"""``hetsim calibrate`` of a training scenario: backward per op kind and the optimizer step, timed
+on the modules that train (:class:`runtime.training.model.DecoderLM`), written as profile rows.
+
+In every data-parallel rank at once (forked as a measurement forks them, so the ranks share the
+cores as they do while training), for each distinct micro-batch size and precision of the
+scenario's variants:
+
+* ``backward_input`` and ``backward_weight``: per op kind of :func:`models.training.layer_backward_costs`
+  and :func:`models.training.head_backward_costs`, the gradient of the op's inputs and of its
+  weights apart: the op's forward is run once on layer 0 (or the head) with a random upstream
+  gradient, then ``torch.autograd.grad`` is asked for the inputs only, or the weights only (the
+  engine computes only what the requested gradients need, ``torch/csrc/autograd/engine.cpp``).
+  Each row carries the op's FLOPs and bytes from the accounting, so the simulator can scale it.
+* ``optimizer_step``: one step of each of the variants' optimizers over 2^16, 2^20 parameters and
+  the model's count, fp32 parameters with gradients, the states initialised by an untimed first
+  step; ``size_bytes`` is the fp32 bytes of the parameters, ``flops`` and ``traffic_bytes`` from
+  :func:`models.training.optimizer_step_cost`.
+
+Statistics are over every rank's repeats (:func:`runtime.comm_timing.stats`). The profile also
+gets the context rows of the data-parallel ranks (:mod:`sim.context`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from models.ops import OpKind
+from models.training import Precision, compute_dtype, head_backward_costs, layer_backward_costs, optimizer_step_cost
+from runtime.calibrate import backend_context
+from runtime.comm_timing import stats
+from runtime.device import device_of
+from runtime.training.model import DecoderLM
+from runtime.training.ranks import data_parallel_ranks
+from runtime.training.trainer import TrainingSetup, autocast, make_optimizer
+from sim.context import context_rows, scenario_context
+from sim.profile import profile_frame
+from sim.training_config import TrainingSettings
+from sim.vocabulary import MeasurementKind
+
+OPTIMIZER_SIZES = (1 << 16, 1 << 20)
+"""Parameter counts each optimizer is timed at, besides the model's own."""
+
+_KEYS = ("measurement", "device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens",
+         "size_bytes", "dtype", "flops", "traffic_bytes", "unit", "method")
+
+
+def _timed(fn: Callable[[], object], repeats: int, synchronize: Callable[[], None]) -> list[float]:
+    """``repeats`` timings of ``fn`` after one untimed call (s)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        fn()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _grad(output: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tensor) -> Callable[[], object]:
+    return lambda: torch.autograd.grad(output, inputs, upstream, retain_graph=True)
+
+
+def backward_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, precision: Precision,
+                   device: torch.device) -> dict[OpKind, tuple[Callable | None, Callable | None]]:
+    """Per op kind, (input-gradient call or None, weight-gradient call or None) on ``model``'s
+    layer 0 and head, each a closure over one forward at ``[micro_batch_size, sequence_length]``."""
+    spec = model.spec
+    m, t, h = micro_batch_size, sequence_length, spec.hidden_size
+    layer = model.layers[0]
+    generator = torch.Generator().manual_seed(0)
+
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(device).requires_grad_()
+
+    def case(forward, inputs: list, weights: list):
+        with autocast(precision, device):
+            out = forward(*inputs)
+        upstream = torch.randn(out.shape, generator=generator).to(device, out.dtype)
+        return (_grad(out, inputs, upstream) if inputs else None), (_grad(out, weights, upstream) if weights else None)
+
+    x = leaf(m, t, h)
+    with autocast(precision, device):
+        q, k, v = (a.detach().requires_grad_() for a in layer.qkv(x))
+    rotary = model.rotary(t, device)
+    head = model.embed if model.lm_head is None else model.lm_head
+    tokens = torch.randint(0, spec.vocab_size, (m, t), generator=generator).to(device)
+    return {
+        OpKind.LAYERNORM: case(layer.attn_norm, [x], list(layer.attn_norm.parameters())),
+        OpKind.QKV_PROJ: case(layer.qkv_proj, [x], list(layer.qkv_proj.parameters())),
+        OpKind.ATTENTION: case(lambda *qkv: layer.attention(*qkv, rotary), [q, k, v], []),
+        OpKind.OUT_PROJ: case(layer.o_proj, [leaf(m, t, spec.num_attention_heads * spec.head_dim)],
+                              list(layer.o_proj.parameters())),
+        OpKind.MLP_UP: case(layer.mlp_up, [x], list(layer.up_proj.parameters())),
+        OpKind.MLP_DOWN: case(layer.down_proj, [leaf(m, t, spec.intermediate_size)], list(layer.down_proj.parameters())),
+        OpKind.LM_HEAD: case(lambda a: F.linear(a, head), [x], [head]),
+        OpKind.EMBEDDING: case(lambda: model.embedding(tokens), [],
+                               [p for p in (model.embed, model.pos_embed) if p is not None]),
+    }
+
+
+def backward_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats: int,
+                     device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
+    """This rank's backward timings, one row per op kind, gradient and distinct (micro batch,
+    precision) of ``setups``, ``times`` holding its ``repeats`` timings (s)."""
+    synchronize = device_of(device).synchronize
+    sequence = scenario.config.workload.sequence_length
+    model = DecoderLM(scenario.model, seed=0).to(device)
+    rows = []
+    for micro, precision in dict.fromkeys((s.micro_batch_size, s.settings.precision) for s in setups):
+        heartbeat(f"backward per op at micro batch {micro}, {precision}")
+        spec = scenario.model.with_dtype(compute_dtype(precision))
+        costs = {**head_backward_costs(spec, batch_size=micro, sequence_length=sequence),
+                 **layer_backward_costs(spec, tp_degree=1, batch_size=micro, sequence_length=sequence)}
+        for kind, calls in backward_cases(model, micro, sequence, precision, device).items():
+            for measurement, call, cost in zip((MeasurementKind.BACKWARD_INPUT, MeasurementKind.BACKWARD_WEIGHT), calls,
+                                               (costs[kind].input_grad, costs[kind].weight_grad)):
+                if call is None:
+                    continue
+                rows.append({"measurement": measurement, "device_class": device_class, "op": kind.value,
+                             "group_size": 1, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
+                             "dtype": spec.dtype, "flops": cost.flops,
+                             "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
+                             "method": "torch.autograd.grad of the op's inputs or weights alone, on the training "
+                                       "model's layer 0 or head, every data-parallel rank at once",
+                             "times": _timed(call, repeats, synchronize)})
+    return rows
+
+
+def optimizer_timings(setups: list[TrainingSetup], device_class: str, parameters: int, repeats: int,
+                      device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
+    """This rank's optimizer-step timings per distinct (optimizer, precision) of ``setups`` and
+    parameter count (:data:`OPTIMIZER_SIZES` and ``parameters``), ``times`` in s."""
+    synchronize = device_of(device).synchronize
+    rows = []
+    for optimizer_kind, precision in dict.fromkeys((s.settings.optimizer, s.settings.precision) for s in setups):
+        settings = TrainingSettings(optimizer=optimizer_kind, precision=precision)
+        for count in sorted({*OPTIMIZER_SIZES, parameters}):
+            heartbeat(f"{settings.optimizer} step over {count} parameters")
+            weights = torch.zeros(count, device=device, requires_grad=True)
+            weights.grad = torch.randn(count, generator=torch.Generator().manual_seed(0)).to(device)
+            optimizer = make_optimizer([weights], settings)
+            cost = optimizer_step_cost(count, optimizer=settings.optimizer, precision=settings.precision,
+                                       gradient_dtype="fp32")
+            rows.append({"measurement": MeasurementKind.OPTIMIZER_STEP, "device_class": device_class,
+                         "op": settings.optimizer.value, "group_size": 1, "size_bytes": 4 * count, "dtype": "fp32",
+                         "flops": cost.flops, "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
+                         "method": f"{settings.optimizer.value} step over fp32 parameters of size_bytes "
+                                   f"({settings.precision.value} variants), every data-parallel rank at once",
+                         "times": _timed(optimizer.step, repeats, synchronize)})
+    return rows
+
+
+def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, device: torch.device,
+                            heartbeat: Callable[[str], None] = lambda label: None):
+    """Time backward per op and the optimizer steps on this rank; every rank's rows folded into
+    the profile (:func:`sim.profile.profile_frame`) on rank 0, None elsewhere."""
+    group = data_parallel_ranks(scenario, topology)
+    setups = [TrainingSetup.of(scenario, v, group) for v in scenario.config.variants]
+    device_class = topology.devices[rank].spec.name
+    parameters = sum(p.numel() for p in DecoderLM(scenario.model, seed=0).parameters())
+    rows = (backward_timings(scenario, setups, device_class, repeats, device, heartbeat)
+            + optimizer_timings(setups, device_class, parameters, repeats, device, heartbeat))
+    gathered = [None] * len(group) if rank == group[0] else None
+    dist.gather_object(rows, gathered, dst=group[0])
+    if rank != group[0]:
+        return None
+    pooled = defaultdict(list)
+    for part in gathered:
+        for row in part:
+            pooled[tuple(row.get(k) for k in _KEYS)] += row["times"]
+    merged = [{**{k: v for k, v in zip(_KEYS, key) if v is not None}, **stats(times)} for key, times in pooled.items()]
+    merged += context_rows(scenario_context(
+        scenario.name, topology, group, "fp32", cores=len(os.sched_getaffinity(0)),
+        backend=backend_context(), torch_version=torch.__version__))
+    return profile_frame(merged)
+
+
+def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, hang_timeout_s: float = 300.0,
+                       on_beat: Callable[[int, str], None] | None = None):
+    """``hetsim calibrate`` of a training scenario on this machine: one forked rank per
+    data-parallel rank (in the testbed's namespaces if ``testbed``).
+
+    Returns:
+        The profile table (:func:`sim.profile.profile_frame`).
+
+    Raises:
+        ConfigError: what :class:`runtime.training.trainer.TrainingSetup` refuses; testbed not up.
+        runtime.errors.LaunchError: a rank failed, died or hung.
+    """
+    from runtime.launch import launch
+    from runtime.measure import placements_for
+    from sim.topology import build_topology
+
+    topology = build_topology(scenario.config.cluster)
+    group = data_parallel_ranks(scenario, topology)
+    for variant in scenario.config.variants:
+        TrainingSetup.of(scenario, variant, group)
+    placements, enter = placements_for(scenario, topology, group, testbed)
+
+    def body(rank: int, heartbeat):
+        return calibrate_training_rank(scenario, topology, rank, repeats=repeats, device=torch.device("cpu"),
+                                       heartbeat=heartbeat)
+
+    return launch(body, len(group), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter,
+                  on_beat=on_beat)[0]

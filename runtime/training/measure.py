@@ -1,0 +1,233 @@
+"""``hetsim measure`` of a training scenario: every variant trained with real DDP, step by step.
+
+One forked rank per data-parallel rank (:func:`runtime.launch.launch`, in the testbed's host
+namespaces with ``--testbed``). Each variant in turn, on every rank: a fresh
+:class:`~runtime.training.trainer.Trainer` (the same seeded weights), ``warmup`` untimed
+optimizer steps (the first also rebuilds DDP's buckets in the order gradients became ready),
+one common start on the shared clock (:func:`runtime.worker.common_start`), ``repeats`` x
+``workload.steps`` timed steps back to back, then one more step under the exact allocator whose
+high-water mark is the peak memory (:mod:`runtime.memory_probe` on the CPU,
+``max_memory_allocated`` on CUDA).
+
+Metrics, per repeat from the master's (rank 0's) ``workload.steps`` steps, then the median over
+repeats with p10 / p90 beside it (:func:`runtime.measure.summarise`):
+
+* ``step_time_s``: mean optimizer step (first forward to the end of the optimizer step, or of the
+  parameter average where there is one); ``samples_per_s`` and ``tokens_per_s``: the global batch's
+  sequences and tokens over it;
+* ``forward_s``, ``backward_s``, ``optimizer_s``: per step, the micro-batches' forward passes, their
+  backward passes (which include DDP's wait for the last bucket) and the optimizer step;
+* ``exposed_communication_s``: communication not hidden behind compute: in each backward pass that
+  synchronises, from the moment its last bucket became ready (the pass's last gradient) to the
+  end of its last allreduce, plus the parameter average, which nothing overlaps;
+* ``overlap_ratio``: the share of the buckets' communication time (the union of their allreduces'
+  spans) that ran while backward still computed, 1 - exposed / communication; absent where no
+  gradient is communicated (parameter averaging, one rank).
+
+The trace (:mod:`sim.trace`): per rank, each micro-batch's forward and backward and the optimizer
+step on the compute stream, each bucket's allreduce (``bucket i``, its bytes) and the parameter
+average on the comm stream, for the last repeat's steps; a ``training`` step row per step.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from models.ops import OpKind
+from runtime.measure import MeasuredResult, MeasuredVariant, placements_for, summarise
+from sim.metrics import peak_memory_bytes, result_rows
+from sim.program import Stream
+from sim.scenario import Scenario
+from sim.topology import Topology, build_topology
+from sim.trace import STEP_COLUMNS, Trace, TraceEvent, op_table, peak_table
+from sim.vocabulary import Metric, PhaseKind
+
+
+@dataclass(frozen=True)
+class RankTraining:
+    """What one rank measured for one variant: its timed steps
+    (:class:`runtime.training.trainer.StepTiming`, times in s from the common start) and the peak
+    memory of one more step (bytes)."""
+
+    rank: int
+    variant: str
+    steps: list
+    peak_memory_bytes: int
+
+
+def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> dict[str, float]:
+    """The run metrics of consecutive optimizer steps of one rank (see the module): means per step."""
+    n = len(steps)
+    step_s = sum(s.end_s - s.start_s for s in steps) / n
+    exposed, communicated = [], []
+    for s in steps:
+        averaging = s.averaging[1] - s.averaging[0] if s.averaging else 0.0
+        # A backward pass that synchronises (every one without no_sync) waits for its own buckets.
+        bucket_exposed = 0.0
+        for start, end in s.backward:
+            mine = [b for b in s.buckets if start <= b.ready_s <= end]
+            if mine:
+                bucket_exposed += max(0.0, max(b.end_s for b in mine) - max(b.ready_s for b in mine))
+        if s.buckets:
+            communicated.append((bucket_exposed, _union_s([(b.start_s, b.end_s) for b in s.buckets])))
+        exposed.append(bucket_exposed + averaging)
+    metrics = {
+        Metric.STEP_TIME: step_s,
+        Metric.SAMPLES_PER_S: global_batch_size / step_s,
+        Metric.TOKENS_PER_S: global_batch_size * sequence_length / step_s,
+        Metric.FORWARD_TIME: sum(e - b for s in steps for b, e in s.forward) / n,
+        Metric.BACKWARD_TIME: sum(e - b for s in steps for b, e in s.backward) / n,
+        Metric.OPTIMIZER_TIME: sum(s.optimizer[1] - s.optimizer[0] for s in steps) / n,
+        Metric.EXPOSED_COMMUNICATION: sum(exposed) / n,
+    }
+    total = sum(c for _, c in communicated)
+    if total > 0:
+        metrics[Metric.OVERLAP_RATIO] = max(0.0, 1.0 - sum(e for e, _ in communicated) / total)
+    return metrics
+
+
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``spans`` (s)."""
+    total, reach = 0.0, -np.inf
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def training_trace(measured: dict[int, RankTraining], steps_per_repeat: int) -> Trace:
+    """The trace of the last repeat's steps on every rank (see the module)."""
+    events = []
+    for rank, m in sorted(measured.items()):
+        for s in m.steps[-steps_per_repeat:]:
+            def event(stream, kind, name, span, size=0.0):
+                return TraceEvent(rank, stream.value, kind.value, name, PhaseKind.TRAINING.value, s.step, -1,
+                                  span[0], span[1], float(size), 0.0)
+
+            for j, (forward, backward) in enumerate(zip(s.forward, s.backward)):
+                events.append(event(Stream.COMPUTE, OpKind.FORWARD, f"forward {j}", forward))
+                events.append(event(Stream.COMPUTE, OpKind.BACKWARD, f"backward {j}", backward))
+            events.append(event(Stream.COMPUTE, OpKind.OPTIMIZER_STEP, "optimizer step", s.optimizer))
+            for b in sorted(s.buckets, key=lambda b: b.start_s):
+                events.append(event(Stream.COMM, OpKind.ALLREDUCE, f"bucket {b.index}", (b.start_s, b.end_s),
+                                    b.size_bytes))
+            if s.averaging:
+                events.append(event(Stream.COMM, OpKind.ALLREDUCE, "parameter average", s.averaging))
+    master = measured[min(measured)]
+    last = master.steps[-steps_per_repeat:]
+    steps = pd.DataFrame({"step": [s.step for s in last], "phase": PhaseKind.TRAINING.value,
+                          "start_s": [s.start_s for s in last], "end_s": [s.end_s for s in last],
+                          "stall_s": 0.0}, columns=STEP_COLUMNS)
+    ops = op_table(events).sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True)
+    return Trace(ops, steps, pd.DataFrame(columns=["rank", "time_s", "bytes"]),
+                 peak_table({r: m.peak_memory_bytes for r, m in measured.items()}))
+
+
+def measured_training(scenario: Scenario, topology: Topology, gathered: list[list[RankTraining]],
+                      repeats: int) -> MeasuredResult:
+    """Fold every rank's measurements (``gathered[rank][variant]``) into a :class:`MeasuredResult`."""
+    workload = scenario.config.workload
+    ranks = tuple(sorted(m[0].rank for m in gathered))
+    variants, tables = [], []
+    for v_index, variant in enumerate(scenario.config.variants):
+        measured = {m[v_index].rank: m[v_index] for m in gathered}
+        master = measured[ranks[0]].steps
+        per_repeat = [step_metrics(master[r * workload.steps:(r + 1) * workload.steps], workload.global_batch_size,
+                                   workload.sequence_length) for r in range(repeats)]
+        timing = summarise(per_repeat)
+        trace = training_trace(measured, workload.steps)
+        peaks = peak_memory_bytes(trace)
+        memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
+        variants.append(MeasuredVariant(variant.name, trace, timing, np.zeros((0,), dtype=np.int64)))
+        tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory))
+    return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
+
+
+def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: int, warmup: int, seed: int,
+               device, heartbeat=lambda label: None) -> list | None:
+    """Train and time every variant on this rank (see the module); all ranks' measurements
+    ``[rank][variant]`` on rank 0, None elsewhere. Needs the default process group of the
+    data-parallel ranks."""
+    import torch.distributed as dist
+
+    from runtime import memory_probe
+    from runtime.device import device_of
+    from runtime.training.ranks import data_parallel_ranks
+    from runtime.training.trainer import Trainer, TrainingSetup
+    from runtime.worker import common_start
+
+    memory_probe.configure_allocator(exact=False)
+    group = data_parallel_ranks(scenario, topology)
+    steps = scenario.config.workload.steps
+    probe = device_of(device)
+    out = []
+    for variant in scenario.config.variants:
+        trainer = Trainer(TrainingSetup.of(scenario, variant, group), rank, topology.host_groups, seed=seed,
+                          device=device)
+        for step in range(warmup):
+            heartbeat(f"{variant.name} warm-up step {step}")
+            trainer.step(step)
+        t0 = common_start(probe.torch_device)
+        timed = []
+        for index in range(repeats * steps):
+            heartbeat(f"{variant.name} step {index + 1} of {repeats * steps}")
+            timed.append(_shifted(trainer.step(warmup + index), t0))
+        with memory_probe.exact_allocation():
+            probe.reset_peak_memory()
+            trainer.step(warmup + repeats * steps)
+            peak = probe.peak_memory_bytes()
+        trainer.close()
+        out.append(RankTraining(rank, variant.name, timed, peak))
+        del trainer
+        gc.collect()
+    heartbeat("gather")
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(out, gathered, dst=0)
+    return gathered if rank == 0 else None
+
+
+def _shifted(timing, t0: float):
+    """``timing`` with every time in s from ``t0``."""
+    def span(pair):
+        return (pair[0] - t0, pair[1] - t0)
+
+    return replace(timing, start_s=timing.start_s - t0, end_s=timing.end_s - t0,
+                   forward=[span(p) for p in timing.forward], backward=[span(p) for p in timing.backward],
+                   optimizer=span(timing.optimizer), averaging=span(timing.averaging) if timing.averaging else None,
+                   buckets=[replace(b, ready_s=b.ready_s - t0, start_s=b.start_s - t0, end_s=b.end_s - t0)
+                            for b in timing.buckets])
+
+
+def measure_training(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, seed: int = 0, testbed: bool = False,
+                     hang_timeout_s: float = 120.0) -> MeasuredResult:
+    """Measure every variant of the training ``scenario`` on this machine: one forked rank per
+    data-parallel rank, inside the testbed's host namespaces when ``testbed``.
+
+    Raises:
+        ConfigError: what :class:`runtime.training.trainer.TrainingSetup` refuses, or ``testbed``
+            while the scenario's testbed is not up.
+        runtime.errors.LaunchError: a rank failed, died or hung (the message names it).
+    """
+    import torch
+
+    from runtime.launch import launch
+    from runtime.training.ranks import data_parallel_ranks
+    from runtime.training.trainer import TrainingSetup
+
+    topology = build_topology(scenario.config.cluster)
+    group = data_parallel_ranks(scenario, topology)
+    for variant in scenario.config.variants:  # refused here, before any rank starts
+        TrainingSetup.of(scenario, variant, group)
+    placements, enter = placements_for(scenario, topology, group, testbed)
+
+    def body(rank: int, heartbeat):
+        return train_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed,
+                          device=torch.device("cpu"), heartbeat=heartbeat)
+
+    gathered = launch(body, len(group), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter)[0]
+    return measured_training(scenario, topology, gathered, repeats)

@@ -1,0 +1,259 @@
+"""The training runtime: real DDP on 2 and 4 gloo ranks on loopback ends every gradient-averaging
+variant (bucket sizes, accumulation with and without no_sync, checkpointing, hetsim schedules in
+the comm hook, no overlap, compression, ZeRO-1) with the parameters of one process stepping on the
+whole global batch; parameter averaging ends with its own single-process reference; hetsim
+measure writes the training metrics and a trace of buckets."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from models.errors import ConfigError  # noqa: E402
+from runtime.launch import launch  # noqa: E402
+from runtime.training.calibrate import calibrate_training  # noqa: E402
+from runtime.training.hooks import BucketCall  # noqa: E402
+from runtime.training.measure import measure_training, step_metrics  # noqa: E402
+from runtime.training.model import DecoderLM  # noqa: E402
+from runtime.training.ranks import data_parallel_ranks  # noqa: E402
+from runtime.training.reference import local_sgd_reference, reference_parameters  # noqa: E402
+from runtime.training.trainer import StepTiming, Trainer, TrainingSetup  # noqa: E402
+from sim.profile import load_profile  # noqa: E402
+from sim.scenario import scenario_from_dict  # noqa: E402
+from sim.topology import build_topology  # noqa: E402
+from sim.vocabulary import MeasurementKind  # noqa: E402
+from tests.conftest import ROOT, cluster, run_cli, tiny_model_config  # noqa: E402
+from validation.cli import main  # noqa: E402
+from validation.memory_fit import check_memory_fits  # noqa: E402
+
+SEED = 3
+STEPS = 2
+CLUSTERS = {2: cluster(2, 1, device="cpu"), 4: cluster(2, 2, device="cpu")}
+SMALL_BUCKETS = {"bucket_cap_mb": 0.02, "first_bucket_mb": 0.005}  # several buckets of the tiny models
+
+
+def _scenario(tmp_path: Path, model_type: str, data: int, training: dict, variants: list[dict], *,
+              global_batch: int = 8, steps: int = STEPS):
+    path = tmp_path / f"{model_type}.config.json"
+    path.write_text(json.dumps(tiny_model_config(model_type, num_layers=2)))
+    return scenario_from_dict({
+        "name": "train_test", "model": str(path), "dtype": "fp32", "cluster": CLUSTERS[data],
+        "parallel": {"data": data},
+        "workload": {"kind": "training", "global_batch_size": global_batch, "micro_batch_size": global_batch // data,
+                     "sequence_length": 16, "steps": steps},
+        "training": training, "variants": variants}, base_dir=ROOT)
+
+
+def _train(scenario, steps: int = STEPS):
+    """Every variant trained ``steps`` steps on every rank: [rank][variant] -> (parameters, step timings)."""
+    topology = build_topology(scenario.config.cluster)
+    group = data_parallel_ranks(scenario, topology)
+
+    def body(rank, heartbeat):
+        out = []
+        for variant in scenario.config.variants:
+            trainer = Trainer(TrainingSetup.of(scenario, variant, group), rank, topology.host_groups, seed=SEED)
+            timings = [trainer.step(step) for step in range(steps)]
+            trainer.close()
+            out.append((trainer.parameters(), timings))
+        return out
+
+    def gather(rank, heartbeat):
+        import torch.distributed as dist
+
+        mine = body(rank, heartbeat)
+        every = [None] * len(group)
+        dist.all_gather_object(every, mine)
+        return every
+
+    return launch(gather, len(group), hang_timeout_s=120)[0]
+
+
+def _assert_same(got: dict, expected: dict, atol: float, label: str) -> None:
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=atol, msg=f"{label}: {name}")
+
+
+def _check_against_reference(scenario, atol: float) -> list:
+    ranks = _train(scenario)
+    group = tuple(range(len(ranks)))
+    for index, variant in enumerate(scenario.config.variants):
+        expected = reference_parameters(TrainingSetup.of(scenario, variant, group), STEPS, SEED)
+        for rank, per_variant in enumerate(ranks):
+            _assert_same(per_variant[index][0], expected, atol, f"{variant.name} rank {rank}")
+    return ranks
+
+
+def test_two_ranks_average_gradients_as_one_process_over_the_global_batch(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd", "allreduce": "library"}, [
+        {"name": "library"},
+        {"name": "ring_small_buckets", "training": {"allreduce": "ring", **SMALL_BUCKETS}},
+        {"name": "rd_no_sync_checkpointed", "training": {"allreduce": "recursive_doubling", "gradient_accumulation": 2,
+                                                         "activation_checkpointing": 1}},
+        {"name": "naive_accumulation_views", "training": {"gradient_accumulation": 2, "no_sync": False,
+                                                          "gradient_as_bucket_view": True, **SMALL_BUCKETS}},
+        {"name": "no_overlap", "training": {"overlap": False, "allreduce": "star", **SMALL_BUCKETS}},
+        {"name": "zero1", "training": {"zero": 1}},
+    ])
+    ranks = _check_against_reference(scenario, atol=1e-6)
+    buckets = [len(timing.buckets) for timing in ranks[0][1][1]]
+    assert buckets[-1] > 1  # small buckets: several allreduces per step
+    no_overlap = ranks[0][4][1][-1].buckets
+    assert min(b.start_s for b in no_overlap) >= max(b.ready_s for b in no_overlap)
+
+
+def test_four_ranks_on_two_hosts_with_adamw_schedules_accumulation_and_zero(tmp_path):
+    scenario = _scenario(tmp_path, "llama", 4, {"optimizer": "adamw", "allreduce": "ring", **SMALL_BUCKETS}, [
+        {"name": "ring"},
+        {"name": "library", "training": {"allreduce": "library"}},
+        {"name": "two_level_rs_no_sync_checkpointed", "training": {"allreduce": "two_level_rs",
+                                                                   "gradient_accumulation": 2,
+                                                                   "activation_checkpointing": 2}},
+        {"name": "recursive_doubling_zero1", "training": {"allreduce": "recursive_doubling", "zero": 1}},
+    ])
+    _check_against_reference(scenario, atol=1e-5)
+
+
+def test_compressed_gradients_match_within_their_precision(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd", "allreduce": "ring"}, [
+        {"name": "fp16_ring", "training": {"gradient_compression": "fp16"}},
+        {"name": "bf16_library", "training": {"gradient_compression": "bf16", "allreduce": "library"}},
+        {"name": "bf16_mixed_fp16_rd", "training": {"gradient_compression": "fp16", "precision": "bf16_mixed",
+                                                    "allreduce": "recursive_doubling"}},
+    ])
+    ranks = _check_against_reference(scenario, atol=2e-5)
+    fp16, bf16 = ranks[0][0][1][0].buckets, ranks[0][1][1][0].buckets
+    parameters = sum(p.numel() for p in ranks[0][0][0].values())
+    # Each gradient travels once per step, in two bytes.
+    assert sum(b.size_bytes for b in fp16) == sum(b.size_bytes for b in bf16) == 2 * parameters
+
+
+@pytest.mark.parametrize("allreduce", ["ring", "library"])
+def test_parameter_averaging_matches_local_sgd_in_one_process(tmp_path, allreduce):
+    steps = 3
+    scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "adamw", "allreduce": allreduce,
+                                               "averaging": "parameters", "averaging_period": 2},
+                         [{"name": "local_sgd"}], steps=steps)
+    ranks = _train(scenario, steps)
+    replicas = local_sgd_reference(TrainingSetup.of(scenario, scenario.config.variants[0], (0, 1)), steps, SEED)
+    for rank, per_variant in enumerate(ranks):
+        parameters, timings = per_variant[0]
+        _assert_same(parameters, replicas[rank], 1e-5, f"rank {rank}")
+        assert [t.averaging is not None for t in timings] == [False, True, False]
+        assert all(not t.buckets for t in timings)  # gradients stay local
+    # The third step was local: the replicas differ again, so the comparison above is per replica.
+    assert any(not torch.allclose(replicas[0][n], replicas[1][n]) for n in replicas[0])
+
+
+def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "adamw", "allreduce": "ring", **SMALL_BUCKETS}, [
+        {"name": "ring"},
+        {"name": "local_sgd", "training": {"averaging": "parameters", "averaging_period": 1}},
+    ], steps=1)
+    result = measure_training(scenario, repeats=1, warmup=1, seed=SEED)
+    rows = result.results
+    ring = rows[rows["variant"] == "ring"].set_index("metric")["value"]
+    for metric in ("step_time_s", "samples_per_s", "tokens_per_s", "forward_s", "backward_s", "optimizer_s",
+                   "exposed_communication_s", "step_time_p90_s"):
+        assert ring[metric] > 0, metric
+    assert 0 <= ring["overlap_ratio"] <= 1
+    assert ring["samples_per_s"] == pytest.approx(8 / ring["step_time_s"])
+    assert set(rows[rows["metric"] == "peak_memory_bytes"]["device"]) == {"h0/dev0", "h1/dev0"}
+    assert "overlap_ratio" not in set(rows[rows["variant"] == "local_sgd"]["metric"])
+    ops = result.variants[0].trace.ops
+    buckets = ops[ops["name"].str.startswith("bucket")]
+    parameters = 4 * sum(p.numel() for p in DecoderLM(scenario.model, 0).parameters())
+    assert set(buckets["stream"]) == {"comm"} and set(buckets["rank"]) == {0, 1}
+    assert buckets[buckets["rank"] == 0]["bytes"].sum() == parameters  # every gradient reduced once
+    assert set(ops["kind"]) == {"forward", "backward", "optimizer_step", "allreduce"}
+    averaged = result.variants[1].trace.ops
+    assert list(averaged[averaged["stream"] == "comm"]["name"].unique()) == ["parameter average"]
+
+
+@pytest.mark.parametrize("training, field", [
+    ({"allreduce": "auto"}, "training.allreduce"),
+    ({"zero": 1, "averaging": "parameters", "averaging_period": 2}, "training.zero"),
+])
+def test_what_the_runtime_cannot_run_is_refused_naming_the_field(tmp_path, training, field):
+    scenario = _scenario(tmp_path, "gpt2", 2, training, [{"name": "v"}])
+    with pytest.raises(ConfigError) as caught:
+        measure_training(scenario)
+    assert caught.value.field == field
+
+
+def test_tensor_parallel_training_is_refused(tmp_path):
+    document = _scenario(tmp_path, "gpt2", 2, {}, [{"name": "v"}]).config.model_dump(mode="json", by_alias=True)
+    document["parallel"] = {"data": 1, "tensor": 2}
+    scenario = scenario_from_dict(document, base_dir=ROOT)
+    with pytest.raises(ConfigError, match="data parallelism only"):
+        data_parallel_ranks(scenario, build_topology(scenario.config.cluster))
+
+
+def test_calibration_times_backward_per_op_kind_and_the_optimizer_step(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd"}, [
+        {"name": "fp32"},
+        {"name": "adamw_bf16", "training": {"optimizer": "adamw", "precision": "bf16_mixed"}},
+    ])
+    profile = calibrate_training(scenario, repeats=1)
+    path = tmp_path / "profile.csv"
+    path.write_text(profile.to_csv(index=False))
+    rows = load_profile(path).rows
+    timed = rows[rows["measurement"] != MeasurementKind.CONTEXT]
+    assert (timed["median"] > 0).all() and (timed["flops"] > 0).all() and (timed["repeats"] == 2).all()
+    kinds = {"layernorm", "qkv_proj", "attention", "out_proj", "mlp_up", "mlp_down", "lm_head", "embedding"}
+    for measurement, expected in [(MeasurementKind.BACKWARD_INPUT, kinds - {"embedding"}),
+                                  (MeasurementKind.BACKWARD_WEIGHT, kinds - {"attention"})]:
+        for dtype in ("fp32", "bf16"):
+            of = timed[(timed["measurement"] == measurement) & (timed["dtype"] == dtype)]
+            assert set(of["op"]) == expected, (measurement, dtype)
+    steps = timed[timed["measurement"] == MeasurementKind.OPTIMIZER_STEP]
+    assert set(steps["op"]) == {"sgd", "adamw"} and len(steps) == 6  # 2^16, 2^20 and the model's parameters
+
+
+def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(tmp_path, capsys):
+    document = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd", "allreduce": "ring"}, [{"name": "ring"}],
+                         steps=1).config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(document))
+    out = tmp_path / "out"
+    code, stdout, _ = run_cli(main, ["measure", str(path), "--out", str(out), "--repeats", "1", "--warmup", "0"], capsys)
+    assert code == 0 and "step ms" in stdout
+    results = pd.read_csv(out / "results.csv")
+    assert set(results["source"]) == {"measured"}
+    assert results.set_index("metric").loc["samples_per_s", "unit"] == "samples/s"
+    assert any(e.get("name") == "bucket 0" for e in json.loads((out / "trace.json").read_text())["traceEvents"])
+    document["training"]["allreduce"] = "auto"
+    path.write_text(yaml.safe_dump(document))
+    code, _, stderr = run_cli(main, ["measure", str(path), "--out", str(tmp_path / "bad")], capsys)
+    assert code == 2 and stderr.startswith("hetsim: error: training.allreduce: ") and stderr.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_training_plan_that_cannot_fit_is_refused_before_any_rank_starts(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "adamw"}, [{"name": "v"}])
+    check_memory_fits(scenario)  # a few MB per rank
+    document = scenario.config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["cluster"] = cluster(2, 1, device="cpu", memory="1MiB")
+    with pytest.raises(ConfigError, match="device h0/dev0: the plan needs"):
+        check_memory_fits(scenario_from_dict(document, base_dir=ROOT))
+
+
+def test_exposed_communication_is_what_each_synchronising_backward_waits_for():
+    # Two micro-batches synchronising each (no_sync off): backward 0-10 ms with buckets ready at 4
+    # and 9 ms, reduced 4-8 and 9-12 ms (3 ms exposed); backward 12-20 ms, one bucket ready at 19,
+    # reduced 19-25 ms (6 ms exposed); then a parameter average of 3 ms.
+    ms = 1e-3
+    step = StepTiming(0, 0.0, 28 * ms, forward=[(0, 0), (10 * ms, 12 * ms)],
+                      backward=[(0, 12 * ms), (12 * ms, 25 * ms)], optimizer=(25 * ms, 25 * ms),
+                      averaging=(25 * ms, 28 * ms),
+                      buckets=[BucketCall(0, 8, 4 * ms, 4 * ms, 8 * ms), BucketCall(1, 8, 9 * ms, 9 * ms, 12 * ms),
+                               BucketCall(0, 8, 19 * ms, 19 * ms, 25 * ms)])
+    metrics = step_metrics([step], global_batch_size=4, sequence_length=10)
+    assert metrics["exposed_communication_s"] == pytest.approx(12 * ms)
+    assert metrics["overlap_ratio"] == pytest.approx(1 - 9 / 13)  # 13 ms on the wire, 9 of them exposed
+    assert metrics["step_time_s"] == pytest.approx(28 * ms) and metrics["tokens_per_s"] == pytest.approx(40 / 0.028)
