@@ -170,6 +170,34 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
 
 @cli.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--grid", "grid_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="YAML of axes (dotted scenario fields, each with a list of values) and exclusions.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for sweep.sqlite, results.csv and results.parquet (default: out/<scenario "
+                   "name>-sweep); a rerun into it simulates only the points it lacks.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Calibration profile from hetsim calibrate, applied to every point.")
+@click.option("--workers", type=click.IntRange(1, 1024), default=None,
+              help="Local worker processes (default: the cores this process may use).")
+@click.option("--scheduler", default=None,
+              help="Address of a Dask distributed scheduler (tcp://host:8786): the points run there.")
+def sweep(scenario: Path, grid_path: Path, out_dir: str | None, profile_path: Path | None, workers: int | None,
+          scheduler: str | None) -> None:
+    """Simulate SCENARIO at every point of the grid GRID (a cartesian product of scenario fields),
+    in parallel and resumably; writes results.csv and results.parquet (tidy, one column per axis)."""
+    from sim.scenario import load_scenario
+    from validation.sweep_runner import default_workers, sweep_command
+
+    if out_dir == "":
+        raise ConfigError("--out", "empty path; write --out . for the current directory (got '')")
+    out = Path(out_dir) if out_dir is not None else Path("out") / f"{load_scenario(scenario).name}-sweep"
+    check_out_dir(out)
+    sweep_command(scenario, grid_path, out, profile_path=profile_path, workers=workers or default_workers(),
+                  scheduler=scheduler, console=_console())
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for results.csv and trace.json (default: out/<scenario name>-measured).")
 @click.option("--testbed", is_flag=True, help="Run each rank inside its host's namespace (hetsim testbed up first).")
