@@ -147,3 +147,80 @@ def test_hf_config_paths_as_models_and_a_profile_applied_to_every_point(tmp_path
     expected = simulate(one, profile=load_profile(PROFILE), expand_steps=()).results
     got = calibrated[(calibrated["model"] == "gpt2") & (calibrated["workload.batch_size"] == 2)]
     assert list(got["value"]) == list(expected["value"])
+
+
+def _store_counts(path) -> tuple[dict[str, int], dict[str, int]]:
+    """(key -> run, key -> result rows) of a sweep store, read-only."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        runs = dict(db.execute("SELECT key, run FROM points"))
+        rows = dict(db.execute("SELECT key, COUNT(*) FROM results GROUP BY key"))
+    finally:
+        db.close()
+    return runs, rows
+
+
+def test_a_sweep_killed_with_sigkill_resumes_computing_only_the_missing_points(tmp_path, capsys):
+    grid = {"axes": {"workload.batch_size": list(range(1, 16)), "cluster.hosts[0].nic.bandwidth": ["1Gbit/s", "10Gbit/s"]}}
+    scenario, grid_path = _files(tmp_path, grid)
+    out, total = tmp_path / "out", 30
+    store = out / "sweep.sqlite"
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", "import sys; from validation.cli import main; main(sys.argv[1:])",
+               "sweep", str(scenario), "--grid", str(grid_path), "--out", str(out), "--workers", "2"]
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if store.exists() and len(_store_counts(store)[0]) >= 3:
+                    break
+            except sqlite3.OperationalError:  # created, its tables not yet
+                pass
+            time.sleep(0.01)
+        assert process.poll() is None, process.stderr.read()
+        os.killpg(process.pid, signal.SIGKILL)  # the sweep and its workers, mid-run
+    finally:
+        process.wait()
+    runs, rows = _store_counts(store)
+    assert 3 <= len(runs) < total
+    per_point = 3 * (6 + 2 * 4)  # 3 variants x (6 timing metrics + 2 memory metrics x 4 devices)
+    assert set(runs.values()) == {1} and set(rows.values()) == {per_point} and rows.keys() == runs.keys()
+    code, stdout, err = _run(["sweep", scenario, "--grid", grid_path, "--out", out, "--workers", 2], capsys)
+    assert code == 0, err
+    assert f"{total - len(runs)} simulated now (2 local workers), {len(runs)} from" in " ".join(stdout.split())
+    after_runs, after_rows = _store_counts(store)
+    assert len(after_runs) == total and set(after_rows.values()) == {per_point}
+    assert {k: r for k, r in after_runs.items() if r == 1} == runs  # nothing stored twice or recomputed
+    assert len(pd.read_csv(out / "results.csv")) == total * per_point
+
+
+def test_a_dask_cluster_of_two_workers_gives_the_local_results(tmp_path, capsys, monkeypatch):
+    distributed = pytest.importorskip("dask.distributed")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the workers' processes import hetsim
+    grid = {"axes": {"parallel.tensor": [2, 3], "workload.batch_size": [1, 8]}}
+    scenario, grid_path = _files(tmp_path, grid)
+    code, _, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "local", "--workers", 1], capsys)
+    assert code == 0, err
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                  dashboard_address=None) as cluster:
+        code, stdout, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "dask",
+                                  "--scheduler", cluster.scheduler_address, "--profile", PROFILE], capsys)
+        assert code == 0, err
+        assert "4 simulated now (Dask at tcp://" in " ".join(stdout.split())
+        code, stdout, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "dask",
+                                  "--scheduler", cluster.scheduler_address], capsys)
+        assert code == 0, err
+    assert (tmp_path / "dask" / "results.csv").read_bytes() == (tmp_path / "local" / "results.csv").read_bytes()
+    # the calibrated points were other points: the uncalibrated ones were all computed anew
+    assert "4 simulated now" in " ".join(stdout.split())
+
+
+def test_an_address_where_no_scheduler_answers_is_one_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("dask.distributed")
+    monkeypatch.setattr("validation.sweep_runner.SCHEDULER_TIMEOUT_S", 1)
+    scenario, grid_path = _files(tmp_path, {"axes": {"workload.batch_size": [1]}})
+    code, _, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "out",
+                         "--scheduler", "tcp://127.0.0.1:9"], capsys)
+    assert code == 2 and err.startswith("hetsim: error: --scheduler: ") and err.count("\n") == 1, err

@@ -42,7 +42,7 @@ from sim.scenario import Scenario
 from sim.sweep_store import SweepStore
 
 TIDY_EXTRA_COLUMNS = ["oom", "error"]
-_SCHEDULER_TIMEOUT_S = 10
+SCHEDULER_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,9 @@ class DaskExecutor:
             raise ConfigError("--scheduler", "needs Dask: pip install 'dask[distributed]' "
                                              f"(got {shorten(address)})") from None
         try:
-            self.client = Client(address, timeout=_SCHEDULER_TIMEOUT_S)
+            self.client = Client(address, timeout=SCHEDULER_TIMEOUT_S)
         except (OSError, TimeoutError, ValueError, TypeError) as error:
-            raise ConfigError("--scheduler", f"no Dask scheduler answers there within {_SCHEDULER_TIMEOUT_S} s: "
+            raise ConfigError("--scheduler", f"no Dask scheduler answers there within {SCHEDULER_TIMEOUT_S} s: "
                                              f"{shorten(str(error), 120, quote=False)} (got {shorten(address)})") from None
         self.profile = profile
 

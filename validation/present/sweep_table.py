@@ -69,7 +69,7 @@ def grid_table(tidy: pd.DataFrame, axes: list[str], title: str) -> Table:
     for row in wide.head(shown).to_dict("records"):
         cells = [escape(str(row[a])) for a in axes] + [escape(str(row["variant"]))]
         if row["error"]:
-            table.add_row(*cells, "", "", "", "", f"[red]{escape(shorten(row['error'], 70, quote=False))}[/red]")
+            table.add_row(*cells, "", "", "", "", f"[red]{escape(shorten(row['error'], 50, quote=False))}[/red]")
             continue
         table.add_row(*cells, significant(row[Metric.TTFT] / ttft_size), significant(row[Metric.TPOT] / tpot_size),
                       significant(row[Metric.DECODE_TOKENS_PER_S]), f"{row[Metric.MAX_PEAK_MEMORY] / _GIB:.2f}",
