@@ -5,7 +5,7 @@ question "how many of these devices, and which memory policy, does this model ne
 each cost in TTFT and TPOT?"::
 
     sweep:
-      models: [llama-2-7b, llama-2-13b, llama-2-70b]   # default: the scenario's model
+      models: [llama-2-7b, llama-2-13b, llama-2-70b]   # or config.json paths; default: the scenario's model
       devices: [2, 4, 6, 8]                            # tensor-parallel degrees; default: parallel.tensor
       memory:                                          # default: the variants' own policies
         - {policy: resident}
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from models.accounting import check_tensor_parallel
-from models.catalog import get_model
 from models.errors import ConfigError
 from sim.budget import MAX_SWEEP_WORK_UNITS, check_job_size
-from sim.scenario import Scenario, Variant, with_dtype
+from sim.profile import Profile
+from sim.scenario import Scenario, Variant, resolve_model
 from sim.simulate import simulate
 from sim.topology import build_topology
 from sim.vocabulary import Metric
@@ -72,6 +73,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             raise ConfigError(f"sweep.devices[{i}]", f"must be between 1 and the cluster's {num_devices} devices "
                                                      f"(got {degree})")
     variants = _variants(scenario)
+    base_dir = scenario.source_path.parent if scenario.source_path is not None else Path(".")
     streamed = sum(scenario.memory_policy(v).streams for v in variants)
     points = []
     total_work = 0.0
@@ -80,10 +82,9 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             spec = scenario.model
         else:
             try:
-                spec = get_model(name)
+                spec = resolve_model(name, config.dtype, base_dir)
             except ConfigError as error:
                 raise ConfigError(f"sweep.models[{i}]", error.message) from None
-            spec = with_dtype(spec, config.dtype)
             config.workload.check_context(spec)
         for j, degree in enumerate(degrees):
             field = f"sweep.devices[{j}]" if sweep.devices else ("parallel.tensor" if config.parallel.tensor else "cluster")
@@ -107,11 +108,12 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     return points
 
 
-def run_sweep(scenario: Scenario, *, on_point=lambda point: None) -> pd.DataFrame:
+def run_sweep(scenario: Scenario, *, profile: Profile | None = None, on_point=lambda point: None) -> pd.DataFrame:
     """Simulate every point of ``scenario``'s sweep; one row per (model, devices, variant) with the
     columns :data:`SWEEP_COLUMNS` (SI units; ``note``: why a point is infeasible or what overflowed).
 
-    ``on_point(point)`` is called before each point is simulated (for a progress bar).
+    ``profile`` calibrates every point (:func:`sim.simulate.simulate`); ``on_point(point)`` is
+    called before each point is simulated (for a progress bar).
     """
     rows = []
     for point in sweep_points(scenario):
@@ -120,7 +122,7 @@ def run_sweep(scenario: Scenario, *, on_point=lambda point: None) -> pd.DataFram
             for variant in _variants(scenario):
                 rows.append(_row(point, variant, scenario) | {"feasible": False, "fits": False, "note": point.reason})
             continue
-        result = simulate(point.scenario, expand_steps=())
+        result = simulate(point.scenario, profile=profile, expand_steps=())
         for vr in result.variants:
             run = vr.run
             peaks = run.peak_bytes

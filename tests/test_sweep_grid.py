@@ -224,3 +224,21 @@ def test_an_address_where_no_scheduler_answers_is_one_line(tmp_path, capsys, mon
     code, _, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "out",
                          "--scheduler", "tcp://127.0.0.1:9"], capsys)
     assert code == 2 and err.startswith("hetsim: error: --scheduler: ") and err.count("\n") == 1, err
+
+
+def test_a_scenarios_sweep_section_takes_config_paths_and_the_profile(tmp_path, capsys):
+    (tmp_path / "tiny.json").write_text((ROOT / "tests" / "data" / "gpt2.config.json").read_text())
+    data = scenario_dict(dtype=None, variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}],
+                         sweep={"models": ["gpt2", "tiny.json"], "devices": [2, 4]})
+    data["cluster"] = {"switches": [{"name": "sw"}], "hosts": [
+        {"name": "n{i}", "count": 4, "parent": "sw", "nic": {"bandwidth": "200Mbit/s", "latency": "3ms"},
+         "devices": {"type": "cpu", "count": 1, "memory": "8GiB"}}]}
+    scenario, _ = _files(tmp_path, {"axes": {"model": ["gpt2"]}}, data)
+    tables = {}
+    for name, extra in (("plain", []), ("calibrated", ["--profile", PROFILE])):
+        code, stdout, err = _run(["simulate", scenario, "--out", tmp_path / name, *extra], capsys)
+        assert code == 0, err
+        assert "TPOT (ms)" in stdout
+        tables[name] = pd.read_csv(tmp_path / name / "sweep.csv")
+    assert list(tables["plain"]["model"]) == ["gpt2", "gpt2", "tiny.json", "tiny.json"]
+    assert (tables["plain"]["tpot_s"] != tables["calibrated"]["tpot_s"]).all()

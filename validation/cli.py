@@ -84,7 +84,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     profile = load_profile(profile_path) if profile_path else None
     console = _console()
     if loaded.config.sweep is not None:
-        _simulate_sweep(loaded, out_dir, console)
+        _simulate_sweep(loaded, out_dir, console, profile)
         return
     with console.status(f"simulating {len(loaded.config.variants)} variants"):  # a terminal sees it is busy
         result = run_simulation(loaded, profile=profile)
@@ -140,9 +140,9 @@ def check_out_dir(out_dir: Path) -> None:
         raise ConfigError("--out", f"no permission to write in {shorten(str(existing), keep_end=True)} (got {shown})")
 
 
-def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
-    """Simulate every point of the scenario's sweep; print the tables, write sweep.csv and
-    memory_report.html."""
+def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
+    """Simulate every point of the scenario's sweep (calibrated by ``profile``, if any); print the
+    tables, write sweep.csv and memory_report.html."""
     from rich.progress import Progress
 
     from sim.outputs import results_csv, write_files
@@ -157,11 +157,11 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
         def advance(point) -> None:
             progress.update(task, advance=1, description=f"{point.model} on {point.devices} devices")
 
-        table = run_sweep(scenario, on_point=advance)
+        table = run_sweep(scenario, profile=profile, on_point=advance)
     for rich_table in sweep_tables(table):
         console.print(rich_table)
-    console.print("cells: max peak memory per device (GiB) · TPOT (s) · TTFT (s); n/a: the degree does not "
-                  "divide the model's attention heads")
+    console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the degree does not "
+                  "divide the model's attention heads" + ("" if profile is None else "; calibrated by the profile"))
     written = write_files(out_dir, {"sweep.csv": results_csv(table),
                                     "memory_report.html": sweep_html(scenario.config.description or scenario.name,
                                                                      table)})
