@@ -358,7 +358,8 @@ def testbed(action: str, scenario: Path) -> None:
 _INTERRUPTED = {"measure": "its ranks are stopped, nothing written",
                 "calibrate": "its ranks are stopped, no profile written",
                 "validate": "its ranks are stopped and its testbeds removed, nothing written",
-                "testbed up": "what it built is removed"}
+                "testbed up": "what it built is removed",
+                "sweep": "the points it finished stay in its sweep.sqlite; run it again for the rest"}
 
 
 def _command(args: list[str]) -> str:

@@ -1,0 +1,123 @@
+"""Benchmark: grid sweep throughput (scenario-variants per minute) and the Dask speed-up.
+
+Two measurements, each the median over repeats, with the machine, its load and its CPU steal
+(from /proc/stat over the measurement: time the hypervisor gave another guest) printed beside:
+
+1. **Throughput** of :func:`validation.sweep_runner.run_grid` on the local process pool (every
+   core): a grid of 24 points over ``scenarios/two_hosts_rtx3060_llama2_13b.yaml`` (6 variants,
+   8 ranks: 144 scenario-variants), from the parsed scenario to every point committed in a fresh
+   SQLite store (point validation, keys, simulation, commits; not the imports). Target: >= 1000
+   scenario-variants per minute on the 2-core development machine.
+2. **Dask speed-up**: points of >= 1 s each (Llama-2-7B on 8 devices with weights streamed
+   through a sliding window), simulated in-process one after another, then on a
+   ``dask.distributed.LocalCluster`` of N single-threaded worker processes; speed-up = serial
+   time / Dask time (cluster start-up excluded, the first task's imports on the workers
+   included). Target: >= 0.8 N.
+
+Run: ``.venv/bin/python benchmarks/bench_sweep.py [--repeats 5] [--workers N] [--skip-dask]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from models.input_files import load_yaml
+from sim.grid import GridConfig, evaluate_point, grid_points
+from sim.sweep_store import STORE_NAME, SweepStore
+from validation.sweep_runner import default_workers, run_grid
+
+ROOT = Path(__file__).resolve().parent.parent
+THROUGHPUT_SCENARIO = ROOT / "scenarios" / "two_hosts_rtx3060_llama2_13b.yaml"
+THROUGHPUT_GRID = GridConfig(axes={"workload.batch_size": [1, 2, 4, 8, 16, 32],
+                                   "cluster.hosts[0].nic.bandwidth": ["1Gbit/s", "10Gbit/s", "25Gbit/s", "100Gbit/s"]})
+SLOW_SCENARIO = ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
+
+
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs so far (/proc/stat, man 5 proc)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return fields[7], sum(fields[:8])
+
+
+def steal_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
+    return 100 * (after[0] - before[0]) / max(after[1] - before[1], 1)
+
+
+def throughput(repeats: int, workers: int) -> list[float]:
+    """Scenario-variants per minute of each repeat."""
+    base = load_yaml(THROUGHPUT_SCENARIO, "scenario")
+    rates = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp, SweepStore(Path(tmp) / STORE_NAME) as store:
+            start = time.perf_counter()
+            points = grid_points(base, THROUGHPUT_GRID, base_dir=THROUGHPUT_SCENARIO.parent)
+            run_grid(points, store, workers=workers)
+            elapsed = time.perf_counter() - start
+        variants = sum(len(p.scenario.config.variants) for p in points)
+        rates.append(variants / elapsed * 60)
+    return rates
+
+
+def slow_points(count: int):
+    """``count`` points of >= 1 s each: the default scenario's first two variants, weights streamed."""
+    base = load_yaml(SLOW_SCENARIO, "scenario")
+    base["variants"] = base["variants"][:2]
+    base["memory"] = {"policy": "sliding_window", "window": 2}
+    grid = GridConfig(axes={"workload.prompt_tokens": [256 + 32 * i for i in range(count)]})
+    return [p.scenario for p in grid_points(base, grid, base_dir=SLOW_SCENARIO.parent)]
+
+
+def dask_speedup(repeats: int, workers: int) -> tuple[list[float], list[float], list[float]]:
+    """(serial s, Dask s, seconds per task) of each repeat."""
+    from dask.distributed import Client, LocalCluster
+
+    scenarios = slow_points(2 * workers)
+    serial, parallel, per_task = [], [], []
+    with LocalCluster(n_workers=workers, processes=True, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.run(lambda: __import__("sim.grid"))  # the workers' imports, once, as a long sweep pays them
+        for _ in range(repeats):
+            start = time.perf_counter()
+            outcomes = [evaluate_point(s) for s in scenarios]
+            serial.append(time.perf_counter() - start)
+            per_task.append(statistics.median(o.seconds for o in outcomes))
+            start = time.perf_counter()
+            client.gather(client.map(evaluate_point, scenarios, pure=False))
+            parallel.append(time.perf_counter() - start)
+    return serial, parallel, per_task
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument("--skip-dask", action="store_true")
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+          f"({default_workers()} usable), Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f} at the start")
+    before = cpu_times()
+    rates = throughput(args.repeats, args.workers)
+    print(f"throughput, {args.workers} local workers, {args.repeats} repeats of 144 scenario-variants: median "
+          f"{statistics.median(rates):.0f} scenario-variants/min (min {min(rates):.0f}, max {max(rates):.0f}); "
+          f"CPU steal {steal_pct(before, cpu_times()):.2f}%, load average {os.getloadavg()[0]:.1f}")
+    if args.skip_dask:
+        return
+    before = cpu_times()
+    serial, parallel, per_task = dask_speedup(args.repeats, args.workers)
+    ratios = [s / p for s, p in zip(serial, parallel)]
+    print(f"Dask, {args.workers} workers, {2 * args.workers} tasks of median {statistics.median(per_task):.2f} s, "
+          f"{args.repeats} repeats: serial median {statistics.median(serial):.2f} s, Dask median "
+          f"{statistics.median(parallel):.2f} s, speed-up median {statistics.median(ratios):.2f} "
+          f"({statistics.median(ratios) / args.workers:.2f} N; min {min(ratios):.2f}, max {max(ratios):.2f}); "
+          f"CPU steal {steal_pct(before, cpu_times()):.2f}%, load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
