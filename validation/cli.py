@@ -149,6 +149,7 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
     from sim.sweep import run_sweep, sweep_points
     from validation.present.sweep_report import sweep_html
     from validation.present.tables import sweep_tables
+    from validation.sweep_runner import LocalExecutor, default_workers
 
     total = len(sweep_points(scenario))
     with Progress(console=console, transient=True) as progress:
@@ -157,11 +158,13 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
         def advance(point) -> None:
             progress.update(task, advance=1, description=f"{point.model} on {point.devices} devices")
 
-        table = run_sweep(scenario, profile=profile, on_point=advance)
+        pool = LocalExecutor(profile, default_workers())
+        table = run_sweep(scenario, profile=profile, on_point=advance, imap=pool.imap_unordered)
     for rich_table in sweep_tables(table):
         console.print(rich_table)
-    console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the degree does not "
-                  "divide the model's attention heads" + ("" if profile is None else "; calibrated by the profile"))
+    console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the point cannot run "
+                  "(the degree does not divide the model's attention heads, or the note in sweep.csv)"
+                  + ("" if profile is None else "; calibrated by the profile"))
     written = write_files(out_dir, {"sweep.csv": results_csv(table),
                                     "memory_report.html": sweep_html(scenario.config.description or scenario.name,
                                                                      table)})
