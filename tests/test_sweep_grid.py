@@ -52,6 +52,8 @@ def test_the_product_less_the_exclusions_each_point_validated_by_the_scenario_sc
     combos = combinations(grid)
     assert len(combos) == 3 * 2 * 2 - 2
     assert not any(c["parallel.tensor"] == 4 and c["workload.batch_size"] == 4 for c in combos)
+    _, more = _files(tmp_path, GRID | {"exclude": [*GRID["exclude"], {"parallel.tensor": 5}]})
+    assert [c for c in combinations(load_grid(more))] == [c for c in combos if c["parallel.tensor"] != 5]
     points = grid_points(scenario_dict(), grid)
     # TP=5 exceeds neither the schema nor the field types: the simulator refuses it, per point.
     assert all(p.scenario is not None and len(p.key) == 64 for p in points)
@@ -81,6 +83,8 @@ def test_the_key_is_the_content_the_version_and_the_profile(tmp_path):
     ({"axes": {"model": ["gpt2"]}, "exclude": [{"dtype": "fp16"}]}, "exclude[0].dtype"),
     ({"axes": {"model": ["gpt2"]}, "exclude": [{"model": "llama"}]}, "exclude[0].model"),
     ({"axes": {"model": ["gpt2"]}, "filters": []}, "filters"),
+    ({"axes": {"model": ["gpt2"]}, "exclude": [{}]}, "exclude[0]"),
+    ({"axes": {"model": ["gpt2"]}, "exclude": [{"model": "gpt2"}]}, "exclude"),
     ({"axes": {f"workload.batch_size": list(range(1, 400)), "workload.output_tokens": list(range(1, 400))}}, "axes"),
 ])
 def test_a_malformed_grid_is_one_line_naming_the_field_and_nothing_is_written(tmp_path, capsys, grid, field):
