@@ -23,8 +23,9 @@ itself wrong (not a mapping, an axis that is no field of the scenario, an exclus
 axis, more than :data:`MAX_GRID_POINTS` points) is one :class:`ConfigError` naming the field.
 
 Each valid point has a content key (:func:`point_key`): the sha256 of its canonical scenario
-(the validated config and the resolved model, as sorted JSON), the hetsim version and the
-calibration profile's digest. Equal keys are equal simulations, so a store of results keyed by
+(the validated config and the resolved model, as sorted JSON), the simulator's version
+(:func:`hetsim_version`: the package version and a digest of its source) and the calibration
+profile's digest. Equal keys are equal simulations, so a store of results keyed by
 it (:mod:`sim.sweep_store`) lets a rerun compute only what is missing. There is no ``eval`` of
 anything a user writes: filters are equality on axis values.
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -57,12 +59,20 @@ MAX_AXIS_VALUES = 10_000
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[\d{1,6}\])*(\.[A-Za-z_][A-Za-z0-9_]*(\[\d{1,6}\])*)*$")
 
 
+@functools.cache
 def hetsim_version() -> str:
-    """The installed hetsim's version (part of every point's content key)."""
+    """The version of the simulator that prices a point (part of its content key): the package's
+    version and a digest of the source of ``models/`` and ``sim/``, since a checkout changes the
+    simulator without changing the version (``0.1.0+3f2a9c1e04bd``)."""
     try:
-        return metadata.version("hetsim")
+        version = metadata.version("hetsim")
     except metadata.PackageNotFoundError:  # run from a checkout without installing it
-        return "0+unknown"
+        version = "0"
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*(root / "models").rglob("*.py"), *(root / "sim").rglob("*.py")]):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"{version}+{digest.hexdigest()[:12]}"
 
 
 class GridConfig(BaseModel):
