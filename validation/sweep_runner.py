@@ -56,8 +56,9 @@ class GridRun:
 
 
 def default_workers() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0))
+    """The cores this process may run on (all of the machine's where the OS does not say)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def run_grid(points: Sequence[GridPoint], store: SweepStore, *, profile: Profile | None = None, workers: int = 1,
