@@ -7,7 +7,9 @@ Two measurements, each the median over repeats, with the machine, its load and i
    core): a grid of 24 points over ``scenarios/two_hosts_rtx3060_llama2_13b.yaml`` (6 variants,
    8 ranks: 144 scenario-variants), from the parsed scenario to every point committed in a fresh
    SQLite store (point validation, keys, simulation, commits; not the imports). Target: >= 1000
-   scenario-variants per minute on the 2-core development machine.
+   scenario-variants per minute on the 2-core development machine. Also printed: the rate per
+   CPU minute of the sweeping process and its workers, which other sessions on a shared machine
+   do not change (2 cores give at most twice it).
 2. **Dask speed-up**: points of >= 1 s each (Llama-2-7B on 8 devices with weights streamed
    through a sliding window), simulated in-process one after another, then on a
    ``dask.distributed.LocalCluster`` of N single-threaded worker processes; speed-up = serial
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import time
@@ -49,19 +52,27 @@ def steal_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
     return 100 * (after[0] - before[0]) / max(after[1] - before[1], 1)
 
 
-def throughput(repeats: int, workers: int) -> list[float]:
-    """Scenario-variants per minute of each repeat."""
+def cpu_s() -> float:
+    """CPU seconds of this process and of its reaped children (the pool's workers) so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def throughput(repeats: int, workers: int) -> tuple[list[float], list[float]]:
+    """Scenario-variants per minute of each repeat, by the wall clock and per CPU minute spent
+    (the sweeping process and its workers together: what one uncontended core would do)."""
     base = load_yaml(THROUGHPUT_SCENARIO, "scenario")
-    rates = []
+    rates, per_cpu = [], []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp, SweepStore(Path(tmp) / STORE_NAME) as store:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), cpu_s()
             points = grid_points(base, THROUGHPUT_GRID, base_dir=THROUGHPUT_SCENARIO.parent)
             run_grid(points, store, workers=workers)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, cpu_s() - cpu_start
         variants = sum(len(p.scenario.config.variants) for p in points)
         rates.append(variants / elapsed * 60)
-    return rates
+        per_cpu.append(variants / cpu * 60)
+    return rates, per_cpu
 
 
 def slow_points(count: int):
@@ -103,10 +114,11 @@ def main() -> None:
           f"({default_workers()} usable), Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.1f} at the start")
     before = cpu_times()
-    rates = throughput(args.repeats, args.workers)
+    rates, per_cpu = throughput(args.repeats, args.workers)
     print(f"throughput, {args.workers} local workers, {args.repeats} repeats of 144 scenario-variants: median "
           f"{statistics.median(rates):.0f} scenario-variants/min (min {min(rates):.0f}, max {max(rates):.0f}); "
-          f"CPU steal {steal_pct(before, cpu_times()):.2f}%, load average {os.getloadavg()[0]:.1f}")
+          f"{statistics.median(per_cpu):.0f} per CPU minute; CPU steal {steal_pct(before, cpu_times()):.2f}%, "
+          f"load average {os.getloadavg()[0]:.1f}")
     if args.skip_dask:
         return
     before = cpu_times()
