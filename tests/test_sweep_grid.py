@@ -74,6 +74,8 @@ def test_the_key_is_the_content_the_version_and_the_profile(tmp_path):
 @pytest.mark.parametrize("grid, field", [
     ("axes: [1, 2]", "axes"),
     ("- a\n- b", "grid"),
+    ("axes: {model: [gpt2]\n", "grid"),
+    ({"axes": {"model": "gpt2"}}, "axes.model"),
     ({"axes": {}}, "axes"),
     ({"axes": {"workload.batch_size": []}}, "axes.workload.batch_size"),
     ({"axes": {"workload..batch": [1]}}, "axes"),
