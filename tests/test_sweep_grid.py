@@ -218,6 +218,11 @@ def test_a_dask_cluster_of_two_workers_gives_the_local_results(tmp_path, capsys,
         code, stdout, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "dask",
                                   "--scheduler", cluster.scheduler_address], capsys)
         assert code == 0, err
+        # Workers that run another simulator would store their results under this one's keys.
+        monkeypatch.setattr("validation.sweep_runner.hetsim_version", lambda: "0.0.0+other")
+        code, _, refused = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "other",
+                                 "--scheduler", cluster.scheduler_address], capsys)
+        assert code == 2 and refused.startswith("hetsim: error: --scheduler: 2 of 2 workers run another hetsim")
     assert (tmp_path / "dask" / "results.csv").read_bytes() == (tmp_path / "local" / "results.csv").read_bytes()
     # the calibrated points were other points: the uncalibrated ones were all computed anew
     assert "4 simulated now" in " ".join(stdout.split())

@@ -11,8 +11,9 @@ any instant and run again computes only what is missing.
   parent, whatever kills it (:func:`runtime.interrupt.as_worker`). One worker runs in-process.
 * **Dask** (``scheduler`` an address such as ``tcp://10.0.0.1:8786``): each point is a task
   whose Dask key is its content key (``dask.distributed.Client.map``, results in completion order
-  by ``as_completed``); the profile is scattered to every worker once. The workers must run the
-  same hetsim (its version is part of the key, not checked on the workers).
+  by ``as_completed``); the profile is scattered to every worker once. A cluster without a worker,
+  or with a worker that runs another hetsim (:func:`sim.grid.hetsim_version`, which is part of
+  every key), is refused before any task.
 
 The tidy table (:func:`tidy_table`) is the results.csv schema of ``hetsim simulate``
 (:data:`sim.metrics.RESULT_COLUMNS`), preceded by one column per axis and followed by ``oom``
@@ -34,7 +35,7 @@ import pandas as pd
 
 from models.errors import ConfigError, shorten
 from runtime import interrupt
-from sim.grid import GridPoint, PointOutcome, evaluate_point
+from sim.grid import GridPoint, PointOutcome, evaluate_point, hetsim_version
 from sim.metrics import RESULT_COLUMNS
 from sim.outputs import results_csv, write_files
 from sim.profile import Profile
@@ -126,6 +127,13 @@ class LocalExecutor:
             _FORKED = ([], None)
 
 
+def _worker_version() -> str:
+    """A Dask worker's hetsim version (run there; looked up in its own sim.grid)."""
+    from sim import grid
+
+    return grid.hetsim_version()
+
+
 class DaskExecutor:
     """The points as tasks of a Dask distributed cluster; see the module docstring."""
 
@@ -140,7 +148,32 @@ class DaskExecutor:
         except (OSError, TimeoutError, ValueError, TypeError) as error:
             raise ConfigError("--scheduler", f"no Dask scheduler answers there within {SCHEDULER_TIMEOUT_S} s: "
                                              f"{shorten(str(error), 120, quote=False)} (got {shorten(address)})") from None
+        try:
+            self._check_workers(address)
+        except BaseException:
+            self.client.close()
+            raise
         self.profile = profile
+
+    def _check_workers(self, address: str) -> None:
+        """Refuse a cluster without workers (its tasks would wait forever) or whose workers run
+        another hetsim (their results would be stored under this one's keys)."""
+        try:
+            self.client.wait_for_workers(1, timeout=SCHEDULER_TIMEOUT_S)
+        except TimeoutError:
+            raise ConfigError("--scheduler", f"the scheduler has no worker after {SCHEDULER_TIMEOUT_S} s "
+                                             f"(got {shorten(address)})") from None
+        try:
+            versions = self.client.run(_worker_version)
+        except Exception as error:  # noqa: BLE001  (whatever a worker raised: it cannot run hetsim)
+            raise ConfigError("--scheduler", f"a worker cannot import hetsim: {shorten(str(error), 120, quote=False)} "
+                                             f"(got {shorten(address)})") from None
+        other = {worker: v for worker, v in versions.items() if v != hetsim_version()}
+        if other:
+            worker, version = sorted(other.items())[0]
+            raise ConfigError("--scheduler", f"{len(other)} of {len(versions)} workers run another hetsim ({worker}: "
+                                             f"{version}, here {hetsim_version()}); start them from this checkout "
+                                             f"(got {shorten(address)})")
 
     def __enter__(self) -> DaskExecutor:
         return self
