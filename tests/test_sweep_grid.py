@@ -253,3 +253,37 @@ def test_a_scenarios_sweep_section_takes_config_paths_and_the_profile(tmp_path, 
         tables[name] = pd.read_csv(tmp_path / name / "sweep.csv")
     assert list(tables["plain"]["model"]) == ["gpt2", "gpt2", "tiny.json", "tiny.json"]
     assert (tables["plain"]["tpot_s"] != tables["calibrated"]["tpot_s"]).all()
+
+
+def test_the_terminal_table_shows_tpot_in_ms_and_past_forty_rows_the_fastest_that_fit():
+    from rich.console import Console
+
+    from validation.present.sweep_table import best_line, grid_table
+
+    rows = []
+    for batch in range(1, 51):
+        tpot = 0.05 - batch * 1e-4  # the larger the batch, the faster, so the last rows lead
+        for metric, value, unit, device in (("ttft_s", 0.2, "s", ""), ("tpot_s", tpot, "s", ""),
+                                            ("decode_tokens_per_s", 1 / tpot, "tokens/s", ""),
+                                            ("peak_memory_bytes", 2**30, "bytes", "dev0")):
+            rows.append((batch, "test", "rlb", "simulated", metric, value, unit, device,
+                         "op x does not fit" if batch == 50 else "", ""))
+    tidy = pd.DataFrame(rows, columns=["workload.batch_size", *RESULT_COLUMNS, "oom", "error"])
+    console = Console(record=True, width=200)
+    console.print(grid_table(tidy, ["workload.batch_size"], "t"))
+    text = console.export_text()
+    assert "the 40 of 50 rows that fit with the lowest TPOT" in text and "TPOT ms" in text
+    body = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    assert body == [str(b) for b in range(49, 9, -1)]  # batch 50 does not fit
+    assert "45.1 " in text  # batch 49: 0.0451 s as 45.1 ms
+    assert best_line(tidy, ["workload.batch_size"]).startswith(
+        "lowest TPOT that fits: workload.batch_size = 49, variant rlb: 45.1 ms per token, TTFT 200 ms (49 of 50")
+
+
+def test_the_shipped_grid_expands_over_its_scenario_without_a_refused_point():
+    from models.input_files import load_yaml
+
+    scenario = ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
+    points = grid_points(load_yaml(scenario, "scenario"), load_grid(ROOT / "grids" / "low_resource_what_if.yaml"),
+                         base_dir=scenario.parent)
+    assert len(points) == 18 and all(p.scenario is not None for p in points)

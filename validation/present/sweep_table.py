@@ -1,7 +1,8 @@
 """The terminal table of a grid sweep (:mod:`validation.sweep_runner`'s tidy table).
 
 A row per point and variant: the axis values, TTFT, TPOT, decode tokens/s, the largest per-device
-peak memory, and whether it fits (or why the point was refused). Each time column has one unit
+peak memory, and whether it fits (or why the point was refused); past 40 rows, the 40 that fit
+with the lowest TPOT. Each time column has one unit
 chosen for its values (s, ms or us), written in its header, with three significant digits.
 """
 
@@ -54,19 +55,24 @@ def wide_results(tidy: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
 
 
 def grid_table(tidy: pd.DataFrame, axes: list[str], title: str) -> Table:
-    """The rich table of a sweep's first :data:`MAX_SHOWN_ROWS` rows (see the module docstring)."""
+    """The rich table of a sweep (see the module docstring): every row in grid order, or, past
+    :data:`MAX_SHOWN_ROWS`, that many of the rows that fit, lowest TPOT first."""
     wide = wide_results(tidy, axes)
     ttft_size, ttft_unit = time_unit(wide[Metric.TTFT])
     tpot_size, tpot_unit = time_unit(wide[Metric.TPOT])
-    shown = len(wide) if len(wide) <= MAX_SHOWN_ROWS else MAX_SHOWN_ROWS
-    more = f" (first {shown} of {len(wide)} rows; all in results.csv)" if shown < len(wide) else ""
+    more = ""
+    if len(wide) > MAX_SHOWN_ROWS:
+        fits = wide[(wide["error"] == "") & (wide["oom"] == "")]
+        more = (f" (the {min(len(fits), MAX_SHOWN_ROWS)} of {len(wide)} rows that fit with the lowest TPOT; "
+                f"all in results.csv)")
+        wide = fits.sort_values(Metric.TPOT, kind="stable").head(MAX_SHOWN_ROWS)
     table = Table(title=escape(title + more))
     for column in (*axes, "variant"):
         table.add_column(escape(column))
     for column in (f"TTFT {ttft_unit}", f"TPOT {tpot_unit}", "decode tok/s", "max peak GiB"):
         table.add_column(column, justify="right")
-    table.add_column("fits (or why the point was refused)", no_wrap=True)
-    for row in wide.head(shown).to_dict("records"):
+    table.add_column("fits", no_wrap=True)  # or, in red, why the point was refused
+    for row in wide.to_dict("records"):
         cells = [escape(str(row[a])) for a in axes] + [escape(str(row["variant"]))]
         if row["error"]:
             table.add_row(*cells, "", "", "", "", f"[red]{escape(shorten(row['error'], 50, quote=False))}[/red]")
@@ -85,7 +91,11 @@ def best_line(tidy: pd.DataFrame, axes: list[str]) -> str:
         return "no point fits in memory and simulates: see the oom and error columns of results.csv"
     best = fits.loc[fits[Metric.TPOT].idxmin()]
     where = ", ".join(f"{a} = {best[a]}" for a in axes)
-    size, unit = time_unit(fits[Metric.TPOT])
-    return (f"lowest TPOT that fits: {where}, variant {best['variant']}: {significant(best[Metric.TPOT] / size)} "
-            f"{unit} per token, TTFT {significant(best[Metric.TTFT] * 1e3)} ms "
-            f"({len(fits)} of {len(wide)} point-variants fit)")
+    tpot = _with_unit(best[Metric.TPOT])
+    return (f"lowest TPOT that fits: {where}, variant {best['variant']}: {tpot} per token, TTFT "
+            f"{_with_unit(best[Metric.TTFT])} ({len(fits)} of {len(wide)} point-variants fit)")
+
+
+def _with_unit(seconds: float) -> str:
+    size, unit = time_unit(pd.Series([seconds]))
+    return f"{significant(seconds / size)} {unit}"
