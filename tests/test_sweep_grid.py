@@ -287,3 +287,18 @@ def test_the_shipped_grid_expands_over_its_scenario_without_a_refused_point():
     points = grid_points(load_yaml(scenario, "scenario"), load_grid(ROOT / "grids" / "low_resource_what_if.yaml"),
                          base_dir=scenario.parent)
     assert len(points) == 18 and all(p.scenario is not None for p in points)
+
+
+def test_the_store_keeps_a_points_first_result_and_its_rows_once(tmp_path):
+    from sim.grid import PointOutcome
+    from sim.sweep_store import SweepStore
+
+    first = PointOutcome((("s", "v", "simulated", "tpot_s", 0.5, "s", ""),), {"v": "op x does not fit"}, "", 1.0)
+    second = PointOutcome((("s", "v", "simulated", "tpot_s", 0.7, "s", ""),), {}, "", 2.0)
+    with SweepStore(tmp_path / "sweep.sqlite") as store:
+        store.start_run(1)
+        assert store.commit("k", "{}", first) and not store.commit("k", "{}", second)
+    with SweepStore(tmp_path / "sweep.sqlite") as store:  # reopened, as a rerun does
+        assert store.stored(["k", "other"]) == {"k"}
+        assert store.outcomes(["k", "other"]) == {"k": first}
+        assert store.runs() == {"k": 1}
