@@ -117,7 +117,3 @@ class SweepStore:
             oom = {} if rows is None else {v: o for v, o in zip(rows["variant"], rows["oom"]) if o}
             outcomes[key] = PointOutcome(tuple(table), oom, points.at[key, "error"], float(points.at[key, "seconds"]))
         return outcomes
-
-    def runs(self) -> dict[str, int]:
-        """Every stored key, with the run that computed it."""
-        return dict(self._db.execute("SELECT key, run FROM points").fetchall())

@@ -301,4 +301,3 @@ def test_the_store_keeps_a_points_first_result_and_its_rows_once(tmp_path):
     with SweepStore(tmp_path / "sweep.sqlite") as store:  # reopened, as a rerun does
         assert store.stored(["k", "other"]) == {"k"}
         assert store.outcomes(["k", "other"]) == {"k": first}
-        assert store.runs() == {"k": 1}
