@@ -10,8 +10,8 @@ any instant and run again computes only what is missing.
   into the parent's list of scenarios (copied into the workers by the fork). Workers die with the
   parent, whatever kills it (:func:`runtime.interrupt.as_worker`). One worker runs in-process.
 * **Dask** (``scheduler`` an address such as ``tcp://10.0.0.1:8786``): each point is a task
-  whose Dask key is its content key (``dask.distributed.Client.map``, results in completion order
-  by ``as_completed``); the profile is scattered to every worker once. A cluster without a worker,
+  (``dask.distributed.Client.map``, results in completion order by ``as_completed``), the
+  validated scenario its argument; the profile is scattered to every worker once. A cluster without a worker,
   or with a worker that runs another hetsim (:func:`sim.grid.hetsim_version`, which is part of
   every key), is refused before any task.
 
@@ -71,7 +71,8 @@ def run_grid(points: Sequence[GridPoint], store: SweepStore, *, profile: Profile
     ``on_done(point, outcome)`` after each is committed (in completion order).
 
     Raises:
-        ConfigError: on ``--scheduler`` when no Dask scheduler answers at ``scheduler``.
+        ConfigError: on ``--scheduler`` when no Dask scheduler answers at ``scheduler``, it has no
+            worker, or a worker runs another hetsim.
     """
     valid = [p for p in points if p.scenario is not None]
     unique = {p.key: p for p in valid}  # two combinations may validate to the same scenario
