@@ -18,11 +18,13 @@ Two measurements, each the median over repeats, with the machine, its load and i
    after: on a machine shared with other sessions N processes get far less than N cores, and
    Dask's share of what the machine gives is what the scheduler costs.
 
-Measured on the project's 2-core machine shared with six other sessions (load average 10 to 13,
-CPU steal 0.1 to 0.3%), 5 repeats: 430 scenario-variants/min by the wall clock (1441 per CPU
-minute, so about 2,900/min on two uncontended cores); Dask on 2 workers, tasks of 5.7 s: speed-up
-1.28 (0.64 N), where the machine itself gave 2 processes 1.10x a single one. Neither target
-can be met nor refuted on a machine this busy; rerun it on an idle one.
+Measured on the project's 2-core machine shared with six other sessions, 5 repeats each, two
+runs: at load average 10 to 13 (CPU steal 0.1 to 0.3%), 430 scenario-variants/min by the wall
+clock, 1441 per CPU minute; Dask on 2 workers, tasks of 5.7 s, speed-up 1.28 (0.64 N) where
+the machine itself gave 2 processes 1.10x one. At load average 6 to 8 (steal 0.1%): 729/min,
+1835 per CPU minute (about 3,600/min on two uncontended cores); Dask, tasks of 2.7 s, speed-up
+1.00 where the machine gave 0.88x. Neither target can be met nor refuted on a machine this busy
+(N processes get no more than one); rerun it on an idle one.
 
 Run: ``.venv/bin/python benchmarks/bench_sweep.py [--repeats 5] [--workers N] [--skip-dask]``
 """
