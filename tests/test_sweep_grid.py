@@ -301,3 +301,12 @@ def test_the_store_keeps_a_points_first_result_and_its_rows_once(tmp_path):
     with SweepStore(tmp_path / "sweep.sqlite") as store:  # reopened, as a rerun does
         assert store.stored(["k", "other"]) == {"k"}
         assert store.outcomes(["k", "other"]) == {"k": first}
+
+
+def test_an_out_directory_whose_store_is_not_a_sweep_store_is_one_line(tmp_path, capsys):
+    scenario, grid_path = _files(tmp_path, {"axes": {"workload.batch_size": [1]}})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "sweep.sqlite").write_text("not a database\n" * 100)
+    code, _, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "out"], capsys)
+    assert code == 2 and err.startswith("hetsim: error: --out: ") and "is not a sweep store" in err, err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sweep.sqlite"]
