@@ -381,14 +381,19 @@ def _split(field: str) -> tuple[Any, ...]:
     return tuple(parts)
 
 
-def _resolve_model(config: ScenarioConfig, base_dir: Path) -> ModelSpec:
-    name = config.model
+def resolve_model(name: str, dtype: str | None, base_dir: Path) -> ModelSpec:
+    """A model field's spec: a catalog name, or a Hugging Face ``config.json`` path (relative to
+    ``base_dir``), in ``dtype`` (None: the model's own).
+
+    Raises:
+        ConfigError: an unknown name, an unreadable config, a dtype the model cannot take.
+    """
     if name.endswith(".json"):
         path = Path(name)
         spec = load_hf_config(path if path.is_absolute() else base_dir / path)
     else:
         spec = get_model(name)
-    return with_dtype(spec, config.dtype)
+    return with_dtype(spec, dtype)
 
 
 def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
@@ -413,7 +418,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path = Path("."), source_path: Pa
         config = ScenarioConfig.model_validate(data)
     except ValidationError as error:
         raise config_error_from(error) from None
-    model = _resolve_model(config, base_dir)
+    model = resolve_model(config.model, config.dtype, base_dir)
     config.workload.check_context(model)
     return Scenario(config=config, model=model, source_path=source_path)
 

@@ -5,7 +5,7 @@ question "how many of these devices, and which memory policy, does this model ne
 each cost in TTFT and TPOT?"::
 
     sweep:
-      models: [llama-2-7b, llama-2-13b, llama-2-70b]   # default: the scenario's model
+      models: [llama-2-7b, llama-2-13b, llama-2-70b]   # or config.json paths; default: the scenario's model
       devices: [2, 4, 6, 8]                            # tensor-parallel degrees; default: parallel.tensor
       memory:                                          # default: the variants' own policies
         - {policy: resident}
@@ -22,16 +22,19 @@ the whole sweep's estimated work is bounded (:data:`sim.budget.MAX_SWEEP_WORK_UN
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from models.accounting import check_tensor_parallel
-from models.catalog import get_model
 from models.errors import ConfigError
 from sim.budget import MAX_SWEEP_WORK_UNITS, check_job_size
-from sim.scenario import Scenario, Variant, with_dtype
-from sim.simulate import simulate
+from sim.grid import PointOutcome, evaluate_point
+from sim.metrics import RESULT_COLUMNS
+from sim.profile import Profile
+from sim.scenario import Scenario, Variant, resolve_model
 from sim.topology import build_topology
 from sim.vocabulary import Metric
 
@@ -72,6 +75,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             raise ConfigError(f"sweep.devices[{i}]", f"must be between 1 and the cluster's {num_devices} devices "
                                                      f"(got {degree})")
     variants = _variants(scenario)
+    base_dir = scenario.source_path.parent if scenario.source_path is not None else Path(".")
     streamed = sum(scenario.memory_policy(v).streams for v in variants)
     points = []
     total_work = 0.0
@@ -80,10 +84,9 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             spec = scenario.model
         else:
             try:
-                spec = get_model(name)
+                spec = resolve_model(name, config.dtype, base_dir)
             except ConfigError as error:
                 raise ConfigError(f"sweep.models[{i}]", error.message) from None
-            spec = with_dtype(spec, config.dtype)
             config.workload.check_context(spec)
         for j, degree in enumerate(degrees):
             field = f"sweep.devices[{j}]" if sweep.devices else ("parallel.tensor" if config.parallel.tensor else "cluster")
@@ -107,35 +110,56 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     return points
 
 
-def run_sweep(scenario: Scenario, *, on_point=lambda point: None) -> pd.DataFrame:
+def run_sweep(scenario: Scenario, *, profile: Profile | None = None, on_point=lambda point: None,
+              imap: Callable[[list[Scenario]], Iterator[tuple[int, PointOutcome]]] | None = None) -> pd.DataFrame:
     """Simulate every point of ``scenario``'s sweep; one row per (model, devices, variant) with the
     columns :data:`SWEEP_COLUMNS` (SI units; ``note``: why a point is infeasible or what overflowed).
 
-    ``on_point(point)`` is called before each point is simulated (for a progress bar).
+    ``profile`` calibrates every point (:func:`sim.simulate.simulate`). ``imap(scenarios)`` runs
+    the points, yielding (index, :class:`sim.grid.PointOutcome`) as each finishes (default: one
+    after another in this process; :class:`validation.sweep_runner.LocalExecutor` runs them on a
+    process pool); ``on_point(point)`` is called as each point is done (for a progress bar). A
+    point the simulator refuses (a streamed policy without a storage link) is infeasible, with
+    the refusal as its note.
     """
-    rows = []
-    for point in sweep_points(scenario):
-        on_point(point)
+    points = sweep_points(scenario)
+    runnable = [p for p in points if p.scenario is not None]
+    for point in points:
         if point.scenario is None:
+            on_point(point)
+    if imap is None:
+        imap = lambda scenarios: ((i, evaluate_point(s, profile)) for i, s in enumerate(scenarios))  # noqa: E731
+    outcomes: dict[int, PointOutcome] = {}
+    for index, outcome in imap([p.scenario for p in runnable]):
+        outcomes[index] = outcome
+        on_point(runnable[index])
+    by_point = {id(point): outcomes[i] for i, point in enumerate(runnable)}
+    rows = []
+    for point in points:
+        outcome = by_point.get(id(point))
+        if outcome is None or outcome.error:
             for variant in _variants(scenario):
-                rows.append(_row(point, variant, scenario) | {"feasible": False, "fits": False, "note": point.reason})
+                rows.append(_row(point, variant, scenario) | {
+                    "feasible": False, "fits": False, "note": point.reason or outcome.error})
             continue
-        result = simulate(point.scenario, expand_steps=())
-        for vr in result.variants:
-            run = vr.run
-            peaks = run.peak_bytes
-            master = result.ranks[0]
-            workers = [peaks[r] for r in result.ranks[1:]]
-            overflow = vr.overflow
-            rows.append(_row(point, vr.variant, point.scenario) | {
-                "feasible": True, "fits": overflow is None,
-                Metric.MAX_PEAK_MEMORY: max(peaks.values()), "master_peak_memory_bytes": peaks[master],
-                "worker_peak_memory_bytes": max(workers) if workers else math.nan,
-                Metric.MEMORY_CAPACITY: min(result.topology.devices[r].memory_capacity_bytes for r in result.ranks),
-                **{metric: vr.timing[metric] for metric in (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S,
-                                                            Metric.LOADER_STALL_DECODE)},
-                "note": "" if overflow is None else overflow.describe(result.topology.devices[overflow.rank].name)})
+        for variant in point.scenario.config.variants:
+            rows.append(_row(point, variant, point.scenario) | _measures(outcome, variant.name))
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
+
+
+def _measures(outcome: PointOutcome, variant: str) -> dict:
+    """The sweep columns of one variant of a simulated point, from its tidy rows (devices in rank
+    order: the first is the master)."""
+    rows = [r for r in outcome.rows if r[RESULT_COLUMNS.index("variant")] == variant]
+    metric, value, device = (RESULT_COLUMNS.index(c) for c in ("metric", "value", "device"))
+    timing = {r[metric]: r[value] for r in rows if r[device] == ""}
+    peaks = [int(r[value]) for r in rows if r[metric] == Metric.PEAK_MEMORY]
+    note = outcome.oom.get(variant, "")
+    return {"feasible": True, "fits": not note, Metric.MAX_PEAK_MEMORY: max(peaks),
+            "master_peak_memory_bytes": peaks[0], "worker_peak_memory_bytes": max(peaks[1:]) if peaks[1:] else math.nan,
+            Metric.MEMORY_CAPACITY: min(int(r[value]) for r in rows if r[metric] == Metric.MEMORY_CAPACITY),
+            **{m: timing[m] for m in (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.LOADER_STALL_DECODE)},
+            "note": note}
 
 
 def _variants(scenario: Scenario) -> list[Variant]:

@@ -45,6 +45,12 @@ def _registry() -> pint.UnitRegistry:
     return pint.UnitRegistry()
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> pint.Quantity | float:
+    # A sweep validates the same few quantities at every point; pint's parser is most of that.
+    return _registry().Quantity(text)
+
+
 def _quantity(text: str | int | float, what: str, example: str) -> pint.Quantity | float:
     """Parse ``text`` with pint, or return a plain number unchanged."""
     if isinstance(text, bool) or not isinstance(text, (int, float, str)) or (
@@ -55,7 +61,7 @@ def _quantity(text: str | int | float, what: str, example: str) -> pint.Quantity
     if not any(c.isdigit() for c in text):  # pint reads a bare "ms" as 1 ms: a unit is not a value
         raise ValueError(f"not {what}; write e.g. {example} (got {shorten(text)})")
     try:
-        quantity = _registry().Quantity(text.strip())
+        quantity = _parsed(text.strip())
     except Exception:  # noqa: BLE001  (pint's parser raises anything: ZeroDivisionError for "(1/0) ms", ...)
         raise ValueError(f"not {what}; write e.g. {example} (got {shorten(text)})") from None
     if not isinstance(quantity, pint.Quantity):

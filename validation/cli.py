@@ -85,7 +85,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     profile = load_profile(profile_path) if profile_path else None
     console = _console()
     if loaded.config.sweep is not None:
-        _simulate_sweep(loaded, out_dir, console)
+        _simulate_sweep(loaded, out_dir, console, profile)
         return
     if loaded.config.workload_kind is WorkloadKind.SERVING:
         _simulate_serving(loaded, out_dir, profile, console)
@@ -158,15 +158,16 @@ def _simulate_serving(scenario, out_dir: Path, profile, console: Console) -> Non
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
-def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
-    """Simulate every point of the scenario's sweep; print the tables, write sweep.csv and
-    memory_report.html."""
+def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
+    """Simulate every point of the scenario's sweep (calibrated by ``profile``, if any); print the
+    tables, write sweep.csv and memory_report.html."""
     from rich.progress import Progress
 
     from sim.outputs import results_csv, write_files
     from sim.sweep import run_sweep, sweep_points
     from validation.present.sweep_report import sweep_html
     from validation.present.tables import sweep_tables
+    from validation.sweep_runner import LocalExecutor, default_workers
 
     total = len(sweep_points(scenario))
     with Progress(console=console, transient=True) as progress:
@@ -175,15 +176,45 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console) -> None:
         def advance(point) -> None:
             progress.update(task, advance=1, description=f"{point.model} on {point.devices} devices")
 
-        table = run_sweep(scenario, on_point=advance)
+        pool = LocalExecutor(profile, default_workers())
+        table = run_sweep(scenario, profile=profile, on_point=advance, imap=pool.imap_unordered)
     for rich_table in sweep_tables(table):
         console.print(rich_table)
-    console.print("cells: max peak memory per device (GiB) · TPOT (s) · TTFT (s); n/a: the degree does not "
-                  "divide the model's attention heads")
+    console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the point cannot run "
+                  "(the degree does not divide the model's attention heads, or the note in sweep.csv)"
+                  + ("" if profile is None else "; calibrated by the profile"))
     written = write_files(out_dir, {"sweep.csv": results_csv(table),
                                     "memory_report.html": sweep_html(scenario.config.description or scenario.name,
                                                                      table)})
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--grid", "grid_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="YAML of axes (dotted scenario fields, each with a list of values) and exclusions.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for sweep.sqlite, results.csv and results.parquet (default: out/<scenario "
+                   "name>-sweep); a rerun into it simulates only the points it lacks.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Calibration profile from hetsim calibrate, applied to every point.")
+@click.option("--workers", type=click.IntRange(1, 1024), default=None,
+              help="Local worker processes (default: the cores this process may use).")
+@click.option("--scheduler", default=None,
+              help="Address of a Dask distributed scheduler (tcp://host:8786): the points run there.")
+def sweep(scenario: Path, grid_path: Path, out_dir: str | None, profile_path: Path | None, workers: int | None,
+          scheduler: str | None) -> None:
+    """Simulate SCENARIO at every point of the grid GRID (a cartesian product of scenario fields),
+    in parallel and resumably; writes results.csv and results.parquet (tidy, one column per axis)."""
+    from sim.scenario import load_scenario
+    from validation.sweep_runner import default_workers, sweep_command
+
+    if out_dir == "":
+        raise ConfigError("--out", "empty path; write --out . for the current directory (got '')")
+    out = Path(out_dir) if out_dir is not None else Path("out") / f"{load_scenario(scenario).name}-sweep"
+    check_out_dir(out)
+    sweep_command(scenario, grid_path, out, profile_path=profile_path, workers=workers or default_workers(),
+                  scheduler=scheduler, console=_console())
 
 
 @cli.command()
@@ -354,7 +385,8 @@ def testbed(action: str, scenario: Path) -> None:
 _INTERRUPTED = {"measure": "its ranks are stopped, nothing written",
                 "calibrate": "its ranks are stopped, no profile written",
                 "validate": "its ranks are stopped and its testbeds removed, nothing written",
-                "testbed up": "what it built is removed"}
+                "testbed up": "what it built is removed",
+                "sweep": "the points it finished stay in its sweep.sqlite; run it again for the rest"}
 
 
 def _command(args: list[str]) -> str:

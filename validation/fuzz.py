@@ -65,9 +65,11 @@ def warm_imports() -> None:
 
 
 def seed_scenarios() -> dict[str, dict]:
-    """The shipped scenarios (``scenarios/**/*.yaml``), trimmed (see the module docstring), by path."""
+    """The shipped scenarios (``scenarios/**/*.yaml`` but the sweep grids of ``scenarios/grids/``), trimmed (see the module docstring), by path."""
     seeds = {}
     for path in sorted((REPO_ROOT / "scenarios").glob("**/*.yaml")):
+        if "grids" in path.relative_to(REPO_ROOT / "scenarios").parts:  # sweep grids, not scenarios
+            continue
         data = yaml.safe_load(path.read_text())
         data["variants"] = data["variants"][:2]
         if data.get("baseline") not in {v["name"] for v in data["variants"]}:

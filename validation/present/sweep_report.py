@@ -2,7 +2,7 @@
 
 Per model, against the number of devices: the largest per-device peak memory against the device
 capacity, TTFT and TPOT, one line per memory policy (and variant), so the cheapest policy that fits
-reads off one column. Displayed units are GiB and seconds; the table stays SI.
+reads off one column. Displayed units are GiB, ms (TPOT) and s (TTFT); the table stays SI.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def sweep_figure(sweep: pd.DataFrame) -> go.Figure:
     sweep = sweep.assign(label=labels(sweep))
     models = list(dict.fromkeys(sweep["model"]))
     fig = make_subplots(rows=3, cols=len(models), shared_xaxes=True, column_titles=models,
-                        row_titles=["max peak memory per device (GiB)", "TPOT (s)", "TTFT (s)"],
+                        row_titles=["max peak memory per device (GiB)", "TPOT (ms)", "TTFT (s)"],
                         vertical_spacing=0.06, horizontal_spacing=0.05)
     colors = dict(zip(dict.fromkeys(sweep["label"]), itertools.cycle(_PALETTE)))  # any number of policies
     for col, model in enumerate(models, 1):
@@ -45,7 +45,7 @@ def sweep_figure(sweep: pd.DataFrame) -> go.Figure:
         for label, line in rows.groupby("label", sort=False):
             line = line.sort_values("devices")
             hover = [f"{label}<br>{'fits' if fits else 'does not fit'}" for fits in line["fits"]]
-            for row, (metric, scale) in enumerate(((Metric.MAX_PEAK_MEMORY, 1 / _GIB), (Metric.TPOT, 1),
+            for row, (metric, scale) in enumerate(((Metric.MAX_PEAK_MEMORY, 1 / _GIB), (Metric.TPOT, 1e3),
                                                     (Metric.TTFT, 1)), 1):
                 fig.add_trace(go.Scatter(
                     x=line["devices"], y=line[metric] * scale, mode="lines+markers", name=label,

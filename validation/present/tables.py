@@ -15,6 +15,7 @@ from rich.table import Table
 from sim.simulate import SimulationResult
 from sim.vocabulary import Metric
 from validation.present.sweep_report import labels
+from validation.present.sweep_table import significant
 
 _GIB = 2**30
 _COMPARED = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S)
@@ -126,7 +127,7 @@ def measured_training_table(name: str, repeats: int, variants) -> Table:
 
 def sweep_tables(sweep: pd.DataFrame) -> list[Table]:
     """One rich table per model of a sweep (:mod:`sim.sweep`): a row per policy, a column per
-    device count, each cell ``peak GiB · TPOT s · TTFT s`` (red when it does not fit, ``n/a`` when
+    device count, each cell ``peak GiB · TPOT ms · TTFT s`` (red when it does not fit, ``n/a`` when
     the degree cannot shard the model)."""
     sweep = sweep.assign(label=labels(sweep))
     tables = []
@@ -134,7 +135,7 @@ def sweep_tables(sweep: pd.DataFrame) -> list[Table]:
         devices = sorted(rows["devices"].unique())
         capacity = rows[Metric.MEMORY_CAPACITY].dropna()
         cap = f", {capacity.min() / _GIB:.0f} GiB per device" if len(capacity) else ""
-        table = Table(title=f"{model}: max peak memory per device (GiB) · TPOT (s) · TTFT (s){cap}")
+        table = Table(title=f"{model}: max peak memory per device (GiB) · TPOT (ms) · TTFT (s){cap}")
         table.add_column("memory policy")
         for n in devices:
             table.add_column(f"{n} devices", justify="right")
@@ -145,7 +146,8 @@ def sweep_tables(sweep: pd.DataFrame) -> list[Table]:
                 if not r["feasible"]:
                     cells.append("[dim]n/a[/dim]")
                     continue
-                text = f"{r[Metric.MAX_PEAK_MEMORY] / _GIB:.2f} · {r[Metric.TPOT]:.2f} · {r[Metric.TTFT]:.1f}"
+                text = (f"{r[Metric.MAX_PEAK_MEMORY] / _GIB:.2f} · {significant(r[Metric.TPOT] * 1e3)} · "
+                        f"{significant(r[Metric.TTFT])}")
                 cells.append(text if r["fits"] else f"[red]{text} OOM[/red]")
             table.add_row(label, *cells)
         tables.append(table)
