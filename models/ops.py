@@ -26,6 +26,8 @@ class OpKind(StrEnum):
     REDUCE = "reduce"
     BROADCAST = "broadcast"
     WEIGHT_LOAD = "weight_load"
+    OPTIMIZER_STEP = "optimizer_step"  # training: one optimizer step over the rank's parameters
+    GRADIENT_CAST = "gradient_cast"  # training: a gradient bucket cast for a compressed allreduce
 
     @property
     def is_communication(self) -> bool:

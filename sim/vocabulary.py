@@ -23,6 +23,15 @@ class PhaseKind(StrEnum):
         return cls.PREFILL if step == 0 else cls.DECODE
 
 
+class TrainingPhase(StrEnum):
+    """What part of a training step an op belongs to (a training trace's ``phase`` column)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"  # the forward again, during backward, under activation checkpointing
+    OPTIMIZER = "optimizer"
+
+
 class Metric(StrEnum):
     """A metric of the tidy result table (:mod:`sim.metrics` defines each), named with its unit.
 
@@ -43,6 +52,23 @@ class Metric(StrEnum):
     COLLECTIVE = "collective_s"
     COLLECTIVE_ALL = "collective_s_all"
     COLLECTIVE_IN_RUN = "collective_in_run_s"
+    # Training (sim.training.metrics defines each).
+    STEP_TIME = "step_time_s"
+    SAMPLES_PER_S = "samples_per_s"
+    TOKENS_PER_S = "tokens_per_s"
+    EXPOSED_COMMUNICATION = "exposed_communication_s"
+    OVERLAP_RATIO = "overlap_ratio"
+    FORWARD_TIME = "forward_s"
+    BACKWARD_TIME = "backward_s"
+    RECOMPUTE_TIME = "recompute_s"
+    OPTIMIZER_TIME = "optimizer_s"
+    COMMUNICATION_TIME = "communication_s"
+    PEAK_MEMORY_WEIGHTS = "peak_memory_weights_bytes"
+    PEAK_MEMORY_GRADIENTS = "peak_memory_gradients_bytes"
+    PEAK_MEMORY_OPTIMIZER_STATES = "peak_memory_optimizer_states_bytes"
+    PEAK_MEMORY_ACTIVATIONS = "peak_memory_activations_bytes"
+    PEAK_MEMORY_BUCKET_BUFFERS = "peak_memory_bucket_buffers_bytes"
+    PEAK_MEMORY_FRAMEWORK = "peak_memory_framework_bytes"
 
     @property
     def unit(self) -> str:
@@ -86,7 +112,12 @@ class MeasurementKind(StrEnum):
 
 def unit_of(name: str) -> str:
     """The unit a metric name ends with (a :class:`Metric` or one of its percentiles):
-    ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_s`` s, otherwise ``count``."""
+    ``samples_per_s`` samples/s, other ``*_per_s`` tokens/s, ``*_bytes`` bytes, ``*_s`` s,
+    ``*_ratio`` ratio, otherwise ``count``."""
+    if name.startswith("samples") and name.endswith("_per_s"):
+        return "samples/s"
+    if name.endswith("_ratio"):
+        return "ratio"
     if name.endswith("_per_s"):
         return "tokens/s"
     if name.endswith("_bytes"):

@@ -1,0 +1,246 @@
+"""``simulate_training(scenario)``: a training scenario's variants, one optimizer step each, on the
+simulator's engine and shared network.
+
+Each variant's step (:func:`sim.training.lower.lower_step`) runs segment by segment on the
+:class:`sim.engine.Engine`: compute ops on each rank's compute stream, DDP's bucket allreduces on
+its communication stream, concurrent collectives sharing every link they cross on the segment's
+fabric (:mod:`sim.fabric`) wherever they can meet. A segment that repeats (a forward layer, the
+micro-batches before the one that synchronises) is simulated once: its instances are identical.
+Under parameter averaging with period H the step time is the mean of H - 1 local steps and one
+averaging step. Memory is :func:`models.training.training_memory` per device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from models.errors import ConfigError
+from models.training import ActivationLayout, TrainingMemory, compute_dtype, training_memory
+from sim.cost import RooflineCompute
+from sim.engine import Engine, SegmentResult
+from sim.metrics import RESULT_COLUMNS
+from sim.network import CollectivePricer
+from sim.parallel import ParallelPlan
+from sim.program import Stream
+from sim.scenario import Scenario, Variant
+from sim.simulate import uncalibrated_network
+from sim.topology import Topology, build_topology
+from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
+from sim.training.lower import StepSegment, StepShape, TrainingStep, lower_step
+from sim.training.metrics import step_metrics
+from sim.training_config import Averaging, TrainingSettings, micro_batching
+from sim.vocabulary import Metric, TrainingPhase, unit_of
+
+MEMORY_CATEGORIES = {
+    Metric.PEAK_MEMORY_WEIGHTS: "weights",
+    Metric.PEAK_MEMORY_GRADIENTS: "gradients",
+    Metric.PEAK_MEMORY_OPTIMIZER_STATES: "optimizer_states",
+    Metric.PEAK_MEMORY_ACTIVATIONS: "activations",
+    Metric.PEAK_MEMORY_BUCKET_BUFFERS: "bucket_buffers",
+    Metric.PEAK_MEMORY_FRAMEWORK: "framework",
+}
+"""The per-device memory metrics and the :class:`models.training.TrainingMemory` field of each."""
+
+
+@dataclass(frozen=True)
+class SimulatedStep:
+    """One lowered step and the engine's result of each of its segments (in order)."""
+
+    step: TrainingStep
+    results: tuple[SegmentResult, ...]
+
+    @property
+    def duration_s(self) -> float:
+        return sum(s.segment.repeat * r.duration_s for s, r in zip(self.step.segments, self.results))
+
+
+@dataclass(frozen=True)
+class TrainingVariantResult:
+    """One variant: its settings, batch split, simulated steps (the averaging step last), trace of
+    the last, metrics and memory per rank."""
+
+    variant: Variant
+    settings: TrainingSettings
+    micro_batch_size: int
+    accumulation: int
+    steps: tuple[SimulatedStep, ...]
+    trace: Trace
+    metrics: dict[str, float]
+    memory: dict[int, TrainingMemory]
+
+
+@dataclass(frozen=True)
+class TrainingSimulation:
+    """What ``hetsim simulate`` reports for a training scenario."""
+
+    scenario: Scenario
+    topology: Topology
+    plan: ParallelPlan
+    variants: tuple[TrainingVariantResult, ...]
+    results: pd.DataFrame
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(rank for replica in self.plan.replica_ranks for rank in replica)
+
+    def variant(self, name: str) -> TrainingVariantResult:
+        return next(v for v in self.variants if v.variant.name == name)
+
+
+def simulate_training(scenario: Scenario) -> TrainingSimulation:
+    """Simulate one optimizer step of every variant of a training ``scenario``.
+
+    Raises:
+        ConfigError: a scenario that does not fit (devices without the compute dtype, degrees
+            the cluster or model cannot take, batches that do not split, an unknown network model
+            or algorithm), naming the field.
+    """
+    config = scenario.config
+    if not config.is_training:
+        raise ConfigError("workload.kind", "simulate_training takes training workloads (got inference)")
+    topology = build_topology(config.cluster)
+    plan = ParallelPlan.of(scenario, topology)
+    ranks = tuple(rank for replica in plan.replica_ranks for rank in replica)
+    engines: dict[str, Engine] = {}
+    pricer = None
+    variants, tables = [], []
+    for index, variant in enumerate(config.variants):
+        where = f"variants[{index}]"
+        settings = scenario.training_settings(variant)
+        dtype = compute_dtype(settings.precision)
+        for rank in ranks:
+            topology.devices[rank].spec.peak_flops(dtype, field=f"{where}.training.precision")
+        if dtype not in engines:
+            compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
+                                      config.compute.op_overhead_s)
+            if pricer is None:
+                pricer = CollectivePricer(uncalibrated_network(config.network_model, topology, compute), topology)
+            engines[dtype] = Engine(topology, compute, pricer)
+        try:
+            micro, accumulation = micro_batching(config.workload, settings, plan.data)
+        except ConfigError as error:
+            field = error.field if error.field.startswith("workload") else f"{where}.{error.field}"
+            raise ConfigError(field, error.message) from None
+        shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
+                          accumulation, plan.replica_ranks, variant.allreduce or "ring")
+        try:
+            result = _simulate_variant(variant, shape, engines[dtype], topology, config.workload)
+        except ConfigError as error:
+            field = error.field if error.field.startswith(("variants", "workload", "cluster")) else \
+                f"{where}.{error.field}"
+            raise ConfigError(field, error.message) from None
+        for metric, value in result.metrics.items():
+            if not math.isfinite(value):
+                raise ConfigError(where, f"the simulated {metric} is not a finite number; the scenario's magnitudes "
+                                         f"are out of any useful range (got {value})")
+        variants.append(result)
+        tables.append(_rows(config.name, variant.name, result, topology))
+    return TrainingSimulation(scenario, topology, plan, tuple(variants), pd.concat(tables, ignore_index=True))
+
+
+def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload
+                      ) -> TrainingVariantResult:
+    settings = shape.settings
+    if settings.averaging is Averaging.PARAMETERS:
+        period = settings.averaging_period
+        kinds = ([(lower_step(shape, sync_gradients=False, average_parameters=False), period - 1)]
+                 if period > 1 else []) + [(lower_step(shape, sync_gradients=False, average_parameters=True), 1)]
+    else:
+        kinds = [(lower_step(shape, sync_gradients=True, average_parameters=False), 1)]
+    memo: dict[int, SegmentResult] = {}
+    steps = []
+    for step, _ in kinds:
+        results = []
+        for part in step.segments:
+            key = id(part.segment)
+            if key not in memo:
+                memo[key] = engine.run_segment(part.segment)
+            results.append(memo[key])
+        steps.append(SimulatedStep(step, tuple(results)))
+    weights = [count for _, count in kinds]
+    memory = _memory(shape)
+    trace = _trace(steps[-1], memory)
+    metrics = step_metrics(steps, weights, shape, workload)
+    return TrainingVariantResult(variant, settings, shape.micro_batch_size, shape.accumulation, tuple(steps), trace,
+                                 metrics, memory)
+
+
+def _memory(shape: StepShape) -> dict[int, TrainingMemory]:
+    settings = shape.settings
+    layout = ActivationLayout(shape.micro_batch_size, shape.sequence_length, shape.tensor)
+    model = shape.model
+    memory = {}
+    for replica in shape.replicas:
+        for position, rank in enumerate(replica):
+            memory[rank] = training_memory(model, layout, optimizer=settings.optimizer, precision=settings.precision,
+                                           data_parallel=shape.data, zero_stage=settings.zero,
+                                           gradient_as_bucket_view=settings.gradient_as_bucket_view,
+                                           checkpoint_every=settings.activation_checkpointing,
+                                           is_master=position == 0)
+    return memory
+
+
+def _trace(simulated: SimulatedStep, memory: dict[int, TrainingMemory]) -> Trace:
+    """The trace of one step: every op instance (``phase``: its :class:`TrainingPhase`, ``step``:
+    its micro-batch), a span per segment run, and memory samples per rank (the model states, plus
+    the activations of a micro-batch from the end of its forward to the end of its backward)."""
+    op_parts, spans = [], []
+    offset = 0.0
+    ranks = sorted(simulated.step.segments[0].segment.programs)
+    activation_marks = []  # (time at which a micro-batch's activations are all held, time freed)
+    forward_end = 0.0
+    for part, result in zip(simulated.step.segments, simulated.results):
+        segment = part.segment
+        rows = []
+        for rank in sorted(segment.programs):
+            for i, op in enumerate(segment.programs[rank]):
+                rows.append((rank, op.stream.value, op.kind.value, op.name, str(part.phases[rank][i]),
+                             -1 if op.layer is None else op.layer, result.starts[rank][i], result.ends[rank][i],
+                             op.traffic_bytes, op.flops))
+        instance = np.arange(segment.repeat)
+        if rows:
+            rank_col, stream, kind, name, phase, layer, start, end, traffic, flops = map(np.array, zip(*rows))
+            n = len(rows)
+            shift = offset + np.repeat(instance, n) * result.duration_s
+            op_parts.append(pd.DataFrame({
+                "rank": np.tile(rank_col, segment.repeat), "stream": np.tile(stream.astype(object), segment.repeat),
+                "kind": np.tile(kind.astype(object), segment.repeat), "name": np.tile(name.astype(object), segment.repeat),
+                "phase": np.tile(phase.astype(object), segment.repeat), "step": part.micro_batch,
+                "layer": np.repeat(instance, n) if segment.layers else np.tile(layer, segment.repeat),
+                "start_s": shift + np.tile(start, segment.repeat), "end_s": shift + np.tile(end, segment.repeat),
+                "bytes": np.tile(traffic, segment.repeat), "flops": np.tile(flops, segment.repeat)}))
+        end_s = offset + segment.repeat * result.duration_s
+        kind = part.phases[ranks[0]][0] if part.phases.get(ranks[0]) else TrainingPhase.OPTIMIZER
+        spans.append((part.micro_batch, str(kind), offset, end_s, 0.0))
+        if segment.name == "forward_epilogue":
+            forward_end = end_s
+        elif segment.name.startswith("backward"):
+            activation_marks.append((forward_end, end_s))
+        offset = end_s
+    ops = (pd.concat(op_parts, ignore_index=True) if op_parts else pd.DataFrame(columns=OP_COLUMNS))[OP_COLUMNS]
+    steps = pd.DataFrame(spans, columns=STEP_COLUMNS)
+    samples = []
+    for rank in ranks:
+        states = memory[rank].total - memory[rank].activations
+        samples.append((rank, 0.0, states))
+        for held_s, freed_s in activation_marks:
+            samples += [(rank, held_s, memory[rank].total), (rank, freed_s, states)]
+    return Trace(ops.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True), steps,
+                 pd.DataFrame(samples, columns=MEMORY_COLUMNS),
+                 peak_table({rank: memory[rank].total for rank in ranks}))
+
+
+def _rows(scenario: str, variant: str, result: TrainingVariantResult, topology: Topology) -> pd.DataFrame:
+    rows = [(scenario, variant, "simulated", metric, value, unit_of(metric), "")
+            for metric, value in result.metrics.items()]
+    for rank, memory in sorted(result.memory.items()):
+        device = topology.devices[rank]
+        values = {Metric.PEAK_MEMORY: memory.total, Metric.MEMORY_CAPACITY: device.memory_capacity_bytes}
+        values |= {metric: getattr(memory, field) for metric, field in MEMORY_CATEGORIES.items()}
+        rows += [(scenario, variant, "simulated", metric, float(value), unit_of(metric), device.name)
+                 for metric, value in values.items()]
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
