@@ -16,13 +16,15 @@ Semantics (what the tests pin down):
   loads (``Op.load``, over the rank's loader path) always run on it, max-min fair among
   themselves and with whatever else crosses their channels.
 * What contends with what, and when a collective keeps its closed form: before a segment runs,
-  the engine asks whether any collective of it *could* meet other traffic on a channel: a channel
-  its schedule crosses is on the loader path of a rank that loads weights in the segment, or is
-  crossed by a collective of another group, or by another collective of the same rank issued
-  from another stream (so possibly at the same time). If not (the common tensor-parallel segment:
-  one group, every rank waiting on each collective in program order, no loader on its channels),
-  collectives take their priced timing (closed form, cached, or calibrated) unchanged, and
-  nothing but the rendezvous is simulated. If so, every collective of the segment runs its
+  the engine asks, per group, whether the group's collectives *could* meet other traffic on a
+  channel: a channel their schedules cross is on the loader path of a rank that loads weights in
+  the segment, or is crossed by a collective of another group, or the group is called from two
+  streams of a rank (so possibly twice at the same time). If not (the common tensor-parallel
+  segment: one group, every rank waiting on each collective in program order, no loader on its
+  channels; a training step's tensor-parallel groups inside hosts whose devices each have their
+  own NIC for the data-parallel traffic), the group's collectives take their priced timing
+  (closed form, cached, or calibrated) unchanged, and nothing but the rendezvous is simulated:
+  exact, since nothing else crosses their channels. If so, every collective of the group runs its
   schedule on the fabric, and each rank is released at its fluid finish plus the difference
   between the priced timing and the fluid model's timing on an idle network, never before its
   fluid finish (:meth:`sim.fabric.Fabric.collective`): a collective that meets nothing still takes its priced
@@ -85,7 +87,7 @@ class Engine:
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         algorithms: dict[int, tuple[str, str]] = {}
-        shared = self._may_contend(segment)
+        shared = self._fabric_groups(segment)
         if not shared and all(op.after is None for program in segment.programs.values() for op in program):
             self._run_in_order(segment, starts, ends, algorithms)
         else:
@@ -133,7 +135,7 @@ class Engine:
                     position[rank] = i
             runnable = sorted(set(released))
 
-    def _run_events(self, segment: Segment, shared: bool, starts, ends, algorithms) -> None:
+    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms) -> None:
         """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers."""
         env = simpy.Environment()
         fabric = Fabric(env, self.links, self.load_rate_cap)
@@ -167,30 +169,32 @@ class Engine:
                 yield env.timeout(self.compute.duration_s(op, device))
             else:
                 timing = self._timing(op, algorithms)
+                on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None])
                 entry[0] += 1
                 if entry[0] == len(op.collective.group):
-                    if shared:
+                    if on_fabric:
                         entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], timing)
                     entry[1].succeed(env.now)
                 start = yield entry[1]
                 if timing.wait_s and rank != op.collective.group[0]:
                     starts[i] = max(starts[i], start + timing.wait_s)
-                if shared:
+                if on_fabric:
                     yield entry[2][rank]
                 else:
                     yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
             ends[i] = env.now
             done[i].succeed()
 
-    def _may_contend(self, segment: Segment) -> bool:
-        """Whether a collective of ``segment`` could share a channel with other traffic in flight
-        (see the module docstring); False keeps every collective at its priced timing."""
+    def _fabric_groups(self, segment: Segment) -> frozenset[tuple[int, ...]]:
+        """The groups whose collectives in ``segment`` run on the fabric: those whose schedules
+        could share a channel with other traffic in flight (see the module docstring), decided
+        per group; the others keep their priced timing (exact: their channels carry nothing else)."""
         load_ranks: set[int] = set()
         calls: dict[int, Op] = {}
-        streams_overlap = False
+        mixed: set[tuple[int, ...]] = set()  # groups a rank calls from more than one stream, concurrently
         for rank, program in segment.programs.items():
-            streams = set()
+            streams: dict[tuple[int, ...], set[Stream]] = {}
             sequential = True
             for op in program:
                 if op.after is not None:
@@ -199,23 +203,30 @@ class Engine:
                     load_ranks.add(rank)
                 elif op.collective is not None:
                     calls[op.call] = op
-                    streams.add(op.stream)
-            streams_overlap |= not sequential and len(streams) > 1
+                    streams.setdefault(op.collective.group, set()).add(op.stream)
+            if not sequential:
+                mixed.update(group for group, used in streams.items() if len(used) > 1)
         if not calls:
-            return False
-        groups = {op.collective.group for op in calls.values()}
-        if not load_ranks and len(groups) == 1 and not streams_overlap:
-            return False
-        if streams_overlap and len(calls) > 1:
-            return True
+            return frozenset()
+        count: dict[tuple[int, ...], int] = {}
+        for op in calls.values():
+            count[op.collective.group] = count.get(op.collective.group, 0) + 1
+        if not load_ranks and len(count) == 1 and not mixed:
+            return frozenset()
+        shared = {group for group in mixed if count[group] > 1}
         by_group: dict[tuple[int, ...], set[int]] = {}
         for op in calls.values():
             by_group.setdefault(op.collective.group, set()).update(self._footprint(op))
         loaded = {c for rank in load_ranks for c in self.links.loader(rank, self.load_rate_cap(rank)).channels}
-        footprints = list(by_group.values())
-        if any(footprint & loaded for footprint in footprints):
-            return True
-        return any(a & b for i, a in enumerate(footprints) for b in footprints[i + 1:])
+        groups = list(by_group)
+        for i, group in enumerate(groups):
+            footprint = by_group[group]
+            if footprint & loaded:
+                shared.add(group)
+            for other in groups[i + 1:]:
+                if footprint & by_group[other]:
+                    shared.update((group, other))
+        return frozenset(shared)
 
     def _footprint(self, op: Op) -> frozenset[int]:
         """The channel ids the schedule of collective ``op`` crosses."""
