@@ -39,6 +39,7 @@ Semantics (what the tests pin down):
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -88,10 +89,13 @@ class Engine:
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         algorithms: dict[int, tuple[str, str]] = {}
         shared = self._fabric_groups(segment)
-        if not shared and all(op.after is None for program in segment.programs.values() for op in program):
+        ops = [op for program in segment.programs.values() for op in program]
+        if shared or any(op.load is not None for op in ops):
+            self._run_events(segment, shared, starts, ends, algorithms)
+        elif all(op.after is None for op in ops):
             self._run_in_order(segment, starts, ends, algorithms)
         else:
-            self._run_events(segment, shared, starts, ends, algorithms)
+            self._run_dag(segment, starts, ends, algorithms)
         duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
         return SegmentResult(starts, ends, duration, algorithms)
 
@@ -121,7 +125,7 @@ class Engine:
                     timing = self._timing(op, algorithms)
                     arrived = waiting.setdefault(op.call, [])
                     arrived.append((rank, i))
-                    if len(arrived) == len(op.collective.group):
+                    if len(arrived) == _members(op, programs):
                         start = max(starts[r][j] for r, j in arrived)
                         first = op.collective.group[0]
                         for r, j in arrived:
@@ -134,6 +138,72 @@ class Engine:
                 else:
                     position[rank] = i
             runnable = sorted(set(released))
+
+    def _run_dag(self, segment: Segment, starts, ends, algorithms) -> None:
+        """The simpy run of a segment whose ops wait for other streams' ops (``Op.after``) but
+        whose collectives keep their priced timings and which loads nothing, without simpy: each
+        stream runs until an op whose dependencies are not done or a collective whose group has
+        not all arrived; finishing an op wakes the streams waiting on it. An op starts at the
+        latest end among its stream's previous op and its dependencies (the time simpy's process
+        resumes), so the times are the same bits as :meth:`_run_events`'."""
+        programs = segment.programs
+        queues: dict[tuple[int, Stream], list[int]] = {}
+        for rank in sorted(programs):
+            for i, op in enumerate(programs[rank]):
+                queues.setdefault((rank, op.stream), []).append(i)
+        position = dict.fromkeys(queues, 0)
+        stream_end = dict.fromkeys(queues, 0.0)
+        done = {rank: [False] * len(program) for rank, program in programs.items()}
+        waiters: dict[tuple[int, int], list[tuple[int, Stream]]] = {}  # (rank, op) -> streams blocked on it
+        arrivals: dict[int, list[tuple[int, int, tuple[int, Stream]]]] = {}  # call -> [(rank, op, stream)]
+        arrived: set[tuple[int, int]] = set()
+        work = deque(queues)
+
+        def finish(rank: int, i: int, key: tuple[int, Stream], end: float) -> None:
+            ends[rank][i] = stream_end[key] = end
+            done[rank][i] = True
+            position[key] += 1
+            work.extend(waiters.pop((rank, i), ()))
+
+        while work:
+            key = work.popleft()
+            rank, _ = key
+            queue, program, done_rank, rank_ends = queues[key], programs[rank], done[rank], ends[rank]
+            while position[key] < len(queue):
+                i = queue[position[key]]
+                if (rank, i) in arrived:
+                    break  # waiting for the rest of its group
+                op = program[i]
+                t = stream_end[key]
+                blocked = False
+                for dep in op.after if op.after is not None else ((i - 1,) if i else ()):
+                    if not done_rank[dep]:
+                        waiters.setdefault((rank, dep), []).append(key)
+                        blocked = True
+                        break
+                    if rank_ends[dep] > t:
+                        t = rank_ends[dep]
+                if blocked:
+                    break
+                starts[rank][i] = t
+                if op.collective is None:
+                    finish(rank, i, key, t + self.compute.duration_s(op, self.topology.devices[rank]))
+                    continue
+                timing = self._timing(op, algorithms)
+                members = arrivals.setdefault(op.call, [])
+                members.append((rank, i, key))
+                arrived.add((rank, i))
+                if len(members) < _members(op, programs):
+                    break
+                start = max(starts[r][j] for r, j, _ in members)
+                first = op.collective.group[0]
+                for r, j, stream in members:
+                    if timing.wait_s and r != first:
+                        starts[r][j] = max(starts[r][j], start + timing.wait_s)
+                    arrived.discard((r, j))
+                    finish(r, j, stream, start + (start + timing.finish_s.get(r, 0.0) - start))
+                    if stream != key:
+                        work.append(stream)
 
     def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms) -> None:
         """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers."""
@@ -152,10 +222,11 @@ class Engine:
             for indices in groups:
                 if indices:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
-                                             ends[rank], calls, algorithms))
+                                             ends[rank], calls, algorithms, segment.programs))
         env.run()
 
-    def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms):
+    def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
+                segment_programs):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -172,7 +243,7 @@ class Engine:
                 on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None])
                 entry[0] += 1
-                if entry[0] == len(op.collective.group):
+                if entry[0] == _members(op, segment_programs):
                     if on_fabric:
                         entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], timing)
                     entry[1].succeed(env.now)
@@ -216,7 +287,7 @@ class Engine:
         shared = {group for group in mixed if count[group] > 1}
         by_group: dict[tuple[int, ...], set[int]] = {}
         for op in calls.values():
-            by_group.setdefault(op.collective.group, set()).update(self._footprint(op))
+            by_group.setdefault(op.collective.group, set()).update(self.footprint(op))
         loaded = {c for rank in load_ranks for c in self.links.loader(rank, self.load_rate_cap(rank)).channels}
         groups = list(by_group)
         for i, group in enumerate(groups):
@@ -228,7 +299,7 @@ class Engine:
                     shared.update((group, other))
         return frozenset(shared)
 
-    def _footprint(self, op: Op) -> frozenset[int]:
+    def footprint(self, op: Op) -> frozenset[int]:
         """The channel ids the schedule of collective ``op`` crosses."""
         c = op.collective
         algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
@@ -257,3 +328,10 @@ class Engine:
         algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
         algorithms[op.call] = (c.kind.value, algorithm)
         return timing
+
+
+def _members(op: Op, programs: dict[int, tuple[Op, ...]]) -> int:
+    """How many ranks of ``op``'s group meet at its rendezvous: those with a program in the
+    segment (every one, unless the segment simulates one of several identical replicas and the
+    others stand in for themselves, :mod:`sim.training.simulate`)."""
+    return sum(1 for rank in op.collective.group if rank in programs)

@@ -187,11 +187,14 @@ class _Calls:
         return self.ids.setdefault(key, len(self.ids))
 
 
-def lower_step(shape: StepShape, *, sync_gradients: bool, average_parameters: bool) -> TrainingStep:
+def lower_step(shape: StepShape, *, sync_gradients: bool, average_parameters: bool,
+               first_replica_only: bool = False) -> TrainingStep:
     """The segments of one optimizer step (see the module docstring).
 
     Args:
         shape: the model (in its compute dtype), settings, batch and ranks.
+        first_replica_only: programs for replica 0's ranks only (their collectives keep their
+            whole groups), for a run in which the other replicas are identical to it.
         sync_gradients: DDP synchronises gradients in this step (gradient averaging); False for
             a local step under parameter averaging.
         average_parameters: the step ends with the allreduce of all parameters (every H-th step
@@ -200,7 +203,7 @@ def lower_step(shape: StepShape, *, sync_gradients: bool, average_parameters: bo
     Raises:
         ConfigError: from the accounting (a tensor degree that cannot shard the model).
     """
-    lowering = _Lowering(shape)
+    lowering = _Lowering(shape, (0,) if first_replica_only else tuple(range(shape.data)))
     forward = lowering.forward_segments()
     k = shape.accumulation
     settings = shape.settings
@@ -220,8 +223,9 @@ def _retag(segment: StepSegment, micro: int) -> StepSegment:
 
 
 class _Lowering:
-    def __init__(self, shape: StepShape):
+    def __init__(self, shape: StepShape, lowered: tuple[int, ...] | None = None):
         self.shape = shape
+        self.lowered = tuple(range(shape.data)) if lowered is None else lowered
         spec = shape.model
         self.spec = spec
         t, b, s = shape.tensor, shape.micro_batch_size, shape.sequence_length
@@ -236,6 +240,9 @@ class _Lowering:
         self.wire_bytes = _COMPRESSED_BYTES if self.compressed else self.gradient_bytes
         self._buckets: dict[int, list[tuple[list[Parameter], tuple]]] = {}
 
+    def _replicas(self):
+        return ((d, self.shape.replicas[d]) for d in self.lowered)
+
     # -- forward ---------------------------------------------------------------------------
     def forward_segments(self) -> tuple[StepSegment, ...]:
         shape = self.shape
@@ -243,7 +250,7 @@ class _Lowering:
         prologue: dict[int, _Program] = {}
         layer: dict[int, _Program] = {}
         epilogue: dict[int, _Program] = {}
-        for d, replica in enumerate(shape.replicas):
+        for d, replica in self._replicas():
             for position, rank in enumerate(replica):
                 master = position == 0
                 p = prologue[rank] = _Program()
@@ -305,6 +312,10 @@ class _Lowering:
         """DDP's buckets of TP position ``position`` in launch order: their parameters and the key
         of the op that writes the last gradient of each (:meth:`ready_parameters`)."""
         if position not in self._buckets:
+            same = next((p for p in self._buckets if (p == 0) == (position == 0)), None)
+            if same is not None:  # every position but the master's holds the same parameters
+                self._buckets[position] = self._buckets[same]
+                return self._buckets[position]
             settings = self.shape.settings
             ready = self.ready_parameters(position)
             sizes = [param.numel * self.gradient_bytes for param, _ in ready]
@@ -318,7 +329,7 @@ class _Lowering:
         programs: dict[int, _Program] = {}
         every = shape.settings.activation_checkpointing
         layers = spec.num_layers
-        for d, replica in enumerate(shape.replicas):
+        for d, replica in self._replicas():
             for position, rank in enumerate(replica):
                 p = programs[rank] = _Program()
                 group = shape.data_group(position)
@@ -424,7 +435,7 @@ class _Lowering:
         settings = shape.settings
         calls = _Calls()
         programs: dict[int, _Program] = {}
-        for d, replica in enumerate(shape.replicas):
+        for d, replica in self._replicas():
             for position, rank in enumerate(replica):
                 p = programs[rank] = _Program()
                 params = rank_parameter_count(spec, shape.tensor, is_master=position == 0)

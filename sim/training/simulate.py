@@ -13,13 +13,16 @@ averaging step. Memory is :func:`models.training.training_memory` per device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
+from models.ops import OpKind
 from models.training import ActivationLayout, TrainingMemory, compute_dtype, training_memory
+from sim.collectives.registry import known_algorithms
 from sim.cost import RooflineCompute
 from sim.engine import Engine, SegmentResult
 from sim.metrics import RESULT_COLUMNS
@@ -30,7 +33,8 @@ from sim.scenario import Scenario, Variant
 from sim.simulate import uncalibrated_network
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
-from sim.training.lower import StepSegment, StepShape, TrainingStep, lower_step
+from sim.training.lower import StepShape, TrainingStep, lower_step
+from sim.training.symmetry import replicas_identical
 from sim.training.metrics import step_metrics
 from sim.training_config import Averaging, TrainingSettings, micro_batching
 from sim.vocabulary import Metric, TrainingPhase, unit_of
@@ -48,10 +52,15 @@ MEMORY_CATEGORIES = {
 
 @dataclass(frozen=True)
 class SimulatedStep:
-    """One lowered step and the engine's result of each of its segments (in order)."""
+    """One lowered step and the engine's result of each of its segments (in order).
+
+    ``mirrors``: rank -> the rank of replica 0 whose ops and times it repeats, for the ranks of
+    replicas that were not simulated because they run identically (:mod:`sim.training.symmetry`);
+    empty when every replica was simulated."""
 
     step: TrainingStep
     results: tuple[SegmentResult, ...]
+    mirrors: dict[int, int] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -60,17 +69,20 @@ class SimulatedStep:
 
 @dataclass(frozen=True)
 class TrainingVariantResult:
-    """One variant: its settings, batch split, simulated steps (the averaging step last), trace of
-    the last, metrics and memory per rank."""
+    """One variant: its settings, batch split, simulated steps (the averaging step last), metrics
+    and memory per rank; ``trace``, the last step's, is built when first asked for."""
 
     variant: Variant
     settings: TrainingSettings
     micro_batch_size: int
     accumulation: int
     steps: tuple[SimulatedStep, ...]
-    trace: Trace
     metrics: dict[str, float]
     memory: dict[int, TrainingMemory]
+
+    @cached_property
+    def trace(self) -> Trace:
+        return _trace(self.steps[-1], self.memory)
 
 
 @dataclass(frozen=True)
@@ -125,8 +137,13 @@ def simulate_training(scenario: Scenario) -> TrainingSimulation:
         except ConfigError as error:
             field = error.field if error.field.startswith("workload") else f"{where}.{error.field}"
             raise ConfigError(field, error.message) from None
+        tp_algorithm = variant.allreduce or "ring"
+        if tp_algorithm not in known_algorithms(OpKind.ALLREDUCE):
+            raise ConfigError(f"{where}.allreduce", f"unknown allreduce algorithm for the tensor-parallel "
+                                                   f"allreduces; known: {', '.join(known_algorithms(OpKind.ALLREDUCE))} "
+                                                   f"(got {tp_algorithm!r})")
         shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
-                          accumulation, plan.replica_ranks, variant.allreduce or "ring")
+                          accumulation, plan.replica_ranks, tp_algorithm)
         try:
             result = _simulate_variant(variant, shape, engines[dtype], topology, config.workload)
         except ConfigError as error:
@@ -147,25 +164,30 @@ def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topolo
     settings = shape.settings
     if settings.averaging is Averaging.PARAMETERS:
         period = settings.averaging_period
-        kinds = ([(lower_step(shape, sync_gradients=False, average_parameters=False), period - 1)]
-                 if period > 1 else []) + [(lower_step(shape, sync_gradients=False, average_parameters=True), 1)]
+        # (synchronise gradients, average parameters, steps of the period)
+        kinds = ([(False, False, period - 1)] if period > 1 else []) + [(False, True, 1)]
     else:
-        kinds = [(lower_step(shape, sync_gradients=True, average_parameters=False), 1)]
+        kinds = [(True, False, 1)]
     memo: dict[int, SegmentResult] = {}
     steps = []
-    for step, _ in kinds:
+    for sync, average, _ in kinds:
+        step = lower_step(shape, sync_gradients=sync, average_parameters=average, first_replica_only=True)
+        mirrors = {}
+        if replicas_identical(shape, step, engine, topology):
+            mirrors = {rank: shape.replicas[0][t] for replica in shape.replicas[1:] for t, rank in enumerate(replica)}
+        else:
+            step = lower_step(shape, sync_gradients=sync, average_parameters=average)
         results = []
         for part in step.segments:
             key = id(part.segment)
             if key not in memo:
                 memo[key] = engine.run_segment(part.segment)
             results.append(memo[key])
-        steps.append(SimulatedStep(step, tuple(results)))
-    weights = [count for _, count in kinds]
+        steps.append(SimulatedStep(step, tuple(results), mirrors))
+    weights = [count for _, _, count in kinds]
     memory = _memory(shape)
-    trace = _trace(steps[-1], memory)
     metrics = step_metrics(steps, weights, shape, workload)
-    return TrainingVariantResult(variant, settings, shape.micro_batch_size, shape.accumulation, tuple(steps), trace,
+    return TrainingVariantResult(variant, settings, shape.micro_batch_size, shape.accumulation, tuple(steps),
                                  metrics, memory)
 
 
@@ -190,17 +212,19 @@ def _trace(simulated: SimulatedStep, memory: dict[int, TrainingMemory]) -> Trace
     the activations of a micro-batch from the end of its forward to the end of its backward)."""
     op_parts, spans = [], []
     offset = 0.0
-    ranks = sorted(simulated.step.segments[0].segment.programs)
+    source = {rank: rank for rank in simulated.step.segments[0].segment.programs} | simulated.mirrors
+    ranks = sorted(source)
     activation_marks = []  # (time at which a micro-batch's activations are all held, time freed)
     forward_end = 0.0
     for part, result in zip(simulated.step.segments, simulated.results):
         segment = part.segment
         rows = []
-        for rank in sorted(segment.programs):
-            for i, op in enumerate(segment.programs[rank]):
-                rows.append((rank, op.stream.value, op.kind.value, op.name, str(part.phases[rank][i]),
-                             -1 if op.layer is None else op.layer, result.starts[rank][i], result.ends[rank][i],
-                             op.traffic_bytes, op.flops))
+        for rank in ranks:
+            mirrored = source[rank]
+            starts, ends = result.starts[mirrored], result.ends[mirrored]
+            for i, op in enumerate(segment.programs[mirrored]):
+                rows.append((rank, op.stream.value, op.kind.value, op.name, str(part.phases[mirrored][i]),
+                             -1 if op.layer is None else op.layer, starts[i], ends[i], op.traffic_bytes, op.flops))
         instance = np.arange(segment.repeat)
         if rows:
             rank_col, stream, kind, name, phase, layer, start, end, traffic, flops = map(np.array, zip(*rows))
@@ -214,7 +238,7 @@ def _trace(simulated: SimulatedStep, memory: dict[int, TrainingMemory]) -> Trace
                 "start_s": shift + np.tile(start, segment.repeat), "end_s": shift + np.tile(end, segment.repeat),
                 "bytes": np.tile(traffic, segment.repeat), "flops": np.tile(flops, segment.repeat)}))
         end_s = offset + segment.repeat * result.duration_s
-        kind = part.phases[ranks[0]][0] if part.phases.get(ranks[0]) else TrainingPhase.OPTIMIZER
+        kind = part.phases[source[ranks[0]]][0] if part.phases.get(source[ranks[0]]) else TrainingPhase.OPTIMIZER
         spans.append((part.micro_batch, str(kind), offset, end_s, 0.0))
         if segment.name == "forward_epilogue":
             forward_end = end_s
