@@ -207,43 +207,31 @@ def _memory(shape: StepShape) -> dict[int, TrainingMemory]:
 
 
 def _trace(simulated: SimulatedStep, memory: dict[int, TrainingMemory]) -> Trace:
-    """The trace of one step: every op instance (``phase``: its :class:`TrainingPhase`, ``step``:
-    its micro-batch), a span per segment run, and memory samples per rank (the model states, plus
-    the activations of a micro-batch from the end of its forward to the end of its backward)."""
+    """The trace of one step: a span per segment run (every micro-batch), the op instances of
+    the last micro-batch and the optimizer step (``phase``: the op's :class:`TrainingPhase`,
+    ``step``: its micro-batch; the micro-batches before it repeat the same ops, without or with
+    their own allreduces), and memory samples per rank (the model states, plus the activations
+    of a micro-batch from the end of its forward to the end of its backward)."""
     op_parts, spans = [], []
     offset = 0.0
     source = {rank: rank for rank in simulated.step.segments[0].segment.programs} | simulated.mirrors
     ranks = sorted(source)
+    last = simulated.step.segments[-1].micro_batch
     activation_marks = []  # (time at which a micro-batch's activations are all held, time freed)
     forward_end = 0.0
+    columns: dict[tuple[int, int], dict] = {}  # (segment id, simulated rank) -> the op columns of its program
     for part, result in zip(simulated.step.segments, simulated.results):
         segment = part.segment
-        rows = []
-        for rank in ranks:
-            mirrored = source[rank]
-            starts, ends = result.starts[mirrored], result.ends[mirrored]
-            for i, op in enumerate(segment.programs[mirrored]):
-                rows.append((rank, op.stream.value, op.kind.value, op.name, str(part.phases[mirrored][i]),
-                             -1 if op.layer is None else op.layer, starts[i], ends[i], op.traffic_bytes, op.flops))
-        instance = np.arange(segment.repeat)
-        if rows:
-            rank_col, stream, kind, name, phase, layer, start, end, traffic, flops = map(np.array, zip(*rows))
-            n = len(rows)
-            shift = offset + np.repeat(instance, n) * result.duration_s
-            op_parts.append(pd.DataFrame({
-                "rank": np.tile(rank_col, segment.repeat), "stream": np.tile(stream.astype(object), segment.repeat),
-                "kind": np.tile(kind.astype(object), segment.repeat), "name": np.tile(name.astype(object), segment.repeat),
-                "phase": np.tile(phase.astype(object), segment.repeat), "step": part.micro_batch,
-                "layer": np.repeat(instance, n) if segment.layers else np.tile(layer, segment.repeat),
-                "start_s": shift + np.tile(start, segment.repeat), "end_s": shift + np.tile(end, segment.repeat),
-                "bytes": np.tile(traffic, segment.repeat), "flops": np.tile(flops, segment.repeat)}))
         end_s = offset + segment.repeat * result.duration_s
-        kind = part.phases[source[ranks[0]]][0] if part.phases.get(source[ranks[0]]) else TrainingPhase.OPTIMIZER
-        spans.append((part.micro_batch, str(kind), offset, end_s, 0.0))
+        phases = part.phases.get(source[ranks[0]])
+        spans.append((part.micro_batch, str(phases[0] if phases else TrainingPhase.OPTIMIZER), offset, end_s, 0.0))
         if segment.name == "forward_epilogue":
             forward_end = end_s
         elif segment.name.startswith("backward"):
             activation_marks.append((forward_end, end_s))
+        if part.micro_batch == last:
+            op_parts += [_op_frame(part, result, rank, source[rank], offset, columns) for rank in ranks
+                         if segment.programs[source[rank]]]
         offset = end_s
     ops = (pd.concat(op_parts, ignore_index=True) if op_parts else pd.DataFrame(columns=OP_COLUMNS))[OP_COLUMNS]
     steps = pd.DataFrame(spans, columns=STEP_COLUMNS)
@@ -256,6 +244,34 @@ def _trace(simulated: SimulatedStep, memory: dict[int, TrainingMemory]) -> Trace
     return Trace(ops.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True), steps,
                  pd.DataFrame(samples, columns=MEMORY_COLUMNS),
                  peak_table({rank: memory[rank].total for rank in ranks}))
+
+
+def _op_frame(part, result: SegmentResult, rank: int, simulated_rank: int, offset: float, columns) -> pd.DataFrame:
+    """The op rows of every instance of ``part``'s segment on ``rank``, whose ops and times are
+    those of ``simulated_rank`` (itself, or the replica-0 rank it mirrors)."""
+    segment = part.segment
+    key = (id(segment), simulated_rank)
+    if key not in columns:
+        program = segment.programs[simulated_rank]
+        columns[key] = {
+            "stream": np.array([op.stream.value for op in program], dtype=object),
+            "kind": np.array([op.kind.value for op in program], dtype=object),
+            "name": np.array([op.name for op in program], dtype=object),
+            "phase": np.array([str(p) for p in part.phases[simulated_rank]], dtype=object),
+            "layer": np.array([-1 if op.layer is None else op.layer for op in program]),
+            "bytes": np.array([op.traffic_bytes for op in program]),
+            "flops": np.array([op.flops for op in program]),
+        }
+    fixed = columns[key]
+    n, repeat = len(fixed["name"]), segment.repeat
+    instance = np.repeat(np.arange(repeat), n)
+    shift = offset + instance * result.duration_s
+    frame = {name: np.tile(values, repeat) for name, values in fixed.items()}
+    if segment.layers:
+        frame["layer"] = instance
+    return pd.DataFrame(frame | {"rank": rank, "step": part.micro_batch,
+                                 "start_s": shift + np.tile(result.starts[simulated_rank], repeat),
+                                 "end_s": shift + np.tile(result.ends[simulated_rank], repeat)})
 
 
 def _rows(scenario: str, variant: str, result: TrainingVariantResult, topology: Topology) -> pd.DataFrame:
