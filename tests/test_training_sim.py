@@ -22,12 +22,13 @@ from validation.cli import main
 
 
 def _scenario(variants, *, hosts=4, bandwidth="1Gbit/s", latency="100us", training=None, parallel=None,
-              devices_per_host=1, device="cpu", sequence_length=64, global_batch=4, micro=1, network="flow"):
+              devices_per_host=1, device="cpu", sequence_length=64, global_batch=4, micro=1, network="flow",
+              nic_per_device=False):
     return scenario_from_dict({
         "name": "train_test", "model": "gpt2",
         "cluster": {"switches": [{"name": "sw"}],
                     "hosts": [{"name": "h{i}", "count": hosts, "parent": "sw",
-                               "nic": {"bandwidth": bandwidth, "latency": latency},
+                               "nic": {"bandwidth": bandwidth, "latency": latency}, "nic_per_device": nic_per_device,
                                "interconnect": {"bandwidth": "32GB/s", "latency": "2us"},
                                "devices": {"type": device, "count": devices_per_host, "memory": "16GiB"}}]},
         "parallel": parallel or {},
@@ -233,3 +234,28 @@ def test_the_engine_runs_a_training_step_without_simpy_to_the_same_bits():
     for rank in segment.programs:
         assert np.array_equal(walked[rank][0], simulated[rank][0]) and np.array_equal(walked[rank][1], simulated[rank][1])
     assert max(v[1].max() for v in walked.values()) > 0
+
+
+@pytest.mark.parametrize("training", [{}, {"averaging": "parameters", "averaging_period": 2}])
+def test_identical_replicas_simulated_once_give_the_whole_runs_results_exactly(monkeypatch, training):
+    """TP 2 inside each of 3 hosts whose devices have their own NICs, DP 3 across: replica 0
+    alone stands for all three, and the metrics and every rank's trace equal the full run's."""
+    import sim.training.simulate as simulate_module
+
+    variants = [{"name": "tp2", "allreduce": "ring", "training": training}]
+    scenario = _scenario(variants, hosts=3, devices_per_host=2, parallel={"tensor": 2, "data": 3},
+                         bandwidth="10Gbit/s", global_batch=3, nic_per_device=True)
+    reduced = simulate_training(scenario).variants[0]
+    assert reduced.steps[-1].mirrors == {2: 0, 3: 1, 4: 0, 5: 1}
+    monkeypatch.setattr(simulate_module, "replicas_identical", lambda *args: False)
+    full = simulate_training(scenario).variants[0]
+    assert not full.steps[-1].mirrors
+    assert reduced.metrics == full.metrics
+    pd.testing.assert_frame_equal(reduced.trace.ops, full.trace.ops)
+
+
+def test_replicas_behind_one_nic_are_all_simulated():
+    """Two data-parallel groups share each host's NIC: they contend, so nothing is mirrored."""
+    scenario = _scenario([{"name": "tp2", "allreduce": "ring"}], hosts=2, devices_per_host=2,
+                         parallel={"tensor": 2, "data": 2}, global_batch=2)
+    assert not simulate_training(scenario).variants[0].steps[-1].mirrors
