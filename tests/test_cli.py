@@ -103,8 +103,17 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
 def test_every_shipped_scenario_simulates(path):
     from sim.scenario import load_scenario
     from sim.simulate import simulate
+    from sim.training.simulate import simulate_training
 
-    result = simulate(load_scenario(path))
+    scenario = load_scenario(path)
+    if scenario.config.is_training:
+        result = simulate_training(scenario)
+        assert all(v.metrics["step_time_s"] > 0 for v in result.variants)
+        fits = [all(m.total <= result.topology.devices[r].memory_capacity_bytes for r, m in v.memory.items())
+                for v in result.variants]
+        assert any(fits) != ("rtx3060" in path.stem or "tp4" in path.stem)  # 7B training does not fit 12 GB
+        return
+    result = simulate(scenario)
     for vr in result.variants:
         assert vr.timing["ttft_s"] > 0 and vr.timing["tpot_s"] > 0
     if "70b" in path.stem and "low_resource" in path.stem:

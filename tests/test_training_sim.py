@@ -259,3 +259,14 @@ def test_replicas_behind_one_nic_are_all_simulated():
     scenario = _scenario([{"name": "tp2", "allreduce": "ring"}], hosts=2, devices_per_host=2,
                          parallel={"tensor": 2, "data": 2}, global_batch=2)
     assert not simulate_training(scenario).variants[0].steps[-1].mirrors
+
+
+def test_jobs_past_the_training_work_bound_are_refused_naming_the_field():
+    from models.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        simulate_training(_scenario([{"name": "a"}, {"name": "b"}], hosts=1000))
+    assert caught.value.field == "variants" and "20000" in caught.value.message
+    with pytest.raises(ConfigError) as caught:
+        simulate_training(_scenario([{"name": "a"}], global_batch=1 << 20))
+    assert caught.value.field == "workload.global_batch_size" and "micro-batches" in caught.value.message

@@ -10,7 +10,7 @@ wall-clock limit, and :func:`classify` names the outcome:
 * ``clean_error``: exit code 2, exactly one line on stderr starting ``hetsim: error:``, no
   traceback, nothing under the output directory;
 * ``success``: exit code 0 and results whose every value is finite (NaN only for the per-decode
-  metrics of a one-token run) with positive TTFT and peak memory;
+  metrics of a one-token run) with positive TTFT (a training scenario: step time) and peak memory;
 * ``traceback``, ``hang`` (past the time limit), ``memory`` (MemoryError or killed by the memory
   limit), ``nonsense`` (a success whose results break the invariants above), ``partial_write``
   (an error that left files behind), ``messy_error`` (exit 2 but not one clean line).
@@ -72,7 +72,8 @@ def seed_scenarios() -> dict[str, dict]:
         data["variants"] = data["variants"][:2]
         if data.get("baseline") not in {v["name"] for v in data["variants"]}:
             data.pop("baseline", None)
-        data["workload"]["output_tokens"] = min(data["workload"]["output_tokens"], 16)
+        if "output_tokens" in data["workload"]:  # a training workload has none
+            data["workload"]["output_tokens"] = min(data["workload"]["output_tokens"], 16)
         if "sweep" in data:
             data["sweep"] = {key: values[:2] if key != "models" else values[:1] for key, values in data["sweep"].items()}
         if str(data.get("model", "")).endswith(".json"):
@@ -566,7 +567,8 @@ def results_make_sense(out_dir: Path) -> bool:
                 continue
             if not math.isfinite(value):
                 return False
-        return bool((values.loc[[Metric.TTFT.value]] > 0).all() and (values.loc[[Metric.PEAK_MEMORY.value]] > 0).all())
+        timed = Metric.STEP_TIME.value if Metric.STEP_TIME.value in values.index else Metric.TTFT.value
+        return bool((values.loc[[timed]] > 0).all() and (values.loc[[Metric.PEAK_MEMORY.value]] > 0).all())
     sweep = out_dir / "sweep.csv"
     if sweep.exists():
         table = pd.read_csv(sweep)

@@ -103,6 +103,43 @@ class TrainingSimulation:
         return next(v for v in self.variants if v.variant.name == name)
 
 
+MAX_WORK_UNITS = 20_000
+"""Variants x simulated ranks x decoder layers: each unit is about 35 ops to lower, run and
+trace. The shipped scenarios are 1,760 to 9,216 units (the 4 x 8 H100 one, 25 s with its
+outputs on the 2-core development machine); 20,000 keeps a job under a minute and its trace
+under about 700,000 rows."""
+MAX_MICRO_BATCHES = 4096
+"""Micro-batches per optimizer step: each is a span of the trace and a pass of the metrics."""
+
+
+def check_training_job_size(scenario: Scenario, plan: ParallelPlan) -> None:
+    """Refuse, naming the field, a training job past :data:`MAX_WORK_UNITS` or
+    :data:`MAX_MICRO_BATCHES` (counting every replica: whether identical ones are simulated once
+    is known only when they are lowered).
+
+    Raises:
+        ConfigError: on ``variants``, ``parallel.data`` / ``cluster``, or ``workload.global_batch_size``.
+    """
+    config = scenario.config
+    ranks = plan.tensor * plan.data
+    units = len(config.variants) * ranks * scenario.model.num_layers
+    if units > MAX_WORK_UNITS:
+        field = "variants" if ranks * scenario.model.num_layers <= MAX_WORK_UNITS else \
+            ("parallel.data" if config.parallel.data is not None else "cluster")
+        raise ConfigError(field, f"{len(config.variants)} variants x {ranks} ranks x {scenario.model.num_layers} "
+                                 f"layers = {units} units of work, more than the {MAX_WORK_UNITS} hetsim simulates "
+                                 f"in a training scenario (got {units})")
+    for index, variant in enumerate(config.variants):
+        settings = scenario.training_settings(variant)
+        micro = settings.gradient_accumulation or config.workload.global_batch_size // (
+            config.workload.micro_batch_size * plan.data) or 1
+        if micro > MAX_MICRO_BATCHES:
+            field = f"variants[{index}].training.gradient_accumulation" if settings.gradient_accumulation \
+                else "workload.global_batch_size"
+            raise ConfigError(field, f"{micro} micro-batches per step, more than the {MAX_MICRO_BATCHES} hetsim "
+                                     f"simulates (got {micro})")
+
+
 def simulate_training(scenario: Scenario) -> TrainingSimulation:
     """Simulate one optimizer step of every variant of a training ``scenario``.
 
@@ -116,6 +153,7 @@ def simulate_training(scenario: Scenario) -> TrainingSimulation:
         raise ConfigError("workload.kind", "simulate_training takes training workloads (got inference)")
     topology = build_topology(config.cluster)
     plan = ParallelPlan.of(scenario, topology)
+    check_training_job_size(scenario, plan)
     ranks = tuple(rank for replica in plan.replica_ranks for rank in replica)
     engines: dict[str, Engine] = {}
     pricer = None
