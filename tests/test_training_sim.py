@@ -264,9 +264,12 @@ def test_replicas_behind_one_nic_are_all_simulated():
 def test_jobs_past_the_training_work_bound_are_refused_naming_the_field():
     from models.errors import ConfigError
 
+    with pytest.raises(ConfigError) as caught:  # pricing a ring over 1000 ranks for every bucket size
+        simulate_training(_scenario([{"name": "a"}], hosts=1000))
+    assert caught.value.field == "cluster" and "30000" in caught.value.message
     with pytest.raises(ConfigError) as caught:
-        simulate_training(_scenario([{"name": "a"}, {"name": "b"}], hosts=1000))
-    assert caught.value.field == "variants" and "20000" in caught.value.message
+        simulate_training(_scenario([{"name": f"v{i}"} for i in range(40)], hosts=64, global_batch=64))
+    assert caught.value.field == "variants"
     with pytest.raises(ConfigError) as caught:
         simulate_training(_scenario([{"name": "a"}], global_batch=1 << 20))
     assert caught.value.field == "workload.global_batch_size" and "micro-batches" in caught.value.message

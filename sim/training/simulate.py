@@ -21,7 +21,9 @@ import pandas as pd
 
 from models.errors import ConfigError
 from models.ops import OpKind
-from models.training import ActivationLayout, TrainingMemory, compute_dtype, training_memory
+from models.accounting import rank_parameter_count
+from models.training import (ActivationLayout, TrainingMemory, compute_dtype, gradient_bytes_per_parameter,
+                             training_memory)
 from sim.collectives.registry import known_algorithms
 from sim.cost import RooflineCompute
 from sim.engine import Engine, SegmentResult
@@ -103,32 +105,68 @@ class TrainingSimulation:
         return next(v for v in self.variants if v.variant.name == name)
 
 
-MAX_WORK_UNITS = 20_000
-"""Variants x simulated ranks x decoder layers: each unit is about 35 ops to lower, run and
-trace. The shipped scenarios are 1,760 to 9,216 units (the 4 x 8 H100 one, 25 s with its
-outputs on the 2-core development machine); 20,000 keeps a job under a minute and its trace
-under about 700,000 rows."""
+MAX_WORK_UNITS = 30_000
+"""The bound on a training job's estimated work (:func:`training_work_units`): one unit is about
+35 ops to lower, run and trace, 1 ms of the 2-core development machine. The shipped scenarios are
+1,760 to 20,480 units (the 2 x 4 RTX 3060 one, whose data-parallel groups share each host's NIC,
+45 s with its outputs); the bound keeps a job around a minute and its trace under about 700,000
+rows."""
 MAX_MICRO_BATCHES = 4096
 """Micro-batches per optimizer step: each is a span of the trace and a pass of the metrics."""
+FABRIC_WEIGHT = 10
+"""How much more a rank's ops cost when data-parallel groups share a channel: their collectives,
+and those crossing the same channels, run transfer by transfer on the shared fabric."""
+_PRICING_UNITS_PER_SQUARED_RANK = 1 / 117  # a distinct bucket's ring over D ranks: 2 D^2 transfers of ~3 us
 
 
-def check_training_job_size(scenario: Scenario, plan: ParallelPlan) -> None:
-    """Refuse, naming the field, a training job past :data:`MAX_WORK_UNITS` or
-    :data:`MAX_MICRO_BATCHES` (counting every replica: whether identical ones are simulated once
-    is known only when they are lowered).
+def training_work_units(scenario: Scenario, plan: ParallelPlan, topology: Topology) -> float:
+    """The estimated work of simulating every variant of a training scenario: per variant, ranks x
+    decoder layers (times :data:`FABRIC_WEIGHT` where data-parallel groups share a channel), plus
+    pricing each distinct bucket's allreduce over the D data-parallel ranks (about as many sizes as
+    buckets, at most two a layer, D^2 transfers each). Every replica is counted: whether
+    identical ones are simulated once is known only when they are lowered."""
+    spec = scenario.model
+    ranks = plan.tensor * plan.data
+    shared = _data_groups_share_a_channel(plan, topology)
+    params = rank_parameter_count(spec, plan.tensor, is_master=True)
+    units = 0.0
+    for variant in scenario.config.variants:
+        settings = scenario.training_settings(variant)
+        buckets = params * gradient_bytes_per_parameter(settings.precision) / settings.bucket_cap_bytes + 1
+        sizes = min(buckets, 2 * spec.num_layers + 2)
+        units += ranks * spec.num_layers * (FABRIC_WEIGHT if shared else 1)
+        units += sizes * plan.data**2 * _PRICING_UNITS_PER_SQUARED_RANK
+    return units
+
+
+def _data_groups_share_a_channel(plan: ParallelPlan, topology: Topology) -> bool:
+    owner: dict[str, int] = {}
+    for position in range(plan.tensor):
+        group = [replica[position] for replica in plan.replica_ranks]
+        for src, dst in zip(group, group[1:] + group[:1]):
+            for channel in (topology.path(src, dst) if src != dst else ()):
+                if owner.setdefault(channel.name, position) != position:
+                    return True
+    return False
+
+
+def check_training_job_size(scenario: Scenario, plan: ParallelPlan, topology: Topology) -> None:
+    """Refuse, naming the field, a training job past :data:`MAX_WORK_UNITS`
+    (:func:`training_work_units`) or :data:`MAX_MICRO_BATCHES`.
 
     Raises:
-        ConfigError: on ``variants``, ``parallel.data`` / ``cluster``, or ``workload.global_batch_size``.
+        ConfigError: on ``variants`` (when one variant alone would fit), else ``parallel.data`` or
+            ``cluster`` (the data degree's source); on ``workload.global_batch_size`` or a
+            variant's ``training.gradient_accumulation`` for too many micro-batches.
     """
     config = scenario.config
-    ranks = plan.tensor * plan.data
-    units = len(config.variants) * ranks * scenario.model.num_layers
+    units = training_work_units(scenario, plan, topology)
     if units > MAX_WORK_UNITS:
-        field = "variants" if ranks * scenario.model.num_layers <= MAX_WORK_UNITS else \
+        field = "variants" if units / len(config.variants) <= MAX_WORK_UNITS else \
             ("parallel.data" if config.parallel.data is not None else "cluster")
-        raise ConfigError(field, f"{len(config.variants)} variants x {ranks} ranks x {scenario.model.num_layers} "
-                                 f"layers = {units} units of work, more than the {MAX_WORK_UNITS} hetsim simulates "
-                                 f"in a training scenario (got {units})")
+        raise ConfigError(field, f"{len(config.variants)} variants over {plan.tensor * plan.data} ranks of "
+                                 f"{scenario.model.num_layers} layers are about {units:.0f} units of work, more than "
+                                 f"the {MAX_WORK_UNITS} hetsim simulates in a training scenario (got {units:.0f})")
     for index, variant in enumerate(config.variants):
         settings = scenario.training_settings(variant)
         micro = settings.gradient_accumulation or config.workload.global_batch_size // (
@@ -153,7 +191,7 @@ def simulate_training(scenario: Scenario) -> TrainingSimulation:
         raise ConfigError("workload.kind", "simulate_training takes training workloads (got inference)")
     topology = build_topology(config.cluster)
     plan = ParallelPlan.of(scenario, topology)
-    check_training_job_size(scenario, plan)
+    check_training_job_size(scenario, plan, topology)
     ranks = tuple(rank for replica in plan.replica_ranks for rank in replica)
     engines: dict[str, Engine] = {}
     pricer = None
