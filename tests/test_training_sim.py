@@ -1,7 +1,6 @@
 """Data-parallel training in the simulator (sim/training/): DDP's buckets, overlap, accumulation,
 checkpointing, averaging, compression, ZeRO-1, as a user comparing variants relies on them."""
 
-import copy
 import json
 
 import pandas as pd
@@ -128,7 +127,7 @@ def test_parameter_averaging_with_period_h_communicates_one_step_in_h():
                 {"name": "h4", "training": {"averaging": "parameters", "averaging_period": 4}},
                 {"name": "ddp"}]
     result = simulate_training(_scenario(variants))
-    h1, h4 = result.variant("h1"), result.variant("h4")
+    h4 = result.variant("h4")
     assert len(h4.steps) == 2 and _collectives(h4)[0] == 1  # local steps, then the averaging one
     assert _collectives(h4, step=0) == (0, 0)
     assert _metric(result, "h4", Metric.COMMUNICATION_TIME) == pytest.approx(

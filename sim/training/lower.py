@@ -173,9 +173,6 @@ class _Program:
         self.phases.append(phase)
         return len(self.ops) - 1
 
-    def last(self) -> tuple[int, ...]:
-        return (len(self.ops) - 1,) if self.ops else ()
-
 
 class _Calls:
     """Numbers the collective calls of a segment: the ranks of a group meet in the same call."""

@@ -30,7 +30,6 @@ from sim.engine import Engine, SegmentResult
 from sim.metrics import RESULT_COLUMNS
 from sim.network import CollectivePricer
 from sim.parallel import ParallelPlan
-from sim.program import Stream
 from sim.scenario import Scenario, Variant
 from sim.simulate import uncalibrated_network
 from sim.topology import Topology, build_topology
