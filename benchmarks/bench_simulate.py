@@ -20,8 +20,9 @@ A training scenario (issue 19 item 7) times ``sim.training.simulate.simulate_tra
 instead (lowering, pricing, engine, metrics; not the trace, which is built when written):
 ``benchmarks/training_llama2_7b_64.yaml`` is one training step of Llama-2-7B on 8 hosts x 8 H100
 (NVLink inside, one 400 Gbit/s NIC per GPU), TP 8 inside each host and DP 8 across them, goal
-<= 0.5 s. Measured on the project's 2-core machine shared by seven sessions (7 repeats): median
-0.43 s wall (min 0.35 s), 0.135 s CPU. What makes it fast, exactly: the eight replicas run
+<= 0.5 s. Measured on the project's 2-core machine shared by seven sessions (7 repeats each):
+CPU time median 0.135 to 0.25 s; wall time median 0.43 s (min 0.35 s) at a load average of
+about 6, 1.03 s (min 0.69 s) at a load average of 12 (the wall time then mostly waits for a core). What makes it fast, exactly: the eight replicas run
 identically (same devices per position, every collective across replicas releasing its ranks
 together, no two groups sharing a channel: :mod:`sim.training.symmetry`), so replica 0 alone is
 simulated; the forward pass is one decoder layer repeated 32 times; a segment whose ops wait on
