@@ -272,3 +272,14 @@ def test_jobs_past_the_training_work_bound_are_refused_naming_the_field():
     with pytest.raises(ConfigError) as caught:
         simulate_training(_scenario([{"name": "a"}], global_batch=1 << 20))
     assert caught.value.field == "workload.global_batch_size" and "micro-batches" in caught.value.message
+
+
+def test_buckets_of_less_than_a_byte_are_refused_naming_the_field_written():
+    from models.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        simulate_training(_scenario([{"name": "a"}], training={"bucket_cap_mb": 1e-300}))
+    assert caught.value.field == "training.bucket_cap_mb"
+    with pytest.raises(ConfigError) as caught:
+        simulate_training(_scenario([{"name": "a"}, {"name": "b", "training": {"first_bucket_mb": 1e-9}}]))
+    assert caught.value.field == "variants[1].training.first_bucket_mb"

@@ -273,7 +273,8 @@ def _deep(rng, scenario, config):
 def _huge_int(rng, scenario, config):
     digits = rng.choice((25, 400, 5000, 50_000))
     text = _dump(scenario).decode()
-    field = rng.choice(("prompt_tokens", "output_tokens", "batch_size"))
+    counts = [name for name, value in scenario["workload"].items() if isinstance(value, int) and not isinstance(value, bool)]
+    field = rng.choice(sorted(counts))  # a training workload has global and micro batches, sequence length, steps
     text = text.replace(f"{field}: {scenario['workload'][field]}", f"{field}: {'9' * digits}")
     return text.encode(), None, f"{field} of {digits} digits"
 

@@ -159,6 +159,13 @@ def check_training_job_size(scenario: Scenario, plan: ParallelPlan, topology: To
             variant's ``training.gradient_accumulation`` for too many micro-batches.
     """
     config = scenario.config
+    for index, variant in enumerate(config.variants):
+        settings = scenario.training_settings(variant)
+        for name, size in (("bucket_cap_mb", settings.bucket_cap_bytes), ("first_bucket_mb", settings.first_bucket_bytes)):
+            if size < 1:
+                written = variant.training is not None and name in variant.training.model_fields_set
+                raise ConfigError(f"variants[{index}].training.{name}" if written else f"training.{name}",
+                                  f"less than a byte (got {getattr(settings, name)})")
     units = training_work_units(scenario, plan, topology)
     if units > MAX_WORK_UNITS:
         field = "variants" if units / len(config.variants) <= MAX_WORK_UNITS else \
