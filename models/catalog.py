@@ -118,6 +118,18 @@ CATALOG: dict[str, ModelSpec] = {
             max_position_embeddings=4096,
             dtype="bf16",
         ),
+        # TinyLlama/TinyLlama-1.1B-Chat-v1.0
+        _llama_like(
+            name="tinyllama-1.1b",
+            num_layers=22,
+            hidden_size=2048,
+            num_attention_heads=32,
+            num_kv_heads=4,
+            intermediate_size=5632,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            dtype="bf16",
+        ),
         # Qwen/Qwen2.5-0.5B
         _llama_like(
             name="qwen2.5-0.5b",
@@ -161,6 +173,7 @@ PUBLISHED_PARAMETER_COUNTS: dict[str, int] = {
     "llama-3.1-70b": 70_553_706_496,
     "yi-34b": 34_388_917_248,
     "qwen2.5-0.5b": 494_032_768,
+    "tinyllama-1.1b": 1_100_048_384,
     "qwen2.5-7b": 7_615_616_512,
 }
 

@@ -31,6 +31,7 @@ class OpKind(StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
     OPTIMIZER_STEP = "optimizer_step"
+    GRADIENT_CAST = "gradient_cast"  # training: a gradient bucket cast for a compressed allreduce
 
     @property
     def is_communication(self) -> bool:

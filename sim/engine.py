@@ -16,13 +16,15 @@ Semantics (what the tests pin down):
   loads (``Op.load``, over the rank's loader path) always run on it, max-min fair among
   themselves and with whatever else crosses their channels.
 * What contends with what, and when a collective keeps its closed form: before a segment runs,
-  the engine asks whether any collective of it *could* meet other traffic on a channel: a channel
-  its schedule crosses is on the loader path of a rank that loads weights in the segment, or is
-  crossed by a collective of another group, or by another collective of the same rank issued
-  from another stream (so possibly at the same time). If not (the common tensor-parallel segment:
-  one group, every rank waiting on each collective in program order, no loader on its channels),
-  collectives take their priced timing (closed form, cached, or calibrated) unchanged, and
-  nothing but the rendezvous is simulated. If so, every collective of the segment runs its
+  the engine asks, per group, whether the group's collectives *could* meet other traffic on a
+  channel: a channel their schedules cross is on the loader path of a rank that loads weights in
+  the segment, or is crossed by a collective of another group, or the group is called from two
+  streams of a rank (so possibly twice at the same time). If not (the common tensor-parallel
+  segment: one group, every rank waiting on each collective in program order, no loader on its
+  channels; a training step's tensor-parallel groups inside hosts whose devices each have their
+  own NIC for the data-parallel traffic), the group's collectives take their priced timing
+  (closed form, cached, or calibrated) unchanged, and nothing but the rendezvous is simulated:
+  exact, since nothing else crosses their channels. If so, every collective of the group runs its
   schedule on the fabric, and each rank is released at its fluid finish plus the difference
   between the priced timing and the fluid model's timing on an idle network, never before its
   fluid finish (:meth:`sim.fabric.Fabric.collective`): a collective that meets nothing still takes its priced
@@ -37,6 +39,7 @@ Semantics (what the tests pin down):
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -85,11 +88,14 @@ class Engine:
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         algorithms: dict[int, tuple[str, str]] = {}
-        shared = self._may_contend(segment)
-        if not shared and all(op.after is None for program in segment.programs.values() for op in program):
+        shared = self._fabric_groups(segment)
+        ops = [op for program in segment.programs.values() for op in program]
+        if shared or any(op.load is not None for op in ops):
+            self._run_events(segment, shared, starts, ends, algorithms)
+        elif all(op.after is None for op in ops):
             self._run_in_order(segment, starts, ends, algorithms)
         else:
-            self._run_events(segment, shared, starts, ends, algorithms)
+            self._run_dag(segment, starts, ends, algorithms)
         duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
         return SegmentResult(starts, ends, duration, algorithms)
 
@@ -119,7 +125,7 @@ class Engine:
                     timing = self._timing(op, algorithms)
                     arrived = waiting.setdefault(op.call, [])
                     arrived.append((rank, i))
-                    if len(arrived) == len(op.collective.group):
+                    if len(arrived) == _members(op, programs):
                         start = max(starts[r][j] for r, j in arrived)
                         first = op.collective.group[0]
                         for r, j in arrived:
@@ -133,7 +139,73 @@ class Engine:
                     position[rank] = i
             runnable = sorted(set(released))
 
-    def _run_events(self, segment: Segment, shared: bool, starts, ends, algorithms) -> None:
+    def _run_dag(self, segment: Segment, starts, ends, algorithms) -> None:
+        """The simpy run of a segment whose ops wait for other streams' ops (``Op.after``) but
+        whose collectives keep their priced timings and which loads nothing, without simpy: each
+        stream runs until an op whose dependencies are not done or a collective whose group has
+        not all arrived; finishing an op wakes the streams waiting on it. An op starts at the
+        latest end among its stream's previous op and its dependencies (the time simpy's process
+        resumes), so the times are the same bits as :meth:`_run_events`'."""
+        programs = segment.programs
+        queues: dict[tuple[int, Stream], list[int]] = {}
+        for rank in sorted(programs):
+            for i, op in enumerate(programs[rank]):
+                queues.setdefault((rank, op.stream), []).append(i)
+        position = dict.fromkeys(queues, 0)
+        stream_end = dict.fromkeys(queues, 0.0)
+        done = {rank: [False] * len(program) for rank, program in programs.items()}
+        waiters: dict[tuple[int, int], list[tuple[int, Stream]]] = {}  # (rank, op) -> streams blocked on it
+        arrivals: dict[int, list[tuple[int, int, tuple[int, Stream]]]] = {}  # call -> [(rank, op, stream)]
+        arrived: set[tuple[int, int]] = set()
+        work = deque(queues)
+
+        def finish(rank: int, i: int, key: tuple[int, Stream], end: float) -> None:
+            ends[rank][i] = stream_end[key] = end
+            done[rank][i] = True
+            position[key] += 1
+            work.extend(waiters.pop((rank, i), ()))
+
+        while work:
+            key = work.popleft()
+            rank, _ = key
+            queue, program, done_rank, rank_ends = queues[key], programs[rank], done[rank], ends[rank]
+            while position[key] < len(queue):
+                i = queue[position[key]]
+                if (rank, i) in arrived:
+                    break  # waiting for the rest of its group
+                op = program[i]
+                t = stream_end[key]
+                blocked = False
+                for dep in op.after if op.after is not None else ((i - 1,) if i else ()):
+                    if not done_rank[dep]:
+                        waiters.setdefault((rank, dep), []).append(key)
+                        blocked = True
+                        break
+                    if rank_ends[dep] > t:
+                        t = rank_ends[dep]
+                if blocked:
+                    break
+                starts[rank][i] = t
+                if op.collective is None:
+                    finish(rank, i, key, t + self.compute.duration_s(op, self.topology.devices[rank]))
+                    continue
+                timing = self._timing(op, algorithms)
+                members = arrivals.setdefault(op.call, [])
+                members.append((rank, i, key))
+                arrived.add((rank, i))
+                if len(members) < _members(op, programs):
+                    break
+                start = max(starts[r][j] for r, j, _ in members)
+                first = op.collective.group[0]
+                for r, j, stream in members:
+                    if timing.wait_s and r != first:
+                        starts[r][j] = max(starts[r][j], start + timing.wait_s)
+                    arrived.discard((r, j))
+                    finish(r, j, stream, start + (start + timing.finish_s.get(r, 0.0) - start))
+                    if stream != key:
+                        work.append(stream)
+
+    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms) -> None:
         """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers."""
         env = simpy.Environment()
         fabric = Fabric(env, self.links, self.load_rate_cap)
@@ -150,10 +222,11 @@ class Engine:
             for indices in groups:
                 if indices:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
-                                             ends[rank], calls, algorithms))
+                                             ends[rank], calls, algorithms, segment.programs))
         env.run()
 
-    def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms):
+    def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
+                segment_programs):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -167,30 +240,32 @@ class Engine:
                 yield env.timeout(self.compute.duration_s(op, device))
             else:
                 timing = self._timing(op, algorithms)
+                on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None])
                 entry[0] += 1
-                if entry[0] == len(op.collective.group):
-                    if shared:
+                if entry[0] == _members(op, segment_programs):
+                    if on_fabric:
                         entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], timing)
                     entry[1].succeed(env.now)
                 start = yield entry[1]
                 if timing.wait_s and rank != op.collective.group[0]:
                     starts[i] = max(starts[i], start + timing.wait_s)
-                if shared:
+                if on_fabric:
                     yield entry[2][rank]
                 else:
                     yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
             ends[i] = env.now
             done[i].succeed()
 
-    def _may_contend(self, segment: Segment) -> bool:
-        """Whether a collective of ``segment`` could share a channel with other traffic in flight
-        (see the module docstring); False keeps every collective at its priced timing."""
+    def _fabric_groups(self, segment: Segment) -> frozenset[tuple[int, ...]]:
+        """The groups whose collectives in ``segment`` run on the fabric: those whose schedules
+        could share a channel with other traffic in flight (see the module docstring), decided
+        per group; the others keep their priced timing (exact: their channels carry nothing else)."""
         load_ranks: set[int] = set()
         calls: dict[int, Op] = {}
-        streams_overlap = False
+        mixed: set[tuple[int, ...]] = set()  # groups a rank calls from more than one stream, concurrently
         for rank, program in segment.programs.items():
-            streams = set()
+            streams: dict[tuple[int, ...], set[Stream]] = {}
             sequential = True
             for op in program:
                 if op.after is not None:
@@ -199,25 +274,32 @@ class Engine:
                     load_ranks.add(rank)
                 elif op.collective is not None:
                     calls[op.call] = op
-                    streams.add(op.stream)
-            streams_overlap |= not sequential and len(streams) > 1
+                    streams.setdefault(op.collective.group, set()).add(op.stream)
+            if not sequential:
+                mixed.update(group for group, used in streams.items() if len(used) > 1)
         if not calls:
-            return False
-        groups = {op.collective.group for op in calls.values()}
-        if not load_ranks and len(groups) == 1 and not streams_overlap:
-            return False
-        if streams_overlap and len(calls) > 1:
-            return True
+            return frozenset()
+        count: dict[tuple[int, ...], int] = {}
+        for op in calls.values():
+            count[op.collective.group] = count.get(op.collective.group, 0) + 1
+        if not load_ranks and len(count) == 1 and not mixed:
+            return frozenset()
+        shared = {group for group in mixed if count[group] > 1}
         by_group: dict[tuple[int, ...], set[int]] = {}
         for op in calls.values():
-            by_group.setdefault(op.collective.group, set()).update(self._footprint(op))
+            by_group.setdefault(op.collective.group, set()).update(self.footprint(op))
         loaded = {c for rank in load_ranks for c in self.links.loader(rank, self.load_rate_cap(rank)).channels}
-        footprints = list(by_group.values())
-        if any(footprint & loaded for footprint in footprints):
-            return True
-        return any(a & b for i, a in enumerate(footprints) for b in footprints[i + 1:])
+        groups = list(by_group)
+        for i, group in enumerate(groups):
+            footprint = by_group[group]
+            if footprint & loaded:
+                shared.add(group)
+            for other in groups[i + 1:]:
+                if footprint & by_group[other]:
+                    shared.update((group, other))
+        return frozenset(shared)
 
-    def _footprint(self, op: Op) -> frozenset[int]:
+    def footprint(self, op: Op) -> frozenset[int]:
         """The channel ids the schedule of collective ``op`` crosses."""
         c = op.collective
         algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
@@ -246,3 +328,10 @@ class Engine:
         algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
         algorithms[op.call] = (c.kind.value, algorithm)
         return timing
+
+
+def _members(op: Op, programs: dict[int, tuple[Op, ...]]) -> int:
+    """How many ranks of ``op``'s group meet at its rendezvous: those with a program in the
+    segment (every one, unless the segment simulates one of several identical replicas and the
+    others stand in for themselves, :mod:`sim.training.simulate`)."""
+    return sum(1 for rank in op.collective.group if rank in programs)

@@ -1,8 +1,10 @@
 """The parallel plan: how many ways a model is split, and which device runs which rank.
 
-A :class:`ParallelPlan` is validated data: the degrees (tensor now; data and pipeline are fields
-already, held at 1 until those parallelisms land) and the placement of the tensor-parallel ranks
-on the topology's devices. The simulator and the runtime both take their ranks from it, so the
+A :class:`ParallelPlan` is validated data: the degrees (tensor and data; pipeline is a field
+already, held at 1 until that parallelism lands) and the placement of the tensor-parallel ranks
+on the topology's devices. Data parallelism replicates the tensor-parallel group: replica d runs
+on the next ``tensor`` devices (TP inside a host, DP across hosts when a host holds ``tensor``
+devices). The simulator and the runtime both take their ranks from it, so the
 runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks are.
 """
 
@@ -22,13 +24,15 @@ class ParallelPlan:
 
     Attributes:
         tensor: tensor-parallel degree (Megatron-LM, arXiv 1909.08053): ranks sharing each layer.
-        data: data-parallel degree; must be 1 for now.
+        data: data-parallel degree (training): replicas of the tensor-parallel group, replica d
+            on devices ``d * tensor .. (d + 1) * tensor - 1``.
         pipeline: pipeline-parallel degree; must be 1 for now.
         placement: the topology rank (index into ``devices``) of each tensor-parallel rank, the
             first one the master; default: the first ``tensor`` devices.
 
     Raises:
-        ConfigError: on ``parallel.*``: a degree below 1, a data or pipeline degree other than 1,
+        ConfigError: on ``parallel.*``: a degree below 1, a pipeline degree other than 1, a data
+            degree above 1 with a placement of its own,
             degrees whose product exceeds the devices, a tensor degree that cannot shard the model
             (:func:`models.accounting.check_tensor_parallel`), a placement of the wrong length, on
             a device that does not exist, or twice on one device. Messages name every degree and
@@ -48,10 +52,12 @@ class ParallelPlan:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name}", f"must be a positive integer ({degrees}) (got {value!r})")
-        for name in ("data", "pipeline"):
-            if getattr(self, name) != 1:
-                raise ConfigError(f"parallel.{name}", f"only 1 is supported so far ({degrees}) "
-                                                      f"(got {getattr(self, name)})")
+        if self.pipeline != 1:
+            raise ConfigError("parallel.pipeline", f"only 1 is supported so far ({degrees}) (got {self.pipeline})")
+        if self.data > 1 and self.placement is not None:
+            raise ConfigError("parallel.placement", f"data parallelism places replica d on the devices "
+                                                    f"d * tensor .. (d + 1) * tensor - 1 ({degrees}) "
+                                                    f"(got {self.placement})")
         needed = self.tensor * self.data * self.pipeline
         if needed > len(self.devices):
             raise ConfigError("parallel.tensor", f"{degrees} = {needed} ranks exceed the cluster's "
@@ -77,6 +83,11 @@ class ParallelPlan:
         """The topology ranks of the tensor-parallel group, in group order (the first is the master)."""
         return self.placement
 
+    @property
+    def replica_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """The topology ranks of each data-parallel replica's tensor-parallel group (its master first)."""
+        return tuple(tuple(d * self.tensor + rank for rank in self.placement) for d in range(self.data))
+
     @classmethod
     def of(cls, scenario, topology) -> ParallelPlan:
         """The plan a scenario (:class:`sim.scenario.Scenario`) asks for on ``topology``
@@ -86,6 +97,8 @@ class ParallelPlan:
             ConfigError: see the class.
         """
         devices = tuple(d.name for d in topology.devices)
+        if scenario.config.is_training:
+            return cls._of_training(scenario, devices)
         written = scenario.config.parallel.tensor
         try:
             return cls(scenario.model, devices, written or len(devices))
@@ -95,3 +108,16 @@ class ParallelPlan:
             # The degree came from the device count: name what the user wrote.
             raise ConfigError("cluster", f"the cluster's {len(devices)} devices are the default tensor-parallel "
                                          f"degree: {error.message}; set parallel.tensor") from None
+
+    @classmethod
+    def _of_training(cls, scenario, devices: tuple[str, ...]) -> ParallelPlan:
+        """A training scenario's plan: ``parallel.tensor`` (default 1) and ``parallel.data``
+        (default: the devices // tensor)."""
+        tensor = scenario.config.parallel.tensor or 1
+        data = scenario.config.parallel.data
+        if data is None:
+            data = len(devices) // tensor
+            if data < 1:
+                raise ConfigError("parallel.tensor", f"exceeds the cluster's {len(devices)} devices "
+                                                     f"({', '.join(devices)}) (got {tensor})")
+        return cls(scenario.model, devices, tensor, data)

@@ -90,6 +90,24 @@ def check_finite(timing: dict[str, float], field: str, *, decodes: bool) -> None
                                  f"(latencies, bandwidths, sizes) are out of any useful range (got {value})")
 
 
+def model_network(name: str, topology: Topology, compute):
+    """The network model ``name`` (:data:`sim.network.NETWORK_MODELS`) over ``topology``, with
+    the gamma of ``compute``. Raises ConfigError on ``network_model`` for an unknown name."""
+    if name not in NETWORK_MODELS:
+        raise ConfigError("network_model", f"unknown network model; known: {', '.join(NETWORK_MODELS)} "
+                                           f"(got {name!r})")
+    return NETWORK_MODELS[name](topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+
+
+def uncalibrated_network(name: str, topology: Topology, compute):
+    """The network an uncalibrated simulation prices collectives with: for the default model,
+    the flow model with each transport's documented terms
+    (:class:`sim.transport.DefaultTransportNetwork`), else :func:`model_network`."""
+    if name == DEFAULT_TRANSPORT_MODEL:
+        model_network(name, topology, compute)  # the name's check
+        return DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+    return model_network(name, topology, compute)
+
 
 @dataclass(frozen=True)
 class Pricing:
@@ -120,11 +138,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
                               config.compute.op_overhead_s)
-    if config.network_model not in NETWORK_MODELS:
-        raise ConfigError("network_model", f"unknown network model; known: {', '.join(NETWORK_MODELS)} "
-                                           f"(got {config.network_model!r})")
-    network = NETWORK_MODELS[config.network_model](
-        topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+    network = model_network(config.network_model, topology, compute)
     runtime_memory: dict[int, int] = {}
     choice = None
     if profile is not None:
@@ -136,7 +150,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
-        network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+        network = uncalibrated_network(config.network_model, topology, compute)
     engine = Engine(topology, compute, CollectivePricer(network, topology))
     return Pricing(compute, network, engine, choice, runtime_memory)
 

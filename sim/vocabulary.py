@@ -33,6 +33,13 @@ class WorkloadKind(StrEnum):
     INFERENCE = "inference"
     TRAINING = "training"
     SERVING = "serving"
+class TrainingPhase(StrEnum):
+    """What part of a training step an op belongs to (a training trace's ``phase`` column)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"  # the forward again, during backward, under activation checkpointing
+    OPTIMIZER = "optimizer"
 
 
 class Metric(StrEnum):
@@ -60,7 +67,7 @@ class Metric(StrEnum):
     COLLECTIVE = "collective_s"
     COLLECTIVE_ALL = "collective_s_all"
     COLLECTIVE_IN_RUN = "collective_in_run_s"
-    # Training: one optimizer step over the global batch, and its parts on the master rank.
+    # Training (sim.training.metrics defines each).
     STEP_TIME = "step_time_s"
     SAMPLES_PER_S = "samples_per_s"
     TOKENS_PER_S = "tokens_per_s"
@@ -68,7 +75,15 @@ class Metric(StrEnum):
     OVERLAP_RATIO = "overlap_ratio"
     FORWARD_TIME = "forward_s"
     BACKWARD_TIME = "backward_s"
+    RECOMPUTE_TIME = "recompute_s"
     OPTIMIZER_TIME = "optimizer_s"
+    COMMUNICATION_TIME = "communication_s"
+    PEAK_MEMORY_WEIGHTS = "peak_memory_weights_bytes"
+    PEAK_MEMORY_GRADIENTS = "peak_memory_gradients_bytes"
+    PEAK_MEMORY_OPTIMIZER_STATES = "peak_memory_optimizer_states_bytes"
+    PEAK_MEMORY_ACTIVATIONS = "peak_memory_activations_bytes"
+    PEAK_MEMORY_BUCKET_BUFFERS = "peak_memory_bucket_buffers_bytes"
+    PEAK_MEMORY_FRAMEWORK = "peak_memory_framework_bytes"
 
     @property
     def unit(self) -> str:

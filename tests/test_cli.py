@@ -98,12 +98,20 @@ def test_every_shipped_scenario_simulates(path):
     from sim.scenario import load_scenario
     from sim.serving.simulate import simulate_serving
     from sim.simulate import simulate
+    from sim.training.simulate import simulate_training
     from sim.vocabulary import WorkloadKind
 
     scenario = load_scenario(path)
     if scenario.config.workload_kind is WorkloadKind.SERVING:
         served = simulate_serving(scenario)
         assert all(v.metrics["ttft_s"] > 0 and v.metrics["max_request_rate_per_s"] > 0 for v in served.variants)
+        return
+    if scenario.config.is_training:
+        result = simulate_training(scenario)
+        assert all(v.metrics["step_time_s"] > 0 for v in result.variants)
+        fits = [all(m.total <= result.topology.devices[r].memory_capacity_bytes for r, m in v.memory.items())
+                for v in result.variants]
+        assert any(fits) != ("rtx3060" in path.stem or "tp4" in path.stem)  # 7B training does not fit 12 GB
         return
     result = simulate(scenario)
     for vr in result.variants:

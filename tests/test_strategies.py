@@ -116,7 +116,8 @@ def test_parallel_plan_places_the_first_devices_by_default():
 
 @pytest.mark.parametrize("kwargs,field,needles", [
     ({"tensor": 0}, "parallel.tensor", ["tensor 0 x data 1 x pipeline 1"]),
-    ({"tensor": 2, "data": 2}, "parallel.data", ["tensor 2 x data 2 x pipeline 1"]),
+    ({"tensor": 2, "data": 2, "placement": (1, 0)}, "parallel.placement", ["tensor 2 x data 2 x pipeline 1"]),
+    ({"tensor": 2, "data": 3}, "parallel.tensor", ["6 ranks", "4 devices"]),
     ({"tensor": 6}, "parallel.tensor", ["6 ranks", "4 devices", "h1/dev1"]),
     ({"tensor": 5}, "parallel.tensor", ["5 ranks"]),
     ({"tensor": 2, "placement": (0, 4)}, "parallel.placement", ["device 4", "h1/dev1"]),

@@ -82,8 +82,11 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     loaded = load_scenario(scenario or DEFAULT_SCENARIO)
     out_dir = Path(out_dir) if out_dir is not None else Path("out") / loaded.name
     check_out_dir(out_dir)
-    profile = load_profile(profile_path) if profile_path else None
     console = _console()
+    if loaded.config.is_training:
+        _simulate_training(loaded, out_dir, profile_path, console)
+        return
+    profile = load_profile(profile_path) if profile_path else None
     if loaded.config.sweep is not None:
         _simulate_sweep(loaded, out_dir, console, profile)
         return
@@ -113,6 +116,23 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
             console.print(f"  {escape(line)}")
     with interrupt.deferred():
         written = write_outputs(result, out_dir)
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _simulate_training(loaded, out_dir: Path, profile_path: Path | None, console: Console) -> None:
+    """``hetsim simulate`` of a training scenario (:mod:`sim.training.simulate`)."""
+    from sim.training.simulate import simulate_training
+    from validation.present.training_report import print_training_summary, write_training_outputs
+
+    if profile_path is not None:
+        raise ConfigError("--profile", f"training scenarios are simulated uncalibrated so far "
+                                       f"(got {shorten(str(profile_path), keep_end=True)})")
+    with console.status(f"simulating {len(loaded.config.variants)} training variants"):
+        result = simulate_training(loaded)
+    print_training_summary(result, console)
+    console.print("uncalibrated: roofline compute and datasheet links, one optimizer step per variant")
+    with interrupt.deferred():
+        written = write_training_outputs(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 

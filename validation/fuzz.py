@@ -10,7 +10,7 @@ wall-clock limit, and :func:`classify` names the outcome:
 * ``clean_error``: exit code 2, exactly one line on stderr starting ``hetsim: error:``, no
   traceback, nothing under the output directory;
 * ``success``: exit code 0 and results whose every value is finite (NaN only for the per-decode
-  metrics of a one-token run) with positive TTFT and peak memory;
+  metrics of a one-token run) with positive TTFT (a training scenario: step time) and peak memory;
 * ``traceback``, ``hang`` (past the time limit), ``memory`` (MemoryError or killed by the memory
   limit), ``nonsense`` (a success whose results break the invariants above), ``partial_write``
   (an error that left files behind), ``messy_error`` (exit 2 but not one clean line).
@@ -277,7 +277,8 @@ def _deep(rng, scenario, config):
 def _huge_int(rng, scenario, config):
     digits = rng.choice((25, 400, 5000, 50_000))
     text = _dump(scenario).decode()
-    field = rng.choice(("prompt_tokens", "output_tokens", "batch_size"))
+    counts = [name for name, value in scenario["workload"].items() if isinstance(value, int) and not isinstance(value, bool)]
+    field = rng.choice(sorted(counts))  # a training workload has global and micro batches, sequence length, steps
     text = text.replace(f"{field}: {scenario['workload'][field]}", f"{field}: {'9' * digits}")
     return text.encode(), None, f"{field} of {digits} digits"
 
@@ -571,7 +572,8 @@ def results_make_sense(out_dir: Path) -> bool:
                 continue
             if not math.isfinite(value):
                 return False
-        return bool((values.loc[[Metric.TTFT.value]] > 0).all() and (values.loc[[Metric.PEAK_MEMORY.value]] > 0).all())
+        timed = Metric.STEP_TIME.value if Metric.STEP_TIME.value in values.index else Metric.TTFT.value
+        return bool((values.loc[[timed]] > 0).all() and (values.loc[[Metric.PEAK_MEMORY.value]] > 0).all())
     sweep = out_dir / "sweep.csv"
     if sweep.exists():
         table = pd.read_csv(sweep)

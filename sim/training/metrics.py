@@ -1,0 +1,95 @@
+"""Metrics of a simulated training step (the tidy result table's training rows).
+
+* ``step_time_s``: one optimizer step, from the first forward to the end of the optimizer step
+  (and, under parameter averaging with period H, the mean of H - 1 local steps and one
+  averaging step).
+* ``samples_per_s``, ``tokens_per_s``: the global batch (sequences, and their tokens) over the
+  step time.
+* ``communication_s``: on one rank, the time some collective of the rank is in flight (the
+  union of its collectives' intervals); ``exposed_communication_s``: the part of it during
+  which the rank computes nothing, i.e. communication not hidden behind compute (reported for
+  the rank where it is largest); ``overlap_ratio``: hidden over all communication on that rank,
+  ``1 - exposed / communication`` (0 without communication).
+* ``forward_s``, ``backward_s``, ``recompute_s``, ``optimizer_s``: compute time of each
+  :class:`sim.vocabulary.TrainingPhase` on the busiest rank (the most compute in all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sim.vocabulary import Metric, TrainingPhase
+
+_PHASE_METRICS = {TrainingPhase.FORWARD: Metric.FORWARD_TIME, TrainingPhase.BACKWARD: Metric.BACKWARD_TIME,
+                  TrainingPhase.RECOMPUTE: Metric.RECOMPUTE_TIME, TrainingPhase.OPTIMIZER: Metric.OPTIMIZER_TIME}
+
+
+def union_length_s(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length of the union of intervals ``[starts[i], ends[i])`` (s)."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    # A new run of overlapping intervals starts where an interval begins after every earlier end.
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    run_start = s[new]
+    run_end = np.append(e[np.flatnonzero(new)[1:] - 1], e[-1])
+    return float(np.sum(run_end - run_start))
+
+
+def _segment_rank_times(segment, phases, result, rank) -> tuple[float, float, dict[TrainingPhase, float]]:
+    """(communication union, exposed communication, compute time by phase) of one rank in one
+    instance of a segment (s)."""
+    program = segment.programs[rank]
+    starts, ends = result.starts[rank], result.ends[rank]
+    is_comm = np.array([op.collective is not None for op in program], dtype=bool)
+    comm = union_length_s(starts[is_comm], ends[is_comm])
+    both = union_length_s(starts, ends)
+    compute = union_length_s(starts[~is_comm], ends[~is_comm])
+    by_phase: dict[TrainingPhase, float] = {}
+    durations = ends - starts
+    for i in np.flatnonzero(~is_comm):
+        by_phase[phases[i]] = by_phase.get(phases[i], 0.0) + float(durations[i])
+    return comm, both - compute, by_phase
+
+
+def step_metrics(steps: Sequence, weights: Sequence[int], shape, workload) -> dict[str, float]:
+    """The whole-run training metrics (see the module docstring) of simulated ``steps``
+    (:class:`sim.training.simulate.SimulatedStep`) that occur ``weights`` times each per period,
+    for ``shape`` (:class:`sim.training.lower.StepShape`) and the training ``workload``."""
+    total = sum(weights)
+    ranks = sorted(steps[0].step.segments[0].segment.programs)
+    comm = dict.fromkeys(ranks, 0.0)
+    exposed = dict.fromkeys(ranks, 0.0)
+    phase_s = {rank: dict.fromkeys(TrainingPhase, 0.0) for rank in ranks}
+    cache: dict[tuple[int, int], tuple] = {}
+    step_time = 0.0
+    for simulated, weight in zip(steps, weights):
+        step_time += weight * simulated.duration_s / total
+        for part, result in zip(simulated.step.segments, simulated.results):
+            scale = weight * part.segment.repeat / total
+            for rank in ranks:
+                key = (id(part.segment), rank)
+                if key not in cache:
+                    cache[key] = _segment_rank_times(part.segment, part.phases[rank], result, rank)
+                c, x, by_phase = cache[key]
+                comm[rank] += scale * c
+                exposed[rank] += scale * x
+                for phase, value in by_phase.items():
+                    phase_s[rank][phase] += scale * value
+    critical = max(ranks, key=lambda r: (exposed[r], -r))
+    busiest = max(ranks, key=lambda r: (sum(phase_s[r].values()), -r))
+    metrics = {
+        Metric.STEP_TIME: step_time,
+        Metric.SAMPLES_PER_S: workload.global_batch_size / step_time,
+        Metric.TOKENS_PER_S: workload.tokens_per_step / step_time,
+        Metric.COMMUNICATION_TIME: comm[critical],
+        Metric.EXPOSED_COMMUNICATION: exposed[critical],
+        Metric.OVERLAP_RATIO: 1.0 - exposed[critical] / comm[critical] if comm[critical] > 0 else 0.0,
+    }
+    metrics |= {metric: phase_s[busiest][phase] for phase, metric in _PHASE_METRICS.items()}
+    return metrics

@@ -1,0 +1,368 @@
+"""``simulate_training(scenario)``: a training scenario's variants, one optimizer step each, on the
+simulator's engine and shared network.
+
+Each variant's step (:func:`sim.training.lower.lower_step`) runs segment by segment on the
+:class:`sim.engine.Engine`: compute ops on each rank's compute stream, DDP's bucket allreduces on
+its communication stream, concurrent collectives sharing every link they cross on the segment's
+fabric (:mod:`sim.fabric`) wherever they can meet. A segment that repeats (a forward layer, the
+micro-batches before the one that synchronises) is simulated once: its instances are identical.
+Under parameter averaging with period H the step time is the mean of H - 1 local steps and one
+averaging step. Memory is :func:`models.training.training_memory` per device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from models.errors import ConfigError
+from models.ops import OpKind
+from models.accounting import rank_parameter_count
+from models.training import (ActivationLayout, TrainingMemory, compute_dtype, gradient_bytes_per_parameter,
+                             training_memory)
+from sim.collectives.registry import known_algorithms
+from sim.cost import RooflineCompute
+from sim.engine import Engine, SegmentResult
+from sim.metrics import RESULT_COLUMNS
+from sim.network import CollectivePricer
+from sim.parallel import ParallelPlan
+from sim.scenario import Scenario, Variant
+from sim.simulate import uncalibrated_network
+from sim.topology import Topology, build_topology
+from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
+from sim.training.lower import StepShape, TrainingStep, lower_step
+from sim.training.symmetry import replicas_identical
+from sim.training.metrics import step_metrics
+from sim.training_config import Averaging, TrainingSettings, micro_batching
+from sim.vocabulary import Metric, TrainingPhase, unit_of
+
+MEMORY_CATEGORIES = {
+    Metric.PEAK_MEMORY_WEIGHTS: "weights",
+    Metric.PEAK_MEMORY_GRADIENTS: "gradients",
+    Metric.PEAK_MEMORY_OPTIMIZER_STATES: "optimizer_states",
+    Metric.PEAK_MEMORY_ACTIVATIONS: "activations",
+    Metric.PEAK_MEMORY_BUCKET_BUFFERS: "bucket_buffers",
+    Metric.PEAK_MEMORY_FRAMEWORK: "framework",
+}
+"""The per-device memory metrics and the :class:`models.training.TrainingMemory` field of each."""
+
+
+@dataclass(frozen=True)
+class SimulatedStep:
+    """One lowered step and the engine's result of each of its segments (in order).
+
+    ``mirrors``: rank -> the rank of replica 0 whose ops and times it repeats, for the ranks of
+    replicas that were not simulated because they run identically (:mod:`sim.training.symmetry`);
+    empty when every replica was simulated."""
+
+    step: TrainingStep
+    results: tuple[SegmentResult, ...]
+    mirrors: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return sum(s.segment.repeat * r.duration_s for s, r in zip(self.step.segments, self.results))
+
+
+@dataclass(frozen=True)
+class TrainingVariantResult:
+    """One variant: its settings, batch split, simulated steps (the averaging step last), metrics
+    and memory per rank; ``trace``, the last step's, is built when first asked for."""
+
+    variant: Variant
+    settings: TrainingSettings
+    micro_batch_size: int
+    accumulation: int
+    steps: tuple[SimulatedStep, ...]
+    metrics: dict[str, float]
+    memory: dict[int, TrainingMemory]
+
+    @cached_property
+    def trace(self) -> Trace:
+        return _trace(self.steps[-1], self.memory)
+
+
+@dataclass(frozen=True)
+class TrainingSimulation:
+    """What ``hetsim simulate`` reports for a training scenario."""
+
+    scenario: Scenario
+    topology: Topology
+    plan: ParallelPlan
+    variants: tuple[TrainingVariantResult, ...]
+    results: pd.DataFrame
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(rank for replica in self.plan.replica_ranks for rank in replica)
+
+    def variant(self, name: str) -> TrainingVariantResult:
+        return next(v for v in self.variants if v.variant.name == name)
+
+
+MAX_WORK_UNITS = 30_000
+"""The bound on a training job's estimated work (:func:`training_work_units`): one unit is about
+35 ops to lower, run and trace, 1 ms of the 2-core development machine. The shipped scenarios are
+1,760 to 20,480 units (the 2 x 4 RTX 3060 one, whose data-parallel groups share each host's NIC,
+45 s with its outputs); the bound keeps a job around a minute and its trace under about 700,000
+rows."""
+MAX_MICRO_BATCHES = 4096
+"""Micro-batches per optimizer step: each is a span of the trace and a pass of the metrics."""
+FABRIC_WEIGHT = 10
+"""How much more a rank's ops cost when data-parallel groups share a channel: their collectives,
+and those crossing the same channels, run transfer by transfer on the shared fabric."""
+_PRICING_UNITS_PER_SQUARED_RANK = 1 / 117  # a distinct bucket's ring over D ranks: 2 D^2 transfers of ~3 us
+
+
+def training_work_units(scenario: Scenario, plan: ParallelPlan, topology: Topology) -> float:
+    """The estimated work of simulating every variant of a training scenario: per variant, ranks x
+    decoder layers (times :data:`FABRIC_WEIGHT` where data-parallel groups share a channel), plus
+    pricing each distinct bucket's allreduce over the D data-parallel ranks (about as many sizes as
+    buckets, at most two a layer, D^2 transfers each). Every replica is counted: whether
+    identical ones are simulated once is known only when they are lowered."""
+    spec = scenario.model
+    ranks = plan.tensor * plan.data
+    shared = _data_groups_share_a_channel(plan, topology)
+    params = rank_parameter_count(spec, plan.tensor, is_master=True)
+    units = 0.0
+    for variant in scenario.config.variants:
+        settings = scenario.training_settings(variant)
+        buckets = params * gradient_bytes_per_parameter(settings.precision) / settings.bucket_cap_bytes + 1
+        sizes = min(buckets, 2 * spec.num_layers + 2)
+        units += ranks * spec.num_layers * (FABRIC_WEIGHT if shared else 1)
+        units += sizes * plan.data**2 * _PRICING_UNITS_PER_SQUARED_RANK
+    return units
+
+
+def _data_groups_share_a_channel(plan: ParallelPlan, topology: Topology) -> bool:
+    owner: dict[str, int] = {}
+    for position in range(plan.tensor):
+        group = [replica[position] for replica in plan.replica_ranks]
+        for src, dst in zip(group, group[1:] + group[:1]):
+            for channel in (topology.path(src, dst) if src != dst else ()):
+                if owner.setdefault(channel.name, position) != position:
+                    return True
+    return False
+
+
+def check_training_job_size(scenario: Scenario, plan: ParallelPlan, topology: Topology) -> None:
+    """Refuse, naming the field, a training job past :data:`MAX_WORK_UNITS`
+    (:func:`training_work_units`) or :data:`MAX_MICRO_BATCHES`.
+
+    Raises:
+        ConfigError: on ``variants`` (when one variant alone would fit), else ``parallel.data`` or
+            ``cluster`` (the data degree's source); on ``workload.global_batch_size`` or a
+            variant's ``training.gradient_accumulation`` for too many micro-batches.
+    """
+    config = scenario.config
+    for index, variant in enumerate(config.variants):
+        settings = scenario.training_settings(variant)
+        for name, size in (("bucket_cap_mb", settings.bucket_cap_bytes), ("first_bucket_mb", settings.first_bucket_bytes)):
+            if size < 1:
+                written = variant.training is not None and name in variant.training.model_fields_set
+                raise ConfigError(f"variants[{index}].training.{name}" if written else f"training.{name}",
+                                  f"less than a byte (got {getattr(settings, name)})")
+    units = training_work_units(scenario, plan, topology)
+    if units > MAX_WORK_UNITS:
+        field = "variants" if units / len(config.variants) <= MAX_WORK_UNITS else \
+            ("parallel.data" if config.parallel.data is not None else "cluster")
+        raise ConfigError(field, f"{len(config.variants)} variants over {plan.tensor * plan.data} ranks of "
+                                 f"{scenario.model.num_layers} layers are about {units:.0f} units of work, more than "
+                                 f"the {MAX_WORK_UNITS} hetsim simulates in a training scenario (got {units:.0f})")
+    for index, variant in enumerate(config.variants):
+        settings = scenario.training_settings(variant)
+        micro = settings.gradient_accumulation or config.workload.global_batch_size // (
+            config.workload.micro_batch_size * plan.data) or 1
+        if micro > MAX_MICRO_BATCHES:
+            field = f"variants[{index}].training.gradient_accumulation" if settings.gradient_accumulation \
+                else "workload.global_batch_size"
+            raise ConfigError(field, f"{micro} micro-batches per step, more than the {MAX_MICRO_BATCHES} hetsim "
+                                     f"simulates (got {micro})")
+
+
+def simulate_training(scenario: Scenario) -> TrainingSimulation:
+    """Simulate one optimizer step of every variant of a training ``scenario``.
+
+    Raises:
+        ConfigError: a scenario that does not fit (devices without the compute dtype, degrees
+            the cluster or model cannot take, batches that do not split, an unknown network model
+            or algorithm), naming the field.
+    """
+    config = scenario.config
+    if not config.is_training:
+        raise ConfigError("workload.kind", "simulate_training takes training workloads (got inference)")
+    topology = build_topology(config.cluster)
+    plan = ParallelPlan.of(scenario, topology)
+    check_training_job_size(scenario, plan, topology)
+    ranks = tuple(rank for replica in plan.replica_ranks for rank in replica)
+    engines: dict[str, Engine] = {}
+    pricer = None
+    variants, tables = [], []
+    for index, variant in enumerate(config.variants):
+        where = f"variants[{index}]"
+        settings = scenario.training_settings(variant)
+        dtype = compute_dtype(settings.precision)
+        for rank in ranks:
+            topology.devices[rank].spec.peak_flops(dtype, field=f"{where}.training.precision")
+        if dtype not in engines:
+            compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
+                                      config.compute.op_overhead_s)
+            if pricer is None:
+                pricer = CollectivePricer(uncalibrated_network(config.network_model, topology, compute), topology)
+            engines[dtype] = Engine(topology, compute, pricer)
+        try:
+            micro, accumulation = micro_batching(config.workload, settings, plan.data)
+        except ConfigError as error:
+            field = error.field if error.field.startswith("workload") else f"{where}.{error.field}"
+            raise ConfigError(field, error.message) from None
+        tp_algorithm = variant.allreduce or "ring"
+        if tp_algorithm not in known_algorithms(OpKind.ALLREDUCE):
+            raise ConfigError(f"{where}.allreduce", f"unknown allreduce algorithm for the tensor-parallel "
+                                                   f"allreduces; known: {', '.join(known_algorithms(OpKind.ALLREDUCE))} "
+                                                   f"(got {tp_algorithm!r})")
+        shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
+                          accumulation, plan.replica_ranks, tp_algorithm)
+        try:
+            result = _simulate_variant(variant, shape, engines[dtype], topology, config.workload)
+        except ConfigError as error:
+            field = error.field if error.field.startswith(("variants", "workload", "cluster")) else \
+                f"{where}.{error.field}"
+            raise ConfigError(field, error.message) from None
+        for metric, value in result.metrics.items():
+            if not math.isfinite(value):
+                raise ConfigError(where, f"the simulated {metric} is not a finite number; the scenario's magnitudes "
+                                         f"are out of any useful range (got {value})")
+        variants.append(result)
+        tables.append(_rows(config.name, variant.name, result, topology))
+    return TrainingSimulation(scenario, topology, plan, tuple(variants), pd.concat(tables, ignore_index=True))
+
+
+def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload
+                      ) -> TrainingVariantResult:
+    settings = shape.settings
+    if settings.averaging is Averaging.PARAMETERS:
+        period = settings.averaging_period
+        # (synchronise gradients, average parameters, steps of the period)
+        kinds = ([(False, False, period - 1)] if period > 1 else []) + [(False, True, 1)]
+    else:
+        kinds = [(True, False, 1)]
+    memo: dict[int, SegmentResult] = {}
+    steps = []
+    for sync, average, _ in kinds:
+        step = lower_step(shape, sync_gradients=sync, average_parameters=average, first_replica_only=True)
+        mirrors = {}
+        if replicas_identical(shape, step, engine, topology):
+            mirrors = {rank: shape.replicas[0][t] for replica in shape.replicas[1:] for t, rank in enumerate(replica)}
+        else:
+            step = lower_step(shape, sync_gradients=sync, average_parameters=average)
+        results = []
+        for part in step.segments:
+            key = id(part.segment)
+            if key not in memo:
+                memo[key] = engine.run_segment(part.segment)
+            results.append(memo[key])
+        steps.append(SimulatedStep(step, tuple(results), mirrors))
+    weights = [count for _, _, count in kinds]
+    memory = _memory(shape)
+    metrics = step_metrics(steps, weights, shape, workload)
+    return TrainingVariantResult(variant, settings, shape.micro_batch_size, shape.accumulation, tuple(steps),
+                                 metrics, memory)
+
+
+def _memory(shape: StepShape) -> dict[int, TrainingMemory]:
+    settings = shape.settings
+    layout = ActivationLayout(shape.micro_batch_size, shape.sequence_length, shape.tensor)
+    model = shape.model
+    memory = {}
+    for replica in shape.replicas:
+        for position, rank in enumerate(replica):
+            memory[rank] = training_memory(model, layout, optimizer=settings.optimizer, precision=settings.precision,
+                                           data_parallel=shape.data, zero_stage=settings.zero,
+                                           gradient_as_bucket_view=settings.gradient_as_bucket_view,
+                                           checkpoint_every=settings.activation_checkpointing,
+                                           is_master=position == 0)
+    return memory
+
+
+def _trace(simulated: SimulatedStep, memory: dict[int, TrainingMemory]) -> Trace:
+    """The trace of one step: a span per segment run (every micro-batch), the op instances of
+    the last micro-batch and the optimizer step (``phase``: the op's :class:`TrainingPhase`,
+    ``step``: its micro-batch; the micro-batches before it repeat the same ops, without or with
+    their own allreduces), and memory samples per rank (the model states, plus the activations
+    of a micro-batch from the end of its forward to the end of its backward)."""
+    op_parts, spans = [], []
+    offset = 0.0
+    source = {rank: rank for rank in simulated.step.segments[0].segment.programs} | simulated.mirrors
+    ranks = sorted(source)
+    last = simulated.step.segments[-1].micro_batch
+    activation_marks = []  # (time at which a micro-batch's activations are all held, time freed)
+    forward_end = 0.0
+    columns: dict[tuple[int, int], dict] = {}  # (segment id, simulated rank) -> the op columns of its program
+    for part, result in zip(simulated.step.segments, simulated.results):
+        segment = part.segment
+        end_s = offset + segment.repeat * result.duration_s
+        phases = part.phases.get(source[ranks[0]])
+        spans.append((part.micro_batch, str(phases[0] if phases else TrainingPhase.OPTIMIZER), offset, end_s, 0.0))
+        if segment.name == "forward_epilogue":
+            forward_end = end_s
+        elif segment.name.startswith("backward"):
+            activation_marks.append((forward_end, end_s))
+        if part.micro_batch == last:
+            op_parts += [_op_frame(part, result, rank, source[rank], offset, columns) for rank in ranks
+                         if segment.programs[source[rank]]]
+        offset = end_s
+    ops = (pd.concat(op_parts, ignore_index=True) if op_parts else pd.DataFrame(columns=OP_COLUMNS))[OP_COLUMNS]
+    steps = pd.DataFrame(spans, columns=STEP_COLUMNS)
+    samples = []
+    for rank in ranks:
+        states = memory[rank].total - memory[rank].activations
+        samples.append((rank, 0.0, states))
+        for held_s, freed_s in activation_marks:
+            samples += [(rank, held_s, memory[rank].total), (rank, freed_s, states)]
+    return Trace(ops.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True), steps,
+                 pd.DataFrame(samples, columns=MEMORY_COLUMNS),
+                 peak_table({rank: memory[rank].total for rank in ranks}))
+
+
+def _op_frame(part, result: SegmentResult, rank: int, simulated_rank: int, offset: float, columns) -> pd.DataFrame:
+    """The op rows of every instance of ``part``'s segment on ``rank``, whose ops and times are
+    those of ``simulated_rank`` (itself, or the replica-0 rank it mirrors)."""
+    segment = part.segment
+    key = (id(segment), simulated_rank)
+    if key not in columns:
+        program = segment.programs[simulated_rank]
+        columns[key] = {
+            "stream": np.array([op.stream.value for op in program], dtype=object),
+            "kind": np.array([op.kind.value for op in program], dtype=object),
+            "name": np.array([op.name for op in program], dtype=object),
+            "phase": np.array([str(p) for p in part.phases[simulated_rank]], dtype=object),
+            "layer": np.array([-1 if op.layer is None else op.layer for op in program]),
+            "bytes": np.array([op.traffic_bytes for op in program]),
+            "flops": np.array([op.flops for op in program]),
+        }
+    fixed = columns[key]
+    n, repeat = len(fixed["name"]), segment.repeat
+    instance = np.repeat(np.arange(repeat), n)
+    shift = offset + instance * result.duration_s
+    frame = {name: np.tile(values, repeat) for name, values in fixed.items()}
+    if segment.layers:
+        frame["layer"] = instance
+    return pd.DataFrame(frame | {"rank": rank, "step": part.micro_batch,
+                                 "start_s": shift + np.tile(result.starts[simulated_rank], repeat),
+                                 "end_s": shift + np.tile(result.ends[simulated_rank], repeat)})
+
+
+def _rows(scenario: str, variant: str, result: TrainingVariantResult, topology: Topology) -> pd.DataFrame:
+    rows = [(scenario, variant, "simulated", metric, value, unit_of(metric), "")
+            for metric, value in result.metrics.items()]
+    for rank, memory in sorted(result.memory.items()):
+        device = topology.devices[rank]
+        values = {Metric.PEAK_MEMORY: memory.total, Metric.MEMORY_CAPACITY: device.memory_capacity_bytes}
+        values |= {metric: getattr(memory, field) for metric, field in MEMORY_CATEGORIES.items()}
+        rows += [(scenario, variant, "simulated", metric, float(value), unit_of(metric), device.name)
+                 for metric, value in values.items()]
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
