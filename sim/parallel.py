@@ -1,18 +1,29 @@
 """The parallel plan: how many ways a model is split, and which device runs which rank.
 
 A :class:`ParallelPlan` is validated data: the degrees (tensor now; data and pipeline are fields
-already, held at 1 until those parallelisms land) and the placement of the tensor-parallel ranks
-on the topology's devices. The simulator and the runtime both take their ranks from it, so the
-runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks are.
+already, held at 1 until those parallelisms land), the placement of the tensor-parallel ranks
+on the topology's devices and, for an uneven tensor-parallel split, each rank's share of the heads
+and MLP columns (:mod:`models.shards`). The simulator and the runtime both take their ranks from
+it, so the runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 
-from models.accounting import check_tensor_parallel
 from models.errors import ConfigError
+from models.shards import TensorShard, tensor_shards
 from models.spec import ModelSpec
+
+
+class ShareBasis(StrEnum):
+    """What a device's share of an uneven tensor-parallel split follows (``parallel.shares``):
+    its dense peak FLOP/s in the scenario's dtype (prefill-heavy work), or its memory capacity
+    (a model that barely fits)."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
 
 
 @dataclass(frozen=True)
@@ -26,13 +37,15 @@ class ParallelPlan:
         pipeline: pipeline-parallel degree; must be 1 for now.
         placement: the topology rank (index into ``devices``) of each tensor-parallel rank, the
             first one the master; default: the first ``tensor`` devices.
+        shares: one positive weight per tensor-parallel rank, in group order: the split of heads
+            and MLP columns follows them (:func:`models.shards.tensor_shards`); None: even.
 
     Raises:
         ConfigError: on ``parallel.*``: a degree below 1, a data or pipeline degree other than 1,
             degrees whose product exceeds the devices, a tensor degree that cannot shard the model
-            (:func:`models.accounting.check_tensor_parallel`), a placement of the wrong length, on
-            a device that does not exist, or twice on one device. Messages name every degree and
-            the devices involved.
+            (:func:`models.shards.tensor_shards`), a placement of the wrong length, on a device
+            that does not exist, or twice on one device; on ``parallel.shares``, weights that do
+            not fit the degree. Messages name every degree and the devices involved.
     """
 
     model: ModelSpec
@@ -41,6 +54,8 @@ class ParallelPlan:
     data: int = 1
     pipeline: int = 1
     placement: tuple[int, ...] | None = None
+    shares: tuple[float, ...] | None = None
+    _shards: tuple[TensorShard, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         degrees = f"tensor {self.tensor} x data {self.data} x pipeline {self.pipeline}"
@@ -57,7 +72,7 @@ class ParallelPlan:
             raise ConfigError("parallel.tensor", f"{degrees} = {needed} ranks exceed the cluster's "
                                                  f"{len(self.devices)} devices ({', '.join(self.devices)}) "
                                                  f"(got {self.tensor})")
-        check_tensor_parallel(self.model, self.tensor)
+        object.__setattr__(self, "_shards", tensor_shards(self.model, self.tensor, self.shares))
         placement = tuple(range(self.tensor)) if self.placement is None else tuple(self.placement)
         if len(placement) != self.tensor:
             raise ConfigError("parallel.placement", f"must place each of the {degrees} ranks on a device "
@@ -77,18 +92,33 @@ class ParallelPlan:
         """The topology ranks of the tensor-parallel group, in group order (the first is the master)."""
         return self.placement
 
+    @property
+    def shards(self) -> tuple[TensorShard, ...] | None:
+        """Each tensor-parallel rank's slice of the layers, in group order, when ``shares`` makes
+        the split uneven; None for the even split (every rank alike)."""
+        return None if self.shares is None else self._shards
+
     @classmethod
     def of(cls, scenario, topology) -> ParallelPlan:
         """The plan a scenario (:class:`sim.scenario.Scenario`) asks for on ``topology``
-        (:class:`sim.topology.Topology`): ``parallel.tensor``, default every device.
+        (:class:`sim.topology.Topology`): ``parallel.tensor``, default every device;
+        ``parallel.shares`` resolved to weights (a :class:`ShareBasis` read from each placed
+        device, or the weights written).
 
         Raises:
-            ConfigError: see the class.
+            ConfigError: see the class; on ``dtype`` for ``shares: compute`` on a device without it.
         """
         devices = tuple(d.name for d in topology.devices)
         written = scenario.config.parallel.tensor
+        degree = written or len(devices)
+        shares = scenario.config.parallel.shares
+        placed = topology.devices[:degree]
+        if shares == ShareBasis.COMPUTE:
+            shares = tuple(d.spec.peak_flops(scenario.model.dtype) for d in placed)
+        elif shares == ShareBasis.MEMORY:
+            shares = tuple(float(d.memory_capacity_bytes) for d in placed)
         try:
-            return cls(scenario.model, devices, written or len(devices))
+            return cls(scenario.model, devices, degree, shares=shares)
         except ConfigError as error:
             if written is not None or not error.field.startswith("parallel."):
                 raise

@@ -11,6 +11,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     dtype: fp16                     # optional, overrides the model's dtype
     cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
     parallel: {tensor: 8}           # optional, default: every device of the cluster
+    #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
@@ -35,6 +36,7 @@ the counts of :mod:`sim.cluster_config`; the whole job within the work bounds of
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,10 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
+from models.shards import TensorShard
 from models.spec import ModelSpec
-from sim.cluster_config import ClusterConfig
+from sim.cluster_config import MAX_DEVICES, ClusterConfig
+from sim.parallel import ShareBasis
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
 from sim.units import parse_duration
@@ -56,6 +60,8 @@ MAX_PROMPT_TOKENS = 1 << 20
 MAX_OUTPUT_TOKENS = 1 << 17
 MAX_BATCH_TOKENS = 1 << 26
 MAX_NAME_CHARS = 100
+MAX_SHARES = MAX_DEVICES
+MAX_SHARE = 1e30  # a weight's ratio to the others is what counts; this keeps their sum finite
 # Safe as one path component: no separator, not "." or "..", no leading dot (hidden, or a parent),
 # no leading dash (read as an option by the shell tools a user points at out/<name>).
 _FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
@@ -109,10 +115,38 @@ class ComputeSettings(BaseModel):
 
 
 class Parallel(BaseModel):
-    """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all."""
+    """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all.
+
+    ``shares``: split each layer's attention heads and MLP columns unevenly, in proportion to each
+    device's ``compute`` (dense peak FLOP/s in the dtype) or ``memory`` (capacity), or to the
+    weights given, one per tensor-parallel rank (:class:`sim.parallel.ShareBasis`,
+    :func:`models.shards.tensor_shards` for what is valid); None: even, as the degree must then
+    divide the heads.
+    """
 
     model_config = _STRICT
     tensor: StrictInt | None = Field(default=None, gt=0)
+    shares: ShareBasis | tuple[float, ...] | None = None
+
+    @field_validator("shares", mode="before")
+    @classmethod
+    def _shares(cls, value: Any) -> ShareBasis | tuple[float, ...] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if value not in tuple(ShareBasis):
+                raise ValueError(f"unknown basis; known: {', '.join(ShareBasis)}, or a list of "
+                                            f"weights (got {shorten(value)})")
+            return ShareBasis(value)
+        if not isinstance(value, list) or not 1 <= len(value) <= MAX_SHARES:
+            raise ValueError(f"must be {' or '.join(ShareBasis)} or a list of 1 to {MAX_SHARES} "
+                                        f"weights (got {shorten(value)})")
+        for weight in value:
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+                    math.isfinite(weight) and 0 < weight <= MAX_SHARE):
+                raise ValueError(f"every weight must be a number in (0, {MAX_SHARE:g}] "
+                                            f"(got {shorten(weight)})")
+        return tuple(float(w) for w in value)
 
 
 class MemoryConfig(BaseModel):
@@ -231,13 +265,14 @@ class Scenario(BaseModel):
         """The variant's weight memory policy: its own ``memory``, else the scenario's."""
         return (variant.memory or self.config.memory).to_policy()
 
-    def plan(self, variant: Variant, ranks: tuple[int, ...], runtime_memory_bytes: dict[int, int] | None = None
-             ) -> Plan:
-        """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one)."""
+    def plan(self, variant: Variant, ranks: tuple[int, ...], runtime_memory_bytes: dict[int, int] | None = None,
+             shards: tuple[TensorShard, ...] | None = None) -> Plan:
+        """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one);
+        ``shards``: each rank's slice when the split is uneven (:attr:`sim.parallel.ParallelPlan.shards`)."""
         w = self.config.workload
         return Plan(self.model, ranks, w.batch_size, w.prompt_tokens, w.output_tokens,
                     variant.choice(),
-                    runtime_memory_bytes or {}, self.memory_policy(variant))
+                    runtime_memory_bytes or {}, self.memory_policy(variant), shards)
 
 
 def _location(loc: tuple[Any, ...]) -> str:

@@ -108,7 +108,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     """
     config = scenario.config
     topology = build_topology(config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    parallel = ParallelPlan.of(scenario, topology)
+    ranks = parallel.tensor_ranks
     check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
                    ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
                    streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
@@ -138,7 +139,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:
-        plan = scenario.plan(variant, ranks, runtime_memory)
+        plan = scenario.plan(variant, ranks, runtime_memory, parallel.shards)
         if plan.memory_policy.streams:
             try:
                 check_loader_paths(topology, ranks)
