@@ -48,7 +48,7 @@ from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.shards import TensorShard
 from models.spec import ModelSpec
-from sim.cluster_config import MAX_DEVICES, ClusterConfig
+from sim.cluster_config import DEVICE_UNION_TAGS, MAX_DEVICES, ClusterConfig
 from sim.parallel import ShareBasis
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
@@ -290,7 +290,7 @@ def config_error_from(error: ValidationError) -> ConfigError:
     The value is shown once, shortened to 60 characters.
     """
     first = error.errors()[0]
-    loc = tuple(x for x in first["loc"] if not str(x).startswith("function-"))
+    loc = tuple(x for x in first["loc"] if not str(x).startswith("function-") and x not in DEVICE_UNION_TAGS)
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, ConfigError):
         return ConfigError(_location((*loc, *_split(cause.field))), cause.message)
