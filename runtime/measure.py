@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
+from models.errors import ConfigError
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.parallel import ParallelPlan
@@ -155,14 +156,19 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
     when ``testbed``; returns rank 0's result.
 
     Raises:
-        ConfigError: ``testbed`` while the scenario's testbed is not up.
+        ConfigError: ``testbed`` while the scenario's testbed is not up; more than one replica.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.launch import launch
     from sim.topology import build_topology
 
     topology = build_topology(scenario.config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    parallel = ParallelPlan.of(scenario, topology)
+    if parallel.replicas > 1:
+        # Replicas share nothing: one replica's run is what there is to measure.
+        raise ConfigError("parallel.replicas", f"the runtime runs one tensor-parallel group; measure one "
+                                               f"replica (replicas: 1) (got {parallel.replicas})")
+    ranks = parallel.tensor_ranks
     placements, enter = placements_for(scenario, topology, ranks, testbed)
     return launch(lambda rank, heartbeat: body(topology, rank, heartbeat), len(ranks), placements=placements,
                   hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat)[0]

@@ -37,8 +37,12 @@ class ParallelPlan:
         pipeline: pipeline-parallel degree; must be 1 for now.
         placement: the topology rank (index into ``devices``) of each tensor-parallel rank, the
             first one the master; default: the first ``tensor`` devices.
-        shares: one positive weight per tensor-parallel rank, in group order: the split of heads
-            and MLP columns follows them (:func:`models.shards.tensor_shards`); None: even.
+        shares: one positive weight per tensor-parallel rank, in group order (the same for every
+            replica), or one per placed device, replica after replica: the split of heads and MLP
+            columns follows them (:func:`models.shards.tensor_shards`); None: even.
+        replicas: copies of the tensor-parallel group, each serving its part of the requests;
+            replica i runs on the placement shifted by ``i * tensor`` devices (the default
+            placement: consecutive blocks of ``tensor`` devices).
 
     Raises:
         ConfigError: on ``parallel.*``: a degree below 1, a data or pipeline degree other than 1,
@@ -55,11 +59,14 @@ class ParallelPlan:
     pipeline: int = 1
     placement: tuple[int, ...] | None = None
     shares: tuple[float, ...] | None = None
-    _shards: tuple[TensorShard, ...] = field(init=False, repr=False, compare=False)
+    replicas: int = 1
+    _shards: tuple[tuple[TensorShard, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         degrees = f"tensor {self.tensor} x data {self.data} x pipeline {self.pipeline}"
-        for name in ("tensor", "data", "pipeline"):
+        if self.replicas != 1:
+            degrees += f" x replicas {self.replicas}"
+        for name in ("tensor", "data", "pipeline", "replicas"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name}", f"must be a positive integer ({degrees}) (got {value!r})")
@@ -67,12 +74,18 @@ class ParallelPlan:
             if getattr(self, name) != 1:
                 raise ConfigError(f"parallel.{name}", f"only 1 is supported so far ({degrees}) "
                                                       f"(got {getattr(self, name)})")
-        needed = self.tensor * self.data * self.pipeline
+        needed = self.tensor * self.data * self.pipeline * self.replicas
         if needed > len(self.devices):
-            raise ConfigError("parallel.tensor", f"{degrees} = {needed} ranks exceed the cluster's "
-                                                 f"{len(self.devices)} devices ({', '.join(self.devices)}) "
-                                                 f"(got {self.tensor})")
-        object.__setattr__(self, "_shards", tensor_shards(self.model, self.tensor, self.shares))
+            field_name = "parallel.replicas" if self.replicas > 1 else "parallel.tensor"
+            raise ConfigError(field_name, f"{degrees} = {needed} ranks exceed the cluster's "
+                                          f"{len(self.devices)} devices ({', '.join(self.devices)}) "
+                                          f"(got {getattr(self, field_name.split('.')[1])})")
+        shares = self.shares
+        if shares is not None and len(shares) == self.tensor * self.replicas and self.replicas > 1:
+            per_replica = [shares[i * self.tensor:(i + 1) * self.tensor] for i in range(self.replicas)]
+        else:
+            per_replica = [shares] * self.replicas
+        object.__setattr__(self, "_shards", tuple(tensor_shards(self.model, self.tensor, w) for w in per_replica))
         placement = tuple(range(self.tensor)) if self.placement is None else tuple(self.placement)
         if len(placement) != self.tensor:
             raise ConfigError("parallel.placement", f"must place each of the {degrees} ranks on a device "
@@ -86,22 +99,46 @@ class ParallelPlan:
                 raise ConfigError("parallel.placement", f"tensor-parallel ranks {placement.index(device)} and "
                                                         f"{rank} both on device {self.devices[device]} (got {device})")
         object.__setattr__(self, "placement", placement)
+        used = [rank for ranks in self.replica_ranks for rank in ranks]
+        for rank in used:
+            if not 0 <= rank < len(self.devices) or used.count(rank) > 1:
+                raise ConfigError("parallel.replicas", f"the {self.replicas} replicas of the placement "
+                                                       f"{placement} overlap or leave the cluster's "
+                                                       f"{len(self.devices)} devices (got {self.replicas})")
 
     @property
     def tensor_ranks(self) -> tuple[int, ...]:
-        """The topology ranks of the tensor-parallel group, in group order (the first is the master)."""
+        """The topology ranks of the (first replica's) tensor-parallel group, in group order (the
+        first is the master)."""
         return self.placement
 
     @property
     def shards(self) -> tuple[TensorShard, ...] | None:
-        """Each tensor-parallel rank's slice of the layers, in group order, when ``shares`` makes
-        the split uneven; None for the even split (every rank alike)."""
-        return None if self.shares is None else self._shards
+        """Each tensor-parallel rank's slice of the layers (the first replica's), in group order,
+        when ``shares`` makes the split uneven; None for the even split (every rank alike)."""
+        return self.replica_shards[0]
+
+    @property
+    def replica_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """The tensor-parallel group of each replica: the placement shifted by ``i * tensor``."""
+        return tuple(tuple(p + i * self.tensor for p in self.placement) for i in range(self.replicas))
+
+    @property
+    def replica_shards(self) -> tuple[tuple[TensorShard, ...] | None, ...]:
+        """Each replica's :attr:`shards` (None for an even split)."""
+        return tuple(None if self.shares is None else s for s in self._shards)
+
+    @property
+    def idle_devices(self) -> tuple[str, ...]:
+        """The devices no replica uses, in topology order: what the layout leaves unused."""
+        used = {rank for ranks in self.replica_ranks for rank in ranks}
+        return tuple(name for rank, name in enumerate(self.devices) if rank not in used)
 
     @classmethod
     def of(cls, scenario, topology) -> ParallelPlan:
         """The plan a scenario (:class:`sim.scenario.Scenario`) asks for on ``topology``
-        (:class:`sim.topology.Topology`): ``parallel.tensor``, default every device;
+        (:class:`sim.topology.Topology`): ``parallel.replicas`` (default 1) of
+        ``parallel.tensor`` (default every device, divided among the replicas);
         ``parallel.shares`` resolved to weights (a :class:`ShareBasis` read from each placed
         device, or the weights written).
 
@@ -110,15 +147,16 @@ class ParallelPlan:
         """
         devices = tuple(d.name for d in topology.devices)
         written = scenario.config.parallel.tensor
-        degree = written or len(devices)
+        replicas = scenario.config.parallel.replicas
+        degree = written or max(1, len(devices) // replicas)
         shares = scenario.config.parallel.shares
-        placed = topology.devices[:degree]
+        placed = topology.devices[:degree * replicas]
         if shares == ShareBasis.COMPUTE:
             shares = tuple(d.spec.peak_flops(scenario.model.dtype) for d in placed)
         elif shares == ShareBasis.MEMORY:
             shares = tuple(float(d.memory_capacity_bytes) for d in placed)
         try:
-            return cls(scenario.model, devices, degree, shares=shares)
+            return cls(scenario.model, devices, degree, shares=shares, replicas=replicas)
         except ConfigError as error:
             if written is not None or not error.field.startswith("parallel."):
                 raise

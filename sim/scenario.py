@@ -12,6 +12,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
+    #   replicas: 3                 optional: copies of the group, the batch split among them
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
@@ -122,10 +123,15 @@ class Parallel(BaseModel):
     weights given, one per tensor-parallel rank (:class:`sim.parallel.ShareBasis`,
     :func:`models.shards.tensor_shards` for what is valid); None: even, as the degree must then
     divide the heads.
+
+    ``replicas``: copies of the tensor-parallel group on consecutive blocks of devices, the batch's
+    sequences split among them (:mod:`sim.replicas`); ``tensor`` then defaults to the devices
+    divided among the replicas.
     """
 
     model_config = _STRICT
     tensor: StrictInt | None = Field(default=None, gt=0)
+    replicas: StrictInt = Field(default=1, gt=0, le=MAX_DEVICES)
     shares: ShareBasis | tuple[float, ...] | None = None
 
     @field_validator("shares", mode="before")
@@ -266,11 +272,12 @@ class Scenario(BaseModel):
         return (variant.memory or self.config.memory).to_policy()
 
     def plan(self, variant: Variant, ranks: tuple[int, ...], runtime_memory_bytes: dict[int, int] | None = None,
-             shards: tuple[TensorShard, ...] | None = None) -> Plan:
+             shards: tuple[TensorShard, ...] | None = None, batch_size: int | None = None) -> Plan:
         """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one);
-        ``shards``: each rank's slice when the split is uneven (:attr:`sim.parallel.ParallelPlan.shards`)."""
+        ``shards``: each rank's slice when the split is uneven (:attr:`sim.parallel.ParallelPlan.shards`);
+        ``batch_size``: the sequences this group serves (a replica's share), default the workload's."""
         w = self.config.workload
-        return Plan(self.model, ranks, w.batch_size, w.prompt_tokens, w.output_tokens,
+        return Plan(self.model, ranks, batch_size or w.batch_size, w.prompt_tokens, w.output_tokens,
                     variant.choice(),
                     runtime_memory_bytes or {}, self.memory_policy(variant), shards)
 

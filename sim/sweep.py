@@ -122,8 +122,7 @@ def run_sweep(scenario: Scenario, *, on_point=lambda point: None) -> pd.DataFram
             continue
         result = simulate(point.scenario, expand_steps=())
         for vr in result.variants:
-            run = vr.run
-            peaks = run.peak_bytes
+            peaks = vr.peak_bytes
             master = result.ranks[0]
             workers = [peaks[r] for r in result.ranks[1:]]
             overflow = vr.overflow

@@ -39,6 +39,12 @@ class Metric(StrEnum):
     MEMORY_CAPACITY = "memory_capacity_bytes"
     MAX_PEAK_MEMORY = "max_peak_memory_bytes"
     REPEATS = "repeats"
+    # Replicas (sim.replicas): each replica's own figures, device = its master; devices left unused.
+    REPLICA_TTFT = "replica_ttft_s"
+    REPLICA_TPOT = "replica_tpot_s"
+    REPLICA_DECODE_TOKENS_PER_S = "replica_decode_tokens_per_s"
+    REPLICA_BATCH_SIZE = "replica_batch_size"
+    IDLE_DEVICE = "idle_device"
     # Validation's summary rows: collective call times against the calibrated network model.
     COLLECTIVE = "collective_s"
     COLLECTIVE_ALL = "collective_s_all"
