@@ -20,10 +20,13 @@ Ainslie et al., arXiv 2305.13245):
 - ``T <= K``: whole KV-head groups. The ``K`` groups are apportioned by weight, at least one per
   rank; a rank holds its groups' KV heads and all their query heads, nothing replicated.
 - ``T > K``: each rank holds query heads of one group and a replica of that group's KV head, as
-  vLLM does when the degree exceeds the KV heads (``num_kv_head_replicas``). The ranks are spread
-  over the groups as contiguous runs, as evenly as the counts allow (earlier groups take the extra
-  rank), and each group's ``G`` query heads are apportioned by the weights of its ranks, at least
-  one each. So ``T <= H``; weights act inside a group only, as a group's KV head cannot be split.
+  vLLM does when the degree exceeds the KV heads (``num_kv_head_replicas``). The ranks go to the
+  groups as contiguous runs of 1 to ``G`` ranks, and each group's ``G`` query heads are
+  apportioned by the weights of its ranks, at least one each. The runs are the ones whose ranks'
+  query heads per unit of weight, sorted from the most loaded down, are smallest (leximax: first
+  the most loaded rank, then the next; so a weak device shares a group with a strong one rather
+  than with another weak one); among equals, earlier groups take more ranks. For equal weights
+  and a degree that divides, that is the even split. So ``T <= H``.
 - MLP columns: ``I`` apportioned by weight, at least one per rank.
 
 Apportionment is by largest remainder (Hamilton's method) with at least one unit each, ties to
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from models.errors import ConfigError
 from models.spec import ModelSpec
 
+_MAX_SEARCH = 100_000  # a few seconds at most (64 ranks over 8 groups of 8 heads: 4,096, 0.05 s)
 SHARES_HINT = "set parallel.shares (compute, memory or a weight per device) to split them unevenly"
 
 
@@ -129,7 +133,7 @@ def tensor_shards(spec: ModelSpec, tp_degree: int, weights: Sequence[float] | No
         query = [range(g.start * group, g.stop * group) for g in _ranges(apportion(kv, weights))]
     else:
         query = []
-        runs = apportion(tp_degree, (1.0,) * kv)  # ranks per group, earlier groups taking the extra rank
+        runs = _balanced_runs(weights, kv, group)
         first = 0
         for g, run in enumerate(runs):
             query += [range(g * group + r.start, g * group + r.stop)
@@ -152,6 +156,38 @@ def apportion(units: int, weights: Sequence[float]) -> tuple[int, ...]:
         i = min((i for i in range(len(counts)) if counts[i] > 1), key=lambda i: (quotas[i] - counts[i], -i))
         counts[i] -= 1
     return tuple(counts)
+
+
+def _balanced_runs(weights: Sequence[float], groups: int, group_size: int) -> tuple[int, ...]:
+    """Ranks per group (contiguous runs of 1 to ``group_size``, covering every rank) whose ranks'
+    query heads per unit of weight, sorted descending, are lexicographically smallest; ties to
+    longer runs first. Dynamic programming over (first rank, group), valid because adding the
+    same loads to two sorted vectors keeps their order. Past :data:`_MAX_SEARCH` (ranks x groups
+    x group size) the runs are as even as the counts allow, earlier groups taking the extra rank,
+    so that no input makes this search run for long."""
+    ranks = len(weights)
+    if ranks * groups * group_size > _MAX_SEARCH:
+        return apportion(ranks, (1.0,) * groups)
+
+    def loads(first: int, count: int) -> tuple[float, ...]:
+        heads = apportion(group_size, weights[first:first + count])
+        return tuple(h / w for h, w in zip(heads, weights[first:first + count]))
+
+    best: dict[tuple[int, int], tuple[tuple[float, ...], tuple[int, ...]]] = {(ranks, groups): ((), ())}
+    for g in range(groups - 1, -1, -1):
+        left = groups - g - 1  # groups after this one, each needing 1 to group_size ranks
+        for first in range(ranks - 1, -1, -1):
+            options = []
+            for count in range(min(group_size, ranks - first), 0, -1):
+                rest = ranks - first - count
+                if (first + count, g + 1) in best and left <= rest <= left * group_size:
+                    cost, runs = best[first + count, g + 1]
+                    merged = tuple(sorted(loads(first, count) + cost, reverse=True))
+                    options.append((merged, tuple(-c for c in (count, *runs)), (count, *runs)))
+            if options:
+                cost, _, runs = min(options)
+                best[first, g] = (cost, runs)
+    return best[0, 0][1]
 
 
 def _ranges(counts: Sequence[int]) -> list[range]:

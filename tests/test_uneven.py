@@ -34,6 +34,14 @@ def test_qwen_7b_on_six_devices_is_refused_evenly_and_accepted_with_shares():
     assert [h for s in shards for h in s.query_heads] == list(range(28))
 
 
+def test_a_weak_device_shares_its_group_with_a_strong_one():
+    rtx_4090, rtx_3060 = 165.2, 25.5
+    shards = tensor_shards(QWEN_7B, 6, (rtx_4090, rtx_4090, rtx_3060, rtx_3060, rtx_4090, rtx_4090))
+    # Groups of 1, 2, 2, 1 ranks: each RTX 3060 pairs with an RTX 4090, which takes most heads.
+    assert [len(s.query_heads) for s in shards] == [7, 6, 1, 1, 6, 7]
+    assert [len(s.mlp_columns) for s in shards][1:3] == [4397, 678]
+
+
 def test_fewer_ranks_than_kv_heads_take_whole_groups_by_weight():
     shards = tensor_shards(QWEN_7B, 3, (2.0, 1.0, 1.0))
     assert [s.kv_heads for s in shards] == [range(0, 2), range(2, 3), range(3, 4)]
@@ -148,8 +156,9 @@ def test_three_uneven_gloo_ranks_generate_the_reference_tokens(tmp_path):
     spec, work = scenario.model, scenario.config.workload
     topology = build_topology(scenario.config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
-    # Ranks 0 and 1 split group 0 (3 + 1 heads) and share its KV head; rank 2 holds group 1.
-    assert [len(s.query_heads) for s in parallel.shards] == [3, 1, 4]
+    # Rank 0 holds group 0; ranks 1 and 2 split group 1 (1 + 3 heads) and share its KV head.
+    assert [len(s.query_heads) for s in parallel.shards] == [4, 1, 3]
+    assert [s.kv_heads for s in parallel.shards] == [range(0, 1), range(1, 2), range(1, 2)]
     prompt = prompt_tokens(spec, work.batch_size, work.prompt_tokens, seed=7)
     choices = (StrategyChoice("allreduce_ln", allreduce="ring", broadcast="binomial"),
                StrategyChoice("reduce_ln_bcast", reduce="binomial", broadcast="binomial"))
