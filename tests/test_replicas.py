@@ -14,7 +14,8 @@ from tests.conftest import ROOT, scenario_dict
 from tests.test_cli import _run, _write
 
 THREE_HOSTS = {"switches": [{"name": "sw"}],
-               "hosts": [{"name": "h{i}", "count": 3, "parent": "sw", "nic": {"bandwidth": "10Gbit/s", "latency": "50us"},
+               "hosts": [{"name": "h{i}", "count": 3, "parent": "sw",
+                          "nic": {"bandwidth": "10Gbit/s", "latency": "50us"},
                           "interconnect": {"bandwidth": "32GB/s", "latency": "2us"},
                           "devices": {"type": "rtx_4090", "count": 2}}]}
 

@@ -137,6 +137,15 @@ def test_shares_from_compute_or_memory_follow_the_devices():
         assert error.value.field == "parallel.shares"
 
 
+def _tiny_uneven_scenario(tmp_path, shares):
+    config = tmp_path / "llama.config.json"
+    config.write_text(json.dumps(tiny_model_config("llama", num_layers=2)))  # 8 heads, 2 KV heads, MLP 128
+    return scenario_from_dict(scenario_dict(model=str(config), dtype="fp32", cluster=cluster(1, 3, device="cpu"),
+                                            parallel={"shares": shares},
+                                            workload={"batch_size": 2, "prompt_tokens": 5, "output_tokens": 4}),
+                              base_dir=ROOT)
+
+
 def test_three_uneven_gloo_ranks_generate_the_reference_tokens(tmp_path):
     torch = pytest.importorskip("torch")
     from runtime.comm import Communicator
@@ -147,12 +156,7 @@ def test_three_uneven_gloo_ranks_generate_the_reference_tokens(tmp_path):
     from sim.plan import Plan, StrategyChoice
     from sim.topology import build_topology
 
-    config = tmp_path / "llama.config.json"
-    config.write_text(json.dumps(tiny_model_config("llama", num_layers=2)))  # 8 heads, 2 KV heads, MLP 128
-    scenario = scenario_from_dict(scenario_dict(model=str(config), dtype="fp32", cluster=cluster(1, 3, device="cpu"),
-                                                parallel={"shares": [3, 1, 2]},
-                                                workload={"batch_size": 2, "prompt_tokens": 5, "output_tokens": 4}),
-                                  base_dir=ROOT)
+    scenario = _tiny_uneven_scenario(tmp_path, [3, 1, 2])
     spec, work = scenario.model, scenario.config.workload
     topology = build_topology(scenario.config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
@@ -178,3 +182,15 @@ def test_three_uneven_gloo_ranks_generate_the_reference_tokens(tmp_path):
     tokens, _ = reference_generate(spec, seed=7, prompt=prompt, output_tokens=work.output_tokens)
     for got in launch(body, 3, hang_timeout_s=60)[0]:
         assert torch.equal(got, tokens)
+
+
+def test_hetsim_measure_runs_an_uneven_split_with_each_rank_holding_its_shard(tmp_path):
+    pytest.importorskip("torch")
+    from runtime.measure import measure_scenario
+
+    scenario = _tiny_uneven_scenario(tmp_path, [1, 1, 6])
+    measured = measure_scenario(scenario, repeats=1, warmup=0, hang_timeout_s=60).results
+    simulated = simulate(scenario).results
+    joined = simulated.merge(measured, on=["variant", "metric", "device"], suffixes=("_sim", "_meas"))
+    assert set(joined["metric"]) >= {"ttft_s", "tpot_s", "peak_memory_bytes"}
+    assert (measured.loc[measured["metric"] == "ttft_s", "value"] > 0).all()

@@ -35,7 +35,8 @@ def layout_lines(result: SimulationResult) -> list[str]:
     lines = []
     parallel, names = result.parallel, [d.name for d in result.topology.devices]
     if parallel is not None and parallel.shards is not None:
-        lines.append("uneven tensor-parallel split (parallel.shares), query heads, KV heads and MLP columns per device:")
+        lines.append("uneven tensor-parallel split (parallel.shares), query heads, KV heads and MLP columns "
+                     "per device:")
         for group, shards in zip(parallel.replica_ranks, parallel.replica_shards):
             lines += [f"  {names[rank]}: {shard.label()}" for rank, shard in zip(group, shards)]
     for vr in result.variants:
