@@ -158,7 +158,7 @@ class ParallelPlan:
         try:
             return cls(scenario.model, devices, degree, shares=shares, replicas=replicas)
         except ConfigError as error:
-            if written is not None or not error.field.startswith("parallel."):
+            if written is not None or error.field != "parallel.tensor":
                 raise
             # The degree came from the device count: name what the user wrote.
             raise ConfigError("cluster", f"the cluster's {len(devices)} devices are the default tensor-parallel "
