@@ -133,7 +133,8 @@ def tensor_shards(spec: ModelSpec, tp_degree: int, weights: Sequence[float] | No
         query = [range(g.start * group, g.stop * group) for g in _ranges(apportion(kv, weights))]
     else:
         query = []
-        runs = _balanced_runs(weights, kv, group)
+        # Equal weights: the most even runs are the search's answer; no need to search.
+        runs = apportion(tp_degree, (1.0,) * kv) if len(set(weights)) == 1 else _balanced_runs(weights, kv, group)
         first = 0
         for g, run in enumerate(runs):
             query += [range(g * group + r.start, g * group + r.stop)

@@ -85,14 +85,15 @@ class TensorParallel:
         rank from its shard when the split is uneven; the collectives carry the full hidden state
         whatever the shards."""
         tp = len(ranks)
-        by_shard: dict[TensorShard | None, tuple[dict[OpKind, OpCost], int]] = {}
-        for shard in dict.fromkeys(shards or (None,)):
-            by_shard[shard] = (
-                layer_op_costs(model, tp_degree=tp, batch_size=batch_size, new_tokens=new_tokens,
-                               context_tokens=context_tokens, shard=shard),
-                kv_cache_bytes_per_token(model, tp, shard=shard) // model.num_layers * batch_size * new_tokens)
-        of_rank = {r: by_shard[shards[i] if shards else None] for i, r in enumerate(ranks)}
-        layer = next(iter(by_shard.values()))[0]  # the replicated costs (norms) are the same on every rank
+        ranks_of: dict[TensorShard | None, list[int]] = {}
+        for i, r in enumerate(ranks):
+            ranks_of.setdefault(shards[i] if shards else None, []).append(r)
+        # (ranks, layer costs, KV-cache bytes of this pass) per distinct shard: one group when even.
+        lowered = [(tuple(on), layer_op_costs(model, tp_degree=tp, batch_size=batch_size, new_tokens=new_tokens,
+                                              context_tokens=context_tokens, shard=shard),
+                    kv_cache_bytes_per_token(model, tp, shard=shard) // model.num_layers * batch_size * new_tokens)
+                   for shard, on in ranks_of.items()]
+        layer = lowered[0][1]  # the replicated costs (norms) are the same on every rank
         head = head_op_costs(model, batch_size=batch_size, new_tokens=new_tokens)
         hidden_bytes = batch_size * new_tokens * model.hidden_size * model.dtype_bytes
         # The residual stream and the normalised input live for the whole pass on every rank.
@@ -108,17 +109,17 @@ class TensorParallel:
         for r in ranks[1:]:
             pro.ops[r][0] = replace(pro.ops[r][0], alloc=activations)
 
-        def sharded(prog: ProgramBuilder, kind: OpKind, name: str, **fields) -> None:
-            """``kind`` on every rank, each with the cost of its own shard."""
-            for r in everyone:
-                prog.compute((r,), kind, name, of_rank[r][0][kind], **fields)
+        def sharded(prog: ProgramBuilder, kind: OpKind, name: str, *, kv_cache: bool = False, **fields) -> None:
+            """``kind`` on every rank, each with the cost of its own shard (``kv_cache``: allocating
+            its KV-cache entries); one call when every rank's shard is alike."""
+            for on, costs, kv_bytes in lowered:
+                alloc = {"alloc": ((MemoryCategory.KV_CACHE, kv_bytes),)} if kv_cache else {}
+                prog.compute(on, kind, name, costs[kind], **alloc, **fields)
 
         def layer_program(last: bool) -> ProgramBuilder:
             prog = ProgramBuilder(ranks, shape)
             sharded(prog, OpKind.QKV_PROJ, "qkv_proj", weight_block=ATTENTION_BLOCK)
-            for r in everyone:
-                prog.compute((r,), OpKind.ATTENTION, "attention", of_rank[r][0][OpKind.ATTENTION],
-                             alloc=((MemoryCategory.KV_CACHE, of_rank[r][1]),))
+            sharded(prog, OpKind.ATTENTION, "attention", kv_cache=True)
             sharded(prog, OpKind.OUT_PROJ, "out_proj", weight_block=ATTENTION_BLOCK)
             self.combine(prog, group, "attn", NormSite.MLP, closes_layer=False)
             sharded(prog, OpKind.MLP_UP, "mlp_up", weight_block=MLP_BLOCK)
