@@ -194,3 +194,26 @@ def test_hetsim_measure_runs_an_uneven_split_with_each_rank_holding_its_shard(tm
     joined = simulated.merge(measured, on=["variant", "metric", "device"], suffixes=("_sim", "_meas"))
     assert set(joined["metric"]) >= {"ttft_s", "tpot_s", "peak_memory_bytes"}
     assert (measured.loc[measured["metric"] == "ttft_s", "value"] > 0).all()
+
+
+@pytest.mark.parametrize("model_type, weights", [("llama", (1, 2, 3, 1)), ("llama", (5, 1)), ("gpt2", (3, 1)),
+                                                 ("gpt2", (1, 1, 2))])
+def test_uneven_shards_in_one_process_hold_what_the_accounting_counts_and_match_the_reference(
+        tmp_path, model_type, weights):
+    torch = pytest.importorskip("torch")
+    from models.accounting import rank_weight_bytes
+    from models.catalog import load_hf_config
+    from runtime.model import RankModel, reference_generate, tensor_parallel_generate
+    from runtime.weights import prompt_tokens
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_model_config(model_type, num_layers=2)))
+    spec = load_hf_config(path)
+    shards = tensor_shards(spec, len(weights), weights)
+    for index, shard in enumerate(shards):
+        model = RankModel(spec, len(weights), index, seed=3, batch_size=1, max_tokens=4, shard=shard)
+        assert model.weight_bytes == rank_weight_bytes(spec, len(weights), is_master=index == 0, shard=shard)
+    prompt = prompt_tokens(spec, 2, 5, seed=3)
+    tokens, _ = reference_generate(spec, seed=3, prompt=prompt, output_tokens=3)
+    got, _ = tensor_parallel_generate(spec, len(weights), seed=3, prompt=prompt, output_tokens=3, shards=shards)
+    assert torch.equal(got, tokens)
