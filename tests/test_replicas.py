@@ -75,6 +75,7 @@ def test_idle_devices_are_named_on_the_terminal_and_in_results(tmp_path, capsys)
     assert code == 0
     assert "warning: 2 of 6 devices idle: h2/dev0, h2/dev1" in " ".join(stdout.split())
     assert "TP=2 x 2 replicas" in stdout
+    assert "2 of 6 devices idle: h2/dev0, h2/dev1" in (out / "report.html").read_text()
     results = pd.read_csv(out / "results.csv")
     assert list(results.loc[results["metric"] == "idle_device", "device"]) == ["h2/dev0", "h2/dev1"]
     code, stdout, _ = _run(["simulate", str(_write(tmp_path, _data(3, tensor=2, replicas=3))), "--out", str(out)],
