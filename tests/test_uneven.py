@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from models.accounting import kv_cache_bytes_per_token, layer_op_costs, parameter_count, rank_parameter_count
+from models.accounting import (kv_cache_bytes_per_token, layer_block_weight_bytes, layer_op_costs, parameter_count,
+                               rank_parameter_count, rank_weight_bytes)
 from models.catalog import get_model
 from models.errors import ConfigError
 from models.ops import OpKind
@@ -201,7 +202,6 @@ def test_hetsim_measure_runs_an_uneven_split_with_each_rank_holding_its_shard(tm
 def test_uneven_shards_in_one_process_hold_what_the_accounting_counts_and_match_the_reference(
         tmp_path, model_type, weights):
     torch = pytest.importorskip("torch")
-    from models.accounting import rank_weight_bytes
     from models.catalog import load_hf_config
     from runtime.model import RankModel, reference_generate, tensor_parallel_generate
     from runtime.weights import prompt_tokens
@@ -217,3 +217,19 @@ def test_uneven_shards_in_one_process_hold_what_the_accounting_counts_and_match_
     tokens, _ = reference_generate(spec, seed=3, prompt=prompt, output_tokens=3)
     got, _ = tensor_parallel_generate(spec, len(weights), seed=3, prompt=prompt, output_tokens=3, shards=shards)
     assert torch.equal(got, tokens)
+
+
+def test_streamed_weights_follow_each_ranks_shard():
+    host = {"name": "h0", "interconnect": {"bandwidth": "32GB/s", "latency": "2us"},
+            "storage": {"bandwidth": "2GB/s", "latency": "100us"}, "devices": {"type": "rtx_4090", "count": 3}}
+    data = scenario_dict(model="qwen2.5-0.5b", cluster={"hosts": [host]}, parallel={"shares": [1, 3, 1]},
+                         memory={"policy": "sliding_window", "window": 1},
+                         workload={"batch_size": 1, "prompt_tokens": 16, "output_tokens": 2})
+    result = simulate(scenario_from_dict(data, base_dir=ROOT))
+    ops = result.variants[0].trace.ops
+    loaded = ops[ops["kind"] == "weight_load"].groupby("rank")["bytes"].sum()
+    # Every pass streams each rank's blocks once: the bytes follow each rank's shard of a layer.
+    shards = ParallelPlan.of(result.scenario, result.topology).shards
+    per_layer = [sum(layer_block_weight_bytes(result.scenario.model, 3, shard=s).values()) for s in shards]
+    assert len(set(per_layer)) == 3
+    assert [loaded[r] / per_layer[r] for r in range(3)] == pytest.approx([loaded[0] / per_layer[0]] * 3)
