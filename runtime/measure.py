@@ -24,6 +24,7 @@ from models.errors import ConfigError
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.parallel import ParallelPlan
+from sim.replicas import idle_rows
 from sim.scenario import Scenario
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
@@ -52,6 +53,11 @@ class MeasuredResult:
     ranks: tuple[int, ...]
     variants: tuple[MeasuredVariant, ...]
     results: pd.DataFrame
+
+    @property
+    def idle_devices(self) -> tuple[str, ...]:
+        """The devices of the cluster no rank ran on, in topology order."""
+        return tuple(d.name for d in self.topology.devices if d.rank not in self.ranks)
 
 
 def summarise(per_repeat: list[dict[str, float]]) -> dict[str, float]:
@@ -106,6 +112,9 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
         memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
         variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))
+        idle = [d.name for d in topology.devices if d.rank not in ranks]
+        if idle:
+            tables.append(idle_rows(scenario.name, variant.name, "measured", idle))
     return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
 
 

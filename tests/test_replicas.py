@@ -81,3 +81,22 @@ def test_idle_devices_are_named_on_the_terminal_and_in_results(tmp_path, capsys)
     code, stdout, _ = _run(["simulate", str(_write(tmp_path, _data(3, tensor=2, replicas=3))), "--out", str(out)],
                            capsys)
     assert code == 0 and "devices idle" not in stdout
+
+
+def test_hetsim_measure_names_the_devices_it_leaves_idle(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import json
+
+    from tests.conftest import cluster, tiny_model_config
+
+    (tmp_path / "gpt2.config.json").write_text(json.dumps(tiny_model_config("gpt2", num_layers=1)))
+    data = scenario_dict(model="gpt2.config.json", dtype="fp32", cluster=cluster(1, 3, device="cpu"),
+                         parallel={"tensor": 2}, workload={"batch_size": 1, "prompt_tokens": 4, "output_tokens": 2},
+                         variants=[{"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}])
+    out = tmp_path / "measured"
+    code, stdout, _ = _run(["measure", str(_write(tmp_path, data)), "--out", str(out), "--repeats", "1",
+                            "--warmup", "0"], capsys)
+    assert code == 0
+    assert "warning: 1 of 3 devices idle: h0/dev2" in " ".join(stdout.split())
+    results = pd.read_csv(out / "results.csv")
+    assert list(results.loc[results["metric"] == "idle_device", "device"]) == ["h0/dev2"]

@@ -197,10 +197,13 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 
     result = measure_scenario(loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed,
                               hang_timeout_s=hang_timeout_s)
+    from validation.present.layout import idle_line
     from validation.present.tables import measured_table
 
     console = _console()
     console.print(measured_table(loaded.name, repeats, result.variants))
+    if (warning := idle_line(result.idle_devices, len(result.topology.devices), f"TP={len(result.ranks)}")):
+        console.print(f"[yellow]{escape(warning)}[/yellow]")
     with interrupt.deferred():  # both files or neither
         written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")
     console.print("wrote " + ", ".join(str(p) for p in written))

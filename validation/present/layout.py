@@ -4,19 +4,23 @@ the layout leaves idle (never silently)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sim.simulate import SimulationResult
 from sim.vocabulary import Metric
 
 
 def idle_warning(result: SimulationResult) -> str | None:
     """``warning: 2 of 6 devices idle: h2/dev0, h2/dev1 (...)``, or None when every device works."""
-    idle = result.idle_devices
+    return idle_line(result.idle_devices, len(result.topology.devices), layout_label(result))
+
+
+def idle_line(idle: Sequence[str], total: int, layout: str) -> str | None:
+    """The warning naming the ``idle`` devices of ``total`` under ``layout`` (``TP=4``), or None."""
     if not idle:
         return None
-    total = len(result.topology.devices)
     return (f"warning: {len(idle)} of {total} devices idle: {', '.join(idle)} (the layout uses "
-            f"{len(result.ranks)}: {layout_label(result)}; set parallel.tensor or parallel.replicas to "
-            f"use them)")
+            f"{total - len(idle)}: {layout}; set parallel.tensor or parallel.replicas to use them)")
 
 
 def layout_label(result: SimulationResult) -> str:
