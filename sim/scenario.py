@@ -142,16 +142,16 @@ class Parallel(BaseModel):
         if isinstance(value, str):
             if value not in tuple(ShareBasis):
                 raise ValueError(f"unknown basis; known: {', '.join(ShareBasis)}, or a list of "
-                                            f"weights (got {shorten(value)})")
+                                 f"weights (got {shorten(value)})")
             return ShareBasis(value)
         if not isinstance(value, list) or not 1 <= len(value) <= MAX_SHARES:
             raise ValueError(f"must be {' or '.join(ShareBasis)} or a list of 1 to {MAX_SHARES} "
-                                        f"weights (got {shorten(value)})")
+                             f"weights (got {shorten(value)})")
         for weight in value:
             if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
                     math.isfinite(weight) and 0 < weight <= MAX_SHARE):
                 raise ValueError(f"every weight must be a number in (0, {MAX_SHARE:g}] "
-                                            f"(got {shorten(weight)})")
+                                 f"(got {shorten(weight)})")
         return tuple(float(w) for w in value)
 
 
