@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from models.errors import ConfigError
 from models.ops import OpKind
+# check_tensor_parallel and kv_heads_per_rank are re-exported: the accounting's callers use them.
+from models.shards import TensorShard, check_tensor_parallel, kv_heads_per_rank  # noqa: F401
 from models.spec import ModelSpec
 
 # FLOPs per element, one per arithmetic operation of the textbook formula.
@@ -42,44 +44,6 @@ class OpCost:
     workspace_bytes: float
 
 
-def kv_heads_per_rank(spec: ModelSpec, tp_degree: int) -> int:
-    """Key-value heads one rank holds under tensor parallelism of degree ``tp_degree``.
-
-    ``num_kv_heads / tp_degree`` when that divides; 1 when ``tp_degree`` is a multiple of the KV
-    heads, which are then replicated (each rank keeps the one its query heads use, as vLLM does).
-    Raises :class:`ConfigError` on ``parallel.tensor`` otherwise, or if ``tp_degree`` < 1.
-    """
-    _check_positive("parallel.tensor", tp_degree, "tensor-parallel degree")
-    if spec.num_kv_heads % tp_degree == 0:
-        return spec.num_kv_heads // tp_degree
-    if tp_degree % spec.num_kv_heads == 0:
-        return 1
-    raise ConfigError(
-        "parallel.tensor",
-        f"tensor-parallel degree {tp_degree} and {spec.num_kv_heads} key-value heads: "
-        f"neither divides the other (got {tp_degree})",
-    )
-
-
-def check_tensor_parallel(spec: ModelSpec, tp_degree: int) -> None:
-    """Raise :class:`ConfigError` on ``parallel.tensor`` unless ``tp_degree`` can shard ``spec``.
-
-    It must divide the attention heads and the intermediate size, and be compatible with the KV
-    heads (see :func:`kv_heads_per_rank`).
-    """
-    _check_positive("parallel.tensor", tp_degree, "tensor-parallel degree")
-    for count, what in (
-        (spec.num_attention_heads, f"{spec.num_attention_heads} attention heads"),
-        (spec.intermediate_size, f"the intermediate size {spec.intermediate_size}"),
-    ):
-        if count % tp_degree:
-            raise ConfigError(
-                "parallel.tensor",
-                f"tensor-parallel degree {tp_degree} does not divide {what} (got {tp_degree})",
-            )
-    kv_heads_per_rank(spec, tp_degree)
-
-
 def parameter_count(spec: ModelSpec) -> int:
     """Exact number of parameters, tied embeddings counted once.
 
@@ -87,55 +51,63 @@ def parameter_count(spec: ModelSpec) -> int:
     RMSNorm: gain), q/k/v/o projections and the MLP with the biases the spec names, the final norm
     and the LM head unless tied. Matches the published counts of the catalog exactly.
     """
-    per_layer = _attention_block_params(spec, 1) + _mlp_block_params(spec, 1)
+    whole = _shard(spec, 1, None)
+    per_layer = _attention_block_params(spec, whole) + _mlp_block_params(spec, whole)
     return spec.num_layers * per_layer + _master_params(spec)
 
 
-def layer_block_weight_bytes(spec: ModelSpec, tp_degree: int) -> dict[str, int]:
+def layer_block_weight_bytes(spec: ModelSpec, tp_degree: int, *, shard: TensorShard | None = None
+                             ) -> dict[str, int]:
     """Weight bytes of one decoder layer on one rank, split into the blocks loaded as units.
 
     ``"attention"``: input norm, q/k/v and output projections; ``"mlp"``: post-attention norm and
-    the MLP. Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec``.
+    the MLP. ``shard``: the rank's slice (:mod:`models.shards`) when the split is uneven; default
+    the even split of ``tp_degree``. Raises :class:`ConfigError` if ``tp_degree`` cannot shard
+    ``spec`` evenly and no ``shard`` is given.
     """
-    check_tensor_parallel(spec, tp_degree)
+    shard = _shard(spec, tp_degree, shard)
     return {
-        "attention": _attention_block_params(spec, tp_degree) * spec.dtype_bytes,
-        "mlp": _mlp_block_params(spec, tp_degree) * spec.dtype_bytes,
+        "attention": _attention_block_params(spec, shard) * spec.dtype_bytes,
+        "mlp": _mlp_block_params(spec, shard) * spec.dtype_bytes,
     }
 
 
-def rank_parameter_count(spec: ModelSpec, tp_degree: int, *, is_master: bool) -> int:
+def rank_parameter_count(spec: ModelSpec, tp_degree: int, *, is_master: bool,
+                         shard: TensorShard | None = None) -> int:
     """Parameters one rank holds: its shard of every layer, plus on the master the embeddings,
     final norm and LM head (once if tied).
 
-    With ``tp_degree=1`` and ``is_master=True`` this is ``parameter_count(spec)``.
-    Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec``.
+    With ``tp_degree=1`` and ``is_master=True`` this is ``parameter_count(spec)``. ``shard``: as
+    in :func:`layer_block_weight_bytes`. Raises :class:`ConfigError` if ``tp_degree`` cannot shard
+    ``spec`` evenly and no ``shard`` is given.
     """
-    check_tensor_parallel(spec, tp_degree)
-    per_layer = _attention_block_params(spec, tp_degree) + _mlp_block_params(spec, tp_degree)
+    shard = _shard(spec, tp_degree, shard)
+    per_layer = _attention_block_params(spec, shard) + _mlp_block_params(spec, shard)
     return spec.num_layers * per_layer + (_master_params(spec) if is_master else 0)
 
 
-def rank_weight_bytes(spec: ModelSpec, tp_degree: int, *, is_master: bool) -> int:
+def rank_weight_bytes(spec: ModelSpec, tp_degree: int, *, is_master: bool, shard: TensorShard | None = None) -> int:
     """Resident weight bytes of one rank, ``rank_parameter_count * dtype_bytes``.
 
-    Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec``.
+    Raises :class:`ConfigError` as :func:`rank_parameter_count` does.
     """
-    return rank_parameter_count(spec, tp_degree, is_master=is_master) * spec.dtype_bytes
+    return rank_parameter_count(spec, tp_degree, is_master=is_master, shard=shard) * spec.dtype_bytes
 
 
-def kv_cache_bytes_per_token(spec: ModelSpec, tp_degree: int = 1) -> int:
+def kv_cache_bytes_per_token(spec: ModelSpec, tp_degree: int = 1, *, shard: TensorShard | None = None) -> int:
     """KV-cache bytes one token adds on one rank: K and V, every layer.
 
-    ``2 * num_layers * kv_heads_per_rank * head_dim * dtype_bytes``. Raises :class:`ConfigError`
-    if ``tp_degree`` cannot shard ``spec``.
+    ``2 * num_layers * kv_heads * head_dim * dtype_bytes`` with the rank's KV heads (its
+    ``shard``'s, replicas included; default the even split of ``tp_degree``). Raises
+    :class:`ConfigError` if ``tp_degree`` cannot shard ``spec`` evenly and no ``shard`` is given.
     """
-    check_tensor_parallel(spec, tp_degree)
-    return 2 * spec.num_layers * kv_heads_per_rank(spec, tp_degree) * spec.head_dim * spec.dtype_bytes
+    shard = _shard(spec, tp_degree, shard)
+    return 2 * spec.num_layers * len(shard.kv_heads) * spec.head_dim * spec.dtype_bytes
 
 
 def layer_op_costs(
-    spec: ModelSpec, *, tp_degree: int, batch_size: int, new_tokens: int, context_tokens: int
+    spec: ModelSpec, *, tp_degree: int, batch_size: int, new_tokens: int, context_tokens: int,
+    shard: TensorShard | None = None,
 ) -> dict[OpKind, OpCost]:
     """Cost on one rank of one decoder layer processing ``new_tokens`` per sequence.
 
@@ -143,7 +115,8 @@ def layer_op_costs(
     ``context_tokens`` keys, those tokens included: prefill has ``context_tokens == new_tokens``,
     decode ``new_tokens == 1`` and ``context_tokens`` the cache length with the new token. With
     T = batch_size * new_tokens tokens, h = hidden size, d = head dim, q = heads / tp, k = KV heads
-    per rank, i = intermediate size / tp:
+    per rank, i = intermediate size / tp (or the widths of ``shard``, a rank's uneven slice,
+    :mod:`models.shards`):
 
     - LAYERNORM: residual add and norm over (T, h), replicated; the plan runs it twice per layer.
     - QKV_PROJ: (T, h) @ (h, (q + 2k) d), column-parallel.
@@ -160,7 +133,7 @@ def layer_op_costs(
     row-parallel linear is counted on every rank, as each adds it after the reduction. Raises :class:`ConfigError` if ``tp_degree`` cannot
     shard ``spec``, a count is not a positive integer, or ``context_tokens < new_tokens``.
     """
-    check_tensor_parallel(spec, tp_degree)
+    shard = _shard(spec, tp_degree, shard)
     _check_positive("batch_size", batch_size, "batch size")
     _check_positive("new_tokens", new_tokens, "new tokens per sequence")
     _check_positive("context_tokens", context_tokens, "context tokens per sequence")
@@ -171,10 +144,10 @@ def layer_op_costs(
     b = spec.dtype_bytes
     h = spec.hidden_size
     tokens = batch_size * new_tokens
-    q_width = spec.num_attention_heads // tp_degree * spec.head_dim
-    kv_width = kv_heads_per_rank(spec, tp_degree) * spec.head_dim
+    q_width = len(shard.query_heads) * spec.head_dim
+    kv_width = len(shard.kv_heads) * spec.head_dim
     qkv_width = q_width + 2 * kv_width
-    mlp_width = spec.intermediate_size // tp_degree
+    mlp_width = len(shard.mlp_columns)
     projections = 2 if spec.mlp == "gated" else 1
 
     up = _linear_cost(
@@ -191,7 +164,7 @@ def layer_op_costs(
         OpKind.LAYERNORM: _norm_cost(spec, tokens),
         OpKind.QKV_PROJ: _linear_cost(tokens, h, qkv_width, qkv_width if spec.attention_bias else 0, b),
         OpKind.ATTENTION: _attention_cost(
-            spec, tp_degree, batch_size=batch_size, new_tokens=new_tokens, context_tokens=context_tokens
+            spec, shard, batch_size=batch_size, new_tokens=new_tokens, context_tokens=context_tokens
         ),
         OpKind.OUT_PROJ: _linear_cost(tokens, q_width, h, h if spec.linear_bias else 0, b),
         OpKind.MLP_UP: mlp_up,
@@ -254,9 +227,20 @@ def _norm_params(spec: ModelSpec) -> int:
     return spec.hidden_size * (2 if spec.norm == "layernorm" else 1)
 
 
-def _attention_block_params(spec: ModelSpec, tp_degree: int) -> int:
-    q_width = spec.num_attention_heads // tp_degree * spec.head_dim
-    qkv_width = q_width + 2 * kv_heads_per_rank(spec, tp_degree) * spec.head_dim
+def _shard(spec: ModelSpec, tp_degree: int, shard: TensorShard | None) -> TensorShard:
+    """``shard``, or the slice every rank of an even split of ``tp_degree`` holds (its widths are
+    all the accounting reads)."""
+    if shard is not None:
+        return shard
+    check_tensor_parallel(spec, tp_degree)
+    kv = kv_heads_per_rank(spec, tp_degree)
+    return TensorShard(range(spec.num_attention_heads // tp_degree), range(kv),
+                       range(spec.intermediate_size // tp_degree))
+
+
+def _attention_block_params(spec: ModelSpec, shard: TensorShard) -> int:
+    q_width = len(shard.query_heads) * spec.head_dim
+    qkv_width = q_width + 2 * len(shard.kv_heads) * spec.head_dim
     params = _norm_params(spec) + spec.hidden_size * qkv_width + q_width * spec.hidden_size
     if spec.attention_bias:
         params += qkv_width
@@ -265,8 +249,8 @@ def _attention_block_params(spec: ModelSpec, tp_degree: int) -> int:
     return params
 
 
-def _mlp_block_params(spec: ModelSpec, tp_degree: int) -> int:
-    mlp_width = spec.intermediate_size // tp_degree
+def _mlp_block_params(spec: ModelSpec, shard: TensorShard) -> int:
+    mlp_width = len(shard.mlp_columns)
     projections = 2 if spec.mlp == "gated" else 1
     params = _norm_params(spec) + (projections + 1) * spec.hidden_size * mlp_width
     if spec.linear_bias:
@@ -310,12 +294,12 @@ def _norm_cost(spec: ModelSpec, tokens: int) -> OpCost:
 
 
 def _attention_cost(
-    spec: ModelSpec, tp_degree: int, *, batch_size: int, new_tokens: int, context_tokens: int
+    spec: ModelSpec, shard: TensorShard, *, batch_size: int, new_tokens: int, context_tokens: int
 ) -> OpCost:
     b = spec.dtype_bytes
     d = spec.head_dim
-    q_heads = spec.num_attention_heads // tp_degree
-    kv_width = kv_heads_per_rank(spec, tp_degree) * d
+    q_heads = len(shard.query_heads)
+    kv_width = len(shard.kv_heads) * d
     # New token j (0-based) sits at position context - new + j and sees the keys up to itself.
     pairs = new_tokens * (context_tokens - new_tokens) + new_tokens * (new_tokens + 1) // 2
     scores = batch_size * q_heads * pairs

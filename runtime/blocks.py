@@ -55,14 +55,15 @@ class BlockStore:
     """The block files of ``model``'s shard, under ``cache_dir`` (default :func:`default_cache_dir`).
 
     ``directory`` is ``<cache_dir>/<model>-tp<T>-r<index>-<dtype>-seed<S>-<digest>``, the digest
-    covering the whole model spec, so two specs that share a name never share files. Files are
+    covering the whole model spec and the rank's shard, so two specs that share a name, or an even
+    and an uneven split, never share files. Files are
     named after their block, ``layer3.mlp.safetensors``.
     """
 
     def __init__(self, model: RankModel, cache_dir: str | Path | None = None):
         self.model = model
         spec = model.spec
-        digest = hashlib.sha256(f"{_LAYOUT_VERSION}:{spec!r}".encode()).hexdigest()[:10]
+        digest = hashlib.sha256(f"{_LAYOUT_VERSION}:{spec!r}:{model.shard!r}".encode()).hexdigest()[:10]
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.name)
         dtype = str(model.dtype).removeprefix("torch.")
         key = f"{name}-tp{model.tp_degree}-r{model.rank_index}-{dtype}-seed{model.seed}-{digest}"

@@ -70,13 +70,15 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     the point-to-point ping-pongs. ``held_out_sizes``: collective sizes timed in the sweep's
     rounds as ``collective_held_out`` rows."""
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    parallel = ParallelPlan.of(scenario, topology)
+    ranks = parallel.tensor_ranks
     comm = Communicator(rank, topology.host_groups)
     model, store = rank_model(scenario, tuple(ranks), rank, seed=0, max_tokens=CALIBRATION_MAX_TOKENS,
-                              device=torch.device("cpu"))
+                              device=torch.device("cpu"), shards=parallel.shards)
     # A model built from block files (when the scenario streams) is loaded whole before timing.
     generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model,
-                                         BlockLoader(store, model.device) if store is not None else None, heartbeat)
+                                         BlockLoader(store, model.device) if store is not None else None, heartbeat,
+                                         shards=parallel.shards)
     generations.round(0, timed=False)  # warms up
     # The memory baseline is read from one more generation, before the collective sweep's large
     # buffers raise this process's high-water mark.
@@ -172,10 +174,11 @@ class CalibrationGenerations:
     Args:
         model: this rank's model shard, with a KV cache of at least :data:`CALIBRATION_MAX_TOKENS`.
         loader: reads weight blocks when ``model`` was built without some (the scenario streams).
+        shards: each rank's slice when the tensor-parallel split is uneven (None: even).
     """
 
     def __init__(self, scenario, ranks, topology, rank: int, comm: Communicator, model, loader: BlockLoader | None,
-                 heartbeat: Callable[[str], None]):
+                 heartbeat: Callable[[str], None], shards=None):
         spec = scenario.model
         batch = scenario.config.workload.batch_size
         self.ranks, self.topology, self.rank, self.heartbeat = tuple(ranks), topology, rank, heartbeat
@@ -187,7 +190,7 @@ class CalibrationGenerations:
         for s_index, strategy in enumerate(self.strategies):
             label = " ".join((strategy.strategy, *strategy.algorithms.values()))
             for prompt_len in CALIBRATION_PROMPTS:
-                plan = Plan(spec, self.ranks, batch, prompt_len, CALIBRATION_OUTPUT_TOKENS, strategy)
+                plan = Plan(spec, self.ranks, batch, prompt_len, CALIBRATION_OUTPUT_TOKENS, strategy, shards=shards)
                 executor = Executor(plan, model, comm, rank, loader=loader)
                 # Ops of one name in one step share their cost (every layer has the same shapes).
                 ops = [{op.name: op for seg in plan.phase(step).segments for op in seg.programs[rank]}

@@ -87,10 +87,11 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
     """
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings
     device = torch.device("cpu")
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    parallel = ParallelPlan.of(scenario, topology)
+    ranks, shards = parallel.tensor_ranks, parallel.shards
     longest = max(c.config.workload.prompt_tokens + c.config.workload.output_tokens for c in cases)
     model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=max(longest, CALIBRATION_MAX_TOKENS),
-                              device=device)
+                              device=device, shards=shards)
     comm = Communicator(rank, topology.host_groups)
     steal = {"measurement": [0, 0], "calibration": [0, 0]}
 
@@ -103,8 +104,9 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         steal[part][1] += after[1] - before[1]
 
     with paced_loader(store, topology, ranks, rank, device) as loader:
-        measured = MeasurementRounds(cases, ranks, rank, model, comm, loader, device, seed, heartbeat)
-        generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model, loader, heartbeat)
+        measured = MeasurementRounds(cases, ranks, rank, model, comm, loader, device, seed, heartbeat, shards=shards)
+        generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model, loader, heartbeat,
+                                             shards=shards)
         # The rounds a measurement alone would time (min_timed_s judged by the case whose
         # slowest warm-up generation is shortest, so that every case times that long at least).
         warm = [measured.round(f"warmup {index}", timed=False) for index in range(warmup)]

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
+from models.errors import ConfigError
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.parallel import ParallelPlan
+from sim.replicas import idle_rows
 from sim.scenario import Scenario
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
@@ -51,6 +53,11 @@ class MeasuredResult:
     ranks: tuple[int, ...]
     variants: tuple[MeasuredVariant, ...]
     results: pd.DataFrame
+
+    @property
+    def idle_devices(self) -> tuple[str, ...]:
+        """The devices of the cluster no rank ran on, in topology order."""
+        return tuple(d.name for d in self.topology.devices if d.rank not in self.ranks)
 
 
 def summarise(per_repeat: list[dict[str, float]]) -> dict[str, float]:
@@ -105,6 +112,9 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
         memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
         variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))
+        idle = [d.name for d in topology.devices if d.rank not in ranks]
+        if idle:
+            tables.append(idle_rows(scenario.name, variant.name, "measured", idle))
     return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
 
 
@@ -157,14 +167,19 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
     when ``testbed``; returns rank 0's result.
 
     Raises:
-        ConfigError: ``testbed`` while the scenario's testbed is not up.
+        ConfigError: ``testbed`` while the scenario's testbed is not up; more than one replica.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.launch import launch
     from sim.topology import build_topology
 
     topology = build_topology(scenario.config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    parallel = ParallelPlan.of(scenario, topology)
+    if parallel.replicas > 1:
+        # Replicas share nothing: one replica's run is what there is to measure.
+        raise ConfigError("parallel.replicas", f"the runtime runs one tensor-parallel group; measure one "
+                                               f"replica (replicas: 1) (got {parallel.replicas})")
+    ranks = parallel.tensor_ranks
     placements, enter = placements_for(scenario, topology, ranks, testbed)
     return launch(lambda rank, heartbeat: body(topology, rank, heartbeat), len(ranks), placements=placements,
                   hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat)[0]

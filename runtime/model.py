@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterable
 import torch
 import torch.nn.functional as F
 
-from models.accounting import check_tensor_parallel, kv_heads_per_rank
+from models.shards import TensorShard, tensor_shards
 from models.spec import ModelSpec
 from runtime.weights import (block_names, block_of, family_of, prompt_tokens, seeded_tensor, seeded_weights,
                              weight_shapes)
@@ -36,9 +36,11 @@ class RankModel:
     and moved to ``device``) and preallocates its KV cache, ``k_cache[layer]`` and
     ``v_cache[layer]`` of shape ``[batch_size, local_kv_heads, max_tokens, head_dim]``.
 
-    Sharding: the rank holds query heads ``[r * H/tp, (r + 1) * H/tp)`` and the KV heads they use:
-    ``kv/tp`` of them, or, when ``tp`` exceeds the KV heads, a replica of KV head ``r // (tp/kv)``
-    (:func:`models.accounting.kv_heads_per_rank`); MLP features ``[r * I/tp, (r + 1) * I/tp)``.
+    Sharding: the rank holds ``shard`` (:class:`models.shards.TensorShard`: its query heads, the KV
+    heads they use, its MLP features), by default its slice of the even split: query heads
+    ``[r * H/tp, (r + 1) * H/tp)`` and the KV heads they use, ``kv/tp`` of them, or, when ``tp``
+    exceeds the KV heads, a replica of KV head ``r // (tp/kv)``; MLP features
+    ``[r * I/tp, (r + 1) * I/tp)``. An uneven shard is sliced the same way from its ranges.
     q, k and v are stored fused as ``layers.i.qkv_proj``, and gate and up as
     ``layers.i.gate_up_proj``, so each is one matmul as the accounting prices it; every other
     tensor keeps its :func:`runtime.weights.weight_shapes` name.
@@ -50,15 +52,15 @@ class RankModel:
 
     Ops take and return activations ``[batch, new_tokens, ...]`` in ``dtype`` on ``device``; the
     new tokens sit at positions ``start_pos, start_pos + 1, ...``. Raises
-    :class:`models.errors.ConfigError` if ``tp_degree`` cannot shard ``spec``, ``ValueError`` for
+    :class:`models.errors.ConfigError` if ``tp_degree`` cannot shard ``spec`` evenly and no ``shard``
+    is given, ``ValueError`` for
     a rank index outside the group, a non-positive batch size or ``max_tokens``, or ``max_tokens``
     beyond ``spec.max_position_embeddings``.
     """
 
     def __init__(self, spec: ModelSpec, tp_degree: int, rank_index: int, *, seed: int, batch_size: int,
                  max_tokens: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 skip_blocks: Collection[str] = ()):
-        check_tensor_parallel(spec, tp_degree)
+                 skip_blocks: Collection[str] = (), shard: TensorShard | None = None):
         if not 0 <= rank_index < tp_degree:
             raise ValueError(f"rank index must be in 0..{tp_degree - 1} (got {rank_index})")
         if batch_size < 1 or max_tokens < 1:
@@ -71,8 +73,9 @@ class RankModel:
         self.max_tokens = max_tokens
         self.device, self.dtype = torch.device(device), dtype
         self.norm_eps = family_of(spec).norm_eps
-        self.num_heads = spec.num_attention_heads // tp_degree
-        self.num_kv_heads = kv_heads_per_rank(spec, tp_degree)
+        self.shard = shard if shard is not None else tensor_shards(spec, tp_degree)[rank_index]
+        self.num_heads = len(self.shard.query_heads)
+        self.num_kv_heads = len(self.shard.kv_heads)
         skip = set(skip_blocks)
         self.weights = self._build_shards((n for n in weight_shapes(spec) if block_of(n) not in skip), self.device)
         cache_shape = (batch_size, self.num_kv_heads, max_tokens, spec.head_dim)
@@ -218,11 +221,8 @@ class RankModel:
         ops want one matmul. A fused group's parts always share a block, so any selection by block
         fuses completely."""
         spec, d = self.spec, self.spec.head_dim
-        q_start = self.rank_index * self.num_heads
-        # The KV head of the rank's first query head; its other query heads share it or follow it.
-        kv_start = q_start // (spec.num_attention_heads // spec.num_kv_heads)
-        mlp_width = spec.intermediate_size // self.tp_degree
-        mlp_cols = (self.rank_index * mlp_width, mlp_width)
+        q_start, kv_start = self.shard.query_heads.start, self.shard.kv_heads.start
+        mlp_cols = (self.shard.mlp_columns.start, len(self.shard.mlp_columns))
         slices = {  # projection -> (dimension, first, count) of its weight
             "q_proj": (0, q_start * d, self.num_heads * d),
             "k_proj": (0, kv_start * d, self.num_kv_heads * d),
@@ -278,8 +278,10 @@ class RankModel:
 
 def tensor_parallel_generate(spec: ModelSpec, tp_degree: int, *, seed: int, prompt: torch.LongTensor,
                              output_tokens: int, dtype: torch.dtype = torch.float32,
+                             shards: tuple[TensorShard, ...] | None = None,
                              ) -> tuple[torch.LongTensor, list[torch.Tensor]]:
-    """Greedy generation by ``tp_degree`` :class:`RankModel` shards in one process, on the CPU.
+    """Greedy generation by ``tp_degree`` :class:`RankModel` shards in one process, on the CPU
+    (``shards``: each rank's slice when uneven, :func:`models.shards.tensor_shards`).
 
     Follows the op order of the ``allreduce_ln`` strategy (``sim/strategies/allreduce_ln.py``):
     the partial sums of ``out_proj`` and ``mlp_down`` are added in rank order (what an allreduce
@@ -289,7 +291,7 @@ def tensor_parallel_generate(spec: ModelSpec, tp_degree: int, *, seed: int, prom
     batch, prompt_len = prompt.shape
     _check_generation(spec, prompt_len, output_tokens)
     ranks = [RankModel(spec, tp_degree, r, seed=seed, batch_size=batch, max_tokens=prompt_len + output_tokens - 1,
-                       dtype=dtype) for r in range(tp_degree)]
+                       dtype=dtype, shard=shards[r] if shards else None) for r in range(tp_degree)]
     master = ranks[0]
 
     def forward(tokens: torch.LongTensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:

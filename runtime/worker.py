@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from models.shards import TensorShard
 from runtime import clock, memory_probe
 from runtime.blocks import BlockLoader, BlockStore
 from runtime.comm import Communicator
@@ -62,16 +63,20 @@ class RankMeasurement:
 
 
 def rank_model(scenario: Scenario, ranks: tuple[int, ...], rank: int, *, seed: int, max_tokens: int,
-               device: torch.device, block_dir: str | Path | None = None) -> tuple[RankModel, BlockStore | None]:
-    """This rank's model shard, built the way every run of ``scenario`` builds it: when a variant
-    streams weights, without its decoder-layer blocks, which are written once as block files
-    (returned store) and loaded from them; otherwise whole (store None). Calibration builds it the
-    same way, so the framework memory it reads is the measured runs' own."""
+               device: torch.device, block_dir: str | Path | None = None,
+               shards: tuple[TensorShard, ...] | None = None) -> tuple[RankModel, BlockStore | None]:
+    """This rank's model shard (``shards``: each rank's slice when the split is uneven,
+    :attr:`sim.parallel.ParallelPlan.shards`), built the way every run of ``scenario`` builds it:
+    when a variant streams weights, without its decoder-layer blocks, which are written once as
+    block files (returned store) and loaded from them; otherwise whole (store None). Calibration
+    builds it the same way, so the framework memory it reads is the measured runs' own."""
     spec = scenario.model
-    streams = any(any(scenario.plan(v, ranks).streamed_blocks.values()) for v in scenario.config.variants)
-    model = RankModel(spec, len(ranks), ranks.index(rank), seed=seed, batch_size=scenario.config.workload.batch_size,
+    streams = any(any(scenario.plan(v, ranks, shards=shards).streamed_blocks.values())
+                  for v in scenario.config.variants)
+    index = ranks.index(rank)
+    model = RankModel(spec, len(ranks), index, seed=seed, batch_size=scenario.config.workload.batch_size,
                       max_tokens=max_tokens, device=device, dtype=TORCH_DTYPES[spec.dtype],
-                      skip_blocks=block_names(spec) if streams else ())
+                      skip_blocks=block_names(spec) if streams else (), shard=shards[index] if shards else None)
     if not streams:
         return model, None
     store = BlockStore(model, block_dir)
@@ -110,11 +115,13 @@ class MeasurementRounds:
             cache must hold the longest.
         loader: reads (paced) weight blocks when a variant streams; None otherwise.
         seed: of the prompts.
+        shards: each rank's slice when the tensor-parallel split is uneven (None: even).
     """
 
     def __init__(self, cases: list[Scenario], ranks: tuple[int, ...], rank: int, model: RankModel, comm: Communicator,
                  loader: BlockLoader | None, device: torch.device, seed: int,
-                 heartbeat: Callable[[str], None] = lambda label: None):
+                 heartbeat: Callable[[str], None] = lambda label: None,
+                 shards: tuple[TensorShard, ...] | None = None):
         self.cases, self.rank, self.device, self.heartbeat = cases, rank, device, heartbeat
         self._device = device_of(device)
         self.executors: dict[tuple[int, str], Executor] = {}
@@ -124,7 +131,7 @@ class MeasurementRounds:
             self.prompts[index] = prompt_tokens(case.model, workload.batch_size, workload.prompt_tokens, seed).to(device)
             for variant in case.config.variants:
                 self.executors[index, variant.name] = Executor(
-                    case.plan(variant, ranks), model, comm, rank, loader=loader,
+                    case.plan(variant, ranks, shards=shards), model, comm, rank, loader=loader,
                     memory_probe=self._device.memory_bytes)
         self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": []}
                      for key in self.executors}
@@ -200,13 +207,14 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     variant streams and the rank's host has no ``storage`` link.
     """
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    parallel = ParallelPlan.of(scenario, topology)
+    ranks, shards = parallel.tensor_ranks, parallel.shards
     workload = scenario.config.workload
     model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=workload.prompt_tokens
-                              + workload.output_tokens, device=device, block_dir=block_dir)
+                              + workload.output_tokens, device=device, block_dir=block_dir, shards=shards)
     with paced_loader(store, topology, ranks, rank, device) as loader:
         measured = MeasurementRounds([scenario], ranks, rank, model, Communicator(rank, topology.host_groups), loader,
-                                     device, seed, heartbeat)
+                                     device, seed, heartbeat, shards=shards)
         slowest_s = max((measured.round(f"warmup {index}", timed=False)[0] for index in range(warmup)), default=0.0)
         rounds = torch.tensor([timed_rounds(repeats, min_timed_s, slowest_s)], dtype=torch.int64, device=device)
         dist.broadcast(rounds, src=ranks[0])

@@ -15,6 +15,10 @@ A cluster is a tree of switches with hosts hanging below, each host holding devi
         nic: {bandwidth: 1Gbit/s, latency: 50us}
         devices: {type: cpu, count: 1, memory: 8GiB}
 
+A host with devices of several types lists them, in rank order::
+
+        devices: [{type: rtx_4090, count: 1}, {type: rtx_3060_12gb, count: 1}]
+
 ``"{i}"`` in ``name`` and ``parent`` becomes the index 0..count-1 of the entry. Quantities are
 parsed by :mod:`sim.units` here, so a bad one is reported with its location; after validation
 every number is SI (``bandwidth_bytes_per_s``, ``latency_s``, ``memory_capacity_bytes``), while the
@@ -29,7 +33,10 @@ Names are at most :data:`MAX_NAME_CHARS` characters.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from typing import Annotated, Any, Union
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, field_validator,
+                      model_validator)
 
 from models.errors import ConfigError
 from sim.units import parse_bandwidth, parse_duration, parse_size
@@ -112,8 +119,20 @@ class DevicesConfig(BaseModel):
         return None if value is None else parse_size(value)
 
 
+# The tags pydantic puts in an error's location for the two spellings of a host's devices; the
+# scenario's error messages leave them out (sim.scenario.config_error_from).
+DEVICE_UNION_TAGS = ("one-device-type", "device-types")
+
+
+def _device_spelling(value: Any) -> str:
+    return DEVICE_UNION_TAGS[1] if isinstance(value, list) else DEVICE_UNION_TAGS[0]
+
+
 class HostConfig(BaseModel):
     """A host: its devices, its NIC to the parent switch, the interconnect between its devices.
+
+    ``devices`` is one :class:`DevicesConfig` or a list of them (a host with several device
+    types), numbered ``<host>/dev0, dev1, ...`` in the order written.
 
     ``nic`` is required when ``parent`` is given. With ``nic_per_device: false`` (the default) all
     devices of the host share one NIC, reached over the interconnect; with ``true`` each device has
@@ -132,15 +151,28 @@ class HostConfig(BaseModel):
     nic_per_device: StrictBool = False
     interconnect: LinkConfig | None = None
     storage: LinkConfig | None = None
-    devices: DevicesConfig
+    devices: Annotated[Union[Annotated[DevicesConfig, Tag(DEVICE_UNION_TAGS[0])],
+                             Annotated[list[DevicesConfig], Tag(DEVICE_UNION_TAGS[1]),
+                                       Field(min_length=1, max_length=MAX_COUNT)]],
+                       Discriminator(_device_spelling)]
+
+    @property
+    def device_groups(self) -> tuple[DevicesConfig, ...]:
+        """The host's devices as written, one entry per type (one entry for the single spelling)."""
+        return tuple(self.devices) if isinstance(self.devices, list) else (self.devices,)
+
+    @property
+    def device_count(self) -> int:
+        """Devices of one such host, all types together."""
+        return sum(group.count for group in self.device_groups)
 
     @model_validator(mode="after")
     def _required_links(self) -> HostConfig:
         if self.parent is not None and self.nic is None:
             raise ValueError(f"nic is required because parent is given (parent {self.parent!r})")
-        if self.devices.count > 1 and self.interconnect is None:
+        if self.device_count > 1 and self.interconnect is None:
             raise ValueError(
-                f"interconnect is required for a host with {self.devices.count} devices; "
+                f"interconnect is required for a host with {self.device_count} devices; "
                 "write e.g. interconnect: {bandwidth: 32GB/s, latency: 2us}"
             )
         return self
@@ -160,13 +192,13 @@ class ClusterConfig(BaseModel):
         hosts = devices = 0
         for i, host in enumerate(self.hosts):
             hosts += host.count
-            devices += host.count * host.devices.count
+            devices += host.count * host.device_count
             if hosts > MAX_HOSTS:
                 raise ConfigError(f"hosts[{i}].count", f"the cluster would have {hosts} hosts, more than the "
                                                        f"{MAX_HOSTS} hetsim simulates (got {host.count})")
             if devices > MAX_DEVICES:
-                field = f"hosts[{i}].devices.count" if host.devices.count > host.count else f"hosts[{i}].count"
-                value = host.devices.count if field.endswith("devices.count") else host.count
+                field = f"hosts[{i}].devices.count" if host.device_count > host.count else f"hosts[{i}].count"
+                value = host.device_count if field.endswith("devices.count") else host.count
                 raise ConfigError(field, f"the cluster would have {devices} devices, more than the "
                                          f"{MAX_DEVICES} hetsim simulates (got {value})")
         return self

@@ -56,11 +56,15 @@ def chrome_trace(traces: Sequence[tuple[str, Trace]], device_names: Mapping[int,
 
     Args:
         traces: (variant name, trace) pairs, in display order.
-        device_names: the device name of each rank that appears.
+        device_names: the device name of each rank that appears; a trace gets processes for the
+            ranks it has ops of (each replica its own group), or for all when it has none.
     """
     events: list[dict] = []
     for v_index, (name, trace) in enumerate(traces):
+        present = set(trace.ops["rank"].astype(int))
         for rank, device in device_names.items():
+            if present and rank not in present:
+                continue
             pid = 1000 * v_index + rank
             events.append({"ph": "M", "name": "process_name", "pid": pid,
                            "args": {"name": f"{name} / rank {rank} ({device})"}})
@@ -97,6 +101,6 @@ def write_files(out_dir: Path, files: Mapping[str, str | bytes]) -> list[Path]:
 
 def simulation_files(result: SimulationResult) -> dict[str, str]:
     """``results.csv`` and ``trace.json`` of a simulation, by file name."""
-    traces = [(v.variant.name, v.trace) for v in result.variants]
+    traces = [labelled for v in result.variants for labelled in v.traces()]
     trace = chrome_trace(traces, device_names(result.topology, result.ranks))
     return {"results.csv": results_csv(result.results), "trace.json": json.dumps(trace, separators=(",", ":"))}

@@ -15,6 +15,7 @@ from functools import cached_property
 from models.accounting import layer_block_weight_bytes, rank_weight_bytes
 from models.errors import ConfigError
 from models.ops import OpKind
+from models.shards import TensorShard
 from models.spec import ModelSpec
 from sim.vocabulary import PhaseKind
 # Collective, Segment and Stream are re-exported: the plan's users read its ops through them.
@@ -80,6 +81,8 @@ class Plan:
     ``memory_policy``: resident weights, or blocks streamed through a sliding window; a streaming
     plan is lowered with one segment per phase (the loader runs ahead across layers, so layers
     cannot be repeated segments that each start idle), its ops carrying their ``layer``.
+    ``shards``: each rank's slice of the layers in the order of ``ranks`` (:mod:`models.shards`)
+    when the tensor-parallel split is uneven; None for the even split.
 
     Phases are lowered on demand (:meth:`phase`): the simulator prices only the decode steps it
     samples, so a long decode costs a handful of phases, not one per token.
@@ -93,11 +96,16 @@ class Plan:
     strategy: StrategyChoice
     runtime_memory_bytes: dict[int, int] = field(default_factory=dict)
     memory_policy: MemoryPolicy = MemoryPolicy()
+    shards: tuple[TensorShard, ...] | None = None
     _cache: dict[int, Phase] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def master(self) -> int:
         return self.ranks[0]
+
+    def shard_of(self, rank: int) -> TensorShard | None:
+        """The slice of ``rank`` (a member of ``ranks``) when the split is uneven; None when even."""
+        return None if self.shards is None else self.shards[self.ranks.index(rank)]
 
     @property
     def num_phases(self) -> int:
@@ -113,7 +121,8 @@ class Plan:
                           for r in self.ranks}
         return {
             r: {MemoryCategory.RUNTIME: self.runtime_memory_bytes.get(r, 0),
-                MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master)
+                MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master,
+                                                          shard=self.shard_of(r))
                 - streamed_later[r]}
             for r in self.ranks
         }
@@ -125,14 +134,15 @@ class Plan:
         policy = self.memory_policy
         if not policy.streams:
             return {r: () for r in self.ranks}
-        sizes = layer_block_weight_bytes(self.model, len(self.ranks))
-        order = [WeightBlock(layer, part, sizes[part]) for layer in range(self.model.num_layers)
-                 for part in BlockPart]
         k = policy.retain_every
-        streamed = tuple(b for n, b in enumerate(order) if not (k and (n + 1) % k == 0))
-        if policy.window >= len(streamed):
-            streamed = ()
-        return {r: streamed for r in self.ranks}
+        out = {}
+        for r in self.ranks:
+            sizes = layer_block_weight_bytes(self.model, len(self.ranks), shard=self.shard_of(r))
+            order = [WeightBlock(layer, part, sizes[part]) for layer in range(self.model.num_layers)
+                     for part in BlockPart]
+            streamed = tuple(b for n, b in enumerate(order) if not (k and (n + 1) % k == 0))
+            out[r] = () if policy.window >= len(streamed) else streamed
+        return out
 
     def phase(self, step: int) -> Phase:
         """The forward pass that produces output token ``step + 1`` (step 0 is the prefill)."""
@@ -142,9 +152,11 @@ class Plan:
             lower = self.strategy.implementation.lower
             args = (self.model, self.batch_size, self.ranks, self.strategy.algorithms)
             if step == 0:
-                self._cache[step] = lower(*args, PhaseKind.PREFILL, 0, self.prompt_tokens, self.prompt_tokens)
+                self._cache[step] = lower(*args, PhaseKind.PREFILL, 0, self.prompt_tokens, self.prompt_tokens,
+                                          shards=self.shards)
             else:
-                self._cache[step] = lower(*args, PhaseKind.DECODE, step, 1, self.prompt_tokens + step)
+                self._cache[step] = lower(*args, PhaseKind.DECODE, step, 1, self.prompt_tokens + step,
+                                          shards=self.shards)
             if any(self.streamed_blocks.values()):
                 self._cache[step] = _stream_weights(self._cache[step], self.streamed_blocks,
                                                     self.memory_policy.window)

@@ -11,6 +11,8 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     dtype: fp16                     # optional, overrides the model's dtype
     cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
     parallel: {tensor: 8}           # optional, default: every device of the cluster
+    #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
+    #   replicas: 3                 optional: copies of the group, the batch split among them
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
@@ -35,6 +37,7 @@ the counts of :mod:`sim.cluster_config`; the whole job within the work bounds of
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +49,10 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, S
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
+from models.shards import TensorShard
 from models.spec import ModelSpec
-from sim.cluster_config import ClusterConfig
+from sim.cluster_config import DEVICE_UNION_TAGS, MAX_DEVICES, ClusterConfig
+from sim.parallel import ShareBasis
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
 from sim.serving.config import ServingWorkload
@@ -61,6 +66,8 @@ MAX_PROMPT_TOKENS = 1 << 20
 MAX_OUTPUT_TOKENS = 1 << 17
 MAX_BATCH_TOKENS = 1 << 26
 MAX_NAME_CHARS = 100
+MAX_SHARES = MAX_DEVICES
+MAX_SHARE = 1e30  # a weight's ratio to the others is what counts; this keeps their sum finite
 # Safe as one path component: no separator, not "." or "..", no leading dot (hidden, or a parent),
 # no leading dash (read as an option by the shell tools a user points at out/<name>).
 _FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
@@ -116,12 +123,46 @@ class ComputeSettings(BaseModel):
 
 class Parallel(BaseModel):
     """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all.
-    ``data``: data-parallel degree of a training workload (replicas of the tensor-parallel group,
-    each on the next ``tensor`` devices); None = 1."""
+
+    ``shares``: split each layer's attention heads and MLP columns unevenly, in proportion to each
+    device's ``compute`` (dense peak FLOP/s in the dtype) or ``memory`` (capacity), or to the
+    weights given, one per tensor-parallel rank (:class:`sim.parallel.ShareBasis`,
+    :func:`models.shards.tensor_shards` for what is valid); None: even, as the degree must then
+    divide the heads.
+
+    ``data``: data-parallel degree of a training workload (copies of the tensor-parallel group,
+    each on the next ``tensor`` devices); None = 1 (training: the devices // tensor).
+
+    ``replicas``: copies of the tensor-parallel group on consecutive blocks of devices, the batch's
+    sequences split among them (:mod:`sim.replicas`); ``tensor`` then defaults to the devices
+    divided among the replicas.
+    """
 
     model_config = _STRICT
     tensor: StrictInt | None = Field(default=None, gt=0)
     data: StrictInt | None = Field(default=None, gt=0)
+    replicas: StrictInt = Field(default=1, gt=0, le=MAX_DEVICES)
+    shares: ShareBasis | tuple[float, ...] | None = None
+
+    @field_validator("shares", mode="before")
+    @classmethod
+    def _shares(cls, value: Any) -> ShareBasis | tuple[float, ...] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if value not in tuple(ShareBasis):
+                raise ValueError(f"unknown basis; known: {', '.join(ShareBasis)}, or a list of "
+                                 f"weights (got {shorten(value)})")
+            return ShareBasis(value)
+        if not isinstance(value, list) or not 1 <= len(value) <= MAX_SHARES:
+            raise ValueError(f"must be {' or '.join(ShareBasis)} or a list of 1 to {MAX_SHARES} "
+                             f"weights (got {shorten(value)})")
+        for weight in value:
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+                    math.isfinite(weight) and 0 < weight <= MAX_SHARE):
+                raise ValueError(f"every weight must be a number in (0, {MAX_SHARE:g}] "
+                                 f"(got {shorten(weight)})")
+        return tuple(float(w) for w in value)
 
 
 class MemoryConfig(BaseModel):
@@ -330,13 +371,15 @@ class Scenario(BaseModel):
         with the fields the variant writes replacing them."""
         return (self.config.training or TrainingSettings()).merged(variant.training)
 
-    def plan(self, variant: Variant, ranks: tuple[int, ...], runtime_memory_bytes: dict[int, int] | None = None
-             ) -> Plan:
-        """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one)."""
+    def plan(self, variant: Variant, ranks: tuple[int, ...], runtime_memory_bytes: dict[int, int] | None = None,
+             shards: tuple[TensorShard, ...] | None = None, batch_size: int | None = None) -> Plan:
+        """The plan of ``variant`` on ``ranks`` (the simulator and the runtime lower the same one);
+        ``shards``: each rank's slice when the split is uneven (:attr:`sim.parallel.ParallelPlan.shards`);
+        ``batch_size``: the sequences this group serves (a replica's share), default the workload's."""
         w = self.config.workload
-        return Plan(self.model, ranks, w.batch_size, w.prompt_tokens, w.output_tokens,
+        return Plan(self.model, ranks, batch_size or w.batch_size, w.prompt_tokens, w.output_tokens,
                     variant.choice(),
-                    runtime_memory_bytes or {}, self.memory_policy(variant))
+                    runtime_memory_bytes or {}, self.memory_policy(variant), shards)
 
 
 def _location(loc: tuple[Any, ...]) -> str:
@@ -356,7 +399,7 @@ def config_error_from(error: ValidationError) -> ConfigError:
     The value is shown once, shortened to 60 characters.
     """
     first = error.errors()[0]
-    loc = tuple(x for x in first["loc"] if not str(x).startswith("function-"))
+    loc = tuple(x for x in first["loc"] if not str(x).startswith("function-") and x not in DEVICE_UNION_TAGS)
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, ConfigError):
         return ConfigError(_location((*loc, *_split(cause.field))), cause.message)

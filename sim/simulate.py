@@ -26,6 +26,7 @@ from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
+from sim.replicas import ReplicaRun, combined_timing, idle_rows, replica_rows, split_batch
 from sim.scenario import Scenario, Variant
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
@@ -36,17 +37,38 @@ from sim.vocabulary import DECODE_METRICS, Metric
 @dataclass(frozen=True)
 class VariantResult:
     """One variant's run, trace, timing metrics and the algorithms its collectives resolved to
-    (``"allreduce=ring"``, sorted)."""
+    (``"allreduce=ring"``, sorted).
+
+    With several replicas (:mod:`sim.replicas`), ``replicas`` holds each one's run (``run`` and
+    ``trace`` are the first's) and ``timing`` is theirs combined; empty with one."""
 
     variant: Variant
     run: RunResult
     trace: Trace
     timing: dict[str, float]
     algorithms: tuple[str, ...]
+    replicas: tuple[ReplicaRun, ...] = ()
+
+    @property
+    def runs(self) -> tuple[RunResult, ...]:
+        """Every replica's run (the one run without replicas)."""
+        return tuple(r.run for r in self.replicas) or (self.run,)
 
     @property
     def overflow(self) -> Overflow | None:
-        return self.run.overflow
+        """The first op that does not fit, in the first replica where one does not, or None."""
+        return next((run.overflow for run in self.runs if run.overflow is not None), None)
+
+    @property
+    def peak_bytes(self) -> dict[int, int]:
+        """Per rank of every replica, its highest memory over the run (bytes)."""
+        return {rank: peak for run in self.runs for rank, peak in run.peak_bytes.items()}
+
+    def traces(self) -> tuple[tuple[str, Trace], ...]:
+        """(label, trace) of each replica, labelled ``<variant>`` alone or ``<variant> replica i``."""
+        if not self.replicas:
+            return ((self.variant.name, self.trace),)
+        return tuple((f"{self.variant.name} replica {i}", r.trace) for i, r in enumerate(self.replicas))
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,7 @@ class SimulationResult:
     ``calibrated``: priced from a calibration profile; ``extrapolated``: the predictions that fell
     outside what the profile measured (priced by the uncalibrated models, scaled), one line each;
     ``network``: how the profile priced the collectives (same-cluster replay or transferred terms).
+    ``ranks``: every rank the layout uses (each replica's group in turn); ``parallel``: the layout.
     """
 
     scenario: Scenario
@@ -66,6 +89,12 @@ class SimulationResult:
     calibrated: bool = False
     extrapolated: tuple[str, ...] = ()
     network: "NetworkChoice | None" = None
+    parallel: ParallelPlan | None = None
+
+    @property
+    def idle_devices(self) -> tuple[str, ...]:
+        """The devices the layout leaves unused (:attr:`sim.parallel.ParallelPlan.idle_devices`)."""
+        return self.parallel.idle_devices if self.parallel is not None else ()
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -123,11 +152,12 @@ class Pricing:
 
 
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
-                  profile: Profile | None = None) -> Pricing:
+                  profile: Profile | None = None, context_group: tuple[int, ...] | None = None) -> Pricing:
     """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
     ``topology``: the roofline and the scenario's network model (with each transport's documented
     per-message terms for the default one), or a calibration ``profile`` compared with the
-    scenario's context (:mod:`sim.calibrated`).
+    scenario's context (:mod:`sim.calibrated`) of one tensor-parallel group, ``context_group``
+    (default ``ranks``).
 
     Raises:
         ConfigError: devices without the scenario's dtype, an unknown network model.
@@ -144,7 +174,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     if profile is not None:
         gamma = compute.reduce_s_per_byte
         compute = CalibratedCompute(profile, compute)
-        choice = calibrated_network(profile, network, topology, scenario_context(scenario.name, topology, ranks, dtype),
+        choice = calibrated_network(profile, network, topology,
+                                    scenario_context(scenario.name, topology, context_group or ranks, dtype),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]))
         network, compute.scale = choice.network, choice.compute_scale
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
@@ -173,43 +204,62 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     scenario.require_inference("simulate")
     config = scenario.config
     topology = build_topology(config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
-    check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
+    parallel = ParallelPlan.of(scenario, topology)
+    groups = parallel.replica_ranks
+    ranks = tuple(rank for group in groups for rank in group)
+    batches = split_batch(config.workload.batch_size, parallel.replicas)
+    # Each replica is a run of its own: R replicas of V variants cost what R x V variants do.
+    check_job_size(len(config.variants) * len(groups), scenario.model.num_layers, len(groups[0]),
+                   config.workload.output_tokens,
                    ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
-                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
-    pricing = build_pricing(scenario, topology, ranks, profile)
+                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants) * len(groups))
+    pricing = build_pricing(scenario, topology, ranks, profile, context_group=groups[0])
     compute, network, engine = pricing.compute, pricing.network, pricing.engine
     choice, runtime_memory = pricing.choice, pricing.runtime_memory
     workload = config.workload
     variants, tables = [], []
+    names = [d.name for d in topology.devices]
     for variant in config.variants:
-        plan = scenario.plan(variant, ranks, runtime_memory)
-        if plan.memory_policy.streams:
+        field = f"variants[{config.variants.index(variant)}]"
+        replicas = []
+        for group, shards, batch in zip(groups, parallel.replica_shards, batches):
+            plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
+            if plan.memory_policy.streams:
+                try:
+                    check_loader_paths(topology, group)
+                except ConfigError as error:
+                    where = "memory" if variant.memory is None else f"{field}.memory"
+                    raise ConfigError(error.field.replace("memory", where, 1), error.message) from None
             try:
-                check_loader_paths(topology, ranks)
+                run = simulate_run(plan, engine, topology)
             except ConfigError as error:
-                where = "memory" if variant.memory is None else f"variants[{config.variants.index(variant)}].memory"
-                raise ConfigError(error.field.replace("memory", where, 1), error.message) from None
-        try:
-            run = simulate_run(plan, engine, topology)
-        except ConfigError as error:
-            # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
-            # broadcast): the variant's field of that name.
-            raise ConfigError(f"variants[{config.variants.index(variant)}].{error.field}", error.message) from None
-        trace = build_trace(run, expand_steps)
-        timing = run_metrics(trace, workload.batch_size)
-        check_finite(timing, f"variants[{config.variants.index(variant)}]", decodes=workload.output_tokens > 1)
-        peaks = peak_memory_bytes(trace)
+                # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
+                # broadcast): the variant's field of that name.
+                raise ConfigError(f"{field}.{error.field}", error.message) from None
+            trace = build_trace(run, expand_steps)
+            timing = run_metrics(trace, batch)
+            check_finite(timing, field, decodes=workload.output_tokens > 1)
+            replicas.append(ReplicaRun(group, batch, run, trace, timing))
+        run, trace = replicas[0].run, replicas[0].trace
+        timing = combined_timing(replicas) if len(replicas) > 1 else replicas[0].timing
+        peaks = {rank: peak for replica in replicas for rank, peak in peak_memory_bytes(replica.trace).items()}
         memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r],
                                              Metric.MEMORY_CAPACITY: topology.devices[r].memory_capacity_bytes}
                   for r in ranks}
         algorithms = tuple(f"{kind}={name}" for kind, name in sorted(
-            {a for phase in run.simulated.values() for res in phase.results for a in res.algorithms.values()}))
-        variants.append(VariantResult(variant, run, trace, timing, algorithms))
+            {a for replica in replicas for phase in replica.run.simulated.values() for res in phase.results
+             for a in res.algorithms.values()}))
+        variants.append(VariantResult(variant, run, trace, timing, algorithms,
+                                      tuple(replicas) if len(replicas) > 1 else ()))
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
+        if len(replicas) > 1:
+            tables.append(replica_rows(config.name, variant.name, "simulated", replicas, names))
+        if parallel.idle_devices:
+            tables.append(idle_rows(config.name, variant.name, "simulated", parallel.idle_devices))
     extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
     if isinstance(network, DefaultTransportNetwork):
         choice = NetworkChoice(network, False, (), tuple(sorted(network.used)))
     return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True),
-                            calibrated=profile is not None, extrapolated=extrapolated, network=choice)
+                            calibrated=profile is not None, extrapolated=extrapolated, network=choice,
+                            parallel=parallel)
 

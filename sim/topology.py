@@ -292,18 +292,23 @@ class _Builder:
             raise ConfigError(f"{entry_field}.parent", f"unknown switch; known: {known} (got {parent!r})")
 
     def add_host(
-        self, host: str, parent: str | None, entry: HostConfig, spec: DeviceSpec, entry_field: str
+        self, host: str, parent: str | None, entry: HostConfig, specs: Sequence[DeviceSpec], entry_field: str
     ) -> None:
+        """``specs``: the catalog entry of each of ``entry.device_groups``."""
         self.declare(host, entry_field)
         if parent is not None:
             self.check_parent(parent, entry_field)
-        memory_capacity_bytes = entry.devices.memory_capacity_bytes
-        if memory_capacity_bytes is None:
-            memory_capacity_bytes = spec.memory_capacity_bytes
-        names = [f"{host}/dev{j}" for j in range(entry.devices.count)]
-        for name in names:
-            self.graph.add_node(name, kind="device", rank=len(self.devices))
-            self.devices.append(Device(len(self.devices), name, host, spec, memory_capacity_bytes))
+        names, groups = [], []
+        for group, spec in zip(entry.device_groups, specs):
+            memory_capacity_bytes = group.memory_capacity_bytes
+            if memory_capacity_bytes is None:
+                memory_capacity_bytes = spec.memory_capacity_bytes
+            for _ in range(group.count):
+                name = f"{host}/dev{len(names)}"
+                names.append(name)
+                groups.append(group)
+                self.graph.add_node(name, kind="device", rank=len(self.devices))
+                self.devices.append(Device(len(self.devices), name, host, spec, memory_capacity_bytes))
 
         to_bus: dict[str, tuple[Channel, ...]] = {name: () for name in names}
         from_bus: dict[str, tuple[Channel, ...]] = {name: () for name in names}
@@ -339,10 +344,10 @@ class _Builder:
             # Reads only flow from storage into memory: one channel, shared by the host's devices.
             storage = (Channel(f"{host}.storage", entry.storage.bandwidth_bytes_per_s, entry.storage.latency_s),)
             self.register(*storage)
-        for name in names:
+        for name, group in zip(names, groups):
             host_link = ()
-            if entry.devices.host_link is not None:
-                host_link = (_link_channels(f"{name}.host_link", entry.devices.host_link)[1],)
+            if group.host_link is not None:
+                host_link = (_link_channels(f"{name}.host_link", group.host_link)[1],)
                 self.register(*host_link)
             attachment = _Attachment(to_bus[name], from_bus[name], to_switch[name], from_switch[name], parent,
                                      storage + host_link)
@@ -369,10 +374,12 @@ def build_topology(config: ClusterConfig, field: str = "cluster") -> Topology:
     num_hosts = sum(entry.count for entry in config.hosts)
     for index, entry in enumerate(config.hosts):
         entry_field = f"{field}.hosts[{index}]"
-        spec = get_device(entry.devices.type, field=f"{entry_field}.devices.type")
+        several = isinstance(entry.devices, list)
+        specs = [get_device(group.type, field=f"{entry_field}.devices{f'[{j}]' if several else ''}.type")
+                 for j, group in enumerate(entry.device_groups)]
         if entry.parent is None and num_hosts > 1:
             problem = f"required when the cluster has more than one host ({num_hosts})"
             raise ConfigError(f"{entry_field}.parent", f"{problem} (got None)")
         for host, parent in _expand(entry, entry_field):
-            builder.add_host(host, parent, entry, spec, entry_field)
+            builder.add_host(host, parent, entry, specs, entry_field)
     return builder.topology()

@@ -63,6 +63,12 @@ class Metric(StrEnum):
     REQUESTS_PER_S = "requests_per_s"
     SLO_ATTAINED = "slo_attained_fraction"
     MAX_REQUEST_RATE = "max_request_rate_per_s"
+    # Replicas (sim.replicas): each replica's own figures, device = its master; devices left unused.
+    REPLICA_TTFT = "replica_ttft_s"
+    REPLICA_TPOT = "replica_tpot_s"
+    REPLICA_DECODE_TOKENS_PER_S = "replica_decode_tokens_per_s"
+    REPLICA_BATCH_SIZE = "replica_batch_size"
+    IDLE_DEVICE = "idle_device"
     # Validation's summary rows: collective call times against the calibrated network model.
     COLLECTIVE = "collective_s"
     COLLECTIVE_ALL = "collective_s_all"

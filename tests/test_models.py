@@ -175,7 +175,8 @@ def test_kv_heads_replicated_when_tp_exceeds_them():
         (
             "llama-2-7b",
             3,
-            r"^parallel.tensor: tensor-parallel degree 3 does not divide 32 attention heads \(got 3\)$",
+            r"^parallel.tensor: tensor-parallel degree 3 does not divide 32 attention heads; set "
+            r"parallel.shares \(compute, memory or a weight per device\) to split them unevenly \(got 3\)$",
         ),
         ("qwen2.5-0.5b", 7, "does not divide the intermediate size 4864"),
         ("llama-2-7b", 0, "must be a positive integer"),

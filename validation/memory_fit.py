@@ -58,7 +58,7 @@ def check_memory_fits(scenario: Scenario, *, allow_overcommit: bool = False,
 
         result = simulate(scenario, expand_steps=())
         topology, ranks = result.topology, result.ranks
-        peaks = {rank: max((vr.run.peak_bytes[rank], vr.variant.name) for vr in result.variants) for rank in ranks}
+        peaks = {rank: max((vr.peak_bytes[rank], vr.variant.name) for vr in result.variants) for rank in ranks}
     if not allow_overcommit:
         for rank, (peak_bytes, variant) in peaks.items():
             device = topology.devices[rank]

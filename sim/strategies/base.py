@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from models.ops import OpKind
+from models.shards import TensorShard
 from models.spec import ModelSpec
 from sim.program import Phase
 from sim.vocabulary import PhaseKind
@@ -24,9 +25,11 @@ class Strategy(Protocol):
     calls: tuple[tuple[OpKind, str], ...]
 
     def lower(self, model: ModelSpec, batch_size: int, ranks: tuple[int, ...], algorithms: dict[OpKind, str],
-              name: PhaseKind, step: int, new_tokens: int, context_tokens: int) -> Phase:
+              name: PhaseKind, step: int, new_tokens: int, context_tokens: int, *,
+              shards: tuple[TensorShard, ...] | None = None) -> Phase:
         """The forward pass ``name``/``step`` of ``batch_size`` sequences, ``new_tokens`` each
         attending to ``context_tokens`` (cache included), on ``ranks`` (``ranks[0]`` is the
         master, which embeds and samples); ``algorithms``: the algorithm of each collective kind
-        in ``calls``."""
+        in ``calls``; ``shards``: each rank's slice of the layers (:mod:`models.shards`), in the
+        order of ``ranks``, when the split is uneven (None: even)."""
         ...

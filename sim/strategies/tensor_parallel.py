@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from models.accounting import OpCost, head_op_costs, kv_cache_bytes_per_token, layer_op_costs
 from models.ops import OpKind
+from models.shards import TensorShard
 from models.spec import ModelSpec
 from sim.program import BlockPart, BlockRef, Collective, MemoryCategory, NormSite, Phase, ProgramBuilder
 from sim.vocabulary import PhaseKind
@@ -77,15 +78,24 @@ class TensorParallel:
         raise NotImplementedError
 
     def lower(self, model: ModelSpec, batch_size: int, ranks: tuple[int, ...], algorithms: dict[OpKind, str],
-              name: PhaseKind, step: int, new_tokens: int, context_tokens: int) -> Phase:
+              name: PhaseKind, step: int, new_tokens: int, context_tokens: int, *,
+              shards: tuple[TensorShard, ...] | None = None) -> Phase:
         """See :meth:`sim.strategies.base.Strategy.lower`. Costs from
-        :func:`models.accounting.layer_op_costs` / :func:`~models.accounting.head_op_costs`."""
+        :func:`models.accounting.layer_op_costs` / :func:`~models.accounting.head_op_costs`, per
+        rank from its shard when the split is uneven; the collectives carry the full hidden state
+        whatever the shards."""
         tp = len(ranks)
-        layer = layer_op_costs(model, tp_degree=tp, batch_size=batch_size,
-                               new_tokens=new_tokens, context_tokens=context_tokens)
+        ranks_of: dict[TensorShard | None, list[int]] = {}
+        for i, r in enumerate(ranks):
+            ranks_of.setdefault(shards[i] if shards else None, []).append(r)
+        # (ranks, layer costs, KV-cache bytes of this pass) per distinct shard: one group when even.
+        lowered = [(tuple(on), layer_op_costs(model, tp_degree=tp, batch_size=batch_size, new_tokens=new_tokens,
+                                              context_tokens=context_tokens, shard=shard),
+                    kv_cache_bytes_per_token(model, tp, shard=shard) // model.num_layers * batch_size * new_tokens)
+                   for shard, on in ranks_of.items()]
+        layer = lowered[0][1]  # the replicated costs (norms) are the same on every rank
         head = head_op_costs(model, batch_size=batch_size, new_tokens=new_tokens)
         hidden_bytes = batch_size * new_tokens * model.hidden_size * model.dtype_bytes
-        kv_bytes = kv_cache_bytes_per_token(model, tp) // model.num_layers * batch_size * new_tokens
         # The residual stream and the normalised input live for the whole pass on every rank.
         activations = ((MemoryCategory.ACTIVATIONS, 2 * hidden_bytes),)
         group = Group(ranks, algorithms, hidden_bytes, layer[OpKind.LAYERNORM])
@@ -99,15 +109,21 @@ class TensorParallel:
         for r in ranks[1:]:
             pro.ops[r][0] = replace(pro.ops[r][0], alloc=activations)
 
+        def sharded(prog: ProgramBuilder, kind: OpKind, name: str, *, kv_cache: bool = False, **fields) -> None:
+            """``kind`` on every rank, each with the cost of its own shard (``kv_cache``: allocating
+            its KV-cache entries); one call when every rank's shard is alike."""
+            for on, costs, kv_bytes in lowered:
+                alloc = {"alloc": ((MemoryCategory.KV_CACHE, kv_bytes),)} if kv_cache else {}
+                prog.compute(on, kind, name, costs[kind], **alloc, **fields)
+
         def layer_program(last: bool) -> ProgramBuilder:
             prog = ProgramBuilder(ranks, shape)
-            prog.compute(everyone, OpKind.QKV_PROJ, "qkv_proj", layer[OpKind.QKV_PROJ], weight_block=ATTENTION_BLOCK)
-            prog.compute(everyone, OpKind.ATTENTION, "attention", layer[OpKind.ATTENTION],
-                         alloc=((MemoryCategory.KV_CACHE, kv_bytes),))
-            prog.compute(everyone, OpKind.OUT_PROJ, "out_proj", layer[OpKind.OUT_PROJ], weight_block=ATTENTION_BLOCK)
+            sharded(prog, OpKind.QKV_PROJ, "qkv_proj", weight_block=ATTENTION_BLOCK)
+            sharded(prog, OpKind.ATTENTION, "attention", kv_cache=True)
+            sharded(prog, OpKind.OUT_PROJ, "out_proj", weight_block=ATTENTION_BLOCK)
             self.combine(prog, group, "attn", NormSite.MLP, closes_layer=False)
-            prog.compute(everyone, OpKind.MLP_UP, "mlp_up", layer[OpKind.MLP_UP], weight_block=MLP_BLOCK)
-            prog.compute(everyone, OpKind.MLP_DOWN, "mlp_down", layer[OpKind.MLP_DOWN], weight_block=MLP_BLOCK)
+            sharded(prog, OpKind.MLP_UP, "mlp_up", weight_block=MLP_BLOCK)
+            sharded(prog, OpKind.MLP_DOWN, "mlp_down", weight_block=MLP_BLOCK)
             if last:
                 # Only the master needs the final hidden state: it normalises and projects to logits.
                 self.combine_final(prog, group, "mlp")

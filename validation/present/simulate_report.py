@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 from sim.outputs import simulation_files, write_files
 from sim.simulate import SimulationResult, VariantResult
 from sim.vocabulary import Metric, PhaseKind
+from validation.present.layout import idle_warning, layout_lines
 from validation.present.tables import change_column, summary_table
 
 _GIB = 2**30
@@ -37,7 +38,7 @@ def _memory_peak_figure(result: SimulationResult) -> go.Figure:
     devices = [result.topology.devices[r] for r in result.ranks]
     fig = go.Figure()
     for v in result.variants:
-        fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.run.peak_bytes[d.rank] / _GIB for d in devices],
+        fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.peak_bytes[d.rank] / _GIB for d in devices],
                              name=v.variant.name))
     fig.add_trace(go.Scatter(x=[d.name for d in devices], y=[d.memory_capacity_bytes / _GIB for d in devices],
                              mode="markers+lines", name="capacity", line={"dash": "dash", "color": "black"}))
@@ -121,6 +122,7 @@ def report_html(result: SimulationResult) -> str:
         f"network model {html.escape(config.network_model)}, "
         f"{'calibrated from a profile' if result.calibrated else 'roofline compute and datasheet links (uncalibrated)'}. "
         f"Baseline: {html.escape(result.scenario.baseline)}.</p>",
+        *(f"<p>{html.escape(line)}</p>" for line in [*layout_lines(result), idle_warning(result)] if line),
         _summary_html(result),
     ]
     if result.extrapolated:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from sim.simulate import SimulationResult
 from sim.vocabulary import Metric
+from validation.present.layout import idle_warning, layout_label, layout_lines
 from validation.present.sweep_report import labels
 from validation.present.sweep_table import significant
 
@@ -37,7 +38,7 @@ def summary_table(result: SimulationResult) -> pd.DataFrame:
             value, base = vr.timing[metric], baseline.timing[metric]
             row[metric] = value
             row[change_column(metric)] = (value / base - 1) * 100 if base and not math.isnan(base) else math.nan
-        row[Metric.MAX_PEAK_MEMORY] = max(vr.run.peak_bytes.values())
+        row[Metric.MAX_PEAK_MEMORY] = max(vr.peak_bytes.values())
         row["fits_in_memory"] = vr.overflow is None
         rows.append(row)
     return pd.DataFrame(rows)
@@ -50,7 +51,7 @@ def _change(pct: float) -> str:
 def print_summary(result: SimulationResult, console: Console) -> None:
     """The per-variant table and the per-device peak memory table."""
     config = result.scenario.config
-    table = Table(title=f"{config.name}: {result.scenario.model.name}, TP={len(result.ranks)}, "
+    table = Table(title=f"{config.name}: {result.scenario.model.name}, {layout_label(result)}, "
                         f"batch {config.workload.batch_size}, prompt {config.workload.prompt_tokens}, "
                         f"output {config.workload.output_tokens} (baseline {result.scenario.baseline})")
     for column in ("variant", "TTFT ms", "Δ", "TPOT ms", "Δ", "decode tok/s", "Δ", "max peak GiB", "fits"):
@@ -74,8 +75,12 @@ def print_summary(result: SimulationResult, console: Console) -> None:
     for rank in result.ranks:
         device = result.topology.devices[rank]
         memory.add_row(device.name, f"{device.memory_capacity_bytes / _GIB:.2f}",
-                       *(f"{vr.run.peak_bytes[rank] / _GIB:.2f}" for vr in result.variants))
+                       *(f"{vr.peak_bytes[rank] / _GIB:.2f}" for vr in result.variants))
     console.print(memory)
+    for line in layout_lines(result):
+        console.print(escape(line))
+    if (warning := idle_warning(result)) is not None:
+        console.print(f"[yellow]{escape(warning)}[/yellow]")
     for vr in result.variants:
         if vr.overflow is not None:
             device = result.topology.devices[vr.overflow.rank].name

@@ -1,0 +1,94 @@
+"""Replicas: R copies of one tensor-parallel layout, each serving its part of the requests.
+
+``parallel: {replicas: R}`` places R copies of the group on consecutive blocks of devices
+(:attr:`sim.parallel.ParallelPlan.replica_ranks`) and splits the batch's sequences among them
+(:func:`split_batch`), as a data-parallel inference deployment behind a load balancer does (e.g.
+vLLM's ``--data-parallel-size``, each engine serving its own requests). The replicas share no
+tensor and call no collective together. Each is simulated on its own devices as a run of its
+own, so two replicas whose links meet (a shared uplink) do not slow each other here.
+
+Whole-run metrics of R replicas (:func:`combined_timing`): the batch's throughput is the sum of
+the replicas' (``decode_tokens_per_s``); its latencies are the slowest replica's (``ttft_s``,
+``tpot_s``, ``e2e_latency_s``, loader stalls): the last request of the batch sees them. Each
+replica's own latency and throughput are rows of their own (:func:`replica_rows`):
+``replica_ttft_s``, ``replica_tpot_s``, ``replica_decode_tokens_per_s`` and
+``replica_batch_size``, whose ``device`` is the replica's master device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from models.errors import ConfigError
+from models.shards import apportion
+from sim.metrics import RESULT_COLUMNS
+from sim.timeline import RunResult
+from sim.trace import Trace
+from sim.vocabulary import Metric, unit_of
+
+# Latency-like metrics: the batch sees its slowest replica's.
+_SLOWEST = (Metric.TTFT, Metric.TPOT, Metric.E2E_LATENCY, Metric.LOADER_STALL_PREFILL, Metric.LOADER_STALL_DECODE)
+# Each replica's own figures, named after the whole-run metric they break down.
+REPLICA_METRICS = {Metric.TTFT: Metric.REPLICA_TTFT, Metric.TPOT: Metric.REPLICA_TPOT,
+                   Metric.DECODE_TOKENS_PER_S: Metric.REPLICA_DECODE_TOKENS_PER_S}
+
+
+@dataclass(frozen=True)
+class ReplicaRun:
+    """One replica's simulated run of a variant: its ``ranks`` (the first its master), the
+    ``batch_size`` sequences it serves, its run, trace and timing metrics."""
+
+    ranks: tuple[int, ...]
+    batch_size: int
+    run: RunResult
+    trace: Trace
+    timing: dict[str, float]
+
+
+def split_batch(batch_size: int, replicas: int) -> tuple[int, ...]:
+    """The sequences each of ``replicas`` serves: the batch split as evenly as it goes, earlier
+    replicas taking the extra sequence.
+
+    Raises:
+        ConfigError: on ``parallel.replicas`` when the batch has fewer sequences than replicas
+            (a replica would idle).
+    """
+    if batch_size < replicas:
+        raise ConfigError("parallel.replicas", f"{replicas} replicas need at least one sequence each, but "
+                                               f"workload.batch_size is {batch_size} (got {replicas})")
+    return apportion(batch_size, (1.0,) * replicas)
+
+
+def combined_timing(replicas: Sequence[ReplicaRun]) -> dict[str, float]:
+    """The whole-run metrics of the replicas together (see the module docstring)."""
+    timing = {metric: max(r.timing[metric] for r in replicas) for metric in replicas[0].timing}
+    rates = [r.timing[Metric.DECODE_TOKENS_PER_S] for r in replicas]
+    timing[Metric.DECODE_TOKENS_PER_S] = math.nan if any(math.isnan(x) for x in rates) else sum(rates)
+    for metric in _SLOWEST:
+        if metric in timing and any(math.isnan(r.timing[metric]) for r in replicas):
+            timing[metric] = math.nan
+    return timing
+
+
+def replica_rows(scenario: str, variant: str, source: str, replicas: Sequence[ReplicaRun],
+                 device_names: Sequence[str]) -> pd.DataFrame:
+    """Tidy rows of each replica's latency, throughput and batch share; ``device`` is its master
+    device (``device_names`` by topology rank)."""
+    rows = []
+    for replica in replicas:
+        master = device_names[replica.ranks[0]]
+        for metric, name in REPLICA_METRICS.items():
+            rows.append((scenario, variant, source, name, replica.timing[metric], unit_of(name), master))
+        rows.append((scenario, variant, source, Metric.REPLICA_BATCH_SIZE, float(replica.batch_size),
+                     unit_of(Metric.REPLICA_BATCH_SIZE), master))
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def idle_rows(scenario: str, variant: str, source: str, idle_devices: Sequence[str]) -> pd.DataFrame:
+    """One ``idle_device`` row (value 1) per device the layout leaves unused."""
+    return pd.DataFrame([(scenario, variant, source, Metric.IDLE_DEVICE, 1.0, unit_of(Metric.IDLE_DEVICE), name)
+                         for name in idle_devices], columns=RESULT_COLUMNS)

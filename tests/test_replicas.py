@@ -1,0 +1,102 @@
+"""Replicas of a layout serve their share of the batch (throughput adds up, latency per replica),
+and devices a layout leaves unused are named on the terminal and in results."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from models.errors import ConfigError
+from sim.replicas import split_batch
+from sim.scenario import scenario_from_dict
+from sim.simulate import simulate
+from tests.conftest import ROOT, scenario_dict
+from tests.test_cli import _run, _write
+
+THREE_HOSTS = {"switches": [{"name": "sw"}],
+               "hosts": [{"name": "h{i}", "count": 3, "parent": "sw",
+                          "nic": {"bandwidth": "10Gbit/s", "latency": "50us"},
+                          "interconnect": {"bandwidth": "32GB/s", "latency": "2us"},
+                          "devices": {"type": "rtx_4090", "count": 2}}]}
+
+
+def _data(batch_size: int, **parallel) -> dict:
+    return scenario_dict(model="qwen2.5-0.5b", cluster=THREE_HOSTS, parallel=parallel,
+                         workload={"batch_size": batch_size, "prompt_tokens": 64, "output_tokens": 4},
+                         variants=[{"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}])
+
+
+def _simulate(batch_size: int, **parallel):
+    return simulate(scenario_from_dict(_data(batch_size, **parallel), base_dir=ROOT))
+
+
+def _metric(result, metric: str) -> pd.Series:
+    rows = result.results[result.results["metric"] == metric]
+    return rows.set_index("device")["value"]
+
+
+def test_three_replicas_of_tp2_serve_three_times_one_replicas_throughput():
+    one = _simulate(1, tensor=2)
+    three = _simulate(3, tensor=2, replicas=3)
+    assert three.ranks == (0, 1, 2, 3, 4, 5) and three.idle_devices == ()
+    assert one.idle_devices == ("h1/dev0", "h1/dev1", "h2/dev0", "h2/dev1")
+    single, every = one.variants[0].timing, three.variants[0].timing
+    assert every["decode_tokens_per_s"] == pytest.approx(3 * single["decode_tokens_per_s"])
+    assert every["ttft_s"] == pytest.approx(single["ttft_s"]) and every["tpot_s"] == pytest.approx(single["tpot_s"])
+    per_replica = _metric(three, "replica_decode_tokens_per_s")
+    assert list(per_replica.index) == ["h0/dev0", "h1/dev0", "h2/dev0"]
+    assert per_replica.sum() == pytest.approx(every["decode_tokens_per_s"])
+    assert set(_metric(three, "peak_memory_bytes").index) == {f"h{h}/dev{d}" for h in range(3) for d in range(2)}
+
+
+def test_the_batch_is_split_across_replicas_and_the_slowest_sets_the_latency():
+    result = _simulate(4, tensor=2, replicas=3)
+    assert list(_metric(result, "replica_batch_size")) == [2, 1, 1]
+    ttft = _metric(result, "replica_ttft_s")
+    assert ttft["h0/dev0"] > ttft["h1/dev0"] == ttft["h2/dev0"]
+    assert result.variants[0].timing["ttft_s"] == ttft.max()
+    assert split_batch(7, 3) == (3, 2, 2)
+
+
+@pytest.mark.parametrize("batch_size, parallel, needle", [
+    (2, {"tensor": 2, "replicas": 3}, "3 replicas need at least one sequence each, but workload.batch_size is 2"),
+    (4, {"tensor": 2, "replicas": 4}, "tensor 2 x data 1 x pipeline 1 x replicas 4 = 8 ranks exceed the cluster's 6"),
+])
+def test_replicas_that_do_not_fit_are_refused(batch_size, parallel, needle):
+    with pytest.raises(ConfigError) as error:
+        _simulate(batch_size, **parallel)
+    assert error.value.field == "parallel.replicas" and needle in error.value.message
+
+
+def test_idle_devices_are_named_on_the_terminal_and_in_results(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, _ = _run(["simulate", str(_write(tmp_path, _data(2, tensor=2, replicas=2))), "--out", str(out)],
+                           capsys)
+    assert code == 0
+    assert "warning: 2 of 6 devices idle: h2/dev0, h2/dev1" in " ".join(stdout.split())
+    assert "TP=2 x 2 replicas" in stdout
+    assert "2 of 6 devices idle: h2/dev0, h2/dev1" in (out / "report.html").read_text()
+    results = pd.read_csv(out / "results.csv")
+    assert list(results.loc[results["metric"] == "idle_device", "device"]) == ["h2/dev0", "h2/dev1"]
+    code, stdout, _ = _run(["simulate", str(_write(tmp_path, _data(3, tensor=2, replicas=3))), "--out", str(out)],
+                           capsys)
+    assert code == 0 and "devices idle" not in stdout
+
+
+def test_hetsim_measure_names_the_devices_it_leaves_idle(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import json
+
+    from tests.conftest import cluster, tiny_model_config
+
+    (tmp_path / "gpt2.config.json").write_text(json.dumps(tiny_model_config("gpt2", num_layers=1)))
+    data = scenario_dict(model="gpt2.config.json", dtype="fp32", cluster=cluster(1, 3, device="cpu"),
+                         parallel={"tensor": 2}, workload={"batch_size": 1, "prompt_tokens": 4, "output_tokens": 2},
+                         variants=[{"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}])
+    out = tmp_path / "measured"
+    code, stdout, _ = _run(["measure", str(_write(tmp_path, data)), "--out", str(out), "--repeats", "1",
+                            "--warmup", "0"], capsys)
+    assert code == 0
+    assert "warning: 1 of 3 devices idle: h0/dev2" in " ".join(stdout.split())
+    results = pd.read_csv(out / "results.csv")
+    assert list(results.loc[results["metric"] == "idle_device", "device"]) == ["h0/dev2"]
