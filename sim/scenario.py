@@ -9,6 +9,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     name: two_hosts_rtx3060
     model: llama-2-13b              # catalog name, or a path to a Hugging Face config.json
     dtype: fp16                     # optional, overrides the model's dtype
+    attention: sdpa                 # optional: sdpa (fused, no score matrix; default) | eager (scores materialised)
     cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
@@ -44,7 +45,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
-from models.spec import ModelSpec
+from models.spec import Attention, ModelSpec
 from sim.cluster_config import ClusterConfig
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
@@ -189,6 +190,7 @@ class ScenarioConfig(BaseModel):
     description: str = Field(default="", max_length=10_000)
     model: str = Field(min_length=1, max_length=4096)
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    attention: Attention = "sdpa"
     cluster: ClusterConfig
     parallel: Parallel = Parallel()
     workload: Workload
@@ -287,7 +289,12 @@ def _resolve_model(config: ScenarioConfig, base_dir: Path) -> ModelSpec:
         spec = load_hf_config(path if path.is_absolute() else base_dir / path)
     else:
         spec = get_model(name)
-    return with_dtype(spec, config.dtype)
+    return as_configured(spec, config)
+
+
+def as_configured(spec: ModelSpec, config: ScenarioConfig) -> ModelSpec:
+    """``spec`` as the scenario runs it: in its ``dtype`` and with its ``attention`` kernel."""
+    return with_dtype(spec, config.dtype).with_attention(config.attention)
 
 
 def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:

@@ -20,6 +20,7 @@ from sim.context import scenario_context
 from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
+from sim.framework import default_runtime_memory
 from sim.loader import check_loader_paths
 from sim.memory import Overflow
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
@@ -122,7 +123,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                                            f"(got {config.network_model!r})")
     network = NETWORK_MODELS[config.network_model](
         topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
-    runtime_memory: dict[int, int] = {}
+    # Without a profile, each rank holds its backend's documented framework baseline (sim.framework).
+    runtime_memory = default_runtime_memory({r: topology.devices[r].spec for r in ranks})
     choice = None
     if profile is not None:
         gamma = compute.reduce_s_per_byte
@@ -131,7 +133,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                                     gamma, compute.gap_s(topology.devices[ranks[0]]))
         network, compute.scale = choice.network, choice.compute_scale
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
-        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
+        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, runtime_memory[r])) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     engine = Engine(topology, compute, CollectivePricer(network, topology))

@@ -30,7 +30,7 @@ from models.accounting import check_tensor_parallel
 from models.catalog import get_model
 from models.errors import ConfigError
 from sim.budget import MAX_SWEEP_WORK_UNITS, check_job_size
-from sim.scenario import Scenario, Variant, with_dtype
+from sim.scenario import Scenario, Variant, as_configured
 from sim.simulate import simulate
 from sim.topology import build_topology
 from sim.vocabulary import Metric
@@ -83,7 +83,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
                 spec = get_model(name)
             except ConfigError as error:
                 raise ConfigError(f"sweep.models[{i}]", error.message) from None
-            spec = with_dtype(spec, config.dtype)
+            spec = as_configured(spec, config)
             config.workload.check_context(spec)
         for j, degree in enumerate(degrees):
             field = f"sweep.devices[{j}]" if sweep.devices else ("parallel.tensor" if config.parallel.tensor else "cluster")
