@@ -28,12 +28,12 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory."""
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write ``text`` (or bytes) to ``path`` through a temporary file in the same directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
             handle.write(text)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp, path)
@@ -86,8 +86,8 @@ def device_names(topology: Topology, ranks: Sequence[int]) -> dict[int, str]:
     return {rank: topology.devices[rank].name for rank in ranks}
 
 
-def write_files(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
-    """Write each ``name: text`` into ``out_dir`` atomically; returns the paths written."""
+def write_files(out_dir: Path, files: Mapping[str, str | bytes]) -> list[Path]:
+    """Write each ``name: text`` (or bytes) into ``out_dir`` atomically; returns the paths written."""
     paths = []
     for name, text in files.items():
         write_atomic(out_dir / name, text)

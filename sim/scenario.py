@@ -172,6 +172,15 @@ class Variant(BaseModel):
         return StrategyChoice(self.strategy, self.allreduce, self.reduce, self.broadcast)
 
 
+def unique_variant_names(variants: list[Variant]) -> list[str]:
+    """The variants' names; raises ConfigError on ``variants[i].name``, the first repeated one."""
+    names = [v.name for v in variants]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"variants[{i}].name", f"variant names must be unique (got {shorten(name)} twice)")
+    return names
+
+
 class SweepConfig(BaseModel):
     """The ``sweep`` section of a scenario: models, tensor-parallel degrees and memory policies to
     cross with the variants (see :mod:`sim.sweep`)."""
@@ -203,10 +212,7 @@ class ScenarioConfig(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> ScenarioConfig:
-        names = [v.name for v in self.variants]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise ConfigError(f"variants[{i}].name", f"variant names must be unique (got {shorten(name)} twice)")
+        names = unique_variant_names(self.variants)
         if self.baseline is not None and self.baseline not in names:
             raise ConfigError("baseline", f"not a variant name; variants: {shorten(', '.join(names), 200, quote=False)} "
                                           f"(got {shorten(self.baseline)})")
@@ -271,6 +277,21 @@ def config_error_from(error: ValidationError) -> ConfigError:
     return ConfigError(field, f"{shorten(message, 300, quote=False)}{shown}")
 
 
+def validate_document(model: type[BaseModel], data: Any, what: str) -> Any:
+    """A parsed YAML document validated as ``model``.
+
+    Raises:
+        ConfigError: on ``what`` when the document is not a mapping, else the first invalid field
+            (:func:`config_error_from`).
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(what, f"expected a mapping of fields at the top level (got {type(data).__name__})")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise config_error_from(error) from None
+
+
 def _split(field: str) -> tuple[Any, ...]:
     """``"hosts[0].count"`` as ``("hosts", 0, "count")``, the form of a pydantic location."""
     parts: list[Any] = []
@@ -313,12 +334,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path = Path("."), source_path: Pa
     Raises:
         ConfigError: any invalid field, naming it and its value.
     """
-    if not isinstance(data, dict):
-        raise ConfigError("scenario", f"expected a mapping of fields at the top level (got {type(data).__name__})")
-    try:
-        config = ScenarioConfig.model_validate(data)
-    except ValidationError as error:
-        raise config_error_from(error) from None
+    config = validate_document(ScenarioConfig, data, "scenario")
     model = _resolve_model(config, base_dir)
     config.workload.check_context(model)
     return Scenario(config=config, model=model, source_path=source_path)
