@@ -157,3 +157,18 @@ def test_a_price_override_changes_the_pick():
     assert cheap_t4.catalog.devices["t4"].price_per_hour == 0.001
     with pytest.raises(ConfigError):
         plan_from_dict(SMALL | {"prices": {"t4": math.inf}})
+
+
+def test_a_profile_prices_the_candidates_and_names_those_outside_its_context():
+    from sim.profile import load_profile
+
+    cpu = {"name": "cpu_plan", "models": ["gpt2"], "workload": {"batch_size": 1, "prompt_tokens": 64, "output_tokens": 4},
+           "slo": {"tpot": "2s"}, "search": {"devices": ["cpu"], "hosts": [1, 2], "networks": ["eth10g"],
+                                             "variants": [{"name": "auto", "strategy": "allreduce_ln", "allreduce": "auto"}],
+                                             "memory": [{"policy": "resident"}]}}
+    profile = load_profile("validation/report/profiles/v2x2_bandwidth.csv")
+    calibrated = plan(plan_from_dict(cpu), profile=profile)
+    two_hosts = calibrated.table[calibrated.table["num_hosts"] == 2].iloc[0]
+    assert two_hosts["profile_context"].startswith("outside") and "inter_host" in two_hosts["profile_context"]
+    assert any("inter_host" in note for note in calibrated.notes)
+    assert calibrated.table[Metric.TPOT].notna().all()

@@ -71,7 +71,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     """
     from sim.scenario import load_scenario
     from sim.simulate import simulate as run_simulation
-    from validation.present.simulate_report import write_outputs
+    from validation.present.simulate_report import recommendation, write_outputs
     from validation.present.tables import print_summary
 
     from sim.profile import load_profile
@@ -89,6 +89,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     with console.status(f"simulating {len(loaded.config.variants)} variants"):  # a terminal sees it is busy
         result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
+    console.print(escape(recommendation(result)))
     if profile is None:
         console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)"
                       + ("; transport terms from documented defaults:" if result.sources else ""))

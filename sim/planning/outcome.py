@@ -6,11 +6,9 @@
   meeting the most objectives): those meeting every objective by price, then those that fit but
   miss some, fewest misses first; every layout of every cluster is in ``plan.csv``. Each says why it lost to the pick (``versus_pick``: it misses an
   objective, it costs more, or at the same price it is slower) and its **bottleneck**: the term
-  that takes most of the master rank's decode step (the prefill's with one output token), from a
-  re-simulation of that one configuration with the step's ops in the trace: compute ops bound by
-  arithmetic (``compute``) or by memory traffic (``memory bandwidth``) under the roofline of
-  :mod:`sim.cost`, each collective kind (``allreduce``, ``broadcast``, ``reduce``), and the wait
-  for streamed weights (``loader``).
+  that takes most of the master rank's decode step (the prefill's with one output token,
+  :func:`sim.bottleneck.bottleneck`), from a re-simulation of that one configuration with the
+  step's ops in the trace.
 * **Pareto frontiers** among the simulated configurations that fit: price per hour against
   end-to-end latency (``pareto_latency``: no other is both cheaper-or-equal and faster), and
   against decode tokens/s (``pareto_throughput``).
@@ -26,16 +24,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from models.ops import OpKind
+from sim.bottleneck import bottleneck
 from sim.planning.plan_config import PlanRequest
 from sim.planning.search import TOP_N, Planner, Stage
 from sim.profile import Profile
 from sim.scenario import scenario_from_dict
-from sim.simulate import SimulationResult, simulate
+from sim.simulate import simulate
 from sim.vocabulary import Metric
-
-_COLLECTIVES = {OpKind.ALLREDUCE.value, OpKind.REDUCE.value, OpKind.BROADCAST.value}
-
 
 @dataclass(frozen=True)
 class PlanResult:
@@ -118,35 +113,6 @@ def versus_pick(row: pd.Series, pick: pd.Series | None) -> str:
     return f"same price, end-to-end latency {100 * slower:+.1f}%"
 
 
-def bottleneck(result: SimulationResult, step: int) -> str:
-    """The term taking most of the master rank's step ``step`` (0: prefill, 1: first decode step),
-    with its share: ``memory bandwidth (72% of the decode step)``."""
-    vr = result.variants[0]
-    master = result.ranks[0]
-    ops = vr.trace.ops
-    ops = ops[(ops["rank"] == master) & (ops["step"] == step)]
-    if ops.empty:
-        return ""
-    device = result.topology.devices[master].spec
-    settings = result.scenario.config.compute
-    peak = device.peak_flops(result.scenario.model.dtype) * settings.flops_efficiency
-    bandwidth = device.memory_bandwidth_bytes_per_s * settings.memory_efficiency
-    duration = ops["end_s"] - ops["start_s"]
-    kinds = ops["kind"]
-    term = np.where(kinds.isin(_COLLECTIVES), kinds,
-                    np.where(kinds == OpKind.WEIGHT_LOAD.value, "loader",
-                             np.where(ops["flops"] / peak >= ops["bytes"] / bandwidth, "compute", "memory bandwidth")))
-    totals = duration.groupby(term).sum()
-    stall = vr.timing[Metric.LOADER_STALL_DECODE if step else Metric.LOADER_STALL_PREFILL]
-    totals = totals.drop("loader", errors="ignore")
-    if stall > 0:
-        totals["loader"] = stall
-    steps = vr.trace.steps
-    span = float((steps["end_s"] - steps["start_s"])[steps["step"] == step].iloc[0])
-    name = totals.idxmax()
-    return f"{name} ({100 * totals[name] / span:.0f}% of the {'decode step' if step else 'prefill'})"
-
-
 def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | None) -> str:
     """One sentence: what to rent and how to run it, and why."""
     slo = request.config.slo
@@ -205,8 +171,8 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
     for i in table.index[table["rank"] > 0]:
         scenario = scenario_from_dict(planner.scenario_dict(table.loc[i]))
         result = simulate(scenario, profile=profile, expand_steps=(0, decode_step))
-        table.loc[i, "bottleneck"] = bottleneck(result, decode_step)
-        table.loc[i, "prefill_bottleneck"] = bottleneck(result, 0)
+        table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], decode_step)
+        table.loc[i, "prefill_bottleneck"] = bottleneck(result, result.variants[0], 0)
     feasible = table[table["meets_slo"] & (table["rank"] > 0)]
     pick = feasible.sort_values("rank").iloc[0] if not feasible.empty else None
     table["versus_pick"] = [versus_pick(row, pick) if rank else "" for (_, row), rank in
