@@ -123,20 +123,25 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
     feasible = int(table["meets_slo"].sum())
     if pick is None:
         top = table[table["rank"] == 1]
+        bound = table[table["stage"] == Stage.BOUND]
+        if top.empty and not bound.empty:
+            return (f"No configuration within the limits can meet {objectives}: the best lower bounds are TTFT "
+                    f"{_seconds(bound['ttft_lower_bound_s'].min())} and TPOT {_seconds(bound['tpot_lower_bound_s'].min())}; "
+                    "relax an objective or raise limits.budget_per_hour or limits.max_devices.")
         if top.empty:
             return (f"No configuration within the limits fits in memory and meets {objectives}: raise "
                     "limits.budget_per_hour or limits.max_devices, or relax an objective.")
         row = top.iloc[0]
         return (f"No configuration within the limits meets {objectives}; the closest is {row['cluster']} "
-                f"running {_layout(row)} at ${row['price_per_hour']:.2f}/h, which misses {row['slo_miss']}.")
+                f"running {_layout(row)}, at ${row['price_per_hour']:.2f}/h, which misses {row['slo_miss']}.")
     why = f"; its decode step is bound by {pick['bottleneck']}" if pick.get("bottleneck") else ""
-    return (f"Use {pick['cluster']} running {_layout(pick)} ({pick['model']}): at ${pick['price_per_hour']:.2f}/h "
+    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
             f"it is the cheapest of the {feasible} configurations that meet {objectives} "
             f"(TTFT {_seconds(pick[Metric.TTFT])}, TPOT {_seconds(pick[Metric.TPOT])}){why}.")
 
 
 def _layout(row: pd.Series) -> str:
-    return f"{row['strategy']} ({row['algorithms']}, {row['memory_policy']} weights)"
+    return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
 
 
 def _seconds(value: float) -> str:

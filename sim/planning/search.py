@@ -365,12 +365,13 @@ class Planner:
         update = pd.DataFrame.from_dict(results, orient="index")
         for column in update.columns:
             table.loc[update.index, column] = update[column]
-        table["fits"] = table["fits"].fillna(False).astype(bool) if "fits" in table else False
-        table["meets_slo"] = table["meets_slo"].fillna(False).astype(bool) if "meets_slo" in table else False
+        # Columns only simulated candidates have: absent when none was simulated, empty elsewhere.
+        for column, empty in (("fits", False), ("meets_slo", False), ("slo_miss", ""), ("profile_context", "")):
+            values = table[column] if column in table else pd.Series(empty, index=table.index)
+            table[column] = values.astype(object).where(values.notna(), empty).astype(type(empty))
         for column in PLAN_COLUMNS:
             if column not in table:
                 table[column] = math.nan
-        table[["slo_miss", "profile_context"]] = table[["slo_miss", "profile_context"]].fillna("")
         self.table = table
         return table[PLAN_COLUMNS].copy()
 
