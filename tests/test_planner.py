@@ -127,6 +127,8 @@ def test_plan_command_writes_the_table_the_report_and_a_pick_that_simulates(tmp_
     ({"surprise": 1}, "surprise"),
     ({"search": {"hosts": [0]}}, "search.hosts"),
     ({"workload": {"batch_size": 1, "prompt_tokens": 16, "output_tokens": 1}}, "workload.output_tokens"),
+    ({"catalog": "missing.yaml"}, "catalog"),
+    ({"search": {"networks": ["carrier_pigeon"]}}, "search.networks[0]"),
 ])
 def test_a_bad_plan_file_is_one_line_naming_the_field_exit_2(tmp_path, capsys, change, field):
     path = tmp_path / "bad.yaml"
@@ -181,3 +183,16 @@ def test_when_nothing_can_meet_the_objectives_the_sentence_says_why():
     assert "lower bounds are TTFT" in impossible.recommendation
     broke = plan(plan_from_dict(SMALL | {"limits": {"budget_per_hour": 0.001}}))
     assert broke.pick is None and broke.pick_scenario is None and set(broke.table["stage"]) <= {"layout", "limits"}
+
+
+def test_a_catalog_file_replaces_the_default_and_its_errors_name_the_entry(tmp_path, capsys):
+    catalog = yaml.safe_load(DEFAULT_CATALOG.read_text())
+    catalog["devices"] = {"t4": catalog["devices"]["t4"] | {"price_per_hour": 0.1}}
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(catalog))
+    request = plan_from_dict(SMALL | {"catalog": "prices.yaml", "search": {"hosts": [1]}}, base_dir=tmp_path)
+    assert list(request.catalog.devices) == ["t4"] and request.catalog.devices["t4"].price_per_hour == 0.1
+    catalog["devices"]["t4"]["interconnects"] = ["warp"]
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(catalog))
+    with pytest.raises(ConfigError) as error:
+        plan_from_dict(SMALL | {"catalog": "prices.yaml"}, base_dir=tmp_path)
+    assert error.value.field == "prices.yaml: devices.t4.interconnects" and "'warp'" in error.value.message

@@ -70,9 +70,10 @@ def _hover(frame: pd.DataFrame) -> list[str]:
             for _, r in frame.iterrows()]
 
 
-def pareto_figure(result: PlanResult, metric: str, frontier: str, title: str, axis: str, scale: float) -> go.Figure:
-    """Price per hour against ``metric`` (times ``scale`` for display) of every simulated
-    configuration that fits; the frontier as a line, the pick as a star."""
+def pareto_figure(result: PlanResult, metric: str, frontier: str, title: str, axis: str, *,
+                  log: bool = False) -> go.Figure:
+    """Price per hour against ``metric`` of every simulated configuration that fits (``log``: on a
+    logarithmic axis); the frontier as a line, the pick as a star."""
     table = result.table
     shown = table[(table["stage"] == Stage.SIMULATED) & table["fits"]]
     colors = category_colors(table["device_types"])
@@ -83,22 +84,22 @@ def pareto_figure(result: PlanResult, metric: str, frontier: str, title: str, ax
             if part.empty:
                 continue
             fig.add_trace(go.Scatter(
-                x=part["price_per_hour"], y=part[metric] * scale, mode="markers",
+                x=part["price_per_hour"], y=part[metric], mode="markers",
                 name=f"{device} ({'meets' if meets else 'misses'} the objectives)",
                 marker={"color": colors[device], "symbol": marker, "size": 8},
                 hovertext=_hover(part), hoverinfo="text"))
     line = shown[shown[frontier]].sort_values("price_per_hour")
-    fig.add_trace(go.Scatter(x=line["price_per_hour"], y=line[metric] * scale, mode="lines",
+    fig.add_trace(go.Scatter(x=line["price_per_hour"], y=line[metric], mode="lines",
                              line={"shape": "hv", "color": "black", "dash": "dot"}, name="Pareto frontier",
                              hoverinfo="skip"))
     if result.pick is not None:
-        fig.add_trace(go.Scatter(x=[result.pick["price_per_hour"]], y=[result.pick[metric] * scale],
+        fig.add_trace(go.Scatter(x=[result.pick["price_per_hour"]], y=[result.pick[metric]],
                                  mode="markers", name="the pick",
                                  marker={"symbol": "star", "size": 18, "color": "gold",
                                          "line": {"color": "black", "width": 1}},
                                  hovertext=_hover(result.pick.to_frame().T), hoverinfo="text"))
     fig.update_layout(title=title, height=520, xaxis_title="price ($ per hour)", yaxis_title=axis,
-                      legend={"title": "device types"})
+                      legend={"title": "device types"}, yaxis_type="log" if log else "linear")
     return fig
 
 
@@ -118,9 +119,9 @@ def report_html(result: PlanResult) -> str:
     config = result.request.config
     figures = [
         pareto_figure(result, Metric.E2E_LATENCY, "pareto_latency", "Price against end-to-end latency",
-                      "end-to-end latency of a request (s)", 1.0),
+                      "end-to-end latency of a request (s, log scale)", log=True),
         pareto_figure(result, Metric.DECODE_TOKENS_PER_S, "pareto_throughput", "Price against throughput",
-                      "decode throughput (tokens/s)", 1.0),
+                      "decode throughput (tokens/s)"),
         stages_figure(result),
     ]
     top = result.top
