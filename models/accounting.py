@@ -24,6 +24,7 @@ _RESIDUAL_ADD_FLOPS = 1
 _NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7}  # RMS: square, sum, scale, gain; LN adds mean, centre, bias
 _ACTIVATION_FLOPS = {"gated": 5, "plain": 9}  # SiLU (4) times the up projection (1); tanh-GELU (9)
 _SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide (the 1/sqrt(head_dim) scale folded into QK^T)
+_SOFTMAX_STATISTIC_BYTES = 4  # a fused kernel's fp32 logsumexp per query row (see layer_op_costs)
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,12 @@ def layer_op_costs(
     - QKV_PROJ: (T, h) @ (h, (q + 2k) d), column-parallel.
     - ATTENTION: QK^T and AV over the causal (query, key) pairs of q heads, softmax; reads q and
       the cached K, V of the context, writes the output (T, q d) and appends the new K, V. Its
-      workspace holds the score matrix (batch, q, new_tokens, context_tokens) as a naive,
-      non-flash kernel materialises it, and the output.
+      workspace is the output plus what the kernel (``spec.attention``) holds: ``sdpa``, a fused
+      kernel, keeps one fp32 softmax statistic per query row (batch, q, new_tokens) and never
+      the scores (FlashAttention, Dao et al. 2022, arXiv 2205.14135, Algorithm 1: O(N) extra
+      memory; PyTorch ``torch.nn.functional.scaled_dot_product_attention``, whose flash and
+      memory-efficient backends return only a logsumexp); ``eager`` materialises the score
+      matrix (batch, q, new_tokens, context_tokens) in the model's dtype.
     - OUT_PROJ: (T, q d) @ (q d, h), row-parallel: a partial sum of (T, h) for the reduction.
     - MLP_UP: (T, h) @ (h, 2i) for gate and up then SiLU-gating (gated), or (T, h) @ (h, i) then
       GELU (plain); writes (T, i); its workspace holds the projections and the output.
@@ -304,10 +309,14 @@ def _attention_cost(
     pairs = new_tokens * (context_tokens - new_tokens) + new_tokens * (new_tokens + 1) // 2
     scores = batch_size * q_heads * pairs
     query_bytes = batch_size * new_tokens * q_heads * d * b  # the output has the same shape
+    if spec.attention == "eager":
+        held_bytes = batch_size * q_heads * new_tokens * context_tokens * b
+    else:
+        held_bytes = batch_size * q_heads * new_tokens * _SOFTMAX_STATISTIC_BYTES
     return OpCost(
         flops=scores * (4 * d + _SOFTMAX_FLOPS),
         bytes_read=query_bytes + batch_size * context_tokens * 2 * kv_width * b,
         bytes_written=query_bytes + batch_size * new_tokens * 2 * kv_width * b,
         weight_bytes=0,
-        workspace_bytes=batch_size * q_heads * new_tokens * context_tokens * b + query_bytes,
+        workspace_bytes=held_bytes + query_bytes,
     )

@@ -9,6 +9,11 @@ from models.errors import ConfigError, shorten
 
 Norm = Literal["layernorm", "rmsnorm"]
 Mlp = Literal["gated", "plain"]
+# How attention is computed, which decides what it holds in memory (:mod:`models.accounting`):
+# "sdpa", a fused kernel (PyTorch's ``scaled_dot_product_attention``, FlashAttention) that never
+# materialises the (query, key) score matrix; "eager", scores materialised then soft-maxed.
+Attention = Literal["sdpa", "eager"]
+ATTENTION_KERNELS: tuple[str, ...] = get_args(Attention)
 
 # Upper bounds, a few times the largest published models' (Llama-3.1-405B: 126 layers, hidden
 # 16384, intermediate 53248, 128 heads; vocabularies of 256k; contexts of 1M tokens), so that no
@@ -33,7 +38,9 @@ class ModelSpec:
     ``attention_bias`` puts a bias on the q, k and v projections (Qwen2, GPT-2); ``linear_bias`` on
     the attention output projection and the MLP linears (GPT-2). Without learned position
     embeddings the model is taken to use rotary embeddings, which have no parameters.
-    ``dtype`` is the element type of weights, activations and KV cache.
+    ``dtype`` is the element type of weights, activations and KV cache. ``attention`` is how the
+    attention op runs (:data:`Attention`): a fused ``sdpa`` kernel (the default, as PyTorch and
+    vLLM run it) or ``eager`` matmul-softmax-matmul; it changes memory, not FLOPs.
 
     Construction validates every field and raises :class:`ConfigError` naming it
     (``model.<field>``).
@@ -54,6 +61,7 @@ class ModelSpec:
     learned_position_embeddings: bool
     max_position_embeddings: int
     dtype: str = "fp16"
+    attention: Attention = "sdpa"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -67,7 +75,7 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, bool):
                 raise ConfigError(f"model.{field}", f"must be true or false (got {shorten(value)})")
-        for field, allowed in (("norm", get_args(Norm)), ("mlp", get_args(Mlp))):
+        for field, allowed in (("norm", get_args(Norm)), ("mlp", get_args(Mlp)), ("attention", ATTENTION_KERNELS)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ConfigError(f"model.{field}", f"must be one of {', '.join(allowed)} (got {shorten(value)})")
@@ -96,3 +104,7 @@ class ModelSpec:
     def with_dtype(self, dtype: str) -> "ModelSpec":
         """The same architecture in another dtype; raises :class:`ConfigError` if it is unknown."""
         return dataclasses.replace(self, dtype=dtype)
+
+    def with_attention(self, attention: str) -> "ModelSpec":
+        """The same model with another attention kernel; raises :class:`ConfigError` on an unknown one."""
+        return dataclasses.replace(self, attention=attention)

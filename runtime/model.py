@@ -138,8 +138,10 @@ class RankModel:
         Applies rotary embeddings to q and k (unless positions are learned), writes k and v into
         the cache at positions ``[start_pos, start_pos + t)``, then attends over the cache's first
         ``start_pos + t`` positions; each local KV head serves ``local_heads / local_kv_heads``
-        query heads (grouped-query attention). Scores are materialised, as the accounting's naive
-        kernel does, and soft-maxed in fp32. Raises ``ValueError`` past ``max_tokens``.
+        query heads (grouped-query attention). The kernel is ``spec.attention``, as the accounting
+        charges it: ``sdpa`` calls ``torch.nn.functional.scaled_dot_product_attention`` (a fused
+        kernel that does not materialise the scores); ``eager`` materialises the scores and
+        soft-maxes them in fp32. Raises ``ValueError`` past ``max_tokens``.
         """
         b, t, _, d = q.shape
         end = start_pos + t
@@ -150,6 +152,8 @@ class RankModel:
         self.k_cache[layer][:, :, start_pos:end] = k.transpose(1, 2)
         self.v_cache[layer][:, :, start_pos:end] = v.transpose(1, 2)
         keys, values = self.k_cache[layer][:, :, :end], self.v_cache[layer][:, :, :end]
+        if self.spec.attention == "sdpa":
+            return self._fused_attention(q, keys, values, start_pos)
         # Fold each KV head's query heads into the query axis, so K and V are read once per KV head.
         kv_heads, group = self.num_kv_heads, self.num_heads // self.num_kv_heads
         queries = q.view(b, t, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * t, d)
@@ -159,6 +163,20 @@ class RankModel:
         probs = torch.softmax(scores.masked_fill(future, float("-inf")).float(), dim=-1).to(q.dtype)
         out = (probs @ values).view(b, kv_heads, group, t, d)
         return out.permute(0, 3, 1, 2, 4).reshape(b, t, self.num_heads * d)
+
+    def _fused_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                         start_pos: int) -> torch.Tensor:
+        """``scaled_dot_product_attention`` of ``q`` ``[b, t, heads, d]`` over the cached ``keys`` /
+        ``values`` ``[b, kv_heads, start_pos + t, d]``, causal from ``start_pos``."""
+        b, t, _, d = q.shape
+        # A prefill from position 0 is plain causal; one new token sees the whole cache. Only a
+        # chunk after a prefix needs an explicit mask (its rows end start_pos positions later).
+        mask, causal = None, start_pos == 0 and t > 1
+        if start_pos and t > 1:
+            mask = torch.ones(t, start_pos + t, dtype=torch.bool, device=self.device).tril(diagonal=start_pos)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        return out.transpose(1, 2).reshape(b, t, self.num_heads * d)
 
     def out_proj(self, o: torch.Tensor, layer: int) -> torch.Tensor:
         """This rank's partial sum ``[b, t, hidden]`` of the attention output projection."""

@@ -9,6 +9,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     name: two_hosts_rtx3060
     model: llama-2-13b              # catalog name, or a path to a Hugging Face config.json
     dtype: fp16                     # optional, overrides the model's dtype
+    attention: sdpa                 # optional: sdpa (fused, no score matrix; default) | eager (scores materialised)
     cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
@@ -50,7 +51,7 @@ from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.shards import TensorShard
-from models.spec import ModelSpec
+from models.spec import Attention, ModelSpec
 from sim.cluster_config import DEVICE_UNION_TAGS, MAX_DEVICES, ClusterConfig
 from sim.parallel import ShareBasis
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
@@ -232,6 +233,15 @@ class Variant(BaseModel):
         return StrategyChoice(self.strategy, self.allreduce, self.reduce, self.broadcast)
 
 
+def unique_variant_names(variants: list[Variant]) -> list[str]:
+    """The variants' names; raises ConfigError on ``variants[i].name``, the first repeated one."""
+    names = [v.name for v in variants]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"variants[{i}].name", f"variant names must be unique (got {shorten(name)} twice)")
+    return names
+
+
 class SweepConfig(BaseModel):
     """The ``sweep`` section of a scenario: models, tensor-parallel degrees and memory policies to
     cross with the variants (see :mod:`sim.sweep`)."""
@@ -257,6 +267,7 @@ class ScenarioConfig(BaseModel):
     description: str = Field(default="", max_length=10_000)
     model: str = Field(min_length=1, max_length=4096)
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    attention: Attention = "sdpa"
     cluster: ClusterConfig
     parallel: Parallel = Parallel()
     workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
@@ -329,10 +340,7 @@ class ScenarioConfig(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> ScenarioConfig:
-        names = [v.name for v in self.variants]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise ConfigError(f"variants[{i}].name", f"variant names must be unique (got {shorten(name)} twice)")
+        names = unique_variant_names(self.variants)
         if self.baseline is not None and self.baseline not in names:
             raise ConfigError("baseline", f"not a variant name; variants: {shorten(', '.join(names), 200, quote=False)} "
                                           f"(got {shorten(self.baseline)})")
@@ -413,6 +421,21 @@ def config_error_from(error: ValidationError) -> ConfigError:
     return ConfigError(field, f"{shorten(message, 300, quote=False)}{shown}")
 
 
+def validate_document(model: type[BaseModel], data: Any, what: str) -> Any:
+    """A parsed YAML document validated as ``model``.
+
+    Raises:
+        ConfigError: on ``what`` when the document is not a mapping, else the first invalid field
+            (:func:`config_error_from`).
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(what, f"expected a mapping of fields at the top level (got {type(data).__name__})")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise config_error_from(error) from None
+
+
 def _split(field: str) -> tuple[Any, ...]:
     """``"hosts[0].count"`` as ``("hosts", 0, "count")``, the form of a pydantic location."""
     parts: list[Any] = []
@@ -424,9 +447,9 @@ def _split(field: str) -> tuple[Any, ...]:
     return tuple(parts)
 
 
-def resolve_model(name: str, dtype: str | None, base_dir: Path) -> ModelSpec:
+def resolve_model(name: str, dtype: str | None, base_dir: Path, attention: Attention = "sdpa") -> ModelSpec:
     """A model field's spec: a catalog name, or a Hugging Face ``config.json`` path (relative to
-    ``base_dir``), in ``dtype`` (None: the model's own).
+    ``base_dir``), in ``dtype`` (None: the model's own), with the ``attention`` kernel.
 
     Raises:
         ConfigError: an unknown name, an unreadable config, a dtype the model cannot take.
@@ -436,7 +459,12 @@ def resolve_model(name: str, dtype: str | None, base_dir: Path) -> ModelSpec:
         spec = load_hf_config(path if path.is_absolute() else base_dir / path)
     else:
         spec = get_model(name)
-    return with_dtype(spec, dtype)
+    return with_dtype(spec, dtype).with_attention(attention)
+
+
+def as_configured(spec: ModelSpec, config: ScenarioConfig) -> ModelSpec:
+    """``spec`` as the scenario runs it: in its ``dtype`` and with its ``attention`` kernel."""
+    return with_dtype(spec, config.dtype).with_attention(config.attention)
 
 
 def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
@@ -455,13 +483,8 @@ def scenario_from_dict(data: Any, *, base_dir: Path = Path("."), source_path: Pa
     Raises:
         ConfigError: any invalid field, naming it and its value.
     """
-    if not isinstance(data, dict):
-        raise ConfigError("scenario", f"expected a mapping of fields at the top level (got {type(data).__name__})")
-    try:
-        config = ScenarioConfig.model_validate(data)
-    except ValidationError as error:
-        raise config_error_from(error) from None
-    model = resolve_model(config.model, config.dtype, base_dir)
+    config = validate_document(ScenarioConfig, data, "scenario")
+    model = resolve_model(config.model, config.dtype, base_dir, config.attention)
     config.workload.check_context(model)
     return Scenario(config=config, model=model, source_path=source_path)
 

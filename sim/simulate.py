@@ -20,6 +20,7 @@ from sim.context import scenario_context
 from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork
 from sim.cost import RooflineCompute
 from sim.engine import Engine
+from sim.framework import default_runtime_memory
 from sim.loader import check_loader_paths
 from sim.memory import Overflow
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
@@ -169,7 +170,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
                               config.compute.op_overhead_s)
     network = model_network(config.network_model, topology, compute)
-    runtime_memory: dict[int, int] = {}
+    # Without a profile, each rank holds its backend's documented framework baseline (sim.framework).
+    runtime_memory = default_runtime_memory({r: topology.devices[r].spec for r in ranks})
     choice = None
     if profile is not None:
         gamma = compute.reduce_s_per_byte
@@ -179,7 +181,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                                     gamma, compute.gap_s(topology.devices[ranks[0]]))
         network, compute.scale = choice.network, choice.compute_scale
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
-        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
+        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, runtime_memory[r])) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         network = uncalibrated_network(config.network_model, topology, compute)
     engine = Engine(topology, compute, CollectivePricer(network, topology))

@@ -84,7 +84,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             spec = scenario.model
         else:
             try:
-                spec = resolve_model(name, config.dtype, base_dir)
+                spec = resolve_model(name, config.dtype, base_dir, config.attention)
             except ConfigError as error:
                 raise ConfigError(f"sweep.models[{i}]", error.message) from None
             config.workload.check_context(spec)

@@ -227,11 +227,13 @@ def test_errors_name_the_field_the_user_wrote(tmp_path, capsys):
     assert _refused(tmp_path, capsys, data).startswith("variants[1].allreduce: ")
 
 
-def test_shipped_scenarios_still_load():
+def test_shipped_scenarios_and_plans_still_load():
+    from sim.planning.plan_config import load_plan
     from sim.scenario import load_scenario
     for path in sorted(ROOT.glob("scenarios/**/*.yaml")):
-        if "grids" not in path.relative_to(ROOT / "scenarios").parts:  # sweep grids are not scenarios
-            assert load_scenario(path).name
+        if "grids" in path.relative_to(ROOT / "scenarios").parts:  # sweep grids are not scenarios
+            continue
+        assert (load_plan(path) if path.name.startswith("plan_") else load_scenario(path)).name
 
 
 def test_a_device_count_that_does_not_shard_the_model_names_the_cluster(tmp_path, capsys):

@@ -262,8 +262,8 @@ def test_attention_counts_causal_pairs():
     assert decode[OpKind.ATTENTION].flops == heads * 4 * (4 * d + 5)
 
 
-def test_decode_attention_reads_the_cache_and_materialises_scores():
-    spec = get_model("llama-3.1-8b")
+def test_decode_attention_reads_the_cache_and_eager_materialises_scores():
+    spec = get_model("llama-3.1-8b").with_attention("eager")
     tp, batch, context = 2, 4, 1000
     costs = layer_op_costs(spec, tp_degree=tp, batch_size=batch, new_tokens=1, context_tokens=context)
     cost = costs[OpKind.ATTENTION]
@@ -273,6 +273,27 @@ def test_decode_attention_reads_the_cache_and_materialises_scores():
     assert cost.bytes_written == batch * per_token_cache + query
     assert cost.workspace_bytes == batch * spec.num_attention_heads // tp * context * 2 + query
     assert cost.weight_bytes == 0
+
+
+def test_fused_attention_holds_one_statistic_per_query_row_not_the_scores():
+    # FlashAttention (arXiv 2205.14135) keeps an fp32 logsumexp per row: memory linear in the prompt.
+    spec = get_model("llama-3.1-8b")
+    assert spec.attention == "sdpa"
+    tp, batch, prompt = 2, 4, 8192
+    sdpa = layer_op_costs(spec, tp_degree=tp, batch_size=batch, new_tokens=prompt, context_tokens=prompt)
+    eager = layer_op_costs(spec.with_attention("eager"), tp_degree=tp, batch_size=batch, new_tokens=prompt,
+                           context_tokens=prompt)
+    heads, output = spec.num_attention_heads // tp, batch * prompt * spec.hidden_size // tp * 2
+    assert sdpa[OpKind.ATTENTION].workspace_bytes == batch * heads * prompt * 4 + output
+    assert eager[OpKind.ATTENTION].workspace_bytes == batch * heads * prompt * prompt * 2 + output
+    # Only memory differs: the same arithmetic and traffic price both.
+    assert sdpa[OpKind.ATTENTION].flops == eager[OpKind.ATTENTION].flops
+    assert sdpa[OpKind.ATTENTION].bytes_read == eager[OpKind.ATTENTION].bytes_read
+
+
+def test_an_unknown_attention_kernel_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="model.attention.*sdpa, eager.*flash3"):
+        get_model("gpt2").with_attention("flash3")
 
 
 def test_layer_op_weights_add_up_to_the_layer_blocks():

@@ -150,7 +150,9 @@ def test_fabric_shares_a_channel_max_min_fairly_and_recomputes_on_departure():
 def test_shipped_scenarios_without_overlapping_transfers_keep_their_results(name, path):
     # expected: results.csv of `hetsim simulate` without the shared network: first taken at 39bae59;
     # re-taken when the uncalibrated flow model gained the documented transport terms
-    # (sim.transport), from that change alone, which the shared network then matched bit for bit.
+    # (sim.transport), from that change alone, which the shared network then matched bit for bit;
+    # peak memory re-taken when ranks gained the framework baseline (sim.framework) and attention
+    # the fused kernel's memory (timings unchanged).
     expected = pd.read_csv(ROOT / "tests" / "data" / "network_expected" / f"{name}.csv", keep_default_na=False)
     results = simulate(load_scenario(ROOT / path)).results.reset_index(drop=True)
     assert list(results.columns) == list(expected.columns) and len(results) == len(expected)

@@ -9,6 +9,7 @@ import pytest
 from models.accounting import layer_block_weight_bytes, rank_weight_bytes
 from models.errors import ConfigError
 from models.ops import OpKind
+from sim.framework import BASELINES, Backend
 from sim.plan import MemoryCategory, MemoryPolicy, Plan, Stream, StrategyChoice
 from sim.simulate import simulate
 from sim.sweep import run_sweep
@@ -18,6 +19,10 @@ from tests.test_engine import _engine_parts
 
 RING = {"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}
 RLB = {"name": "rlb", "strategy": "reduce_ln_bcast"}
+
+
+# 150 MB for the model beside the framework's own memory (CUDA, cuBLAS, NCCL) on an RTX 3060.
+ROOM_150MB = f"{150_000_000 + BASELINES[Backend.NCCL].bytes_for(2)}B"
 
 
 def _cluster(storage: str | None = "1GB/s", num_hosts: int = 2, devices_per_host: int = 1, **kw) -> dict:
@@ -107,8 +112,8 @@ def test_window_and_retention_trade_memory_for_stalls():
 
 def test_sliding_window_fits_where_resident_does_not():
     # GPT-2 fp16 on 2 ranks: the master holds ~160 MB resident (embeddings + half the layers)
-    resident = simulate(make_scenario(cluster=_cluster(memory="150MB"), variants=[RLB])).variants[0]
-    streamed = simulate(_streamed(window=1, variant=RLB, memory="150MB")).variants[0]
+    resident = simulate(make_scenario(cluster=_cluster(memory=ROOM_150MB), variants=[RLB])).variants[0]
+    streamed = simulate(_streamed(window=1, variant=RLB, memory=ROOM_150MB)).variants[0]
     assert resident.overflow is not None
     assert streamed.overflow is None
 
@@ -156,7 +161,7 @@ def test_streaming_without_a_storage_link_is_a_config_error():
 
 
 def test_sweep_marks_degrees_that_cannot_shard_and_policies_that_do_not_fit():
-    scenario = make_scenario(cluster=_cluster(num_hosts=5, memory="150MB"), variants=[RLB], sweep={
+    scenario = make_scenario(cluster=_cluster(num_hosts=5, memory=ROOM_150MB), variants=[RLB], sweep={
         "devices": [2, 4, 5],
         "memory": [{"policy": "resident"}, {"policy": "sliding_window", "window": 1}]})
     table = run_sweep(scenario)

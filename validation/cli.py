@@ -72,7 +72,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     """
     from sim.scenario import load_scenario
     from sim.simulate import simulate as run_simulation
-    from validation.present.simulate_report import write_outputs
+    from validation.present.simulate_report import recommendation, write_outputs
     from validation.present.tables import print_summary
 
     from sim.profile import load_profile
@@ -96,6 +96,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
     with console.status(f"simulating {len(loaded.config.variants)} variants"):  # a terminal sees it is busy
         result = run_simulation(loaded, profile=profile)
     print_summary(result, console)
+    console.print(escape(recommendation(result)))
     if profile is None:
         console.print("uncalibrated: roofline compute and datasheet links (hetsim calibrate makes a profile)"
                       + ("; transport terms from documented defaults:" if result.sources else ""))
@@ -206,6 +207,38 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
     written = write_files(out_dir, {"sweep.csv": results_csv(table),
                                     "memory_report.html": sweep_html(scenario.config.description or scenario.name,
                                                                      table)})
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@cli.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for plan.csv, plan.parquet, report.html and pick.yaml (default: out/<plan name>).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Calibration profile: price the candidates from it and name those outside its context.")
+def plan(plan_file: Path, out_dir: str | None, profile_path: Path | None) -> None:
+    """The cheapest cluster and layout meeting PLAN's objectives, the top 10 and the Pareto frontiers."""
+    from rich.progress import Progress
+
+    from sim.planning.outcome import plan as run_plan
+    from sim.planning.plan_config import load_plan
+    from sim.profile import load_profile
+    from validation.present.plan_report import PICK_FILE, print_plan, write_plan_outputs
+
+    if out_dir == "":
+        raise ConfigError("--out", "empty path; write --out . for the current directory (got '')")
+    request = load_plan(plan_file)
+    out = Path(out_dir) if out_dir is not None else Path("out") / request.name
+    check_out_dir(out)
+    profile = load_profile(profile_path) if profile_path else None
+    console = _console()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("simulating clusters", total=None)
+        result = run_plan(request, profile=profile,
+                          progress=lambda done, total: progress.update(task, completed=done, total=total))
+    with interrupt.deferred():
+        written = write_plan_outputs(result, out)
+    print_plan(result, console, out / PICK_FILE if result.pick_scenario is not None else None)
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 

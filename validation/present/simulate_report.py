@@ -1,8 +1,11 @@
 """report.html: the scenario's variants side by side, as plotly figures in one self-contained page.
 
+The page opens with one sentence saying which variant to use and why (:func:`recommendation`).
 Figures: timing per variant (TTFT, TPOT, decode tokens/s); peak memory per device against its
 capacity; the timeline of one decode step (baseline and fastest variant); memory over time per
-device (baseline). Displayed units are ms, GiB and tokens/s; the data stay SI.
+device (baseline). A variant has one colour in every figure, an op kind one colour in every
+timeline (:mod:`validation.present.colors`). Displayed units are ms, GiB and tokens/s, named on
+every axis; the data stay SI.
 """
 
 from __future__ import annotations
@@ -14,35 +17,65 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from sim.bottleneck import bottleneck
 from sim.outputs import simulation_files, write_files
 from sim.simulate import SimulationResult, VariantResult
 from sim.vocabulary import Metric, PhaseKind
 from validation.present.layout import idle_warning, layout_lines
+from validation.present.colors import category_colors, op_kind_color
 from validation.present.tables import change_column, summary_table
 
 _GIB = 2**30
 _MAX_TIMELINE_OPS = 4000  # more bars than this make the page sluggish; show the first layers then
 
 
+def recommendation(result: SimulationResult) -> str:
+    """One sentence: the variant to use (the lowest end-to-end latency among those that fit) and
+    why, with its gain over the baseline and what bounds its decode step."""
+    fitting = [v for v in result.variants if v.overflow is None]
+    if not fitting:
+        first = result.variants[0]
+        return (f"No variant fits in memory ({first.overflow.describe(result.topology.devices[first.overflow.rank].name)}"
+                "): use more devices, a sliding_window memory policy, or a smaller batch or prompt.")
+    best = min(fitting, key=lambda v: (v.timing[Metric.E2E_LATENCY], v.variant.name))
+    baseline = result.variant(result.scenario.baseline)
+    gain = ""
+    if best is not baseline and baseline.overflow is None:
+        gain = (f", {100 * (1 - best.timing[Metric.E2E_LATENCY] / baseline.timing[Metric.E2E_LATENCY]):.0f}% below "
+                f"the baseline {baseline.variant.name}")
+    decode = 1 if result.scenario.config.workload.output_tokens > 1 else 0
+    bound = bottleneck(result, best, decode)
+    why = f"; its {'decode step' if decode else 'prefill'} is bound by {bound.split(' (')[0]}" if bound else ""
+    return (f"Use {best.variant.name} ({best.variant.strategy}, {', '.join(best.algorithms) or 'no collectives'}): "
+            f"the lowest end-to-end latency of the {len(fitting)} variants that fit in memory "
+            f"({best.timing[Metric.E2E_LATENCY]:.3g} s per request{gain}){why}.")
+
+
 def _timing_figure(result: SimulationResult) -> go.Figure:
     names = [v.variant.name for v in result.variants]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (ms)", "TPOT (ms)", "decode tokens/s"))
-    for col, (metric, scale) in enumerate(((Metric.TTFT, 1e3), (Metric.TPOT, 1e3), (Metric.DECODE_TOKENS_PER_S, 1)), 1):
+    colors = category_colors(names)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT", "TPOT", "decode throughput"))
+    panels = ((Metric.TTFT, 1e3, "ms"), (Metric.TPOT, 1e3, "ms"), (Metric.DECODE_TOKENS_PER_S, 1, "tokens/s"))
+    for col, (metric, scale, unit) in enumerate(panels, 1):
         fig.add_trace(go.Bar(x=names, y=[v.timing[metric] * scale for v in result.variants], name=metric,
-                             showlegend=False), row=1, col=col)
+                             marker_color=[colors[n] for n in names], showlegend=False), row=1, col=col)
+        fig.update_yaxes(title_text=unit, row=1, col=col)
+        fig.update_xaxes(title_text="variant", row=1, col=col)
     fig.update_layout(title="Timing per variant", height=420)
     return fig
 
 
 def _memory_peak_figure(result: SimulationResult) -> go.Figure:
     devices = [result.topology.devices[r] for r in result.ranks]
+    colors = category_colors(v.variant.name for v in result.variants)
     fig = go.Figure()
     for v in result.variants:
         fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.peak_bytes[d.rank] / _GIB for d in devices],
-                             name=v.variant.name))
+                             name=v.variant.name, marker_color=colors[v.variant.name]))
     fig.add_trace(go.Scatter(x=[d.name for d in devices], y=[d.memory_capacity_bytes / _GIB for d in devices],
                              mode="markers+lines", name="capacity", line={"dash": "dash", "color": "black"}))
-    fig.update_layout(title="Peak memory per device (GiB)", barmode="group", height=420, yaxis_title="GiB")
+    fig.update_layout(title="Peak memory per device", barmode="group", height=420, yaxis_title="peak memory (GiB)",
+                      xaxis_title="device")
     return fig
 
 
@@ -61,9 +94,10 @@ def _timeline_figure(vr: VariantResult) -> go.Figure:
         fig.add_trace(go.Bar(
             y=[f"rank {r} {s}" for r, s in zip(group["rank"], group["stream"])],
             x=(group["end_s"] - group["start_s"]) * 1e3, base=(group["start_s"] - t0) * 1e3,
-            orientation="h", name=kind, customdata=group[["name", "layer"]].to_numpy(),
+            orientation="h", name=kind, marker_color=op_kind_color(kind), customdata=group[["name", "layer"]].to_numpy(),
             hovertemplate="%{customdata[0]} layer %{customdata[1]}<br>start %{base:.3f} ms<br>%{x:.3f} ms"))
-    fig.update_layout(title=f"One decode step, {vr.variant.name}{note}", xaxis_title="ms from step start",
+    fig.update_layout(title=f"One decode step, {vr.variant.name}{note}", xaxis_title="time from the step's start (ms)",
+                      yaxis_title="rank and stream", legend={"title": "op kind"},
                       barmode="overlay", height=300 + 18 * ops[["rank", "stream"]].drop_duplicates().shape[0])
     rows = ops[["rank", "stream"]].drop_duplicates().sort_values(["rank", "stream"], kind="stable")
     fig.update_yaxes(autorange="reversed", categoryorder="array",
@@ -76,8 +110,8 @@ def _memory_timeline_figure(vr: VariantResult, result: SimulationResult) -> go.F
     for rank, group in vr.trace.memory.groupby("rank", sort=True):
         fig.add_trace(go.Scatter(x=group["time_s"], y=group["bytes"] / _GIB, mode="lines", line_shape="hv",
                                  name=result.topology.devices[rank].name))
-    fig.update_layout(title=f"Memory over time per device, {vr.variant.name} (GiB)", xaxis_title="s",
-                      yaxis_title="GiB", height=420)
+    fig.update_layout(title=f"Memory over time per device, {vr.variant.name}", xaxis_title="time from the request (s)",
+                      yaxis_title="memory in use (GiB)", height=420)
     return fig
 
 
@@ -113,8 +147,10 @@ def report_html(result: SimulationResult) -> str:
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>hetsim: {html.escape(config.name)}</title>",
         "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
-        "td,th{padding:4px 10px;text-align:right} th{border-bottom:1px solid #888}</style></head><body>",
+        "td,th{padding:4px 10px;text-align:right} th{border-bottom:1px solid #888} "
+        ".answer{font-size:1.2em;background:#fff7d6;padding:0.6em;border-left:4px solid gold}</style></head><body>",
         f"<h1>hetsim simulate: {html.escape(config.name)}</h1>",
+        f"<p class='answer'>{html.escape(recommendation(result))}</p>",
         f"<p>{html.escape(config.description)}</p>",
         f"<p>Model {html.escape(result.scenario.model.name)} ({html.escape(result.scenario.model.dtype)}), "
         f"tensor parallel over {len(result.ranks)} devices, batch {config.workload.batch_size}, "

@@ -1,0 +1,199 @@
+"""What a plan answers: the pick, the top 10 with their bottlenecks, the Pareto frontiers.
+
+* **The pick**: the cheapest configuration that fits and meets every objective (ties: the lower
+  end-to-end latency, then the candidate number).
+* **The top 10**: ten clusters, each with its best layout (the fastest end to end among those
+  meeting the most objectives): those meeting every objective by price, then those that fit but
+  miss some, fewest misses first; every layout of every cluster is in ``plan.csv``. Each says why it lost to the pick (``versus_pick``: it misses an
+  objective, it costs more, or at the same price it is slower) and its **bottleneck**: the term
+  that takes most of the master rank's decode step (the prefill's with one output token,
+  :func:`sim.bottleneck.bottleneck`), from a re-simulation of that one configuration with the
+  step's ops in the trace.
+* **Pareto frontiers** among the simulated configurations that fit: price per hour against
+  end-to-end latency (``pareto_latency``: no other is both cheaper-or-equal and faster), and
+  against decode tokens/s (``pareto_throughput``).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.bottleneck import bottleneck
+from sim.planning.plan_config import PlanRequest
+from sim.planning.search import TOP_N, Planner, Stage
+from sim.profile import Profile
+from sim.scenario import scenario_from_dict
+from sim.simulate import simulate
+from sim.vocabulary import Metric
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan's answer (see the module docstring).
+
+    ``table``: every candidate (:data:`sim.planning.search.PLAN_COLUMNS` plus ``pareto_latency``,
+    ``pareto_throughput``, ``bottleneck``, ``prefill_bottleneck``, ``versus_pick`` and ``rank``, 1..10 for the top
+    10); ``pick``: the pick's row, None when nothing meets every objective; ``pick_scenario``: its
+    scenario (a dict for YAML), or the closest miss's; ``recommendation``: one sentence;
+    ``elapsed_s``: the search's wall time.
+    """
+
+    request: PlanRequest
+    table: pd.DataFrame
+    pick: pd.Series | None
+    pick_scenario: dict | None
+    recommendation: str
+    elapsed_s: float = 0.0
+    profile_path: Path | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def top(self) -> pd.DataFrame:
+        """The top 10, in order."""
+        return self.table[self.table["rank"] > 0].sort_values("rank")
+
+    def commands(self, scenario_path: Path) -> list[str]:
+        """How to run the pick: simulate it, measure it here, and the torchrun line of a real cluster."""
+        if self.pick_scenario is None:
+            return []
+        path = shlex.quote(str(scenario_path))
+        row = self.pick if self.pick is not None else self.top.iloc[0]
+        hosts, per_host = int(row["num_hosts"]), int(row["devices_per_host"])
+        return [f"hetsim simulate {path}", f"hetsim measure {path}",
+                f"torchrun --nnodes {hosts} --nproc-per-node {per_host} --rdzv-backend c10d "
+                f"--rdzv-endpoint HOST0:29500 -m runtime.torchrun measure {path} --out out/measured"]
+
+
+def pareto(price: pd.Series, value: pd.Series, *, larger_is_better: bool) -> pd.Series:
+    """Whether each point is on the Pareto frontier of lower ``price`` and better ``value``.
+
+    A point is on it when no other point is at most as expensive and strictly better, or cheaper
+    and at least as good (equal points are on it together). NaN values are never on it.
+    """
+    sign = -1.0 if larger_is_better else 1.0
+    order = np.lexsort((sign * value.to_numpy(float), price.to_numpy(float)))
+    on = pd.Series(False, index=price.index)
+    best, best_price = math.inf, math.nan
+    for position in order:
+        v, p = sign * float(value.iloc[position]), float(price.iloc[position])
+        if not math.isnan(v) and (v < best or (v == best and p == best_price)):
+            on.iloc[position] = True
+            best, best_price = v, p
+    return on
+
+
+def ranking(table: pd.DataFrame) -> pd.Series:
+    """1..10 for the top 10 (see the module docstring), 0 for the rest."""
+    simulated = table[(table["stage"] == Stage.SIMULATED) & table["fits"]]
+    misses = simulated["slo_miss"].map(lambda text: text.count(";") + 1 if text else 0)
+    order = simulated.assign(_misses=misses).sort_values(
+        ["meets_slo", "_misses", "price_per_hour", Metric.E2E_LATENCY, "candidate"],
+        ascending=[False, True, True, True, True])
+    order = order.drop_duplicates(["model", "cluster"])  # each cluster with its best layout
+    rank = pd.Series(0, index=table.index)
+    rank.loc[order.index[:TOP_N]] = np.arange(1, min(TOP_N, len(order)) + 1)
+    return rank
+
+
+def versus_pick(row: pd.Series, pick: pd.Series | None) -> str:
+    """Why ``row`` lost to ``pick``, in a few words ('' for the pick itself)."""
+    if pick is None or row["candidate"] == pick["candidate"]:
+        return ""
+    if not row["meets_slo"]:
+        return f"misses {row['slo_miss']}"
+    extra = row["price_per_hour"] - pick["price_per_hour"]
+    if extra > 1e-9:
+        return f"costs ${extra:.2f}/h more (+{100 * extra / pick['price_per_hour']:.0f}%)"
+    slower = row[Metric.E2E_LATENCY] / pick[Metric.E2E_LATENCY] - 1
+    return f"same price, end-to-end latency {100 * slower:+.1f}%"
+
+
+def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | None) -> str:
+    """One sentence: what to rent and how to run it, and why."""
+    slo = request.config.slo
+    objectives = ", ".join(part for part in (
+        f"TTFT <= {_seconds(slo.ttft_s)}" if slo.ttft_s is not None else "",
+        f"TPOT <= {_seconds(slo.tpot_s)}" if slo.tpot_s is not None else "",
+        f"{slo.tokens_per_s:g} tokens/s" if slo.tokens_per_s is not None else "") if part)
+    feasible = int(table["meets_slo"].sum())
+    if pick is None:
+        top = table[table["rank"] == 1]
+        bound = table[table["stage"] == Stage.BOUND]
+        if top.empty and not bound.empty:
+            return (f"No configuration within the limits can meet {objectives}: the best lower bounds are TTFT "
+                    f"{_seconds(bound['ttft_lower_bound_s'].min())} and TPOT {_seconds(bound['tpot_lower_bound_s'].min())}; "
+                    "relax an objective or raise limits.budget_per_hour or limits.max_devices.")
+        if top.empty:
+            return (f"No configuration within the limits fits in memory and meets {objectives}: raise "
+                    "limits.budget_per_hour or limits.max_devices, or relax an objective.")
+        row = top.iloc[0]
+        return (f"No configuration within the limits meets {objectives}; the closest is {row['cluster']} "
+                f"running {_layout(row)}, at ${row['price_per_hour']:.2f}/h, which misses {row['slo_miss']}.")
+    why = f"; its decode step is bound by {pick['bottleneck']}" if pick.get("bottleneck") else ""
+    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
+            f"it is the cheapest of the {feasible} configurations that meet {objectives} "
+            f"(TTFT {_seconds(pick[Metric.TTFT])}, TPOT {_seconds(pick[Metric.TPOT])}){why}.")
+
+
+def _layout(row: pd.Series) -> str:
+    return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None) -> PlanResult:
+    """Run a plan end to end (:class:`sim.planning.search.Planner`, then this module).
+
+    Raises:
+        ConfigError: from the request's validation only; a candidate that cannot be simulated is a
+            row of stage ``error``.
+    """
+    import time
+
+    start = time.perf_counter()
+    planner = Planner(request, profile)
+    planner.run(progress)
+    table = planner.table
+    fits = (table["stage"] == Stage.SIMULATED) & table["fits"]
+    table["pareto_latency"] = False
+    table["pareto_throughput"] = False
+    if fits.any():
+        table.loc[fits, "pareto_latency"] = pareto(table.loc[fits, "price_per_hour"],
+                                                   table.loc[fits, Metric.E2E_LATENCY], larger_is_better=False)
+        table.loc[fits, "pareto_throughput"] = pareto(table.loc[fits, "price_per_hour"],
+                                                      table.loc[fits, Metric.DECODE_TOKENS_PER_S],
+                                                      larger_is_better=True)
+    table["rank"] = ranking(table)
+    table["bottleneck"], table["prefill_bottleneck"] = "", ""
+    decode_step = 1 if request.config.workload.output_tokens > 1 else 0
+    for i in table.index[table["rank"] > 0]:
+        scenario = scenario_from_dict(planner.scenario_dict(table.loc[i]))
+        result = simulate(scenario, profile=profile, expand_steps=(0, decode_step))
+        table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], decode_step)
+        table.loc[i, "prefill_bottleneck"] = bottleneck(result, result.variants[0], 0)
+    feasible = table[table["meets_slo"] & (table["rank"] > 0)]
+    pick = feasible.sort_values("rank").iloc[0] if not feasible.empty else None
+    table["versus_pick"] = [versus_pick(row, pick) if rank else "" for (_, row), rank in
+                            zip(table.iterrows(), table["rank"])]
+    chosen = pick if pick is not None else (table[table["rank"] == 1].iloc[0] if (table["rank"] == 1).any() else None)
+    scenario = planner.scenario_dict(chosen, name=f"{request.name}-pick") if chosen is not None else None
+    if scenario is not None:
+        scenario["description"] = f"hetsim plan {request.name}: {chosen['cluster']}, {_layout(chosen)}"
+        scenario["variants"][0]["name"] = chosen["variant"]
+    public = [c for c in table.columns if c not in ("shape", "variant_config", "memory_config", "model_index")]
+    notes = []
+    if profile is not None:
+        outside = table[(table["rank"] > 0) & table["profile_context"].str.startswith("outside")]
+        notes = [f"candidate {int(r['candidate'])} ({r['cluster']}, {r['variant']}): {r['profile_context']}"
+                 for _, r in outside.iterrows()]
+    return PlanResult(request, table[public].reset_index(drop=True),
+                      table.loc[pick.name, public] if pick is not None else None, scenario,
+                      recommendation(request, table, table.loc[pick.name] if pick is not None else None),
+                      time.perf_counter() - start, notes=tuple(notes))

@@ -1,0 +1,209 @@
+"""The planning question as a user writes it (``PLAN.yaml``), validated at the boundary.
+
+Example (``scenarios/plan_llama31_8b.yaml`` is a complete one)::
+
+    name: chat_llama31_8b
+    models: [llama-3.1-8b]            # catalog names or Hugging Face config.json paths
+    dtype: bf16                       # optional, as in a scenario; attention: sdpa | eager too
+    workload: {batch_size: 16, prompt_tokens: 2048, output_tokens: 256}
+    slo: {ttft: 2s, tpot: 50ms, tokens_per_s: 300}   # each optional, at least one
+    catalog: my_prices.yaml           # optional; default: the shipped sim/planning/catalog.yaml
+    prices: {rtx_4090: 0.29}          # optional, $/h per device, over the catalog's
+    search:                           # optional, every key with a default
+      devices: [h100_sxm, rtx_4090]   # device types of the catalog (default: all)
+      devices_per_host: [1, 2, 4, 8]
+      hosts: [1, 2, 4]
+      mixed: true                     # also two hosts of two device types, same devices per host
+      networks: [eth10g, eth100g]     # networks of the catalog (default: all)
+      variants: [...]                 # as a scenario's (default: search.DEFAULT_VARIANTS)
+      memory: [{policy: resident}, {policy: sliding_window, window: 1}]
+    limits: {budget_per_hour: 40, max_devices: 32}
+    compute: {flops_efficiency: 0.6}  # optional, as in a scenario
+
+Every problem is a :class:`~models.errors.ConfigError` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+
+from models.catalog import get_model, load_hf_config
+from models.errors import ConfigError, shorten
+from models.input_files import load_yaml
+from models.spec import Attention, ModelSpec
+from sim.cluster_config import MAX_DEVICES
+from sim.planning.catalog import DEFAULT_CATALOG, MAX_PRICE_PER_HOUR, Catalog, load_catalog
+from sim.scenario import (MAX_NAME_CHARS, ComputeSettings, MemoryConfig, Variant, Workload, unique_variant_names,
+                          validate_document)
+from sim.units import parse_duration
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+_FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+
+DEFAULT_VARIANTS = (
+    {"name": "rlb", "strategy": "reduce_ln_bcast", "reduce": "binomial", "broadcast": "binomial"},
+    {"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"},
+    {"name": "recursive_doubling", "strategy": "allreduce_ln", "allreduce": "recursive_doubling"},
+    {"name": "double_binary_tree", "strategy": "allreduce_ln", "allreduce": "double_binary_tree"},
+    {"name": "two_level_rs", "strategy": "allreduce_ln", "allreduce": "two_level_rs"},
+    {"name": "auto", "strategy": "allreduce_ln", "allreduce": "auto"},
+)
+"""The layouts searched by default: every strategy, with the allreduce algorithms that differ most."""
+
+
+class Slo(BaseModel):
+    """Service-level objectives: ``ttft`` and ``tpot`` at most (durations), decode ``tokens_per_s``
+    at least; each optional, at least one given."""
+
+    model_config = _STRICT
+    ttft_s: float | None = Field(default=None, gt=0, alias="ttft")
+    tpot_s: float | None = Field(default=None, gt=0, alias="tpot")
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1e12)
+
+    @field_validator("ttft_s", "tpot_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> Slo:
+        if self.ttft_s is None and self.tpot_s is None and self.tokens_per_s is None:
+            raise ValueError("give at least one of ttft, tpot, tokens_per_s")
+        return self
+
+
+class SearchSpace(BaseModel):
+    """What the planner tries (see the module docstring)."""
+
+    model_config = _STRICT
+    devices: list[str] = Field(default_factory=list, max_length=64)
+    devices_per_host: list[StrictInt] = Field(default=[1, 2, 4, 8], min_length=1, max_length=16)
+    hosts: list[StrictInt] = Field(default=[1, 2, 4], min_length=1, max_length=16)
+    mixed: StrictBool = True
+    networks: list[str] = Field(default_factory=list, max_length=16)
+    variants: list[Variant] = Field(default_factory=lambda: [Variant(**v) for v in DEFAULT_VARIANTS],
+                                    min_length=1, max_length=16)
+    memory: list[MemoryConfig] = Field(default_factory=lambda: [MemoryConfig(), MemoryConfig(policy="sliding_window")],
+                                       min_length=1, max_length=8)
+
+    @field_validator("devices_per_host", "hosts")
+    @classmethod
+    def _counts(cls, values: list[int]) -> list[int]:
+        for value in values:
+            if not 1 <= value <= MAX_DEVICES:
+                raise ValueError(f"counts must be between 1 and {MAX_DEVICES} (got {value})")
+        return sorted(set(values))
+
+    @model_validator(mode="after")
+    def _unique_variant_names(self) -> SearchSpace:
+        unique_variant_names(self.variants)
+        return self
+
+
+class Limits(BaseModel):
+    """``budget_per_hour`` ($/h, none: no limit) and ``max_devices`` of a configuration."""
+
+    model_config = _STRICT
+    budget_per_hour: float | None = Field(default=None, gt=0, le=MAX_PRICE_PER_HOUR)
+    max_devices: StrictInt = Field(default=64, ge=1, le=MAX_DEVICES)
+
+
+class PlanConfig(BaseModel):
+    """The PLAN.yaml document, validated field by field (units parsed to SI)."""
+
+    model_config = _STRICT
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=_FILE_NAME_PATTERN)
+    description: str = Field(default="", max_length=10_000)
+    models: list[str] = Field(min_length=1, max_length=16)
+    dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    attention: Attention = "sdpa"
+    workload: Workload
+    slo: Slo
+    catalog: str | None = Field(default=None, max_length=4096)
+    prices: dict[str, float] = Field(default_factory=dict, max_length=256)
+    search: SearchSpace = SearchSpace()
+    limits: Limits = Limits()
+    compute: ComputeSettings = ComputeSettings()
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, prices: dict[str, float]) -> dict[str, float]:
+        for name, price in prices.items():
+            if isinstance(price, bool) or not isinstance(price, int | float) or not 0 <= price <= MAX_PRICE_PER_HOUR:
+                raise ConfigError(name, f"a price per hour between 0 and {MAX_PRICE_PER_HOUR:g} (got {shorten(price)})")
+        return {name: float(price) for name, price in prices.items()}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A validated plan: its config, the models resolved (in the plan's dtype and attention
+    kernel), the catalog with the plan's prices, and the file it came from."""
+
+    config: PlanConfig
+    models: tuple[ModelSpec, ...]
+    catalog: Catalog
+    source_path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
+    """Validate a parsed PLAN.yaml into a :class:`PlanRequest`.
+
+    Raises:
+        ConfigError: any invalid field, naming it and its value; a device, network or model the
+            catalog or the model catalog does not know; a workload beyond a model's context.
+    """
+    config = validate_document(PlanConfig, data, "plan")
+    models = []
+    for i, name in enumerate(config.models):
+        try:
+            spec = load_hf_config(_resolve(name, base_dir)) if name.endswith(".json") else get_model(name)
+            if config.dtype is not None:
+                spec = spec.with_dtype(config.dtype)
+        except ConfigError as error:
+            raise ConfigError(f"models[{i}]" if not error.field.startswith("model.dtype") else "dtype",
+                              error.message) from None
+        spec = spec.with_attention(config.attention)
+        config.workload.check_context(spec, "workload")
+        models.append(spec)
+    catalog = load_catalog(_resolve(config.catalog, base_dir)) if config.catalog else load_catalog(DEFAULT_CATALOG)
+    catalog = catalog.with_prices(config.prices)
+    for i, device in enumerate(config.search.devices):
+        if device not in catalog.devices:
+            raise ConfigError(f"search.devices[{i}]", f"not a device of the catalog; offered: "
+                                                      f"{', '.join(catalog.devices)} (got {shorten(device)})")
+    for i, network in enumerate(config.search.networks):
+        if network not in catalog.networks:
+            raise ConfigError(f"search.networks[{i}]", f"not a network of the catalog; known: "
+                                                       f"{', '.join(catalog.networks)} (got {shorten(network)})")
+    needs_decode = config.slo.tpot_s is not None or config.slo.tokens_per_s is not None
+    if needs_decode and config.workload.output_tokens < 2:
+        raise ConfigError("workload.output_tokens", "a TPOT or tokens/s objective needs at least 2 output tokens "
+                                                    f"(got {config.workload.output_tokens})")
+    return PlanRequest(config, tuple(models), catalog)
+
+
+def _resolve(name: str, base_dir: Path) -> Path:
+    path = Path(name)
+    return path if path.is_absolute() else base_dir / path
+
+
+def load_plan(path: str | Path) -> PlanRequest:
+    """Read and validate a PLAN.yaml; relative model and catalog paths are resolved beside it.
+
+    Raises:
+        ConfigError: a missing file, malformed YAML, or any invalid field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("plan", f"no such file (got {shorten(str(path), keep_end=True)})")
+    data = load_yaml(path, "plan")
+    request = plan_from_dict(data, base_dir=path.parent)
+    return PlanRequest(request.config, request.models, request.catalog, path)

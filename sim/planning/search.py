@@ -1,0 +1,498 @@
+"""The search: every candidate configuration, pruned in closed form, the survivors simulated.
+
+A **candidate** is a model, a cluster shape (device type(s), devices per host, hosts, the host
+interconnect and the network from the catalog) and a layout on it (a variant: strategy and
+collective algorithms; a memory policy), with tensor parallelism over every device: a device left
+idle would be paid for and unused. Candidates are enumerated as a cartesian product, plus mixed
+clusters (two hosts of two device types with as many devices each, when ``search.mixed``). Each
+ends at one **stage**, cheapest test first:
+
+1. ``layout``: tensor parallelism of that degree cannot shard the model, or a device lacks the
+   dtype (:func:`models.accounting.check_tensor_parallel`);
+2. ``limits``: more devices than ``limits.max_devices`` or a price above ``limits.budget_per_hour``;
+3. ``memory``: a lower bound of some rank's peak exceeds its capacity: its framework baseline
+   (:mod:`sim.framework`), its weights (with a sliding window, the resident ones plus w+1 blocks)
+   and the KV cache of the whole run, all held at the last step; the simulated peak can only be
+   higher;
+4. ``bound``: a lower bound of TTFT or TPOT misses its objective (or an upper bound of decode
+   tokens/s): on each rank, the sum of its compute ops priced by the simulator's own roofline
+   (:class:`sim.cost.RooflineCompute`), which a step cannot beat since a rank runs its compute ops
+   one at a time; TPOT at the shortest context. Skipped under a calibration profile, whose
+   compute may beat the roofline;
+5. ``dominated``: not simulated because it can enter neither Pareto frontier nor the top 10: at
+   least 10 cheaper clusters already meet every objective, and its bounds are no better
+   than the best latency and throughput already simulated at a price no higher (candidates are
+   simulated in order of price); a ``sliding_window`` layout is also dominated where every
+   resident layout of its cluster fits (streaming only adds loads);
+6. ``simulated``: priced by :func:`sim.simulate.simulate`, one scenario per cluster with its
+   surviving variants, so they share the topology and the collective pricer.
+
+The result is a tidy table, one row per candidate (:data:`PLAN_COLUMNS`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from models.accounting import check_tensor_parallel, kv_cache_bytes_per_token, layer_block_weight_bytes, rank_weight_bytes
+from models.errors import ConfigError
+from models.spec import ModelSpec
+from sim.cost import RooflineCompute
+from sim.devices import DEVICES
+from sim.framework import default_runtime_memory
+from sim.planning.catalog import Catalog
+from sim.planning.plan_config import PlanRequest
+from sim.plan import MemoryPolicy, Plan
+from sim.profile import Profile
+from sim.scenario import Variant, scenario_from_dict
+from sim.simulate import SimulationResult, simulate
+from sim.strategies import StrategyChoice
+from sim.topology import Device
+from sim.vocabulary import Metric
+
+
+class Stage(StrEnum):
+    """Where a candidate's evaluation ended (the module docstring gives the order)."""
+
+    LAYOUT = "layout"
+    LIMITS = "limits"
+    MEMORY = "memory"
+    BOUND = "bound"
+    DOMINATED = "dominated"
+    SIMULATED = "simulated"
+    ERROR = "error"
+
+
+PLAN_COLUMNS = ["candidate", "model", "cluster", "device_types", "num_hosts", "devices_per_host", "num_devices",
+                "interconnect", "network", "variant", "strategy", "algorithms", "memory_policy", "price_per_hour",
+                "stage", "reason", Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY,
+                Metric.LOADER_STALL_DECODE, Metric.MAX_PEAK_MEMORY, "fits", "meets_slo", "slo_miss",
+                "ttft_lower_bound_s", "tpot_lower_bound_s", "profile_context"]
+TOP_N = 10
+
+
+@dataclass(frozen=True)
+class HostGroup:
+    """``count`` hosts of ``per_host`` devices of type ``device``, joined by ``interconnect``."""
+
+    device: str
+    per_host: int
+    count: int
+    interconnect: str | None
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """A cluster to rent or buy: host groups, and the ``network`` between hosts (None: one host)."""
+
+    groups: tuple[HostGroup, ...]
+    network: str | None
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.per_host * g.count for g in self.groups)
+
+    @property
+    def num_hosts(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        """The device of each rank in placement order (host group by host group)."""
+        return tuple(g.device for g in self.groups for _ in range(g.per_host * g.count))
+
+    def label(self) -> str:
+        """``2 x 4 rtx_4090 (pcie4) over eth10g``, ``1 x 4 h100_sxm + 1 x 4 a100_80gb over ...``."""
+        parts = [f"{g.count} x {g.per_host} {g.device}" + (f" ({g.interconnect})" if g.interconnect else "")
+                 for g in self.groups]
+        return " + ".join(parts) + (f" over {self.network}" if self.network else "")
+
+    def price_per_hour(self, catalog: Catalog) -> float:
+        """Devices, their interconnect and the network ($/h)."""
+        price = 0.0
+        for g in self.groups:
+            devices = g.per_host * g.count
+            price += devices * catalog.devices[g.device].price_per_hour
+            if g.interconnect:
+                price += devices * catalog.interconnects[g.interconnect].price_per_hour_per_device
+            if self.network:
+                network = catalog.networks[self.network]
+                price += g.count * network.price_per_hour_per_host + devices * network.price_per_hour_per_device
+        return price
+
+    def cluster(self, catalog: Catalog) -> dict:
+        """The scenario's ``cluster`` section (:mod:`sim.cluster_config`)."""
+        hosts = []
+        network = catalog.networks[self.network] if self.network else None
+        for i, g in enumerate(self.groups):
+            host: dict = {"name": f"g{i}h{{i}}", "count": g.count,
+                          "devices": {"type": g.device, "count": g.per_host}}
+            if g.interconnect:
+                link = catalog.interconnects[g.interconnect]
+                host["interconnect"] = {"bandwidth": link.bandwidth_bytes_per_s, "latency": link.latency_s}
+            if catalog.storage is not None:
+                host["storage"] = {"bandwidth": catalog.storage.bandwidth_bytes_per_s,
+                                   "latency": catalog.storage.latency_s}
+            if network is not None:
+                host |= {"parent": "sw", "nic_per_device": network.nic_per_device,
+                         "nic": {"bandwidth": network.bandwidth_bytes_per_s, "latency": network.latency_s}}
+            hosts.append(host)
+        return {"switches": [{"name": "sw"}] if network is not None else [], "hosts": hosts}
+
+
+def cluster_shapes(request: PlanRequest) -> list[ClusterShape]:
+    """Every cluster of the search space (before any limit), in a fixed order."""
+    catalog, space = request.catalog, request.config.search
+    types = space.devices or list(catalog.devices)
+    networks = space.networks or list(catalog.networks)
+    shapes = []
+
+    def links(device: str, per_host: int) -> list[str | None]:
+        return [None] if per_host == 1 else list(catalog.devices[device].interconnects)
+
+    for device in types:
+        for per_host in space.devices_per_host:
+            if per_host > catalog.devices[device].max_per_host:
+                continue
+            for hosts, link in itertools.product(space.hosts, links(device, per_host)):
+                served = [n for n in networks if catalog.networks[n].serves(device)] if hosts > 1 else [None]
+                shapes += [ClusterShape((HostGroup(device, per_host, hosts, link),), net) for net in served]
+    if space.mixed:
+        for first, second in itertools.combinations(types, 2):
+            for per_host in space.devices_per_host:
+                if per_host > min(catalog.devices[first].max_per_host, catalog.devices[second].max_per_host):
+                    continue
+                served = [n for n in networks if catalog.networks[n].serves(first) and catalog.networks[n].serves(second)]
+                for link_a, link_b, net in itertools.product(links(first, per_host)[:1], links(second, per_host)[:1],
+                                                             served):
+                    shapes.append(ClusterShape((HostGroup(first, per_host, 1, link_a),
+                                                HostGroup(second, per_host, 1, link_b)), net))
+    return shapes
+
+
+@dataclass
+class Bounds:
+    """Closed-form bounds of one (model, ranks' devices, strategy): lower bounds of TTFT and TPOT (s)."""
+
+    ttft_s: float
+    tpot_s: float
+
+
+class Planner:
+    """Runs one plan (see the module docstring): :meth:`candidates` then :meth:`run`."""
+
+    def __init__(self, request: PlanRequest, profile: Profile | None = None):
+        self.request = request
+        self.profile = profile
+        self.shapes = cluster_shapes(request)
+        self.table: pd.DataFrame | None = None  # every candidate with its internals, after run()
+
+    # -- closed forms ---------------------------------------------------------------------------
+    @lru_cache(maxsize=None)
+    def _layout_problem(self, model_index: int, shape: ClusterShape) -> str:
+        spec = self.request.models[model_index]
+        try:
+            check_tensor_parallel(spec, shape.num_devices)
+        except ConfigError as error:
+            return error.message
+        for device in {g.device for g in shape.groups}:
+            if spec.dtype not in DEVICES[device].peak_flops_per_s:
+                return f"{device} has no {spec.dtype} rate"
+        return ""
+
+    def _memory_problem(self, spec: ModelSpec, shape: ClusterShape, policy: MemoryPolicy) -> str:
+        """A rank whose lower bound of peak memory exceeds its capacity, described; '' if none."""
+        w = self.request.config.workload
+        tp = shape.num_devices
+        devices = shape.device_types
+        baseline = default_runtime_memory({r: DEVICES[d] for r, d in enumerate(devices)})
+        kv = kv_cache_bytes_per_token(spec, tp) * w.batch_size * (w.prompt_tokens + w.output_tokens - 1)
+        blocks = layer_block_weight_bytes(spec, tp)
+        for rank in (0, 1) if tp > 1 else (0,):  # the master and a worker; workers hold alike
+            weights = rank_weight_bytes(spec, tp, is_master=rank == 0)
+            if policy.streams:  # at most every block streamed, each at most the largest
+                blocks_total = 2 * spec.num_layers
+                streamed = blocks_total - (blocks_total // policy.retain_every if policy.retain_every else 0)
+                weights = max(0, weights - streamed * max(blocks.values()))
+            need = baseline[rank] + weights + kv
+            # the worker of another type: check every distinct device type's capacity
+            for device in ({devices[0]} if rank == 0 else set(devices[1:])):
+                capacity = DEVICES[device].memory_capacity_bytes
+                if need > capacity:
+                    return (f"{'master' if rank == 0 else 'a worker'} on {device} needs at least {need / 2**30:.1f} GiB "
+                            f"(weights, KV cache, framework) of {capacity / 2**30:.0f} GiB")
+        return ""
+
+    @lru_cache(maxsize=None)
+    def _bounds(self, model_index: int, device_types: tuple[str, ...], strategy: str) -> Bounds:
+        spec = self.request.models[model_index]
+        w = self.request.config.workload
+        choice = StrategyChoice.library(strategy)
+        ranks = tuple(range(len(device_types)))
+        plan = Plan(spec, ranks, w.batch_size, w.prompt_tokens, w.output_tokens, choice)
+        settings = self.request.config.compute
+        compute = RooflineCompute(spec.dtype, settings.flops_efficiency, settings.memory_efficiency,
+                                  settings.op_overhead_s)
+        devices = {r: Device(r, f"r{r}", f"r{r}", DEVICES[d], DEVICES[d].memory_capacity_bytes)
+                   for r, d in enumerate(device_types)}
+
+        def busiest_s(step: int) -> float:
+            phase = plan.phase(step)
+            totals = dict.fromkeys(ranks, 0.0)
+            for segment in phase.segments:
+                for rank, ops in segment.programs.items():
+                    totals[rank] += segment.repeat * sum(compute.duration_s(op, devices[rank])
+                                                         for op in ops if op.cost is not None)
+            return max(totals.values())
+
+        return Bounds(busiest_s(0), busiest_s(1) if w.output_tokens > 1 else 0.0)
+
+    def _misses_by_bound(self, bounds: Bounds) -> str:
+        slo, w = self.request.config.slo, self.request.config.workload
+        if slo.ttft_s is not None and bounds.ttft_s > slo.ttft_s:
+            return f"TTFT at least {bounds.ttft_s:.3g} s > {slo.ttft_s:.3g} s"
+        if slo.tpot_s is not None and bounds.tpot_s > slo.tpot_s:
+            return f"TPOT at least {bounds.tpot_s * 1e3:.3g} ms > {slo.tpot_s * 1e3:.3g} ms"
+        if slo.tokens_per_s is not None and bounds.tpot_s > 0 and w.batch_size / bounds.tpot_s < slo.tokens_per_s:
+            return f"at most {w.batch_size / bounds.tpot_s:.3g} tokens/s < {slo.tokens_per_s:.3g}"
+        return ""
+
+    # -- the search -----------------------------------------------------------------------------
+    def candidates(self) -> pd.DataFrame:
+        """Every candidate with its price and the closed-form stages (1-4) applied."""
+        config, catalog = self.request.config, self.request.catalog
+        rows = []
+        variants, policies = config.search.variants, config.search.memory
+        for m, spec in enumerate(self.request.models):
+            for shape in self.shapes:
+                price = shape.price_per_hour(catalog)
+                layout = self._layout_problem(m, shape)
+                over = ""
+                if shape.num_devices > config.limits.max_devices:
+                    over = f"{shape.num_devices} devices > limits.max_devices {config.limits.max_devices}"
+                elif config.limits.budget_per_hour is not None and price > config.limits.budget_per_hour:
+                    over = f"${price:.2f}/h > limits.budget_per_hour ${config.limits.budget_per_hour:.2f}"
+                memory = {} if layout or over else {p: self._memory_problem(spec, shape, p.to_policy()) for p in policies}
+                for variant, policy in itertools.product(variants, policies):
+                    stage, reason, bounds = Stage.SIMULATED, "", None
+                    if layout:
+                        stage, reason = Stage.LAYOUT, layout
+                    elif over:
+                        stage, reason = Stage.LIMITS, over
+                    elif memory[policy]:
+                        stage, reason = Stage.MEMORY, memory[policy]
+                    else:
+                        bounds = self._bounds(m, shape.device_types, variant.strategy)
+                        miss = self._misses_by_bound(bounds) if self.profile is None else ""
+                        if miss:
+                            stage, reason = Stage.BOUND, miss
+                    rows.append({"model": spec.name, "model_index": m, "shape": shape, "cluster": shape.label(),
+                                 "device_types": "+".join(dict.fromkeys(shape.device_types)),
+                                 "num_hosts": shape.num_hosts, "devices_per_host": shape.groups[0].per_host,
+                                 "num_devices": shape.num_devices,
+                                 "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
+                                 "network": shape.network or "", "variant_config": variant,
+                                 "variant": variant.name, "strategy": variant.strategy,
+                                 "algorithms": _algorithms(variant), "memory_config": policy,
+                                 "memory_policy": policy.to_policy().label(), "price_per_hour": price,
+                                 "stage": stage, "reason": reason,
+                                 "ttft_lower_bound_s": bounds.ttft_s if bounds else math.nan,
+                                 "tpot_lower_bound_s": bounds.tpot_s if bounds else math.nan})
+        table = pd.DataFrame(rows)
+        table.insert(0, "candidate", np.arange(len(table)))
+        return table
+
+    def run(self, progress=None) -> pd.DataFrame:
+        """Simulate the survivors in order of price (stage 5 decided on the way); the full table.
+
+        Within a cluster, resident layouts go first, and the strategies' ``auto`` variants before
+        the variants naming one allreduce algorithm: ``auto`` prices each call with the fastest
+        algorithm, so its simulated latency bounds theirs. On one device every variant is the
+        same program (no collectives): one is simulated and its result copied.
+        ``progress(done, total)``, if given, is called after each cluster.
+        """
+        table = self.candidates()
+        results: dict[int, dict] = {}
+        live = table[table["stage"] == Stage.SIMULATED]
+        groups = sorted(live.groupby(["price_per_hour", "model_index", "cluster"], sort=False).groups.items(),
+                        key=lambda item: item[0])
+        best = _Frontier(self.request)
+        for done, ((price, _, _), index) in enumerate(groups, 1):
+            rows = table.loc[index]
+            streams = rows["memory_config"].map(lambda m: m.to_policy().streams)
+            resident_fit = True
+            for streamed in (False, True):
+                part = rows[streams == streamed]
+                if part.empty:
+                    continue
+                if streamed and resident_fit and (~streams).any():
+                    for i in part.index:
+                        results[i] = {"stage": Stage.DOMINATED, "reason": "every resident layout fits: streaming "
+                                                                          "only adds loads"}
+                    continue
+                explicit = part["variant_config"].map(_names_one_allreduce)
+                for wave in (part[~explicit], part[explicit]):
+                    keep = []
+                    for i, row in wave.iterrows():
+                        e2e_lb, tokens_ub = self._optimistic(row, rows, results)
+                        if best.dominates(price, e2e_lb, tokens_ub):
+                            results[i] = {"stage": Stage.DOMINATED, "reason": f"{TOP_N} cheaper configurations meet "
+                                                                              "the objectives and it cannot be faster"}
+                        else:
+                            keep.append(i)
+                    if table.loc[keep[0], "num_devices"] == 1 if keep else False:
+                        self._simulate_rows(table, keep[:1], results)
+                        for i in keep[1:]:
+                            results[i] = dict(results[keep[0]], reason=f"one device, no collectives: as "
+                                                                       f"{table.loc[keep[0], 'variant']}")
+                    else:
+                        self._simulate_rows(table, keep, results)
+                    for i in keep:
+                        if results[i]["stage"] == Stage.SIMULATED and results[i]["fits"]:
+                            best.add(price, results[i], (table.loc[i, "model"], table.loc[i, "cluster"]))
+                if not streamed:
+                    resident_fit = all(results[i].get("fits", False) for i in part.index
+                                       if results[i]["stage"] == Stage.SIMULATED)
+            if progress is not None:
+                progress(done, len(groups))
+        update = pd.DataFrame.from_dict(results, orient="index")
+        for column in update.columns:
+            table.loc[update.index, column] = update[column]
+        # Columns only simulated candidates have: absent when none was simulated, empty elsewhere.
+        for column, empty in (("fits", False), ("meets_slo", False), ("slo_miss", ""), ("profile_context", "")):
+            values = table[column] if column in table else pd.Series(empty, index=table.index)
+            table[column] = values.astype(object).where(values.notna(), empty).astype(type(empty))
+        for column in PLAN_COLUMNS:
+            if column not in table:
+                table[column] = math.nan
+        self.table = table
+        return table[PLAN_COLUMNS].copy()
+
+    def _optimistic(self, row: pd.Series, cluster_rows: pd.DataFrame, results: dict[int, dict]) -> tuple[float, float]:
+        """The best e2e latency (s) and decode tokens/s ``row`` could reach: its compute bounds,
+        tightened by its cluster's ``auto`` variant of the same strategy and memory policy if that
+        was simulated (see :meth:`run`)."""
+        w = self.request.config.workload
+        e2e = row["ttft_lower_bound_s"] + (w.output_tokens - 1) * row["tpot_lower_bound_s"]
+        tokens = w.batch_size / row["tpot_lower_bound_s"] if row["tpot_lower_bound_s"] > 0 else math.inf
+        if _names_one_allreduce(row["variant_config"]):
+            for i, other in cluster_rows.iterrows():
+                done = results.get(i)
+                if (done and done["stage"] == Stage.SIMULATED and other["strategy"] == row["strategy"]
+                        and other["variant_config"].allreduce == "auto" and other["memory_policy"] == row["memory_policy"]):
+                    e2e = max(e2e, done[Metric.E2E_LATENCY])
+                    tokens = min(tokens, done[Metric.DECODE_TOKENS_PER_S])
+        return e2e, tokens
+
+    def scenario_dict(self, row: pd.Series, name: str | None = None) -> dict:
+        """The scenario of a candidate (one variant), ready for ``hetsim simulate`` or ``measure``."""
+        config = self.request.config
+        variant = row["variant_config"].model_dump(exclude_none=True, exclude={"memory"})
+        memory = row["memory_config"].model_dump(mode="json", exclude_none=True)
+        spec_name = config.models[int(row["model_index"])]
+        if spec_name.endswith(".json") and self.request.source_path is not None:
+            spec_name = str((self.request.source_path.parent / spec_name).resolve())
+        data = {"name": name or f"{config.name}-{row['candidate']}", "model": spec_name,
+                "attention": config.attention, "cluster": row["shape"].cluster(self.request.catalog),
+                "workload": config.workload.model_dump(), "compute": config.compute.model_dump(by_alias=True),
+                "memory": memory, "variants": [variant]}
+        if config.dtype:
+            data["dtype"] = config.dtype
+        return data
+
+    def _simulate_rows(self, table: pd.DataFrame, index: list[int], results: dict[int, dict]) -> None:
+        """Simulate the candidates ``index`` (one cluster) as one scenario; their results into ``results``."""
+        if not index:
+            return
+        config = self.request.config
+        data = self.scenario_dict(table.loc[index[0]])
+        data["variants"] = [_named_variant(table.loc[i]) for i in index]
+        try:
+            result = simulate(scenario_from_dict(data), profile=self.profile, expand_steps=())
+        except ConfigError as error:
+            for i in index:
+                results[i] = {"stage": Stage.ERROR, "reason": str(error)}
+            return
+        context = _profile_context(result) if self.profile is not None else ""
+        for i, vr in zip(index, result.variants):
+            timing, fits = vr.timing, vr.overflow is None
+            miss = slo_miss(timing, config.slo)
+            results[i] = {"stage": Stage.SIMULATED, "reason": "",
+                          **{metric: timing[metric] for metric in _TIMING},
+                          Metric.MAX_PEAK_MEMORY: float(max(vr.run.peak_bytes.values())),
+                          "fits": fits, "meets_slo": fits and not miss, "profile_context": context,
+                          "slo_miss": miss if fits else vr.overflow.describe(
+                              result.topology.devices[vr.overflow.rank].name)}
+
+
+def slo_miss(timing: dict, slo) -> str:
+    """The objectives ``timing`` misses, ``; ``-joined (empty: meets them all)."""
+    misses = []
+    if slo.ttft_s is not None and not timing[Metric.TTFT] <= slo.ttft_s:
+        misses.append(f"TTFT {timing[Metric.TTFT]:.3g} s > {slo.ttft_s:.3g} s")
+    if slo.tpot_s is not None and not timing[Metric.TPOT] <= slo.tpot_s:
+        misses.append(f"TPOT {timing[Metric.TPOT] * 1e3:.3g} ms > {slo.tpot_s * 1e3:.3g} ms")
+    if slo.tokens_per_s is not None and not timing[Metric.DECODE_TOKENS_PER_S] >= slo.tokens_per_s:
+        misses.append(f"{timing[Metric.DECODE_TOKENS_PER_S]:.3g} tokens/s < {slo.tokens_per_s:.3g}")
+    return "; ".join(misses)
+
+
+class _Frontier:
+    """What the simulated candidates so far achieve (ascending price): the best e2e latency and
+    decode tokens/s, and the prices of those meeting every objective."""
+
+    def __init__(self, request: PlanRequest):
+        self.request = request
+        self.best_e2e_s = math.inf
+        self.best_tokens_per_s = 0.0
+        self.feasible: dict[tuple[str, str], float] = {}  # (model, cluster) meeting every objective -> price
+
+    def add(self, price: float, result: dict, configuration: tuple[str, str]) -> None:
+        self.best_e2e_s = min(self.best_e2e_s, result[Metric.E2E_LATENCY])
+        if not math.isnan(result[Metric.DECODE_TOKENS_PER_S]):
+            self.best_tokens_per_s = max(self.best_tokens_per_s, result[Metric.DECODE_TOKENS_PER_S])
+        if result["meets_slo"]:
+            self.feasible[configuration] = price
+
+    def dominates(self, price: float, e2e_lb_s: float, tokens_ub: float) -> bool:
+        """Whether a candidate at ``price`` that can at best reach ``e2e_lb_s`` and ``tokens_ub``
+        can enter neither the top ``TOP_N`` (clusters) nor a frontier."""
+        if sum(p < price for p in self.feasible.values()) < TOP_N:
+            return False
+        return e2e_lb_s >= self.best_e2e_s and tokens_ub <= self.best_tokens_per_s
+
+
+def _names_one_allreduce(variant: Variant) -> bool:
+    """A variant whose strategy allreduces with one named algorithm (not ``auto``)."""
+    return variant.allreduce is not None and variant.allreduce != "auto"
+
+
+_TIMING = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY, Metric.LOADER_STALL_DECODE)
+
+
+def _algorithms(variant: Variant) -> str:
+    return ", ".join(f"{kind}={name}" for kind, name in sorted(variant.choice().algorithms.items()))
+
+
+def _named_variant(row: pd.Series) -> dict:
+    variant = row["variant_config"].model_dump(exclude_none=True, exclude={"memory"})
+    variant["name"] = f"c{row['candidate']}"
+    variant["memory"] = row["memory_config"].model_dump(mode="json", exclude_none=True)
+    return variant
+
+
+def _profile_context(result: SimulationResult) -> str:
+    """How the profile priced this cluster: ``same cluster``, or the terms outside its context."""
+    if result.network is None:
+        return ""
+    outside = [t.term for t in result.network.terms if t.verdict.value != "same"]
+    if result.extrapolated:
+        outside.append(f"{len(result.extrapolated)} extrapolated predictions")
+    return "same cluster" if result.network.same_cluster and not outside else "outside: " + "; ".join(outside)

@@ -1,0 +1,198 @@
+"""hetsim plan: the pick, the frontiers, the pruning that never drops what the simulator would
+accept, the outputs and the one-line errors of bad plan files."""
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from models.errors import ConfigError
+from sim.planning.catalog import DEFAULT_CATALOG, load_catalog
+from sim.planning.outcome import pareto, plan
+from sim.planning.plan_config import load_plan, plan_from_dict
+from sim.planning.search import Planner, Stage, slo_miss
+from sim.scenario import load_scenario, scenario_from_dict
+from sim.simulate import simulate
+from sim.vocabulary import Metric
+from validation.cli import main
+
+SMALL = {
+    "name": "small_plan",
+    "models": ["gpt2"],
+    "dtype": "fp16",
+    "workload": {"batch_size": 4, "prompt_tokens": 256, "output_tokens": 8},
+    "slo": {"ttft": "30ms", "tpot": "3ms"},
+    "search": {"devices": ["rtx_4090", "t4", "rtx_3060_12gb", "cpu"], "devices_per_host": [1, 2], "hosts": [1, 2],
+               "networks": ["eth10g", "eth100g"],
+               "variants": [{"name": "rlb", "strategy": "reduce_ln_bcast"},
+                            {"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"},
+                            {"name": "auto", "strategy": "allreduce_ln", "allreduce": "auto"}]},
+}
+
+
+@pytest.fixture(scope="module")
+def small():
+    return plan(plan_from_dict(SMALL))
+
+
+def test_the_pick_is_the_cheapest_configuration_meeting_every_objective(small):
+    table = small.table
+    assert small.pick is not None and small.pick["meets_slo"]
+    assert small.pick["price_per_hour"] == table.loc[table["meets_slo"], "price_per_hour"].min()
+    assert not slo_miss(small.pick, small.request.config.slo)
+    # Every layout of every cluster is in the table; the top 10 are distinct clusters.
+    top = small.top
+    assert list(top["rank"]) == list(range(1, len(top) + 1)) and top["cluster"].is_unique
+    assert top.iloc[0]["candidate"] == small.pick["candidate"]
+    for _, row in top.iloc[1:].iterrows():
+        assert row["versus_pick"] and row["bottleneck"]
+    assert str(small.pick["cluster"]) in small.recommendation and "$" in small.recommendation
+
+
+def test_frontier_points_are_not_dominated_and_the_rest_are(small):
+    fitted = small.table[(small.table["stage"] == Stage.SIMULATED) & small.table["fits"]]
+    for flag, metric, better in (("pareto_latency", Metric.E2E_LATENCY, lambda a, b: a < b),
+                                 ("pareto_throughput", Metric.DECODE_TOKENS_PER_S, lambda a, b: a > b)):
+        for _, row in fitted.iterrows():
+            dominated = ((fitted["price_per_hour"] <= row["price_per_hour"]) & better(fitted[metric], row[metric])).any()
+            cheaper_as_good = ((fitted["price_per_hour"] < row["price_per_hour"])
+                               & ~better(row[metric], fitted[metric])).any()
+            assert row[flag] == (not dominated and not cheaper_as_good), (flag, row["cluster"], row["variant"])
+
+
+def test_pareto_keeps_the_cheapest_of_equals_and_skips_nan():
+    price = pd.Series([1.0, 1.0, 2.0, 3.0, 4.0])
+    latency = pd.Series([5.0, 4.0, 4.0, 1.0, math.nan])
+    assert list(pareto(price, latency, larger_is_better=False)) == [False, True, False, True, False]
+    assert list(pareto(pd.Series([1.0, 1.0]), pd.Series([2.0, 2.0]), larger_is_better=False)) == [True, True]
+
+
+def test_closed_form_pruning_never_drops_a_configuration_the_simulator_accepts():
+    # Llama-2-7B in fp16 (13.5 GB): too large for one 12 GiB RTX 3060, too slow on a T4 for 100 ms.
+    pruned = SMALL | {"models": ["llama-2-7b"], "slo": {"ttft": "100ms"},
+                      "workload": {"batch_size": 1, "prompt_tokens": 512, "output_tokens": 4},
+                      "search": SMALL["search"] | {"devices": ["rtx_3060_12gb", "t4"], "hosts": [1]}}
+    planner = Planner(plan_from_dict(pruned))
+    table = planner.candidates()
+    assert {Stage.MEMORY, Stage.BOUND} <= set(table["stage"])
+    checked = 0
+    for stage in (Stage.MEMORY, Stage.BOUND):
+        for _, row in table[table["stage"] == stage].head(4).iterrows():
+            scenario = scenario_from_dict(planner.scenario_dict(row))
+            vr = simulate(scenario, expand_steps=()).variants[0]
+            if stage == Stage.MEMORY:
+                assert vr.overflow is not None
+            else:
+                assert slo_miss(vr.timing, planner.request.config.slo)
+                assert vr.timing[Metric.TTFT] >= row["ttft_lower_bound_s"]
+                assert vr.timing[Metric.TPOT] >= row["tpot_lower_bound_s"] * (1 - 1e-9)
+            checked += 1
+    assert checked >= 4
+
+
+def test_mixed_clusters_and_every_stage_are_searched(small):
+    table = small.table
+    assert table["device_types"].str.contains(r"\+").any()
+    assert {Stage.LAYOUT, Stage.SIMULATED} <= set(table["stage"])
+    assert len(table) == len(Planner(plan_from_dict(SMALL)).candidates())
+
+
+def test_plan_command_writes_the_table_the_report_and_a_pick_that_simulates(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    main(["plan", str(path), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    for name in ("plan.csv", "plan.parquet", "report.html", "pick.yaml"):
+        assert (tmp_path / "out" / name).is_file()
+    csv = pd.read_csv(tmp_path / "out" / "plan.csv")
+    parquet = pd.read_parquet(tmp_path / "out" / "plan.parquet")
+    assert len(csv) == len(parquet) and {"price_per_hour", "stage", "bottleneck", "pareto_latency"} <= set(csv.columns)
+    assert "hetsim measure" in out and "torchrun" in out and "Use " in out
+    pick = load_scenario(tmp_path / "out" / "pick.yaml")
+    picked = csv[csv["rank"] == 1].iloc[0]
+    assert simulate(pick, expand_steps=()).variants[0].timing[Metric.TTFT] == pytest.approx(picked[Metric.TTFT])
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "price ($ per hour)" in html and "Pareto frontier" in html
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"search": {"devices": ["b200"]}}, "search.devices[0]"),
+    ({"limits": {"budget_per_hour": 0}}, "limits.budget_per_hour"),
+    ({"slo": {}}, "slo"),
+    ({"slo": {"tpot": "fast"}}, "slo.tpot"),
+    ({"prices": {"b200": 3.0}}, "prices.b200"),
+    ({"prices": {"t4": -1}}, "prices.t4"),
+    ({"models": ["gpt-9"]}, "models[0]"),
+    ({"surprise": 1}, "surprise"),
+    ({"search": {"hosts": [0]}}, "search.hosts"),
+    ({"workload": {"batch_size": 1, "prompt_tokens": 16, "output_tokens": 1}}, "workload.output_tokens"),
+    ({"catalog": "missing.yaml"}, "catalog"),
+    ({"search": {"networks": ["carrier_pigeon"]}}, "search.networks[0]"),
+])
+def test_a_bad_plan_file_is_one_line_naming_the_field_exit_2(tmp_path, capsys, change, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(SMALL | change))
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"hetsim: error: {field}"), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_default_catalog_dates_and_sources_every_price():
+    catalog = load_catalog(DEFAULT_CATALOG)
+    for name, offer in catalog.devices.items():
+        assert offer.source and offer.as_of and offer.price_per_hour > 0, name
+    for option in (*catalog.interconnects.values(), *catalog.networks.values()):
+        assert option.source
+
+
+def test_the_shipped_example_plan_loads():
+    request = load_plan("scenarios/plan_llama31_8b.yaml")
+    assert request.models[0].name == "llama-3.1-8b" and request.config.slo.tpot_s == 0.05
+
+
+def test_a_price_override_changes_the_pick():
+    cheap_t4 = plan_from_dict(SMALL | {"prices": {"t4": 0.001, "rtx_3060_12gb": 10.0, "rtx_4090": 10.0, "cpu": 10.0}})
+    assert cheap_t4.catalog.devices["t4"].price_per_hour == 0.001
+    with pytest.raises(ConfigError):
+        plan_from_dict(SMALL | {"prices": {"t4": math.inf}})
+
+
+def test_a_profile_prices_the_candidates_and_names_those_outside_its_context():
+    from sim.profile import load_profile
+
+    cpu = {"name": "cpu_plan", "models": ["gpt2"], "workload": {"batch_size": 1, "prompt_tokens": 64, "output_tokens": 4},
+           "slo": {"tpot": "2s"}, "search": {"devices": ["cpu"], "hosts": [1, 2], "networks": ["eth10g"],
+                                             "variants": [{"name": "auto", "strategy": "allreduce_ln", "allreduce": "auto"}],
+                                             "memory": [{"policy": "resident"}]}}
+    profile = load_profile("validation/report/profiles/v2x2_bandwidth.csv")
+    calibrated = plan(plan_from_dict(cpu), profile=profile)
+    two_hosts = calibrated.table[calibrated.table["num_hosts"] == 2].iloc[0]
+    assert two_hosts["profile_context"].startswith("outside") and "inter_host" in two_hosts["profile_context"]
+    assert any("inter_host" in note for note in calibrated.notes)
+    assert calibrated.table[Metric.TPOT].notna().all()
+
+
+def test_when_nothing_can_meet_the_objectives_the_sentence_says_why():
+    impossible = plan(plan_from_dict(SMALL | {"slo": {"ttft": "1us"}, "search": SMALL["search"] | {"hosts": [1]}}))
+    assert impossible.pick is None and impossible.pick_scenario is None
+    assert impossible.recommendation.startswith("No configuration within the limits can meet TTFT <= 0.001 ms")
+    assert "lower bounds are TTFT" in impossible.recommendation
+    broke = plan(plan_from_dict(SMALL | {"limits": {"budget_per_hour": 0.001}}))
+    assert broke.pick is None and broke.pick_scenario is None and set(broke.table["stage"]) <= {"layout", "limits"}
+
+
+def test_a_catalog_file_replaces_the_default_and_its_errors_name_the_entry(tmp_path, capsys):
+    catalog = yaml.safe_load(DEFAULT_CATALOG.read_text())
+    catalog["devices"] = {"t4": catalog["devices"]["t4"] | {"price_per_hour": 0.1}}
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(catalog))
+    request = plan_from_dict(SMALL | {"catalog": "prices.yaml", "search": {"hosts": [1]}}, base_dir=tmp_path)
+    assert list(request.catalog.devices) == ["t4"] and request.catalog.devices["t4"].price_per_hour == 0.1
+    catalog["devices"]["t4"]["interconnects"] = ["warp"]
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(catalog))
+    with pytest.raises(ConfigError) as error:
+        plan_from_dict(SMALL | {"catalog": "prices.yaml"}, base_dir=tmp_path)
+    assert error.value.field == "prices.yaml: devices.t4.interconnects" and "'warp'" in error.value.message

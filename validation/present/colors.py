@@ -1,0 +1,38 @@
+"""One colour per op kind, and one per variant (or device type) by its place in a sorted list, so
+that every report of hetsim draws the same thing in the same colour."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import plotly.express as px
+
+from models.ops import OpKind
+
+# Compute ops in blues and greens, collectives in reds and oranges, the loader in grey.
+OP_KIND_COLORS: dict[str, str] = {
+    OpKind.EMBEDDING.value: "#9ecae1",
+    OpKind.LAYERNORM.value: "#6baed6",
+    OpKind.QKV_PROJ.value: "#3182bd",
+    OpKind.ATTENTION.value: "#08519c",
+    OpKind.OUT_PROJ.value: "#74c476",
+    OpKind.MLP_UP.value: "#31a354",
+    OpKind.MLP_DOWN.value: "#006d2c",
+    OpKind.LM_HEAD.value: "#756bb1",
+    OpKind.ALLREDUCE.value: "#de2d26",
+    OpKind.REDUCE.value: "#fc9272",
+    OpKind.BROADCAST.value: "#fd8d3c",
+    OpKind.WEIGHT_LOAD.value: "#969696",
+}
+_PALETTE = px.colors.qualitative.Plotly + px.colors.qualitative.D3
+
+
+def op_kind_color(kind: str) -> str:
+    """The colour of an op kind (``OpKind`` value); black for one without its own."""
+    return OP_KIND_COLORS.get(kind, "#000000")
+
+
+def category_colors(names: Iterable[str]) -> dict[str, str]:
+    """A colour per name (variants, device types), by sorted order: the same names get the same
+    colours in every figure and report."""
+    return {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(sorted(set(names)))}
