@@ -123,18 +123,18 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     network = NETWORK_MODELS[config.network_model](
         topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     runtime_memory: dict[int, int] = {}
-    choice = None
+    choice, cores = None, ()
     if profile is not None:
         gamma = compute.reduce_s_per_byte
         compute = CalibratedCompute(profile, compute)
         choice = calibrated_network(profile, network, topology, scenario_context(scenario.name, topology, ranks, dtype),
-                                    gamma, compute.gap_s(topology.devices[ranks[0]]))
-        network, compute.scale = choice.network, choice.compute_scale
+                                    gamma, compute.gap_s(topology.devices[ranks[0]]), ranks)
+        network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
-    engine = Engine(topology, compute, CollectivePricer(network, topology))
+    engine = Engine(topology, compute, CollectivePricer(network, topology), cores=cores)
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:
