@@ -91,6 +91,16 @@ def check_finite(timing: dict[str, float], field: str, *, decodes: bool) -> None
 
 
 
+def solo_kinds(plan) -> frozenset[str]:
+    """The compute op kinds of ``plan``'s prefill that only some of its ranks compute (the
+    master's embedding and LM head; its layer norms in reduce_ln_bcast)."""
+    kinds: dict[int, set[str]] = {rank: set() for rank in plan.ranks}
+    for segment in plan.phase(0).segments:
+        for rank, ops in segment.programs.items():
+            kinds[rank].update(str(op.kind) for op in ops if op.collective is None and op.load is None)
+    return frozenset(set().union(*kinds.values()) - set.intersection(*kinds.values()))
+
+
 def simulate(scenario: Scenario, *, profile: Profile | None = None,
              expand_steps: tuple[int, ...] = (0, 1)) -> SimulationResult:
     """Simulate every variant of ``scenario``.
@@ -139,6 +149,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     variants, tables = [], []
     for variant in config.variants:
         plan = scenario.plan(variant, ranks, runtime_memory)
+        if cores:
+            compute.solo_kinds = solo_kinds(plan)
         if plan.memory_policy.streams:
             try:
                 check_loader_paths(topology, ranks)

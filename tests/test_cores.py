@@ -83,3 +83,34 @@ def test_engine_with_cores_enough_is_bit_for_bit_unchanged():
     assert enough.duration_s == alone.duration_s
     for rank in alone.ends:
         assert (enough.ends[rank] == alone.ends[rank]).all()
+
+
+def test_transfer_shares_the_target_cores_and_leaves_the_masters_own_ops_on_a_core_of_their_own(root):
+    from sim.calibrated import CalibratedCompute
+    from sim.cost import RooflineCompute
+    from sim.profile import load_profile
+    from sim.scenario import load_scenario
+
+    # calibrated with 4 ranks on 2 cores, predicting 3 ranks on those 2 cores
+    profile = load_profile(root / "validation" / "report" / "profiles" / "v2x2_bandwidth.csv")
+    scenario = load_scenario(root / "scenarios" / "transfer" / "t3x1_bandwidth.yaml")
+    result = simulate(scenario, profile=profile)
+    variant = result.variants[0]
+    config = scenario.config
+    as_calibrated = CalibratedCompute(profile, RooflineCompute(scenario.model.dtype, config.compute.flops_efficiency,
+                                                               config.compute.memory_efficiency,
+                                                               config.compute.op_overhead_s))
+    ops = {op.name: op for segment in variant.run.plan.phase(1).segments for op in segment.programs[0]}
+    trace = variant.trace.ops
+    decode = trace[(trace["rank"] == 0) & (trace["step"] == 1)].drop_duplicates("name").set_index("name")
+    took = (decode["end_s"] - decode["start_s"]).to_dict()
+    device = result.topology.devices[0]
+    # the LM head, the master's alone, was timed while the others slept: as calibrated
+    assert took["lm_head"] == pytest.approx(as_calibrated.duration_s(ops["lm_head"], device), rel=1e-9)
+    # an op every rank computes: half its calibrated time on a core of its own, at most 1.5 times
+    # that while all 3 ranks compute at once (they do not always: a broadcast frees its root first)
+    for name in ("mlp_up", "qkv_proj", "attention"):
+        alone_s = as_calibrated.duration_s(ops[name], device) * 0.5
+        assert alone_s * (1 - 1e-9) <= took[name] <= alone_s * 1.5 * (1 + 1e-9)
+    assert sum(took[n] for n in ("mlp_up", "qkv_proj", "attention")) > 1.01 * sum(
+        as_calibrated.duration_s(ops[n], device) * 0.5 for n in ("mlp_up", "qkv_proj", "attention"))

@@ -32,10 +32,11 @@ carries most of it.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from models.ops import OpKind
-from sim.trace import COLLECTIVE_KINDS, master_calls
+from sim.trace import COLLECTIVE_KINDS
 from sim.vocabulary import Metric, PhaseKind
 
 TERM_COLUMNS = ["scenario", "prompt_tokens", "variant", "phase", "term", "simulated_s", "measured_s", "contribution"]
@@ -60,25 +61,36 @@ def step_terms(ops: pd.DataFrame, steps: pd.DataFrame, gap_s: float = 0.0) -> pd
     ops = ops[ops["kind"] != str(OpKind.WEIGHT_LOAD)]
     if ops.empty:
         return pd.DataFrame(columns=["phase", "term", "seconds"])
-    master = ops["rank"].min()
-    is_call = ops["kind"].isin(COLLECTIVE_KINDS)
-    calls = master_calls(ops[is_call], master=master)
-    compute = ops[~is_call & (ops["rank"] == master)]
-    parts = pd.concat([
-        pd.DataFrame({"phase": compute["phase"], "step": compute["step"], "term": "compute:" + compute["kind"].astype(str),
-                      "seconds": (compute["end_s"] - compute["start_s"] - gap_s).clip(lower=0.0)}),
-        pd.DataFrame({"phase": calls["phase"], "step": calls["step"], "term": "collective:" + calls["kind"].astype(str),
-                      "seconds": (calls["call_s"] - gap_s).clip(lower=0.0)}),
-        pd.DataFrame({"phase": calls["phase"], "step": calls["step"], "term": "wait", "seconds": calls["wait_s"]}),
-    ])
+    # Row by row over plain arrays: a split runs per case and source in the transfer report, and
+    # pandas' per-call overhead was most of its cost. The wait and call split is master_calls'.
+    kind, phase, name = (ops[c].astype(str).to_numpy() for c in ("kind", "phase", "name"))
+    rank, step, layer = (ops[c].to_numpy() for c in ("rank", "step", "layer"))
+    start, end = ops["start_s"].to_numpy(dtype=float), ops["end_s"].to_numpy(dtype=float)
+    is_call = np.isin(kind, list(COLLECTIVE_KINDS))
+    last_start: dict[tuple, float] = {}
+    for i in np.flatnonzero(is_call):
+        key = (step[i], layer[i], name[i])
+        last_start[key] = max(last_start.get(key, -np.inf), start[i])
+    master = rank.min()
+    sums: dict[str, dict[str, float]] = {}
+    steps_of: dict[str, set] = {}
+    for i in np.flatnonzero(rank == master):
+        terms = sums.setdefault(phase[i], {})
+        steps_of.setdefault(phase[i], set()).add(step[i])
+        if is_call[i]:
+            wait = max(0.0, min(end[i], last_start[(step[i], layer[i], name[i])]) - start[i])
+            items = ((f"collective:{kind[i]}", max(0.0, end[i] - start[i] - wait - gap_s)), ("wait", wait))
+        else:
+            items = ((f"compute:{kind[i]}", max(0.0, end[i] - start[i] - gap_s)),)
+        for term, seconds in items:
+            terms[term] = terms.get(term, 0.0) + seconds
     duration = steps.set_index("step")["end_s"] - steps.set_index("step")["start_s"]
     rows = []
-    for phase, per_phase in parts.groupby("phase", sort=False):
-        step_ids = per_phase["step"].unique()
-        terms = per_phase.groupby("term", sort=True)["seconds"].sum() / len(step_ids)
-        step_s = float(duration.reindex(step_ids).mean())
-        rows += [{"phase": phase, "term": t, "seconds": float(v)} for t, v in terms.items()]
-        rows.append({"phase": phase, "term": "other", "seconds": step_s - float(terms.sum())})
+    for phase_name, terms in sums.items():
+        count = len(steps_of[phase_name])
+        rows += [{"phase": phase_name, "term": t, "seconds": terms[t] / count} for t in sorted(terms)]
+        step_s = float(duration.reindex(sorted(steps_of[phase_name])).mean())
+        rows.append({"phase": phase_name, "term": "other", "seconds": step_s - sum(terms.values()) / count})
     return pd.DataFrame(rows)
 
 
