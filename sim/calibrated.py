@@ -325,11 +325,11 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
                                gap_s)
     scale, pools, contention = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)))
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
+    network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     if any(floor_s > 0 for floor_s, _ in floors.values()):
         fitted = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in fitted.items()}
         network.terms = fitted
         network.default = replace(network.default, min_message_s=floors[False][0])
-        network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())))
     return NetworkChoice(network, False, terms, sources, scale, pools)

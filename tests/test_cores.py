@@ -114,3 +114,27 @@ def test_transfer_shares_the_target_cores_and_leaves_the_masters_own_ops_on_a_co
         assert alone_s * (1 - 1e-9) <= took[name] <= alone_s * 1.5 * (1 + 1e-9)
     assert sum(took[n] for n in ("mlp_up", "qkv_proj", "attention")) > 1.01 * sum(
         as_calibrated.duration_s(ops[n], device) * 0.5 for n in ("mlp_up", "qkv_proj", "attention"))
+
+
+def test_a_messages_software_overhead_stretches_with_the_busy_ranks_beyond_the_cores():
+    from sim.cluster_config import ClusterConfig
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import TransportTerms, price
+
+    topology = build_topology(ClusterConfig.model_validate(cluster(2, 2)))
+    group = (0, 1, 2, 3)
+    terms = TransportTerms(1e-3, 1.0, 1.0, "test")
+
+    def extra_s(algorithm: str) -> float:
+        schedule = build_schedule("allreduce", algorithm, group, 1024, host_groups=topology.host_groups(group))
+        return price(schedule, topology, terms, cores=2).duration_s - price(schedule, topology, terms).duration_s
+
+    # recursive doubling: 2 steps, each keeping all 4 ranks busy on 2 cores: 1 ms more per step
+    assert extra_s("recursive_doubling") == pytest.approx(2e-3, rel=1e-9)
+    # a two-level tree's middle steps keep only the 2 hosts' leaders busy: those do not stretch
+    assert extra_s("two_level_tree") == pytest.approx(2e-3, rel=1e-9)
+    assert price(build_schedule("allreduce", "ring", group, 1024, host_groups=topology.host_groups(group)),
+                 topology, terms, cores=4).duration_s == price(
+        build_schedule("allreduce", "ring", group, 1024, host_groups=topology.host_groups(group)), topology,
+        terms).duration_s  # cores enough: unchanged
