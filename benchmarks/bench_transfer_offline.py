@@ -34,12 +34,13 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     reports = (*SHIPPED, *(tuple(pair) for pair in args.also))
-    errors = transfer_errors(shipped_clusters(reports), on_progress=lambda text: print(text, file=sys.stderr))
+    clusters = shipped_clusters(reports)
+    errors = transfer_errors(clusters, on_progress=lambda text: print(text, file=sys.stderr))
     matrix = matrix_cluster_names()
     command = COMMAND if not args.also else " ".join(["PYTHONPATH=. python benchmarks/bench_transfer_offline.py",
                                                      "--out", str(args.out),
                                                      *(f"--also {m} {r}" for m, r in args.also)])
-    written = write_transfer_report(errors, args.out, command, matrix)
+    written = write_transfer_report(errors, args.out, command, matrix, clusters)
     written += write_files(args.out, {"report.html": transfer_html(errors)})
     print(overall_table(errors, matrix).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"{time.perf_counter() - started:.0f} s; wrote " + ", ".join(str(p) for p in written))

@@ -26,6 +26,7 @@ baseline is read here, after the warm-up and before the sweep allocates its buff
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -39,7 +40,7 @@ from runtime import memory_probe
 from runtime.calibrate import CALIBRATION_MAX_TOKENS, CalibrationGenerations, gather_profile, used_algorithms
 from runtime.comm import Communicator
 from runtime.comm_timing import CollectiveSweep, p2p_rows
-from runtime.cpu_steal import cpu_ticks, steal_fraction
+from runtime.cpu_steal import ZERO, cpu_sample
 from runtime.worker import MeasurementRounds, RankMeasurement, paced_loader, rank_model, timed_rounds
 from sim.parallel import ParallelPlan
 from sim.scenario import Scenario
@@ -49,15 +50,18 @@ from sim.scenario import Scenario
 class InterleavedResult:
     """What one interleaved launch gives: the calibration ``profile`` (a profile table), the
     ``measurements`` of each case (``[case][rank][variant]``, peak memory not read), the
-    ``rounds`` of each part (``measurement``, ``calibration``) and the share of CPU time the
-    hypervisor stole during the measured generations and during the calibration
-    (:mod:`runtime.cpu_steal`; ``measurement_cpu_steal``, ``calibration_cpu_steal``)."""
+    ``rounds`` of each part (``measurement``, ``calibration``) and the machine's CPU time during
+    the measured generations and during the calibration (:mod:`runtime.cpu_steal`): the share
+    the hypervisor stole (``measurement_cpu_steal``, ``calibration_cpu_steal``) and the share
+    other processes on the machine took (``measurement_other_load``, ``calibration_other_load``)."""
 
     profile: pd.DataFrame
     measurements: list[list[list[RankMeasurement]]]
     rounds: dict[str, int]
     measurement_cpu_steal: float
     calibration_cpu_steal: float
+    measurement_other_load: float = float("nan")
+    calibration_other_load: float = float("nan")
 
 
 def spread(count: int, rounds: int) -> set[int]:
@@ -93,18 +97,19 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
     model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=max(longest, CALIBRATION_MAX_TOKENS),
                               device=device, shards=shards)
     comm = Communicator(rank, topology.host_groups)
-    steal = {"measurement": [0, 0], "calibration": [0, 0]}
+    pids = [None] * len(ranks)
+    dist.all_gather_object(pids, os.getpid())  # the ranks' processes, whose CPU time is not "other"
+    spent = {"measurement": ZERO, "calibration": ZERO}
 
     @contextmanager
     def stolen(part: str):
-        before = cpu_ticks()
+        before = cpu_sample(pids)
         yield
-        after = cpu_ticks()
-        steal[part][0] += after[0] - before[0]
-        steal[part][1] += after[1] - before[1]
+        spent[part] = spent[part] + (cpu_sample(pids) - before)
 
     with paced_loader(store, topology, ranks, rank, device) as loader:
-        measured = MeasurementRounds(cases, ranks, rank, model, comm, loader, device, seed, heartbeat, shards=shards)
+        measured = MeasurementRounds(cases, ranks, rank, model, comm, loader, device, seed, heartbeat, shards=shards,
+                                     keep_rounds=True)
         generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model, loader, heartbeat,
                                              shards=shards)
         # The rounds a measurement alone would time (min_timed_s judged by the case whose
@@ -142,8 +147,8 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         return None
     return InterleavedResult(profile, [[per_rank[case] for per_rank in gathered] for case in range(len(cases))],
                              {"measurement": total, "calibration": calibration_repeats},
-                             steal_fraction((0, 0), tuple(steal["measurement"])),
-                             steal_fraction((0, 0), tuple(steal["calibration"])))
+                             spent["measurement"].steal_fraction, spent["calibration"].steal_fraction,
+                             spent["measurement"].other_load, spent["calibration"].other_load)
 
 
 def launch_interleaved(scenario: Scenario, cases: list[Scenario], *, testbed: bool, repeats: int, warmup: int,

@@ -36,12 +36,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MeasuredVariant:
-    """One variant's measured trace (last repeat), median timing, tokens ([repeats, batch, tokens])."""
+    """One variant's measured trace (last repeat), median timing, tokens ([repeats, batch, tokens]);
+    ``rounds``: the trace of every timed repeat (ops and steps, no memory) where the ranks kept
+    their records of each (:attr:`runtime.worker.RankMeasurement.round_records`), else empty."""
 
     name: str
     trace: Trace
     timing: dict[str, float]
     tokens: np.ndarray
+    rounds: tuple[Trace, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,16 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
         ops = op_table(r for rank in ranks for r in measured[rank].records)
         memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
                               columns=MEMORY_COLUMNS)
-        trace = Trace(ops, repeat_traces(list(measured.values()), master)[-1].steps, memory,
-                      peak_table({r: measured[r].peak_memory_bytes for r in ranks}))
+        per_repeat = repeat_traces(list(measured.values()), master)
+        trace = Trace(ops, per_repeat[-1].steps, memory, peak_table({r: measured[r].peak_memory_bytes for r in ranks}))
+        kept = [measured[rank].round_records for rank in ranks]
+        rounds = ()
+        if kept[0] and all(len(k) == len(per_repeat) for k in kept):
+            rounds = tuple(Trace(op_table(r for rank_rounds in kept for r in rank_rounds[index]), repeat.steps,
+                                 repeat.memory) for index, repeat in enumerate(per_repeat))
         peaks = peak_memory_bytes(trace)
         memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
-        variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens))
+        variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens, rounds))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))
         idle = [d.name for d in topology.devices if d.rank not in ranks]
         if idle:

@@ -48,7 +48,9 @@ class RankMeasurement:
     ``peak_memory_bytes``: high-water mark of an untimed generation after the timed ones (CPU: peak
     RSS with the exact allocator; CUDA: max memory allocated), see :mod:`runtime.memory_probe`;
     ``memory_samples``: (time_s, bytes) after each step: times of the last repeat, bytes of that generation;
-    ``stall_s``: [repeats, steps] time the rank's ops waited for weight loads (s).
+    ``stall_s``: [repeats, steps] time the rank's ops waited for weight loads (s);
+    ``round_records``: op records of every timed repeat, in order, where the rounds kept them
+    (:class:`MeasurementRounds`' ``keep_rounds``); empty otherwise.
     """
 
     rank: int
@@ -60,6 +62,7 @@ class RankMeasurement:
     peak_memory_bytes: int
     memory_samples: list[tuple[float, int]]
     stall_s: np.ndarray
+    round_records: tuple[list[TraceEvent], ...] = ()
 
 
 def rank_model(scenario: Scenario, ranks: tuple[int, ...], rank: int, *, seed: int, max_tokens: int,
@@ -116,13 +119,17 @@ class MeasurementRounds:
         loader: reads (paced) weight blocks when a variant streams; None otherwise.
         seed: of the prompts.
         shards: each rank's slice when the tensor-parallel split is uneven (None: even).
+        keep_rounds: keep every timed round's op records (:attr:`RankMeasurement.round_records`:
+            where a step's time goes, over every round, :mod:`validation.terms`), not only the
+            last's; only where :meth:`measurements` reads no memory, which they would count in.
     """
 
     def __init__(self, cases: list[Scenario], ranks: tuple[int, ...], rank: int, model: RankModel, comm: Communicator,
                  loader: BlockLoader | None, device: torch.device, seed: int,
                  heartbeat: Callable[[str], None] = lambda label: None,
-                 shards: tuple[TensorShard, ...] | None = None):
+                 shards: tuple[TensorShard, ...] | None = None, keep_rounds: bool = False):
         self.cases, self.rank, self.device, self.heartbeat = cases, rank, device, heartbeat
+        self.keep_rounds = keep_rounds
         self._device = device_of(device)
         self.executors: dict[tuple[int, str], Executor] = {}
         self.prompts: dict[int, torch.Tensor] = {}
@@ -133,7 +140,7 @@ class MeasurementRounds:
                 self.executors[index, variant.name] = Executor(
                     case.plan(variant, ranks, shards=shards), model, comm, rank, loader=loader,
                     memory_probe=self._device.memory_bytes)
-        self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": []}
+        self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": [], "rounds": []}
                      for key in self.executors}
 
     def _generate(self, key: tuple[int, str], label: str, t0: float | None = None):
@@ -161,6 +168,8 @@ class MeasurementRounds:
             if generation.tokens:
                 kept["tokens"].append(torch.stack(generation.tokens, dim=1).cpu().numpy())
             kept["records"] = list(generation.records)
+            if self.keep_rounds:
+                kept["rounds"].append(kept["records"])
             del generation
         return slowest_s
 
@@ -184,7 +193,7 @@ class MeasurementRounds:
             out[key[0]].append(RankMeasurement(
                 self.rank, key[1], np.array(kept["starts"]), np.array(kept["ends"]), kept["records"],
                 np.array(kept["tokens"]) if kept["tokens"] else np.zeros((0,), dtype=np.int64),
-                peak, samples, np.array(kept["stalls"])))
+                peak, samples, np.array(kept["stalls"]), tuple(kept["rounds"])))
         return out
 
 

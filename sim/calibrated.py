@@ -60,12 +60,19 @@ class CalibratedCompute:
         profile: the calibration profile.
         fallback: the roofline used as the interpolation axis and outside the measured range.
         scale: factor on every compute op and gap (core contention other than calibrated:
-            :func:`sim.context.contention_scale`).
+            :func:`sim.context.core_contention`: calibrated compute at a core of its own), but
+            those of ``solo_kinds``.
+        solo_kinds: op kinds that only some ranks of the group compute in the plan being priced
+            (the master's embedding and LM head; its layer norms in reduce_ln_bcast): timed in place while the other ranks waited, asleep, for their result,
+            so on a core of their own already (measured: the LM head of GPT-2 took 17 ms with 4
+            ranks on 2 cores, 14 ms with 3, where every rank's ops took twice and 1.5 times
+            their time alone; validation/report and transfer-new-report ``terms.csv``).
     """
 
     profile: Profile
     fallback: RooflineCompute
     scale: float = 1.0
+    solo_kinds: frozenset[str] = frozenset()
     extrapolated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
@@ -91,10 +98,11 @@ class CalibratedCompute:
         return self._gap_s.get(device.spec.name, 0.0)
 
     def duration_s(self, op: Op, device: Device) -> float:
-        key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes)
+        solo = str(op.kind) in self.solo_kinds
+        key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes, solo)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = (self._price(op, device) + self.gap_s(device)) * self.scale
+            cached = self._cache[key] = (self._price(op, device) + self.gap_s(device)) * (1.0 if solo else self.scale)
         return cached
 
     def reduce_s_per_byte(self, device: Device) -> float:
@@ -262,7 +270,8 @@ class NetworkChoice:
     Attributes:
         network: the network model to price collectives with.
         same_cluster: the profile's collective timings are replayed (same-cluster mode).
-        compute_scale: factor on calibrated compute for core contention (:func:`sim.context.contention_scale`).
+        compute_scale: factor on calibrated compute for core contention (:func:`sim.context.core_contention`).
+        cores: the target's core pools for the engine (:mod:`sim.cores`; none: a core per rank).
         terms: the scenario's terms against the profile's context (:func:`sim.context.compare`).
         sources: one line per collective implementation: where its price comes from.
     """
@@ -272,13 +281,15 @@ class NetworkChoice:
     terms: tuple
     sources: tuple[str, ...]
     compute_scale: float = 1.0
+    cores: tuple = ()
 
 
 _FITS: dict[int, tuple[Profile, dict]] = {}  # id(profile) -> (profile, fitted terms): fitting takes seconds
 
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
-                       reduce_s_per_byte: Callable[[Device], float], gap_s: float) -> NetworkChoice:
+                       reduce_s_per_byte: Callable[[Device], float], gap_s: float,
+                       ranks: tuple[int, ...] = ()) -> NetworkChoice:
     """The network model a profile gives a scenario whose context is ``target``
     (:class:`sim.context.CalibrationContext`).
 
@@ -287,9 +298,10 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     measured on another network is replayed: every collective is its schedule priced over the
     target's topology with transport terms fitted on the profile's isolated collective sweep
     (:class:`sim.transport.TransportNetwork`), or the gloo defaults for an implementation the
-    profile did not time.
+    profile did not time; and ``ranks`` (the target's, topology rank ids) share the cores as
+    :func:`sim.context.core_contention` says.
     """
-    from sim.context import compare, contention_scale, profile_contexts, same_cluster
+    from sim.context import compare, core_contention, profile_contexts, same_cluster
     from sim.transport import TransportNetwork, default_terms, fit_profile
 
     contexts = profile_contexts(profile.rows)
@@ -311,16 +323,16 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s)
-    scale, contention = contention_scale(contexts, target)
+    scale, pools, contention = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)))
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
+    network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     if any(floor_s > 0 for floor_s, _ in floors.values()):
         fitted = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in fitted.items()}
         network.terms = fitted
         network.default = replace(network.default, min_message_s=floors[False][0])
-        network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())))
-    return NetworkChoice(network, False, terms, sources, scale)
+    return NetworkChoice(network, False, terms, sources, scale, pools)
 
 
 # gloo over TCP where the calibrated links hid it, per rank beyond the cores, keyed by "gloo's own

@@ -27,6 +27,7 @@ from enum import Enum
 
 import pandas as pd
 
+from sim.cores import CorePool
 from sim.topology import Topology
 from sim.vocabulary import MeasurementKind
 
@@ -241,22 +242,31 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
     return tuple(out)
 
 
-def contention_scale(contexts: tuple[CalibrationContext, ...], target: CalibrationContext) -> tuple[float, str]:
-    """(factor on calibrated compute times, a line saying why) for ranks sharing CPU cores.
+def core_contention(contexts: tuple[CalibrationContext, ...], target: CalibrationContext,
+                    ranks: tuple[int, ...]) -> tuple[float, tuple[CorePool, ...], str]:
+    """How ranks sharing CPU cores are priced: (factor on calibrated compute times, the target's
+    core pools for the engine's processor sharing, :mod:`sim.cores`, a line saying why).
 
     Compute is timed in place, with every rank of the calibrated group running: where ranks
-    outnumber the cores, each gets ``cores / ranks`` of one and its ops take ``ranks / cores``
-    times as long (a processor-sharing queue, as Linux's fair scheduler approximates:
-    Kleinrock, "Queueing Systems", vol. 2, 1976, section 4.4). A target with another number of
-    ranks per core scales by the ratio. The target's cores are the calibrated machine's where
-    the scenario does not say (the emulated hosts share one machine). 1 for devices of their own
-    (no cores recorded) and in same-cluster mode."""
+    outnumbered the cores, each got ``cores / ranks`` of one and its ops took ``ranks / cores``
+    times as long (processor sharing: :mod:`sim.cores`). The factor takes that out, so that a
+    calibrated time is an op's work on a core of its own, and the target's ``ranks`` compete
+    for its cores in the simulation, as many at once as compute at that moment. The target's
+    cores are the calibrated machine's where the scenario does not say (the emulated hosts share
+    one machine). Factor 1 and no pool for devices of their own (no cores recorded) and in
+    same-cluster mode (the in-place times hold the contention as it was).
+
+    Args:
+        ranks: the target's ranks (topology rank ids) that run the plan.
+    """
     known = [c for c in contexts if c.cores is not None]
     if not known or same_cluster(contexts, target):
-        return 1.0, "core contention: as calibrated"
+        return 1.0, (), "core contention: as calibrated"
     calibrated = known[0]
     cores = target.cores or calibrated.cores
-    ranks, calibrated_ranks = sum(target.ranks_per_host), sum(calibrated.ranks_per_host)
-    scale = max(1.0, ranks / cores) / max(1.0, calibrated_ranks / calibrated.cores)
-    return scale, (f"core contention: compute x {scale:.2f} ({ranks} ranks on {cores} cores against "
-                   f"{calibrated_ranks} on {calibrated.cores} in {calibrated.name})")
+    calibrated_ranks = sum(calibrated.ranks_per_host)
+    scale = 1.0 / max(1.0, calibrated_ranks / calibrated.cores)
+    pool = CorePool(frozenset(ranks), cores)
+    return scale, (pool,), (f"core contention: calibrated compute x {scale:.2f} ({calibrated_ranks} ranks on "
+                            f"{calibrated.cores} cores in {calibrated.name}), then {pool.describe()} sharing them "
+                            "as the simulation runs (processor sharing)")

@@ -31,6 +31,12 @@ Semantics (what the tests pin down):
   (e.g. calibrated) time, and contention adds what the fluid model says it costs. A calibrated
   timing is a measured duration; contention is the uncalibrated fluid model's delay added to it.
   ``auto`` picks its algorithm on the idle network either way.
+* Core contention (:mod:`sim.cores`): where a :class:`sim.cores.CorePool` puts more of the
+  segment's ranks on a machine than it has free cores, the ranks' compute ops run through the
+  pool's processor-sharing server: a compute op's duration is its work at one whole core, and it
+  stretches while more ranks compute at once than there are cores. A rank waiting in a
+  collective does not compute and leaves its core to the others. Pools with enough cores change
+  nothing.
 * A segment starts with every rank idle at time 0 and lasts until its last op ends.
 * A segment whose every op waits for the previous op of its rank and whose collectives keep their
   priced timings (no loads, no contention) is computed without simpy, by simpy's arithmetic
@@ -46,6 +52,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from sim.cores import CorePool, ProcessorSharing
 from sim.cost import ComputeModel
 from sim.fabric import Fabric
 from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links
@@ -72,9 +79,12 @@ class Engine:
     """Executes segments over a topology with a compute model and a collective pricer."""
 
     def __init__(self, topology: Topology, compute: ComputeModel, pricer: CollectivePricer,
-                 load_rate_cap: Callable[[int], float | None] = lambda rank: None):
-        """``load_rate_cap(rank)``: a calibrated ceiling on a weight load's rate (bytes/s), or None."""
+                 load_rate_cap: Callable[[int], float | None] = lambda rank: None,
+                 cores: tuple[CorePool, ...] = ()):
+        """``load_rate_cap(rank)``: a calibrated ceiling on a weight load's rate (bytes/s), or None;
+        ``cores``: the machines whose cores ranks share (:mod:`sim.cores`; none: a core each)."""
         self.topology = topology
+        self.cores = cores
         self.compute = compute
         self.pricer = pricer
         self.load_rate_cap = load_rate_cap
@@ -89,9 +99,10 @@ class Engine:
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         algorithms: dict[int, tuple[str, str]] = {}
         shared = self._fabric_groups(segment)
+        pools = tuple(pool for pool in self.cores if pool.oversubscribed(segment.programs))
         ops = [op for program in segment.programs.values() for op in program]
-        if shared or any(op.load is not None for op in ops):
-            self._run_events(segment, shared, starts, ends, algorithms)
+        if shared or pools or any(op.load is not None for op in ops):
+            self._run_events(segment, shared, starts, ends, algorithms, pools)
         elif all(op.after is None for op in ops):
             self._run_in_order(segment, starts, ends, algorithms)
         else:
@@ -205,10 +216,14 @@ class Engine:
                     if stream != key:
                         work.append(stream)
 
-    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms) -> None:
-        """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers."""
+    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms,
+                    pools: tuple[CorePool, ...] = ()) -> None:
+        """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers, the compute
+        of the ranks of ``pools`` on their processor-sharing servers."""
         env = simpy.Environment()
         fabric = Fabric(env, self.links, self.load_rate_cap)
+        servers = [ProcessorSharing(env, pool) for pool in pools]
+        cpu = {rank: server for server in servers for rank in server.pool.ranks}
         calls: dict[int, list] = {}
         for rank in sorted(segment.programs):
             program = segment.programs[rank]
@@ -222,11 +237,11 @@ class Engine:
             for indices in groups:
                 if indices:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
-                                             ends[rank], calls, algorithms, segment.programs))
+                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank)))
         env.run()
 
     def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
-                segment_programs):
+                segment_programs, cpu=None):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -237,7 +252,8 @@ class Engine:
             if op.load is not None:
                 yield fabric.load(rank, op.load.size_bytes)
             elif op.collective is None:
-                yield env.timeout(self.compute.duration_s(op, device))
+                duration = self.compute.duration_s(op, device)
+                yield env.timeout(duration) if cpu is None else cpu.run(duration)
             else:
                 timing = self._timing(op, algorithms)
                 on_fabric = op.collective.group in shared

@@ -143,13 +143,15 @@ def uncalibrated_network(name: str, topology: Topology, compute):
 class Pricing:
     """How a scenario's forward passes are priced on its cluster: the compute model (roofline, or
     calibrated), the network model, the engine built on them, how a profile's network terms were
-    used (None without a profile) and the runtime's own memory per rank (bytes, from a profile)."""
+    used (None without a profile), the runtime's own memory per rank (bytes, from a profile) and
+    the machines whose cores the ranks share (:mod:`sim.cores`; empty: a core each)."""
 
     compute: object
     network: object
     engine: Engine
     choice: NetworkChoice | None
     runtime_memory: dict[int, int]
+    cores: tuple = ()
 
 
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
@@ -172,20 +174,30 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     network = model_network(config.network_model, topology, compute)
     # Without a profile, each rank holds its backend's documented framework baseline (sim.framework).
     runtime_memory = default_runtime_memory({r: topology.devices[r].spec for r in ranks})
-    choice = None
+    choice, cores = None, ()
     if profile is not None:
         gamma = compute.reduce_s_per_byte
         compute = CalibratedCompute(profile, compute)
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype),
-                                    gamma, compute.gap_s(topology.devices[ranks[0]]))
-        network, compute.scale = choice.network, choice.compute_scale
+                                    gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
+        network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, runtime_memory[r])) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         network = uncalibrated_network(config.network_model, topology, compute)
-    engine = Engine(topology, compute, CollectivePricer(network, topology))
-    return Pricing(compute, network, engine, choice, runtime_memory)
+    engine = Engine(topology, compute, CollectivePricer(network, topology), cores=cores)
+    return Pricing(compute, network, engine, choice, runtime_memory, cores)
+
+
+def solo_kinds(plan) -> frozenset[str]:
+    """The compute op kinds of ``plan``'s prefill that only some of its ranks compute (the
+    master's embedding and LM head; its layer norms in reduce_ln_bcast)."""
+    kinds: dict[int, set[str]] = {rank: set() for rank in plan.ranks}
+    for segment in plan.phase(0).segments:
+        for rank, ops in segment.programs.items():
+            kinds[rank].update(str(op.kind) for op in ops if op.collective is None and op.load is None)
+    return frozenset(set().union(*kinds.values()) - set.intersection(*kinds.values()))
 
 
 def simulate(scenario: Scenario, *, profile: Profile | None = None,
@@ -217,7 +229,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                    streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants) * len(groups))
     pricing = build_pricing(scenario, topology, ranks, profile, context_group=groups[0])
     compute, network, engine = pricing.compute, pricing.network, pricing.engine
-    choice, runtime_memory = pricing.choice, pricing.runtime_memory
+    choice, runtime_memory, cores = pricing.choice, pricing.runtime_memory, pricing.cores
     workload = config.workload
     variants, tables = [], []
     names = [d.name for d in topology.devices]
@@ -226,6 +238,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         replicas = []
         for group, shards, batch in zip(groups, parallel.replica_shards, batches):
             plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
+            if cores:
+                compute.solo_kinds = solo_kinds(plan)
             if plan.memory_policy.streams:
                 try:
                     check_loader_paths(topology, group)

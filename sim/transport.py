@@ -24,6 +24,13 @@ it with its own ``o``, and below that the delay is lost in the overhead. Else th
 default count is kept (:func:`default_terms`) and the overhead absorbs the rest. Never fitted on
 a target's measurements.
 
+Where the ranks outnumber the cores they share, a message's software overhead is CPU work of
+both its ends, and stretches like compute (:mod:`sim.cores`): by the busy ranks of its step over
+the cores, when more are busy than there are cores (:meth:`_TransportLinks.stretch`). Fitting
+prices the sweep over the calibrated machine's cores the same way, so the fitted overhead is a
+message's on a core of its own, and a step that leaves ranks asleep (a two-level tree's
+leader-only steps) pays it unstretched on any target.
+
 A collective on any topology is then its schedule priced with these terms by
 :class:`TransportNetwork`.
 """
@@ -99,6 +106,11 @@ class _TransportLinks(Links):
         """The terms' software overhead plus their number of one-way latencies of ``path`` (s)."""
         return self.terms.per_message_s + self.terms.latencies_per_message * sum(c.latency_s for c in path)
 
+    def stretch(self, busy_ranks: int) -> float:
+        """How much longer a message's software overhead takes in a step that keeps ``busy_ranks``
+        ranks busy: processor sharing of the cores among them (:mod:`sim.cores`), 1 without cores."""
+        return 1.0 if self.cores is None else max(1.0, busy_ranks / self.cores)
+
     def floor_s(self, busy_ranks: int) -> float:
         """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks
         busy: ``terms.min_message_s`` (every rank busy) times the busy ranks beyond the cores over
@@ -123,20 +135,25 @@ class _TransportRun(_FlowRun):
 
     def __init__(self, schedule: CommSchedule, links: _TransportLinks):
         super().__init__(schedule, links)
-        self.floor = [links.floor_s(busy) for step, busy in zip(schedule.steps, busy_ranks(schedule)) for _ in step]
+        busy = busy_ranks(schedule)
+        self.floor = [links.floor_s(n) for step, n in zip(schedule.steps, busy) for _ in step]
+        self.extra_s = [links.terms.per_message_s * (links.stretch(n) - 1) for step, n in zip(schedule.steps, busy)
+                        for _ in step]
 
     def _start(self, transfer: int) -> None:
         route = self.route[transfer]
         wire_s = self.transfers[transfer].size_bytes / min((self.links.capacity[c] for c in route.channels),
                                                            default=math.inf)
-        self._push(self.now + max(route.latency_s, self.floor[transfer] - wire_s),
+        self._push(self.now + max(route.latency_s + self.extra_s[transfer], self.floor[transfer] - wire_s),
                    self._LATENCY_OVER, transfer)
 
 
 def price(schedule: CommSchedule, topology: Topology, terms: TransportTerms,
-          reduce_s_per_byte: Mapping[int, float] | None = None) -> CollectiveTiming:
-    """``schedule`` priced by the flow model with ``terms`` on every message."""
-    return _TransportRun(schedule, _TransportLinks(topology, reduce_s_per_byte, terms)).run()
+          reduce_s_per_byte: Mapping[int, float] | None = None, cores: int | None = None) -> CollectiveTiming:
+    """``schedule`` priced by the flow model with ``terms`` on every message, its ranks sharing
+    ``cores`` (None: a core each)."""
+    return _TransportRun(schedule, _TransportLinks(topology, reduce_s_per_byte, terms, cores,
+                                                   len(schedule.group))).run()
 
 
 @dataclass
@@ -222,7 +239,8 @@ def context_topology(context: CalibrationContext) -> Topology:
 
 
 def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
-              reduce_s_per_byte: Mapping[int, float] | None = None) -> dict[tuple[str, str], TransportTerms]:
+              reduce_s_per_byte: Mapping[int, float] | None = None,
+              cores: int | None = None) -> dict[tuple[str, str], TransportTerms]:
     """Fit :class:`TransportTerms` per (kind, algorithm) on a profile's isolated ``collective``
     rows (median times), each priced over the first ``group_size`` ranks of ``topology`` (the
     calibrated cluster); see the module docstring.
@@ -254,10 +272,10 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
         best = None
         for count in counts:
             for efficiency in _EFFICIENCIES:
-                base = np.array([price(s, topology, TransportTerms(0.0, count, efficiency, ""), reduce_s_per_byte)
-                                 .duration_s for s in schedules])
-                probe = np.array([price(s, topology, TransportTerms(1e-3, count, efficiency, ""), reduce_s_per_byte)
-                                  .duration_s for s in schedules])
+                base = np.array([price(s, topology, TransportTerms(0.0, count, efficiency, ""), reduce_s_per_byte,
+                                       cores).duration_s for s in schedules])
+                probe = np.array([price(s, topology, TransportTerms(1e-3, count, efficiency, ""), reduce_s_per_byte,
+                                        cores).duration_s for s in schedules])
                 slope = (probe - base) / 1e-3  # messages on each schedule's critical path
                 predicted = base[None, :] + _OVERHEADS_S[:, None] * slope[None, :]
                 loss = ((np.log(np.maximum(predicted, 1e-9)) - log_measured[None, :]) ** 2).sum(axis=1)
@@ -400,5 +418,5 @@ def fit_profile(rows, context: CalibrationContext,
         isolated = replace(default, latencies_per_message=default.latencies_per_message + notice)
         fitted.update({key: replace(terms, latencies_per_message=max(1.0, terms.latencies_per_message - notice))
                        for key, terms in fit_terms(of_kind, topology, isolated, context.name,
-                                                   reduce_s_per_byte).items()})
+                                                   reduce_s_per_byte, context.cores).items()})
     return fitted

@@ -372,17 +372,30 @@ def test_calibration_rounds_spread_evenly_over_the_interleaved_rounds():
         spread(0, 3)
 
 
-def test_cpu_steal_is_the_stolen_share_of_all_ticks(tmp_path):
-    from runtime.cpu_steal import cpu_ticks, steal_fraction
+def test_cpu_probe_reads_steal_and_the_load_of_other_processes(tmp_path):
+    from runtime.cpu_steal import ZERO, cpu_sample
 
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  100 0 50 800 10 0 20 20 0 0\ncpu0 1 2 3\n")
-    before = cpu_ticks(stat)
-    assert before == (20, 1000)
-    stat.write_text("cpu  190 0 90 1500 10 0 40 170 0 0\n")
-    assert steal_fraction(before, cpu_ticks(stat)) == pytest.approx(150 / 1000)
-    assert cpu_ticks(tmp_path / "missing") == (0, 0)
-    assert math.isnan(steal_fraction((0, 0), (0, 0)))
+    stat, proc = tmp_path / "stat", tmp_path / "proc"
+    for pid in (11, 12):
+        (proc / str(pid)).mkdir(parents=True)
+
+    def write(cpu: str, ours: dict[int, tuple[int, int]]):
+        stat.write_text(f"cpu  {cpu}\ncpu0 1 2 3\n")
+        for pid, (user, system) in ours.items():
+            # a command name with a space and a parenthesis, as proc(5) allows
+            (proc / str(pid) / "stat").write_text(f"{pid} (python (r) 1) S 1 1 1 0 -1 4194304 10 0 0 0 "
+                                                  f"{user} {system} 0 0 20 0 3 0 100 0 0\n")
+
+    write("100 0 50 800 10 0 20 20 0 0", {11: (40, 10), 12: (30, 5)})
+    before = cpu_sample([11, 12, 13], stat, proc)  # 13 has exited: it adds nothing
+    assert (before.steal, before.busy, before.total, before.ours) == (20, 170, 1000, 85)
+    write("190 0 90 1500 10 0 40 170 0 0", {11: (80, 20), 12: (60, 10)})
+    span = cpu_sample([11, 12, 13], stat, proc) - before
+    assert span.steal_fraction == pytest.approx(150 / 1000)
+    # busy 150 ticks of 1000, the ranks' 85: the other processes took 6.5% of the machine
+    assert span.other_load == pytest.approx(65 / 1000)
+    assert cpu_sample([11], tmp_path / "missing", proc) == ZERO
+    assert math.isnan(ZERO.steal_fraction) and math.isnan(ZERO.other_load)
 
 
 def test_step_terms_split_the_master_step_and_contributions_add_up_to_its_error():
@@ -414,14 +427,46 @@ def test_step_terms_split_the_master_step_and_contributions_add_up_to_its_error(
     assert gapped.to_dict() == pytest.approx({"collective:allreduce": 0.005, "compute:mlp_up": 0.009,
                                               "wait": 0.004, "other": 0.007})
     simulated = trace((0.012, 0.012), 0.022)
-    table = term_errors("s", 8, SimpleNamespace(variants=[SimpleNamespace(trace=simulated)]),
-                        SimpleNamespace(variants=[SimpleNamespace(name="ar", trace=measured)]))
+    table = term_errors("s", 8, SimpleNamespace(variants=[SimpleNamespace(trace=simulated, timing={"tpot_s": 0.022})]),
+                        SimpleNamespace(variants=[SimpleNamespace(name="ar", trace=measured, timing={"tpot_s": 0.025})]))
     assert set(table["phase"]) == {"decode"}  # no prefill ops: that step is not split
     by_term = table.set_index("term")["contribution"]
     assert by_term.sum() == pytest.approx(0.022 / 0.025 - 1)
     assert by_term.abs().idxmax() == "wait"  # simulated ranks arrive together; measured, 4 ms apart
     summary = term_summary(table).set_index("term")
     assert summary.loc["other", "share"] == pytest.approx(0.2)
+
+
+def test_term_split_uses_every_repeat_and_accounts_for_the_error_against_the_median():
+    from types import SimpleNamespace
+
+    from validation.terms import term_behind, term_errors
+
+    columns = ["rank", "stream", "kind", "name", "phase", "step", "layer", "start_s", "end_s", "bytes", "flops"]
+
+    def trace(mlp_s: float, wait_s: float, end_s: float):
+        ops = pd.DataFrame([
+            (0, "compute", "mlp_up", "mlp_up", "decode", 1, 0, 0.0, mlp_s, 0, 1e6),
+            (0, "compute", "allreduce", "mlp_allreduce", "decode", 1, 0, mlp_s, mlp_s + wait_s + 0.005, 3072, 0),
+            (1, "compute", "mlp_up", "mlp_up", "decode", 1, 0, 0.0, mlp_s + wait_s, 0, 1e6),
+            (1, "compute", "allreduce", "mlp_allreduce", "decode", 1, 0, mlp_s + wait_s, mlp_s + wait_s + 0.005,
+             3072, 0)], columns=columns)
+        steps = pd.DataFrame({"step": [0, 1], "phase": ["prefill", "decode"], "start_s": [-1.0, 0.0],
+                              "end_s": [0.0, end_s]})
+        return SimpleNamespace(ops=ops, steps=steps)
+
+    # Three repeats: the fastest (the last) had no wait; the median TPOT is 30 ms.
+    rounds = (trace(0.010, 0.010, 0.030), trace(0.012, 0.020, 0.040), trace(0.010, 0.000, 0.020))
+    simulated = trace(0.010, 0.000, 0.021)
+    table = term_errors("s", 8, SimpleNamespace(variants=[SimpleNamespace(trace=simulated, timing={"tpot_s": 0.021})]),
+                        SimpleNamespace(variants=[SimpleNamespace(name="ar", trace=rounds[-1], rounds=rounds,
+                                                                  timing={"tpot_s": 0.030})]))
+    terms = table.set_index("term")
+    # each measured term is its median over the repeats; together they make the median TPOT
+    assert terms["measured_s"].to_dict() == pytest.approx({"compute:mlp_up": 0.010, "collective:allreduce": 0.005,
+                                                           "wait": 0.010, "other": 0.005})
+    assert terms["contribution"].sum() == pytest.approx(0.021 / 0.030 - 1)  # the error the table reports
+    assert term_behind(table, 0.021 / 0.030 - 1)["term"] == "wait"
 
 
 def test_calibrated_wait_is_charged_before_each_collective_and_shows_in_the_trace():
@@ -502,3 +547,28 @@ def test_a_call_is_priced_from_its_own_plan_op_timed_in_place_and_else_from_ever
     master = trace.ops[(trace.ops["rank"] == 0) & (trace.ops["kind"] == "allreduce")]
     durations = (master["end_s"] - master["start_s"]).groupby(master["name"]).median()
     assert durations["mlp_allreduce"] == pytest.approx(1e-3) and durations["attn_allreduce"] == pytest.approx(9e-3)
+
+
+def test_measured_result_keeps_a_trace_of_every_timed_repeat_where_the_ranks_kept_them():
+    pytest.importorskip("torch")
+    from runtime.measure import measured_result
+    from runtime.worker import RankMeasurement
+    from sim.trace import TraceEvent
+
+    scenario = make_scenario(cluster=cluster(1, 2), variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}])
+    topology = build_topology(scenario.config.cluster)
+
+    def event(rank: int, repeat: int) -> TraceEvent:
+        return TraceEvent(rank, "compute", "mlp_up", "mlp_up", "decode", 1, 0, 0.0, 0.01 * (repeat + 1), 0.0, 1.0)
+
+    def rank_measurement(rank: int, kept: bool) -> RankMeasurement:
+        starts = np.tile([0.0, 1.0], (3, 1))
+        rounds = tuple([event(rank, repeat)] for repeat in range(3)) if kept else ()
+        return RankMeasurement(rank, "rlb", starts, starts + 0.5, [event(rank, 2)], np.zeros((3, 1, 2)), 0, [],
+                               np.zeros((3, 2)), rounds)
+
+    kept = measured_result(scenario, topology, [[rank_measurement(r, True)] for r in (0, 1)]).variants[0]
+    assert [len(t.ops) for t in kept.rounds] == [2, 2, 2]  # both ranks' records of each repeat
+    assert [float(t.ops["end_s"].max()) for t in kept.rounds] == pytest.approx([0.01, 0.02, 0.03])
+    alone = measured_result(scenario, topology, [[rank_measurement(r, False)] for r in (0, 1)]).variants[0]
+    assert alone.rounds == () and len(alone.trace.ops) == 2

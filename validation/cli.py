@@ -400,7 +400,7 @@ def _transfer(matrix: Path, out_dir: Path, console: Console) -> list[Path]:
         errors = transfer_errors(clusters, on_progress=lambda text: status.update(text))
     with interrupt.deferred():
         written = write_transfer_report(errors, out_dir / "transfer", f"hetsim validate {matrix} --out {out_dir}",
-                                        [c.name for c in clusters])
+                                        [c.name for c in clusters], clusters)
         written += write_files(out_dir / "transfer", {"report.html": transfer_html(errors)})
     console.print((out_dir / "transfer" / "summary.md").read_text())
     return written

@@ -13,12 +13,18 @@ and compared with the target's measured TTFT and TPOT. Three more sources per ta
   report's.
 
 No testbed is involved: it is a pure re-simulation. Errors are signed, ``simulated / measured - 1``.
+
+Every case off by more than :data:`TERM_THRESHOLD` is given the term behind it
+(:func:`validation.terms.term_behind`): the simulated run's split of the metric
+(:func:`validation.terms.metric_terms`) against the target's measured split, its report's
+``terms.csv`` (the named terms' measured seconds; ``other`` the rest of the measured median, so
+that the terms add up to the error).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +35,7 @@ from sim.transport import Transport
 from sim.vocabulary import Metric
 from sim.scenario import Scenario
 from validation.matrix import load_matrix, with_prompt
+from validation.terms import PHASE_METRIC, metric_terms, phase_metrics, profile_gap_s, term_behind
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The shipped reports and the matrices that produced them.
@@ -37,7 +44,14 @@ SHIPPED = ((REPO_ROOT / "validation" / "matrix.yaml", REPO_ROOT / "validation" /
 TRANSFER_METRICS = (Metric.TTFT, Metric.TPOT)
 NO_PROFILE = "none"
 POOLED = "pooled"
-ERROR_COLUMNS = ["source", "target", "prompt_tokens", "variant", "metric", "simulated", "measured", "error"]
+ERROR_COLUMNS = ["source", "target", "prompt_tokens", "variant", "metric", "simulated", "measured", "error", "term",
+                 "term_contribution"]
+TERM_THRESHOLD = 0.10  # |error| above which a case is given the term behind it
+# errors.csv's columns on the machine's CPU time others took (runtime.cpu_steal), and what they say
+MACHINE_LOAD = {"cpu_steal": "stolen by the hypervisor while measured",
+                "calibration_cpu_steal": "stolen while calibrated",
+                "other_load": "taken by other processes while measured",
+                "calibration_other_load": "taken by other processes while calibrated"}
 OVERALL_COLUMNS = ["scope", "pairs", "metric", "cases", "median_abs_error", "p90_abs_error", "median_signed_error"]
 SUMMARY_COLUMNS = ["source", "target", "metric", "cases", "median_abs_error", "p90_abs_error",
                    "median_signed_error"]
@@ -51,11 +65,18 @@ class Cluster:
         scenario: its scenario (the variants and the cluster).
         profile: its calibration profile.
         measured: its measured cases: prompt_tokens, variant, metric, measured (s), TTFT and TPOT only.
+        terms: its measured term split (:data:`validation.terms.TERM_COLUMNS`, the report's
+            ``terms.csv``), None where the report has none.
+        machine: the share of the machine's CPU time others took while it was measured and
+            calibrated (:data:`MACHINE_LOAD`: the hypervisor, other processes), those its
+            report's ``errors.csv`` records.
     """
 
     scenario: Scenario
     profile: Profile
     measured: pd.DataFrame
+    terms: pd.DataFrame | None = None
+    machine: dict[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -82,9 +103,16 @@ def shipped_clusters(reports: Sequence[tuple[Path, Path]] = SHIPPED) -> list[Clu
         errors = pd.read_csv(report_dir / "errors.csv")
         for scenario in scenarios:
             measured = errors[(errors["scenario"] == scenario.name) & errors["metric"].isin(TRANSFER_METRICS)]
+            terms = None
+            if (report_dir / "terms.csv").exists():
+                terms = pd.read_csv(report_dir / "terms.csv")
+                terms = terms[terms["scenario"] == scenario.name].reset_index(drop=True)
+            of_scenario = errors[errors["scenario"] == scenario.name]
+            machine = {column: float(of_scenario[column].iloc[0]) for column in MACHINE_LOAD
+                       if column in of_scenario and len(of_scenario) and pd.notna(of_scenario[column].iloc[0])}
             clusters.append(Cluster(scenario, load_profile(report_dir / "profiles" / f"{scenario.name}.csv"),
                                     measured[["prompt_tokens", "variant", "metric", "measured"]]
-                                    .reset_index(drop=True)))
+                                    .reset_index(drop=True), terms, machine))
     return clusters
 
 
@@ -99,7 +127,10 @@ def transfer_errors(clusters: Sequence[Cluster], *, pooled: bool = True,
     """Every (source, target) case's error; columns :data:`ERROR_COLUMNS`.
 
     Sources: each cluster's profile, :data:`NO_PROFILE` and (``pooled``) :data:`POOLED`, the
-    profiles of all clusters but the target.
+    profiles of all clusters but the target. ``term`` and ``term_contribution``: the term behind
+    a case off by more than :data:`TERM_THRESHOLD` and its contribution (see the module
+    docstring); empty and NaN elsewhere, and where the target has no measured split or the
+    simulation no trace.
 
     Args:
         simulate_case: ``(scenario, profile or None) -> SimulationResult``; default
@@ -117,17 +148,50 @@ def transfer_errors(clusters: Sequence[Cluster], *, pooled: bool = True,
             sources.append((POOLED, pooled_profile([c.profile for c in clusters if c.name != target.name])))
         for prompt, measured in target.measured.groupby("prompt_tokens", sort=True):
             case = with_prompt(target.scenario, int(prompt))
+            measured_terms = None if target.terms is None else target.terms[target.terms["prompt_tokens"] == prompt]
             for source, profile in sources:
                 on_progress(f"{target.name} at prompt {prompt} with {source}")
-                results = simulate_case(case, profile).results
+                result = simulate_case(case, profile)
+                results = result.results
                 simulated = results[results["device"].isna() | (results["device"] == "")] \
                     .set_index(["variant", "metric"])["value"]
+                split: dict[str, pd.Series] = {}  # variant -> its simulated split, computed once
                 for row in measured.itertuples(index=False):
                     value = float(simulated[(row.variant, row.metric)])
+                    error = value / float(row.measured) - 1
+                    term, contribution = "", float("nan")
+                    if abs(error) > TERM_THRESHOLD and measured_terms is not None and hasattr(result, "variant"):
+                        if row.variant not in split:
+                            ran = result.variant(row.variant)
+                            split[row.variant] = metric_terms(
+                                [ran.trace], phase_metrics(ran.timing),
+                                profile_gap_s(profile, result.topology.devices[result.ranks[0]].spec.name))
+                        term, contribution = case_term(split[row.variant], measured_terms, row, error)
                     rows.append({"source": source, "target": target.name, "prompt_tokens": int(prompt),
                                  "variant": row.variant, "metric": row.metric, "simulated": value,
-                                 "measured": float(row.measured), "error": value / float(row.measured) - 1})
+                                 "measured": float(row.measured), "error": error, "term": term,
+                                 "term_contribution": contribution})
     return pd.DataFrame(rows, columns=ERROR_COLUMNS)
+
+
+def case_term(simulated: pd.Series, measured_terms: pd.DataFrame, case, error: float) -> tuple[str, float]:
+    """(the term behind a case's ``error``, its contribution): ``simulated`` is the simulated run's
+    split of its variant (:func:`validation.terms.metric_terms`), ``measured_terms`` the target's
+    measured split at the case's prompt (``terms.csv`` rows), ``case`` has ``variant``,
+    ``metric`` and ``measured`` (the median the error compares against, s). ("", NaN) where
+    the measured split lacks the case."""
+    phase = next(p for p, m in PHASE_METRIC.items() if m == case.metric)
+    mine = measured_terms[(measured_terms["variant"] == case.variant) & (measured_terms["phase"] == phase)
+                          & (measured_terms["term"] != "other")]
+    if mine.empty:
+        return "", float("nan")
+    named = mine.set_index("term")["measured_s"]
+    measured = pd.concat([named, pd.Series({"other": float(case.measured) - float(named.sum())})])
+    simulated = simulated[phase] if phase in simulated.index.get_level_values("phase") else pd.Series(dtype=float)
+    both = pd.DataFrame({"simulated_s": simulated, "measured_s": measured}).fillna(0.0)
+    both = both.assign(contribution=(both["simulated_s"] - both["measured_s"]) / float(case.measured))
+    behind = term_behind(both.rename_axis("term").reset_index(), error)
+    return str(behind["term"]), float(behind["contribution"])
 
 
 def _stats(errors: pd.Series) -> dict:
@@ -188,6 +252,19 @@ def ranking_table(errors: pd.DataFrame) -> pd.DataFrame:
     return table.groupby("pairs", sort=True)[["compared", "agreeing"]].sum().reset_index()
 
 
+def behind_table(errors: pd.DataFrame) -> pd.DataFrame:
+    """Per kind of pair (:func:`kind_of_pair`) and term: of the cases off by more than
+    :data:`TERM_THRESHOLD`, how many that term is behind, and the median of its contribution
+    and of their error. Columns ``pairs, term, cases, median_contribution, median_error``."""
+    off = errors[errors["error"].abs() > TERM_THRESHOLD]
+    off = off.assign(pairs=[kind_of_pair(s, t) for s, t in zip(off["source"], off["target"])],
+                     term=off["term"].fillna("").replace("", "(no measured split)"))
+    grouped = off.groupby(["pairs", "term"], sort=True)
+    table = pd.DataFrame({"cases": grouped.size(), "median_contribution": grouped["term_contribution"].median(),
+                          "median_error": grouped["error"].median()}).reset_index()
+    return table.sort_values(["pairs", "cases"], ascending=[True, False], kind="stable").reset_index(drop=True)
+
+
 def matrix_table(errors: pd.DataFrame) -> pd.DataFrame:
     """Target x source: median |error| over the target's TTFT and TPOT cases."""
     table = errors.assign(abs_error=errors["error"].abs()).pivot_table(
@@ -197,8 +274,24 @@ def matrix_table(errors: pd.DataFrame) -> pd.DataFrame:
     return table.reindex(index=list(dict.fromkeys(errors["target"])), columns=order + extra)
 
 
-def summary_markdown(errors: pd.DataFrame, command: str, matrix_clusters: Sequence[str] = ()) -> str:
-    """The report's summary: how it was made, the overall figures and the source x target table."""
+def machine_lines(clusters: Sequence[Cluster]) -> list[str]:
+    """One line per cluster: the share of the machine's CPU time others took while it was
+    measured and calibrated (:attr:`Cluster.machine`), or that its report did not record it."""
+    lines = []
+    for cluster in clusters:
+        known = [f"{cluster.machine[column]:.1%} {what}" for column, what in MACHINE_LOAD.items()
+                 if column in cluster.machine]
+        missing = [column for column in MACHINE_LOAD if column not in cluster.machine]
+        lines.append(f"- {cluster.name}: " + ", ".join(known)
+                     + ("; " if known and missing else "") + (f"not recorded: {', '.join(missing)}" if missing else ""))
+    return lines
+
+
+def summary_markdown(errors: pd.DataFrame, command: str, matrix_clusters: Sequence[str] = (),
+                     clusters: Sequence[Cluster] = ()) -> str:
+    """The report's summary: how it was made, the overall figures, the terms behind the cases
+    off by more than :data:`TERM_THRESHOLD`, the source x target table and (``clusters``) the
+    machine's load while each target was measured."""
     lines = ["# Calibration transfer", "",
              f"Regenerate: `{command}` (re-simulation of the reports' profiles against their measured "
              "medians).", "",
@@ -216,25 +309,36 @@ def summary_markdown(errors: pd.DataFrame, command: str, matrix_clusters: Sequen
     lines += ["", "Strategy ranking: of the variant pairs of a target whose measured TTFT or TPOT differ by more "
               "than 10%, those the prediction orders as measured:", ""]
     lines += [f"- {row.pairs}: {row.agreeing} of {row.compared}" for row in ranking_table(errors).itertuples()]
+    lines += ["", f"The term behind every case off by more than {TERM_THRESHOLD:.0%} (`term` and `term_contribution` "
+              "in `errors.csv`): of the simulated run's split of the metric against the target's measured split "
+              "(its report's `terms.csv`; `other` the rest of the measured median, so that a case's terms add up "
+              "to its error), the term contributing most in the error's direction. Per kind of pair:", "",
+              "| pairs | term | cases | median contribution | median error |", "|---|---|---|---|---|"]
+    for row in behind_table(errors).itertuples(index=False):
+        lines.append(f"| {row.pairs} | {row.term} | {row.cases} | {row.median_contribution:+.1%} | "
+                     f"{row.median_error:+.1%} |")
     table = matrix_table(errors)
     lines += ["", "Median |error| (TTFT and TPOT) per target (rows) and source profile (columns):", "",
               "| target | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
     for target, values in table.iterrows():
         lines.append(f"| {target} | " + " | ".join("" if np.isnan(v) else f"{v:.1%}" for v in values) + " |")
+    if clusters:
+        lines += ["", "The machine's CPU time others took while each cluster was measured and calibrated (its report's "
+                  "`errors.csv`; reports made before the load probe record steal alone):", "", *machine_lines(clusters)]
     return "\n".join(lines) + "\n"
 
 
 def write_transfer_report(errors: pd.DataFrame, out_dir: Path, command: str,
-                          matrix_clusters: Sequence[str] = ()) -> list[Path]:
+                          matrix_clusters: Sequence[str] = (), clusters: Sequence[Cluster] = ()) -> list[Path]:
     """Write ``errors.csv`` (every case), ``transfer.csv`` (per pair and metric), ``overall.csv``
-    and ``summary.md`` under ``out_dir``; returns the paths."""
+    and ``summary.md`` (:func:`summary_markdown`) under ``out_dir``; returns the paths."""
     from sim.outputs import write_files
 
     return write_files(out_dir, {
         "errors.csv": errors.to_csv(index=False, lineterminator="\n"),
         "transfer.csv": transfer_table(errors).to_csv(index=False, lineterminator="\n"),
         "overall.csv": overall_table(errors, matrix_clusters).to_csv(index=False, lineterminator="\n"),
-        "summary.md": summary_markdown(errors, command, matrix_clusters),
+        "summary.md": summary_markdown(errors, command, matrix_clusters, clusters),
     })
 
 

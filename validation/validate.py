@@ -29,14 +29,13 @@ import numpy as np
 import pandas as pd
 
 from models.ops import OpKind
-from sim.calibrated import CHARGED
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario
 from sim.trace import COLLECTIVE_KINDS, master_calls
 from sim.vocabulary import Metric
 from validation.matrix import Matrix, with_prompt
-from validation.terms import term_errors
+from validation.terms import profile_gap_s, term_errors
 
 TIMING_METRICS = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S)
 CHECKED_METRICS = (*TIMING_METRICS, Metric.PEAK_MEMORY)
@@ -337,8 +336,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             profile_csv = run.profile.to_csv(index=False, lineterminator="\n")
             profiles[out_dir / "profiles" / f"{scenario.name}.csv"] = profile_csv
             profile = Profile(run.profile)
-            gaps = profile.of(MeasurementKind.OP_GAP).set_index("device_class")[CHARGED[MeasurementKind.OP_GAP]]
-            gap_s = float(gaps.get(topology.devices[ParallelPlan.of(scenario, topology).tensor_ranks[0]].spec.name, 0.0))
+            gap_s = profile_gap_s(profile, topology.devices[ParallelPlan.of(scenario, topology).tensor_ranks[0]].spec.name)
             for (prompt, case), timed in zip(cases.items(), run.measurements):
                 simulated = simulate(case, profile=profile)
                 gathered = with_memory(timed, memory[prompt])
@@ -348,7 +346,9 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                               .assign(repeats=run.rounds["measurement"],
                                       calibration_rounds=run.rounds["calibration"],
                                       cpu_steal=run.measurement_cpu_steal,
-                                      calibration_cpu_steal=run.calibration_cpu_steal))
+                                      calibration_cpu_steal=run.calibration_cpu_steal,
+                                      other_load=run.measurement_other_load,
+                                      calibration_other_load=run.calibration_other_load))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
                 terms.append(term_errors(scenario.name, prompt, simulated, measured, gap_s))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from validation.transfer import matrix_table, overall_table
+from validation.transfer import TERM_THRESHOLD, behind_table, matrix_table, overall_table
 
 
 def transfer_heatmap(errors: pd.DataFrame) -> go.Figure:
@@ -37,8 +37,15 @@ _LEGEND = ("Signed error = simulated / measured - 1. Pairs: same = a cluster wit
            "another cluster's profile; pooled = all other clusters' profiles; none = no profile.")
 
 
+_TERMS = ("Per kind of pair and term: the cases that term is behind (of the simulated run's split of the metric "
+          "against the target's measured split, the term contributing most in the error's direction; the terms of a "
+          "case add up to its error), the median of its contribution and of their error. Every case's term is in "
+          "the table below.")
+
+
 def transfer_html(errors: pd.DataFrame) -> str:
-    """The whole page: overall figures, the heat map, the per-case table."""
+    """The whole page: overall figures, the heat map, the terms behind the cases off by more than
+    :data:`validation.transfer.TERM_THRESHOLD`, the per-case table."""
     overall = overall_table(errors).copy()
     for column in ("median_abs_error", "p90_abs_error", "median_signed_error"):
         overall[column] = overall[column].map(lambda v: f"{v:+.1%}" if column.endswith("signed_error") else f"{v:.1%}")
@@ -47,4 +54,7 @@ def transfer_html(errors: pd.DataFrame) -> str:
             "<p>" + html.escape(_LEGEND) + "</p>"
             + overall.to_html(index=False, border=0)
             + transfer_heatmap(errors).to_html(full_html=False, include_plotlyjs=True, div_id="transfer-heatmap")
+            + f"<h2>The term behind each case off by more than {TERM_THRESHOLD:.0%}</h2>"
+            + "<p>" + html.escape(_TERMS) + "</p>" + behind_table(errors).to_html(index=False, border=0,
+                                                                                 float_format=lambda v: f"{v:+.1%}")
             + "<h2>Cases</h2>" + errors.to_html(index=False, border=0) + "</body></html>")

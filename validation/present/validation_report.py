@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from sim.outputs import write_files
 from sim.vocabulary import Metric
-from validation.terms import PHASE_METRIC, term_summary
+from validation.terms import PHASE_METRIC, term_behind, term_summary
 from validation.validate import ValidationReport
 
 _SCALE = {Metric.TTFT: (1e3, "ms"), Metric.TPOT: (1e3, "ms"), Metric.DECODE_TOKENS_PER_S: (1, "tokens/s"),
@@ -54,8 +54,9 @@ def _terms_markdown(report: ValidationReport) -> list[str]:
     lines = ["", "## Where the TTFT and TPOT errors come from", "",
              "The master rank's step in the compared traces, split into terms (`validation/terms.py`): compute per "
              "op kind; collectives per kind, from the last rank's arrival; `wait`, for the last rank inside a "
-             "collective; `other`, between ops. A term's contribution is (simulated - measured) / measured step, and "
-             "a case's contributions add up to its step error on those traces.", "",
+             "collective; `other`, the rest of the metric. Measured terms are medians over every timed repeat, and "
+             "a term's contribution is (simulated - measured) / measured TTFT or TPOT, so a case's contributions "
+             "add up to its error.", "",
              "| phase | term | share of step | median abs contribution | p90 abs contribution | median signed |",
              "|---|---|---|---|---|---|"]
     for row in term_summary(terms).itertuples(index=False):
@@ -64,14 +65,15 @@ def _terms_markdown(report: ValidationReport) -> list[str]:
     errors = report.errors[report.errors["metric"].isin(PHASE_METRIC.values())]
     worst = errors[errors["error"].abs() > 0.10]
     if len(worst):
-        lines += ["", "Cases off by more than 10%, and their largest term:"]
+        lines += ["", "Cases off by more than 10%, and the term behind each (the largest contribution in the error's "
+                  "direction):"]
     for case in worst.sort_values("error", key=abs, ascending=False).itertuples(index=False):
         phase = next(p for p, m in PHASE_METRIC.items() if m == case.metric)
         mine = terms[(terms["scenario"] == case.scenario) & (terms["prompt_tokens"] == case.prompt_tokens)
                      & (terms["variant"] == case.variant) & (terms["phase"] == phase)]
         if mine.empty:
             continue
-        top = mine.loc[mine["contribution"].abs().idxmax()]
+        top = term_behind(mine, case.error)
         lines.append(f"- {case.scenario} prompt {case.prompt_tokens} {case.variant} {case.metric} {case.error:+.0%}: "
                      f"{top.term} {top.contribution:+.0%} of the step (simulated {top.simulated_s * 1e3:.1f} ms, "
                      f"measured {top.measured_s * 1e3:.1f} ms; all terms {mine['contribution'].sum():+.0%})")
@@ -111,6 +113,13 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
         if "calibration_cpu_steal" in steal:
             lines[-1] += (" While each cluster was calibrated: " + ", ".join(
                 f"{name} {value:.1%}" for name, value in steal["calibration_cpu_steal"].items()) + ".")
+        if "other_load" in steal and steal["other_load"].notna().any():
+            lines += ["", "CPU time other processes on the machine took (/proc/stat less the ranks' /proc/<pid>/stat), "
+                          "while each cluster's cases were measured: "
+                          + ", ".join(f"{name} {value:.1%}" for name, value in steal["other_load"].items()) + "."]
+            if "calibration_other_load" in steal:
+                lines[-1] += (" While each cluster was calibrated: " + ", ".join(
+                    f"{name} {value:.1%}" for name, value in steal["calibration_other_load"].items()) + ".")
     lines += _terms_markdown(report)
     regimes = report.regimes
     if len(regimes):
