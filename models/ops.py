@@ -25,6 +25,7 @@ class OpKind(StrEnum):
     ALLREDUCE = "allreduce"
     REDUCE = "reduce"
     BROADCAST = "broadcast"
+    SEND = "send"  # point to point between pipeline stages: the residual stream on, sampled tokens back
     WEIGHT_LOAD = "weight_load"
 
     @property
@@ -33,4 +34,4 @@ class OpKind(StrEnum):
         return self in _COMMUNICATION
 
 
-_COMMUNICATION = frozenset({OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST})
+_COMMUNICATION = frozenset({OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST, OpKind.SEND})

@@ -1,16 +1,21 @@
 """The parallel plan: how many ways a model is split, and which device runs which rank.
 
-A :class:`ParallelPlan` is validated data: the degrees (tensor now; data and pipeline are fields
-already, held at 1 until those parallelisms land) and the placement of the tensor-parallel ranks
-on the topology's devices. The simulator and the runtime both take their ranks from it, so the
-runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks are.
+A :class:`ParallelPlan` is validated data: the degrees (tensor and pipeline; data is a field
+already, held at 1 until that parallelism lands), the decoder layers of each pipeline stage and
+the placement of every rank on the topology's devices. The simulator and the runtime both take
+their ranks from it, so the runtime never asks the orchestrator (:mod:`sim.simulate`) where its
+ranks are.
+
+Pipeline parallelism (GPipe, Huang et al. 2019, arXiv 1811.06965): the decoder layers are split
+into ``pipeline`` consecutive stages, each run by a tensor-parallel group of ``tensor`` ranks; the
+first stage also embeds the tokens, the last one also holds the final norm and the LM head.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.accounting import check_tensor_parallel
+from models.accounting import check_tensor_parallel, layer_block_weight_bytes, stage_weight_bytes
 from models.errors import ConfigError
 from models.spec import ModelSpec
 
@@ -23,16 +28,20 @@ class ParallelPlan:
     Attributes:
         tensor: tensor-parallel degree (Megatron-LM, arXiv 1909.08053): ranks sharing each layer.
         data: data-parallel degree; must be 1 for now.
-        pipeline: pipeline-parallel degree; must be 1 for now.
-        placement: the topology rank (index into ``devices``) of each tensor-parallel rank, the
-            first one the master; default: the first ``tensor`` devices.
+        pipeline: pipeline-parallel degree (GPipe, arXiv 1811.06965): stages of consecutive layers.
+        placement: the topology rank (index into ``devices``) of each rank, stage by stage: stage
+            s's tensor-parallel group is ``placement[s * tensor:(s + 1) * tensor]``, its first
+            rank the stage's master; default: the first ``tensor x pipeline`` devices in order.
+        stages: the number of decoder layers of each stage, in order; default: as even as
+            possible, the earlier stages taking one more where the count does not divide.
 
     Raises:
-        ConfigError: on ``parallel.*``: a degree below 1, a data or pipeline degree other than 1,
-            degrees whose product exceeds the devices, a tensor degree that cannot shard the model
-            (:func:`models.accounting.check_tensor_parallel`), a placement of the wrong length, on
-            a device that does not exist, or twice on one device. Messages name every degree and
-            the devices involved.
+        ConfigError: on ``parallel.*``: a degree below 1, a data degree other than 1, degrees
+            whose product exceeds the devices, a tensor degree that cannot shard the model
+            (:func:`models.accounting.check_tensor_parallel`), more stages than decoder layers,
+            layer counts that are not one positive count per stage summing to the model's layers,
+            a placement of the wrong length, on a device that does not exist, or twice on one
+            device. Messages name every degree and the devices involved.
     """
 
     model: ModelSpec
@@ -41,6 +50,7 @@ class ParallelPlan:
     data: int = 1
     pipeline: int = 1
     placement: tuple[int, ...] | None = None
+    stages: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         degrees = f"tensor {self.tensor} x data {self.data} x pipeline {self.pipeline}"
@@ -48,50 +58,160 @@ class ParallelPlan:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name}", f"must be a positive integer ({degrees}) (got {value!r})")
-        for name in ("data", "pipeline"):
-            if getattr(self, name) != 1:
-                raise ConfigError(f"parallel.{name}", f"only 1 is supported so far ({degrees}) "
-                                                      f"(got {getattr(self, name)})")
+        if self.data != 1:
+            raise ConfigError("parallel.data", f"only 1 is supported so far ({degrees}) (got {self.data})")
+        layers = self.model.num_layers
+        if self.pipeline > layers:
+            raise ConfigError("parallel.pipeline", f"{self.pipeline} stages, but {self.model.name} has {layers} "
+                                                   f"decoder layers ({degrees}) (got {self.pipeline})")
         needed = self.tensor * self.data * self.pipeline
         if needed > len(self.devices):
-            raise ConfigError("parallel.tensor", f"{degrees} = {needed} ranks exceed the cluster's "
-                                                 f"{len(self.devices)} devices ({', '.join(self.devices)}) "
-                                                 f"(got {self.tensor})")
+            field = "parallel.tensor" if self.pipeline == 1 else "parallel.pipeline"
+            raise ConfigError(field, f"{degrees} = {needed} ranks exceed the cluster's "
+                                     f"{len(self.devices)} devices ({', '.join(self.devices)}) "
+                                     f"(got {getattr(self, field.split('.')[1])})")
         check_tensor_parallel(self.model, self.tensor)
-        placement = tuple(range(self.tensor)) if self.placement is None else tuple(self.placement)
-        if len(placement) != self.tensor:
+        stages = even_stages(layers, self.pipeline) if self.stages is None else tuple(self.stages)
+        if len(stages) != self.pipeline or any(not isinstance(n, int) or n < 1 for n in stages) \
+                or sum(stages) != layers:
+            raise ConfigError("parallel.stages", f"must give each of the {self.pipeline} stages a positive layer "
+                                                 f"count, summing to {self.model.name}'s {layers} layers "
+                                                 f"(got {list(stages)}, sum {sum(n for n in stages if isinstance(n, int))})")
+        object.__setattr__(self, "stages", stages)
+        placement = tuple(range(needed)) if self.placement is None else tuple(self.placement)
+        if len(placement) != needed:
             raise ConfigError("parallel.placement", f"must place each of the {degrees} ranks on a device "
                                                     f"(got {len(placement)} placements)")
         for rank, device in enumerate(placement):
             if not 0 <= device < len(self.devices):
-                raise ConfigError("parallel.placement", f"tensor-parallel rank {rank} on device {device}, but the "
+                raise ConfigError("parallel.placement", f"rank {rank} on device {device}, but the "
                                                         f"cluster has devices 0..{len(self.devices) - 1} "
                                                         f"({', '.join(self.devices)}) (got {device})")
             if placement.index(device) != rank:
-                raise ConfigError("parallel.placement", f"tensor-parallel ranks {placement.index(device)} and "
+                raise ConfigError("parallel.placement", f"ranks {placement.index(device)} and "
                                                         f"{rank} both on device {self.devices[device]} (got {device})")
         object.__setattr__(self, "placement", placement)
 
     @property
-    def tensor_ranks(self) -> tuple[int, ...]:
-        """The topology ranks of the tensor-parallel group, in group order (the first is the master)."""
+    def ranks(self) -> tuple[int, ...]:
+        """Every topology rank of the run, stage by stage (the first is the first stage's master)."""
         return self.placement
+
+    @property
+    def tensor_ranks(self) -> tuple[int, ...]:
+        """The topology ranks of the tensor-parallel group, in group order (the first is the
+        master), when there is one stage; with a pipeline, every rank (:attr:`stage_ranks` gives
+        the groups)."""
+        return self.placement
+
+    @property
+    def stage_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, its tensor-parallel group's topology ranks (the first is the stage's master)."""
+        t = self.tensor
+        return tuple(self.placement[s * t:(s + 1) * t] for s in range(self.pipeline))
+
+    @property
+    def stage_first_layers(self) -> tuple[int, ...]:
+        """Per stage, the index of its first decoder layer."""
+        return tuple(sum(self.stages[:s]) for s in range(self.pipeline))
 
     @classmethod
     def of(cls, scenario, topology) -> ParallelPlan:
         """The plan a scenario (:class:`sim.scenario.Scenario`) asks for on ``topology``
-        (:class:`sim.topology.Topology`): ``parallel.tensor``, default every device.
+        (:class:`sim.topology.Topology`): ``parallel.tensor`` (default every device, divided by
+        the stages), ``parallel.pipeline`` and ``parallel.stages``: layer counts, per-stage device
+        lists (names), or ``balanced`` (:func:`balanced_stages`).
 
         Raises:
-            ConfigError: see the class.
+            ConfigError: see the class; a device name that is not the cluster's, or per-stage
+                device lists of unequal sizes.
         """
         devices = tuple(d.name for d in topology.devices)
-        written = scenario.config.parallel.tensor
+        parallel = scenario.config.parallel
+        written = parallel.tensor
+        pipeline = parallel.pipeline
+        stages, placement = parallel.stages, None
+        if isinstance(stages, list) and stages and isinstance(stages[0], list):
+            placement = _device_lists(stages, devices, written, parallel.pipeline)
+            pipeline, written, stages = len(stages), len(stages[0]), None
+        tensor = written or max(1, len(devices) // pipeline)
         try:
-            return cls(scenario.model, devices, written or len(devices))
+            if stages == BALANCED:
+                plan = cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement)
+                stages = balanced_stages(scenario.model, topology, plan.stage_ranks)
+            return cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement,
+                       stages=None if stages is None else tuple(stages))
         except ConfigError as error:
-            if written is not None or not error.field.startswith("parallel."):
+            if written is not None or not error.field.startswith("parallel.") or pipeline > 1:
                 raise
             # The degree came from the device count: name what the user wrote.
             raise ConfigError("cluster", f"the cluster's {len(devices)} devices are the default tensor-parallel "
                                          f"degree: {error.message}; set parallel.tensor") from None
+
+
+BALANCED = "balanced"
+"""``parallel.stages: balanced``: layers split by :func:`balanced_stages`."""
+
+
+def even_stages(layers: int, pipeline: int) -> tuple[int, ...]:
+    """``layers`` split into ``pipeline`` consecutive stages as evenly as possible (the earlier
+    stages take the remainder, one layer each)."""
+    base, extra = divmod(layers, pipeline)
+    return tuple(base + (s < extra) for s in range(pipeline))
+
+
+def balanced_stages(model: ModelSpec, topology, stage_ranks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """Layer counts balancing compute and memory over unequal devices: each stage's share of the
+    layers is its share of the cluster's peak FLOP/s in the model's dtype (the slowest rank of a
+    tensor-parallel group sets its pace: the group counts ``tensor x`` its slowest device), rounded
+    by largest remainder with at least one layer per stage; then a stage whose layers' weights
+    (:func:`models.accounting.stage_weight_bytes`) exceed its smallest device's memory hands
+    layers to the stages with the most memory to spare, as long as one has room. Balancing
+    compute evens the stage times, which bound a pipeline's throughput (GPipe, arXiv 1811.06965,
+    section 2); the memory pass is the constraint placement systems add (e.g. HexGen, arXiv
+    2311.11514)."""
+    layers, count = model.num_layers, len(stage_ranks)
+    tensor = len(stage_ranks[0])
+    speed = [tensor * min(topology.devices[r].spec.peak_flops(model.dtype) for r in ranks) for ranks in stage_ranks]
+    ideal = [layers * s / sum(speed) for s in speed]
+    stages = [max(1, int(x)) for x in ideal]
+    while sum(stages) > layers:  # the minimum of one layer each overshot: take from the largest
+        stages[max(range(count), key=lambda s: (stages[s] - ideal[s], stages[s]))] -= 1
+    for s in sorted(range(count), key=lambda s: (stages[s] - ideal[s], s))[:layers - sum(stages)]:
+        stages[s] += 1
+
+    def room(s: int) -> int:
+        """Bytes left on stage s's smallest device with its current layers."""
+        capacity = min(topology.devices[r].memory_capacity_bytes for r in stage_ranks[s])
+        return capacity - stage_weight_bytes(model, tensor, stages[s], embeds=s == 0, heads=s == count - 1)
+
+    per_layer = sum(layer_block_weight_bytes(model, tensor).values())
+    for _ in range(layers):
+        over = [s for s in range(count) if room(s) < 0 and stages[s] > 1]
+        spare = [s for s in range(count) if room(s) >= per_layer]
+        if not over or not spare:
+            break
+        stages[over[0]] -= 1
+        stages[max(spare, key=lambda s: (room(s), -s))] += 1
+    return tuple(stages)
+
+
+def _device_lists(lists: list[list[str]], devices: tuple[str, ...], tensor: int | None,
+                  pipeline: int) -> tuple[int, ...]:
+    """The placement per-stage device lists (device names) give, checked."""
+    if pipeline not in (1, len(lists)):
+        raise ConfigError("parallel.stages", f"{len(lists)} device lists for parallel.pipeline {pipeline} "
+                                             f"(got {len(lists)} lists)")
+    sizes = {len(names) for names in lists}
+    if len(sizes) != 1 or (tensor is not None and sizes != {tensor}):
+        raise ConfigError("parallel.stages", f"every stage's device list must hold the tensor-parallel degree's "
+                                             f"{tensor or 'same number of'} devices (got sizes "
+                                             f"{[len(names) for names in lists]})")
+    placement = []
+    for s, names in enumerate(lists):
+        for name in names:
+            if name not in devices:
+                raise ConfigError(f"parallel.stages[{s}]", f"not a device of the cluster; devices: "
+                                                           f"{', '.join(devices)} (got {name!r})")
+            placement.append(devices.index(name))
+    return tuple(placement)

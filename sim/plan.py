@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 
-from models.accounting import layer_block_weight_bytes, rank_weight_bytes
+from models.accounting import layer_block_weight_bytes, rank_weight_bytes, stage_weight_bytes
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.spec import ModelSpec
 from sim.vocabulary import PhaseKind
 # Collective, Segment and Stream are re-exported: the plan's users read its ops through them.
-from sim.program import BlockPart, Collective, MemoryCategory, Op, Phase, Segment, Stream, WeightBlock  # noqa: F401
+from sim.program import BlockPart, Collective, MemoryCategory, Op, Phase, Segment, Stage, Stream, WeightBlock  # noqa: F401
 from sim.strategies import StrategyChoice  # noqa: F401 - re-exported: the plan's callers build one
 
 
@@ -93,6 +93,7 @@ class Plan:
     strategy: StrategyChoice
     runtime_memory_bytes: dict[int, int] = field(default_factory=dict)
     memory_policy: MemoryPolicy = MemoryPolicy()
+    stage: Stage | None = None
     _cache: dict[int, Phase] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -113,10 +114,17 @@ class Plan:
                           for r in self.ranks}
         return {
             r: {MemoryCategory.RUNTIME: self.runtime_memory_bytes.get(r, 0),
-                MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master)
-                - streamed_later[r]}
+                MemoryCategory.WEIGHTS: self._weight_bytes(r) - streamed_later[r]}
             for r in self.ranks
         }
+
+    def _weight_bytes(self, rank: int) -> int:
+        """The weight shard ``rank`` holds (bytes): its share of every layer, or of its stage's."""
+        tp, master = len(self.ranks), rank == self.master
+        if self.stage is None:
+            return rank_weight_bytes(self.model, tp, is_master=master)
+        return stage_weight_bytes(self.model, tp, self.stage.num_layers, embeds=master and self.stage.embeds,
+                                  heads=master and self.stage.heads)
 
     @cached_property
     def streamed_blocks(self) -> dict[int, tuple[WeightBlock, ...]]:
@@ -141,10 +149,12 @@ class Plan:
         if step not in self._cache:
             lower = self.strategy.implementation.lower
             args = (self.model, self.batch_size, self.ranks, self.strategy.algorithms)
+            # Only a pipeline stage's plan passes a stage: a strategy that knows no pipeline still lowers.
+            stage = {} if self.stage is None else {"stage": self.stage}
             if step == 0:
-                self._cache[step] = lower(*args, PhaseKind.PREFILL, 0, self.prompt_tokens, self.prompt_tokens)
+                self._cache[step] = lower(*args, PhaseKind.PREFILL, 0, self.prompt_tokens, self.prompt_tokens, **stage)
             else:
-                self._cache[step] = lower(*args, PhaseKind.DECODE, step, 1, self.prompt_tokens + step)
+                self._cache[step] = lower(*args, PhaseKind.DECODE, step, 1, self.prompt_tokens + step, **stage)
             if any(self.streamed_blocks.values()):
                 self._cache[step] = _stream_weights(self._cache[step], self.streamed_blocks,
                                                     self.memory_policy.window)

@@ -36,7 +36,7 @@ the counts of :mod:`sim.cluster_config`; the whole job within the work bounds of
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
                       field_validator, model_validator)
@@ -46,6 +46,8 @@ from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
+from sim.parallel import ParallelPlan
+from sim.pipeline import PipelinePlan
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
 from sim.units import parse_duration
@@ -109,10 +111,21 @@ class ComputeSettings(BaseModel):
 
 
 class Parallel(BaseModel):
-    """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all."""
+    """Parallel plan (:class:`sim.parallel.ParallelPlan` checks it against the model and cluster).
+
+    ``tensor``: tensor-parallel degree per stage (None: the devices divided by the stages).
+    ``pipeline``: pipeline stages (GPipe, arXiv 1811.06965), default 1. ``stages``: the layers of
+    each stage: a list of layer counts, a list of per-stage device lists (device names, which
+    also place the ranks), or ``balanced`` (by compute and memory, :func:`sim.parallel.balanced_stages`);
+    default even. ``micro_batches``: how many micro-batches a batch is split into between the
+    stages, default the number of stages or the batch, whichever is smaller.
+    """
 
     model_config = _STRICT
     tensor: StrictInt | None = Field(default=None, gt=0)
+    pipeline: StrictInt = Field(default=1, gt=0, le=1 << 16)
+    stages: Literal["balanced"] | list[StrictInt] | list[list[str]] | None = None
+    micro_batches: StrictInt | None = Field(default=None, gt=0, le=MAX_BATCH_SIZE)
 
 
 class MemoryConfig(BaseModel):
@@ -238,6 +251,23 @@ class Scenario(BaseModel):
         return Plan(self.model, ranks, w.batch_size, w.prompt_tokens, w.output_tokens,
                     variant.choice(),
                     runtime_memory_bytes or {}, self.memory_policy(variant))
+
+
+def pipeline_plan(scenario: Scenario, variant: Variant, parallel: ParallelPlan,
+                  runtime_memory_bytes: dict[int, int] | None = None) -> PipelinePlan:
+    """The pipeline plan of ``variant`` over ``parallel``'s stages (the simulator and the runtime
+    run the same one).
+
+    Raises:
+        ConfigError: weights streamed through a pipeline (``memory.policy``, not supported), or
+            ``parallel.micro_batches`` without a pipeline or beyond the batch.
+    """
+    if scenario.memory_policy(variant).streams:
+        raise ConfigError("memory.policy", f"a pipeline keeps its weights resident; sliding_window is not "
+                                           f"supported with {parallel.pipeline} stages (got sliding_window)")
+    w = scenario.config.workload
+    return PipelinePlan.of(parallel, w.batch_size, w.prompt_tokens, w.output_tokens, variant.choice(),
+                           scenario.config.parallel.micro_batches, runtime_memory_bytes)
 
 
 def _location(loc: tuple[Any, ...]) -> str:

@@ -26,7 +26,8 @@ from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
-from sim.scenario import Scenario, Variant
+from sim.pipeline_run import simulate_pipeline_run
+from sim.scenario import Scenario, Variant, pipeline_plan
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
 from sim.trace import Trace, build_trace
@@ -108,7 +109,11 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     """
     config = scenario.config
     topology = build_topology(config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    parallel = ParallelPlan.of(scenario, topology)
+    ranks = parallel.ranks
+    if parallel.pipeline == 1 and config.parallel.micro_batches is not None:
+        raise ConfigError("parallel.micro_batches", f"micro-batches split a batch between pipeline stages; "
+                                                    f"set parallel.pipeline (got {config.parallel.micro_batches})")
     check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
                    ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
                    streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
@@ -138,7 +143,14 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:
-        plan = scenario.plan(variant, ranks, runtime_memory)
+        if parallel.pipeline > 1:
+            try:
+                plan = pipeline_plan(scenario, variant, parallel, runtime_memory)
+            except ConfigError as error:
+                where = "" if variant.memory is None else f"variants[{config.variants.index(variant)}]."
+                raise ConfigError(where + error.field, error.message) from None
+        else:
+            plan = scenario.plan(variant, ranks, runtime_memory)
         if plan.memory_policy.streams:
             try:
                 check_loader_paths(topology, ranks)
@@ -146,7 +158,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                 where = "memory" if variant.memory is None else f"variants[{config.variants.index(variant)}].memory"
                 raise ConfigError(error.field.replace("memory", where, 1), error.message) from None
         try:
-            run = simulate_run(plan, engine, topology)
+            run = (simulate_run if parallel.pipeline == 1 else simulate_pipeline_run)(plan, engine, topology)
         except ConfigError as error:
             # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
             # broadcast): the variant's field of that name.
