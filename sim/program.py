@@ -79,10 +79,11 @@ class BlockRef:
     layer_offset: int
     part: BlockPart
 
-    def layer(self, segment_layer: int | None) -> int:
+    def layer(self, segment_layer: int | None, first_layer: int = 0) -> int:
         """The decoder layer whose block is read, for an op in an instance of layer
-        ``segment_layer`` (None: the prologue, which reads layer 0's blocks)."""
-        return 0 if segment_layer is None else segment_layer + self.layer_offset
+        ``segment_layer`` (None: the prologue, which reads the first layer's blocks: layer 0, or
+        ``first_layer`` of a pipeline stage's pass)."""
+        return first_layer if segment_layer is None else segment_layer + self.layer_offset
 
 
 @dataclass(frozen=True, slots=True)
