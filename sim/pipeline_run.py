@@ -30,13 +30,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
+from weakref import WeakKeyDictionary
 
 import numpy as np
 import pandas as pd
 import simpy
 
 from models.ops import OpKind
-from sim.engine import Engine
+from sim.engine import Engine, SegmentResult
+from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
 from sim.memory import PhaseMemory, phase_memory
 from sim.pipeline import Hop, PipelinePlan
@@ -45,6 +47,8 @@ from sim.timeline import PhaseRun, RunResult, simulate_run
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns
 from sim.vocabulary import PhaseKind
+
+_SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape} (PipelineRunner._shape)
 
 DECODE_ROUNDS = 3
 """Identical rounds simulated to find a decode step's steady-state period."""
@@ -78,13 +82,20 @@ class PipelinePhaseRun:
     duration_s: float
     origin_s: float
     memory: dict[int, PhaseMemory]
+    twins: dict[tuple[int, int], tuple[int, int]]  # pass -> the pass it shares (a stage laid out alike), or itself
 
     def signature(self) -> np.ndarray:
-        """Every simulated quantity of the phase as one vector (for :mod:`sim.timeline`'s linearity test)."""
+        """Every simulated time of the phase as one vector (for :mod:`sim.timeline`'s linearity
+        test): the duration, the schedule and each pass's op times. Memory is left out: the
+        timeline takes a step's resident bytes as linear in the step by construction and the
+        peaks from the extreme steps (a peak is convex in the step), and a pass's peak changes
+        regime (another op's workspace becomes the largest) where no time does."""
         parts = [np.array([self.duration_s])]
-        parts += [self.passes[key].signature() for key in sorted(self.passes)]
         parts.append(np.array([x for t in self.tasks for x in (t.start_s, t.end_s, t.hop_end_s)]))
-        parts.append(np.array([self.memory[r].peak_bytes for r in sorted(self.memory)], dtype=float))
+        for key in sorted(self.passes):
+            for result in self.passes[key].results:
+                parts += [result.starts[rank] for rank in sorted(result.starts)]
+                parts += [result.ends[rank] for rank in sorted(result.ends)]
         return np.concatenate(parts)
 
     @property
@@ -111,9 +122,23 @@ class PipelinePhaseRun:
             key = (task.stage, self.plan.micro_batches[task.micro_batch])
             run = self.passes[key]
             if key not in columns:
-                ops, memory = phase_columns(run, 0.0, dict.fromkeys(run.memory, 0.0))
-                ranks, index = np.unique(memory["rank"], return_inverse=True)
-                columns[key] = ops, memory, ranks, index
+                twin = self.twins[key]
+                if twin not in columns:
+                    phase = self.plan.stage_plan(twin[0], task.micro_batch).phase(self.step)
+                    ops, memory = phase_columns(PhaseRun(phase, run.results, run.duration_s, run.memory), 0.0,
+                                                dict.fromkeys(run.memory, 0.0))
+                    ranks, index = np.unique(memory["rank"], return_inverse=True)
+                    columns[twin] = ops, memory, ranks, index
+                if twin != key:  # the shared pass's rows, on this stage's ranks and layers
+                    ops, memory, ranks, index = columns[twin]
+                    stage_ranks = self.plan.stage_ranks
+                    rename = dict(zip(stage_ranks[twin[0]], stage_ranks[key[0]]))
+                    layers = self.plan.stages[key[0]].first_layer - self.plan.stages[twin[0]].first_layer
+                    renamed = np.array([rename[r] for r in ranks])
+                    op_ranks, op_index = np.unique(ops["rank"], return_inverse=True)
+                    columns[key] = (ops | {"rank": np.array([rename[r] for r in op_ranks])[op_index],
+                                           "layer": np.where(ops["layer"] >= 0, ops["layer"] + layers, ops["layer"])},
+                                    memory | {"rank": renamed[index]}, renamed, index)
             ops, memory, ranks, index = columns[key]
             at = shift + task.start_s
             op_parts.append(ops | {"start_s": ops["start_s"] + at, "end_s": ops["end_s"] + at})
@@ -137,6 +162,7 @@ class PipelineRunner:
 
     def __init__(self, plan: PipelinePlan, engine: Engine, topology: Topology):
         self.plan, self.engine, self.topology = plan, engine, topology
+        self._shapes = _SHAPES.setdefault(engine, {})  # the variants of a simulation share them
 
     def run_phase(self, step: int, start: dict[int, dict[MemoryCategory, int]], start_s: float) -> PipelinePhaseRun:
         """Phase ``step`` with ``start`` bytes resident per rank when it begins at ``start_s``."""
@@ -144,28 +170,46 @@ class PipelineRunner:
         passes: dict[tuple[int, int], PhaseRun] = {}
         memory: dict[int, PhaseMemory] = {}
         empty = dict.fromkeys(MemoryCategory, 0)
+        alike: dict[tuple, tuple[int, int]] = {}  # what sets a pass's times -> the first pass priced
+        twins: dict[tuple[int, int], tuple[int, int]] = {}
         for s in range(len(plan.stages)):
             for j in range(len(plan.micro_batches)):
                 key = (s, plan.micro_batches[j])
                 if key in passes:
                     continue
+                stage = plan.stages[s]
+                twin = twins[key] = alike.setdefault((self._shape(s), stage.num_layers, stage.embeds, stage.heads,
+                                                      key[1]), key)
+                if twin != key:
+                    # A stage whose group is laid out as an earlier one's runs the same ops in the same
+                    # times: its pass is that one's, rank for rank (lowered again only for the trace).
+                    ranks = dict(zip(plan.stage_ranks[twin[0]], plan.stage_ranks[s]))
+                    run = passes[twin]
+                    passes[key] = PhaseRun(run.phase, tuple(_relabel(res, ranks) for res in run.results),
+                                           run.duration_s, {ranks[r]: mem for r, mem in run.memory.items()})
+                    continue
                 phase = plan.stage_plan(s, j).phase(step)
                 results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
                 duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
-                # Memory of the pass alone (from nothing resident): what it leaves behind is its net.
+                # Memory of the pass alone (from nothing resident): from any start, a pass's memory is
+                # that start plus this (sim.memory.phase_memory adds every event to the start).
                 passes[key] = PhaseRun(phase, results, duration, {
                     r: phase_memory(phase, results, r, empty, 1 << 62, 0.0) for r in plan.stage_ranks[s]})
             # A stage runs its micro-batches one after another: its memory is their ledgers in turn.
             for r in plan.stage_ranks[s]:
                 current, capacity = dict(start[r]), self.topology.devices[r].memory_capacity_bytes
-                peak, overflow = None, None
+                peak, peak_by_category, overflow = sum(current.values()), dict(current), None
                 for j in range(len(plan.micro_batches)):
                     run = passes[s, plan.micro_batches[j]]
-                    mem = phase_memory(run.phase, run.results, r, current, capacity, start_s)
-                    current, overflow = mem.end_by_category, overflow or mem.overflow
-                    if peak is None or mem.peak_bytes > peak.peak_bytes:
-                        peak = mem
-                memory[r] = PhaseMemory(peak.peak_bytes, peak.peak_by_category, current, overflow)
+                    alone = run.memory[r]
+                    if sum(current.values()) + alone.peak_bytes > peak:
+                        peak = sum(current.values()) + alone.peak_bytes
+                        peak_by_category = {c: current[c] + alone.peak_by_category[c] for c in MemoryCategory}
+                    if overflow is None and peak > capacity:
+                        overflow = phase_memory(plan.stage_plan(s, j).phase(step), run.results, r, current,
+                                                capacity, start_s).overflow
+                    current = {c: current[c] + alone.end_by_category[c] for c in MemoryCategory}
+                memory[r] = PhaseMemory(peak, peak_by_category, current, overflow)
         phase_kind = PhaseKind.of_step(step)
         rounds = 1 if phase_kind == PhaseKind.PREFILL else DECODE_ROUNDS
         new_tokens = plan.prompt_tokens if step == 0 else 1
@@ -176,7 +220,14 @@ class PipelineRunner:
             duration, origin = token_s[0], 0.0
         else:
             duration, origin = token_s[-1] - token_s[-2], token_s[-2]
-        return PipelinePhaseRun(plan, step, passes, tasks, duration, origin, memory)
+        return PipelinePhaseRun(plan, step, passes, tasks, duration, origin, memory, twins)
+
+    def _shape(self, stage: int) -> tuple:
+        """The layout of ``stage``'s group (:func:`group_shape`), computed once per simulation."""
+        ranks = self.plan.stage_ranks[stage]
+        if ranks not in self._shapes:
+            self._shapes[ranks] = group_shape(self.topology, self.engine.links, ranks)
+        return self._shapes[ranks]
 
     def _schedule(self, passes: dict[tuple[int, int], PhaseRun], rounds: int, new_tokens: int) -> tuple[Task, ...]:
         """``rounds`` rounds of every micro-batch through every stage, from idle stages, with hops
@@ -215,6 +266,66 @@ class PipelineRunner:
             env.process(stage(s))
         env.run()
         return tuple(sorted(tasks, key=lambda t: (t.round, t.stage, t.micro_batch)))
+
+
+def group_shape(topology: Topology, links: Links, ranks: tuple[int, ...]) -> tuple:
+    """What prices work on a group besides the work itself: its devices, reduction costs, hosts,
+    and the routes between its ranks (latency, and channels numbered in order of first use with
+    their capacity and latency), all by the rank's place in the group. Two groups of one shape are
+    laid out alike: the engine gives the same ops on them the same times, rank for rank."""
+    local = {r: i for i, r in enumerate(ranks)}
+    channels: dict[int, int] = {}
+    routes = []
+    for a in ranks:
+        for b in ranks:
+            if a != b:
+                route = links.get(a, b)
+                routes.append((route.latency_s, tuple(channels.setdefault(c, len(channels)) for c in route.channels)))
+    return (tuple(topology.devices[r].spec.name for r in ranks), tuple(links.gamma[r] for r in ranks), tuple(routes),
+            tuple((links.capacity[c], topology.channels[c].latency_s) for c in channels),
+            tuple(tuple(local[r] for r in group) for group in topology.host_groups(ranks)))
+
+
+class AlikeGroups:
+    """A :class:`sim.network.CollectivePricer` that prices a collective over a group laid out
+    like one it priced before (:func:`group_shape`: a pipeline's stages on alike nodes) as that
+    one's, ranks renamed: the same timing, without running the network model again."""
+
+    def __init__(self, pricer: CollectivePricer, topology: Topology, links: Links):
+        self.pricer, self.topology, self.links = pricer, topology, links
+        self.network = pricer.network
+        self._first: dict[tuple, tuple[int, ...]] = {}  # shape -> the first group of that shape
+        self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # group -> the first group of its shape
+        self._timings: dict[tuple, tuple[str, CollectiveTiming]] = {}
+
+    def price(self, kind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
+              call: str | None = None) -> tuple[str, CollectiveTiming]:
+        """See :meth:`sim.network.CollectivePricer.price`."""
+        group = tuple(group)
+        first = self._groups.get(group)
+        if first is None:
+            first = self._groups[group] = self._first.setdefault(group_shape(self.topology, self.links, group), group)
+        if first == group:
+            return self.pricer.price(kind, algorithm, group, size_bytes, root, call)
+        key = (kind, algorithm, group, size_bytes, root, call)
+        if key not in self._timings:
+            to_first = dict(zip(group, first))
+            resolved, timing = self.pricer.price(kind, algorithm, first, size_bytes,
+                                                 None if root is None else to_first[root], call)
+            back = dict(zip(first, group))
+            self._timings[key] = resolved, CollectiveTiming(timing.duration_s, {back[r]: t for r, t in
+                                                                                timing.finish_s.items()}, timing.wait_s)
+        return self._timings[key]
+
+    def schedule(self, *key):
+        """See :meth:`sim.network.CollectivePricer.schedule`."""
+        return self.pricer.schedule(*key)
+
+
+def _relabel(result: SegmentResult, ranks: dict[int, int]) -> SegmentResult:
+    """``result`` with each rank ``r`` renamed ``ranks[r]`` (its memory ledgers, where built, shared)."""
+    return SegmentResult({ranks[r]: v for r, v in result.starts.items()}, {ranks[r]: v for r, v in result.ends.items()},
+                         result.duration_s, result.algorithms, {ranks[r]: v for r, v in result.ledgers.items()})
 
 
 def simulate_pipeline_run(plan: PipelinePlan, engine: Engine, topology: Topology) -> RunResult:

@@ -26,7 +26,7 @@ from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
-from sim.pipeline_run import simulate_pipeline_run
+from sim.pipeline_run import AlikeGroups, simulate_pipeline_run
 from sim.scenario import Scenario, Variant, pipeline_plan
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
@@ -114,7 +114,10 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     if parallel.pipeline == 1 and config.parallel.micro_batches is not None:
         raise ConfigError("parallel.micro_batches", f"micro-batches split a batch between pipeline stages; "
                                                     f"set parallel.pipeline (got {config.parallel.micro_batches})")
-    check_job_size(len(config.variants), scenario.model.num_layers, len(ranks), config.workload.output_tokens,
+    # A rank runs its stage's layers once per micro-batch: the layers a rank runs per step.
+    layers_per_rank = (scenario.model.num_layers if parallel.pipeline == 1 else max(parallel.stages) * (
+        config.parallel.micro_batches or min(parallel.pipeline, config.workload.batch_size)))
+    check_job_size(len(config.variants), layers_per_rank, len(ranks), config.workload.output_tokens,
                    ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
                    streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
     dtype = scenario.model.dtype
@@ -140,6 +143,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     engine = Engine(topology, compute, CollectivePricer(network, topology))
+    if parallel.pipeline > 1:  # stages on alike nodes: their collectives are priced once
+        engine.pricer = AlikeGroups(engine.pricer, topology, engine.links)
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:

@@ -157,3 +157,17 @@ def test_a_pipeline_beats_tensor_parallelism_over_a_slow_link():
 
 def test_a_single_stage_simulates_as_before():
     assert simulate(_scenario({"tensor": 4, "pipeline": 1})).results.equals(simulate(_scenario({"tensor": 4})).results)
+
+
+def test_stages_laid_out_alike_share_their_pricing_bit_for_bit(monkeypatch):
+    """Four stages on alike hosts: the middle stages' passes and every stage's collectives are
+    priced once (sim.pipeline_run.group_shape); the results and trace are those of pricing each."""
+    import sim.pipeline_run
+
+    scenario = _scenario({"tensor": 2, "pipeline": 4}, batch_size=3, cluster=cluster(4, 2))
+    shared = simulate(scenario)
+    monkeypatch.setattr(sim.pipeline_run, "group_shape", lambda topology, links, ranks: ranks)
+    alone = simulate(scenario)
+    assert shared.results.equals(alone.results)
+    for a, b in zip(shared.variants, alone.variants):
+        assert a.trace.ops.equals(b.trace.ops) and a.trace.memory.equals(b.trace.memory)

@@ -1,0 +1,67 @@
+"""Benchmark: wall time of simulating a Llama-3.1-70B pipeline of 8 stages x TP 8 on 64 H100s.
+
+The speed case of the pipeline issue: ``scenarios/h100_2x8_llama31_70b.yaml`` grown to 8 nodes of
+8 H100 SXM (NVLink inside, one 400 Gbit/s NIC per GPU), tensor parallelism over each node's 8
+GPUs and a pipeline of 8 stages over the nodes, 1024-token prompt, 256 output tokens, every
+variant of the scenario; ``--batch`` sets the batch (the micro-batches default to
+min(stages, batch)). Reports the median of repeats of ``sim.simulate.simulate`` (topology,
+plans, engine, traces, metrics; not file writing), each from a freshly loaded scenario, and the
+median CPU time of the process (on a shared machine the wall time also counts waiting for a core).
+
+Run: ``.venv/bin/python benchmarks/bench_pipeline.py [--repeats 7] [--batch 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from models.input_files import load_yaml
+from sim.scenario import scenario_from_dict
+from sim.simulate import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "scenarios" / "h100_2x8_llama31_70b.yaml"
+
+
+def pipeline_scenario(batch_size: int):
+    """The 8 x 8 pipeline case (see the module docstring)."""
+    data = load_yaml(BASE, "scenario")
+    data["name"] = "h100_8x8_llama31_70b_pp8_tp8"
+    data["cluster"]["hosts"][0]["count"] = 8
+    data["parallel"] = {"tensor": 8, "pipeline": 8}
+    data["workload"]["batch_size"] = batch_size
+    return scenario_from_dict(data, base_dir=BASE.parent)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=1)
+    args = parser.parse_args()
+    times, cpu_times = [], []
+    for _ in range(args.repeats):
+        scenario = pipeline_scenario(args.batch)  # fresh caches each repeat: nothing carried over
+        start, cpu_start = time.perf_counter(), time.process_time()
+        result = simulate(scenario)
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+    config = scenario.config
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}")
+    print(f"scenario: {config.name}: {scenario.model.name}, {len(result.ranks)} devices, pipeline "
+          f"{config.parallel.pipeline} x tensor {config.parallel.tensor}, batch {config.workload.batch_size}, "
+          f"prompt {config.workload.prompt_tokens}, output {config.workload.output_tokens}, "
+          f"{len(result.variants)} variants")
+    print(f"simulate wall time over {args.repeats} repeats: median {statistics.median(times):.3f} s, "
+          f"min {min(times):.3f} s, max {max(times):.3f} s")
+    print(f"simulate CPU time over {args.repeats} repeats: median {statistics.median(cpu_times):.3f} s, "
+          f"min {min(cpu_times):.3f} s")
+
+
+if __name__ == "__main__":
+    main()
