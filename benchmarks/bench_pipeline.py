@@ -14,23 +14,22 @@ Run: ``.venv/bin/python benchmarks/bench_pipeline.py [--repeats 7] [--batch 1]``
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import statistics
-import time
 from pathlib import Path
 
+from bench_simulate import time_simulate
 from models.input_files import load_yaml
 from sim.scenario import scenario_from_dict
-from sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "scenarios" / "h100_2x8_llama31_70b.yaml"
 
 
-def pipeline_scenario(batch_size: int):
-    """The 8 x 8 pipeline case (see the module docstring)."""
+def pipeline_scenario(batch_size: int, variants: int | None = None):
+    """The 8 x 8 pipeline case (see the module docstring), with its first ``variants`` variants."""
     data = load_yaml(BASE, "scenario")
+    data["variants"] = data["variants"][:variants]
+    if data["baseline"] not in {v["name"] for v in data["variants"]}:
+        data["baseline"] = data["variants"][0]["name"]
     data["name"] = "h100_8x8_llama31_70b_pp8_tp8"
     data["cluster"]["hosts"][0]["count"] = 8
     data["parallel"] = {"tensor": 8, "pipeline": 8}
@@ -42,25 +41,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--variants", type=int, default=None, help="simulate the first N variants only")
     args = parser.parse_args()
-    times, cpu_times = [], []
-    for _ in range(args.repeats):
-        scenario = pipeline_scenario(args.batch)  # fresh caches each repeat: nothing carried over
-        start, cpu_start = time.perf_counter(), time.process_time()
-        result = simulate(scenario)
-        times.append(time.perf_counter() - start)
-        cpu_times.append(time.process_time() - cpu_start)
-    config = scenario.config
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}")
-    print(f"scenario: {config.name}: {scenario.model.name}, {len(result.ranks)} devices, pipeline "
-          f"{config.parallel.pipeline} x tensor {config.parallel.tensor}, batch {config.workload.batch_size}, "
-          f"prompt {config.workload.prompt_tokens}, output {config.workload.output_tokens}, "
-          f"{len(result.variants)} variants")
-    print(f"simulate wall time over {args.repeats} repeats: median {statistics.median(times):.3f} s, "
-          f"min {min(times):.3f} s, max {max(times):.3f} s")
-    print(f"simulate CPU time over {args.repeats} repeats: median {statistics.median(cpu_times):.3f} s, "
-          f"min {min(cpu_times):.3f} s")
+    time_simulate(lambda: pipeline_scenario(args.batch, args.variants), args.repeats)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ first stage also embeds the tokens, the last one also holds the final norm and t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from models.accounting import check_tensor_parallel, layer_block_weight_bytes, stage_weight_bytes
 from models.errors import ConfigError
@@ -34,6 +34,8 @@ class ParallelPlan:
             rank the stage's master; default: the first ``tensor x pipeline`` devices in order.
         stages: the number of decoder layers of each stage, in order; default: as even as
             possible, the earlier stages taking one more where the count does not divide.
+        variant_layouts: the scenario's variants set layouts of their own (this is the
+            scenario's default one).
 
     Raises:
         ConfigError: on ``parallel.*``: a degree below 1, a data degree other than 1, degrees
@@ -51,6 +53,7 @@ class ParallelPlan:
     pipeline: int = 1
     placement: tuple[int, ...] | None = None
     stages: tuple[int, ...] | None = None
+    variant_layouts: bool = False
 
     def __post_init__(self) -> None:
         degrees = f"tensor {self.tensor} x data {self.data} x pipeline {self.pipeline}"
@@ -100,8 +103,18 @@ class ParallelPlan:
     @property
     def tensor_ranks(self) -> tuple[int, ...]:
         """The topology ranks of the tensor-parallel group, in group order (the first is the
-        master), when there is one stage; with a pipeline, every rank (:attr:`stage_ranks` gives
-        the groups)."""
+        master): what the runtime's measurement and calibration run.
+
+        Raises:
+            ConfigError: on ``parallel.pipeline``, for a pipeline: the runtime runs one
+                (:mod:`runtime.pipeline`), but measuring and calibrating it is not wired yet.
+        """
+        if self.pipeline > 1:
+            raise ConfigError("parallel.pipeline", f"measuring or calibrating a pipeline on the runtime is not "
+                                                   f"supported yet; hetsim simulate predicts it (got {self.pipeline})")
+        if self.variant_layouts:
+            raise ConfigError("variants", "measuring or calibrating variants with their own parallel layouts on "
+                                          "the runtime is not supported yet; hetsim simulate predicts them")
         return self.placement
 
     @property
@@ -116,18 +129,36 @@ class ParallelPlan:
         return tuple(sum(self.stages[:s]) for s in range(self.pipeline))
 
     @classmethod
-    def of(cls, scenario, topology) -> ParallelPlan:
+    def of(cls, scenario, topology, variant=None) -> ParallelPlan:
         """The plan a scenario (:class:`sim.scenario.Scenario`) asks for on ``topology``
         (:class:`sim.topology.Topology`): ``parallel.tensor`` (default every device, divided by
         the stages), ``parallel.pipeline`` and ``parallel.stages``: layer counts, per-stage device
-        lists (names), or ``balanced`` (:func:`balanced_stages`).
+        lists (names), or ``balanced`` (:func:`balanced_stages`); a ``variant`` with its own
+        ``parallel`` (:class:`sim.scenario.Variant`) takes that one. Without ``variant``: the
+        scenario's layout, or the first variant's where every variant has its own (then
+        ``variant_layouts`` is set).
 
         Raises:
             ConfigError: see the class; a device name that is not the cluster's, or per-stage
-                device lists of unequal sizes.
+                device lists of unequal sizes (a variant's fields named ``variants[i].parallel...``).
         """
+        if variant is not None and variant.parallel is not None:
+            try:
+                return cls._of(scenario, topology, variant.parallel)
+            except ConfigError as error:
+                index = scenario.config.variants.index(variant)
+                raise ConfigError(f"variants[{index}].{error.field}", error.message) from None
+        variants = scenario.config.variants
+        if all(v.parallel is not None for v in variants):  # no variant takes the scenario's layout
+            return replace(cls.of(scenario, topology, variants[0]), variant_layouts=True)
+        plan = cls._of(scenario, topology, scenario.config.parallel)
+        if any(v.parallel is not None for v in variants):
+            plan = replace(plan, variant_layouts=True)
+        return plan
+
+    @classmethod
+    def _of(cls, scenario, topology, parallel) -> ParallelPlan:
         devices = tuple(d.name for d in topology.devices)
-        parallel = scenario.config.parallel
         written = parallel.tensor
         pipeline = parallel.pipeline
         stages, placement = parallel.stages, None

@@ -162,6 +162,7 @@ class Variant(BaseModel):
     reduce: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     broadcast: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     memory: MemoryConfig | None = None  # overrides the scenario's memory policy
+    parallel: Parallel | None = None  # overrides the scenario's layout: variants compare layouts
 
     @model_validator(mode="after")
     def _algorithms_fit_strategy(self) -> Variant:
@@ -267,7 +268,7 @@ def pipeline_plan(scenario: Scenario, variant: Variant, parallel: ParallelPlan,
                                            f"supported with {parallel.pipeline} stages (got sliding_window)")
     w = scenario.config.workload
     return PipelinePlan.of(parallel, w.batch_size, w.prompt_tokens, w.output_tokens, variant.choice(),
-                           scenario.config.parallel.micro_batches, runtime_memory_bytes)
+                           (variant.parallel or scenario.config.parallel).micro_batches, runtime_memory_bytes)
 
 
 def _location(loc: tuple[Any, ...]) -> str:

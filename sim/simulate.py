@@ -57,6 +57,8 @@ class SimulationResult:
     ``calibrated``: priced from a calibration profile; ``extrapolated``: the predictions that fell
     outside what the profile measured (priced by the uncalibrated models, scaled), one line each;
     ``network``: how the profile priced the collectives (same-cluster replay or transferred terms).
+    ``ranks``: the devices the variants run on (the scenario's layout, or every device some
+    variant's own layout uses).
     """
 
     scenario: Scenario
@@ -110,18 +112,24 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     config = scenario.config
     topology = build_topology(config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
+    layouts = {v.name: ParallelPlan.of(scenario, topology, v) for v in config.variants}
     ranks = parallel.ranks
-    if parallel.pipeline == 1 and config.parallel.micro_batches is not None:
-        raise ConfigError("parallel.micro_batches", f"micro-batches split a batch between pipeline stages; "
-                                                    f"set parallel.pipeline (got {config.parallel.micro_batches})")
+    every_rank = sorted({r for layout in layouts.values() for r in layout.ranks})
+    for index, variant in enumerate(config.variants):
+        written = variant.parallel or config.parallel
+        if layouts[variant.name].pipeline == 1 and written.micro_batches is not None:
+            where = "" if variant.parallel is None else f"variants[{index}]."
+            raise ConfigError(f"{where}parallel.micro_batches", f"micro-batches split a batch between pipeline "
+                                                                f"stages; set parallel.pipeline (got {written.micro_batches})")
     # A rank runs its stage's layers once per micro-batch: the layers a rank runs per step.
-    layers_per_rank = (scenario.model.num_layers if parallel.pipeline == 1 else max(parallel.stages) * (
-        config.parallel.micro_batches or min(parallel.pipeline, config.workload.batch_size)))
-    check_job_size(len(config.variants), layers_per_rank, len(ranks), config.workload.output_tokens,
+    layers_per_rank = max(scenario.model.num_layers if layout.pipeline == 1 else max(layout.stages) * (
+        (v.parallel or config.parallel).micro_batches or min(layout.pipeline, config.workload.batch_size))
+        for v, layout in zip(config.variants, layouts.values()))
+    check_job_size(len(config.variants), layers_per_rank, len(every_rank), config.workload.output_tokens,
                    ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
                    streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants))
     dtype = scenario.model.dtype
-    for rank in ranks:
+    for rank in every_rank:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
                               config.compute.op_overhead_s)
@@ -139,31 +147,33 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                                     gamma, compute.gap_s(topology.devices[ranks[0]]))
         network, compute.scale = choice.network, choice.compute_scale
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
-        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in ranks}
+        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, 0)) for r in every_rank}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         network = DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
     engine = Engine(topology, compute, CollectivePricer(network, topology))
-    if parallel.pipeline > 1:  # stages on alike nodes: their collectives are priced once
+    if any(layout.pipeline > 1 for layout in layouts.values()):  # alike stages: their collectives priced once
         engine.pricer = AlikeGroups(engine.pricer, topology, engine.links)
     workload = config.workload
     variants, tables = [], []
     for variant in config.variants:
-        if parallel.pipeline > 1:
+        layout = layouts[variant.name]
+        if layout.pipeline > 1:
             try:
-                plan = pipeline_plan(scenario, variant, parallel, runtime_memory)
+                plan = pipeline_plan(scenario, variant, layout, runtime_memory)
             except ConfigError as error:
-                where = "" if variant.memory is None else f"variants[{config.variants.index(variant)}]."
+                own = variant.memory if error.field.startswith("memory") else variant.parallel
+                where = "" if own is None else f"variants[{config.variants.index(variant)}]."
                 raise ConfigError(where + error.field, error.message) from None
         else:
-            plan = scenario.plan(variant, ranks, runtime_memory)
+            plan = scenario.plan(variant, layout.ranks, runtime_memory)
         if plan.memory_policy.streams:
             try:
-                check_loader_paths(topology, ranks)
+                check_loader_paths(topology, plan.ranks)
             except ConfigError as error:
                 where = "memory" if variant.memory is None else f"variants[{config.variants.index(variant)}].memory"
                 raise ConfigError(error.field.replace("memory", where, 1), error.message) from None
         try:
-            run = (simulate_run if parallel.pipeline == 1 else simulate_pipeline_run)(plan, engine, topology)
+            run = (simulate_run if layout.pipeline == 1 else simulate_pipeline_run)(plan, engine, topology)
         except ConfigError as error:
             # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
             # broadcast): the variant's field of that name.
@@ -174,7 +184,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         peaks = peak_memory_bytes(trace)
         memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r],
                                              Metric.MEMORY_CAPACITY: topology.devices[r].memory_capacity_bytes}
-                  for r in ranks}
+                  for r in layout.ranks}
         algorithms = tuple(f"{kind}={name}" for kind, name in sorted(
             {a for phase in run.simulated.values() for res in phase.results for a in res.algorithms.values()}))
         variants.append(VariantResult(variant, run, trace, timing, algorithms))
@@ -182,6 +192,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
     if isinstance(network, DefaultTransportNetwork):
         choice = NetworkChoice(network, False, (), tuple(sorted(network.used)))
-    return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True),
+    used = ranks if not parallel.variant_layouts else tuple(every_rank)  # every device some variant runs on
+    return SimulationResult(scenario, topology, used, tuple(variants), pd.concat(tables, ignore_index=True),
                             calibrated=profile is not None, extrapolated=extrapolated, network=choice)
 

@@ -171,3 +171,30 @@ def test_stages_laid_out_alike_share_their_pricing_bit_for_bit(monkeypatch):
     assert shared.results.equals(alone.results)
     for a, b in zip(shared.variants, alone.variants):
         assert a.trace.ops.equals(b.trace.ops) and a.trace.memory.equals(b.trace.memory)
+
+
+def test_variants_compare_layouts_each_as_if_the_scenario_set_it():
+    ring = {"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}
+    layouts = {"tp2_pp2": {"tensor": 2, "pipeline": 2}, "pp4": {"tensor": 1, "pipeline": 4}, "tp2": {"tensor": 2}}
+    compared = simulate(_scenario({}, variants=[ring | {"name": name, "parallel": layout}
+                                               for name, layout in layouts.items()]))
+    rows = compared.results.set_index(["variant", "metric", "device"])["value"]
+    for name, layout in layouts.items():
+        alone = simulate(_scenario(layout, variants=[ring | {"name": name}])).results
+        assert rows.loc[name].equals(alone.set_index(["metric", "device"])["value"]), name
+    assert len(compared.ranks) == 4  # every device some variant runs on
+
+
+def test_a_variant_layout_error_names_the_variant():
+    variants = [{"name": "a", "strategy": "reduce_ln_bcast"},
+                {"name": "b", "strategy": "reduce_ln_bcast", "parallel": {"tensor": 1, "pipeline": 13}}]
+    with pytest.raises(ConfigError) as error:
+        simulate(_scenario({"tensor": 2}, variants=variants))
+    assert error.value.field == "variants[1].parallel.pipeline"
+
+
+def test_the_runtime_refuses_to_measure_a_pipeline_it_cannot_yet():
+    scenario = _scenario({"tensor": 1, "pipeline": 2})
+    with pytest.raises(ConfigError) as error:
+        ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks
+    assert error.value.field == "parallel.pipeline"

@@ -37,7 +37,7 @@ def _memory_peak_figure(result: SimulationResult) -> go.Figure:
     devices = [result.topology.devices[r] for r in result.ranks]
     fig = go.Figure()
     for v in result.variants:
-        fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.run.peak_bytes[d.rank] / _GIB for d in devices],
+        fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.run.peak_bytes.get(d.rank, 0) / _GIB for d in devices],
                              name=v.variant.name))
     fig.add_trace(go.Scatter(x=[d.name for d in devices], y=[d.memory_capacity_bytes / _GIB for d in devices],
                              mode="markers+lines", name="capacity", line={"dash": "dash", "color": "black"}))

@@ -46,10 +46,21 @@ def _change(pct: float) -> str:
     return "" if math.isnan(pct) else f"{pct:+.1f}%"
 
 
+def _layout(result: SimulationResult) -> str:
+    """``TP=8``, ``TP=2 x PP=3``, or the device count where the variants choose their layouts."""
+    parallel = result.scenario.config.parallel
+    if any(v.parallel is not None for v in result.scenario.config.variants):
+        return f"{len(result.ranks)} devices"
+    if parallel.pipeline == 1 and not isinstance(parallel.stages, list):
+        return f"TP={len(result.ranks)}"
+    stages = len(parallel.stages) if isinstance(parallel.stages, list) else parallel.pipeline
+    return f"TP={len(result.ranks) // stages} x PP={stages}"
+
+
 def print_summary(result: SimulationResult, console: Console) -> None:
     """The per-variant table and the per-device peak memory table."""
     config = result.scenario.config
-    table = Table(title=f"{config.name}: {result.scenario.model.name}, TP={len(result.ranks)}, "
+    table = Table(title=f"{config.name}: {result.scenario.model.name}, {_layout(result)}, "
                         f"batch {config.workload.batch_size}, prompt {config.workload.prompt_tokens}, "
                         f"output {config.workload.output_tokens} (baseline {result.scenario.baseline})")
     for column in ("variant", "TTFT ms", "Δ", "TPOT ms", "Δ", "decode tok/s", "Δ", "max peak GiB", "fits"):
@@ -73,7 +84,8 @@ def print_summary(result: SimulationResult, console: Console) -> None:
     for rank in result.ranks:
         device = result.topology.devices[rank]
         memory.add_row(device.name, f"{device.memory_capacity_bytes / _GIB:.2f}",
-                       *(f"{vr.run.peak_bytes[rank] / _GIB:.2f}" for vr in result.variants))
+                       *(f"{vr.run.peak_bytes[rank] / _GIB:.2f}" if rank in vr.run.peak_bytes else "unused"
+                         for vr in result.variants))
     console.print(memory)
     for vr in result.variants:
         if vr.overflow is not None:
