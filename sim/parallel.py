@@ -244,5 +244,7 @@ def _device_lists(lists: list[list[str]], devices: tuple[str, ...], tensor: int 
             if name not in devices:
                 raise ConfigError(f"parallel.stages[{s}]", f"not a device of the cluster; devices: "
                                                            f"{', '.join(devices)} (got {name!r})")
+            if devices.index(name) in placement:
+                raise ConfigError(f"parallel.stages[{s}]", f"device {name} is in two stages' lists (got {name!r})")
             placement.append(devices.index(name))
     return tuple(placement)

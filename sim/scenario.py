@@ -11,6 +11,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     dtype: fp16                     # optional, overrides the model's dtype
     cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
     parallel: {tensor: 8}           # optional, default: every device of the cluster
+    # parallel: {tensor: 2, pipeline: 3, stages: [10, 11, 11], micro_batches: 3}   # a pipeline (sim.pipeline)
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
@@ -20,6 +21,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
       - {name: reduce_ln_bcast, strategy: reduce_ln_bcast, reduce: binomial, broadcast: binomial}
       - {name: allreduce_ring, strategy: allreduce_ln, allreduce: ring}
       - {name: ring_streamed, strategy: allreduce_ln, allreduce: ring, memory: {policy: sliding_window, window: 1}}
+      - {name: ring_pp2, strategy: allreduce_ln, allreduce: ring, parallel: {tensor: 4, pipeline: 2}}  # own layout
 
 Limits (every one refused with the field, never silently clipped): the file is UTF-8 YAML of at
 most 1 MiB, nested at most 32 deep, without duplicate keys (:mod:`models.input_files`); counts are
@@ -36,7 +38,7 @@ the counts of :mod:`sim.cluster_config`; the whole job within the work bounds of
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
                       field_validator, model_validator)
@@ -46,7 +48,7 @@ from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.spec import ModelSpec
 from sim.cluster_config import ClusterConfig
-from sim.parallel import ParallelPlan
+from sim.parallel import BALANCED, ParallelPlan
 from sim.pipeline import PipelinePlan
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
@@ -124,8 +126,20 @@ class Parallel(BaseModel):
     model_config = _STRICT
     tensor: StrictInt | None = Field(default=None, gt=0)
     pipeline: StrictInt = Field(default=1, gt=0, le=1 << 16)
-    stages: Literal["balanced"] | list[StrictInt] | list[list[str]] | None = None
+    stages: str | list | None = None
     micro_batches: StrictInt | None = Field(default=None, gt=0, le=MAX_BATCH_SIZE)
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _stages(cls, value: Any) -> Any:
+        """One of the three forms; raises ValueError naming them (pydantic locates it)."""
+        counts = isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in value)
+        lists = isinstance(value, list) and all(isinstance(d, list) and d and all(isinstance(n, str) for n in d)
+                                                for d in value)
+        if value is None or value == BALANCED or (value and (counts or lists)):
+            return value
+        raise ValueError(f"must be {BALANCED}, a list of layer counts per stage, or a list of per-stage device "
+                         f"lists (device names) (got {shorten(str(value))})")
 
 
 class MemoryConfig(BaseModel):

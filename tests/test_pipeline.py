@@ -57,6 +57,9 @@ def test_balanced_stages_give_the_faster_devices_more_layers():
     ({"tensor": 1, "pipeline": 2, "stages": [4, 4, 4]}, "parallel.stages", ["2 stages"]),
     ({"stages": [["h0/dev0"], ["h9/dev0"]]}, "parallel.stages[1]", ["'h9/dev0'", "h0/dev0"]),
     ({"stages": [["h0/dev0"], ["h1/dev0", "h1/dev1"]]}, "parallel.stages", ["[1, 2]"]),
+    ({"stages": [["h0/dev0"], ["h0/dev0"]]}, "parallel.stages[1]", ["h0/dev0", "two stages"]),
+    ({"stages": "even"}, "parallel.stages", ["balanced", "'even'"]),
+    ({"stages": [[], []]}, "parallel.stages", ["device lists"]),
 ])
 def test_pipeline_errors_name_the_field_and_value(parallel, field, needles):
     with pytest.raises(ConfigError) as error:
