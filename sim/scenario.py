@@ -233,6 +233,11 @@ class ScenarioConfig(BaseModel):
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise ConfigError(f"variants[{i}].name", f"variant names must be unique (got {shorten(name)} twice)")
+        for i, variant in enumerate(self.variants):
+            if self.sweep is not None and variant.parallel is not None:
+                # A sweep sets every point's layout (sweep.devices); a variant's own would be ignored.
+                raise ConfigError(f"variants[{i}].parallel", "a sweep sets the layout of its points; a variant "
+                                                             "cannot set its own (got a parallel section)")
         if self.baseline is not None and self.baseline not in names:
             raise ConfigError("baseline", f"not a variant name; variants: {shorten(', '.join(names), 200, quote=False)} "
                                           f"(got {shorten(self.baseline)})")

@@ -201,3 +201,10 @@ def test_the_runtime_refuses_to_measure_a_pipeline_it_cannot_yet():
     with pytest.raises(ConfigError) as error:
         ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks
     assert error.value.field == "parallel.pipeline"
+
+
+def test_a_sweep_refuses_variants_with_their_own_layout():
+    variants = [{"name": "a", "strategy": "reduce_ln_bcast", "parallel": {"tensor": 1, "pipeline": 2}}]
+    with pytest.raises(ConfigError) as error:
+        make_scenario(variants=variants, sweep={"devices": [2, 4]})
+    assert error.value.field == "variants[0].parallel"
