@@ -51,7 +51,7 @@ from sim.vocabulary import PhaseKind
 _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape} (PipelineRunner._shape)
 
 DECODE_ROUNDS = 3
-"""Identical rounds simulated to find a decode step's steady-state period."""
+"""Identical rounds simulated to find a decode step's steady-state period (two for one micro-batch)."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,8 @@ class PipelineRunner:
                     current = {c: current[c] + alone.end_by_category[c] for c in MemoryCategory}
                 memory[r] = PhaseMemory(peak, peak_by_category, current, overflow)
         phase_kind = PhaseKind.of_step(step)
-        rounds = 1 if phase_kind == PhaseKind.PREFILL else DECODE_ROUNDS
+        # One micro-batch is a relay, periodic from its second round on: two rounds give the period.
+        rounds = 1 if phase_kind == PhaseKind.PREFILL else 2 if len(plan.micro_batches) == 1 else DECODE_ROUNDS
         new_tokens = plan.prompt_tokens if step == 0 else 1
         tasks = self._schedule(passes, rounds, new_tokens)
         last_stage = len(plan.stages) - 1
