@@ -208,3 +208,17 @@ def test_a_sweep_refuses_variants_with_their_own_layout():
     with pytest.raises(ConfigError) as error:
         make_scenario(variants=variants, sweep={"devices": [2, 4]})
     assert error.value.field == "variants[0].parallel"
+
+
+def test_balanced_stages_move_layers_off_a_device_they_would_overflow():
+    """An H100 with 8 GiB next to an RTX 3060 12GB: by compute it would take 31 of Llama-2-7B's 32
+    layers (13 GB); balanced keeps what fits on it and hands the rest to the slower device."""
+    host = {"parent": "sw", "nic": {"bandwidth": "10Gbit/s", "latency": "10us"}}
+    mixed = {"switches": [{"name": "sw"}], "hosts": [
+        host | {"name": "fast", "devices": {"type": "h100_sxm", "count": 1, "memory": "8GiB"}},
+        host | {"name": "slow", "devices": {"type": "rtx_3060_12gb", "count": 1}}]}
+    plan = _pipeline({"tensor": 1, "pipeline": 2, "stages": "balanced"}, cluster=mixed, model="llama-2-7b")
+    spec = get_model("llama-2-7b")
+    assert stage_weight_bytes(spec, 1, plan.stages[0], embeds=True, heads=False) <= 8 * 2**30
+    assert stage_weight_bytes(spec, 1, plan.stages[0] + 1, embeds=True, heads=False) > 8 * 2**30
+    assert plan.stages[0] > plan.stages[1]
