@@ -293,6 +293,9 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.measure import launch_scenario
+    from sim.topology import build_topology
+
+    ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks  # refuses a pipeline here
 
     def body(topology, rank: int, heartbeat) -> object:
         torch.manual_seed(0)

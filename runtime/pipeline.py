@@ -67,6 +67,9 @@ class PipelineExecutor:
         self.executors = {j: Executor(plan.stage_plan(self.stage, j), model, comm, rank, record_ops=record_ops)
                           for j in range(len(plan.micro_batches))}
 
+    def prepare(self) -> None:
+        """Nothing to load: a pipeline's stages keep their weights resident."""
+
     def generate(self, prompt: torch.Tensor, t0: float, on_step: Callable[[int], None] = lambda step: None
                  ) -> Generation:
         """Prefill ``prompt`` ([batch, prompt_tokens] ids; the first stage's master reads it) and
@@ -110,9 +113,9 @@ class PipelineExecutor:
                 else:
                     message = (state.h if state.partial is None else state.h + state.partial).contiguous()
                 pending.append(self._send(plan.hop_on(self.stage, j, new_tokens), message, step, t0, out))
+            out.step_end_s.append(time.perf_counter() - t0)  # the rank's last op (the last stage: its LM head)
             for request, _ in previous:
                 request.wait()
-            out.step_end_s.append(time.perf_counter() - t0)
             out.memory_bytes.append(self.memory_probe())
             if self.is_master and self.last:
                 out.hidden.append(torch.cat(hidden))

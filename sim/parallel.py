@@ -103,18 +103,30 @@ class ParallelPlan:
     @property
     def tensor_ranks(self) -> tuple[int, ...]:
         """The topology ranks of the tensor-parallel group, in group order (the first is the
-        master): what the runtime's measurement and calibration run.
+        master): what the runtime's calibration and validation run.
 
         Raises:
-            ConfigError: on ``parallel.pipeline``, for a pipeline: the runtime runs one
-                (:mod:`runtime.pipeline`), but measuring and calibrating it is not wired yet.
+            ConfigError: on ``parallel.pipeline``, for a pipeline (``hetsim measure`` measures
+                one, :attr:`measured_ranks`; calibrating it is not wired yet); as
+                :attr:`measured_ranks`.
         """
         if self.pipeline > 1:
-            raise ConfigError("parallel.pipeline", f"measuring or calibrating a pipeline on the runtime is not "
-                                                   f"supported yet; hetsim simulate predicts it (got {self.pipeline})")
+            raise ConfigError("parallel.pipeline", f"calibrating or validating a pipeline on the runtime is not "
+                                                   f"supported yet; hetsim simulate predicts it and hetsim measure "
+                                                   f"measures it (got {self.pipeline})")
+        return self.measured_ranks
+
+    @property
+    def measured_ranks(self) -> tuple[int, ...]:
+        """The ranks ``hetsim measure`` launches: every rank, a pipeline's included.
+
+        Raises:
+            ConfigError: on ``variants``, where variants set layouts of their own (a measurement
+                runs one layout).
+        """
         if self.variant_layouts:
-            raise ConfigError("variants", "measuring or calibrating variants with their own parallel layouts on "
-                                          "the runtime is not supported yet; hetsim simulate predicts them")
+            raise ConfigError("variants", "measuring variants with their own parallel layouts on the runtime is not "
+                                          "supported yet; hetsim simulate predicts them")
         return self.placement
 
     @property

@@ -61,3 +61,23 @@ def test_a_pipeline_generates_the_reference_tokens(tmp_path, model_type, tensor,
         assert torch.equal(results[0][v], tokens), choice
         torch.testing.assert_close(results[last_master][v], torch.stack(hidden, 1), rtol=1e-4, atol=1e-5,
                                    msg=str(choice))
+
+
+def test_hetsim_measure_times_a_pipeline_and_its_results_join_the_simulated_ones(tmp_path):
+    from runtime.measure import measure_scenario
+    from sim.simulate import simulate
+
+    path = tmp_path / "gpt2.config.json"
+    path.write_text(json.dumps(tiny_model_config("gpt2", num_layers=4)))
+    scenario = make_scenario(model=str(path), dtype="fp32", cluster=cluster(2, 1, device="cpu"),
+                             parallel={"tensor": 1, "pipeline": 2},
+                             variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}],
+                             workload={"batch_size": 2, "prompt_tokens": 5, "output_tokens": 4})
+    measured = measure_scenario(scenario, repeats=2, warmup=0, hang_timeout_s=60)
+    prompt = prompt_tokens(scenario.model, 2, 5, seed=0)
+    tokens, _ = reference_generate(scenario.model, seed=0, prompt=prompt, output_tokens=4)
+    assert (measured.variants[0].tokens == tokens.numpy()).all()
+    joined = simulate(scenario).results.merge(measured.results, on=["scenario", "variant", "metric", "device"])
+    assert set(joined["metric"]) >= {"ttft_s", "tpot_s", "peak_memory_bytes"}
+    timing = measured.results.set_index("metric")["value"]
+    assert 0 < timing["ttft_s"] < timing["e2e_latency_s"]
