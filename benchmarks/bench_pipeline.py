@@ -8,10 +8,11 @@ min(stages, batch)). Reports the median of repeats of ``sim.simulate.simulate`` 
 plans, engine, traces, metrics; not file writing), each from a freshly loaded scenario, and the
 median CPU time of the process (on a shared machine the wall time also counts waiting for a core).
 
-Measured on the project's 2-core machine shared with six other sessions (wall times 2-3x the
-CPU times), 7 repeats, against ``bench_simulate.py`` in the same minutes: 6 variants median
-1.35 s wall / 0.53 s CPU (the 16-device TP case: 1.11 s / 0.44 s, 0.33 s wall on a quiet
-machine); one variant 0.165 s / 0.079 s; batch 8 in 8 micro-batches, 2 variants, 0.79 s / 0.39 s.
+Measured on the project's 2-core machine at a quiet moment (load average 2.2; CPU time equal to
+wall time), 7 repeats, at 6ebc787: 6 variants median 0.455 s (min 0.423 s), one variant
+0.106 s, against ``bench_simulate.py``'s 16-device TP case in the same minute, 0.343 s. Under
+the load of six other sessions (wall 2-3x CPU): 6 variants 1.35 s wall / 0.53 s CPU, the TP case
+1.11 s / 0.44 s; batch 8 in 8 micro-batches, 2 variants, 0.79 s / 0.39 s.
 Stages whose groups are laid out alike share one priced pass and one pricing of their
 collectives (:func:`sim.pipeline_run.group_shape`), which took the 6 variants from 2.3 s to
 0.53 s of CPU.
