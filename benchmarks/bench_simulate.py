@@ -40,8 +40,9 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
-from sim.scenario import load_scenario
+from sim.scenario import Scenario, load_scenario
 from sim.simulate import simulate
 from sim.training.simulate import simulate_training
 
@@ -53,15 +54,23 @@ def main() -> None:
     parser.add_argument("scenario", nargs="?", default=str(ROOT / "scenarios" / "h100_2x8_llama31_70b.yaml"))
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    time_simulate(lambda: load_scenario(args.scenario), args.repeats)
+
+
+def time_simulate(load: Callable[[], Scenario], repeats: int) -> None:
+    """Print the machine, the scenario ``load()`` returns and the median wall and CPU times of
+    ``repeats`` simulations, each of a freshly loaded scenario (no cache carried over)."""
     times, cpu_times = [], []
-    for _ in range(args.repeats):
-        scenario = load_scenario(args.scenario)  # fresh caches each repeat: nothing carried over
+    for _ in range(repeats):
+        scenario = load()  # fresh caches each repeat: nothing carried over
         run = simulate_training if scenario.config.is_training else simulate
         start, cpu_start = time.perf_counter(), time.process_time()
         result = run(scenario)
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
     config = scenario.config
+    layout = "" if config.parallel.pipeline == 1 else (
+        f"pipeline {config.parallel.pipeline} x tensor {config.parallel.tensor}, batch {config.workload.batch_size}, ")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}")
     if config.is_training:
@@ -70,13 +79,13 @@ def main() -> None:
               f"{len(result.ranks)} devices, {len(result.variants)} variant(s), one training step; replicas "
               f"simulated: {'1 (the others identical)' if mirrored else result.plan.data}")
     else:
-        print(f"scenario: {config.name}: {scenario.model.name}, {len(result.ranks)} devices, "
+        print(f"scenario: {config.name}: {scenario.model.name}, {len(result.ranks)} devices, {layout}"
               f"prompt {config.workload.prompt_tokens}, output {config.workload.output_tokens}, "
               f"{len(result.variants)} variants")
-    print(f"simulate wall time over {args.repeats} repeats: median {statistics.median(times):.3f} s, "
+    print(f"simulate wall time over {repeats} repeats: median {statistics.median(times):.3f} s, "
           f"min {min(times):.3f} s, max {max(times):.3f} s")
     # On a shared machine the wall time includes waiting for a core; the process's CPU time does not.
-    print(f"simulate CPU time over {args.repeats} repeats: median {statistics.median(cpu_times):.3f} s, "
+    print(f"simulate CPU time over {repeats} repeats: median {statistics.median(cpu_times):.3f} s, "
           f"min {min(cpu_times):.3f} s")
 
 

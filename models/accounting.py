@@ -95,6 +95,32 @@ def rank_weight_bytes(spec: ModelSpec, tp_degree: int, *, is_master: bool, shard
     return rank_parameter_count(spec, tp_degree, is_master=is_master, shard=shard) * spec.dtype_bytes
 
 
+def stage_weight_bytes(spec: ModelSpec, tp_degree: int, num_layers: int, *, embeds: bool, heads: bool,
+                       shard: TensorShard | None = None) -> int:
+    """Resident weight bytes of the master of a pipeline stage's tensor-parallel group running
+    ``num_layers`` decoder layers; ``embeds``: the first stage (token and learned position
+    embeddings), ``heads``: the last stage (final norm and LM head; with tied embeddings a copy of
+    the token embedding matrix, as Megatron-LM keeps one on the last stage:
+    ``megatron/core/models/common/language_module/language_module.py``,
+    ``setup_embeddings_and_output_layer``). Another rank of the group holds only its layer shards,
+    ``stage_weight_bytes(..., embeds=False, heads=False)``. A single stage with both flags is
+    :func:`rank_weight_bytes` of the master. ``shard``: as in :func:`layer_block_weight_bytes`.
+
+    Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec`` evenly and no ``shard`` is given.
+    """
+    shard = _shard(spec, tp_degree, shard)
+    per_layer = _attention_block_params(spec, shard) + _mlp_block_params(spec, shard)
+    params = num_layers * per_layer
+    if embeds and heads:
+        params += _master_params(spec)
+    elif embeds:
+        params += _embedding_params(spec)
+    elif heads:
+        params += _master_params(spec) - _embedding_params(spec) + (
+            spec.vocab_size * spec.hidden_size if spec.tied_embeddings else 0)
+    return params * spec.dtype_bytes
+
+
 def kv_cache_bytes_per_token(spec: ModelSpec, tp_degree: int = 1, *, shard: TensorShard | None = None) -> int:
     """KV-cache bytes one token adds on one rank: K and V, every layer.
 
@@ -263,10 +289,15 @@ def _mlp_block_params(spec: ModelSpec, shard: TensorShard) -> int:
     return params
 
 
-def _master_params(spec: ModelSpec) -> int:
+def _embedding_params(spec: ModelSpec) -> int:
     embeddings = spec.vocab_size * spec.hidden_size
     if spec.learned_position_embeddings:
         embeddings += spec.max_position_embeddings * spec.hidden_size
+    return embeddings
+
+
+def _master_params(spec: ModelSpec) -> int:
+    embeddings = _embedding_params(spec)
     lm_head = 0 if spec.tied_embeddings else spec.vocab_size * spec.hidden_size
     return embeddings + _norm_params(spec) + lm_head
 

@@ -25,6 +25,7 @@ class OpKind(StrEnum):
     ALLREDUCE = "allreduce"
     REDUCE = "reduce"
     BROADCAST = "broadcast"
+    SEND = "send"  # point to point between pipeline stages: the residual stream on, sampled tokens back
     WEIGHT_LOAD = "weight_load"
     # Training, as the runtime times it: a micro-batch's whole forward or backward pass, the
     # optimizer step over the rank's parameters.
@@ -39,4 +40,4 @@ class OpKind(StrEnum):
         return self in _COMMUNICATION
 
 
-_COMMUNICATION = frozenset({OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST})
+_COMMUNICATION = frozenset({OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST, OpKind.SEND})

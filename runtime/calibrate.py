@@ -297,6 +297,9 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     """
     scenario.require_inference("calibrate")
     from runtime.measure import launch_scenario
+    from sim.topology import build_topology
+
+    ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks  # refuses a pipeline here
 
     def body(topology, rank: int, heartbeat) -> object:
         torch.manual_seed(0)

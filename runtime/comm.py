@@ -31,10 +31,14 @@ class Communicator:
         rank: this process's global rank (the plan's rank ids are global ranks).
         host_groups: callable ``group -> group partitioned by host`` for two-level algorithms
             (``Topology.host_groups``).
+        process_groups: the torch process group of each group of ranks that is not the whole
+            run (a pipeline stage's, :func:`runtime.pipeline.stage_process_groups`), for the
+            backend's own collectives.
     """
 
     rank: int
     host_groups: object
+    process_groups: dict[tuple[int, ...], object] = field(default_factory=dict)
     _schedules: dict[tuple, CommSchedule] = field(default_factory=dict)
 
     def run(self, call: Collective, tensor: torch.Tensor) -> None:
@@ -54,12 +58,13 @@ class Communicator:
             run_schedule(self._schedule(call), tensor.view(-1), self.rank)
 
     def _library(self, call: Collective, tensor: torch.Tensor) -> None:
+        group = self.process_groups.get(tuple(call.group))  # None: every rank of the run
         if call.kind == OpKind.ALLREDUCE:
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=group)
         elif call.kind == OpKind.REDUCE:
-            dist.reduce(tensor, dst=call.root)
+            dist.reduce(tensor, dst=call.root, group=group)
         elif call.kind == OpKind.BROADCAST:
-            dist.broadcast(tensor, src=call.root)
+            dist.broadcast(tensor, src=call.root, group=group)
         else:
             raise ValueError(f"no library collective for {call.kind}")
 

@@ -117,18 +117,30 @@ class Executor:
         for step in range(self.plan.num_phases):
             on_step(step)
             phase = self.plan.phase(step)
-            self._state = _State(tokens=tokens, start_pos=start_pos, shape=self._shape(phase))
             out.step_start_s.append(time.perf_counter() - t0)
             out.stall_s.append(0.0)
-            self._run_phase(phase, t0, out)
+            state = self.run_pass(phase, tokens, start_pos, t0, out)
             out.step_end_s.append(time.perf_counter() - t0)
             out.memory_bytes.append(self.memory_probe())
             if self.is_master:
-                out.tokens.append(self._state.next_token)
-                out.hidden.append(self._state.last_hidden)
-                tokens = self._state.next_token.view(-1, 1)
+                out.tokens.append(state.next_token)
+                out.hidden.append(state.last_hidden)
+                tokens = state.next_token.view(-1, 1)
             start_pos += phase.new_tokens
         return out
+
+    def run_pass(self, phase: Phase, tokens: torch.Tensor | None, start_pos: int, t0: float, out: Generation,
+                 h: torch.Tensor | None = None) -> _State:
+        """Run one forward pass ``phase`` of the rank's program on ``tokens`` ([sequences, new
+        tokens] ids; the master of a pass that embeds reads them) at positions from
+        ``start_pos``, or, on the master of a later pipeline stage, on the residual stream ``h``
+        ([sequences, new tokens, hidden]) the stage before sent; op records go to ``out``.
+        Returns the pass's end state: ``next_token`` and ``last_hidden`` on a master that samples,
+        ``h`` plus ``partial`` (the residual stream to send on) on the master of an earlier stage."""
+        self._state = _State(tokens=tokens, start_pos=start_pos, shape=self._shape(phase), h=h,
+                             first_layer=phase.first_layer)
+        self._run_phase(phase, t0, out)
+        return self._state
 
     def _shape(self, phase: Phase) -> tuple[int, int, int]:
         return (self.plan.batch_size, phase.new_tokens, self.plan.model.hidden_size)
@@ -236,7 +248,7 @@ class Executor:
             if op.norm_site == NormSite.FINAL:
                 s.x = model.norm(s.h, None, op.norm_site)
             else:
-                s.x = model.norm(s.h, op.weight_block.layer(layer), op.norm_site)
+                s.x = model.norm(s.h, op.weight_block.layer(layer, s.first_layer), op.norm_site)
         elif kind == OpKind.BROADCAST:
             residual = op.carries == Carries.RESIDUAL
             tensor = (s.h if residual else s.x) if self.is_master else torch.empty(
@@ -269,9 +281,10 @@ class Executor:
 
 @dataclass
 class _State:
-    tokens: torch.Tensor
+    tokens: torch.Tensor | None
     start_pos: int
     shape: tuple[int, int, int]
+    first_layer: int = 0
     h: torch.Tensor | None = None
     x: torch.Tensor | None = None
     partial: torch.Tensor | None = None

@@ -100,16 +100,18 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
     """Fold every rank's measurements (``gathered[rank][variant]``) into a :class:`MeasuredResult`."""
     ranks = tuple(sorted(m[0].rank for m in gathered))
     master = ranks[0]
+    # A pipeline's steps end with the last stage's LM head: its master times them (the first's holds the tokens).
+    clock = ParallelPlan.of(scenario, topology).stage_ranks[-1][0]
     batch = scenario.config.workload.batch_size
     variants, tables = [], []
     for v_index, variant in enumerate(scenario.config.variants):
         measured = {m[v_index].rank: m[v_index] for m in gathered}
         lead = measured[master]
-        timing = summarise(repeat_timings(list(measured.values()), master, batch))
+        timing = summarise(repeat_timings(list(measured.values()), clock, batch))
         ops = op_table(r for rank in ranks for r in measured[rank].records)
         memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
                               columns=MEMORY_COLUMNS)
-        per_repeat = repeat_traces(list(measured.values()), master)
+        per_repeat = repeat_traces(list(measured.values()), clock)
         trace = Trace(ops, per_repeat[-1].steps, memory, peak_table({r: measured[r].peak_memory_bytes for r in ranks}))
         kept = [measured[rank].round_records for rank in ranks]
         rounds = ()
@@ -160,6 +162,13 @@ def launch_measurement(scenario: Scenario, *, repeats: int, warmup: int = 1, see
     import torch
 
     from runtime.worker import run_rank
+    from sim.scenario import pipeline_plan
+    from sim.topology import build_topology
+
+    layout = ParallelPlan.of(scenario, build_topology(scenario.config.cluster))
+    if layout.pipeline > 1:  # refuse what a pipeline cannot run (streamed weights...) before any rank starts
+        for variant in scenario.config.variants:
+            pipeline_plan(scenario, variant, layout)
 
     def body(topology: Topology, rank: int, heartbeat) -> list | None:
         return run_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed, device=torch.device("cpu"),
@@ -187,7 +196,7 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
         # Replicas share nothing: one replica's run is what there is to measure.
         raise ConfigError("parallel.replicas", f"the runtime runs one tensor-parallel group; measure one "
                                                f"replica (replicas: 1) (got {parallel.replicas})")
-    ranks = parallel.tensor_ranks
+    ranks = parallel.measured_ranks
     placements, enter = placements_for(scenario, topology, ranks, testbed)
     return launch(lambda rank, heartbeat: body(topology, rank, heartbeat), len(ranks), placements=placements,
                   hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat)[0]

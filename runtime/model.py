@@ -21,7 +21,7 @@ from models.shards import TensorShard, tensor_shards
 from models.spec import ModelSpec
 from runtime.weights import (block_names, block_of, family_of, prompt_tokens, seeded_tensor, seeded_weights,
                              weight_shapes)
-from sim.program import NormSite
+from sim.program import NormSite, Stage
 
 # The weight and prompt helpers are re-exported: callers need only this module.
 __all__ = ["RankModel", "prompt_tokens", "reference_generate", "seeded_tensor", "seeded_weights",
@@ -50,6 +50,11 @@ class RankModel:
     (their tensors are absent from ``weights``); :meth:`block_shard` draws one block for its file,
     :meth:`add_block` and :meth:`drop_block` move blocks in and out of ``weights``.
 
+    Pipeline parallelism: with ``stage`` (:class:`sim.program.Stage`) the rank holds only that
+    stage's layers (their KV cache included), and its master the embeddings on the first stage,
+    the final norm and LM head on the last (with tied embeddings, its own copy of the embedding
+    matrix). A micro-batch's pass sets :attr:`rows`, the KV-cache rows of its sequences.
+
     Ops take and return activations ``[batch, new_tokens, ...]`` in ``dtype`` on ``device``; the
     new tokens sit at positions ``start_pos, start_pos + 1, ...``. Raises
     :class:`models.errors.ConfigError` if ``tp_degree`` cannot shard ``spec`` evenly and no ``shard``
@@ -60,7 +65,7 @@ class RankModel:
 
     def __init__(self, spec: ModelSpec, tp_degree: int, rank_index: int, *, seed: int, batch_size: int,
                  max_tokens: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 skip_blocks: Collection[str] = (), shard: TensorShard | None = None):
+                 skip_blocks: Collection[str] = (), shard: TensorShard | None = None, stage: Stage | None = None):
         if not 0 <= rank_index < tp_degree:
             raise ValueError(f"rank index must be in 0..{tp_degree - 1} (got {rank_index})")
         if batch_size < 1 or max_tokens < 1:
@@ -70,17 +75,25 @@ class RankModel:
                              f"{spec.name} (got {max_tokens})")
         self.spec, self.tp_degree, self.rank_index, self.seed = spec, tp_degree, rank_index, seed
         self.is_master = rank_index == 0
+        self.stage = stage or Stage(0, spec.num_layers, embeds=True, heads=True)
+        self.layers = range(self.stage.first_layer, self.stage.first_layer + self.stage.num_layers)
+        # The KV-cache rows the next pass writes and reads: a pipeline's micro-batch sets its own.
+        self.rows = slice(None)
         self.max_tokens = max_tokens
         self.device, self.dtype = torch.device(device), dtype
         self.norm_eps = family_of(spec).norm_eps
         self.shard = shard if shard is not None else tensor_shards(spec, tp_degree)[rank_index]
         self.num_heads = len(self.shard.query_heads)
         self.num_kv_heads = len(self.shard.kv_heads)
-        skip = set(skip_blocks)
-        self.weights = self._build_shards((n for n in weight_shapes(spec) if block_of(n) not in skip), self.device)
+        skip = set(skip_blocks) | (set(block_names(spec)) - set(self.block_names))
+        self.weights = self._build_shards((n for n in weight_shapes(spec) if block_of(n) not in skip
+                                           and self._holds(n)), self.device)
         cache_shape = (batch_size, self.num_kv_heads, max_tokens, spec.head_dim)
-        self.k_cache = [torch.zeros(cache_shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)]
-        self.v_cache = [torch.zeros(cache_shape, device=self.device, dtype=dtype) for _ in range(spec.num_layers)]
+        # Indexed by the model's layer; None for the layers of other pipeline stages.
+        self.k_cache = [torch.zeros(cache_shape, device=self.device, dtype=dtype) if i in self.layers else None
+                        for i in range(spec.num_layers)]
+        self.v_cache = [torch.zeros(cache_shape, device=self.device, dtype=dtype) if i in self.layers else None
+                        for i in range(spec.num_layers)]
         if not spec.learned_position_embeddings:
             self._cos, self._sin = _rotary_table(spec.head_dim, family_of(spec).rope_theta, max_tokens,
                                                  self.device, dtype)
@@ -149,9 +162,10 @@ class RankModel:
         if not self.spec.learned_position_embeddings:
             cos, sin = self._cos[start_pos:end, None, :], self._sin[start_pos:end, None, :]
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        self.k_cache[layer][:, :, start_pos:end] = k.transpose(1, 2)
-        self.v_cache[layer][:, :, start_pos:end] = v.transpose(1, 2)
-        keys, values = self.k_cache[layer][:, :, :end], self.v_cache[layer][:, :, :end]
+        rows = self.rows
+        self.k_cache[layer][rows, :, start_pos:end] = k.transpose(1, 2)
+        self.v_cache[layer][rows, :, start_pos:end] = v.transpose(1, 2)
+        keys, values = self.k_cache[layer][rows, :, :end], self.v_cache[layer][rows, :, :end]
         if self.spec.attention == "sdpa":
             return self._fused_attention(q, keys, values, start_pos)
         # Fold each KV head's query heads into the query axis, so K and V are read once per KV head.
@@ -202,8 +216,23 @@ class RankModel:
 
     @property
     def block_names(self) -> tuple[str, ...]:
-        """Every weight block of the model, in order of use (``layer0.attention``, ``layer0.mlp``, ...)."""
-        return block_names(self.spec)
+        """Every weight block of the rank's layers, in order of use (``layer0.attention``,
+        ``layer0.mlp``, ...)."""
+        return tuple(b for b in block_names(self.spec) if int(b.split(".")[0].removeprefix("layer")) in self.layers)
+
+    def _holds(self, name: str) -> bool:
+        """Whether the rank holds tensor ``name`` (its layers' shards; on the master the embeddings
+        if its stage embeds, the final norm and LM head if it samples; tied, the embedding matrix
+        for the head)."""
+        if name.startswith("layers."):
+            return True  # skip_blocks left out the other stages' layers
+        if not self.is_master:
+            return False
+        if name.startswith("final_norm") or name == "lm_head.weight":
+            return self.stage.heads
+        if name == "embed.weight":
+            return self.stage.embeds or (self.stage.heads and self.spec.tied_embeddings)
+        return self.stage.embeds
 
     @property
     def resident_blocks(self) -> set[str]:
@@ -232,7 +261,8 @@ class RankModel:
     def reset_cache(self) -> None:
         """Zero the KV cache, for a new batch of sequences."""
         for cache in (*self.k_cache, *self.v_cache):
-            cache.zero_()
+            if cache is not None:
+                cache.zero_()
 
     def _build_shards(self, names: Iterable[str], device: torch.device) -> dict[str, torch.Tensor]:
         """This rank's shards of the tensors ``names`` (of :func:`weight_shapes`), fused where the
@@ -252,8 +282,6 @@ class RankModel:
         }
         shards = {}
         for name in names:
-            if not (name.startswith("layers.") or self.is_master):
-                continue
             tensor = seeded_tensor(spec, self.seed, name)
             proj, kind = name.split(".")[-2:]
             if proj in slices:

@@ -30,9 +30,10 @@ from runtime.device import device_of
 from runtime.executor import Executor
 from runtime.model import RankModel
 from runtime.pacing import LoaderLink, Pacer
+from runtime.pipeline import PipelineExecutor, stage_model, stage_process_groups
 from runtime.weights import block_names, prompt_tokens
 from sim.parallel import ParallelPlan
-from sim.scenario import Scenario
+from sim.scenario import Scenario, pipeline_plan
 from sim.trace import TraceEvent
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -127,19 +128,24 @@ class MeasurementRounds:
     def __init__(self, cases: list[Scenario], ranks: tuple[int, ...], rank: int, model: RankModel, comm: Communicator,
                  loader: BlockLoader | None, device: torch.device, seed: int,
                  heartbeat: Callable[[str], None] = lambda label: None,
-                 shards: tuple[TensorShard, ...] | None = None, keep_rounds: bool = False):
+                 shards: tuple[TensorShard, ...] | None = None, keep_rounds: bool = False,
+                 layout: ParallelPlan | None = None):
         self.cases, self.rank, self.device, self.heartbeat = cases, rank, device, heartbeat
         self.keep_rounds = keep_rounds
         self._device = device_of(device)
-        self.executors: dict[tuple[int, str], Executor] = {}
+        self.executors: dict[tuple[int, str], Executor | PipelineExecutor] = {}
         self.prompts: dict[int, torch.Tensor] = {}
         for index, case in enumerate(cases):
             workload = case.config.workload
             self.prompts[index] = prompt_tokens(case.model, workload.batch_size, workload.prompt_tokens, seed).to(device)
             for variant in case.config.variants:
-                self.executors[index, variant.name] = Executor(
-                    case.plan(variant, ranks, shards=shards), model, comm, rank, loader=loader,
-                    memory_probe=self._device.memory_bytes)
+                if layout is not None and layout.pipeline > 1:  # ``layout``: the pipeline ``model`` is a stage of
+                    executor = PipelineExecutor(pipeline_plan(case, variant, layout), model, comm, rank,
+                                                memory_probe=self._device.memory_bytes)
+                else:
+                    executor = Executor(case.plan(variant, ranks, shards=shards), model, comm, rank, loader=loader,
+                                        memory_probe=self._device.memory_bytes)
+                self.executors[index, variant.name] = executor
         self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": [], "rounds": []}
                      for key in self.executors}
 
@@ -216,14 +222,22 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     variant streams and the rank's host has no ``storage`` link.
     """
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
-    parallel = ParallelPlan.of(scenario, topology)
-    ranks, shards = parallel.tensor_ranks, parallel.shards
+    layout = ParallelPlan.of(scenario, topology)
+    ranks, shards = layout.measured_ranks, layout.shards
     workload = scenario.config.workload
-    model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=workload.prompt_tokens
-                              + workload.output_tokens, device=device, block_dir=block_dir, shards=shards)
+    max_tokens = workload.prompt_tokens + workload.output_tokens
+    comm = Communicator(rank, topology.host_groups)
+    if layout.pipeline > 1:  # one stage's shard; the stages' collectives in their own process groups
+        plan = pipeline_plan(scenario, scenario.config.variants[0], layout)
+        model, store = stage_model(plan, rank, seed=seed, max_tokens=max_tokens, device=device,
+                                   dtype=TORCH_DTYPES[scenario.model.dtype]), None
+        comm.process_groups = stage_process_groups(plan)
+    else:
+        model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=max_tokens, device=device,
+                                  block_dir=block_dir, shards=shards)
     with paced_loader(store, topology, ranks, rank, device) as loader:
-        measured = MeasurementRounds([scenario], ranks, rank, model, Communicator(rank, topology.host_groups), loader,
-                                     device, seed, heartbeat, shards=shards)
+        measured = MeasurementRounds([scenario], ranks, rank, model, comm, loader, device, seed, heartbeat,
+                                     shards=shards, layout=layout)
         slowest_s = max((measured.round(f"warmup {index}", timed=False)[0] for index in range(warmup)), default=0.0)
         rounds = torch.tensor([timed_rounds(repeats, min_timed_s, slowest_s)], dtype=torch.int64, device=device)
         dist.broadcast(rounds, src=ranks[0])

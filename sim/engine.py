@@ -52,12 +52,17 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from models.ops import OpKind
+from sim.collectives.schedule import CommSchedule, Transfer
 from sim.cores import CorePool, ProcessorSharing
 from sim.cost import ComputeModel
 from sim.fabric import Fabric
 from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links
 from sim.plan import Op, Segment, Stream
 from sim.topology import Topology
+
+P2P = "p2p"
+"""The algorithm name of a point-to-point message's one-transfer schedule (:meth:`Engine.send`)."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +343,19 @@ class Engine:
             extra = self._extra_s[(key, op.name)] = {rank: timing.finish_s.get(rank, 0.0) - idle.finish_s[rank]
                                                     for rank in c.group}
         return fabric.collective(schedule, extra)
+
+    def send(self, fabric: Fabric, src: int, dst: int, size_bytes: int):
+        """A point-to-point message of ``size_bytes`` from rank ``src`` to ``dst`` issued now on
+        ``fabric`` (a pipeline's hop between stages): the event of its arrival at ``dst``. Priced
+        as a one-transfer schedule by the network model (its transport terms included), on the
+        fabric like a contending collective: its priced time, plus what sharing links costs."""
+        schedule = CommSchedule(OpKind.SEND, P2P, (src, dst), None, size_bytes,
+                                ((Transfer(src, dst, size_bytes, False),),))
+        extra = self._extra_s.get(schedule)
+        if extra is None:
+            priced, idle = self.pricer.network.time(schedule), self._idle_fluid.time(schedule)
+            extra = self._extra_s[schedule] = {r: priced.finish_s.get(r, 0.0) - idle.finish_s[r] for r in (src, dst)}
+        return fabric.collective(schedule, extra)[dst]
 
     def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]]) -> CollectiveTiming:
         c = op.collective

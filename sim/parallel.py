@@ -1,19 +1,25 @@
 """The parallel plan: how many ways a model is split, and which device runs which rank.
 
-A :class:`ParallelPlan` is validated data: the degrees (tensor and data; pipeline is a field
-already, held at 1 until that parallelism lands), the placement of the tensor-parallel ranks
-on the topology's devices and, for an uneven tensor-parallel split, each rank's share of the heads
+A :class:`ParallelPlan` is validated data: the degrees (tensor, pipeline, data for training,
+replicas for inference), the decoder layers of each pipeline stage, the placement of every rank on
+the topology's devices and, for an uneven tensor-parallel split, each rank's share of the heads
 and MLP columns (:mod:`models.shards`). Data parallelism (training) and inference replicas both
-copy the tensor-parallel group: copy d runs on the next ``tensor`` devices (TP inside a host, DP
-across hosts when a host holds ``tensor`` devices). The simulator and the runtime both take their ranks from
-it, so the runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks are.
+copy the layout: copy d runs on the next ``tensor x pipeline`` devices (TP inside a host, DP
+across hosts when a host holds ``tensor`` devices). The simulator and the runtime both take their
+ranks from it, so the runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks
+are.
+
+Pipeline parallelism (GPipe, Huang et al. 2019, arXiv 1811.06965): the decoder layers are split
+into ``pipeline`` consecutive stages, each run by a tensor-parallel group of ``tensor`` ranks; the
+first stage also embeds the tokens, the last one also holds the final norm and the LM head.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from models.accounting import layer_block_weight_bytes, stage_weight_bytes
 from models.errors import ConfigError
 from models.shards import TensorShard, tensor_shards
 from models.spec import ModelSpec
@@ -35,25 +41,31 @@ class ParallelPlan:
 
     Attributes:
         tensor: tensor-parallel degree (Megatron-LM, arXiv 1909.08053): ranks sharing each layer.
-        data: data-parallel degree (training): copies of the tensor-parallel group, copy d on
-            devices ``d * tensor .. (d + 1) * tensor - 1``.
-        pipeline: pipeline-parallel degree; must be 1 for now.
-        placement: the topology rank (index into ``devices``) of each tensor-parallel rank, the
-            first one the master; default: the first ``tensor`` devices.
+        data: data-parallel degree (training): copies of the layout, copy d on devices
+            ``d * tensor .. (d + 1) * tensor - 1``.
+        pipeline: pipeline-parallel degree (GPipe, arXiv 1811.06965): stages of consecutive layers.
+        placement: the topology rank (index into ``devices``) of each rank of one copy, stage by
+            stage: stage s's tensor-parallel group is ``placement[s * tensor:(s + 1) * tensor]``,
+            its first rank the stage's master; default: the first ``tensor x pipeline`` devices.
         shares: one positive weight per tensor-parallel rank, in group order (the same for every
             replica), or one per placed device, replica after replica: the split of heads and MLP
             columns follows them (:func:`models.shards.tensor_shards`); None: even.
-        replicas: copies of the tensor-parallel group, each serving its part of the requests;
-            replica i runs on the placement shifted by ``i * tensor`` devices (the default
-            placement: consecutive blocks of ``tensor`` devices).
+        replicas: copies of the layout, each serving its part of the requests; replica i runs on
+            the placement shifted by ``i * tensor x pipeline`` devices.
+        stages: the number of decoder layers of each stage, in order; default: as even as
+            possible, the earlier stages taking one more where the count does not divide.
+        variant_layouts: the scenario's variants set layouts of their own (this is the
+            scenario's default one).
 
     Raises:
-        ConfigError: on ``parallel.*``: a degree below 1, a pipeline degree other than 1, a data
-            degree above 1 with a placement of its own,
-            degrees whose product exceeds the devices, a tensor degree that cannot shard the model
-            (:func:`models.shards.tensor_shards`), a placement of the wrong length, on a device
-            that does not exist, or twice on one device; on ``parallel.shares``, weights that do
-            not fit the degree. Messages name every degree and the devices involved.
+        ConfigError: on ``parallel.*``: a degree below 1, a data degree above 1 with a placement
+            of its own, a pipeline with data parallelism, replicas or uneven shares, degrees whose
+            product exceeds the devices, a tensor degree that cannot shard the model
+            (:func:`models.shards.tensor_shards`), more stages than decoder layers, layer counts
+            that are not one positive count per stage summing to the model's layers, a placement
+            of the wrong length, on a device that does not exist, or twice on one device; on
+            ``parallel.shares``, weights that do not fit the degree. Messages name every degree
+            and the devices involved.
     """
 
     model: ModelSpec
@@ -64,6 +76,8 @@ class ParallelPlan:
     placement: tuple[int, ...] | None = None
     shares: tuple[float, ...] | None = None
     replicas: int = 1
+    stages: tuple[int, ...] | None = None
+    variant_layouts: bool = False
     _shards: tuple[tuple[TensorShard, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,15 +88,21 @@ class ParallelPlan:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name}", f"must be a positive integer ({degrees}) (got {value!r})")
-        if self.pipeline != 1:
-            raise ConfigError("parallel.pipeline", f"only 1 is supported so far ({degrees}) (got {self.pipeline})")
         if self.data > 1 and self.placement is not None:
             raise ConfigError("parallel.placement", f"data parallelism places replica d on the devices "
                                                     f"d * tensor .. (d + 1) * tensor - 1 ({degrees}) "
                                                     f"(got {self.placement})")
+        if self.pipeline > 1 and (self.data > 1 or self.replicas > 1 or self.shares is not None):
+            raise ConfigError("parallel.pipeline", f"a pipeline with data parallelism, replicas or uneven shares is "
+                                                   f"not supported yet ({degrees}) (got {self.pipeline})")
+        layers = self.model.num_layers
+        if self.pipeline > layers:
+            raise ConfigError("parallel.pipeline", f"{self.pipeline} stages, but {self.model.name} has {layers} "
+                                                   f"decoder layers ({degrees}) (got {self.pipeline})")
         needed = self.tensor * self.data * self.pipeline * self.replicas
         if needed > len(self.devices):
-            field_name = "parallel.replicas" if self.replicas > 1 else "parallel.tensor"
+            field_name = ("parallel.replicas" if self.replicas > 1 else
+                          "parallel.tensor" if self.pipeline == 1 else "parallel.pipeline")
             raise ConfigError(field_name, f"{degrees} = {needed} ranks exceed the cluster's "
                                           f"{len(self.devices)} devices ({', '.join(self.devices)}) "
                                           f"(got {getattr(self, field_name.split('.')[1])})")
@@ -92,17 +112,25 @@ class ParallelPlan:
         else:
             per_replica = [shares] * self.replicas
         object.__setattr__(self, "_shards", tuple(tensor_shards(self.model, self.tensor, w) for w in per_replica))
-        placement = tuple(range(self.tensor)) if self.placement is None else tuple(self.placement)
-        if len(placement) != self.tensor:
+        stages = even_stages(layers, self.pipeline) if self.stages is None else tuple(self.stages)
+        if len(stages) != self.pipeline or any(not isinstance(n, int) or n < 1 for n in stages) \
+                or sum(stages) != layers:
+            raise ConfigError("parallel.stages", f"must give each of the {self.pipeline} stages a positive layer "
+                                                 f"count, summing to {self.model.name}'s {layers} layers "
+                                                 f"(got {list(stages)}, sum {sum(n for n in stages if isinstance(n, int))})")
+        object.__setattr__(self, "stages", stages)
+        per_copy = self.tensor * self.pipeline
+        placement = tuple(range(per_copy)) if self.placement is None else tuple(self.placement)
+        if len(placement) != per_copy:
             raise ConfigError("parallel.placement", f"must place each of the {degrees} ranks on a device "
                                                     f"(got {len(placement)} placements)")
         for rank, device in enumerate(placement):
             if not 0 <= device < len(self.devices):
-                raise ConfigError("parallel.placement", f"tensor-parallel rank {rank} on device {device}, but the "
+                raise ConfigError("parallel.placement", f"rank {rank} on device {device}, but the "
                                                         f"cluster has devices 0..{len(self.devices) - 1} "
                                                         f"({', '.join(self.devices)}) (got {device})")
             if placement.index(device) != rank:
-                raise ConfigError("parallel.placement", f"tensor-parallel ranks {placement.index(device)} and "
+                raise ConfigError("parallel.placement", f"ranks {placement.index(device)} and "
                                                         f"{rank} both on device {self.devices[device]} (got {device})")
         object.__setattr__(self, "placement", placement)
         used = [rank for ranks in self.replica_ranks for rank in ranks]
@@ -113,9 +141,38 @@ class ParallelPlan:
                                                        f"{len(self.devices)} devices (got {self.replicas})")
 
     @property
+    def ranks(self) -> tuple[int, ...]:
+        """Every topology rank of the run, copy by copy and stage by stage (the first is the first
+        stage's master)."""
+        return tuple(rank for ranks in self.replica_ranks for rank in ranks)
+
+    @property
     def tensor_ranks(self) -> tuple[int, ...]:
-        """The topology ranks of the (first replica's) tensor-parallel group, in group order (the
-        first is the master)."""
+        """The topology ranks of the (first copy's) tensor-parallel group, in group order (the
+        first is the master): what the runtime's calibration and validation run.
+
+        Raises:
+            ConfigError: on ``parallel.pipeline``, for a pipeline (``hetsim measure`` measures
+                one, :attr:`measured_ranks`; calibrating it is not wired yet); as
+                :attr:`measured_ranks`.
+        """
+        if self.pipeline > 1:
+            raise ConfigError("parallel.pipeline", f"calibrating or validating a pipeline on the runtime is not "
+                                                   f"supported yet; hetsim simulate predicts it and hetsim measure "
+                                                   f"measures it (got {self.pipeline})")
+        return self.measured_ranks
+
+    @property
+    def measured_ranks(self) -> tuple[int, ...]:
+        """The ranks ``hetsim measure`` launches for one copy: every rank, a pipeline's included.
+
+        Raises:
+            ConfigError: on ``variants``, where variants set layouts of their own (a measurement
+                runs one layout).
+        """
+        if self.variant_layouts:
+            raise ConfigError("variants", "measuring variants with their own parallel layouts on the runtime is not "
+                                          "supported yet; hetsim simulate predicts them")
         return self.placement
 
     @property
@@ -126,10 +183,10 @@ class ParallelPlan:
 
     @property
     def replica_ranks(self) -> tuple[tuple[int, ...], ...]:
-        """The tensor-parallel group of each copy (an inference replica, or a data-parallel
-        replica in training), its master first: the placement shifted by ``i * tensor``."""
-        copies = self.replicas * self.data
-        return tuple(tuple(p + i * self.tensor for p in self.placement) for i in range(copies))
+        """The ranks of each copy (an inference replica, or a data-parallel replica in training),
+        its master first: the placement shifted by ``i * tensor x pipeline``."""
+        copies, width = self.replicas * self.data, self.tensor * self.pipeline
+        return tuple(tuple(p + i * width for p in self.placement) for i in range(copies))
 
     @property
     def replica_shards(self) -> tuple[tuple[TensorShard, ...] | None, ...]:
@@ -138,37 +195,80 @@ class ParallelPlan:
 
     @property
     def idle_devices(self) -> tuple[str, ...]:
-        """The devices no replica uses, in topology order: what the layout leaves unused."""
-        used = {rank for ranks in self.replica_ranks for rank in ranks}
+        """The devices no copy uses, in topology order: what the layout leaves unused."""
+        used = set(self.ranks)
         return tuple(name for rank, name in enumerate(self.devices) if rank not in used)
 
+    @property
+    def stage_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, its tensor-parallel group's topology ranks (the first is the stage's master)."""
+        t = self.tensor
+        return tuple(self.placement[s * t:(s + 1) * t] for s in range(self.pipeline))
+
+    @property
+    def stage_first_layers(self) -> tuple[int, ...]:
+        """Per stage, the index of its first decoder layer."""
+        return tuple(sum(self.stages[:s]) for s in range(self.pipeline))
+
     @classmethod
-    def of(cls, scenario, topology) -> ParallelPlan:
+    def of(cls, scenario, topology, variant=None) -> ParallelPlan:
         """The plan a scenario (:class:`sim.scenario.Scenario`) asks for on ``topology``
-        (:class:`sim.topology.Topology`): ``parallel.replicas`` (default 1) of
-        ``parallel.tensor`` (default every device, divided among the replicas);
-        ``parallel.shares`` resolved to weights (a :class:`ShareBasis` read from each placed
-        device, or the weights written).
+        (:class:`sim.topology.Topology`): ``parallel.tensor`` (default every device, divided by
+        the stages), ``parallel.pipeline`` and ``parallel.stages``: layer counts, per-stage device
+        lists (names), or ``balanced`` (:func:`balanced_stages`); a ``variant`` with its own
+        ``parallel`` (:class:`sim.scenario.Variant`) takes that one. Without ``variant``: the
+        scenario's layout, or the first variant's where every variant has its own (then
+        ``variant_layouts`` is set). ``parallel.replicas`` (default 1) copies it, ``tensor``
+        defaulting to the devices divided among the replicas; ``parallel.shares`` is resolved to
+        weights (a :class:`ShareBasis` read from each placed device, or the weights written). A
+        training scenario takes ``parallel.tensor`` (default 1) and ``parallel.data``.
 
         Raises:
-            ConfigError: see the class; on ``dtype`` for ``shares: compute`` on a device without it.
+            ConfigError: see the class; a device name that is not the cluster's, or per-stage
+                device lists of unequal sizes (a variant's fields named ``variants[i].parallel...``);
+                on ``dtype`` for ``shares: compute`` on a device without it.
         """
-        devices = tuple(d.name for d in topology.devices)
         if scenario.config.is_training:
-            return cls._of_training(scenario, devices)
-        written = scenario.config.parallel.tensor
-        replicas = scenario.config.parallel.replicas
-        degree = written or max(1, len(devices) // replicas)
-        shares = scenario.config.parallel.shares
-        placed = topology.devices[:degree * replicas]
+            return cls._of_training(scenario, tuple(d.name for d in topology.devices))
+        if variant is not None and variant.parallel is not None:
+            try:
+                return cls._of(scenario, topology, variant.parallel)
+            except ConfigError as error:
+                index = scenario.config.variants.index(variant)
+                raise ConfigError(f"variants[{index}].{error.field}", error.message) from None
+        variants = scenario.config.variants
+        if all(v.parallel is not None for v in variants):  # no variant takes the scenario's layout
+            return replace(cls.of(scenario, topology, variants[0]), variant_layouts=True)
+        plan = cls._of(scenario, topology, scenario.config.parallel)
+        if any(v.parallel is not None for v in variants):
+            plan = replace(plan, variant_layouts=True)
+        return plan
+
+    @classmethod
+    def _of(cls, scenario, topology, parallel) -> ParallelPlan:
+        devices = tuple(d.name for d in topology.devices)
+        written = parallel.tensor
+        pipeline = parallel.pipeline
+        stages, placement = parallel.stages, None
+        if isinstance(stages, list) and stages and isinstance(stages[0], list):
+            placement = _device_lists(stages, devices, written, parallel.pipeline)
+            pipeline, written, stages = len(stages), len(stages[0]), None
+        replicas = parallel.replicas
+        tensor = written or max(1, len(devices) // (pipeline * replicas))
+        shares = parallel.shares
+        placed = topology.devices[:tensor * replicas]
         if shares == ShareBasis.COMPUTE:
             shares = tuple(d.spec.peak_flops(scenario.model.dtype) for d in placed)
         elif shares == ShareBasis.MEMORY:
             shares = tuple(float(d.memory_capacity_bytes) for d in placed)
         try:
-            return cls(scenario.model, devices, degree, shares=shares, replicas=replicas)
+            if stages == BALANCED:
+                plan = cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement)
+                stages = balanced_stages(scenario.model, topology, plan.stage_ranks)
+            return cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement,
+                       stages=None if stages is None else tuple(stages), shares=shares, replicas=replicas)
         except ConfigError as error:
-            if written is not None or error.field != "parallel.tensor":
+            if written is not None or error.field != "parallel.tensor" or pipeline > 1:
                 raise
             # The degree came from the device count: name what the user wrote.
             raise ConfigError("cluster", f"the cluster's {len(devices)} devices are the default tensor-parallel "
@@ -186,3 +286,73 @@ class ParallelPlan:
                 raise ConfigError("parallel.tensor", f"exceeds the cluster's {len(devices)} devices "
                                                      f"({', '.join(devices)}) (got {tensor})")
         return cls(scenario.model, devices, tensor, data)
+
+
+BALANCED = "balanced"
+"""``parallel.stages: balanced``: layers split by :func:`balanced_stages`."""
+
+
+def even_stages(layers: int, pipeline: int) -> tuple[int, ...]:
+    """``layers`` split into ``pipeline`` consecutive stages as evenly as possible (the earlier
+    stages take the remainder, one layer each)."""
+    base, extra = divmod(layers, pipeline)
+    return tuple(base + (s < extra) for s in range(pipeline))
+
+
+def balanced_stages(model: ModelSpec, topology, stage_ranks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """Layer counts balancing compute and memory over unequal devices: each stage's share of the
+    layers is its share of the cluster's peak FLOP/s in the model's dtype (the slowest rank of a
+    tensor-parallel group sets its pace: the group counts ``tensor x`` its slowest device), rounded
+    by largest remainder with at least one layer per stage; then a stage whose layers' weights
+    (:func:`models.accounting.stage_weight_bytes`) exceed its smallest device's memory hands
+    layers to the stages with the most memory to spare, as long as one has room. Balancing
+    compute evens the stage times, which bound a pipeline's throughput (GPipe, arXiv 1811.06965,
+    section 2); the memory pass is the constraint placement systems add (e.g. HexGen, arXiv
+    2311.11514)."""
+    layers, count = model.num_layers, len(stage_ranks)
+    tensor = len(stage_ranks[0])
+    speed = [tensor * min(topology.devices[r].spec.peak_flops(model.dtype) for r in ranks) for ranks in stage_ranks]
+    ideal = [layers * s / sum(speed) for s in speed]
+    stages = [max(1, int(x)) for x in ideal]
+    while sum(stages) > layers:  # the minimum of one layer each overshot: take from the largest
+        stages[max(range(count), key=lambda s: (stages[s] - ideal[s], stages[s]))] -= 1
+    for s in sorted(range(count), key=lambda s: (stages[s] - ideal[s], s))[:layers - sum(stages)]:
+        stages[s] += 1
+
+    def room(s: int) -> int:
+        """Bytes left on stage s's smallest device with its current layers."""
+        capacity = min(topology.devices[r].memory_capacity_bytes for r in stage_ranks[s])
+        return capacity - stage_weight_bytes(model, tensor, stages[s], embeds=s == 0, heads=s == count - 1)
+
+    per_layer = sum(layer_block_weight_bytes(model, tensor).values())
+    for _ in range(layers):
+        over = [s for s in range(count) if room(s) < 0 and stages[s] > 1]
+        spare = [s for s in range(count) if room(s) >= per_layer]
+        if not over or not spare:
+            break
+        stages[over[0]] -= 1
+        stages[max(spare, key=lambda s: (room(s), -s))] += 1
+    return tuple(stages)
+
+
+def _device_lists(lists: list[list[str]], devices: tuple[str, ...], tensor: int | None,
+                  pipeline: int) -> tuple[int, ...]:
+    """The placement per-stage device lists (device names) give, checked."""
+    if pipeline not in (1, len(lists)):
+        raise ConfigError("parallel.stages", f"{len(lists)} device lists for parallel.pipeline {pipeline} "
+                                             f"(got {len(lists)} lists)")
+    sizes = {len(names) for names in lists}
+    if len(sizes) != 1 or (tensor is not None and sizes != {tensor}):
+        raise ConfigError("parallel.stages", f"every stage's device list must hold the tensor-parallel degree's "
+                                             f"{tensor or 'same number of'} devices (got sizes "
+                                             f"{[len(names) for names in lists]})")
+    placement = []
+    for s, names in enumerate(lists):
+        for name in names:
+            if name not in devices:
+                raise ConfigError(f"parallel.stages[{s}]", f"not a device of the cluster; devices: "
+                                                           f"{', '.join(devices)} (got {name!r})")
+            if devices.index(name) in placement:
+                raise ConfigError(f"parallel.stages[{s}]", f"device {name} is in two stages' lists (got {name!r})")
+            placement.append(devices.index(name))
+    return tuple(placement)

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 
-from models.accounting import layer_block_weight_bytes, rank_weight_bytes
+from models.accounting import layer_block_weight_bytes, rank_weight_bytes, stage_weight_bytes
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.shards import TensorShard
 from models.spec import ModelSpec
 from sim.vocabulary import PhaseKind
 # Collective, Segment and Stream are re-exported: the plan's users read its ops through them.
-from sim.program import BlockPart, Collective, MemoryCategory, Op, Phase, Segment, Stream, WeightBlock  # noqa: F401
+from sim.program import BlockPart, Collective, MemoryCategory, Op, Phase, Segment, Stage, Stream, WeightBlock  # noqa: F401
 from sim.strategies import StrategyChoice  # noqa: F401 - re-exported: the plan's callers build one
 
 
@@ -97,6 +97,7 @@ class Plan:
     runtime_memory_bytes: dict[int, int] = field(default_factory=dict)
     memory_policy: MemoryPolicy = MemoryPolicy()
     shards: tuple[TensorShard, ...] | None = None
+    stage: Stage | None = None
     _cache: dict[int, Phase] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -116,16 +117,21 @@ class Plan:
     def initial_memory_bytes(self) -> dict[int, dict[MemoryCategory, int]]:
         """Memory resident before the first op: the runtime's own (``runtime_memory_bytes``, from
         calibration) and each rank's weight shard (bytes)."""
-        tp = len(self.ranks)
         streamed_later = {r: sum(b.size_bytes for b in self.streamed_blocks[r][self.memory_policy.window:])
                           for r in self.ranks}
         return {
             r: {MemoryCategory.RUNTIME: self.runtime_memory_bytes.get(r, 0),
-                MemoryCategory.WEIGHTS: rank_weight_bytes(self.model, tp, is_master=r == self.master,
-                                                          shard=self.shard_of(r))
-                - streamed_later[r]}
+                MemoryCategory.WEIGHTS: self._weight_bytes(r) - streamed_later[r]}
             for r in self.ranks
         }
+
+    def _weight_bytes(self, rank: int) -> int:
+        """The weight shard ``rank`` holds (bytes): its share of every layer, or of its stage's."""
+        tp, master, shard = len(self.ranks), rank == self.master, self.shard_of(rank)
+        if self.stage is None:
+            return rank_weight_bytes(self.model, tp, is_master=master, shard=shard)
+        return stage_weight_bytes(self.model, tp, self.stage.num_layers, embeds=master and self.stage.embeds,
+                                  heads=master and self.stage.heads, shard=shard)
 
     @cached_property
     def streamed_blocks(self) -> dict[int, tuple[WeightBlock, ...]]:
@@ -151,12 +157,14 @@ class Plan:
         if step not in self._cache:
             lower = self.strategy.implementation.lower
             args = (self.model, self.batch_size, self.ranks, self.strategy.algorithms)
+            # Only a pipeline stage's plan passes a stage: a strategy that knows no pipeline still lowers.
+            stage = {} if self.stage is None else {"stage": self.stage}
             if step == 0:
                 self._cache[step] = lower(*args, PhaseKind.PREFILL, 0, self.prompt_tokens, self.prompt_tokens,
-                                          shards=self.shards)
+                                          shards=self.shards, **stage)
             else:
                 self._cache[step] = lower(*args, PhaseKind.DECODE, step, 1, self.prompt_tokens + step,
-                                          shards=self.shards)
+                                          shards=self.shards, **stage)
             if any(self.streamed_blocks.values()):
                 self._cache[step] = _stream_weights(self._cache[step], self.streamed_blocks,
                                                     self.memory_policy.window)

@@ -79,10 +79,11 @@ class BlockRef:
     layer_offset: int
     part: BlockPart
 
-    def layer(self, segment_layer: int | None) -> int:
+    def layer(self, segment_layer: int | None, first_layer: int = 0) -> int:
         """The decoder layer whose block is read, for an op in an instance of layer
-        ``segment_layer`` (None: the prologue, which reads layer 0's blocks)."""
-        return 0 if segment_layer is None else segment_layer + self.layer_offset
+        ``segment_layer`` (None: the prologue, which reads the first layer's blocks: layer 0, or
+        ``first_layer`` of a pipeline stage's pass)."""
+        return first_layer if segment_layer is None else segment_layer + self.layer_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,22 +187,37 @@ class Segment:
     layers: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """The part of the model one pipeline stage runs (GPipe, arXiv 1811.06965): decoder layers
+    ``first_layer .. first_layer + num_layers - 1``; ``embeds``: it is the first stage (embeds the
+    tokens; the others receive the residual stream from the stage before), ``heads``: it is the
+    last (final norm and LM head; the others hand the residual stream on)."""
+
+    first_layer: int
+    num_layers: int
+    embeds: bool
+    heads: bool
+
+
 @dataclass(frozen=True)
 class Phase:
-    """One forward pass: ``new_tokens`` per sequence attending to ``context_tokens`` (cache included)."""
+    """One forward pass: ``new_tokens`` per sequence attending to ``context_tokens`` (cache
+    included); a pipeline stage's pass runs decoder layers from ``first_layer`` on."""
 
     name: PhaseKind
     step: int  # 0 for prefill, then 1 .. output_tokens - 1
     new_tokens: int
     context_tokens: int
     segments: tuple[Segment, ...]
+    first_layer: int = 0
 
     @property
     def layer_of_segment(self) -> tuple[int | None, ...]:
         """For each segment, the index of its first decoder layer (None for a segment that runs
         no decoder layer of its own)."""
         layers: list[int | None] = []
-        next_layer = 0
+        next_layer = self.first_layer
         for seg in self.segments:
             if seg.layers:
                 layers.append(next_layer)

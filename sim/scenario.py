@@ -14,6 +14,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
     #   replicas: 3                 optional: copies of the group, the batch split among them
+    # parallel: {tensor: 2, pipeline: 3, stages: [10, 11, 11], micro_batches: 3}   # a pipeline (sim.pipeline)
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
@@ -23,6 +24,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
       - {name: reduce_ln_bcast, strategy: reduce_ln_bcast, reduce: binomial, broadcast: binomial}
       - {name: allreduce_ring, strategy: allreduce_ln, allreduce: ring}
       - {name: ring_streamed, strategy: allreduce_ln, allreduce: ring, memory: {policy: sliding_window, window: 1}}
+      - {name: ring_pp2, strategy: allreduce_ln, allreduce: ring, parallel: {tensor: 4, pipeline: 2}}  # own layout
 
 Limits (every one refused with the field, never silently clipped): the file is UTF-8 YAML of at
 most 1 MiB, nested at most 32 deep, without duplicate keys (:mod:`models.input_files`); counts are
@@ -53,7 +55,8 @@ from models.input_files import load_yaml
 from models.shards import TensorShard
 from models.spec import Attention, ModelSpec
 from sim.cluster_config import DEVICE_UNION_TAGS, MAX_DEVICES, ClusterConfig
-from sim.parallel import ShareBasis
+from sim.parallel import BALANCED, ParallelPlan, ShareBasis
+from sim.pipeline import PipelinePlan
 from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
 from sim.serving.config import ServingWorkload
@@ -123,7 +126,15 @@ class ComputeSettings(BaseModel):
 
 
 class Parallel(BaseModel):
-    """Parallel plan. ``tensor``: tensor-parallel degree (the first ``tensor`` devices); None = all.
+    """Parallel plan (:class:`sim.parallel.ParallelPlan` checks it against the model and cluster).
+
+    ``tensor``: tensor-parallel degree per stage (None: the devices divided by the stages and
+    replicas). ``pipeline``: pipeline stages (GPipe, arXiv 1811.06965), default 1. ``stages``: the
+    layers of each stage: a list of layer counts, a list of per-stage device lists (device names,
+    which also place the ranks), or ``balanced`` (by compute and memory,
+    :func:`sim.parallel.balanced_stages`); default even. ``micro_batches``: how many micro-batches a
+    batch is split into between the stages, default the number of stages or the batch, whichever
+    is smaller.
 
     ``shares``: split each layer's attention heads and MLP columns unevenly, in proportion to each
     device's ``compute`` (dense peak FLOP/s in the dtype) or ``memory`` (capacity), or to the
@@ -144,6 +155,9 @@ class Parallel(BaseModel):
     data: StrictInt | None = Field(default=None, gt=0)
     replicas: StrictInt = Field(default=1, gt=0, le=MAX_DEVICES)
     shares: ShareBasis | tuple[float, ...] | None = None
+    pipeline: StrictInt = Field(default=1, gt=0, le=1 << 16)
+    stages: str | list | None = None
+    micro_batches: StrictInt | None = Field(default=None, gt=0, le=MAX_BATCH_SIZE)
 
     @field_validator("shares", mode="before")
     @classmethod
@@ -164,6 +178,18 @@ class Parallel(BaseModel):
                 raise ValueError(f"every weight must be a number in (0, {MAX_SHARE:g}] "
                                  f"(got {shorten(weight)})")
         return tuple(float(w) for w in value)
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _stages(cls, value: Any) -> Any:
+        """One of the three forms; raises ValueError naming them (pydantic locates it)."""
+        counts = isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in value)
+        lists = isinstance(value, list) and all(isinstance(d, list) and d and all(isinstance(n, str) for n in d)
+                                                for d in value)
+        if value is None or value == BALANCED or (value and (counts or lists)):
+            return value
+        raise ValueError(f"must be {BALANCED}, a list of layer counts per stage, or a list of per-stage device "
+                         f"lists (device names) (got {shorten(str(value))})")
 
 
 class MemoryConfig(BaseModel):
@@ -201,6 +227,7 @@ class Variant(BaseModel):
     broadcast: str = Field(default="binomial", max_length=MAX_NAME_CHARS)
     memory: MemoryConfig | None = None  # overrides the scenario's memory policy
     training: TrainingSettings | None = None  # a training workload's settings this variant changes
+    parallel: Parallel | None = None  # overrides the scenario's layout: variants compare layouts
 
     @model_validator(mode="after")
     def _algorithms_fit_strategy(self) -> Variant:
@@ -341,6 +368,11 @@ class ScenarioConfig(BaseModel):
     @model_validator(mode="after")
     def _names(self) -> ScenarioConfig:
         names = unique_variant_names(self.variants)
+        for i, variant in enumerate(self.variants):
+            if self.sweep is not None and variant.parallel is not None:
+                # A sweep sets every point's layout (sweep.devices); a variant's own would be ignored.
+                raise ConfigError(f"variants[{i}].parallel", "a sweep sets the layout of its points; a variant "
+                                                             "cannot set its own (got a parallel section)")
         if self.baseline is not None and self.baseline not in names:
             raise ConfigError("baseline", f"not a variant name; variants: {shorten(', '.join(names), 200, quote=False)} "
                                           f"(got {shorten(self.baseline)})")
@@ -388,6 +420,23 @@ class Scenario(BaseModel):
         return Plan(self.model, ranks, batch_size or w.batch_size, w.prompt_tokens, w.output_tokens,
                     variant.choice(),
                     runtime_memory_bytes or {}, self.memory_policy(variant), shards)
+
+
+def pipeline_plan(scenario: Scenario, variant: Variant, parallel: ParallelPlan,
+                  runtime_memory_bytes: dict[int, int] | None = None) -> PipelinePlan:
+    """The pipeline plan of ``variant`` over ``parallel``'s stages (the simulator and the runtime
+    run the same one).
+
+    Raises:
+        ConfigError: weights streamed through a pipeline (``memory.policy``, not supported), or
+            ``parallel.micro_batches`` without a pipeline or beyond the batch.
+    """
+    if scenario.memory_policy(variant).streams:
+        raise ConfigError("memory.policy", f"a pipeline keeps its weights resident; sliding_window is not "
+                                           f"supported with {parallel.pipeline} stages (got sliding_window)")
+    w = scenario.config.workload
+    return PipelinePlan.of(parallel, w.batch_size, w.prompt_tokens, w.output_tokens, variant.choice(),
+                           (variant.parallel or scenario.config.parallel).micro_batches, runtime_memory_bytes)
 
 
 def _location(loc: tuple[Any, ...]) -> str:

@@ -27,8 +27,9 @@ from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
+from sim.pipeline_run import AlikeGroups, simulate_pipeline_run
 from sim.replicas import ReplicaRun, combined_timing, idle_rows, replica_rows, split_batch
-from sim.scenario import Scenario, Variant
+from sim.scenario import Scenario, Variant, pipeline_plan
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
 from sim.trace import Trace, build_trace
@@ -79,7 +80,8 @@ class SimulationResult:
     ``calibrated``: priced from a calibration profile; ``extrapolated``: the predictions that fell
     outside what the profile measured (priced by the uncalibrated models, scaled), one line each;
     ``network``: how the profile priced the collectives (same-cluster replay or transferred terms).
-    ``ranks``: every rank the layout uses (each replica's group in turn); ``parallel``: the layout.
+    ``ranks``: the devices the variants run on (every replica's ranks in turn; with variants of
+    their own layouts, every device some variant uses); ``parallel``: the scenario's layout.
     """
 
     scenario: Scenario
@@ -94,8 +96,9 @@ class SimulationResult:
 
     @property
     def idle_devices(self) -> tuple[str, ...]:
-        """The devices the layout leaves unused (:attr:`sim.parallel.ParallelPlan.idle_devices`)."""
-        return self.parallel.idle_devices if self.parallel is not None else ()
+        """The devices no variant uses, in topology order."""
+        used = set(self.ranks)
+        return tuple(d.name for d in self.topology.devices if d.rank not in used)
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -219,35 +222,56 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     config = scenario.config
     topology = build_topology(config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
-    groups = parallel.replica_ranks
-    ranks = tuple(rank for group in groups for rank in group)
-    batches = split_batch(config.workload.batch_size, parallel.replicas)
+    layouts = {v.name: ParallelPlan.of(scenario, topology, v) for v in config.variants}
+    every_rank = tuple(sorted({r for layout in layouts.values() for r in layout.ranks}))
+    for index, variant in enumerate(config.variants):
+        written = variant.parallel or config.parallel
+        if layouts[variant.name].pipeline == 1 and written.micro_batches is not None:
+            where = "" if variant.parallel is None else f"variants[{index}]."
+            raise ConfigError(f"{where}parallel.micro_batches", f"micro-batches split a batch between pipeline "
+                                                                f"stages; set parallel.pipeline (got {written.micro_batches})")
+    # A rank runs its stage's layers once per micro-batch: the layers a rank runs per step.
+    layers_per_rank = max(scenario.model.num_layers if layout.pipeline == 1 else max(layout.stages) * (
+        (v.parallel or config.parallel).micro_batches or min(layout.pipeline, config.workload.batch_size))
+        for v, layout in zip(config.variants, layouts.values()))
     # Each replica is a run of its own: R replicas of V variants cost what R x V variants do.
-    check_job_size(len(config.variants) * len(groups), scenario.model.num_layers, len(groups[0]),
+    copies = max(len(layout.replica_ranks) for layout in layouts.values())
+    check_job_size(len(config.variants) * copies, layers_per_rank, len(every_rank) // copies,
                    config.workload.output_tokens,
                    ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
-                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants) * len(groups))
-    pricing = build_pricing(scenario, topology, ranks, profile, context_group=groups[0])
+                   streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants) * copies)
+    pricing = build_pricing(scenario, topology, every_rank, profile, context_group=parallel.replica_ranks[0])
     compute, network, engine = pricing.compute, pricing.network, pricing.engine
     choice, runtime_memory, cores = pricing.choice, pricing.runtime_memory, pricing.cores
+    if any(layout.pipeline > 1 for layout in layouts.values()):  # alike stages: their collectives priced once
+        engine.pricer = AlikeGroups(engine.pricer, topology, engine.links)
     workload = config.workload
     variants, tables = [], []
     names = [d.name for d in topology.devices]
     for variant in config.variants:
         field = f"variants[{config.variants.index(variant)}]"
+        layout = layouts[variant.name]
         replicas = []
-        for group, shards, batch in zip(groups, parallel.replica_shards, batches):
-            plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
-            if cores:
-                compute.solo_kinds = solo_kinds(plan)
+        for group, shards, batch in zip(layout.replica_ranks, layout.replica_shards,
+                                        split_batch(workload.batch_size, layout.replicas)):
+            if layout.pipeline > 1:
+                try:
+                    plan = pipeline_plan(scenario, variant, layout, runtime_memory)
+                except ConfigError as error:
+                    own = variant.memory if error.field.startswith("memory") else variant.parallel
+                    raise ConfigError(("" if own is None else f"{field}.") + error.field, error.message) from None
+            else:
+                plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
+                if cores:
+                    compute.solo_kinds = solo_kinds(plan)
             if plan.memory_policy.streams:
                 try:
-                    check_loader_paths(topology, group)
+                    check_loader_paths(topology, plan.ranks)
                 except ConfigError as error:
                     where = "memory" if variant.memory is None else f"{field}.memory"
                     raise ConfigError(error.field.replace("memory", where, 1), error.message) from None
             try:
-                run = simulate_run(plan, engine, topology)
+                run = (simulate_run if layout.pipeline == 1 else simulate_pipeline_run)(plan, engine, topology)
             except ConfigError as error:
                 # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
                 # broadcast): the variant's field of that name.
@@ -261,7 +285,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         peaks = {rank: peak for replica in replicas for rank, peak in peak_memory_bytes(replica.trace).items()}
         memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r],
                                              Metric.MEMORY_CAPACITY: topology.devices[r].memory_capacity_bytes}
-                  for r in ranks}
+                  for r in layout.ranks}
         algorithms = tuple(f"{kind}={name}" for kind, name in sorted(
             {a for replica in replicas for phase in replica.run.simulated.values() for res in phase.results
              for a in res.algorithms.values()}))
@@ -270,12 +294,13 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
         if len(replicas) > 1:
             tables.append(replica_rows(config.name, variant.name, "simulated", replicas, names))
-        if parallel.idle_devices:
-            tables.append(idle_rows(config.name, variant.name, "simulated", parallel.idle_devices))
+        if layout.idle_devices:
+            tables.append(idle_rows(config.name, variant.name, "simulated", layout.idle_devices))
     extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
     if isinstance(network, DefaultTransportNetwork):
         choice = NetworkChoice(network, False, (), tuple(sorted(network.used)))
-    return SimulationResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True),
+    used = parallel.ranks if not parallel.variant_layouts else every_rank  # every device some variant runs on
+    return SimulationResult(scenario, topology, used, tuple(variants), pd.concat(tables, ignore_index=True),
                             calibrated=profile is not None, extrapolated=extrapolated, network=choice,
                             parallel=parallel)
 

@@ -84,9 +84,12 @@ class _Runner:
         return PhaseRun(phase, results, duration, memory)
 
 
-def simulate_run(plan: Plan, engine: Engine, topology: Topology) -> RunResult:
-    """Price every phase of ``plan``: prefill, then decode steps by verified interpolation."""
-    runner = _Runner(plan, engine, topology)
+def simulate_run(plan: Plan, engine: Engine, topology: Topology, runner=None) -> RunResult:
+    """Price every phase of ``plan``: prefill, then decode steps by verified interpolation.
+    ``runner``: what prices one phase, ``run_phase(step, start_bytes, start_s)`` returning a
+    :class:`PhaseRun` or one with its ``duration_s``, ``memory`` and ``signature()`` (a
+    pipeline's, :mod:`sim.pipeline_run`); default: the engine on the plan's phase."""
+    runner = runner or _Runner(plan, engine, topology)
     ranks = plan.ranks
     initial = plan.initial_memory_bytes
     prefill = runner.run_phase(0, {r: {c: initial[r].get(c, 0) for c in MemoryCategory} for r in ranks}, 0.0)

@@ -23,6 +23,7 @@ holds the phases chosen when the trace is built (by default the prefill and the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Iterable, NamedTuple
 
 import numpy as np
@@ -113,8 +114,11 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
     op_frames, memory_frames = [], []
     for step in sorted(set(expand_steps)):
         if step in run.simulated:
-            ops, memory = _expand_phase(run.simulated[step], float(run.step_start_s[step]),
-                                        {r: float(run.step_base_bytes[r][step]) for r in plan.ranks})
+            phase_run = run.simulated[step]
+            # A pipeline's phase (sim.pipeline_run) lays its stages' passes out itself.
+            expand = getattr(phase_run, "expand", partial(_expand_phase, phase_run))
+            ops, memory = expand(float(run.step_start_s[step]),
+                                 {r: float(run.step_base_bytes[r][step]) for r in plan.ranks})
             op_frames.append(ops)
             memory_frames.append(memory)
     memory_frames.append(pd.DataFrame({
@@ -131,12 +135,23 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
 
 def _phase_stall_s(run: PhaseRun) -> float:
     """The slowest rank's wait for weight loads in one simulated phase (s): per segment instance
-    (:func:`sim.loader.stall_s`), times its repeats."""
+    (:func:`sim.loader.stall_s`), times its repeats (a pipeline's phase knows its own)."""
+    if hasattr(run, "stall_s"):
+        return run.stall_s()
     return sum(seg.repeat * stall_s(seg, res) for seg, res in zip(run.phase.segments, run.results))
 
 
 def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Op rows and memory samples of every instance of every segment of one phase."""
+    ops, memory = phase_columns(run, start_s, base_bytes)
+    return pd.DataFrame(ops).assign(phase=str(run.phase.name), step=run.phase.step)[OP_COLUMNS], pd.DataFrame(memory)
+
+
+def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float]
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The columns of :func:`_expand_phase`'s tables as arrays: op rows (every :class:`TraceEvent`
+    field but ``phase`` and ``step``, which are the phase's) and memory samples (``MEMORY_COLUMNS``),
+    for a caller that lays out many phases (a pipeline's stage passes, :mod:`sim.pipeline_run`)."""
     phase = run.phase
     op_parts, mem_parts = [], []
     offset = start_s
@@ -155,14 +170,12 @@ def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -
         instance = np.arange(segment.repeat)
         n = len(rows)
         shift = offset + np.repeat(instance, n) * result.duration_s
-        op_parts.append(pd.DataFrame(TraceEvent(  # an event of columns: one row per op instance
+        op_parts.append(dict(  # one row per op instance
             rank=np.tile(rank_col, segment.repeat), stream=np.tile(stream, segment.repeat),
             kind=np.tile(kind, segment.repeat), name=np.tile(name, segment.repeat),
-            phase=str(phase.name), step=phase.step,
             layer=(np.repeat(instance, n) + layer0) if layer0 is not None else np.tile(op_layer, segment.repeat),
             start_s=shift + np.tile(rel_start, segment.repeat), end_s=shift + np.tile(rel_end, segment.repeat),
-            bytes=np.tile(traffic, segment.repeat), flops=np.tile(flops, segment.repeat),
-        )._asdict()))
+            bytes=np.tile(traffic, segment.repeat), flops=np.tile(flops, segment.repeat)))
         for rank in sorted(segment.programs):
             ledger = segment_ledger(segment, result, rank)
             net = sum(ledger.net_bytes.values())
@@ -175,8 +188,8 @@ def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -
                                   + np.tile(ledger.running_bytes, segment.repeat)))
             running_base[rank] += segment.repeat * net
         offset += segment.repeat * result.duration_s
-    memory = pd.DataFrame(dict(zip(MEMORY_COLUMNS, map(np.concatenate, zip(*mem_parts)))))
-    return pd.concat(op_parts, ignore_index=True), memory
+    ops = {column: np.concatenate([part[column] for part in op_parts]) for column in op_parts[0]}
+    return ops, dict(zip(MEMORY_COLUMNS, map(np.concatenate, zip(*mem_parts))))
 
 
 COLLECTIVE_KINDS = tuple(kind.value for kind in OpKind if kind.is_communication)

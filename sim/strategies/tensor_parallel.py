@@ -16,7 +16,7 @@ from models.accounting import OpCost, head_op_costs, kv_cache_bytes_per_token, l
 from models.ops import OpKind
 from models.shards import TensorShard
 from models.spec import ModelSpec
-from sim.program import BlockPart, BlockRef, Collective, MemoryCategory, NormSite, Phase, ProgramBuilder
+from sim.program import BlockPart, BlockRef, Collective, MemoryCategory, NormSite, Phase, ProgramBuilder, Stage
 from sim.vocabulary import PhaseKind
 
 # The weight block each per-layer compute op reads (the norms get theirs where they are emitted).
@@ -78,12 +78,18 @@ class TensorParallel:
         raise NotImplementedError
 
     def lower(self, model: ModelSpec, batch_size: int, ranks: tuple[int, ...], algorithms: dict[OpKind, str],
-              name: PhaseKind, step: int, new_tokens: int, context_tokens: int, *,
+              name: PhaseKind, step: int, new_tokens: int, context_tokens: int, stage: Stage | None = None, *,
               shards: tuple[TensorShard, ...] | None = None) -> Phase:
         """See :meth:`sim.strategies.base.Strategy.lower`. Costs from
         :func:`models.accounting.layer_op_costs` / :func:`~models.accounting.head_op_costs`, per
         rank from its shard when the split is uneven; the collectives carry the full hidden state
-        whatever the shards."""
+        whatever the shards.
+
+        ``stage``: lower one pipeline stage's part (its layers; the embedding only on the first
+        stage, whose master otherwise starts from the residual stream the stage before sent it;
+        the final norm and LM head only on the last, whose master otherwise ends holding the
+        residual stream to send on). None: the whole model."""
+        stage = stage or Stage(0, model.num_layers, embeds=True, heads=True)
         tp = len(ranks)
         ranks_of: dict[TensorShard | None, list[int]] = {}
         for i, r in enumerate(ranks):
@@ -101,12 +107,14 @@ class TensorParallel:
         group = Group(ranks, algorithms, hidden_bytes, layer[OpKind.LAYERNORM])
         everyone, only_master = ranks, (group.master,)
 
-        # Prologue: the master embeds the tokens and hands the first normalised input out.
+        # Prologue: the master embeds the tokens (or holds what the stage before sent) and hands
+        # the first normalised input out.
         shape = (new_tokens, context_tokens)
         pro = ProgramBuilder(ranks, shape)
-        pro.compute(only_master, OpKind.EMBEDDING, "embedding", head[OpKind.EMBEDDING], alloc=activations)
+        if stage.embeds:
+            pro.compute(only_master, OpKind.EMBEDDING, "embedding", head[OpKind.EMBEDDING], alloc=activations)
         self.hand_out(pro, group)
-        for r in ranks[1:]:
+        for r in ranks[0 if not stage.embeds else 1:]:
             pro.ops[r][0] = replace(pro.ops[r][0], alloc=activations)
 
         def sharded(prog: ProgramBuilder, kind: OpKind, name: str, *, kv_cache: bool = False, **fields) -> None:
@@ -125,11 +133,13 @@ class TensorParallel:
             sharded(prog, OpKind.MLP_UP, "mlp_up", weight_block=MLP_BLOCK)
             sharded(prog, OpKind.MLP_DOWN, "mlp_down", weight_block=MLP_BLOCK)
             if last:
-                # Only the master needs the final hidden state: it normalises and projects to logits.
+                # Only the master needs the final hidden state: it normalises and projects to logits
+                # (or, in an earlier pipeline stage, sends it on).
                 self.combine_final(prog, group, "mlp")
-                prog.compute(only_master, OpKind.LAYERNORM, "final_norm", head[OpKind.LAYERNORM],
-                             norm_site=NormSite.FINAL)
-                prog.compute(only_master, OpKind.LM_HEAD, "lm_head", head[OpKind.LM_HEAD])
+                if stage.heads:
+                    prog.compute(only_master, OpKind.LAYERNORM, "final_norm", head[OpKind.LAYERNORM],
+                                 norm_site=NormSite.FINAL)
+                    prog.compute(only_master, OpKind.LM_HEAD, "lm_head", head[OpKind.LM_HEAD])
                 for r in ranks:
                     prog.ops[r][-1] = replace(prog.ops[r][-1], free=activations)
             else:
@@ -137,10 +147,10 @@ class TensorParallel:
             return prog
 
         segments = [pro.segment("prologue")]
-        if model.num_layers > 1:
-            segments.append(layer_program(last=False).segment("layer", repeat=model.num_layers - 1, layers=1))
+        if stage.num_layers > 1:
+            segments.append(layer_program(last=False).segment("layer", repeat=stage.num_layers - 1, layers=1))
         segments.append(layer_program(last=True).segment("layer_last", layers=1))
-        return Phase(name, step, new_tokens, context_tokens, tuple(segments))
+        return Phase(name, step, new_tokens, context_tokens, tuple(segments), stage.first_layer)
 
 
 def norm(prog: ProgramBuilder, ranks: tuple[int, ...], group: Group, site: NormSite, closes_layer: bool) -> None:

@@ -24,13 +24,15 @@ def idle_line(idle: Sequence[str], total: int, layout: str) -> str | None:
 
 
 def layout_label(result: SimulationResult) -> str:
-    """``TP=4`` or ``TP=2 x 3 replicas``, with ``uneven`` for a split by ``parallel.shares``."""
+    """``TP=4``, ``TP=2 x PP=3`` or ``TP=2 x 3 replicas``, with ``uneven`` for a split by
+    ``parallel.shares``; the device count where the variants choose their own layouts."""
     parallel = result.parallel
-    replicas = parallel.replicas if parallel is not None else 1
-    label = f"TP={len(result.ranks) // replicas}"
-    if parallel is not None and parallel.shards is not None:
-        label += " uneven"
-    return label + (f" x {replicas} replicas" if replicas > 1 else "")
+    if parallel is None or parallel.variant_layouts:
+        return f"{len(result.ranks)} devices"
+    label = f"TP={parallel.tensor}" + (" uneven" if parallel.shards is not None else "")
+    if parallel.pipeline > 1:
+        label += f" x PP={parallel.pipeline}"
+    return label + (f" x {parallel.replicas} replicas" if parallel.replicas > 1 else "")
 
 
 def layout_lines(result: SimulationResult) -> list[str]:

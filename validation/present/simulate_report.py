@@ -70,7 +70,7 @@ def _memory_peak_figure(result: SimulationResult) -> go.Figure:
     colors = category_colors(v.variant.name for v in result.variants)
     fig = go.Figure()
     for v in result.variants:
-        fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.peak_bytes[d.rank] / _GIB for d in devices],
+        fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.peak_bytes.get(d.rank, 0) / _GIB for d in devices],
                              name=v.variant.name, marker_color=colors[v.variant.name]))
     fig.add_trace(go.Scatter(x=[d.name for d in devices], y=[d.memory_capacity_bytes / _GIB for d in devices],
                              mode="markers+lines", name="capacity", line={"dash": "dash", "color": "black"}))

@@ -75,7 +75,8 @@ def print_summary(result: SimulationResult, console: Console) -> None:
     for rank in result.ranks:
         device = result.topology.devices[rank]
         memory.add_row(device.name, f"{device.memory_capacity_bytes / _GIB:.2f}",
-                       *(f"{vr.peak_bytes[rank] / _GIB:.2f}" for vr in result.variants))
+                       *(f"{vr.peak_bytes[rank] / _GIB:.2f}" if rank in vr.peak_bytes else "unused"
+                         for vr in result.variants))
     console.print(memory)
     for line in layout_lines(result):
         console.print(escape(line))

@@ -1,0 +1,334 @@
+"""A pipeline's run in simulated time: stages priced by the engine, composed GPipe-style.
+
+Each stage's pass over one micro-batch is its own tensor-parallel phase (:mod:`sim.pipeline`),
+priced by the :class:`sim.engine.Engine` as any phase is (its collectives stay inside the
+stage's group). The pipeline composes those durations in one simpy environment with a
+:class:`sim.fabric.Fabric`: stage s runs its micro-batches in order, micro-batch j once the
+stage before has sent it (:meth:`sim.engine.Engine.send`, on the shared network, so hops that
+cross one link at once share it); from the last stage the sampled tokens go back to the first,
+which embeds them for the next step (GPipe, arXiv 1811.06965, section 2.2; the relay of
+llama.cpp RPC or prima.cpp with one micro-batch).
+
+* The prefill is one round from idle stages: it lasts until the last stage's last LM head
+  (TTFT); its bubble, every stage idle while the pipeline fills and drains, is in the trace.
+* A decode step is the steady state of rounds that follow each other without a barrier: the
+  first stage starts micro-batch j of step k+1 as soon as its token of step k is back, while
+  later stages still work on step k. The step's duration is the period between the last
+  tokens of two consecutive rounds, simulated over :data:`DECODE_ROUNDS` identical rounds from
+  idle stages (with m <= P micro-batches of equal stages, the second round is already
+  periodic: the period is max(m x the slowest stage, one micro-batch's trip around the ring)).
+  The trace shows the last round, ending at the step's end; its first ops start before the
+  step's start, overlapping the step before, as they do in a pipeline.
+
+Contention between a hop and the stages' own collectives is not modelled (each is priced on
+its own network); hops share the fabric among themselves. Op times of a stage's pass are the
+engine's, so every quantity stays piecewise linear in the decode step, as
+:mod:`sim.timeline` needs to interpolate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import partial
+from weakref import WeakKeyDictionary
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from models.ops import OpKind
+from sim.engine import Engine, SegmentResult
+from sim.network import CollectivePricer, CollectiveTiming, Links
+from sim.fabric import Fabric
+from sim.memory import PhaseMemory, phase_memory
+from sim.pipeline import Hop, PipelinePlan
+from sim.plan import MemoryCategory, Stream
+from sim.timeline import PhaseRun, RunResult, simulate_run
+from sim.topology import Topology
+from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns
+from sim.vocabulary import PhaseKind
+
+_SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape} (PipelineRunner._shape)
+
+DECODE_ROUNDS = 3
+"""Identical rounds simulated to find a decode step's steady-state period (two for one micro-batch)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """Stage ``stage`` running micro-batch ``micro_batch`` in round ``round`` from ``start_s`` to
+    ``end_s``, then its hop (:meth:`sim.pipeline.PipelinePlan.hop_on`) from ``end_s`` to
+    ``hop_end_s`` (s from the schedule's start)."""
+
+    round: int
+    stage: int
+    micro_batch: int
+    start_s: float
+    end_s: float
+    hop: Hop | None
+    hop_end_s: float
+
+
+@dataclass(frozen=True)
+class PipelinePhaseRun:
+    """A simulated pipeline phase: each stage's pass per micro-batch size (``passes[stage, size]``),
+    the schedule of the rounds, the phase's duration (prefill: to the last LM head; decode: the
+    steady-state period) and per-rank memory over one round."""
+
+    plan: PipelinePlan
+    step: int
+    passes: dict[tuple[int, int], PhaseRun]
+    tasks: tuple[Task, ...]
+    duration_s: float
+    origin_s: float
+    memory: dict[int, PhaseMemory]
+    twins: dict[tuple[int, int], tuple[int, int]]  # pass -> the pass it shares (a stage laid out alike), or itself
+
+    def signature(self) -> np.ndarray:
+        """Every simulated time of the phase as one vector (for :mod:`sim.timeline`'s linearity
+        test): the duration, the schedule and each pass's op times. Memory is left out: the
+        timeline takes a step's resident bytes as linear in the step by construction and the
+        peaks from the extreme steps (a peak is convex in the step), and a pass's peak changes
+        regime (another op's workspace becomes the largest) where no time does."""
+        parts = [np.array([self.duration_s])]
+        parts.append(np.array([x for t in self.tasks for x in (t.start_s, t.end_s, t.hop_end_s)]))
+        for key in sorted(self.passes):
+            for result in self.passes[key].results:
+                parts += [result.starts[rank] for rank in sorted(result.starts)]
+                parts += [result.ends[rank] for rank in sorted(result.ends)]
+        return np.concatenate(parts)
+
+    @property
+    def results(self) -> tuple:
+        """Every stage pass's segment results (:class:`sim.engine.SegmentResult`)."""
+        return tuple(res for key in sorted(self.passes) for res in self.passes[key].results)
+
+    def stall_s(self) -> float:
+        """Weights are resident in a pipeline: no rank waits for a load."""
+        return 0.0
+
+    def expand(self, start_s: float, base_bytes: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Op rows and memory samples of the last round (each stage pass's columns,
+        :func:`sim.trace.phase_columns`, shifted to its start, and a ``send`` row on the sender and
+        the receiver of each hop), times from the run's start; the phase starts at ``start_s``
+        with ``base_bytes`` per rank."""
+        last = max(t.round for t in self.tasks)
+        columns: dict[tuple[int, int], tuple] = {}
+        op_parts, memory_parts, hops = [], [], []
+        base = dict(base_bytes)
+        shift = start_s - self.origin_s
+        name = PhaseKind.of_step(self.step).value
+        for task in (t for t in self.tasks if t.round == last):
+            key = (task.stage, self.plan.micro_batches[task.micro_batch])
+            run = self.passes[key]
+            if key not in columns:
+                twin = self.twins[key]
+                if twin not in columns:
+                    phase = self.plan.stage_plan(twin[0], task.micro_batch).phase(self.step)
+                    ops, memory = phase_columns(PhaseRun(phase, run.results, run.duration_s, run.memory), 0.0,
+                                                dict.fromkeys(run.memory, 0.0))
+                    ranks, index = np.unique(memory["rank"], return_inverse=True)
+                    columns[twin] = ops, memory, ranks, index
+                if twin != key:  # the shared pass's rows, on this stage's ranks and layers
+                    ops, memory, ranks, index = columns[twin]
+                    stage_ranks = self.plan.stage_ranks
+                    rename = dict(zip(stage_ranks[twin[0]], stage_ranks[key[0]]))
+                    layers = self.plan.stages[key[0]].first_layer - self.plan.stages[twin[0]].first_layer
+                    renamed = np.array([rename[r] for r in ranks])
+                    op_ranks, op_index = np.unique(ops["rank"], return_inverse=True)
+                    columns[key] = (ops | {"rank": np.array([rename[r] for r in op_ranks])[op_index],
+                                           "layer": np.where(ops["layer"] >= 0, ops["layer"] + layers, ops["layer"])},
+                                    memory | {"rank": renamed[index]}, renamed, index)
+            ops, memory, ranks, index = columns[key]
+            at = shift + task.start_s
+            op_parts.append(ops | {"start_s": ops["start_s"] + at, "end_s": ops["end_s"] + at})
+            memory_parts.append({"rank": memory["rank"], "time_s": memory["time_s"] + at,
+                                 "bytes": memory["bytes"] + np.array([base[r] for r in ranks])[index]})
+            for r, mem in run.memory.items():
+                base[r] += sum(mem.end_by_category.values())
+            if task.hop is not None:
+                label = "send_tokens" if task.hop.tokens else "send_hidden"
+                for rank in (task.hop.src, task.hop.dst):
+                    hops.append((rank, Stream.COMM.value, OpKind.SEND.value, label, name, self.step, -1,
+                                 shift + task.end_s, shift + task.hop_end_s, float(task.hop.size_bytes), 0.0))
+        ops = pd.DataFrame({c: np.concatenate([part[c] for part in op_parts]) for c in op_parts[0]})
+        ops = ops.assign(phase=name, step=self.step)[OP_COLUMNS]
+        memory = pd.DataFrame({c: np.concatenate([part[c] for part in memory_parts]) for c in MEMORY_COLUMNS})
+        return pd.concat([ops, pd.DataFrame(hops, columns=OP_COLUMNS)], ignore_index=True), memory
+
+
+class PipelineRunner:
+    """Prices the phases of a :class:`PipelinePlan` (the runner :func:`sim.timeline.simulate_run` takes)."""
+
+    def __init__(self, plan: PipelinePlan, engine: Engine, topology: Topology):
+        self.plan, self.engine, self.topology = plan, engine, topology
+        self._shapes = _SHAPES.setdefault(engine, {})  # the variants of a simulation share them
+
+    def run_phase(self, step: int, start: dict[int, dict[MemoryCategory, int]], start_s: float) -> PipelinePhaseRun:
+        """Phase ``step`` with ``start`` bytes resident per rank when it begins at ``start_s``."""
+        plan = self.plan
+        passes: dict[tuple[int, int], PhaseRun] = {}
+        memory: dict[int, PhaseMemory] = {}
+        empty = dict.fromkeys(MemoryCategory, 0)
+        alike: dict[tuple, tuple[int, int]] = {}  # what sets a pass's times -> the first pass priced
+        twins: dict[tuple[int, int], tuple[int, int]] = {}
+        for s in range(len(plan.stages)):
+            for j in range(len(plan.micro_batches)):
+                key = (s, plan.micro_batches[j])
+                if key in passes:
+                    continue
+                stage = plan.stages[s]
+                twin = twins[key] = alike.setdefault((self._shape(s), stage.num_layers, stage.embeds, stage.heads,
+                                                      key[1]), key)
+                if twin != key:
+                    # A stage whose group is laid out as an earlier one's runs the same ops in the same
+                    # times: its pass is that one's, rank for rank (lowered again only for the trace).
+                    ranks = dict(zip(plan.stage_ranks[twin[0]], plan.stage_ranks[s]))
+                    run = passes[twin]
+                    passes[key] = PhaseRun(run.phase, tuple(_relabel(res, ranks) for res in run.results),
+                                           run.duration_s, {ranks[r]: mem for r, mem in run.memory.items()})
+                    continue
+                phase = plan.stage_plan(s, j).phase(step)
+                results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
+                duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
+                # Memory of the pass alone (from nothing resident): from any start, a pass's memory is
+                # that start plus this (sim.memory.phase_memory adds every event to the start).
+                passes[key] = PhaseRun(phase, results, duration, {
+                    r: phase_memory(phase, results, r, empty, 1 << 62, 0.0) for r in plan.stage_ranks[s]})
+            # A stage runs its micro-batches one after another: its memory is their ledgers in turn.
+            for r in plan.stage_ranks[s]:
+                current, capacity = dict(start[r]), self.topology.devices[r].memory_capacity_bytes
+                peak, peak_by_category, overflow = sum(current.values()), dict(current), None
+                for j in range(len(plan.micro_batches)):
+                    run = passes[s, plan.micro_batches[j]]
+                    alone = run.memory[r]
+                    if sum(current.values()) + alone.peak_bytes > peak:
+                        peak = sum(current.values()) + alone.peak_bytes
+                        peak_by_category = {c: current[c] + alone.peak_by_category[c] for c in MemoryCategory}
+                    if overflow is None and peak > capacity:
+                        overflow = phase_memory(plan.stage_plan(s, j).phase(step), run.results, r, current,
+                                                capacity, start_s).overflow
+                    current = {c: current[c] + alone.end_by_category[c] for c in MemoryCategory}
+                memory[r] = PhaseMemory(peak, peak_by_category, current, overflow)
+        phase_kind = PhaseKind.of_step(step)
+        # One micro-batch is a relay, periodic from its second round on: two rounds give the period.
+        rounds = 1 if phase_kind == PhaseKind.PREFILL else 2 if len(plan.micro_batches) == 1 else DECODE_ROUNDS
+        new_tokens = plan.prompt_tokens if step == 0 else 1
+        tasks = self._schedule(passes, rounds, new_tokens)
+        last_stage = len(plan.stages) - 1
+        token_s = [max(t.end_s for t in tasks if t.round == r and t.stage == last_stage) for r in range(rounds)]
+        if rounds == 1:
+            duration, origin = token_s[0], 0.0
+        else:
+            duration, origin = token_s[-1] - token_s[-2], token_s[-2]
+        return PipelinePhaseRun(plan, step, passes, tasks, duration, origin, memory, twins)
+
+    def _shape(self, stage: int) -> tuple:
+        """The layout of ``stage``'s group (:func:`group_shape`), computed once per simulation."""
+        ranks = self.plan.stage_ranks[stage]
+        if ranks not in self._shapes:
+            self._shapes[ranks] = group_shape(self.topology, self.engine.links, ranks)
+        return self._shapes[ranks]
+
+    def _schedule(self, passes: dict[tuple[int, int], PhaseRun], rounds: int, new_tokens: int) -> tuple[Task, ...]:
+        """``rounds`` rounds of every micro-batch through every stage, from idle stages, with hops
+        on one fabric; the first round's inputs are at hand at time 0."""
+        plan, engine = self.plan, self.engine
+        stages, count = len(plan.stages), len(plan.micro_batches)
+        env = simpy.Environment()
+        fabric = Fabric(env, engine.links, engine.load_rate_cap)
+        ready = {(r, s, j): env.event() for r in range(rounds) for s in range(stages) for j in range(count)}
+        for j in range(count):
+            ready[0, 0, j].succeed()
+        tasks: list[Task] = []
+
+        def stage(s: int):
+            for r in range(rounds):
+                for j in range(count):
+                    yield ready[r, s, j]
+                    start = env.now
+                    yield env.timeout(passes[s, plan.micro_batches[j]].duration_s)
+                    end = env.now
+                    hop = plan.hop_on(s, j, new_tokens)
+                    if hop is None:
+                        tasks.append(Task(r, s, j, start, end, None, end))
+                        continue
+                    # The last round's tokens go back too (for the step after): the trace shows the relay.
+                    arrival = engine.send(fabric, hop.src, hop.dst, hop.size_bytes)
+                    arrival.callbacks.append(partial(arrived, Task(r, s, j, start, end, hop, 0.0),
+                                                     ready.get((r + hop.tokens, (s + 1) % stages, j))))
+
+        def arrived(task: Task, target: simpy.Event | None, _event: simpy.Event) -> None:
+            tasks.append(replace(task, hop_end_s=env.now))
+            if target is not None:
+                target.succeed()
+
+        for s in range(stages):
+            env.process(stage(s))
+        env.run()
+        return tuple(sorted(tasks, key=lambda t: (t.round, t.stage, t.micro_batch)))
+
+
+def group_shape(topology: Topology, links: Links, ranks: tuple[int, ...]) -> tuple:
+    """What prices work on a group besides the work itself: its devices, reduction costs, hosts,
+    and the routes between its ranks (latency, and channels numbered in order of first use with
+    their capacity and latency), all by the rank's place in the group. Two groups of one shape are
+    laid out alike: the engine gives the same ops on them the same times, rank for rank."""
+    local = {r: i for i, r in enumerate(ranks)}
+    channels: dict[int, int] = {}
+    routes = []
+    for a in ranks:
+        for b in ranks:
+            if a != b:
+                route = links.get(a, b)
+                routes.append((route.latency_s, tuple(channels.setdefault(c, len(channels)) for c in route.channels)))
+    return (tuple(topology.devices[r].spec.name for r in ranks), tuple(links.gamma[r] for r in ranks), tuple(routes),
+            tuple((links.capacity[c], topology.channels[c].latency_s) for c in channels),
+            tuple(tuple(local[r] for r in group) for group in topology.host_groups(ranks)))
+
+
+class AlikeGroups:
+    """A :class:`sim.network.CollectivePricer` that prices a collective over a group laid out
+    like one it priced before (:func:`group_shape`: a pipeline's stages on alike nodes) as that
+    one's, ranks renamed: the same timing, without running the network model again."""
+
+    def __init__(self, pricer: CollectivePricer, topology: Topology, links: Links):
+        self.pricer, self.topology, self.links = pricer, topology, links
+        self.network = pricer.network
+        self._first: dict[tuple, tuple[int, ...]] = {}  # shape -> the first group of that shape
+        self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # group -> the first group of its shape
+        self._timings: dict[tuple, tuple[str, CollectiveTiming]] = {}
+
+    def price(self, kind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
+              call: str | None = None) -> tuple[str, CollectiveTiming]:
+        """See :meth:`sim.network.CollectivePricer.price`."""
+        group = tuple(group)
+        first = self._groups.get(group)
+        if first is None:
+            first = self._groups[group] = self._first.setdefault(group_shape(self.topology, self.links, group), group)
+        if first == group:
+            return self.pricer.price(kind, algorithm, group, size_bytes, root, call)
+        key = (kind, algorithm, group, size_bytes, root, call)
+        if key not in self._timings:
+            to_first = dict(zip(group, first))
+            resolved, timing = self.pricer.price(kind, algorithm, first, size_bytes,
+                                                 None if root is None else to_first[root], call)
+            back = dict(zip(first, group))
+            self._timings[key] = resolved, CollectiveTiming(timing.duration_s, {back[r]: t for r, t in
+                                                                                timing.finish_s.items()}, timing.wait_s)
+        return self._timings[key]
+
+    def schedule(self, *key):
+        """See :meth:`sim.network.CollectivePricer.schedule`."""
+        return self.pricer.schedule(*key)
+
+
+def _relabel(result: SegmentResult, ranks: dict[int, int]) -> SegmentResult:
+    """``result`` with each rank ``r`` renamed ``ranks[r]`` (its memory ledgers, where built, shared)."""
+    return SegmentResult({ranks[r]: v for r, v in result.starts.items()}, {ranks[r]: v for r, v in result.ends.items()},
+                         result.duration_s, result.algorithms, {ranks[r]: v for r, v in result.ledgers.items()})
+
+
+def simulate_pipeline_run(plan: PipelinePlan, engine: Engine, topology: Topology) -> RunResult:
+    """Price every phase of ``plan``: :func:`sim.timeline.simulate_run` with a :class:`PipelineRunner`."""
+    return simulate_run(plan, engine, topology, PipelineRunner(plan, engine, topology))
