@@ -52,7 +52,10 @@ from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from sim.profile import Profile
 from sim.scenario import Scenario, config_error_from, scenario_from_dict
+from sim.serving.simulate import simulate_serving
 from sim.simulate import simulate
+from sim.training.simulate import simulate_training
+from sim.vocabulary import WorkloadKind
 
 MAX_GRID_POINTS = 20_000  # about 10 KB and 5 ms of validation each, before the first runs
 MAX_AXIS_VALUES = 10_000
@@ -270,17 +273,34 @@ def profile_digest(path: Path | None) -> str:
 
 
 def evaluate_point(scenario: Scenario, profile: Profile | None = None) -> PointOutcome:
-    """Simulate one point (no trace expanded: only its metrics are kept).
+    """Simulate one point (no trace expanded: only its metrics are kept), whatever its workload:
+    a batch of generations (:func:`sim.simulate.simulate`), a training step
+    (:func:`sim.training.simulate.simulate_training`) or requests over time
+    (:func:`sim.serving.simulate.simulate_serving`).
 
     A :class:`ConfigError` of the simulator (a degree that does not divide the heads, a job too
     large) is the outcome's ``error``, not an exception: it belongs to the point.
     """
     start = time.perf_counter()
+    kind = scenario.config.workload_kind
     try:
-        result = simulate(scenario, profile=profile, expand_steps=())
+        if kind is WorkloadKind.TRAINING:
+            if profile is not None:
+                raise ConfigError("--profile", "training points are simulated uncalibrated (got a profile)")
+            result, oom = simulate_training(scenario), {}
+            for v in result.variants:  # the first device, in rank order, whose step does not fit
+                for rank, memory in sorted(v.memory.items()):
+                    device = result.topology.devices[rank]
+                    if memory.total > device.memory_capacity_bytes and v.variant.name not in oom:
+                        oom[v.variant.name] = (f"{device.name} needs {memory.total / 2**30:.2f} GiB of its "
+                                               f"{device.memory_capacity_bytes / 2**30:.2f} GiB")
+        elif kind is WorkloadKind.SERVING:
+            result, oom = simulate_serving(scenario, profile=profile), {}
+        else:
+            result = simulate(scenario, profile=profile, expand_steps=())
+            oom = {vr.variant.name: vr.overflow.describe(result.topology.devices[vr.overflow.rank].name)
+                   for vr in result.variants if vr.overflow is not None}
     except ConfigError as error:
         return PointOutcome((), {}, str(error), time.perf_counter() - start)
-    oom = {vr.variant.name: vr.overflow.describe(result.topology.devices[vr.overflow.rank].name)
-           for vr in result.variants if vr.overflow is not None}
     rows = tuple(tuple(row) for row in result.results.itertuples(index=False, name=None))
     return PointOutcome(rows, oom, "", time.perf_counter() - start)

@@ -310,3 +310,22 @@ def test_an_out_directory_whose_store_is_not_a_sweep_store_is_one_line(tmp_path,
     code, _, err = _run(["sweep", scenario, "--grid", grid_path, "--out", tmp_path / "out"], capsys)
     assert code == 2 and err.startswith("hetsim: error: --out: ") and "is not a sweep store" in err, err
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sweep.sqlite"]
+
+
+@pytest.mark.parametrize("data, axes, metric", [
+    ("training_small.yaml", {"training.bucket_cap_mb": [1, 25], "workload.micro_batch_size": [1, 2]}, "step_time_s"),
+    ("serving_small.yaml", {"workload.rate_per_s": [1, 4]}, "ttft_p90_s"),
+])
+def test_training_and_serving_scenarios_sweep_like_any_other(tmp_path, capsys, data, axes, metric):
+    document = yaml.safe_load((ROOT / "tests" / "data" / data).read_text())
+    document["workload"].pop("slo", None)  # keep the serving points short: no rate search
+    scenario, grid_path = _files(tmp_path, {"axes": axes}, document)
+    out = tmp_path / "out"
+    code, _, err = _run(["sweep", scenario, "--grid", grid_path, "--out", out, "--workers", 1], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out / "results.csv", keep_default_na=False, na_values=[""])
+    assert table["error"].isna().all()  # no point refused
+    values = table[table["metric"] == metric].groupby(list(axes))["value"].first()
+    assert len(values) == len(combinations(load_grid(grid_path))) and (values > 0).all()
+    if "workload.rate_per_s" in axes:  # more load, a longer wait for the first token
+        assert values.loc[4] > values.loc[1]
