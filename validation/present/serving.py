@@ -62,7 +62,7 @@ def requests_frame(result: ServingResult) -> pd.DataFrame:
              s.request.output_tokens, s.first_token_s, s.finish_s, s.ttft_s, s.tpot_s)
             for vr in result.variants for s in vr.run.served]
     return pd.DataFrame(rows, columns=["variant", "request", "arrival_s", "prompt_tokens", "output_tokens",
-                                       "first_token_s", "finish_s", "ttft_s", "tpot_s"])
+                                       "first_token_s", "finish_s", Metric.TTFT, Metric.TPOT])
 
 
 def serving_html(result: ServingResult) -> str:
@@ -70,7 +70,7 @@ def serving_html(result: ServingResult) -> str:
     frame = requests_frame(result)
     figure = make_subplots(rows=1, cols=2, subplot_titles=("TTFT over requests", "TPOT over requests"))
     for i, (name, rows) in enumerate(frame.groupby("variant", sort=False)):
-        for col, metric in ((1, "ttft_s"), (2, "tpot_s")):
+        for col, metric in ((1, Metric.TTFT), (2, Metric.TPOT)):
             values = rows[metric].dropna().sort_values() * 1e3
             share = [(k + 1) / len(values) for k in range(len(values))]
             figure.add_trace(go.Scatter(x=values, y=share, mode="lines", name=name, legendgroup=name,
