@@ -119,10 +119,13 @@ class LayoutComparison:
     verdicts: tuple[Verdict, ...]
 
     def sentences(self) -> list[str]:
-        """One sentence per verdict (:meth:`Verdict.sentence`); one saying so when none fits."""
+        """One sentence per verdict (:meth:`Verdict.sentence`), then one naming the layouts that
+        do not fit in memory (never ranked); one saying so when none fits."""
         if not any(row.fits for row in self.rows):
             return ["No layout fits in memory: none wins."]
-        return [verdict.sentence() for verdict in self.verdicts]
+        out = [row.title for row in self.rows if not row.fits]
+        return [verdict.sentence() for verdict in self.verdicts] + (
+            [f"Not ranked, as they do not fit in memory: {', '.join(out)}."] if out else [])
 
 
 def layouts_differ(result: SimulationResult) -> bool:

@@ -8,7 +8,7 @@ import yaml
 
 from sim.bottleneck import StepTerm, step_breakdown
 from sim.layout_compare import COMPARED, compare_layouts, layouts_differ
-from sim.scenario import load_scenario
+from sim.scenario import load_scenario, scenario_from_dict
 from sim.simulate import simulate
 from sim.units import duration_text
 from sim.vocabulary import Metric, PhaseKind
@@ -121,3 +121,16 @@ def test_a_scenario_without_layouts_of_its_own_prints_no_comparison(tmp_path, ca
                                            (math.nan, "")])
 def test_durations_print_in_the_unit_that_suits_them_never_in_exponent_form(seconds, text):
     assert duration_text(seconds) == text
+
+
+def test_a_layout_that_does_not_fit_in_memory_never_wins():
+    data = yaml.safe_load(QWEN.read_text())
+    data["workload"]["output_tokens"] = 8
+    data["cluster"]["hosts"][0]["devices"]["memory"] = "5GiB"  # TP 2's 7.6 GB of weights do not fit
+    result = simulate(scenario_from_dict(data))
+    comparison = compare_layouts(result)
+    assert {vr.variant.name for vr in result.variants if vr.overflow is not None} == {"tp2_x3", "tp2"}
+    assert {v.winner.variant for v in comparison.verdicts} | {v.runner_up.variant for v in comparison.verdicts} \
+        <= {"tp2_pp3", "pp6", "tp6_uneven"}
+    assert comparison.sentences()[-1] == ("Not ranked, as they do not fit in memory: tp2_x3 (TP=2 x 3 replicas), "
+                                          "tp2 (TP=2).")
