@@ -200,6 +200,15 @@ class ParallelPlan:
         return tuple(name for rank, name in enumerate(self.devices) if rank not in used)
 
     @property
+    def label(self) -> str:
+        """``TP=4``, ``TP=2 x PP=3``, ``PP=6``, ``TP=6 uneven`` or ``TP=2 x 3 replicas``: the layout
+        in a few words."""
+        parts = [f"TP={self.tensor}" + (" uneven" if self.shares is not None else "")]
+        if self.pipeline > 1:
+            parts = [f"PP={self.pipeline}"] if self.tensor == 1 else [*parts, f"PP={self.pipeline}"]
+        return " x ".join(parts + ([f"{self.replicas} replicas"] if self.replicas > 1 else []))
+
+    @property
     def stage_ranks(self) -> tuple[tuple[int, ...], ...]:
         """Per stage, its tensor-parallel group's topology ranks (the first is the stage's master)."""
         t = self.tensor

@@ -38,8 +38,8 @@ from sim.vocabulary import DECODE_METRICS, Metric
 
 @dataclass(frozen=True)
 class VariantResult:
-    """One variant's run, trace, timing metrics and the algorithms its collectives resolved to
-    (``"allreduce=ring"``, sorted).
+    """One variant's run, trace, timing metrics, the algorithms its collectives resolved to
+    (``"allreduce=ring"``, sorted) and its parallel layout (the scenario's, or its own).
 
     With several replicas (:mod:`sim.replicas`), ``replicas`` holds each one's run (``run`` and
     ``trace`` are the first's) and ``timing`` is theirs combined; empty with one."""
@@ -49,6 +49,7 @@ class VariantResult:
     trace: Trace
     timing: dict[str, float]
     algorithms: tuple[str, ...]
+    layout: ParallelPlan
     replicas: tuple[ReplicaRun, ...] = ()
 
     @property
@@ -289,7 +290,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         algorithms = tuple(f"{kind}={name}" for kind, name in sorted(
             {a for replica in replicas for phase in replica.run.simulated.values() for res in phase.results
              for a in res.algorithms.values()}))
-        variants.append(VariantResult(variant, run, trace, timing, algorithms,
+        variants.append(VariantResult(variant, run, trace, timing, algorithms, layout,
                                       tuple(replicas) if len(replicas) > 1 else ()))
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
         if len(replicas) > 1:

@@ -1,4 +1,5 @@
-"""Human-written quantities ("10Gbit/s", "5us", "16GiB", "989 TFLOP/s") parsed into SI numbers.
+"""Human-written quantities ("10Gbit/s", "5us", "16GiB", "989 TFLOP/s") parsed into SI numbers,
+and SI numbers written back for people (:func:`duration_text`, :func:`bandwidth_text`).
 
 Everything inside hetsim is SI: seconds, bytes, bytes per second, FLOP per second. These parsers
 are the only place where a unit is read; they are called at the input boundary (pydantic field
@@ -183,3 +184,29 @@ def parse_flops(text: str | int | float) -> float:
     except ValueError:
         raise ValueError(f"not a compute rate; write e.g. {example} (got {shorten(text)})") from None
     return _check_value(magnitude * _FLOP_PREFIX_FACTOR[prefix], text, "compute rate", *FLOPS_RANGE, "FLOP/s")
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits, never in exponent form (``1234.5`` -> ``1235``)."""
+    if not math.isfinite(value):
+        return ""
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value)))) if value else 0
+    return f"{value:.{decimals}f}"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration for people, three significant digits in the unit that suits it, never in
+    exponent form: ``19.3 s`` from 1 s up, ``138 ms``, ``45.6 us``; '' when not finite."""
+    if not math.isfinite(seconds):
+        return ""
+    size, unit = next(((size, unit) for size, unit in ((1.0, "s"), (1e-3, "ms")) if abs(seconds) >= size),
+                      (1e-6, "us"))
+    return f"{significant(seconds / size)} {unit}"
+
+
+def bandwidth_text(bytes_per_s: float) -> str:
+    """A bandwidth for people, in bits as links are sold: ``10 Gbit/s``, ``300 Mbit/s``."""
+    bits = bytes_per_s * 8
+    size, unit = next(((size, unit) for size, unit in ((1e12, "Tbit/s"), (1e9, "Gbit/s"), (1e6, "Mbit/s"),
+                                                       (1e3, "kbit/s")) if bits >= size), (1.0, "bit/s"))
+    return f"{significant(bits / size)} {unit}"

@@ -179,7 +179,7 @@ def test_a_profile_prices_the_candidates_and_names_those_outside_its_context():
 def test_when_nothing_can_meet_the_objectives_the_sentence_says_why():
     impossible = plan(plan_from_dict(SMALL | {"slo": {"ttft": "1us"}, "search": SMALL["search"] | {"hosts": [1]}}))
     assert impossible.pick is None and impossible.pick_scenario is None
-    assert impossible.recommendation.startswith("No configuration within the limits can meet TTFT <= 0.001 ms")
+    assert impossible.recommendation.startswith("No configuration within the limits can meet TTFT <= 1.00 us")
     assert "lower bounds are TTFT" in impossible.recommendation
     broke = plan(plan_from_dict(SMALL | {"limits": {"budget_per_hour": 0.001}}))
     assert broke.pick is None and broke.pick_scenario is None and set(broke.table["stage"]) <= {"layout", "limits"}

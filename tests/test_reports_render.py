@@ -14,8 +14,9 @@ import pytest
 
 from sim.planning.outcome import plan
 from sim.planning.plan_config import plan_from_dict
+from sim.scenario import load_scenario
 from sim.simulate import simulate
-from tests.conftest import make_scenario
+from tests.conftest import ROOT, make_scenario
 from tests.test_planner import SMALL
 from validation.present.plan_report import report_html as plan_html
 from validation.present.simulate_report import report_html as simulate_html
@@ -54,6 +55,13 @@ def _check_every_figure(html_text: str, tmp_path) -> int:
 def test_the_simulate_report_renders_every_figure(tmp_path):
     result = simulate(make_scenario())
     assert _check_every_figure(simulate_html(result), tmp_path) >= 4
+
+
+def test_the_layout_comparison_report_renders_every_figure(tmp_path):
+    result = simulate(load_scenario(ROOT / "scenarios" / "layout_qwen25_7b_3x2_rtx4090.yaml"))
+    page = simulate_html(result)
+    assert "Layouts compared" in page
+    assert _check_every_figure(page, tmp_path) == 6
 
 
 def test_the_plan_report_renders_every_figure(tmp_path):

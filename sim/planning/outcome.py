@@ -30,6 +30,7 @@ from sim.planning.search import TOP_N, Planner, Stage
 from sim.profile import Profile
 from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
+from sim.units import duration_text
 from sim.vocabulary import Metric
 
 @dataclass(frozen=True)
@@ -117,8 +118,8 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
     """One sentence: what to rent and how to run it, and why."""
     slo = request.config.slo
     objectives = ", ".join(part for part in (
-        f"TTFT <= {_seconds(slo.ttft_s)}" if slo.ttft_s is not None else "",
-        f"TPOT <= {_seconds(slo.tpot_s)}" if slo.tpot_s is not None else "",
+        f"TTFT <= {duration_text(slo.ttft_s)}" if slo.ttft_s is not None else "",
+        f"TPOT <= {duration_text(slo.tpot_s)}" if slo.tpot_s is not None else "",
         f"{slo.tokens_per_s:g} tokens/s" if slo.tokens_per_s is not None else "") if part)
     feasible = int(table["meets_slo"].sum())
     if pick is None:
@@ -126,7 +127,7 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
         bound = table[table["stage"] == Stage.BOUND]
         if top.empty and not bound.empty:
             return (f"No configuration within the limits can meet {objectives}: the best lower bounds are TTFT "
-                    f"{_seconds(bound['ttft_lower_bound_s'].min())} and TPOT {_seconds(bound['tpot_lower_bound_s'].min())}; "
+                    f"{duration_text(bound['ttft_lower_bound_s'].min())} and TPOT {duration_text(bound['tpot_lower_bound_s'].min())}; "
                     "relax an objective or raise limits.budget_per_hour or limits.max_devices.")
         if top.empty:
             return (f"No configuration within the limits fits in memory and meets {objectives}: raise "
@@ -137,15 +138,11 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
     why = f"; its decode step is bound by {pick['bottleneck']}" if pick.get("bottleneck") else ""
     return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
             f"it is the cheapest of the {feasible} configurations that meet {objectives} "
-            f"(TTFT {_seconds(pick[Metric.TTFT])}, TPOT {_seconds(pick[Metric.TPOT])}){why}.")
+            f"(TTFT {duration_text(pick[Metric.TTFT])}, TPOT {duration_text(pick[Metric.TPOT])}){why}.")
 
 
 def _layout(row: pd.Series) -> str:
     return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
-
-
-def _seconds(value: float) -> str:
-    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
 
 def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None) -> PlanResult:

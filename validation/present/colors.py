@@ -1,4 +1,4 @@
-"""One colour per op kind, and one per variant (or device type) by its place in a sorted list, so
+"""One colour per op kind and step term, and one per variant (or device type) by its place in a sorted list, so
 that every report of hetsim draws the same thing in the same colour."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import plotly.express as px
 
 from models.ops import OpKind
+from sim.bottleneck import StepTerm
 
 # Compute ops in blues and greens, collectives in reds and oranges, the loader in grey.
 OP_KIND_COLORS: dict[str, str] = {
@@ -25,11 +26,28 @@ OP_KIND_COLORS: dict[str, str] = {
     OpKind.WEIGHT_LOAD.value: "#969696",
 }
 _PALETTE = px.colors.qualitative.Plotly + px.colors.qualitative.D3
+# The terms of a step (sim.bottleneck.StepTerm): compute as its ops, collectives as their op kinds,
+# a pipeline's hops in purple, the loader grey, idle time pale.
+STEP_TERM_COLORS: dict[str, str] = {
+    StepTerm.COMPUTE.value: "#3182bd",
+    StepTerm.MEMORY.value: "#31a354",
+    StepTerm.ALLREDUCE.value: OP_KIND_COLORS[OpKind.ALLREDUCE.value],
+    StepTerm.REDUCE.value: OP_KIND_COLORS[OpKind.REDUCE.value],
+    StepTerm.BROADCAST.value: OP_KIND_COLORS[OpKind.BROADCAST.value],
+    StepTerm.SEND.value: "#9e9ac8",
+    StepTerm.LOADER.value: OP_KIND_COLORS[OpKind.WEIGHT_LOAD.value],
+    StepTerm.IDLE.value: "#e0e0e0",
+}
 
 
 def op_kind_color(kind: str) -> str:
     """The colour of an op kind (``OpKind`` value); black for one without its own."""
     return OP_KIND_COLORS.get(kind, "#000000")
+
+
+def term_color(term: str) -> str:
+    """The colour of a step term (:class:`sim.bottleneck.StepTerm` value)."""
+    return STEP_TERM_COLORS[term]
 
 
 def category_colors(names: Iterable[str]) -> dict[str, str]:

@@ -1,11 +1,14 @@
 """report.html: the scenario's variants side by side, as plotly figures in one self-contained page.
 
-The page opens with one sentence saying which variant to use and why (:func:`recommendation`).
-Figures: timing per variant (TTFT, TPOT, decode tokens/s); peak memory per device against its
-capacity; the timeline of one decode step (baseline and fastest variant); memory over time per
-device (baseline). A variant has one colour in every figure, an op kind one colour in every
-timeline (:mod:`validation.present.colors`). Displayed units are ms, GiB and tokens/s, named on
-every axis; the data stay SI.
+Where the variants run different layouts, the page opens with which layout wins TTFT, TPOT and
+decode tokens/s and the term that decides each (:mod:`sim.layout_compare`); then comes one
+sentence saying which variant to use and why (:func:`recommendation`). Figures: timing per
+variant (TTFT, TPOT, decode tokens/s; labelled with each layout where they differ); where the
+layouts differ, where each layout's devices spend the prefill and the first decode step;
+peak memory per device against its capacity; the timeline of one decode step (baseline and
+fastest variant); memory over time per device (baseline). A variant has one colour in every
+figure, an op kind or step term one colour in every figure (:mod:`validation.present.colors`).
+Displayed units are ms, GiB and tokens/s, named on every axis; the data stay SI.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sim.bottleneck import bottleneck
+from sim.bottleneck import StepTerm, bottleneck
+from sim.layout_compare import LayoutComparison, compare_layouts, layouts_differ
 from sim.outputs import simulation_files, write_files
 from sim.simulate import SimulationResult, VariantResult
+from sim.units import duration_text
 from sim.vocabulary import Metric, PhaseKind
-from validation.present.layout import idle_warning, layout_lines
-from validation.present.colors import category_colors, op_kind_color
+from validation.present.layout import idle_warnings, layout_label, layout_lines
+from validation.present.colors import category_colors, op_kind_color, term_color
 from validation.present.tables import change_column, summary_table
 
 _GIB = 2**30
@@ -48,20 +53,48 @@ def recommendation(result: SimulationResult) -> str:
     why = f"; its {'decode step' if decode else 'prefill'} is bound by {bound.split(' (')[0]}" if bound else ""
     return (f"Use {best.variant.name} ({best.variant.strategy}, {', '.join(best.algorithms) or 'no collectives'}): "
             f"the lowest end-to-end latency of the {len(fitting)} variants that fit in memory "
-            f"({best.timing[Metric.E2E_LATENCY]:.3g} s per request{gain}){why}.")
+            f"({duration_text(best.timing[Metric.E2E_LATENCY])} per request{gain}){why}.")
 
 
-def _timing_figure(result: SimulationResult) -> go.Figure:
-    names = [v.variant.name for v in result.variants]
-    colors = category_colors(names)
+def _timing_figure(result: SimulationResult, compared: bool) -> go.Figure:
+    """TTFT, TPOT and decode tokens/s side by side, a bar per variant in its colour in each panel;
+    ``compared``: each variant named with its layout."""
+    colors = category_colors(v.variant.name for v in result.variants)
     fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT", "TPOT", "decode throughput"))
-    panels = ((Metric.TTFT, 1e3, "ms"), (Metric.TPOT, 1e3, "ms"), (Metric.DECODE_TOKENS_PER_S, 1, "tokens/s"))
-    for col, (metric, scale, unit) in enumerate(panels, 1):
-        fig.add_trace(go.Bar(x=names, y=[v.timing[metric] * scale for v in result.variants], name=metric,
-                             marker_color=[colors[n] for n in names], showlegend=False), row=1, col=col)
-        fig.update_yaxes(title_text=unit, row=1, col=col)
-        fig.update_xaxes(title_text="variant", row=1, col=col)
-    fig.update_layout(title="Timing per variant", height=420)
+    panels = ((Metric.TTFT, 1e3, "TTFT (ms)"), (Metric.TPOT, 1e3, "TPOT (ms)"),
+              (Metric.DECODE_TOKENS_PER_S, 1, "decode throughput (tokens/s)"))
+    for v in result.variants:
+        name = f"{v.variant.name} ({v.layout.label})" if compared else v.variant.name
+        for col, (metric, scale, _) in enumerate(panels, 1):
+            fig.add_trace(go.Bar(x=[name], y=[v.timing[metric] * scale], name=name, legendgroup=name,
+                                 marker_color=colors[v.variant.name], showlegend=col == 1), row=1, col=col)
+    for col, (_, _, title) in enumerate(panels, 1):
+        fig.update_yaxes(title_text=title, row=1, col=col)
+        fig.update_xaxes(title_text="layout" if compared else "variant", showticklabels=not compared, row=1, col=col)
+    fig.update_layout(title="Timing per layout" if compared else "Timing per variant", height=420)
+    return fig
+
+
+def _breakdown_figure(comparison: LayoutComparison) -> go.Figure:
+    """Per layout, where its devices spend the prefill and the first decode step: stacked bars
+    of each term's mean seconds per device (:func:`sim.bottleneck.step_breakdown`)."""
+    phases = ((PhaseKind.PREFILL, "prefill (TTFT)"), (PhaseKind.DECODE, "first decode step (TPOT)"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[title for _, title in phases])
+    names = [row.title for row in comparison.rows]
+    for term in StepTerm:
+        shown = False
+        for col, (phase, _) in enumerate(phases, 1):
+            seconds = [row.breakdown.get(phase, {}).get(term, 0.0) * 1e3 for row in comparison.rows]
+            if not any(seconds):
+                continue
+            fig.add_trace(go.Bar(x=names, y=seconds, name=term.value, legendgroup=term.value,
+                                 marker_color=term_color(term), showlegend=not shown), row=1, col=col)
+            shown = True
+    for col, (_, title) in enumerate(phases, 1):
+        fig.update_yaxes(title_text="mean time per device (ms)", row=1, col=col)
+        fig.update_xaxes(title_text="layout", row=1, col=col)
+    fig.update_layout(title="Where each layout's devices spend a step", barmode="stack", height=480,
+                      legend={"title": "term"})
     return fig
 
 
@@ -115,14 +148,16 @@ def _memory_timeline_figure(vr: VariantResult, result: SimulationResult) -> go.F
     return fig
 
 
-def _summary_html(result: SimulationResult) -> str:
+def _summary_html(result: SimulationResult, compared: bool) -> str:
     table = summary_table(result)
+    layouts = {"layout": table["layout"], "devices": table["devices"]} if compared else {}
     shown = pd.DataFrame({
         "variant": table["variant"],
+        **layouts,
         "algorithms": table["algorithms"],
-        "TTFT (ms)": (table[Metric.TTFT] * 1e3).map("{:.3f}".format),
+        "TTFT": table[Metric.TTFT].map(duration_text),
         "TTFT vs baseline": table[change_column(Metric.TTFT)].map("{:+.1f}%".format),
-        "TPOT (ms)": (table[Metric.TPOT] * 1e3).map("{:.3f}".format),
+        "TPOT": table[Metric.TPOT].map(duration_text),
         "TPOT vs baseline": table[change_column(Metric.TPOT)].map("{:+.1f}%".format),
         "decode tokens/s": table[Metric.DECODE_TOKENS_PER_S].map("{:.1f}".format),
         "max peak memory (GiB)": (table[Metric.MAX_PEAK_MEMORY] / _GIB).map("{:.2f}".format),
@@ -135,7 +170,12 @@ def report_html(result: SimulationResult) -> str:
     """The whole report page as HTML text (plotly.js embedded, so it opens offline)."""
     baseline = result.variant(result.scenario.baseline)
     fastest = min(result.variants, key=lambda v: (v.timing[Metric.TPOT], v.variant.name))
-    figures = [_timing_figure(result), _memory_peak_figure(result), _timeline_figure(baseline)]
+    compared = layouts_differ(result)
+    comparison = compare_layouts(result) if compared else None
+    figures = [_timing_figure(result, compared)]
+    if comparison is not None:
+        figures.append(_breakdown_figure(comparison))
+    figures += [_memory_peak_figure(result), _timeline_figure(baseline)]
     if fastest is not baseline:
         figures.append(_timeline_figure(fastest))
     figures.append(_memory_timeline_figure(baseline, result))
@@ -147,19 +187,23 @@ def report_html(result: SimulationResult) -> str:
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>hetsim: {html.escape(config.name)}</title>",
         "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
-        "td,th{padding:4px 10px;text-align:right} th{border-bottom:1px solid #888} "
+        "td,th{padding:4px 10px;text-align:right;white-space:nowrap} th{border-bottom:1px solid #888} "
         ".answer{font-size:1.2em;background:#fff7d6;padding:0.6em;border-left:4px solid gold}</style></head><body>",
         f"<h1>hetsim simulate: {html.escape(config.name)}</h1>",
+        *([] if comparison is None else [
+            "<div class='answer'><b>Layouts compared</b> (the term: where the runner-up's devices spend more time, "
+            "mean over its devices, prefill or first decode step):<ul>"
+            + "".join(f"<li>{html.escape(line)}</li>" for line in comparison.sentences()) + "</ul></div>"]),
         f"<p class='answer'>{html.escape(recommendation(result))}</p>",
         f"<p>{html.escape(config.description)}</p>",
         f"<p>Model {html.escape(result.scenario.model.name)} ({html.escape(result.scenario.model.dtype)}), "
-        f"tensor parallel over {len(result.ranks)} devices, batch {config.workload.batch_size}, "
+        f"{html.escape(layout_label(result))}, batch {config.workload.batch_size}, "
         f"prompt {config.workload.prompt_tokens} tokens, {config.workload.output_tokens} output tokens, "
         f"network model {html.escape(config.network_model)}, "
         f"{'calibrated from a profile' if result.calibrated else 'roofline compute and datasheet links (uncalibrated)'}. "
         f"Baseline: {html.escape(result.scenario.baseline)}.</p>",
-        *(f"<p>{html.escape(line)}</p>" for line in [*layout_lines(result), idle_warning(result)] if line),
-        _summary_html(result),
+        *(f"<p>{html.escape(line)}</p>" for line in [*layout_lines(result), *idle_warnings(result)]),
+        _summary_html(result, compared),
     ]
     if result.extrapolated:
         parts.append("<h2>Extrapolated outside the calibrated range</h2><ul>"

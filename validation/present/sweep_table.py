@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from models.errors import shorten
+from sim.units import significant
 from sim.vocabulary import Metric
 
 _GIB = 2**30
@@ -27,14 +28,6 @@ def time_unit(values_s: pd.Series) -> tuple[float, str]:
     finite = values_s[values_s.map(lambda v: isinstance(v, float) and math.isfinite(v) and v > 0)]
     median = finite.median() if len(finite) else 1.0
     return next(((size, name) for size, name in _TIME_UNITS if median >= size), _TIME_UNITS[-1])
-
-
-def significant(value: float, digits: int = 3) -> str:
-    """``value`` with ``digits`` significant digits, never in exponent form (``1234.5`` -> ``1235``)."""
-    if not math.isfinite(value):
-        return ""
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value)))) if value else 0
-    return f"{value:.{decimals}f}"
 
 
 def wide_results(tidy: pd.DataFrame, axes: list[str]) -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """Terminal tables (rich) of the command line: a simulation's variants, a measurement, a sweep.
 
-Displayed units are ms, GiB and tokens/s; the tables they are built from stay SI.
+Displayed units are GiB, tokens/s and, for a simulation's durations, the unit that suits each
+(``138 ms``, ``19.3 s``: :func:`sim.units.duration_text`); the tables they are built from stay SI.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sim.layout_compare import compare_layouts, layouts_differ
 from sim.simulate import SimulationResult
+from sim.units import duration_text, significant
 from sim.vocabulary import Metric
-from validation.present.layout import idle_warning, layout_label, layout_lines
+from validation.present.layout import idle_warnings, layout_label, layout_lines
 from validation.present.sweep_report import labels
-from validation.present.sweep_table import significant
 
 _GIB = 2**30
 _COMPARED = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S)
@@ -28,12 +30,14 @@ def change_column(metric: Metric) -> str:
 
 
 def summary_table(result: SimulationResult) -> pd.DataFrame:
-    """One row per variant: TTFT, TPOT, decode tokens/s, the largest per-device peak memory, whether
-    it fits, and the change of each timing against the baseline (%; negative TTFT/TPOT = faster)."""
+    """One row per variant: its layout and the devices it uses (``2 of 6``), TTFT, TPOT, decode
+    tokens/s, the largest per-device peak memory, whether it fits, and the change of each timing
+    against the baseline (%; negative TTFT/TPOT = faster)."""
     baseline = result.variant(result.scenario.baseline)
     rows = []
     for vr in result.variants:
-        row = {"variant": vr.variant.name, "algorithms": ", ".join(vr.algorithms)}
+        row = {"variant": vr.variant.name, "algorithms": ", ".join(vr.algorithms), "layout": vr.layout.label,
+               "devices": f"{len(vr.layout.ranks)} of {len(result.topology.devices)}"}
         for metric in _COMPARED:
             value, base = vr.timing[metric], baseline.timing[metric]
             row[metric] = value
@@ -49,17 +53,23 @@ def _change(pct: float) -> str:
 
 
 def print_summary(result: SimulationResult, console: Console) -> None:
-    """The per-variant table and the per-device peak memory table."""
+    """The per-variant table (with each variant's layout and devices where the layouts differ,
+    then which layout wins each metric and why: :mod:`sim.layout_compare`) and the per-device
+    peak memory table."""
     config = result.scenario.config
     table = Table(title=f"{config.name}: {result.scenario.model.name}, {layout_label(result)}, "
                         f"batch {config.workload.batch_size}, prompt {config.workload.prompt_tokens}, "
                         f"output {config.workload.output_tokens} (baseline {result.scenario.baseline})")
-    for column in ("variant", "TTFT ms", "Δ", "TPOT ms", "Δ", "decode tok/s", "Δ", "max peak GiB", "fits"):
-        table.add_column(column, justify="left" if column == "variant" else "right")
+    compared = layouts_differ(result)
+    layout_columns = ("layout", "devices") if compared else ()
+    for column in ("variant", *layout_columns, "TTFT", "Δ", "TPOT", "Δ", "decode tok/s", "Δ", "max peak GiB",
+                   "fits"):
+        table.add_column(column, justify="left" if column in ("variant", "layout") else "right")
     summary = summary_table(result)
     for row in summary.to_dict("records"):
-        table.add_row(row["variant"], f"{row[Metric.TTFT] * 1e3:.3f}", _change(row[change_column(Metric.TTFT)]),
-                      f"{row[Metric.TPOT] * 1e3:.3f}", _change(row[change_column(Metric.TPOT)]),
+        table.add_row(row["variant"], *(row[c] for c in layout_columns),
+                      duration_text(row[Metric.TTFT]), _change(row[change_column(Metric.TTFT)]),
+                      duration_text(row[Metric.TPOT]), _change(row[change_column(Metric.TPOT)]),
                       f"{row[Metric.DECODE_TOKENS_PER_S]:.1f}",
                       _change(row[change_column(Metric.DECODE_TOKENS_PER_S)]),
                       f"{row[Metric.MAX_PEAK_MEMORY] / _GIB:.2f}",
@@ -67,6 +77,11 @@ def print_summary(result: SimulationResult, console: Console) -> None:
     console.print(table)
     for row in summary.itertuples(index=False):
         console.print(f"  {row.variant}: {row.algorithms}")
+    if compared:
+        console.print("[bold]Layouts compared[/bold] (the term: where the runner-up's devices spend more time, "
+                      "mean over its devices, prefill or first decode step):")
+        for sentence in compare_layouts(result).sentences():
+            console.print(f"  {escape(sentence)}")
     memory = Table(title="Peak memory per device (GiB)")
     memory.add_column("device")
     memory.add_column("capacity", justify="right")
@@ -80,7 +95,7 @@ def print_summary(result: SimulationResult, console: Console) -> None:
     console.print(memory)
     for line in layout_lines(result):
         console.print(escape(line))
-    if (warning := idle_warning(result)) is not None:
+    for warning in idle_warnings(result):
         console.print(f"[yellow]{escape(warning)}[/yellow]")
     for vr in result.variants:
         if vr.overflow is not None:
