@@ -269,7 +269,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
             built = pricings[key] = build_pricing(scenario, topology, every_rank, profile,
                                                   context_group=key[0] if key else parallel.replica_ranks[0],
                                                   layout=key[1] if key else None)
-            if any(layout.pipeline > 1 for layout in layouts.values()):  # alike stages: collectives priced once
+            if any(other.pipeline > 1 for other in layouts.values()):  # alike stages: collectives priced once
                 built.engine.pricer = AlikeGroups(built.engine.pricer, topology, built.engine.links)
         return pricings[key]
 

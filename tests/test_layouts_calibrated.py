@@ -102,3 +102,18 @@ def test_the_layouts_matrix_loads_with_one_calibrated_layout(tmp_path):
 
     with pytest.raises(ConfigError, match="layouts"):
         load_matrix(bad)
+
+
+def test_the_summary_splits_the_calibrated_layout_from_the_predicted_ones():
+    import pandas as pd
+
+    from validation.present.validation_report import _layouts_markdown
+
+    rows = [{"scenario": "c", "prompt_tokens": 32, "variant": name, "metric": metric, "simulated": 1.0 + error,
+             "measured": 1.0, "error": error, "split_half": 0.01, "cpu_steal": 0.0, "other_load": 0.1,
+             "layout_seen": name == "tp4"}
+            for name, error in (("tp4", 0.02), ("pp4", -0.3), ("tp2_pp2", 0.1)) for metric in ("ttft_s", "tpot_s")]
+    text = "\n".join(_layouts_markdown(pd.DataFrame(rows)))
+    assert "| calibrated layout (replay) | ttft_s | 1 | 2.0% |" in text
+    assert "| new layout (prediction) | tpot_s | 2 | 20.0% |" in text
+    assert _layouts_markdown(pd.DataFrame(rows).drop(columns="layout_seen")) == []

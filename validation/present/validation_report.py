@@ -89,7 +89,8 @@ def _layouts_markdown(errors: pd.DataFrame) -> list[str]:
     timing = errors[errors["metric"].isin((Metric.TTFT, Metric.TPOT))]
     lines = ["", "## Layouts: the calibrated layout (replay) against layouts the profile never measured (prediction)", "",
              "| case | metric | cases | median abs error | p90 abs error | median signed error |", "|---|---|---|---|---|---|"]
-    for (seen, metric), group in timing.groupby(["layout_seen", "metric"], sort=True):
+    for (unseen, metric), group in timing.groupby([~timing["layout_seen"].astype(bool), "metric"], sort=True):
+        seen = not unseen
         magnitude = group["error"].abs()
         lines.append(f"| {'calibrated layout (replay)' if seen else 'new layout (prediction)'} | {metric} | "
                      f"{len(group)} | {magnitude.median():.1%} | {magnitude.quantile(0.9):.1%} | "
