@@ -21,6 +21,8 @@ algorithm against reduce_ln_bcast, measured and simulated side by side.
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,13 +281,15 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
     return pd.DataFrame(rows, columns=IN_RUN_COLUMNS)
 
 
+LOCK_TURN_S = 2.0  # between two clusters, how long a run sharing the testbed lock leaves it free
+
+
 def cluster_lock():
     """An exclusive lock on the file named by ``HETSIM_TESTBED_LOCK`` (flock(2), as ``flock FILE``
     takes it), held while one cluster's testbed is up, so that runs sharing one machine's testbed
     take turns cluster by cluster; an open file to close when the cluster is done (None-like
     ``os.devnull`` without the variable)."""
     import fcntl
-    import os
 
     path = os.environ.get("HETSIM_TESTBED_LOCK")
     handle = open(path or os.devnull, "a")
@@ -300,8 +304,6 @@ def layout_errors(case: Scenario, topology, profile: Profile, matrix: Matrix, si
     prediction from that profile: :func:`case_errors` with the split half, ``layout_seen`` false,
     and the machine's CPU shares over the launch (``cpu_steal``; ``other_load``: busy time less
     this process's children's, the ranks, :mod:`runtime.cpu_steal`)."""
-    import os
-
     from runtime.cpu_steal import cpu_sample
     from runtime.measure import launch_measurement, measured_result
 
@@ -416,6 +418,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             if bed is not None:
                 bed.down()
             lock.close()
+            if lock.name != os.devnull:
+                time.sleep(LOCK_TURN_S)  # flock(2) wakes the waiters but does not queue them: let one take it
     with interrupt.deferred():  # written once every scenario ran: an interrupted run leaves none
         for path, text in profiles.items():
             write_atomic(path, text)
