@@ -284,7 +284,7 @@ class NetworkChoice:
     cores: tuple = ()
 
 
-_FITS: dict[int, tuple[Profile, dict]] = {}  # id(profile) -> (profile, fitted terms): fitting takes seconds
+_FITS: dict[int, tuple[Profile, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms): fitting takes seconds
 
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
@@ -299,10 +299,13 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     target's topology with transport terms fitted on the profile's isolated collective sweep
     (:class:`sim.transport.TransportNetwork`), or the gloo defaults for an implementation the
     profile did not time; and ``ranks`` (the target's, topology rank ids) share the cores as
-    :func:`sim.context.core_contention` says.
+    :func:`sim.context.core_contention` says. A target in a layout the profile did not measure
+    (``target.layout``: a pipeline, an uneven split) is priced that way on its own cluster too,
+    the hops between its stages with point-to-point terms fitted per link class on the profile's
+    ping-pongs (:func:`sim.transport.fit_hops`).
     """
     from sim.context import compare, core_contention, profile_contexts, same_cluster
-    from sim.transport import TransportNetwork, default_terms, fit_profile
+    from sim.transport import TransportNetwork, default_terms, fit_hops, fit_profile
 
     contexts = profile_contexts(profile.rows)
     terms = compare(contexts, target)
@@ -312,17 +315,21 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     cached = _FITS.get(id(profile))
     if cached is None or cached[0] is not profile:
         fitted: dict = {}
+        hops: dict = {}
         for context in contexts:  # a pool: each cluster's own sweep over its own links; first fit wins
             rows = profile.of(MeasurementKind.COLLECTIVE)
             calibrated = {d.rank: reduce_s_per_byte(d) for d in context_devices(context)}
             for key, value in fit_profile(rows[_rows_of(profile.rows, rows, context.name)], context,
                                           calibrated).items():
                 fitted.setdefault(key, value)
-        cached = _FITS[id(profile)] = (profile, fitted)
-    fitted = cached[1]
+            pings = profile.of(MeasurementKind.P2P)
+            for key, value in fit_hops(pings[_rows_of(profile.rows, pings, context.name)], context).items():
+                hops.setdefault(key, value)
+        cached = _FITS[id(profile)] = (profile, fitted, hops)
+    fitted, hops = cached[1], cached[2]
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
-                               gap_s)
+                               gap_s, hops=hops)
     scale, pools, contention = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)))
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
     network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
@@ -331,7 +338,8 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
         network.terms = fitted
         network.default = replace(network.default, min_message_s=floors[False][0])
     sources = (contention, floors[False][1], floors[True][1],
-               *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())))
+               *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())),
+               *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())))
     return NetworkChoice(network, False, terms, sources, scale, pools)
 
 

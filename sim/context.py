@@ -92,6 +92,9 @@ class CalibrationContext:
         cores: CPU cores the ranks shared; None where unknown (a scenario does not say).
         backend: communication backend and transport, such as ``gloo/tcp``; None: unknown.
         torch_version: None where unknown.
+        layout: a target's parallel layout where it is not what a calibration measures, even
+            tensor parallelism over the whole group (:attr:`sim.parallel.ParallelPlan.uncalibrated_layout`:
+            a pipeline, an uneven split); None for that, and for every profile's context.
     """
 
     name: str
@@ -101,6 +104,7 @@ class CalibrationContext:
     cores: int | None = None
     backend: str | None = None
     torch_version: str | None = None
+    layout: str | None = None
 
     def same_network(self, other: CalibrationContext) -> bool:
         """Same group shape, backend and links (each of ``other``'s matches one of these)."""
@@ -112,10 +116,11 @@ class CalibrationContext:
 
 def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtype: str, *,
                      cores: int | None = None, backend: str | None = None,
-                     torch_version: str | None = None) -> CalibrationContext:
+                     torch_version: str | None = None, layout: str | None = None) -> CalibrationContext:
     """The context of ``ranks`` of ``topology`` computing in ``dtype``: devices, ranks per host and
     every distinct link class between two of the ranks (rate: the path's narrowest channel;
-    delay: the sum of its channels' latencies, :meth:`sim.topology.Topology.path_latency_s`)."""
+    delay: the sum of its channels' latencies, :meth:`sim.topology.Topology.path_latency_s`);
+    ``layout``: see :class:`CalibrationContext`."""
     counts: dict[tuple[str, str], int] = {}
     for rank in ranks:
         key = (topology.devices[rank].spec.name, dtype)
@@ -133,7 +138,7 @@ def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtyp
     links.sort(key=lambda l: (l.link_class.value, l.rate_bytes_per_s, l.delay_s))
     return CalibrationContext(name, tuple(sorted((d, t, n) for (d, t), n in counts.items())),
                               tuple(len(group) for group in topology.host_groups(ranks)), tuple(links),
-                              cores, backend, torch_version)
+                              cores, backend, torch_version, layout)
 
 
 def context_rows(context: CalibrationContext) -> list[dict]:
@@ -200,8 +205,10 @@ class TermComparison:
 
 def same_cluster(contexts: tuple[CalibrationContext, ...], target: CalibrationContext) -> bool:
     """Whether the profile's timings of whole collectives may be replayed on ``target``: one
-    calibrated cluster, whose network (links, group shape, backend) is the target's."""
-    return len(contexts) == 1 and contexts[0].same_network(target)
+    calibrated cluster, whose network (links, group shape, backend) is the target's, run in the
+    calibrated layout (a pipeline's or an uneven split's steps call other collectives at other
+    times, and leave cores idle that the calibration's ranks shared)."""
+    return len(contexts) == 1 and contexts[0].same_network(target) and target.layout == contexts[0].layout
 
 
 def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext) -> tuple[TermComparison, ...]:
@@ -218,6 +225,12 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
         else:
             out.append(TermComparison(f"compute on {device} {dtype}", Verdict.NOT_APPLICABLE,
                                       "not calibrated: roofline"))
+    if target.layout is not None:
+        out.append(TermComparison(f"layout {target.layout}", Verdict.RESCALED,
+                                  f"{names} measured even tensor parallelism over its group: compute per op kind "
+                                  "from its rows at this layout's shapes, on cores shared as the simulation runs; "
+                                  "collectives and the hops between stages by transport terms fitted on its sweep "
+                                  "and ping-pongs"))
     if same_cluster(contexts, target):
         out.append(TermComparison("network", Verdict.SAME,
                                   f"same-cluster mode: links, group shape and backend are {names}'s; its "

@@ -176,6 +176,17 @@ class ParallelPlan:
         return self.placement
 
     @property
+    def uncalibrated_layout(self) -> str | None:
+        """This layout as a calibration profile's context names it where a calibration does not
+        measure it (:class:`sim.context.CalibrationContext`): ``pipeline P x tensor T`` or
+        ``tensor T, uneven shares a:b:c``; None for even tensor parallelism, what one measures."""
+        if self.pipeline > 1:
+            return f"pipeline {self.pipeline} x tensor {self.tensor}"
+        if self.shards is not None:
+            return f"tensor {self.tensor}, uneven shares " + ":".join(f"{w:g}" for w in self.shares[:self.tensor])
+        return None
+
+    @property
     def shards(self) -> tuple[TensorShard, ...] | None:
         """Each tensor-parallel rank's slice of the layers (the first replica's), in group order,
         when ``shares`` makes the split uneven; None for the even split (every rank alike)."""

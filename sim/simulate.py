@@ -83,6 +83,8 @@ class SimulationResult:
     ``network``: how the profile priced the collectives (same-cluster replay or transferred terms).
     ``ranks``: the devices the variants run on (every replica's ranks in turn; with variants of
     their own layouts, every device some variant uses); ``parallel``: the scenario's layout.
+    ``layout_networks``: with a profile, how it priced each further layout of the variants
+    (labelled), ``network`` being the scenario's own layout's.
     """
 
     scenario: Scenario
@@ -94,6 +96,7 @@ class SimulationResult:
     extrapolated: tuple[str, ...] = ()
     network: "NetworkChoice | None" = None
     parallel: ParallelPlan | None = None
+    layout_networks: tuple[tuple[str, NetworkChoice], ...] = ()
 
     @property
     def idle_devices(self) -> tuple[str, ...]:
@@ -106,7 +109,10 @@ class SimulationResult:
         """Where the calibrated prediction's terms come from (:mod:`sim.context`), one line each."""
         if self.network is None:
             return ()
-        return (*(term.line() for term in self.network.terms), *self.network.sources)
+        lines = [*(term.line() for term in self.network.terms), *self.network.sources]
+        for label, choice in self.layout_networks:
+            lines += [f"[{label}] {line}" for line in (*(t.line() for t in choice.terms), *choice.sources)]
+        return tuple(lines)
 
     def variant(self, name: str) -> VariantResult:
         return next(v for v in self.variants if v.variant.name == name)
@@ -159,12 +165,13 @@ class Pricing:
 
 
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
-                  profile: Profile | None = None, context_group: tuple[int, ...] | None = None) -> Pricing:
+                  profile: Profile | None = None, context_group: tuple[int, ...] | None = None,
+                  layout: str | None = None) -> Pricing:
     """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
     ``topology``: the roofline and the scenario's network model (with each transport's documented
     per-message terms for the default one), or a calibration ``profile`` compared with the
-    scenario's context (:mod:`sim.calibrated`) of one tensor-parallel group, ``context_group``
-    (default ``ranks``).
+    scenario's context (:mod:`sim.calibrated`) of one copy's ranks, ``context_group`` (default
+    ``ranks``), run in ``layout`` (:attr:`sim.parallel.ParallelPlan.uncalibrated_layout`).
 
     Raises:
         ConfigError: devices without the scenario's dtype, an unknown network model.
@@ -183,7 +190,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         gamma = compute.reduce_s_per_byte
         compute = CalibratedCompute(profile, compute)
         choice = calibrated_network(profile, network, topology,
-                                    scenario_context(scenario.name, topology, context_group or ranks, dtype),
+                                    scenario_context(scenario.name, topology, context_group or ranks, dtype,
+                                                     layout=layout),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
@@ -202,6 +210,17 @@ def solo_kinds(plan) -> frozenset[str]:
         for rank, ops in segment.programs.items():
             kinds[rank].update(str(op.kind) for op in ops if op.collective is None and op.load is None)
     return frozenset(set().union(*kinds.values()) - set.intersection(*kinds.values()))
+
+
+def calibrated_solo_kinds(scenario: Scenario, variant: Variant, layout: ParallelPlan) -> frozenset[str]:
+    """The :func:`solo_kinds` a calibration of ``variant``'s strategy timed on a core of their own:
+    those of its even tensor-parallel plan over ``layout``'s ranks (how a calibration runs it),
+    for a layout it did not run (a pipeline's stage plans compute other kinds on other ranks).
+    Empty where that plan does not exist (heads that the ranks do not divide)."""
+    try:
+        return solo_kinds(scenario.plan(variant, layout.ranks))
+    except ConfigError:
+        return frozenset()
 
 
 def simulate(scenario: Scenario, *, profile: Profile | None = None,
@@ -241,17 +260,29 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                    config.workload.output_tokens,
                    ranks_field="parallel.tensor" if config.parallel.tensor else "cluster",
                    streamed_variants=sum(scenario.memory_policy(v).streams for v in config.variants) * copies)
-    pricing = build_pricing(scenario, topology, every_rank, profile, context_group=parallel.replica_ranks[0])
-    compute, network, engine = pricing.compute, pricing.network, pricing.engine
-    choice, runtime_memory, cores = pricing.choice, pricing.runtime_memory, pricing.cores
-    if any(layout.pipeline > 1 for layout in layouts.values()):  # alike stages: their collectives priced once
-        engine.pricer = AlikeGroups(engine.pricer, topology, engine.links)
+    # With a profile, each layout is compared with what the profile measured on its own group: the
+    # calibrated layout replays it, a pipeline or an uneven split is predicted (sim.context).
+    pricings: dict[tuple, Pricing] = {}
+
+    def pricing_of(layout: ParallelPlan) -> Pricing:
+        key = (layout.replica_ranks[0], layout.uncalibrated_layout) if profile is not None else ()
+        if key not in pricings:
+            built = pricings[key] = build_pricing(scenario, topology, every_rank, profile,
+                                                  context_group=key[0] if key else parallel.replica_ranks[0],
+                                                  layout=key[1] if key else None)
+            if any(other.pipeline > 1 for other in layouts.values()):  # alike stages: collectives priced once
+                built.engine.pricer = AlikeGroups(built.engine.pricer, topology, built.engine.links)
+        return pricings[key]
+
+    pricing_of(parallel)
     workload = config.workload
     variants, tables = [], []
     names = [d.name for d in topology.devices]
     for variant in config.variants:
         field = f"variants[{config.variants.index(variant)}]"
         layout = layouts[variant.name]
+        pricing = pricing_of(layout)
+        compute, engine, runtime_memory, cores = pricing.compute, pricing.engine, pricing.runtime_memory, pricing.cores
         replicas = []
         for group, shards, batch in zip(layout.replica_ranks, layout.replica_shards,
                                         split_batch(workload.batch_size, layout.replicas)):
@@ -261,6 +292,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                 except ConfigError as error:
                     own = variant.memory if error.field.startswith("memory") else variant.parallel
                     raise ConfigError(("" if own is None else f"{field}.") + error.field, error.message) from None
+                if cores:
+                    compute.solo_kinds = calibrated_solo_kinds(scenario, variant, layout)
             else:
                 plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
                 if cores:
@@ -297,11 +330,15 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
             tables.append(replica_rows(config.name, variant.name, "simulated", replicas, names))
         if layout.idle_devices:
             tables.append(idle_rows(config.name, variant.name, "simulated", layout.idle_devices))
-    extrapolated = tuple(sorted(compute.extrapolated | network.extrapolated)) if profile is not None else ()
+    first = pricings[next(iter(pricings))]
+    choice, network = first.choice, first.network
+    extrapolated = tuple(sorted(set().union(*(p.compute.extrapolated | p.network.extrapolated
+                                              for p in pricings.values())))) if profile is not None else ()
     if isinstance(network, DefaultTransportNetwork):
         choice = NetworkChoice(network, False, (), tuple(sorted(network.used)))
+    others = tuple((key[1] or f"tensor {len(key[0])}", p.choice) for key, p in list(pricings.items())[1:])
     used = parallel.ranks if not parallel.variant_layouts else every_rank  # every device some variant runs on
     return SimulationResult(scenario, topology, used, tuple(variants), pd.concat(tables, ignore_index=True),
                             calibrated=profile is not None, extrapolated=extrapolated, network=choice,
-                            parallel=parallel)
+                            parallel=parallel, layout_networks=others)
 

@@ -168,6 +168,9 @@ class TransportNetwork:
         gap_s: the framework's time between two ops, added to every collective.
         cores: the cores the target's ranks share (None: a core each, every message's floor
             as its terms say); ``ranks``: how many ranks share them (:class:`_TransportLinks`).
+        hops: per link class, the terms of a point-to-point message between two stages of a
+            pipeline (:func:`fit_hops`); a hop over a class without them takes ``terms`` or
+            ``default`` as any schedule does.
     """
 
     topology: Topology
@@ -177,6 +180,7 @@ class TransportNetwork:
     gap_s: float = 0.0
     cores: int | None = None
     ranks: int = 0
+    hops: dict[LinkClass, TransportTerms] = field(default_factory=dict)
     extrapolated: set[str] = field(default_factory=set)
     _routes: dict[TransportTerms, _TransportLinks] = field(default_factory=dict, repr=False)
 
@@ -202,7 +206,7 @@ class TransportNetwork:
         return fluid_lower_bound_s(schedule, links) + self.gap_s + terms.per_call_s
 
     def _links(self, schedule: CommSchedule, note: bool) -> tuple[TransportTerms, _TransportLinks]:
-        terms = self.terms.get((str(schedule.kind), schedule.algorithm))
+        terms = self.terms.get((str(schedule.kind), schedule.algorithm)) or self._hop_terms(schedule)
         if terms is None:
             terms = self.default
             if note:
@@ -212,6 +216,17 @@ class TransportNetwork:
             links = self._routes[terms] = _TransportLinks(self.topology, self.reduce_s_per_byte, terms,
                                                           self.cores, self.ranks)
         return terms, links
+
+    def _hop_terms(self, schedule: CommSchedule) -> TransportTerms | None:
+        """The :attr:`hops` terms of the link class a one-message point-to-point schedule crosses."""
+        from models.ops import OpKind
+        from sim.engine import P2P
+
+        if not self.hops or schedule.kind != OpKind.SEND or schedule.algorithm != P2P or len(schedule.group) != 2:
+            return None
+        src, dst = schedule.group
+        same_host = self.topology.devices[src].host == self.topology.devices[dst].host
+        return self.hops.get(LinkClass.INTRA_HOST if same_host else LinkClass.INTER_HOST)
 
 
 def context_topology(context: CalibrationContext) -> Topology:
@@ -251,9 +266,7 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
             cannot identify it.
         name: the calibrated cluster, named in each term's ``source``.
     """
-    delays = {round(topology.path_latency_s(a, b), 6) for a in range(topology.num_ranks)
-              for b in range(topology.num_ranks) if a != b}
-    identifiable = len({d for d in delays if d >= IDENTIFIABLE_DELAY_S}) >= 2
+    identifiable = _identifiable(topology)
     counts = _LATENCY_COUNTS if identifiable else (default.latencies_per_message,)
     fitted = {}
     for (kind, algorithm), of_kind in rows.groupby(["op", "algorithm"], sort=True):
@@ -266,28 +279,71 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
                                             root=None if kind == "allreduce" else group[0],
                                             host_groups=topology.host_groups(group)))
             measured.append(float(row.median))
-        if not schedules:
+        if schedules:
+            fitted[(str(kind), str(algorithm))] = _best_terms(schedules, measured, topology, counts, reduce_s_per_byte,
+                                                              cores, f"fitted on {name}'s {len(schedules)} isolated timings"
+                                                              + ("" if identifiable else f"; latency count: the {default.source}"))
+    return fitted
+
+
+def _identifiable(topology: Topology) -> bool:
+    """Whether ``topology``'s links can tell a latency count from an overhead (module docstring)."""
+    delays = {round(topology.path_latency_s(a, b), 6) for a in range(topology.num_ranks)
+              for b in range(topology.num_ranks) if a != b}
+    return len({d for d in delays if d >= IDENTIFIABLE_DELAY_S}) >= 2
+
+
+def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: Topology, counts: tuple[float, ...],
+                reduce_s_per_byte: Mapping[int, float] | None, cores: int | None, source: str) -> TransportTerms:
+    """The :class:`TransportTerms` minimising the squared log error of ``schedules`` priced over
+    ``topology`` against their ``measured`` times (s): a grid over latency counts ``counts`` and
+    bandwidth efficiencies, the overhead per message solved on a fine grid for each."""
+    log_measured = np.log(np.array(measured))
+    best = None
+    for count in counts:
+        for efficiency in _EFFICIENCIES:
+            base = np.array([price(s, topology, TransportTerms(0.0, count, efficiency, ""), reduce_s_per_byte,
+                                   cores).duration_s for s in schedules])
+            probe = np.array([price(s, topology, TransportTerms(1e-3, count, efficiency, ""), reduce_s_per_byte,
+                                    cores).duration_s for s in schedules])
+            slope = (probe - base) / 1e-3  # messages on each schedule's critical path
+            predicted = base[None, :] + _OVERHEADS_S[:, None] * slope[None, :]
+            loss = ((np.log(np.maximum(predicted, 1e-9)) - log_measured[None, :]) ** 2).sum(axis=1)
+            index = int(np.argmin(loss))
+            if best is None or loss[index] < best[0] - 1e-12:
+                best = (float(loss[index]), float(_OVERHEADS_S[index]), count, float(efficiency))
+    loss, overhead, count, efficiency = best
+    rms = float(np.sqrt(loss / len(schedules)))
+    return TransportTerms(overhead, count, efficiency, f"{source}, rms log error {rms:.2f}")
+
+
+def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerms]:
+    """Per link class, the :class:`TransportTerms` of one point-to-point message (a pipeline's
+    hop between stages), fitted on a profile's ``p2p`` rows of that class (half a ping-pong round
+    trip, both ends otherwise idle: what a hop costs when its receiver waits for it), each priced
+    as one message between two ranks of the calibrated cluster that the class joins (rebuilt from
+    ``context``, :func:`context_topology`). The latency count is gloo's point-to-point default
+    (one link's delay cannot identify it; the overhead absorbs the rest). Classes without rows,
+    or without two ranks joined by them in ``context``, are left out."""
+    from models.ops import OpKind
+    from sim.collectives.schedule import Transfer
+    from sim.engine import P2P
+
+    topology = context_topology(context)
+    default = default_terms("")
+    fitted = {}
+    for link_class, of_class in rows.groupby("device_class", sort=True):
+        same_host = LinkClass(link_class) == LinkClass.INTRA_HOST
+        pair = next(((a, b) for a in range(topology.num_ranks) for b in range(topology.num_ranks)
+                     if a != b and (topology.devices[a].host == topology.devices[b].host) == same_host), None)
+        of_class = of_class[of_class["size_bytes"] > 0]
+        if pair is None or of_class.empty:
             continue
-        log_measured = np.log(np.array(measured))
-        best = None
-        for count in counts:
-            for efficiency in _EFFICIENCIES:
-                base = np.array([price(s, topology, TransportTerms(0.0, count, efficiency, ""), reduce_s_per_byte,
-                                       cores).duration_s for s in schedules])
-                probe = np.array([price(s, topology, TransportTerms(1e-3, count, efficiency, ""), reduce_s_per_byte,
-                                        cores).duration_s for s in schedules])
-                slope = (probe - base) / 1e-3  # messages on each schedule's critical path
-                predicted = base[None, :] + _OVERHEADS_S[:, None] * slope[None, :]
-                loss = ((np.log(np.maximum(predicted, 1e-9)) - log_measured[None, :]) ** 2).sum(axis=1)
-                index = int(np.argmin(loss))
-                if best is None or loss[index] < best[0] - 1e-12:
-                    best = (float(loss[index]), float(_OVERHEADS_S[index]), count, float(efficiency))
-        loss, overhead, count, efficiency = best
-        rms = float(np.sqrt(loss / len(schedules)))
-        fitted[(str(kind), str(algorithm))] = TransportTerms(
-            overhead, count, efficiency,
-            f"fitted on {name}'s {len(schedules)} isolated timings, rms log error {rms:.2f}"
-            + ("" if identifiable else f"; latency count: the {default.source}"))
+        schedules = [CommSchedule(OpKind.SEND, P2P, pair, None, int(n), ((Transfer(*pair, int(n), False),),))
+                     for n in of_class["size_bytes"]]
+        fitted[LinkClass(link_class)] = _best_terms(
+            schedules, [float(t) for t in of_class["median"]], topology, _LATENCY_COUNTS, None, None,
+            f"fitted on {context.name}'s {len(schedules)} {link_class} ping-pongs")
     return fitted
 
 

@@ -14,6 +14,9 @@ Example (``validation/matrix.yaml`` is the shipped one)::
     collective_sizes: [2KiB, 96KiB, 1.5MiB]   # collectives held out of calibration, timed with it
     calibrate_collectives: all    # all (every algorithm) | used (only those the variants call)
     transfer: false               # also predict every scenario from every other's profile (transfer/)
+    layouts:                      # optional: layouts of each scenario's baseline variant instead of its variants
+      - {name: tp4}               # no parallel: the scenario's own (calibrated and measured interleaved)
+      - {name: pp4, parallel: {tensor: 1, pipeline: 4}}   # measured after, predicted with that profile
 
 A case is one variant of one scenario at one prompt length.
 """
@@ -32,6 +35,15 @@ from sim.units import parse_size
 from validation.limits import MAX_REPEATS, MAX_TIMED_S
 
 
+class LayoutCase(BaseModel):
+    """One layout of a layouts matrix (:func:`with_layout`): ``parallel`` as a scenario writes it,
+    None for the scenario's own layout (the one its calibration measures)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    parallel: dict | None = None
+
+
 class Matrix(BaseModel):
     """A validated matrix file."""
 
@@ -47,6 +59,18 @@ class Matrix(BaseModel):
     collective_sizes: list[int] = []
     calibrate_collectives: Literal["all", "used"] = "all"
     transfer: bool = False
+    layouts: list[LayoutCase] = []
+
+    @field_validator("layouts")
+    @classmethod
+    def _layouts(cls, values: list[LayoutCase]) -> list[LayoutCase]:
+        names = [v.name for v in values]
+        if len(set(names)) != len(names):
+            raise ValueError(f"layout names must be unique (got {names})")
+        if values and sum(v.parallel is None for v in values) != 1:
+            raise ValueError("exactly one layout must be the scenario's own (no parallel): the calibrated one "
+                             f"(got {sum(v.parallel is None for v in values)})")
+        return values
 
     @field_validator("collective_sizes", mode="before")
     @classmethod
@@ -72,6 +96,29 @@ def load_matrix(path: str | Path) -> tuple[Matrix, list[Scenario]]:
     if len(set(names)) != len(names):
         raise ConfigError("matrix.scenarios", f"scenario names must be unique (got {names})")
     return matrix, scenarios
+
+
+def with_layout(scenario: Scenario, layout: LayoutCase, prompt_tokens: int | None = None) -> Scenario:
+    """``scenario`` with one variant, its baseline named ``layout.name``, in ``layout``'s parallel
+    layout (the scenario's own where None), at ``prompt_tokens`` (default its own). Same name: its
+    testbed and profile stay its own.
+
+    Raises:
+        ConfigError: a layout the model or cluster cannot take (field ``parallel...``).
+    """
+    data = scenario.config.model_dump(by_alias=True)
+    name = scenario.config.baseline or data["variants"][0]["name"]
+    baseline = next(v for v in data["variants"] if v["name"] == name)
+    data["variants"] = [{**{k: v for k, v in baseline.items() if k != "parallel"}, "name": layout.name}]
+    data["baseline"] = layout.name
+    if layout.parallel is not None:
+        data["parallel"] = layout.parallel
+    if prompt_tokens is not None:
+        data["workload"]["prompt_tokens"] = prompt_tokens
+    if not data["model"].endswith(".json"):
+        data["model"] = scenario.model.name
+    base = scenario.source_path.parent if scenario.source_path else Path(".")
+    return scenario_from_dict(data, base_dir=base, source_path=scenario.source_path)
 
 
 def with_prompt(scenario: Scenario, prompt_tokens: int) -> Scenario:

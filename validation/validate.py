@@ -21,6 +21,8 @@ algorithm against reduce_ln_bcast, measured and simulated side by side.
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario
 from sim.trace import COLLECTIVE_KINDS, master_calls
 from sim.vocabulary import Metric
-from validation.matrix import Matrix, with_prompt
+from validation.matrix import Matrix, with_layout, with_prompt
 from validation.terms import profile_gap_s, term_errors
 
 TIMING_METRICS = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S)
@@ -279,6 +281,48 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
     return pd.DataFrame(rows, columns=IN_RUN_COLUMNS)
 
 
+LOCK_TURN_S = 2.0  # between two clusters, how long a run sharing the testbed lock leaves it free
+
+
+def cluster_lock():
+    """An exclusive lock on the file named by ``HETSIM_TESTBED_LOCK`` (flock(2), as ``flock FILE``
+    takes it), held while one cluster's testbed is up, so that runs sharing one machine's testbed
+    take turns cluster by cluster; an open file to close when the cluster is done (None-like
+    ``os.devnull`` without the variable)."""
+    import fcntl
+
+    path = os.environ.get("HETSIM_TESTBED_LOCK")
+    handle = open(path or os.devnull, "a")
+    if path:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def layout_errors(case: Scenario, topology, profile: Profile, matrix: Matrix, simulate) -> pd.DataFrame:
+    """One layout of a layouts matrix (``case``: one variant in a layout the profile did not
+    measure) measured in a launch of its own on the cluster calibrated just before, against its
+    prediction from that profile: :func:`case_errors` with the split half, ``layout_seen`` false,
+    and the machine's CPU shares over the launch (``cpu_steal``; ``other_load``: busy time less
+    this process's children's, the ranks, :mod:`runtime.cpu_steal`)."""
+    from runtime.cpu_steal import cpu_sample
+    from runtime.measure import launch_measurement, measured_result
+
+    before, children = cpu_sample(()), os.times()
+    gathered = launch_measurement(case, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed,
+                                  min_timed_s=matrix.min_timed_s)
+    spent, after = cpu_sample(()) - before, os.times()
+    ranks_ticks = ((after.children_user - children.children_user) + (after.children_system - children.children_system)
+                   ) * os.sysconf("SC_CLK_TCK")
+    measured = measured_result(case, topology, gathered)
+    simulated = simulate(case, profile=profile)
+    prompt = case.config.workload.prompt_tokens
+    return (case_errors(case.name, prompt, simulated.results, measured.results)
+            .merge(split_halves(case, gathered), on=["variant", "metric"], how="left")
+            .assign(repeats=len(gathered[0][0].step_start_s), cpu_steal=spent.steal_fraction,
+                    other_load=max(0.0, spent.busy - ranks_ticks) / spent.total if spent.total > 0 else np.nan,
+                    layout_seen=False))
+
+
 def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
              on_progress: Callable[[str], None] = lambda text: None, *,
              allow_overcommit: bool = False) -> ValidationReport:
@@ -301,13 +345,21 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
 
     from validation.memory_fit import check_memory_fits
 
+    calibrated = next((layout for layout in matrix.layouts if layout.parallel is None), None)
+    others = [layout for layout in matrix.layouts if layout.parallel is not None]
     for scenario in scenarios:  # before any rank starts or any testbed is built
         for prompt in matrix.prompt_tokens:
-            check_memory_fits(with_prompt(scenario, prompt), allow_overcommit=allow_overcommit)
+            for case in [with_prompt(scenario, prompt)] if calibrated is None else [
+                    with_layout(scenario, layout, prompt) for layout in matrix.layouts]:
+                check_memory_fits(case, allow_overcommit=allow_overcommit)
     errors, collectives, regimes, in_run, terms = [], [], [], [], []
     profiles: dict[Path, str] = {}
-    for scenario in scenarios:
+    for original in scenarios:
+        # A layouts matrix calibrates and measures the scenario's baseline in its own layout, then
+        # measures the other layouts and predicts them with that profile (layout_errors).
+        scenario = original if calibrated is None else with_layout(original, calibrated)
         topology = build_topology(scenario.config.cluster)
+        lock = cluster_lock()
         bed = None
         if matrix.testbed:
             from runtime.testbed import Testbed, require_privileges
@@ -355,9 +407,19 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
             if held_out:
                 timed = profile.of(MeasurementKind.COLLECTIVE_HELD_OUT)
                 collectives.append(collective_errors(scenario, profile, timed))
+            if calibrated is not None:
+                errors[-len(cases):] = [e.assign(layout_seen=True) for e in errors[-len(cases):]]
+                for layout in others:
+                    for prompt in matrix.prompt_tokens:
+                        on_progress(f"{scenario.name}: measuring layout {layout.name} at prompt {prompt}")
+                        errors.append(layout_errors(with_layout(original, layout, prompt), topology,
+                                                    profile, matrix, simulate))
         finally:
             if bed is not None:
                 bed.down()
+            lock.close()
+            if lock.name != os.devnull:
+                time.sleep(LOCK_TURN_S)  # flock(2) wakes the waiters but does not queue them: let one take it
     with interrupt.deferred():  # written once every scenario ran: an interrupted run leaves none
         for path, text in profiles.items():
             write_atomic(path, text)

@@ -80,6 +80,30 @@ def _terms_markdown(report: ValidationReport) -> list[str]:
     return lines
 
 
+def _layouts_markdown(errors: pd.DataFrame) -> list[str]:
+    """A layouts matrix's errors split by whether the profile measured the case's layout
+    (``layout_seen``: the calibrated layout, replayed) or not (a prediction of a new layout), and
+    per case; nothing for another matrix."""
+    if "layout_seen" not in errors:
+        return []
+    timing = errors[errors["metric"].isin((Metric.TTFT, Metric.TPOT))]
+    lines = ["", "## Layouts: the calibrated layout (replay) against layouts the profile never measured (prediction)", "",
+             "| case | metric | cases | median abs error | p90 abs error | median signed error |", "|---|---|---|---|---|---|"]
+    for (unseen, metric), group in timing.groupby([~timing["layout_seen"].astype(bool), "metric"], sort=True):
+        seen = not unseen
+        magnitude = group["error"].abs()
+        lines.append(f"| {'calibrated layout (replay)' if seen else 'new layout (prediction)'} | {metric} | "
+                     f"{len(group)} | {magnitude.median():.1%} | {magnitude.quantile(0.9):.1%} | "
+                     f"{group['error'].median():+.1%} |")
+    lines += ["", "| scenario | prompt | layout | profile measured it | metric | simulated ms | measured ms | error | "
+                  "split half | steal | other load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in timing.itertuples(index=False):
+        lines.append(f"| {row.scenario} | {row.prompt_tokens} | {row.variant} | {'yes' if row.layout_seen else 'no'} | "
+                     f"{row.metric} | {row.simulated * 1e3:.1f} | {row.measured * 1e3:.1f} | {row.error:+.1%} | "
+                     f"{row.split_half:.1%} | {row.cpu_steal:.1%} | {row.other_load:.1%} |")
+    return lines
+
+
 def summary_markdown(report: ValidationReport, title: str) -> str:
     """The short summary kept beside the CSV tables."""
     lines = [f"# Validation: {title}", "", "Signed error = simulated / measured - 1. `collective_s`: collectives "
@@ -120,6 +144,7 @@ def summary_markdown(report: ValidationReport, title: str) -> str:
             if "calibration_other_load" in steal:
                 lines[-1] += (" While each cluster was calibrated: " + ", ".join(
                     f"{name} {value:.1%}" for name, value in steal["calibration_other_load"].items()) + ".")
+    lines += _layouts_markdown(report.errors)
     lines += _terms_markdown(report)
     regimes = report.regimes
     if len(regimes):
