@@ -535,7 +535,8 @@ class CollectivePricer:
         """(resolved algorithm name, timing) of collective ``kind`` of ``size_bytes`` per rank;
         ``call``: the plan op's name, passed to the network model (:meth:`NetworkModel.time`);
         ``arrivals``: when each rank of the group arrived, relative to the last (s, <= 0; None:
-        all at once), for a network that prices them (see the class docstring). ``auto``
+        all at once; a rank missing: with the last), for a network that prices them (see the
+        class docstring). ``auto``
         chooses among the algorithms with the ranks arriving at once.
 
         Raises:
@@ -562,8 +563,9 @@ class CollectivePricer:
         back = horizon(group)
         if back <= 0:
             return None
-        offsets = tuple(round(max(-back, min(0.0, arrivals[rank])) / ARRIVAL_RESOLUTION_S) * ARRIVAL_RESOLUTION_S
-                        for rank in group)
+        # A rank the segment does not simulate (a replica standing in for itself) comes with the last.
+        offsets = tuple(round(max(-back, min(0.0, arrivals.get(rank, 0.0))) / ARRIVAL_RESOLUTION_S)
+                        * ARRIVAL_RESOLUTION_S for rank in group)
         return offsets if any(offsets) else None
 
     def _time(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None,

@@ -423,22 +423,26 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 }
 
 
-# gloo's broadcast (gloo ``gloo/broadcast.cc``, a binomial tree of unbound-buffer sends): over TCP
-# a receiver posts its buffer and notifies the sender, which writes only once that notice has come
-# (gloo ``gloo/transport/tcp/pair.cc``, ``sendNotifyRecvReady``). Timed alone, every rank enters at
-# once and the tree's first step waits for the notice: 3 one-way latencies over the 2 steps of 3
-# or 4 ranks, half a latency per message more than in a run, where the receivers have posted long
-# before the root comes (it computed what it sends; measured in place over 5 ms links: 0.5-1.4 ms
-# at the root). Per (kind, algorithm), the latencies per message an isolated sweep pays beyond a
-# run's: :func:`fit_profile` fits the sweep with them and prices runs without them.
-ISOLATED_NOTICE_LATENCIES = {("broadcast", LIBRARY): 0.5}
+# gloo's broadcast (gloo ``gloo/broadcast.cc``) is the binomial tree it is modelled as, message for
+# message, of unbound-buffer sends, which over TCP rendezvous as an isend/irecv does (gloo
+# ``gloo/transport/tcp/pair.cc``, ``sendNotifyRecvReady``): it pays the receiver's ready notice too.
+# Timed alone, every rank enters at once and the tree's first step waits for the notice: 3 one-way
+# latencies over the 2 steps of 3 or 4 ranks (15.8 ms over 5 ms links, v4x1_latency); in a run the
+# receivers posted long before the root came (it computed what it sends), so the root writes at once
+# and leaves (0.3-1.4 ms in place over 3-5 ms links). Its default and fitted terms carry the notice
+# (:func:`default_terms`), and a run prices it by the ranks' arrivals.
+RENDEZVOUS_LIBRARY_KINDS = frozenset({"broadcast"})
 
 
-def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP) -> TransportTerms:
-    """The documented terms of ``algorithm`` over ``transport`` (:data:`DEFAULTS`), full bandwidth."""
+def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP, kind: str | None = None) -> TransportTerms:
+    """The documented terms of ``algorithm`` over ``transport`` (:data:`DEFAULTS`), full bandwidth;
+    the library's collectives of ``kind`` in :data:`RENDEZVOUS_LIBRARY_KINDS` pay a point-to-point
+    message's ready notice on top of their latencies."""
     default = DEFAULTS[transport]
     overhead_s, latencies = default.library if algorithm == LIBRARY else default.point_to_point
-    notice = 0.0 if algorithm == LIBRARY else default.point_to_point_notice
+    notice = default.point_to_point_notice if algorithm != LIBRARY or kind in RENDEZVOUS_LIBRARY_KINDS else 0.0
+    if algorithm == LIBRARY:
+        latencies += notice
     return TransportTerms(overhead_s, latencies, 1.0, default.source, default.per_call_s, notice_latencies=notice,
                           sender_done_on_write=default.sender_done_on_write)
 
@@ -503,7 +507,7 @@ class DefaultTransportNetwork:
         network = self._of(transport)
         key = (str(schedule.kind), schedule.algorithm)
         if key not in network.terms:
-            network.terms[key] = default_terms(schedule.algorithm, transport)
+            network.terms[key] = default_terms(schedule.algorithm, transport, str(schedule.kind))
         if note:
             self.used.add(f"{schedule.kind} {schedule.algorithm} over {transport.value}: "
                           f"{network.terms[key].describe()}")
@@ -513,15 +517,10 @@ class DefaultTransportNetwork:
 def fit_profile(rows, context: CalibrationContext,
                 reduce_s_per_byte: Mapping[int, float] | None = None) -> dict[tuple[str, str], TransportTerms]:
     """:func:`fit_terms` over the cluster ``context`` describes, each implementation's latency
-    count defaulting to :func:`default_terms`'s plus what its isolated sweep pays beyond a run
-    (:data:`ISOLATED_NOTICE_LATENCIES`), which the returned terms leave out again."""
+    count and ready notice defaulting to :func:`default_terms`'s."""
     topology = context_topology(context)
     fitted = {}
     for (kind, algorithm), of_kind in rows.groupby(["op", "algorithm"], sort=True):
-        default = default_terms(str(algorithm))
-        notice = ISOLATED_NOTICE_LATENCIES.get((str(kind), str(algorithm)), 0.0)
-        isolated = replace(default, latencies_per_message=default.latencies_per_message + notice)
-        fitted.update({key: replace(terms, latencies_per_message=max(1.0, terms.latencies_per_message - notice))
-                       for key, terms in fit_terms(of_kind, topology, isolated, context.name,
-                                                   reduce_s_per_byte, context.cores).items()})
+        fitted.update(fit_terms(of_kind, topology, default_terms(str(algorithm), kind=str(kind)), context.name,
+                                reduce_s_per_byte, context.cores))
     return fitted

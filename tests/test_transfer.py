@@ -192,15 +192,31 @@ def test_a_step_that_leaves_ranks_idle_pays_only_the_contention_of_its_busy_rank
 
 
 def test_a_broadcast_timed_alone_pays_the_receivers_notice_which_a_run_does_not(clusters):
+    from sim.collectives.registry import build_schedule
     from sim.context import profile_contexts
-    from sim.transport import fit_profile
+    from sim.transport import TransportNetwork, fit_profile
 
     slow = clusters[3]  # v4x1_latency: 5 ms links, where a 2-step broadcast of 1 KiB takes 15.8 ms alone
     terms = fit_profile(slow.profile.of("collective"), profile_contexts(slow.profile.rows)[0])
     broadcast = terms[("broadcast", "library")]
-    # priced at one latency per message, the notice not absorbed into the overhead (2.2 ms if it were)
-    assert broadcast.latencies_per_message == 1.0
+    # gloo's broadcast rendezvouses like an isend/irecv: the notice is a term of its own, not
+    # absorbed into the overhead (2.2 ms if it were)
+    assert broadcast.latencies_per_message == 2.0 and broadcast.notice_latencies == 1.0
     assert broadcast.per_message_s < 1e-3
+    topology = build_topology_of(slow)
+    network = TransportNetwork(topology, None, {("broadcast", "library"): broadcast}, broadcast)
+    schedule = build_schedule("broadcast", "library", (0, 1, 2, 3), 1024, root=0)
+    alone = network.time(schedule).duration_s
+    waited = network.time(schedule, arrivals={0: 0.0, 1: -0.01, 2: -0.01, 3: -0.01}).duration_s
+    latency_s = topology.path_latency_s(0, 1)
+    assert 3 * latency_s < alone < 3 * latency_s + 2e-3  # both steps, the first waiting for the notice
+    assert alone - waited == pytest.approx(latency_s, abs=1e-5)  # receivers waiting since before: no notice
+
+
+def build_topology_of(cluster):
+    from sim.topology import build_topology
+
+    return build_topology(cluster.scenario.config.cluster)
 
 
 def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
@@ -303,3 +319,25 @@ def test_gloo_defaults_carry_the_rendezvous_and_nccl_defaults_do_not():
     assert point_to_point.sender_done_on_write and default_terms("library").notice_latencies == 0.0
     nccl = default_terms("ring", Transport.NCCL_NET)
     assert nccl.notice_latencies == 0.0 and not nccl.sender_done_on_write
+
+
+def test_ranks_idle_at_a_segments_start_have_posted_the_receive_of_its_first_collective():
+    """A decode step begins with the master's embedding broadcast; the other ranks, done with the
+    last step, wait in it already, so the root writes at once and they have the token one latency
+    after (uncalibrated gloo/tcp terms: 2 latencies, 1 of them the notice, 0.3 ms per message)."""
+    from models.ops import OpKind
+    from tests.conftest import cluster, make_scenario
+
+    from sim.simulate import simulate
+
+    scenario = make_scenario(cluster=cluster(3, 1, device="cpu", nic="200Mbit/s", nic_latency="1.5ms"), dtype="fp32",
+                             network_model="flow", variants=[{"name": "rd", "strategy": "allreduce_ln",
+                                                              "allreduce": "recursive_doubling", "broadcast": "library"}])
+    result = simulate(scenario)
+    ops = result.variants[0].trace.ops
+    latency_s = result.topology.path_latency_s(0, 1)
+    broadcasts = ops[(ops["kind"] == str(OpKind.BROADCAST)) & (ops["phase"] == "decode")]
+    first = broadcasts[broadcasts["step"] == broadcasts["step"].min()].set_index("rank")
+    root_start = float(first.loc[0, "start_s"])
+    for rank in (1, 2):  # one binomial step each over 3 ranks: (0 -> 2), then (0 -> 1)
+        assert float(first.loc[rank, "end_s"]) - root_start < latency_s + 1.5e-3
