@@ -27,6 +27,11 @@ The models differ in what a transfer costs once started:
 
 Where no channel is ever crossed by two flows at once, the two models agree.
 
+The transport model (:class:`sim.transport.TransportNetwork`) keeps these semantics and adds a
+rendezvous: a message's payload may also wait for its receiver's ready notice, and a sender may be
+done before its payload arrives; there, when each rank arrived (before the last, whose arrival is
+t = 0) changes the price, and :class:`CollectivePricer` passes arrivals to it.
+
 Both price a schedule on an otherwise idle network, and :class:`CollectivePricer` caches the
 result: the engine uses it where nothing else can be in flight on the schedule's channels. What
 runs concurrently shares one fluid network, :class:`sim.fabric.Fabric`, built on the same
