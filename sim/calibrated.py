@@ -446,7 +446,9 @@ def _borrowed(fitted: dict):
     return TransportTerms(float(np.median([t.per_message_s for t in p2p])),
                           float(np.median([t.latencies_per_message for t in p2p])),
                           float(np.median([t.bandwidth_efficiency for t in p2p])),
-                          f"the median of the {len(p2p)} point-to-point schedules fitted")
+                          f"the median of the {len(p2p)} point-to-point schedules fitted",
+                          notice_latencies=float(np.median([t.notice_latencies for t in p2p])),
+                          sender_done_on_write=all(t.sender_done_on_write for t in p2p))
 
 
 def context_devices(context) -> tuple[Device, ...]:

@@ -37,7 +37,10 @@ Semantics (what the tests pin down):
   stretches while more ranks compute at once than there are cores. A rank waiting in a
   collective does not compute and leaves its core to the others. Pools with enough cores change
   nothing.
-* A segment starts with every rank idle at time 0 and lasts until its last op ends.
+* A segment starts with every rank idle at time 0 and lasts until its last op ends. Idle since
+  before: a rank whose first op is a collective that another rank reaches later has been waiting
+  in it (a network that prices arrivals, :class:`sim.network.CollectivePricer`, sees it arrive
+  long before the last).
 * A segment whose every op waits for the previous op of its rank and whose collectives keep their
   priced timings (no loads, no contention) is computed without simpy, by simpy's arithmetic
   (an event at ``now + delay``): the same times, bit for bit, at a fraction of the cost.
@@ -45,6 +48,7 @@ Semantics (what the tests pin down):
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -143,6 +147,7 @@ class Engine:
                     arrived.append((rank, i))
                     if len(arrived) == _members(op, programs):
                         start = max(starts[r][j] for r, j in arrived)
+                        timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j in arrived})
                         first = op.collective.group[0]
                         for r, j in arrived:
                             if timing.wait_s and r != first:
@@ -212,6 +217,7 @@ class Engine:
                 if len(members) < _members(op, programs):
                     break
                 start = max(starts[r][j] for r, j, _ in members)
+                timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j, _ in members})
                 first = op.collective.group[0]
                 for r, j, stream in members:
                     if timing.wait_s and r != first:
@@ -260,15 +266,17 @@ class Engine:
                 duration = self.compute.duration_s(op, device)
                 yield env.timeout(duration) if cpu is None else cpu.run(duration)
             else:
-                timing = self._timing(op, algorithms)
                 on_fabric = op.collective.group in shared
-                entry = calls.setdefault(op.call, [0, env.event(), None])
+                entry = calls.setdefault(op.call, [0, env.event(), None, {}, None])
                 entry[0] += 1
+                entry[3][rank] = (env.now, i)
                 if entry[0] == _members(op, segment_programs):
+                    entry[4] = self._timing(op, algorithms, {r: _arrival(t - env.now, j) for r, (t, j) in entry[3].items()})
                     if on_fabric:
-                        entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], timing)
+                        entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], entry[4])
                     entry[1].succeed(env.now)
                 start = yield entry[1]
+                timing = entry[4]
                 if timing.wait_s and rank != op.collective.group[0]:
                     starts[i] = max(starts[i], start + timing.wait_s)
                 if on_fabric:
@@ -337,11 +345,12 @@ class Engine:
         c = op.collective
         key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
         schedule = self.pricer.schedule(*key)
-        extra = self._extra_s.get((key, op.name))
+        priced = (key, tuple(timing.finish_s.get(rank, 0.0) for rank in c.group))  # one per arrival pattern
+        extra = self._extra_s.get(priced)
         if extra is None:
             idle = self._idle_fluid.time(schedule)
-            extra = self._extra_s[(key, op.name)] = {rank: timing.finish_s.get(rank, 0.0) - idle.finish_s[rank]
-                                                    for rank in c.group}
+            extra = self._extra_s[priced] = {rank: timing.finish_s.get(rank, 0.0) - idle.finish_s[rank]
+                                             for rank in c.group}
         return fabric.collective(schedule, extra)
 
     def send(self, fabric: Fabric, src: int, dst: int, size_bytes: int):
@@ -357,11 +366,20 @@ class Engine:
             extra = self._extra_s[schedule] = {r: priced.finish_s.get(r, 0.0) - idle.finish_s[r] for r in (src, dst)}
         return fabric.collective(schedule, extra)[dst]
 
-    def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]]) -> CollectiveTiming:
+    def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]],
+                arrivals: dict[int, float] | None = None) -> CollectiveTiming:
+        """``op``'s timing, its ranks having arrived ``arrivals`` (s) before the last (None: at once)."""
         c = op.collective
-        algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
+        algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, arrivals)
         algorithms[op.call] = (c.kind.value, algorithm)
         return timing
+
+
+def _arrival(offset_s: float, index: int) -> float:
+    """When a rank arrived at a collective, relative to the last arrival (s): ``offset_s``, or long
+    before where the collective is the rank's first op and another rank came later: it was idle
+    before the segment began."""
+    return -math.inf if index == 0 and offset_s < 0 else offset_s
 
 
 def _members(op: Op, programs: dict[int, tuple[Op, ...]]) -> int:

@@ -27,6 +27,11 @@ The models differ in what a transfer costs once started:
 
 Where no channel is ever crossed by two flows at once, the two models agree.
 
+The transport model (:class:`sim.transport.TransportNetwork`) keeps these semantics and adds a
+rendezvous: a message's payload may also wait for its receiver's ready notice, and a sender may be
+done before its payload arrives; there, when each rank arrived (before the last, whose arrival is
+t = 0) changes the price, and :class:`CollectivePricer` passes arrivals to it.
+
 Both price a schedule on an otherwise idle network, and :class:`CollectivePricer` caches the
 result: the engine uses it where nothing else can be in flight on the schedule's channels. What
 runs concurrently shares one fluid network, :class:`sim.fabric.Fabric`, built on the same
@@ -243,8 +248,12 @@ class _ScheduleRun:
                 self._done(rank)
 
     def _arrived(self, transfer: int) -> None:
+        self._complete(self.transfers[transfer].src)
+        self._delivered(transfer)
+
+    def _delivered(self, transfer: int) -> None:
+        """The receiver's side of :meth:`_arrived`: complete it, or start its reduction."""
         t = self.transfers[transfer]
-        self._complete(t.src)
         if t.reduce:
             self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.links.gamma[t.dst] * t.size_bytes
             self._reduce_until(self.reducer_free[t.dst], transfer)
@@ -365,7 +374,7 @@ class _FlowRun(_ScheduleRun):
     projected ends sit in a heap whose stale entries are skipped.
     """
 
-    _LATENCY_OVER, _REDUCED = 0, 1
+    _LATENCY_OVER, _REDUCED, _DELIVERED = 0, 1, 2
 
     def __init__(self, schedule: CommSchedule, links: Links):
         super().__init__(schedule, links)
@@ -407,6 +416,8 @@ class _FlowRun(_ScheduleRun):
                 _, _, kind, f = heapq.heappop(events)
                 if kind == self._REDUCED:
                     self._complete(self.transfers[f].dst)
+                elif kind == self._DELIVERED:  # a subclass's payload, in flight after its sender was done
+                    self._delivered(f)
                 elif self.transfers[f].size_bytes:
                     self.starting.append(f)
                 else:
@@ -497,12 +508,21 @@ def channel_bytes(schedule: CommSchedule, topology: Topology) -> dict[str, int]:
     return total
 
 
+ARRIVAL_RESOLUTION_S = 1e-5  # arrivals are priced to this resolution, so that repeated patterns share a timing
+
+
 class CollectivePricer:
     """Prices collective calls on one network, caching by (kind, algorithm, group, size, root).
 
     Two-level algorithms get their host groups from ``topology.host_groups(group)``. Algorithm
     ``"auto"`` prices every registered algorithm of the kind that applies to the group and
     picks the fastest, ties broken by name, so the choice is deterministic.
+
+    A network whose price depends on when the ranks arrived says how far back an arrival still
+    matters (``arrival_horizon_s(group)``, s; :class:`sim.transport.TransportNetwork`: a
+    receiver that arrived early has sent its ready notice); :meth:`price` then keys its timing
+    by the ranks' arrivals too, clamped to that horizon and rounded to
+    :data:`ARRIVAL_RESOLUTION_S`. Other networks never see arrivals.
     """
 
     def __init__(self, network: NetworkModel, topology: Topology):
@@ -515,10 +535,14 @@ class CollectivePricer:
 
     def price(
         self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
-        call: str | None = None,
+        call: str | None = None, arrivals: Mapping[int, float] | None = None,
     ) -> tuple[str, CollectiveTiming]:
         """(resolved algorithm name, timing) of collective ``kind`` of ``size_bytes`` per rank;
-        ``call``: the plan op's name, passed to the network model (:meth:`NetworkModel.time`).
+        ``call``: the plan op's name, passed to the network model (:meth:`NetworkModel.time`);
+        ``arrivals``: when each rank of the group arrived, relative to the last (s, <= 0; None:
+        all at once; a rank missing: with the last), for a network that prices them (see the
+        class docstring). ``auto``
+        chooses among the algorithms with the ranks arriving at once.
 
         Raises:
             ConfigError: from :func:`sim.collectives.registry.build_schedule` (unknown kind or
@@ -533,13 +557,29 @@ class CollectivePricer:
             if key not in self._choices:
                 self._choices[key] = self._fastest(kind, group, size_bytes, root, call)
             algorithm = self._choices[key]
-        return algorithm, self._time(kind, algorithm, group, size_bytes, root, call)
+        return algorithm, self._time(kind, algorithm, group, size_bytes, root, call, self._arrived(group, arrivals))
+
+    def _arrived(self, group: tuple[int, ...], arrivals: Mapping[int, float] | None) -> tuple[float, ...] | None:
+        """The arrivals as the network prices them (clamped, rounded, in group order), None where
+        they change nothing."""
+        horizon = getattr(self.network, "arrival_horizon_s", None)
+        if arrivals is None or horizon is None:
+            return None
+        back = horizon(group)
+        if back <= 0:
+            return None
+        # A rank the segment does not simulate (a replica standing in for itself) comes with the last.
+        offsets = tuple(round(max(-back, min(0.0, arrivals.get(rank, 0.0))) / ARRIVAL_RESOLUTION_S)
+                        * ARRIVAL_RESOLUTION_S for rank in group)
+        return offsets if any(offsets) else None
 
     def _time(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None,
-              call: str | None) -> CollectiveTiming:
-        key = (kind, algorithm, group, size_bytes, root, call)
+              call: str | None, arrivals: tuple[float, ...] | None = None) -> CollectiveTiming:
+        key = (kind, algorithm, group, size_bytes, root, call, arrivals)
         if key not in self._timings:
-            self._timings[key] = self.network.time(self.schedule(kind, algorithm, group, size_bytes, root), call)
+            schedule = self.schedule(kind, algorithm, group, size_bytes, root)
+            self._timings[key] = self.network.time(schedule, call) if arrivals is None else \
+                self.network.time(schedule, call, arrivals=dict(zip(group, arrivals)))
         return self._timings[key]
 
     def schedule(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int,
@@ -571,7 +611,7 @@ class CollectivePricer:
         bound = getattr(self.network, "lower_bound_s", None)
 
         def lower_bound(name: str, schedule: CommSchedule) -> float:
-            priced = self._timings.get((kind, name, group, size_bytes, root, call))
+            priced = self._timings.get((kind, name, group, size_bytes, root, call, None))
             return priced.duration_s if priced is not None else bound(schedule)  # a time is its own bound
 
         ordered = sorted((lower_bound(name, schedule), name) for name, schedule in candidates) if bound else \

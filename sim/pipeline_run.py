@@ -300,19 +300,21 @@ class AlikeGroups:
         self._timings: dict[tuple, tuple[str, CollectiveTiming]] = {}
 
     def price(self, kind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
-              call: str | None = None) -> tuple[str, CollectiveTiming]:
+              call: str | None = None, arrivals: dict[int, float] | None = None) -> tuple[str, CollectiveTiming]:
         """See :meth:`sim.network.CollectivePricer.price`."""
         group = tuple(group)
         first = self._groups.get(group)
         if first is None:
             first = self._groups[group] = self._first.setdefault(group_shape(self.topology, self.links, group), group)
         if first == group:
-            return self.pricer.price(kind, algorithm, group, size_bytes, root, call)
-        key = (kind, algorithm, group, size_bytes, root, call)
+            return self.pricer.price(kind, algorithm, group, size_bytes, root, call, arrivals)
+        key = (kind, algorithm, group, size_bytes, root, call,
+               None if arrivals is None else tuple(arrivals[r] for r in group))
         if key not in self._timings:
             to_first = dict(zip(group, first))
             resolved, timing = self.pricer.price(kind, algorithm, first, size_bytes,
-                                                 None if root is None else to_first[root], call)
+                                                 None if root is None else to_first[root], call,
+                                                 None if arrivals is None else {to_first[r]: a for r, a in arrivals.items()})
             back = dict(zip(first, group))
             self._timings[key] = resolved, CollectiveTiming(timing.duration_s, {back[r]: t for r, t in
                                                                                 timing.finish_s.items()}, timing.wait_s)

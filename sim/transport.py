@@ -68,8 +68,16 @@ class TransportTerms:
             where ranks outnumber the cores: both ends must be scheduled onto a core for it to
             move, which on a fast link takes longer than the wire; a long message's transfer
             hides it, the ranks sleeping meanwhile (:func:`sim.calibrated.contention_floor`).
-        latencies_per_message: one-way path latencies a message costs.
+        latencies_per_message: one-way path latencies a message costs when both ends enter
+            its step at once.
         bandwidth_efficiency: the fraction of the bottleneck bandwidth a message's bytes reach.
+        notice_latencies: of ``latencies_per_message``, those of the receiver's ready notice
+            (a gloo isend/irecv rendezvous: 1), which the receiver sends on entering the step:
+            the payload leaves once the sender has entered and the notice has reached it, so a
+            receiver that entered that much earlier saves them (:class:`_TransportRun`).
+        sender_done_on_write: the sender is done once its payload is written, the payload's
+            latencies before it arrives (a send over TCP completes when the kernel has taken
+            the bytes: gloo's ``transport/tcp/pair.cc``), not on its arrival.
         source: where the terms come from (fitted on which rows, or a documented default).
     """
 
@@ -79,13 +87,16 @@ class TransportTerms:
     source: str
     per_call_s: float = 0.0
     min_message_s: float = 0.0
+    notice_latencies: float = 0.0
+    sender_done_on_write: bool = False
 
     def describe(self) -> str:
         call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
         if self.min_message_s:
             call += f"at least {self.min_message_s * 1e3:.2f} ms (core contention), "
-        return (f"{call}{self.per_message_s * 1e3:.3g} ms + {self.latencies_per_message:g} latencies per message, "
-                f"{self.bandwidth_efficiency:.0%} of the bandwidth ({self.source})")
+        notice = f" ({self.notice_latencies:g} of them the receiver's ready notice)" if self.notice_latencies else ""
+        return (f"{call}{self.per_message_s * 1e3:.3g} ms + {self.latencies_per_message:g} latencies per message"
+                f"{notice}, {self.bandwidth_efficiency:.0%} of the bandwidth ({self.source})")
 
 
 class _TransportLinks(Links):
@@ -101,10 +112,33 @@ class _TransportLinks(Links):
         self.terms = terms
         self.cores, self.ranks = cores, ranks
         self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
+        self._notices: dict[tuple[int, int], float] = {}
 
     def message_latency_s(self, path) -> float:
-        """The terms' software overhead plus their number of one-way latencies of ``path`` (s)."""
-        return self.terms.per_message_s + self.terms.latencies_per_message * sum(c.latency_s for c in path)
+        """What a message waits before its bytes flow over ``path`` (s): the terms' software
+        overhead, plus their one-way latencies after the receiver's ready notice unless those come
+        after the bytes leave (:meth:`payload_latency_s`)."""
+        return self.terms.per_message_s + (0.0 if self.terms.sender_done_on_write else self.payload_latencies(path))
+
+    def payload_latencies(self, path) -> float:
+        """The one-way latencies of ``path`` a payload takes after the receiver's notice (s)."""
+        return (self.terms.latencies_per_message - self.terms.notice_latencies) * sum(c.latency_s for c in path)
+
+    def payload_latency_s(self, src: int, dst: int) -> float:
+        """How long a payload from ``src`` travels after its sender is done (s): its latencies
+        where the sender is done on writing it, else 0 (they came before its bytes flowed)."""
+        if not self.terms.sender_done_on_write:
+            return 0.0
+        return self.payload_latencies(self.topology.path(src, dst))
+
+    def notice_s(self, dst: int, src: int) -> float:
+        """How long the receiver ``dst``'s ready notice takes to reach the sender ``src`` (s)."""
+        if not self.terms.notice_latencies:
+            return 0.0
+        notice = self._notices.get((dst, src))
+        if notice is None:
+            notice = self._notices[(dst, src)] = self.terms.notice_latencies * self.topology.path_latency_s(dst, src)
+        return notice
 
     def stretch(self, busy_ranks: int) -> float:
         """How much longer a message's software overhead takes in a step that keeps ``busy_ranks``
@@ -129,23 +163,58 @@ def busy_ranks(schedule: CommSchedule) -> list[int]:
 
 
 class _TransportRun(_FlowRun):
-    """A flow-model pricing in which no message takes less than its step's contention floor
-    (:meth:`_TransportLinks.floor_s`) from both ends being ready to its last byte: a message whose
-    wire time is shorter waits out the rest before its bytes flow (both ends scheduled onto a core)."""
+    """A flow-model pricing with the transport terms' rendezvous and contention floor.
 
-    def __init__(self, schedule: CommSchedule, links: _TransportLinks):
+    * A message's payload leaves once its sender has entered its step and the receiver's ready
+      notice, sent when the receiver entered the step, has reached the sender
+      (``notice_latencies`` one-way latencies): both entering at once pay the whole
+      ``latencies_per_message``; a receiver waiting since a notice's time before pays only the
+      payload's latencies. The runtime runs a schedule so (:func:`runtime.comm.run_schedule`
+      posts a step's receives on entering it; gloo's ``transport/tcp/pair.cc`` writes an
+      unbound buffer's payload once the receiver's ``sendNotifyRecvReady`` has come). A rank
+      that arrived at the collective before the last (``arrivals``: s relative to the last
+      arrival, which starts the run at 0) entered its first step then.
+    * Where the sender is done on writing its payload (``sender_done_on_write``), its bytes
+      flow first and travel the payload's latencies after: the sender goes on to its next step
+      that much before the receiver has them.
+    * No message takes less than its step's contention floor (:meth:`_TransportLinks.floor_s`)
+      from both ends being ready to its last byte: a message whose wire time is shorter waits out
+      the rest before its bytes flow (both ends scheduled onto a core).
+    """
+
+    def __init__(self, schedule: CommSchedule, links: _TransportLinks, arrivals: Mapping[int, float] | None = None):
         super().__init__(schedule, links)
+        self.arrivals = arrivals or {}
         busy = busy_ranks(schedule)
         self.floor = [links.floor_s(n) for step, n in zip(schedule.steps, busy) for _ in step]
         self.extra_s = [links.terms.per_message_s * (links.stretch(n) - 1) for step, n in zip(schedule.steps, busy)
                         for _ in step]
+        self.notice_s = [links.notice_s(t.dst, t.src) for t in self.transfers]
+        self.notice_at = [0.0] * len(self.transfers)  # when each receiver's notice reaches its sender
+        self.in_flight_s = [links.payload_latency_s(t.src, t.dst) for t in self.transfers]
+
+    def _enter(self, rank: int) -> None:
+        # A rank that arrived early posted its first step's receives on arriving.
+        posted = self.now + (min(0.0, self.arrivals.get(rank, 0.0)) if self.position[rank] == 0 else 0.0)
+        for transfer in self.work[rank][self.position[rank]]:
+            if self.transfers[transfer].dst == rank:
+                self.notice_at[transfer] = posted + self.notice_s[transfer]
+        super()._enter(rank)
 
     def _start(self, transfer: int) -> None:
         route = self.route[transfer]
         wire_s = self.transfers[transfer].size_bytes / min((self.links.capacity[c] for c in route.channels),
                                                            default=math.inf)
-        self._push(self.now + max(route.latency_s + self.extra_s[transfer], self.floor[transfer] - wire_s),
+        leaves = max(self.now, self.notice_at[transfer])
+        self._push(max(leaves + route.latency_s + self.extra_s[transfer],
+                       self.now + self.floor[transfer] - wire_s - self.in_flight_s[transfer]),
                    self._LATENCY_OVER, transfer)
+
+    def _arrived(self, transfer: int) -> None:
+        if not self.in_flight_s[transfer]:
+            return super()._arrived(transfer)
+        self._complete(self.transfers[transfer].src)  # written: the sender goes on
+        self._push(self.now + self.in_flight_s[transfer], self._DELIVERED, transfer)
 
 
 def price(schedule: CommSchedule, topology: Topology, terms: TransportTerms,
@@ -183,18 +252,33 @@ class TransportNetwork:
     hops: dict[LinkClass, TransportTerms] = field(default_factory=dict)
     extrapolated: set[str] = field(default_factory=set)
     _routes: dict[TransportTerms, _TransportLinks] = field(default_factory=dict, repr=False)
+    _horizons: dict[tuple[int, ...], float] = field(default_factory=dict, repr=False)
 
     prices_by_call = False  # no timing of a call is replayed: a schedule costs the same wherever called
 
-    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
-        """The timing of ``schedule`` (``call`` is ignored: no timing of a call is replayed)."""
+    def time(self, schedule: CommSchedule, call: str | None = None,
+             arrivals: Mapping[int, float] | None = None) -> CollectiveTiming:
+        """The timing of ``schedule`` from the last rank's arrival, the others having arrived
+        ``arrivals`` before (s, <= 0; None: all at once). ``call`` is ignored: no timing of a
+        call is replayed."""
         if len(schedule.group) == 1:
             return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
         terms, links = self._links(schedule, note=True)
-        timing = _TransportRun(schedule, links).run()
+        timing = _TransportRun(schedule, links, arrivals).run()
         extra_s = self.gap_s + terms.per_call_s
         finish = {rank: t + extra_s for rank, t in timing.finish_s.items()}
         return CollectiveTiming(timing.duration_s + extra_s, finish)
+
+    def arrival_horizon_s(self, group: tuple[int, ...]) -> float:
+        """How long before the last arrival an arrival still changes a price (s): the longest
+        ready notice between two ranks of ``group`` (0 where no terms have one)."""
+        horizon = self._horizons.get(group)
+        if horizon is None:
+            notices = max((t.notice_latencies for t in (*self.terms.values(), self.default)), default=0.0)
+            horizon = self._horizons[group] = notices * max(
+                (self.topology.path_latency_s(a, b) for a in group for b in group if a != b), default=0.0) \
+                if notices else 0.0
+        return horizon
 
     def lower_bound_s(self, schedule: CommSchedule) -> float:
         """A duration :meth:`time` cannot beat (s): the fluid bound over the terms' links
@@ -282,7 +366,8 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
         if schedules:
             fitted[(str(kind), str(algorithm))] = _best_terms(schedules, measured, topology, counts, reduce_s_per_byte,
                                                               cores, f"fitted on {name}'s {len(schedules)} isolated timings"
-                                                              + ("" if identifiable else f"; latency count: the {default.source}"))
+                                                              + ("" if identifiable else f"; latency count: the {default.source}"),
+                                                              default)
     return fitted
 
 
@@ -294,17 +379,22 @@ def _identifiable(topology: Topology) -> bool:
 
 
 def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: Topology, counts: tuple[float, ...],
-                reduce_s_per_byte: Mapping[int, float] | None, cores: int | None, source: str) -> TransportTerms:
+                reduce_s_per_byte: Mapping[int, float] | None, cores: int | None, source: str,
+                default: TransportTerms) -> TransportTerms:
     """The :class:`TransportTerms` minimising the squared log error of ``schedules`` priced over
     ``topology`` against their ``measured`` times (s): a grid over latency counts ``counts`` and
-    bandwidth efficiencies, the overhead per message solved on a fine grid for each."""
+    bandwidth efficiencies, the overhead per message solved on a fine grid for each; the
+    rendezvous (``notice_latencies``, ``sender_done_on_write``) is the backend's ``default``. A
+    pipeline hop is fitted and priced alike, both ends entering at once (its receiver's notice
+    paid in both), so a hop costs its ping-pong."""
     log_measured = np.log(np.array(measured))
     best = None
     for count in counts:
         for efficiency in _EFFICIENCIES:
-            base = np.array([price(s, topology, TransportTerms(0.0, count, efficiency, ""), reduce_s_per_byte,
-                                   cores).duration_s for s in schedules])
-            probe = np.array([price(s, topology, TransportTerms(1e-3, count, efficiency, ""), reduce_s_per_byte,
+            trial = TransportTerms(0.0, count, efficiency, "", notice_latencies=min(count, default.notice_latencies),
+                                   sender_done_on_write=default.sender_done_on_write)
+            base = np.array([price(s, topology, trial, reduce_s_per_byte, cores).duration_s for s in schedules])
+            probe = np.array([price(s, topology, replace(trial, per_message_s=1e-3), reduce_s_per_byte,
                                     cores).duration_s for s in schedules])
             slope = (probe - base) / 1e-3  # messages on each schedule's critical path
             predicted = base[None, :] + _OVERHEADS_S[:, None] * slope[None, :]
@@ -314,7 +404,9 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
                 best = (float(loss[index]), float(_OVERHEADS_S[index]), count, float(efficiency))
     loss, overhead, count, efficiency = best
     rms = float(np.sqrt(loss / len(schedules)))
-    return TransportTerms(overhead, count, efficiency, f"{source}, rms log error {rms:.2f}")
+    return TransportTerms(overhead, count, efficiency, f"{source}, rms log error {rms:.2f}",
+                          notice_latencies=min(count, default.notice_latencies),
+                          sender_done_on_write=default.sender_done_on_write)
 
 
 def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerms]:
@@ -343,7 +435,7 @@ def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerm
                      for n in of_class["size_bytes"]]
         fitted[LinkClass(link_class)] = _best_terms(
             schedules, [float(t) for t in of_class["median"]], topology, _LATENCY_COUNTS, None, None,
-            f"fitted on {context.name}'s {len(schedules)} {link_class} ping-pongs")
+            f"fitted on {context.name}'s {len(schedules)} {link_class} ping-pongs", default)
     return fitted
 
 
@@ -359,12 +451,17 @@ class Transport(str, Enum):
 @dataclass(frozen=True)
 class TransportDefault:
     """Documented terms of a transport: (per-message overhead s, latencies per message) for the
-    library's own collectives and for point-to-point schedules, a per-call cost, its source."""
+    library's own collectives and for point-to-point schedules, a per-call cost, its source, and
+    how many of a point-to-point message's latencies are the receiver's ready notice
+    (:attr:`TransportTerms.notice_latencies`), and whether a sender is done on writing its
+    payload (:attr:`TransportTerms.sender_done_on_write`)."""
 
     library: tuple[float, float]
     point_to_point: tuple[float, float]
     per_call_s: float
     source: str
+    point_to_point_notice: float = 0.0
+    sender_done_on_write: bool = False
 
 
 # gloo over TCP: gloo's own collectives (``library``) are modelled with their extra round of
@@ -378,7 +475,7 @@ class TransportDefault:
 # PCI 5.7 us, NET 14.0 us), one per message; NCCL's collectives and point-to-point alike.
 DEFAULTS: dict[Transport, TransportDefault] = {
     Transport.GLOO_TCP: TransportDefault((0.3e-3, 1.0), (0.5e-3, 2.0), 0.0,
-                                         "gloo/tcp default: medians of the shipped profiles' fits"),
+                                         "gloo/tcp default: medians of the shipped profiles' fits", 1.0, True),
     Transport.NCCL_NVLINK: TransportDefault((3.4e-6, 1.0), (3.4e-6, 1.0), 8.4e-6,
                                             "nccl/nvlink default: NCCL tuning.cc Ring/Simple"),
     Transport.NCCL_PCIE: TransportDefault((5.7e-6, 1.0), (5.7e-6, 1.0), 8.4e-6,
@@ -388,22 +485,28 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 }
 
 
-# gloo's broadcast (gloo ``gloo/broadcast.cc``, a binomial tree of unbound-buffer sends): over TCP
-# a receiver posts its buffer and notifies the sender, which writes only once that notice has come
-# (gloo ``gloo/transport/tcp/pair.cc``, ``sendNotifyRecvReady``). Timed alone, every rank enters at
-# once and the tree's first step waits for the notice: 3 one-way latencies over the 2 steps of 3
-# or 4 ranks, half a latency per message more than in a run, where the receivers have posted long
-# before the root comes (it computed what it sends; measured in place over 5 ms links: 0.5-1.4 ms
-# at the root). Per (kind, algorithm), the latencies per message an isolated sweep pays beyond a
-# run's: :func:`fit_profile` fits the sweep with them and prices runs without them.
-ISOLATED_NOTICE_LATENCIES = {("broadcast", LIBRARY): 0.5}
+# gloo's broadcast (gloo ``gloo/broadcast.cc``) is the binomial tree it is modelled as, message for
+# message, of unbound-buffer sends, which over TCP rendezvous as an isend/irecv does (gloo
+# ``gloo/transport/tcp/pair.cc``, ``sendNotifyRecvReady``): it pays the receiver's ready notice too.
+# Timed alone, every rank enters at once and the tree's first step waits for the notice: 3 one-way
+# latencies over the 2 steps of 3 or 4 ranks (15.8 ms over 5 ms links, v4x1_latency); in a run the
+# receivers posted long before the root came (it computed what it sends), so the root writes at once
+# and leaves (0.3-1.4 ms in place over 3-5 ms links). Its default and fitted terms carry the notice
+# (:func:`default_terms`), and a run prices it by the ranks' arrivals.
+RENDEZVOUS_LIBRARY_KINDS = frozenset({"broadcast"})
 
 
-def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP) -> TransportTerms:
-    """The documented terms of ``algorithm`` over ``transport`` (:data:`DEFAULTS`), full bandwidth."""
+def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP, kind: str | None = None) -> TransportTerms:
+    """The documented terms of ``algorithm`` over ``transport`` (:data:`DEFAULTS`), full bandwidth;
+    the library's collectives of ``kind`` in :data:`RENDEZVOUS_LIBRARY_KINDS` pay a point-to-point
+    message's ready notice on top of their latencies."""
     default = DEFAULTS[transport]
     overhead_s, latencies = default.library if algorithm == LIBRARY else default.point_to_point
-    return TransportTerms(overhead_s, latencies, 1.0, default.source, default.per_call_s)
+    notice = default.point_to_point_notice if algorithm != LIBRARY or kind in RENDEZVOUS_LIBRARY_KINDS else 0.0
+    if algorithm == LIBRARY:
+        latencies += notice
+    return TransportTerms(overhead_s, latencies, 1.0, default.source, default.per_call_s, notice_latencies=notice,
+                          sender_done_on_write=default.sender_done_on_write)
 
 
 def group_transport(topology: Topology, group: tuple[int, ...]) -> Transport:
@@ -438,23 +541,35 @@ class DefaultTransportNetwork:
 
     prices_by_call = False  # ``call`` is ignored: a schedule costs the same wherever called
 
-    def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
-        """The timing of ``schedule`` (``call`` is ignored)."""
-        return self._network(schedule, note=True).time(schedule)
+    def time(self, schedule: CommSchedule, call: str | None = None,
+             arrivals: Mapping[int, float] | None = None) -> CollectiveTiming:
+        """The timing of ``schedule``, see :meth:`TransportNetwork.time` (``call`` is ignored)."""
+        return self._network(schedule, note=True).time(schedule, arrivals=arrivals)
+
+    def arrival_horizon_s(self, group: tuple[int, ...]) -> float:
+        """See :meth:`TransportNetwork.arrival_horizon_s`: the notice of the group's transport."""
+        transport = group_transport(self.topology, tuple(group))
+        if not DEFAULTS[transport].point_to_point_notice:
+            return 0.0
+        return self._of(transport).arrival_horizon_s(tuple(group))
 
     def lower_bound_s(self, schedule: CommSchedule) -> float:
         """A duration :meth:`time` cannot beat (s), see :meth:`TransportNetwork.lower_bound_s`."""
         return self._network(schedule, note=False).lower_bound_s(schedule)
 
-    def _network(self, schedule: CommSchedule, note: bool) -> TransportNetwork:
-        transport = group_transport(self.topology, tuple(schedule.group))
+    def _of(self, transport: Transport) -> TransportNetwork:
         network = self._networks.get(transport)
         if network is None:
             network = self._networks[transport] = TransportNetwork(
                 self.topology, self.reduce_s_per_byte, {}, default_terms("", transport))
+        return network
+
+    def _network(self, schedule: CommSchedule, note: bool) -> TransportNetwork:
+        transport = group_transport(self.topology, tuple(schedule.group))
+        network = self._of(transport)
         key = (str(schedule.kind), schedule.algorithm)
         if key not in network.terms:
-            network.terms[key] = default_terms(schedule.algorithm, transport)
+            network.terms[key] = default_terms(schedule.algorithm, transport, str(schedule.kind))
         if note:
             self.used.add(f"{schedule.kind} {schedule.algorithm} over {transport.value}: "
                           f"{network.terms[key].describe()}")
@@ -464,15 +579,10 @@ class DefaultTransportNetwork:
 def fit_profile(rows, context: CalibrationContext,
                 reduce_s_per_byte: Mapping[int, float] | None = None) -> dict[tuple[str, str], TransportTerms]:
     """:func:`fit_terms` over the cluster ``context`` describes, each implementation's latency
-    count defaulting to :func:`default_terms`'s plus what its isolated sweep pays beyond a run
-    (:data:`ISOLATED_NOTICE_LATENCIES`), which the returned terms leave out again."""
+    count and ready notice defaulting to :func:`default_terms`'s."""
     topology = context_topology(context)
     fitted = {}
     for (kind, algorithm), of_kind in rows.groupby(["op", "algorithm"], sort=True):
-        default = default_terms(str(algorithm))
-        notice = ISOLATED_NOTICE_LATENCIES.get((str(kind), str(algorithm)), 0.0)
-        isolated = replace(default, latencies_per_message=default.latencies_per_message + notice)
-        fitted.update({key: replace(terms, latencies_per_message=max(1.0, terms.latencies_per_message - notice))
-                       for key, terms in fit_terms(of_kind, topology, isolated, context.name,
-                                                   reduce_s_per_byte, context.cores).items()})
+        fitted.update(fit_terms(of_kind, topology, default_terms(str(algorithm), kind=str(kind)), context.name,
+                                reduce_s_per_byte, context.cores))
     return fitted

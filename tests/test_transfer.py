@@ -192,15 +192,31 @@ def test_a_step_that_leaves_ranks_idle_pays_only_the_contention_of_its_busy_rank
 
 
 def test_a_broadcast_timed_alone_pays_the_receivers_notice_which_a_run_does_not(clusters):
+    from sim.collectives.registry import build_schedule
     from sim.context import profile_contexts
-    from sim.transport import fit_profile
+    from sim.transport import TransportNetwork, fit_profile
 
     slow = clusters[3]  # v4x1_latency: 5 ms links, where a 2-step broadcast of 1 KiB takes 15.8 ms alone
     terms = fit_profile(slow.profile.of("collective"), profile_contexts(slow.profile.rows)[0])
     broadcast = terms[("broadcast", "library")]
-    # priced at one latency per message, the notice not absorbed into the overhead (2.2 ms if it were)
-    assert broadcast.latencies_per_message == 1.0
+    # gloo's broadcast rendezvouses like an isend/irecv: the notice is a term of its own, not
+    # absorbed into the overhead (2.2 ms if it were)
+    assert broadcast.latencies_per_message == 2.0 and broadcast.notice_latencies == 1.0
     assert broadcast.per_message_s < 1e-3
+    topology = build_topology_of(slow)
+    network = TransportNetwork(topology, None, {("broadcast", "library"): broadcast}, broadcast)
+    schedule = build_schedule("broadcast", "library", (0, 1, 2, 3), 1024, root=0)
+    alone = network.time(schedule).duration_s
+    waited = network.time(schedule, arrivals={0: 0.0, 1: -0.01, 2: -0.01, 3: -0.01}).duration_s
+    latency_s = topology.path_latency_s(0, 1)
+    assert 3 * latency_s < alone < 3 * latency_s + 2e-3  # both steps, the first waiting for the notice
+    assert alone - waited == pytest.approx(latency_s, abs=1e-5)  # receivers waiting since before: no notice
+
+
+def build_topology_of(cluster):
+    from sim.topology import build_topology
+
+    return build_topology(cluster.scenario.config.cluster)
 
 
 def test_a_profile_with_a_broken_context_row_is_refused_in_one_line(tmp_path):
@@ -232,3 +248,96 @@ def test_simulate_with_another_clusters_profile_says_so_and_lists_what_came_from
                                    "--out", str(tmp_path / "own")], terminal_width=400)
     assert own.exit_code == 0, own.output
     assert "measured on another cluster" not in own.output and "same-cluster mode" in own.output
+
+
+def _three_hosts(latency="1.5ms"):
+    from sim.cluster_config import ClusterConfig
+    from sim.topology import build_topology
+
+    return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+        {"name": "h{i}", "count": 3, "parent": "sw", "nic": {"bandwidth": "200Mbit/s", "latency": latency},
+         "devices": {"type": "cpu", "count": 1, "memory": "4GiB"}}]}))
+
+
+def _gloo_point_to_point(**changes):
+    from dataclasses import replace
+
+    from sim.transport import TransportTerms
+
+    # gloo/tcp isend/irecv without software overhead: 2 latencies, 1 of them the receiver's notice
+    return replace(TransportTerms(0.0, 2.0, 1.0, "test", notice_latencies=1.0, sender_done_on_write=True), **changes)
+
+
+@pytest.mark.parametrize("algorithm, latencies", [("recursive_doubling", 5), ("rabenseifner", 7)])
+def test_a_butterfly_over_three_ranks_is_priced_as_the_runtime_runs_its_schedule(algorithm, latencies):
+    """Fold, exchange(s), unfold over isend/irecv (runtime.comm.run_schedule): a receiver's ready
+    notice goes out when it enters a step, so the fold costs 2 latencies, the exchanges wait for
+    the notice of the rank coming from the fold, and the master, waiting since the fold, gets the
+    unfold in one; h3x1_delay measured 17.6 ms (recursive doubling) and 24.0 ms (Rabenseifner)
+    over 3 ms alone, 5 and 7 latencies plus overheads, where every message at 2 latencies gives
+    6 and 8."""
+    from sim.collectives.registry import build_schedule
+    from sim.transport import TransportNetwork
+
+    topology = _three_hosts()
+    schedule = build_schedule("allreduce", algorithm, (0, 1, 2), 8)
+    latency_s = topology.path_latency_s(0, 1)
+    timing = TransportNetwork(topology, None, {}, _gloo_point_to_point()).time(schedule)
+    assert timing.finish_s[0] == pytest.approx(latencies * latency_s, abs=1e-5)
+    every_message_alike = TransportNetwork(topology, None, {}, _gloo_point_to_point(notice_latencies=0.0,
+                                                                                    sender_done_on_write=False))
+    assert every_message_alike.time(schedule).finish_s[0] == pytest.approx((latencies + 1) * latency_s, abs=1e-5)
+
+
+def test_a_receiver_that_arrived_early_has_sent_its_notice_and_a_sender_goes_on_once_written():
+    from sim.collectives.registry import build_schedule
+    from sim.network import CollectivePricer
+    from sim.transport import TransportNetwork
+
+    topology = _three_hosts()
+    latency_s = topology.path_latency_s(0, 1)
+    network = TransportNetwork(topology, None, {}, _gloo_point_to_point())
+    assert network.arrival_horizon_s((0, 1, 2)) == pytest.approx(latency_s)
+    # the master comes last, as in a run where it computed more: the fold needs no notice
+    pricer = CollectivePricer(network, topology)
+    _, late_master = pricer.price("allreduce", "recursive_doubling", (0, 1, 2), 8,
+                                  arrivals={0: 0.0, 1: -latency_s, 2: -latency_s})
+    assert late_master.finish_s[0] == pytest.approx(4 * latency_s, abs=1e-5)
+    _, together = pricer.price("allreduce", "recursive_doubling", (0, 1, 2), 8, arrivals={0: 0.0, 1: 0.0, 2: 0.0})
+    assert together.finish_s[0] == pytest.approx(5 * latency_s, abs=1e-5)
+    # a broadcast's root is done once it has written to both others, not when they have the bytes
+    broadcast = network.time(build_schedule("broadcast", "binomial", (0, 1, 2), 8, root=0))
+    assert broadcast.finish_s[0] < broadcast.finish_s[1] and broadcast.finish_s[0] < broadcast.finish_s[2]
+    assert broadcast.duration_s - broadcast.finish_s[0] == pytest.approx(latency_s, abs=1e-5)
+
+
+def test_gloo_defaults_carry_the_rendezvous_and_nccl_defaults_do_not():
+    from sim.transport import Transport, default_terms
+
+    point_to_point = default_terms("recursive_doubling")
+    assert point_to_point.latencies_per_message == 2.0 and point_to_point.notice_latencies == 1.0
+    assert point_to_point.sender_done_on_write and default_terms("library").notice_latencies == 0.0
+    nccl = default_terms("ring", Transport.NCCL_NET)
+    assert nccl.notice_latencies == 0.0 and not nccl.sender_done_on_write
+
+
+def test_ranks_idle_at_a_segments_start_have_posted_the_receive_of_its_first_collective():
+    """A decode step begins with the master's embedding broadcast; the other ranks, done with the
+    last step, wait in it already, so the root writes at once and they have the token one latency
+    after (uncalibrated gloo/tcp terms: 2 latencies, 1 of them the notice, 0.3 ms per message)."""
+    from models.ops import OpKind
+    from tests.conftest import cluster, make_scenario
+
+    from sim.simulate import simulate
+
+    scenario = make_scenario(cluster=cluster(3, 1, device="cpu", nic="200Mbit/s", nic_latency="1.5ms"), dtype="fp32",
+                             network_model="flow", variants=[{"name": "rd", "strategy": "allreduce_ln",
+                                                              "allreduce": "recursive_doubling", "broadcast": "library"}])
+    result = simulate(scenario)
+    ops = result.variants[0].trace.ops
+    latency_s = result.topology.path_latency_s(0, 1)
+    broadcasts = ops[(ops["kind"] == str(OpKind.BROADCAST)) & (ops["phase"] == "decode")]
+    first = broadcasts[broadcasts["step"] == broadcasts["step"].min()].set_index("rank")
+    root_start = float(first.loc[0, "start_s"])
+    for rank in (1, 2):  # one binomial step each over 3 ranks: (0 -> 2), then (0 -> 1)
+        assert float(first.loc[rank, "end_s"]) - root_start < latency_s + 1.5e-3
