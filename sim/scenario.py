@@ -279,7 +279,7 @@ class SweepConfig(BaseModel):
     memory: list[MemoryConfig] = Field(default_factory=list, max_length=64)
 
 
-def _workload_kind(value: Any) -> str:
+def workload_kind_of(value: Any) -> str:
     """The workload union's tag: its ``kind``, ``inference`` by default (so scenarios written before
     other kinds existed keep their meaning)."""
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
@@ -300,7 +300,7 @@ class ScenarioConfig(BaseModel):
     workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
                         | Annotated[TrainingWorkload, Tag(WorkloadKind.TRAINING)]
                         | Annotated[ServingWorkload, Tag(WorkloadKind.SERVING)],
-                        Discriminator(_workload_kind)]
+                        Discriminator(workload_kind_of)]
     training: TrainingSettings | None = None
     compute: ComputeSettings = ComputeSettings()
     network_model: str = Field(default="flow", max_length=MAX_NAME_CHARS)

@@ -131,8 +131,13 @@ def test_plan_command_writes_the_table_the_report_and_a_pick_that_simulates(tmp_
     ({"search": {"networks": ["carrier_pigeon"]}}, "search.networks[0]"),
 ])
 def test_a_bad_plan_file_is_one_line_naming_the_field_exit_2(tmp_path, capsys, change, field):
+    assert_plan_refused(SMALL | change, field, tmp_path, capsys)
+
+
+def assert_plan_refused(data: dict, field: str, tmp_path, capsys) -> None:
+    """``hetsim plan`` on ``data`` exits 2 with one line naming ``field``, writing nothing."""
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(SMALL | change))
+    path.write_text(yaml.safe_dump(data))
     with pytest.raises(SystemExit) as exited:
         main(["plan", str(path), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err

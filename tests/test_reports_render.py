@@ -67,3 +67,10 @@ def test_the_layout_comparison_report_renders_every_figure(tmp_path):
 def test_the_plan_report_renders_every_figure(tmp_path):
     result = plan(plan_from_dict(SMALL))
     assert _check_every_figure(plan_html(result), tmp_path) == 3
+
+
+def test_the_serving_plan_report_renders_every_figure(tmp_path):
+    from tests.test_plan_serving import SERVING
+
+    result = plan(plan_from_dict(SERVING))
+    assert _check_every_figure(plan_html(result), tmp_path) == 2

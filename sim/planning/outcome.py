@@ -12,6 +12,13 @@
 * **Pareto frontiers** among the simulated configurations that fit: price per hour against
   end-to-end latency (``pareto_latency``: no other is both cheaper-or-equal and faster), and
   against decode tokens/s (``pareto_throughput``).
+
+A **serving** plan (:mod:`sim.planning.search`) meets the objectives where a configuration's
+maximum request rate reaches the target. Its pick is the cheapest such (ties: the higher maximum
+rate); the top 10 go by the same rule, then those that miss, the highest maximum rate first; its
+one frontier is price per hour against maximum request rate (``pareto_rate``). It names no
+bottleneck: a loaded server's iterations mix prefill chunks and decodes, which no single step
+shows.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import pandas as pd
 
 from sim.bottleneck import bottleneck
 from sim.planning.plan_config import PlanRequest
-from sim.planning.search import TOP_N, Planner, Stage
+from sim.planning.search import COST_PER_MILLION_TOKENS, TOP_N, Planner, Stage
 from sim.profile import Profile
 from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
@@ -37,9 +44,9 @@ from sim.vocabulary import Metric
 class PlanResult:
     """A plan's answer (see the module docstring).
 
-    ``table``: every candidate (:data:`sim.planning.search.PLAN_COLUMNS` plus ``pareto_latency``,
-    ``pareto_throughput``, ``bottleneck``, ``prefill_bottleneck``, ``versus_pick`` and ``rank``, 1..10 for the top
-    10); ``pick``: the pick's row, None when nothing meets every objective; ``pick_scenario``: its
+    ``table``: every candidate (:data:`sim.planning.search.PLAN_COLUMNS`, a serving plan's
+    :data:`~sim.planning.search.SERVING_COLUMNS`, ``pareto_latency``, ``pareto_throughput``, ``pareto_rate``,
+    ``bottleneck``, ``prefill_bottleneck``, ``versus_pick`` and ``rank``, 1..10 for the top 10); ``pick``: the pick's row, None when nothing meets every objective; ``pick_scenario``: its
     scenario (a dict for YAML), or the closest miss's; ``recommendation``: one sentence;
     ``elapsed_s``: the search's wall time.
     """
@@ -59,10 +66,13 @@ class PlanResult:
         return self.table[self.table["rank"] > 0].sort_values("rank")
 
     def commands(self, scenario_path: Path) -> list[str]:
-        """How to run the pick: simulate it, measure it here, and the torchrun line of a real cluster."""
+        """How to run the pick: simulate it, measure it here, and the torchrun line of a real cluster
+        (a serving pick: simulate it; the runtime does not serve request loads)."""
         if self.pick_scenario is None:
             return []
         path = shlex.quote(str(scenario_path))
+        if self.request.config.is_serving:
+            return [f"hetsim simulate {path}"]
         row = self.pick if self.pick is not None else self.top.iloc[0]
         hosts, per_host = int(row["num_hosts"]), int(row["devices_per_host"])
         return [f"hetsim simulate {path}", f"hetsim measure {path}",
@@ -88,13 +98,18 @@ def pareto(price: pd.Series, value: pd.Series, *, larger_is_better: bool) -> pd.
     return on
 
 
-def ranking(table: pd.DataFrame) -> pd.Series:
-    """1..10 for the top 10 (see the module docstring), 0 for the rest."""
+def ranking(table: pd.DataFrame, *, serving: bool = False) -> pd.Series:
+    """1..10 for the top 10 (see the module docstring; ``serving``: a serving plan's rule), 0 for the rest."""
     simulated = table[(table["stage"] == Stage.SIMULATED) & table["fits"]]
-    misses = simulated["slo_miss"].map(lambda text: text.count(";") + 1 if text else 0)
-    order = simulated.assign(_misses=misses).sort_values(
-        ["meets_slo", "_misses", "price_per_hour", Metric.E2E_LATENCY, "candidate"],
-        ascending=[False, True, True, True, True])
+    if serving:  # those that miss go by how close they come: the highest maximum rate first
+        closeness = (-simulated[Metric.MAX_REQUEST_RATE]).where(~simulated["meets_slo"], 0.0)
+        order = simulated.assign(_misses=closeness, _rate=-simulated[Metric.MAX_REQUEST_RATE]).sort_values(
+            ["meets_slo", "_misses", "price_per_hour", "_rate", "candidate"], ascending=[False, True, True, True, True])
+    else:
+        misses = simulated["slo_miss"].map(lambda text: text.count(";") + 1 if text else 0)
+        order = simulated.assign(_misses=misses).sort_values(
+            ["meets_slo", "_misses", "price_per_hour", Metric.E2E_LATENCY, "candidate"],
+            ascending=[False, True, True, True, True])
     order = order.drop_duplicates(["model", "cluster"])  # each cluster with its best layout
     rank = pd.Series(0, index=table.index)
     rank.loc[order.index[:TOP_N]] = np.arange(1, min(TOP_N, len(order)) + 1)
@@ -110,12 +125,16 @@ def versus_pick(row: pd.Series, pick: pd.Series | None) -> str:
     extra = row["price_per_hour"] - pick["price_per_hour"]
     if extra > 1e-9:
         return f"costs ${extra:.2f}/h more (+{100 * extra / pick['price_per_hour']:.0f}%)"
+    if Metric.MAX_REQUEST_RATE in row:
+        return f"same price, maximum rate {100 * (row[Metric.MAX_REQUEST_RATE] / pick[Metric.MAX_REQUEST_RATE] - 1):+.1f}%"
     slower = row[Metric.E2E_LATENCY] / pick[Metric.E2E_LATENCY] - 1
     return f"same price, end-to-end latency {100 * slower:+.1f}%"
 
 
 def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | None) -> str:
     """One sentence: what to rent and how to run it, and why."""
+    if request.config.is_serving:
+        return serving_recommendation(request, table, pick)
     slo = request.config.slo
     objectives = ", ".join(part for part in (
         f"TTFT <= {duration_text(slo.ttft_s)}" if slo.ttft_s is not None else "",
@@ -141,6 +160,29 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
             f"(TTFT {duration_text(pick[Metric.TTFT])}, TPOT {duration_text(pick[Metric.TPOT])}){why}.")
 
 
+def serving_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | None) -> str:
+    """A serving plan's sentence: what sustains the target rate cheapest, or what comes closest."""
+    config = request.config
+    slo, target = config.slo, config.workload.rate_per_s
+    objectives = " and ".join(part for part in (
+        f"TTFT <= {_seconds(slo.ttft_s)}" if slo.ttft_s is not None else "",
+        f"TPOT <= {_seconds(slo.tpot_s)}" if slo.tpot_s is not None else "") if part)
+    goal = f"{target:g} requests/s with p{slo.percentile} {objectives}"
+    if pick is None:
+        top = table[table["rank"] == 1]
+        if top.empty:
+            return (f"No configuration within the limits can serve {goal}: none fits a request's KV cache and "
+                    "meets the TPOT bound; relax an objective or raise limits.budget_per_hour or limits.max_devices.")
+        row = top.iloc[0]
+        return (f"No configuration within the limits sustains {goal}; the closest is {row['cluster']} running "
+                f"{_layout(row)}, at ${row['price_per_hour']:.2f}/h, whose maximum rate is "
+                f"{row[Metric.MAX_REQUEST_RATE]:.3g} requests/s.")
+    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
+            f"it is the cheapest of the {int(table['meets_slo'].sum())} configurations that sustain {goal} "
+            f"(maximum {pick[Metric.MAX_REQUEST_RATE]:.3g} requests/s, "
+            f"${pick[COST_PER_MILLION_TOKENS]:.3g} per million output tokens there).")
+
+
 def _layout(row: pd.Series) -> str:
     return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
 
@@ -158,19 +200,24 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
     planner = Planner(request, profile)
     planner.run(progress)
     table = planner.table
+    serving = request.config.is_serving
     fits = (table["stage"] == Stage.SIMULATED) & table["fits"]
     table["pareto_latency"] = False
     table["pareto_throughput"] = False
-    if fits.any():
+    table["pareto_rate"] = False
+    if fits.any() and serving:
+        table.loc[fits, "pareto_rate"] = pareto(table.loc[fits, "price_per_hour"],
+                                                table.loc[fits, Metric.MAX_REQUEST_RATE], larger_is_better=True)
+    elif fits.any():
         table.loc[fits, "pareto_latency"] = pareto(table.loc[fits, "price_per_hour"],
                                                    table.loc[fits, Metric.E2E_LATENCY], larger_is_better=False)
         table.loc[fits, "pareto_throughput"] = pareto(table.loc[fits, "price_per_hour"],
                                                       table.loc[fits, Metric.DECODE_TOKENS_PER_S],
                                                       larger_is_better=True)
-    table["rank"] = ranking(table)
+    table["rank"] = ranking(table, serving=serving)
     table["bottleneck"], table["prefill_bottleneck"] = "", ""
-    decode_step = 1 if request.config.workload.output_tokens > 1 else 0
-    for i in table.index[table["rank"] > 0]:
+    decode_step = 1 if serving or request.config.workload.output_tokens > 1 else 0
+    for i in table.index[table["rank"] > 0] if not serving else ():
         scenario = scenario_from_dict(planner.scenario_dict(table.loc[i]))
         result = simulate(scenario, profile=profile, expand_steps=(0, decode_step))
         table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], decode_step)

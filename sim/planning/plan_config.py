@@ -20,16 +20,25 @@ Example (``scenarios/plan_llama31_8b.yaml`` is a complete one)::
     limits: {budget_per_hour: 40, max_devices: 32}
     compute: {flops_efficiency: 0.6}  # optional, as in a scenario
 
+A serving plan (``scenarios/plan_serving_llama31_8b.yaml``) writes a scenario's serving workload,
+whose ``rate_per_s`` is the target rate, and objectives at a percentile over requests::
+
+    workload: {kind: serving, rate_per_s: 4, requests: 60, prompt_tokens: 1024, output_tokens: 128}
+    slo: {ttft: 2s, tpot: 100ms, percentile: 90}       # ttft required; no tokens_per_s
+    search: {rate_tolerance: 0.05, rate_horizon: 80s}  # the rate search: relative bracket, and the
+                                                       # least arrival time per rate (default 40 x ttft)
+
 Every problem is a :class:`~models.errors.ConfigError` naming the field and the value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, field_validator,
+                      model_validator)
 
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
@@ -38,8 +47,12 @@ from models.spec import Attention, ModelSpec
 from sim.cluster_config import MAX_DEVICES
 from sim.planning.catalog import DEFAULT_CATALOG, MAX_PRICE_PER_HOUR, Catalog, load_catalog
 from sim.scenario import (MAX_NAME_CHARS, ComputeSettings, MemoryConfig, Variant, Workload, unique_variant_names,
-                          validate_document)
+                          validate_document, workload_kind_of)
+from sim.serving.config import ServingSLO, ServingWorkload
+from sim.serving.requests import Request, workload_requests
+from sim.slo import LatencyObjectives
 from sim.units import parse_duration
+from sim.vocabulary import WorkloadKind
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 _FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
@@ -55,25 +68,22 @@ DEFAULT_VARIANTS = (
 """The layouts searched by default: every strategy, with the allreduce algorithms that differ most."""
 
 
-class Slo(BaseModel):
+class Slo(LatencyObjectives):
     """Service-level objectives: ``ttft`` and ``tpot`` at most (durations), decode ``tokens_per_s``
-    at least; each optional, at least one given."""
+    at least; each optional, at least one given. ``percentile`` applies to a serving workload only
+    (:class:`sim.slo.LatencyObjectives`)."""
 
-    model_config = _STRICT
-    ttft_s: float | None = Field(default=None, gt=0, alias="ttft")
-    tpot_s: float | None = Field(default=None, gt=0, alias="tpot")
     tokens_per_s: float | None = Field(default=None, gt=0, le=1e12)
-
-    @field_validator("ttft_s", "tpot_s", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float | None:
-        return None if value is None else parse_duration(value)
 
     @model_validator(mode="after")
     def _at_least_one(self) -> Slo:
         if self.ttft_s is None and self.tpot_s is None and self.tokens_per_s is None:
             raise ValueError("give at least one of ttft, tpot, tokens_per_s")
         return self
+
+    def serving(self) -> ServingSLO:
+        """The objectives as a serving workload's SLO (``tokens_per_s`` has no place there)."""
+        return ServingSLO.model_validate(self.model_dump(include=set(LatencyObjectives.model_fields)))
 
 
 class SearchSpace(BaseModel):
@@ -89,6 +99,13 @@ class SearchSpace(BaseModel):
                                     min_length=1, max_length=16)
     memory: list[MemoryConfig] = Field(default_factory=lambda: [MemoryConfig(), MemoryConfig(policy="sliding_window")],
                                        min_length=1, max_length=8)
+    rate_tolerance: float = Field(default=0.05, gt=0, le=1)
+    rate_horizon_s: float | None = Field(default=None, gt=0, alias="rate_horizon")
+
+    @field_validator("rate_horizon_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
     @field_validator("devices_per_host", "hosts")
     @classmethod
@@ -121,13 +138,28 @@ class PlanConfig(BaseModel):
     models: list[str] = Field(min_length=1, max_length=16)
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     attention: Attention = "sdpa"
-    workload: Workload
+    workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
+                        | Annotated[ServingWorkload, Tag(WorkloadKind.SERVING)], Discriminator(workload_kind_of)]
     slo: Slo
     catalog: str | None = Field(default=None, max_length=4096)
     prices: dict[str, float] = Field(default_factory=dict, max_length=256)
     search: SearchSpace = SearchSpace()
     limits: Limits = Limits()
     compute: ComputeSettings = ComputeSettings()
+
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _planned_kind(cls, value: Any) -> Any:
+        kind = value.get("kind", WorkloadKind.INFERENCE) if isinstance(value, dict) else WorkloadKind.INFERENCE
+        if kind not in (WorkloadKind.INFERENCE, WorkloadKind.SERVING):
+            raise ConfigError("kind", f"a plan takes workload kinds {WorkloadKind.INFERENCE} and {WorkloadKind.SERVING} "
+                                      f"(got {shorten(kind)})")
+        return value
+
+    @property
+    def is_serving(self) -> bool:
+        """Whether the workload is requests over time (:class:`sim.serving.config.ServingWorkload`)."""
+        return self.workload.kind == WorkloadKind.SERVING
 
     @field_validator("prices")
     @classmethod
@@ -141,12 +173,14 @@ class PlanConfig(BaseModel):
 @dataclass(frozen=True)
 class PlanRequest:
     """A validated plan: its config, the models resolved (in the plan's dtype and attention
-    kernel), the catalog with the plan's prices, and the file it came from."""
+    kernel), the catalog with the plan's prices, the file it came from, and a serving workload's
+    requests (their lengths; empty for a batch)."""
 
     config: PlanConfig
     models: tuple[ModelSpec, ...]
     catalog: Catalog
     source_path: Path | None = None
+    requests: tuple[Request, ...] = ()
 
     @property
     def name(self) -> str:
@@ -161,6 +195,11 @@ def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
             catalog or the model catalog does not know; a workload beyond a model's context.
     """
     config = validate_document(PlanConfig, data, "plan")
+    if config.is_serving:
+        config = _serving_config(config, base_dir)
+    elif "percentile" in config.slo.model_fields_set:
+        raise ConfigError("slo.percentile", "applies to a serving workload, whose requests' latencies spread "
+                                            f"(got {config.slo.percentile})")
     models = []
     for i, name in enumerate(config.models):
         try:
@@ -183,11 +222,46 @@ def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
         if network not in catalog.networks:
             raise ConfigError(f"search.networks[{i}]", f"not a network of the catalog; known: "
                                                        f"{', '.join(catalog.networks)} (got {shorten(network)})")
+    if config.is_serving:
+        # Each model reads the trace: its rows must fit every model's context.
+        requests = [workload_requests(config.workload, spec) for spec in models]
+        return PlanRequest(config, tuple(models), catalog, requests=tuple(requests[0]))
     needs_decode = config.slo.tpot_s is not None or config.slo.tokens_per_s is not None
     if needs_decode and config.workload.output_tokens < 2:
         raise ConfigError("workload.output_tokens", "a TPOT or tokens/s objective needs at least 2 output tokens "
                                                     f"(got {config.workload.output_tokens})")
     return PlanRequest(config, tuple(models), catalog)
+
+
+def _serving_config(config: PlanConfig, base_dir: Path) -> PlanConfig:
+    """A serving plan's config checked for what only serving asks, its trace path made absolute
+    (the candidates' scenarios are read from anywhere) and its memory policies resident by default
+    (weights are not streamed under a serving workload).
+
+    Raises:
+        ConfigError: an SLO inside the workload, an SLO without TTFT or with tokens/s, a streaming
+            memory policy.
+    """
+    workload, slo = config.workload, config.slo
+    if workload.slo is not None:
+        raise ConfigError("workload.slo", "a plan's objectives are its slo section; leave the workload's out "
+                                          "(got an slo in the workload)")
+    if slo.tokens_per_s is not None:
+        raise ConfigError("slo.tokens_per_s", "a serving plan's load is workload.rate_per_s, the request rate "
+                                              f"to sustain (got {slo.tokens_per_s:g})")
+    if slo.ttft_s is None:
+        raise ConfigError("slo.ttft", "a serving plan needs a TTFT objective: an overloaded server's queue shows "
+                                      "in TTFT only (got tpot alone)")
+    search = config.search
+    if "memory" not in search.model_fields_set:
+        search = search.model_copy(update={"memory": [MemoryConfig()]})
+    for i, memory in enumerate(search.memory):
+        if memory.to_policy().streams:
+            raise ConfigError(f"search.memory[{i}]", "weight streaming is not simulated under a serving workload "
+                                                     f"(got {memory.to_policy().label()})")
+    if workload.trace is not None:
+        workload = workload.model_copy(update={"trace": str(_resolve(workload.trace, base_dir).resolve())})
+    return config.model_copy(update={"workload": workload, "search": search})
 
 
 def _resolve(name: str, base_dir: Path) -> Path:
@@ -206,4 +280,4 @@ def load_plan(path: str | Path) -> PlanRequest:
         raise ConfigError("plan", f"no such file (got {shorten(str(path), keep_end=True)})")
     data = load_yaml(path, "plan")
     request = plan_from_dict(data, base_dir=path.parent)
-    return PlanRequest(request.config, request.models, request.catalog, path)
+    return replace(request, source_path=path)

@@ -27,7 +27,22 @@ ends at one **stage**, cheapest test first:
 6. ``simulated``: priced by :func:`sim.simulate.simulate`, one scenario per cluster with its
    surviving variants, so they share the topology and the collective pricer.
 
-The result is a tidy table, one row per candidate (:data:`PLAN_COLUMNS`).
+A **serving** plan (``workload: {kind: serving, ...}``) prunes with the same stages, read for a
+load of requests: ``memory`` when the KV cache left beside the weights (at the workload's
+``memory_utilization``, as :func:`sim.serving.simulate.kv_capacity_tokens` sizes it) cannot hold
+the longest request alone, which the serving simulator would refuse; ``bound`` when a single
+request's TPOT lower bound (one sequence decoding at the shortest prompt) misses the objective:
+every decode iteration of a loaded server costs at least that pass. It has no TTFT bound (a prompt
+split into chunks may beat the whole prompt's roofline) and no ``dominated`` stage (no closed-form
+bound of a maximum rate): every survivor is simulated by :func:`sim.serving.simulate.simulate_serving`,
+whose rate search starts at the target rate (``workload.rate_per_s``) and stops at a bracket of
+``search.rate_tolerance`` (relative), so a candidate meets the objectives iff its maximum rate is at
+least the target (the target itself was simulated and met them). Each rate tried serves the
+workload's requests, repeated as needed to keep them arriving for ``search.rate_horizon`` (default
+:data:`RATE_HORIZON_TTFTS` x the TTFT objective), so that overload shows.
+
+The result is a tidy table, one row per candidate (:data:`PLAN_COLUMNS`, plus
+:data:`SERVING_COLUMNS` in a serving plan).
 """
 
 from __future__ import annotations
@@ -52,6 +67,8 @@ from sim.planning.plan_config import PlanRequest
 from sim.plan import MemoryPolicy, Plan
 from sim.profile import Profile
 from sim.scenario import Variant, scenario_from_dict
+from sim.serving.config import ServingSLO
+from sim.serving.simulate import RateSearchSettings, ServingVariantResult, cost_per_million_tokens, simulate_serving
 from sim.simulate import SimulationResult, simulate
 from sim.strategies import StrategyChoice
 from sim.topology import Device
@@ -75,7 +92,23 @@ PLAN_COLUMNS = ["candidate", "model", "cluster", "device_types", "num_hosts", "d
                 "stage", "reason", Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY,
                 Metric.LOADER_STALL_DECODE, Metric.MAX_PEAK_MEMORY, "fits", "meets_slo", "slo_miss",
                 "ttft_lower_bound_s", "tpot_lower_bound_s", "profile_context"]
+SLO_TTFT = "ttft_slo_percentile_s"
+"""A serving plan's TTFT at the SLO's percentile over requests, at the target rate (s)."""
+SLO_TPOT = "tpot_slo_percentile_s"
+"""A serving plan's TPOT at the SLO's percentile over requests, at the target rate (s)."""
+COST_PER_MILLION_TOKENS = "cost_per_million_tokens"
+"""What a million output tokens cost at the maximum rate (catalog currency)."""
+SERVING_COLUMNS = [Metric.MAX_REQUEST_RATE, COST_PER_MILLION_TOKENS, Metric.OUTPUT_TOKENS_PER_S, SLO_TTFT, SLO_TPOT,
+                   "rate_search_runs"]
+"""A serving plan's columns beyond :data:`PLAN_COLUMNS`: the maximum request rate (requests/s),
+$/Mtok and output tokens/s there, the SLO's percentiles at the target rate, and how many serving
+runs the rate search took."""
 TOP_N = 10
+RATE_HORIZON_TTFTS = 40
+"""A serving plan's default rate horizon, in TTFT objectives. On the shipped serving plan's top 5
+(``benchmarks/bench_plan.py --accuracy``), horizons of 10, 20 and 40 TTFTs put the maximum rates
+16-22%, 12-18% and -1.2..+10.8% off a reference search's (200 s horizon, 14 bisections), for
+about 19, 19 and 24-26 s of CPU time for the whole plan."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +226,9 @@ class Planner:
         self.profile = profile
         self.shapes = cluster_shapes(request)
         self.table: pd.DataFrame | None = None  # every candidate with its internals, after run()
+        slo, search = request.config.slo, request.config.search
+        self.rate_horizon_s = search.rate_horizon_s or (RATE_HORIZON_TTFTS * slo.ttft_s if slo.ttft_s else 0.0)
+        """A serving plan's least arrival time per rate tried (s, :func:`sim.serving.simulate.max_request_rate`)."""
 
     # -- closed forms ---------------------------------------------------------------------------
     @lru_cache(maxsize=None)
@@ -208,12 +244,18 @@ class Planner:
         return ""
 
     def _memory_problem(self, spec: ModelSpec, shape: ClusterShape, policy: MemoryPolicy) -> str:
-        """A rank whose lower bound of peak memory exceeds its capacity, described; '' if none."""
-        w = self.request.config.workload
+        """A rank whose lower bound of peak memory exceeds its capacity (a serving plan's: its share
+        ``memory_utilization``, with the KV cache of the longest request), described; '' if none."""
+        config = self.request.config
+        w = config.workload
         tp = shape.num_devices
         devices = shape.device_types
         baseline = default_runtime_memory({r: DEVICES[d] for r, d in enumerate(devices)})
-        kv = kv_cache_bytes_per_token(spec, tp) * w.batch_size * (w.prompt_tokens + w.output_tokens - 1)
+        if config.is_serving:
+            usable, kv_tokens = w.memory_utilization, max(r.prompt_tokens + r.output_tokens for r in self.request.requests)
+        else:
+            usable, kv_tokens = 1.0, w.batch_size * (w.prompt_tokens + w.output_tokens - 1)
+        kv = kv_cache_bytes_per_token(spec, tp) * kv_tokens
         blocks = layer_block_weight_bytes(spec, tp)
         for rank in (0, 1) if tp > 1 else (0,):  # the master and a worker; workers hold alike
             weights = rank_weight_bytes(spec, tp, is_master=rank == 0)
@@ -224,19 +266,29 @@ class Planner:
             need = baseline[rank] + weights + kv
             # the worker of another type: check every distinct device type's capacity
             for device in ({devices[0]} if rank == 0 else set(devices[1:])):
-                capacity = DEVICES[device].memory_capacity_bytes
+                capacity = usable * DEVICES[device].memory_capacity_bytes
                 if need > capacity:
                     return (f"{'master' if rank == 0 else 'a worker'} on {device} needs at least {need / 2**30:.1f} GiB "
                             f"(weights, KV cache, framework) of {capacity / 2**30:.0f} GiB")
         return ""
 
+    def _bound_lengths(self) -> tuple[int, int, int]:
+        """The batch, prompt and output tokens the bounds price: the batch itself, or a serving
+        load's unloaded request with the shortest prompt (decoding if any request decodes)."""
+        config = self.request.config
+        w = config.workload
+        if not config.is_serving:
+            return w.batch_size, w.prompt_tokens, w.output_tokens
+        requests = self.request.requests
+        return 1, min(r.prompt_tokens for r in requests), 2 if any(r.output_tokens > 1 for r in requests) else 1
+
     @lru_cache(maxsize=None)
     def _bounds(self, model_index: int, device_types: tuple[str, ...], strategy: str) -> Bounds:
         spec = self.request.models[model_index]
-        w = self.request.config.workload
+        batch, prompt, output = self._bound_lengths()
         choice = StrategyChoice.library(strategy)
         ranks = tuple(range(len(device_types)))
-        plan = Plan(spec, ranks, w.batch_size, w.prompt_tokens, w.output_tokens, choice)
+        plan = Plan(spec, ranks, batch, prompt, output, choice)
         settings = self.request.config.compute
         compute = RooflineCompute(spec.dtype, settings.flops_efficiency, settings.memory_efficiency,
                                   settings.op_overhead_s)
@@ -252,11 +304,12 @@ class Planner:
                                                          for op in ops if op.cost is not None)
             return max(totals.values())
 
-        return Bounds(busiest_s(0), busiest_s(1) if w.output_tokens > 1 else 0.0)
+        ttft_s = math.nan if self.request.config.is_serving else busiest_s(0)  # no serving TTFT bound: see above
+        return Bounds(ttft_s, busiest_s(1) if output > 1 else 0.0)
 
     def _misses_by_bound(self, bounds: Bounds) -> str:
         slo, w = self.request.config.slo, self.request.config.workload
-        if slo.ttft_s is not None and bounds.ttft_s > slo.ttft_s:
+        if slo.ttft_s is not None and bounds.ttft_s > slo.ttft_s:  # False for NaN
             return f"TTFT at least {bounds.ttft_s:.3g} s > {slo.ttft_s:.3g} s"
         if slo.tpot_s is not None and bounds.tpot_s > slo.tpot_s:
             return f"TPOT at least {bounds.tpot_s * 1e3:.3g} ms > {slo.tpot_s * 1e3:.3g} ms"
@@ -318,6 +371,7 @@ class Planner:
         same program (no collectives): one is simulated and its result copied.
         ``progress(done, total)``, if given, is called after each cluster.
         """
+        config = self.request.config
         table = self.candidates()
         results: dict[int, dict] = {}
         live = table[table["stage"] == Stage.SIMULATED]
@@ -341,8 +395,7 @@ class Planner:
                 for wave in (part[~explicit], part[explicit]):
                     keep = []
                     for i, row in wave.iterrows():
-                        e2e_lb, tokens_ub = self._optimistic(row, rows, results)
-                        if best.dominates(price, e2e_lb, tokens_ub):
+                        if not config.is_serving and best.dominates(price, *self._optimistic(row, rows, results)):
                             results[i] = {"stage": Stage.DOMINATED, "reason": f"{TOP_N} cheaper configurations meet "
                                                                               "the objectives and it cannot be faster"}
                         else:
@@ -354,7 +407,7 @@ class Planner:
                                                                        f"{table.loc[keep[0], 'variant']}")
                     else:
                         self._simulate_rows(table, keep, results)
-                    for i in keep:
+                    for i in keep if not config.is_serving else ():
                         if results[i]["stage"] == Stage.SIMULATED and results[i]["fits"]:
                             best.add(price, results[i], (table.loc[i, "model"], table.loc[i, "cluster"]))
                 if not streamed:
@@ -369,11 +422,16 @@ class Planner:
         for column, empty in (("fits", False), ("meets_slo", False), ("slo_miss", ""), ("profile_context", "")):
             values = table[column] if column in table else pd.Series(empty, index=table.index)
             table[column] = values.astype(object).where(values.notna(), empty).astype(type(empty))
-        for column in PLAN_COLUMNS:
+        for column in self.columns:
             if column not in table:
                 table[column] = math.nan
         self.table = table
-        return table[PLAN_COLUMNS].copy()
+        return table[self.columns].copy()
+
+    @property
+    def columns(self) -> list[str]:
+        """The public columns of this plan's table (see the module docstring)."""
+        return PLAN_COLUMNS + (SERVING_COLUMNS if self.request.config.is_serving else [])
 
     def _optimistic(self, row: pd.Series, cluster_rows: pd.DataFrame, results: dict[int, dict]) -> tuple[float, float]:
         """The best e2e latency (s) and decode tokens/s ``row`` could reach: its compute bounds,
@@ -405,6 +463,8 @@ class Planner:
                 "memory": memory, "variants": [variant]}
         if config.dtype:
             data["dtype"] = config.dtype
+        if config.is_serving:
+            data["workload"]["slo"] = config.slo.serving().model_dump(by_alias=True)
         return data
 
     def _simulate_rows(self, table: pd.DataFrame, index: list[int], results: dict[int, dict]) -> None:
@@ -415,6 +475,12 @@ class Planner:
         data = self.scenario_dict(table.loc[index[0]])
         data["variants"] = [_named_variant(table.loc[i]) for i in index]
         try:
+            if config.is_serving:
+                served = simulate_serving(scenario_from_dict(data), profile=self.profile, rate_search=RateSearchSettings(
+                    from_workload_rate=True, tolerance=config.search.rate_tolerance, horizon_s=self.rate_horizon_s))
+                for i, vr in zip(index, served.variants):
+                    results[i] = self._serving_result(table.loc[i, "price_per_hour"], vr)
+                return
             result = simulate(scenario_from_dict(data), profile=self.profile, expand_steps=())
         except ConfigError as error:
             for i in index:
@@ -430,6 +496,37 @@ class Planner:
                           "fits": fits, "meets_slo": fits and not miss, "profile_context": context,
                           "slo_miss": miss if fits else vr.overflow.describe(
                               result.topology.devices[vr.overflow.rank].name)}
+
+
+    def _serving_result(self, price_per_hour: float, vr: ServingVariantResult) -> dict:
+        """A serving candidate's row: its metrics at the target rate, its maximum rate and $/Mtok
+        there; it meets the objectives iff the maximum rate is at least the target."""
+        config = self.request.config
+        slo, target = config.slo.serving(), config.workload.rate_per_s
+        at_target = vr.search.start_metrics
+        rate = vr.search.rate_per_s
+        tokens_per_s = vr.search.metrics.get(Metric.OUTPUT_TOKENS_PER_S, 0.0)
+        miss = "" if rate >= target else "; ".join(
+            [f"max rate {rate:.3g}/s < {target:.3g}/s"] + serving_misses(at_target, slo))
+        return {"stage": Stage.SIMULATED, "reason": "", "fits": True, "meets_slo": not miss, "slo_miss": miss,
+                "profile_context": "", **{metric: at_target.get(metric, math.nan) for metric in _TIMING},
+                SLO_TTFT: at_target[Metric.TTFT.percentile(slo.percentile)],
+                SLO_TPOT: at_target[Metric.TPOT.percentile(slo.percentile)],
+                Metric.MAX_REQUEST_RATE: rate, Metric.OUTPUT_TOKENS_PER_S: tokens_per_s,
+                COST_PER_MILLION_TOKENS: cost_per_million_tokens(price_per_hour, tokens_per_s),
+                "rate_search_runs": vr.search.runs}
+
+
+def serving_misses(metrics: dict, slo: ServingSLO) -> list[str]:
+    """The objectives of ``slo`` that a serving run's ``metrics`` (:func:`sim.serving.simulate.slo_metrics`)
+    miss at its percentile, one phrase each."""
+    q, misses = slo.percentile, []
+    if slo.ttft_s is not None and not metrics[Metric.TTFT.percentile(q)] <= slo.ttft_s:
+        misses.append(f"TTFT p{q} {metrics[Metric.TTFT.percentile(q)]:.3g} s > {slo.ttft_s:.3g} s")
+    tpot = metrics[Metric.TPOT.percentile(q)]
+    if slo.tpot_s is not None and not (math.isnan(tpot) or tpot <= slo.tpot_s):
+        misses.append(f"TPOT p{q} {tpot * 1e3:.3g} ms > {slo.tpot_s * 1e3:.3g} ms")
+    return misses
 
 
 def slo_miss(timing: dict, slo) -> str:

@@ -21,32 +21,22 @@ for ``UsageContext.OPENAI_API_SERVER``, ``max_num_seqs`` 256; ``gpu_memory_utili
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 from models.errors import ConfigError
 from models.spec import ModelSpec
-from sim.units import parse_duration
+from sim.slo import LatencyObjectives
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 MAX_REQUESTS = 100_000
 MAX_RATE_PER_S = 1e6
 
 
-class ServingSLO(BaseModel):
-    """Latency objectives at a percentile over requests: ``ttft`` and ``tpot`` (durations with a
-    unit), ``percentile`` an integer in 1..100. At least one of the two."""
-
-    model_config = _STRICT
-    ttft_s: float | None = Field(default=None, gt=0, alias="ttft")
-    tpot_s: float | None = Field(default=None, gt=0, alias="tpot")
-    percentile: StrictInt = Field(default=90, gt=0, le=100)
-
-    @field_validator("ttft_s", "tpot_s", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float | None:
-        return None if value is None else parse_duration(value)
+class ServingSLO(LatencyObjectives):
+    """Latency objectives at a percentile over requests (:class:`sim.slo.LatencyObjectives`): at
+    least one of ``ttft`` and ``tpot``."""
 
     @model_validator(mode="after")
     def _some_objective(self) -> ServingSLO:

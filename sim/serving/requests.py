@@ -109,8 +109,11 @@ def workload_requests(workload: ServingWorkload, model: ModelSpec, base_dir: Pat
     return [Request(i, t, p, o) for i, (p, o, t) in enumerate(rows)]
 
 
-def at_rate(requests: list[Request], rate_per_s: float, seed: int) -> list[Request]:
+def at_rate(requests: list[Request], rate_per_s: float, seed: int, count: int | None = None) -> list[Request]:
     """The same request lengths arriving as a Poisson process at ``rate_per_s`` (for a search over
-    rates: only the arrival times change)."""
-    arrivals = poisson_arrivals(rate_per_s, len(requests), seed)
-    return [Request(r.index, float(t), r.prompt_tokens, r.output_tokens) for r, t in zip(requests, arrivals)]
+    rates: only the arrival times change); ``count`` requests (default: as many as given), the
+    lengths repeated in order where it is more."""
+    count = len(requests) if count is None else count
+    arrivals = poisson_arrivals(rate_per_s, count, seed)
+    return [Request(i, float(t), requests[i % len(requests)].prompt_tokens, requests[i % len(requests)].output_tokens)
+            for i, t in enumerate(arrivals)]

@@ -13,7 +13,7 @@ the highest Poisson rate whose SLO percentiles hold (:func:`max_request_rate`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,7 @@ from sim.metrics import result_rows
 from sim.parallel import ParallelPlan
 from sim.profile import Profile
 from sim.scenario import Scenario, Variant
-from sim.serving.config import ServingSLO, ServingWorkload
+from sim.serving.config import MAX_REQUESTS, ServingSLO, ServingWorkload
 from sim.serving.iteration import IterationCost
 from sim.serving.requests import Request, at_rate, workload_requests
 from sim.serving.scheduler import ServingRun, serve
@@ -40,11 +40,13 @@ _MAX_DOUBLINGS = 40
 @dataclass(frozen=True)
 class RateSearch:
     """The highest request rate meeting the SLO: ``rate_per_s`` (0 when even an unloaded server
-    misses it), the metrics of the run at that rate, and how many runs the search took."""
+    misses it), the metrics of the run at that rate, how many runs the search took, and the
+    metrics of its first run (at the start rate)."""
 
     rate_per_s: float
     metrics: dict[str, float]
     runs: int
+    start_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,9 @@ def meets_slo(metrics: dict[str, float], slo: ServingSLO) -> bool:
     return all(_meets(metrics[metric.percentile(q)], bound) for bound, metric in checks if bound is not None)
 
 
-def _slo_metrics(run: ServingRun, slo: ServingSLO) -> dict[str, float]:
+def slo_metrics(run: ServingRun, slo: ServingSLO) -> dict[str, float]:
+    """:func:`serving_metrics`, with TTFT and TPOT also at the SLO's percentile where it is not one
+    of :data:`PERCENTILES`."""
     metrics = serving_metrics(run, slo)
     if slo.percentile not in PERCENTILES:
         for metric, values in ((Metric.TTFT, [s.ttft_s for s in run.served]),
@@ -137,16 +141,33 @@ def _slo_metrics(run: ServingRun, slo: ServingSLO) -> dict[str, float]:
     return metrics
 
 
-def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int) -> RateSearch:
+def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int, *,
+                     start_rate_per_s: float | None = None, tolerance: float = 0.0,
+                     horizon_s: float = 0.0) -> RateSearch:
     """The highest Poisson arrival rate (requests/s) at which the SLO's percentiles hold.
 
     The same request lengths arrive at each rate tried (same ``seed``); rates are bracketed by
-    doubling from the rate one unloaded request sets (1 / its end-to-end time), then bisected
-    :data:`_SEARCH_STEPS` times. Queueing shows in TTFT only, so the SLO must name ``ttft``.
+    doubling from ``start_rate_per_s`` (default: the rate one unloaded request sets, 1 / its
+    end-to-end time; when the start misses, the bracket is 0 to it), then bisected until the
+    bracket's width is at most ``tolerance`` times its lower end (0: always), at most
+    :data:`_SEARCH_STEPS` times. The rate returned was simulated and met the SLO; so does the start
+    rate iff the rate returned is at least it. Queueing shows in TTFT only, so the SLO must name
+    ``ttft``.
+
+    A fixed number of requests understates overload: above the server's capacity the queue grows
+    with the time requests keep arriving, so a short run's burst may still meet a TTFT objective
+    at any rate. With ``horizon_s``, each rate r serves at least ``r x horizon_s`` requests (the
+    lengths repeated, at most :data:`~sim.serving.config.MAX_REQUESTS`): at an offered rate r above
+    the capacity c the queue then holds about ``(r - c) x horizon_s`` requests at the end, so the
+    longer the horizon, the closer the rate found comes to the long-run one (from above; measured
+    in :data:`sim.planning.search.RATE_HORIZON_TTFTS`). The bisection adds up to ``tolerance``.
 
     Args:
         requests: the workload's requests (their lengths are kept, their arrivals redrawn).
         run_at: ``run_at(requests) -> ServingRun`` serves a list of requests.
+        start_rate_per_s: the first rate tried (requests/s, > 0).
+        tolerance: the bracket's relative width at which the bisection stops (>= 0).
+        horizon_s: the least time over which requests arrive at each rate tried (s, >= 0).
 
     Raises:
         ConfigError: on ``workload.slo.ttft`` when the SLO does not name it.
@@ -159,12 +180,16 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
     def trial(rate: float) -> tuple[bool, dict[str, float]]:
         nonlocal runs
         runs += 1
-        metrics = _slo_metrics(run_at(at_rate(requests, rate, seed)), slo)
+        count = min(MAX_REQUESTS, max(len(requests), math.ceil(rate * horizon_s)))
+        metrics = slo_metrics(run_at(at_rate(requests, rate, seed, count)), slo)
         return meets_slo(metrics, slo), metrics
 
-    alone = run_at([Request(0, 0.0, requests[0].prompt_tokens, requests[0].output_tokens)]).served[0].e2e_s
-    rate = 1.0 / alone
+    if start_rate_per_s is None:
+        alone = run_at([Request(0, 0.0, requests[0].prompt_tokens, requests[0].output_tokens)]).served[0].e2e_s
+        start_rate_per_s = 1.0 / alone
+    rate = start_rate_per_s
     ok, metrics = trial(rate)
+    start_metrics = metrics
     best: tuple[float, dict[str, float]] = (rate, metrics) if ok else (0.0, {})
     lo, hi = (rate, None) if ok else (0.0, rate)
     for _ in range(_MAX_DOUBLINGS):
@@ -177,19 +202,35 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
         else:
             hi = rate
     if hi is None:
-        return RateSearch(best[0], best[1], runs)
+        return RateSearch(best[0], best[1], runs, start_metrics)
     for _ in range(_SEARCH_STEPS):
+        if tolerance and hi - lo <= tolerance * lo:
+            break
         mid = (lo + hi) / 2
         ok, metrics = trial(mid)
         if ok:
             lo, best = mid, (mid, metrics)
         else:
             hi = mid
-    return RateSearch(best[0], best[1], runs)
+    return RateSearch(best[0], best[1], runs, start_metrics)
 
 
-def simulate_serving(scenario: Scenario, *, profile: Profile | None = None) -> ServingResult:
-    """Serve the workload's requests with every variant of a ``kind: serving`` scenario.
+@dataclass(frozen=True)
+class RateSearchSettings:
+    """How :func:`simulate_serving` searches each variant's maximum rate: from the workload's own
+    ``rate_per_s`` (``from_workload_rate``, else from an unloaded request's rate) to a relative
+    ``tolerance`` (0: :data:`_SEARCH_STEPS` bisections), requests arriving over at least
+    ``horizon_s`` seconds at each rate (:func:`max_request_rate`)."""
+
+    from_workload_rate: bool = False
+    tolerance: float = 0.0
+    horizon_s: float = 0.0
+
+
+def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
+                     rate_search: RateSearchSettings = RateSearchSettings()) -> ServingResult:
+    """Serve the workload's requests with every variant of a ``kind: serving`` scenario, and search
+    each variant's maximum rate as ``rate_search`` says when the SLO names TTFT.
 
     Raises:
         ConfigError: a scenario of another kind, an inconsistent cluster or layout (as
@@ -218,7 +259,9 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None) -> S
         metrics = serving_metrics(run, workload.slo)
         search = None
         if workload.slo is not None and workload.slo.ttft_s is not None:
-            search = max_request_rate(requests, run_at, workload.slo, workload.seed)
+            start = workload.rate_per_s if rate_search.from_workload_rate else None
+            search = max_request_rate(requests, run_at, workload.slo, workload.seed, start_rate_per_s=start,
+                                      tolerance=rate_search.tolerance, horizon_s=rate_search.horizon_s)
             metrics[Metric.MAX_REQUEST_RATE] = search.rate_per_s
         results.append(ServingVariantResult(variant, run, metrics, search))
         tables.append(result_rows(config.name, variant.name, "simulated", metrics, {}))

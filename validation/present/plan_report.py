@@ -2,9 +2,10 @@
 and the pick's scenario file.
 
 report.html says in one sentence what to use and why, then draws the Pareto frontiers of price
-per hour against end-to-end latency and against decode tokens/s (every simulated configuration
-that fits, coloured by device type, hover for its details), and how many candidates each stage
-of the search settled. Displayed units are $/h, ms / s, tokens/s and GiB; the files stay SI.
+per hour against end-to-end latency and against decode tokens/s (a serving plan's: against the
+maximum request rate; every simulated configuration that fits, coloured by device type, hover for
+its details), and how many candidates each stage of the search settled. Displayed units are $/h,
+ms / s, tokens/s, requests/s, $ per million tokens and GiB; the files stay SI.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from sim.outputs import write_files
 from sim.planning.outcome import PlanResult
-from sim.planning.search import Stage
+from sim.planning.search import COST_PER_MILLION_TOKENS, SLO_TPOT, SLO_TTFT, Stage
 from sim.vocabulary import Metric
 from validation.present.colors import category_colors
 
@@ -34,20 +35,38 @@ def _ms(value: float) -> str:
     return "" if pd.isna(value) else f"{value * 1e3:.1f}"
 
 
+def _top_columns(result: PlanResult) -> dict[str, list[str]]:
+    """The top 10's shown columns, by heading (SI figures in display units); a serving plan's
+    give the maximum rate, $/Mtok and the SLO's percentiles at the target rate."""
+    top = result.top
+    columns = {"#": [str(int(r)) for r in top["rank"]], "cluster": list(top["cluster"]),
+               "layout": list(top["variant"] + ", " + top["memory_policy"]),
+               "$/h": [f"{p:.2f}" for p in top["price_per_hour"]]}
+    if result.request.config.is_serving:
+        q = result.request.config.slo.percentile
+        columns |= {"max req/s": [f"{r:.3g}" for r in top[Metric.MAX_REQUEST_RATE]],
+                    "$/Mtok": [f"{c:.3g}" for c in top[COST_PER_MILLION_TOKENS]],
+                    f"TTFT p{q} ms": [_ms(v) for v in top[SLO_TTFT]], f"TPOT p{q} ms": [_ms(v) for v in top[SLO_TPOT]]}
+    else:
+        columns |= {"TTFT ms": [_ms(v) for v in top[Metric.TTFT]], "TPOT ms": [_ms(v) for v in top[Metric.TPOT]],
+                    "tokens/s": [f"{v:.0f}" for v in top[Metric.DECODE_TOKENS_PER_S]],
+                    "peak GiB": [f"{v / _GIB:.1f}" for v in top[Metric.MAX_PEAK_MEMORY]],
+                    "bottleneck": list(top["bottleneck"])}
+    columns["versus the pick"] = [r["versus_pick"] or ("the pick" if r["meets_slo"] else f"misses {r['slo_miss']}")
+                                  for _, r in top.iterrows()]
+    return columns
+
+
 def print_plan(result: PlanResult, console: Console, scenario_path: Path | None = None) -> None:
     """The top 10 as a table, the sentence, the stages and how to run the pick."""
     table = Table(title=f"hetsim plan {escape(result.request.name)}: top {len(result.top)} clusters, each with "
                         "its best layout")
-    for name in ("#", "cluster", "layout", "$/h", "TTFT ms", "TPOT ms", "tokens/s", "peak GiB", "bottleneck",
-                 "versus the pick"):
-        table.add_column(name, justify="right" if name in ("#", "$/h", "TTFT ms", "TPOT ms", "tokens/s",
-                                                            "peak GiB") else "left")
-    for _, row in result.top.iterrows():
-        table.add_row(str(int(row["rank"])), escape(row["cluster"]),
-                      escape(f"{row['variant']}, {row['memory_policy']}"), f"{row['price_per_hour']:.2f}",
-                      _ms(row[Metric.TTFT]), _ms(row[Metric.TPOT]), f"{row[Metric.DECODE_TOKENS_PER_S]:.0f}",
-                      f"{row[Metric.MAX_PEAK_MEMORY] / _GIB:.1f}", escape(row["bottleneck"]),
-                      escape(row["versus_pick"] or ("the pick" if row["meets_slo"] else f"misses {row['slo_miss']}")))
+    columns = _top_columns(result)
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("cluster", "layout", "bottleneck", "versus the pick")
+                         else "right")
+    for row in zip(*columns.values()):
+        table.add_row(*(escape(cell) for cell in row))
     console.print(table)
     console.print(escape(result.recommendation))
     stages = result.table["stage"].value_counts()
@@ -64,8 +83,10 @@ def print_plan(result: PlanResult, console: Console, scenario_path: Path | None 
 def _hover(frame: pd.DataFrame) -> list[str]:
     return [f"<b>{html.escape(r['cluster'])}</b><br>{html.escape(r['variant'])} ({html.escape(r['algorithms'])}), "
             f"{html.escape(r['memory_policy'])}<br>${r['price_per_hour']:.2f}/h, {int(r['num_devices'])} devices<br>"
-            f"TTFT {_ms(r[Metric.TTFT])} ms, TPOT {_ms(r[Metric.TPOT])} ms, "
-            f"{r[Metric.DECODE_TOKENS_PER_S]:.0f} tokens/s<br>peak {r[Metric.MAX_PEAK_MEMORY] / _GIB:.1f} GiB; "
+            + (f"maximum {r[Metric.MAX_REQUEST_RATE]:.3g} requests/s, ${r[COST_PER_MILLION_TOKENS]:.3g} per million "
+               "output tokens; " if Metric.MAX_REQUEST_RATE in r else
+               f"TTFT {_ms(r[Metric.TTFT])} ms, TPOT {_ms(r[Metric.TPOT])} ms, "
+               f"{r[Metric.DECODE_TOKENS_PER_S]:.0f} tokens/s<br>peak {r[Metric.MAX_PEAK_MEMORY] / _GIB:.1f} GiB; ")
             + ("meets every objective" if r["meets_slo"] else f"misses {html.escape(r['slo_miss'])}")
             for _, r in frame.iterrows()]
 
@@ -117,22 +138,26 @@ def stages_figure(result: PlanResult) -> go.Figure:
 def report_html(result: PlanResult) -> str:
     """The planning report page (plotly.js embedded, so it opens offline)."""
     config = result.request.config
-    figures = [
-        pareto_figure(result, Metric.E2E_LATENCY, "pareto_latency", "Price against end-to-end latency",
-                      "end-to-end latency of a request (s, log scale)", log=True),
-        pareto_figure(result, Metric.DECODE_TOKENS_PER_S, "pareto_throughput", "Price against throughput",
-                      "decode throughput (tokens/s)"),
-        stages_figure(result),
-    ]
-    top = result.top
-    shown = pd.DataFrame({
-        "#": top["rank"].astype(int), "cluster": top["cluster"],
-        "layout": top["variant"] + ", " + top["memory_policy"], "$/h": top["price_per_hour"].map("{:.2f}".format),
-        "TTFT (ms)": top[Metric.TTFT].map(_ms), "TPOT (ms)": top[Metric.TPOT].map(_ms),
-        "tokens/s": top[Metric.DECODE_TOKENS_PER_S].map("{:.0f}".format),
-        "peak (GiB)": (top[Metric.MAX_PEAK_MEMORY] / _GIB).map("{:.1f}".format),
-        "decode bottleneck": top["bottleneck"], "prefill bottleneck": top["prefill_bottleneck"],
-        "versus the pick": top["versus_pick"]})
+    if config.is_serving:
+        figures = [pareto_figure(result, Metric.MAX_REQUEST_RATE, "pareto_rate", "Price against maximum request rate",
+                                 "maximum request rate meeting the objectives (requests/s)")]
+        w = config.workload
+        lengths = (f"prompt {w.prompt_tokens} tokens, {w.output_tokens} output tokens" if w.trace is None
+                   else f"lengths from {html.escape(Path(w.trace).name)}")
+        workload = (f"Requests at {w.rate_per_s:g}/s (Poisson), {lengths}, the SLO at p{config.slo.percentile}; "
+                    "each rate tried was simulated, the maximum rate to within "
+                    f"{100 * config.search.rate_tolerance:g}%")
+    else:
+        figures = [pareto_figure(result, Metric.E2E_LATENCY, "pareto_latency", "Price against end-to-end latency",
+                                 "end-to-end latency of a request (s, log scale)", log=True),
+                   pareto_figure(result, Metric.DECODE_TOKENS_PER_S, "pareto_throughput", "Price against throughput",
+                                 "decode throughput (tokens/s)")]
+        workload = (f"Workload: batch {config.workload.batch_size}, prompt {config.workload.prompt_tokens} tokens, "
+                    f"{config.workload.output_tokens} output tokens")
+    figures.append(stages_figure(result))
+    shown = pd.DataFrame(_top_columns(result))
+    if not config.is_serving:
+        shown.insert(len(shown.columns) - 1, "prefill bottleneck", list(result.top["prefill_bottleneck"]))
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>hetsim plan: {html.escape(config.name)}</title>",
@@ -142,8 +167,7 @@ def report_html(result: PlanResult) -> str:
         f"<h1>hetsim plan: {html.escape(config.name)}</h1>",
         f"<p class='answer'>{html.escape(result.recommendation)}</p>",
         f"<p>{html.escape(config.description)}</p>",
-        f"<p>Workload: batch {config.workload.batch_size}, prompt {config.workload.prompt_tokens} tokens, "
-        f"{config.workload.output_tokens} output tokens; {len(result.table)} candidate configurations searched in "
+        f"<p>{workload}; {len(result.table)} candidate configurations searched in "
         f"{result.elapsed_s:.1f} s. Prices: {html.escape(result.request.catalog.currency)} per hour, catalog as of "
         f"{html.escape(result.request.catalog.as_of)}.</p>",
         "<h2>Top clusters, each with its best layout</h2>", shown.to_html(index=False, border=0, escape=True),

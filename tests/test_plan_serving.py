@@ -1,0 +1,152 @@
+"""hetsim plan with a serving workload: the maximum request rate of each configuration, the pick
+that sustains the target rate cheapest, the pruning that only drops what the serving simulator
+refuses or what misses, and the one-line errors of bad serving plans."""
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from models.errors import ConfigError
+from sim.planning.outcome import plan
+from sim.planning.plan_config import load_plan, plan_from_dict
+from sim.planning.search import COST_PER_MILLION_TOKENS, Planner, Stage
+from sim.scenario import load_scenario, scenario_from_dict
+from sim.serving.simulate import cost_per_million_tokens, meets_slo, simulate_serving
+from sim.vocabulary import Metric
+from tests.test_planner import SMALL, assert_plan_refused
+from validation.cli import main
+
+# Llama-2-7B in fp16 (13.5 GB of weights): too large for one RTX 3060 12GB, too slow per token on
+# a T4 for TPOT 50 ms (its roofline bound), served by one or two RTX 4090 or two RTX 3060.
+SERVING = {
+    "name": "serve_small",
+    "models": ["llama-2-7b"],
+    "dtype": "fp16",
+    "workload": {"kind": "serving", "rate_per_s": 3.0, "requests": 30, "prompt_tokens": 512, "output_tokens": 64},
+    "slo": {"ttft": "1s", "tpot": "50ms", "percentile": 90},
+    "search": {"devices": ["rtx_3060_12gb", "t4", "rtx_4090"], "devices_per_host": [1, 2], "hosts": [1],
+               "mixed": False, "variants": [{"name": "auto", "strategy": "allreduce_ln", "allreduce": "auto"}],
+               "rate_horizon": "5s"},
+}
+
+
+@pytest.fixture(scope="module")
+def served():
+    return plan(plan_from_dict(SERVING))
+
+
+def _at_rate(scenario: dict, rate: float, horizon_s: float) -> dict:
+    """The pick's scenario served at ``rate`` with as many requests as the plan's search used there."""
+    workload = scenario["workload"] | {"rate_per_s": rate, "requests": max(30, math.ceil(rate * horizon_s)),
+                                       "slo": None}
+    return scenario | {"workload": workload}
+
+
+def test_the_picks_maximum_rate_meets_the_slo_when_simulated_and_one_and_a_half_times_it_does_not(served):
+    pick = served.pick
+    assert pick is not None and pick["meets_slo"] and pick[Metric.MAX_REQUEST_RATE] >= 3.0
+    slo = served.request.config.slo.serving()
+    rate = pick[Metric.MAX_REQUEST_RATE]
+    verdicts = []
+    for factor in (1.0, 1.5):
+        scenario = scenario_from_dict(_at_rate(served.pick_scenario, factor * rate, 5.0))
+        verdicts.append(meets_slo(simulate_serving(scenario).variants[0].metrics, slo))
+    assert verdicts == [True, False]
+    assert pick[COST_PER_MILLION_TOKENS] == pytest.approx(
+        cost_per_million_tokens(pick["price_per_hour"], pick[Metric.OUTPUT_TOKENS_PER_S]))
+
+
+def test_the_pick_is_the_cheapest_that_sustains_the_target_and_a_cheaper_miss_is_not_picked(served):
+    table = served.table
+    simulated = table[table["stage"] == Stage.SIMULATED]
+    assert (simulated["meets_slo"] == (simulated[Metric.MAX_REQUEST_RATE] >= 3.0)).all()
+    assert served.pick["price_per_hour"] == simulated.loc[simulated["meets_slo"], "price_per_hour"].min()
+    cheaper = simulated[simulated["price_per_hour"] < served.pick["price_per_hour"]]
+    assert not cheaper.empty and not cheaper["meets_slo"].any()
+    assert cheaper["slo_miss"].str.startswith("max rate").all()
+    assert served.recommendation.startswith(f"Use {served.pick['cluster']}")
+    # The frontier of price against maximum rate: no point is both no dearer and faster.
+    for _, row in simulated.iterrows():
+        dominated = ((simulated["price_per_hour"] <= row["price_per_hour"])
+                     & (simulated[Metric.MAX_REQUEST_RATE] > row[Metric.MAX_REQUEST_RATE])).any()
+        assert row["pareto_rate"] == (not dominated)
+
+
+def test_pruning_drops_only_what_the_serving_simulator_refuses_or_what_misses(served):
+    planner = Planner(served.request)
+    table = served.table
+    memory = table[table["stage"] == Stage.MEMORY].iloc[0]
+    bound = table[table["stage"] == Stage.BOUND].iloc[0]
+    assert "rtx_3060_12gb" in memory["cluster"] and "t4" in bound["cluster"]
+    rows = planner.candidates()  # indexed by candidate number
+    with pytest.raises(ConfigError):
+        simulate_serving(scenario_from_dict(_at_rate(planner.scenario_dict(rows.loc[memory["candidate"]]), 0.1, 0)))
+    unloaded = scenario_from_dict(_at_rate(planner.scenario_dict(rows.loc[bound["candidate"]]), 0.01, 0))
+    tpot = simulate_serving(unloaded).variants[0].metrics[Metric.TPOT]
+    assert tpot >= bound["tpot_lower_bound_s"] > served.request.config.slo.tpot_s
+
+
+def test_a_target_above_every_maximum_rate_has_no_pick():
+    result = plan(plan_from_dict(SERVING | {"workload": SERVING["workload"] | {"rate_per_s": 40.0}}))
+    simulated = result.table[result.table["stage"] == Stage.SIMULATED]
+    assert result.pick is None and not simulated["meets_slo"].any()
+    assert (simulated[Metric.MAX_REQUEST_RATE] < 40.0).all()
+    assert result.recommendation.startswith("No configuration within the limits sustains 40 requests/s")
+
+
+def test_plan_command_writes_rates_and_cost_per_million_tokens(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(SERVING))
+    main(["plan", str(path), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "max req/s" in out and "$/Mtok" in out and "TTFT p90 ms" in out
+    csv = pd.read_csv(tmp_path / "out" / "plan.csv")
+    assert {Metric.MAX_REQUEST_RATE, COST_PER_MILLION_TOKENS, "pareto_rate"} <= set(csv.columns)
+    assert len(pd.read_parquet(tmp_path / "out" / "plan.parquet")) == len(csv)
+    pick = load_scenario(tmp_path / "out" / "pick.yaml")
+    assert pick.config.workload.kind == "serving" and pick.config.workload.slo.tpot_s == 0.05
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "Price against maximum request rate" in html and "Pareto frontier" in html
+
+
+def test_the_shipped_serving_plan_loads():
+    request = load_plan("scenarios/plan_serving_llama31_8b.yaml")
+    assert request.config.is_serving and request.config.slo.serving().percentile == 90
+    assert [m.policy for m in request.config.search.memory] == ["resident"]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"workload": SERVING["workload"] | {"rate_per_s": -1.0}}, "workload.rate_per_s"),
+    ({"slo": {"ttft": "1s", "percentile": 0}}, "slo.percentile"),
+    ({"slo": {"ttft": "1s", "percentile": 101}}, "slo.percentile"),
+    ({"slo": {"tpot": "50ms"}}, "slo.ttft"),
+    ({"slo": {"ttft": "1s", "tokens_per_s": 100}}, "slo.tokens_per_s"),
+    ({"workload": SERVING["workload"] | {"slo": {"ttft": "1s"}}}, "workload.slo"),
+    ({"workload": SERVING["workload"] | {"kind": "training"}}, "workload.kind"),
+    ({"search": SERVING["search"] | {"memory": [{"policy": "sliding_window"}]}}, "search.memory[0]"),
+    ({"search": SERVING["search"] | {"rate_tolerance": 0}}, "search.rate_tolerance"),
+    ({"search": SERVING["search"] | {"rate_horizon": "soon"}}, "search.rate_horizon"),
+])
+def test_a_bad_serving_plan_is_one_line_naming_the_field_exit_2(tmp_path, capsys, change, field):
+    assert_plan_refused(SERVING | change, field, tmp_path, capsys)
+
+
+def test_a_percentile_is_refused_in_a_batch_plan():
+    with pytest.raises(ConfigError) as error:
+        plan_from_dict(SMALL | {"slo": {"ttft": "30ms", "percentile": 90}})
+    assert error.value.field == "slo.percentile"
+
+
+def test_a_trace_gives_the_request_lengths_and_a_row_beyond_the_context_is_refused(tmp_path):
+    (tmp_path / "requests.csv").write_text("prompt_tokens,output_tokens\n256,32\n1024,64\n512,16\n")
+    workload = {"kind": "serving", "rate_per_s": 1.0, "requests": 10, "trace": "requests.csv"}
+    request = plan_from_dict(SERVING | {"workload": workload}, base_dir=tmp_path)
+    assert [r.prompt_tokens for r in request.requests] == [256, 1024, 512]
+    result = plan(request)
+    assert result.pick is not None and result.pick_scenario["workload"]["trace"] == str(tmp_path / "requests.csv")
+    (tmp_path / "requests.csv").write_text("prompt_tokens,output_tokens\n256,32\n4000,200\n")
+    with pytest.raises(ConfigError) as error:
+        plan_from_dict(SERVING | {"workload": workload}, base_dir=tmp_path)
+    assert error.value.field == "workload.trace" and "line 3" in error.value.message
