@@ -380,9 +380,15 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
 @_ALLOW_OVERCOMMIT
 def validate(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
     """Run MATRIX both ways (calibrated simulation; measurement on the testbed) and report the
-    simulator's error per case and metric, its ranking of strategies, and the seed's claim."""
+    simulator's error per case and metric, its ranking of strategies, and the seed's claim.
+    A training matrix (kind: training) calibrates each cluster once and reports step time,
+    peak memory, ranking and overlap gain, replay and prediction apart."""
     from validation.matrix import load_matrix
+    from validation.training_validation import is_training_matrix
 
+    if matrix.is_file() and is_training_matrix(matrix):
+        _validate_training(matrix, out_dir, allow_overcommit)
+        return
     loaded, scenarios = load_matrix(matrix)
     _require_torch("validate")
     from validation.present.validation_report import summary_markdown, write_validation
@@ -397,6 +403,23 @@ def validate(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
     console.print(summary_markdown(report, loaded.name))
     if loaded.transfer:
         written += _transfer(matrix, out_dir, console)
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _validate_training(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
+    """``hetsim validate`` of a training matrix (:mod:`validation.training_validation`)."""
+    from validation.training_validation import (load_training_matrix, summary_markdown, validate_training,
+                                                write_training_validation)
+
+    loaded, scenarios = load_training_matrix(matrix)
+    _require_torch("validate")
+    console = _console()
+    with console.status("validating training") as status:
+        report = validate_training(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text),
+                                   allow_overcommit=allow_overcommit)
+    with interrupt.deferred():
+        written = write_training_validation(report, out_dir, loaded.name)
+    console.print(summary_markdown(report, loaded.name))
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 

@@ -17,6 +17,8 @@ scenario's variants:
   gradient, then ``torch.autograd.grad`` is asked for the inputs only, or the weights only (the
   engine computes only what the requested gradients need, ``torch/csrc/autograd/engine.cpp``).
   Each row carries the op's FLOPs and bytes from the accounting, so the simulator can scale it.
+* ``memory_baseline``: each rank's resident memory before any model is built (torch, the process
+  group), what a measured rank holds beyond its model states, activations and buckets;
 * ``optimizer_step``: one step of each of the variants' optimizers over 2^16, 2^20 parameters and
   the model's count, fp32 parameters with gradients, the states initialised by an untimed first
   step; ``size_bytes`` is the fp32 bytes of the parameters, ``flops`` and ``traffic_bytes`` from
@@ -47,6 +49,7 @@ import torch.nn.functional as F
 from models.accounting import head_op_costs, layer_op_costs
 from models.ops import OpKind
 from models.training import Precision, compute_dtype, head_backward_costs, layer_backward_costs, optimizer_step_cost
+from runtime import memory_probe
 from runtime.calibrate import backend_context
 from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
@@ -207,8 +210,13 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
     group = data_parallel_ranks(scenario, topology)
     setups = [TrainingSetup.of(scenario, v, group) for v in scenario.config.variants]
     device_class = topology.devices[rank].spec.name
+    memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (train_rank)
+    memory_probe.reset_peak()  # collects and trims first: what the rank holds before any model
+    baseline = {"measurement": MeasurementKind.MEMORY_BASELINE, "device_class": device_class, "group_size": 1,
+                "unit": "bytes", "method": "resident memory of a rank (torch, its process group) before any model "
+                                           "is built", "times": [float(memory_probe.current_bytes())]}
     parameters = sum(p.numel() for p in DecoderLM(scenario.model, seed=0).parameters())
-    rows = (op_timings(scenario, setups, device_class, repeats, device, heartbeat)
+    rows = ([baseline] + op_timings(scenario, setups, device_class, repeats, device, heartbeat)
             + optimizer_timings(setups, device_class, parameters, repeats, device, heartbeat))
     sweep_rows = []
     if len(group) > 1:

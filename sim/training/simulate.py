@@ -17,7 +17,8 @@ along the op's roofline time (:class:`sim.calibrated.CalibratedCompute`); DDP's 
 allreduces and the other collectives by the calibrated network (the profile's timings replayed on
 the cluster it was measured on, its fitted transport terms and core contention elsewhere,
 :func:`sim.calibrated.calibrated_network`). What the profile lacks is the uncalibrated model's and
-is listed in ``extrapolated``.
+is listed in ``extrapolated``. Each rank's framework memory is the profile's
+``memory_baseline`` (the backend's documented baseline where it has none; 0 without a profile).
 """
 
 from __future__ import annotations
@@ -252,7 +253,9 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
                           accumulation, plan.replica_ranks, tp_algorithm)
         try:
-            result = _simulate_variant(variant, shape, pricing.engine, topology, config.workload)
+            # A profile's memory baseline (or the backend's documented one) is each rank's framework.
+            framework = pricing.runtime_memory if profile is not None else {}
+            result = _simulate_variant(variant, shape, pricing.engine, topology, config.workload, framework)
         except ConfigError as error:
             field = error.field if error.field.startswith(("variants", "workload", "cluster")) else \
                 f"{where}.{error.field}"
@@ -275,8 +278,8 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
                               network=next(iter(pricings.values())).choice)
 
 
-def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload
-                      ) -> TrainingVariantResult:
+def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload,
+                      framework: dict[int, int]) -> TrainingVariantResult:
     settings = shape.settings
     if settings.averaging is Averaging.PARAMETERS:
         period = settings.averaging_period
@@ -301,13 +304,14 @@ def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topolo
             results.append(memo[key])
         steps.append(SimulatedStep(step, tuple(results), mirrors))
     weights = [count for _, _, count in kinds]
-    memory = _memory(shape)
+    memory = _memory(shape, framework)
     metrics = step_metrics(steps, weights, shape, workload)
     return TrainingVariantResult(variant, settings, shape.micro_batch_size, shape.accumulation, tuple(steps),
                                  metrics, memory)
 
 
-def _memory(shape: StepShape) -> dict[int, TrainingMemory]:
+def _memory(shape: StepShape, framework: dict[int, int]) -> dict[int, TrainingMemory]:
+    """Memory by category per rank; ``framework``: the runtime's own bytes per rank (0 where absent)."""
     settings = shape.settings
     layout = ActivationLayout(shape.micro_batch_size, shape.sequence_length, shape.tensor)
     model = shape.model
@@ -318,7 +322,7 @@ def _memory(shape: StepShape) -> dict[int, TrainingMemory]:
                                            data_parallel=shape.data, zero_stage=settings.zero,
                                            gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                            checkpoint_every=settings.activation_checkpointing,
-                                           is_master=position == 0)
+                                           framework_baseline_bytes=framework.get(rank, 0), is_master=position == 0)
     return memory
 
 
