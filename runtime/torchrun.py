@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
                 write_measured_outputs(measured_training(scenario, topology, gathered, args.repeats),
                                        Path(args.out or f"out/{scenario.name}-measured"))
         elif args.command == "calibrate" and training:
-            rows = calibrate_training_rank(scenario, topology, rank, repeats=args.repeats, device=device.torch_device)
+            rows = calibrate_training_rank(scenario, topology, rank, repeats=args.repeats, device=device.torch_device,
+                                           max_call_s=args.max_call_s)
             if rows is not None:
                 write_atomic(Path(args.out), rows.to_csv(index=False, lineterminator="\n"))
         elif args.command == "measure":

@@ -5,6 +5,9 @@
   tokens; decode: one), along the op's roofline time (which grows with tokens, context, batch and
   shard size alike, so one axis serves every shape). The framework's gap between ops is added to
   every op, compute or collective.
+  A training step's backward ops (each op's input and weight gradients apart) and optimizer step
+  are interpolated the same way among a training calibration's ``backward_input`` /
+  ``backward_weight`` rows of the op kind and ``optimizer_step`` rows of the optimizer.
 * :class:`CalibratedNetwork`: a collective's time is interpolated piecewise linearly in message
   size among the measured times of the same kind, algorithm, group size and number of hosts:
   those measured in place, in real generations, where it has them (with the master's wait for
@@ -29,12 +32,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from models.ops import OpKind
 from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
 from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
 from sim.profile import MeasurementKind, Profile
+from sim.program import Gradient
 from sim.topology import Device, Topology
 from sim.vocabulary import PhaseKind
 
@@ -44,12 +49,19 @@ from sim.vocabulary import PhaseKind
 # up to; in-place collectives and waits are per-generation means already (runtime.comm_timing),
 # and their median over generations is what a median TTFT or TPOT is made of.
 CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.OP_GAP: "mean",
+           MeasurementKind.BACKWARD_INPUT: "mean", MeasurementKind.BACKWARD_WEIGHT: "mean",
+           MeasurementKind.OPTIMIZER_STEP: "mean",
            MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}
 ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 
 def _regime(new_tokens: int) -> PhaseKind:
     return PhaseKind.DECODE if new_tokens == 1 else PhaseKind.PREFILL
+
+
+BACKWARD_ROWS = {Gradient.INPUT: MeasurementKind.BACKWARD_INPUT, Gradient.WEIGHT: MeasurementKind.BACKWARD_WEIGHT}
+"""The profile rows that price a training backward op, by the gradient it computes."""
+OPTIMIZER_DTYPE = "fp32"  # an optimizer updates fp32 (master) parameters under every precision
 
 
 @dataclass
@@ -59,6 +71,8 @@ class CalibratedCompute:
     Args:
         profile: the calibration profile.
         fallback: the roofline used as the interpolation axis and outside the measured range.
+        optimizer: the optimizer whose ``optimizer_step`` rows price an ``optimizer_step`` op
+            (set per training variant; None: roofline).
         scale: factor on every compute op and gap (core contention other than calibrated:
             :func:`sim.context.core_contention`: calibrated compute at a core of its own), but
             those of ``solo_kinds``.
@@ -73,7 +87,9 @@ class CalibratedCompute:
     fallback: RooflineCompute
     scale: float = 1.0
     solo_kinds: frozenset[str] = frozenset()
+    optimizer: str | None = None
     extrapolated: set[str] = field(default_factory=set)
+    calibrated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
@@ -82,10 +98,14 @@ class CalibratedCompute:
         rows = self.profile.of(MeasurementKind.COMPUTE)
         points: dict[tuple, list[tuple[float, float]]] = {}
         for row in rows.itertuples(index=False):
-            x = max(row.flops / (self.fallback.flops_efficiency * _peak(row.device_class, row.dtype)),
-                    row.traffic_bytes / (self.fallback.memory_efficiency * _bandwidth(row.device_class)))
+            x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
             key = (row.device_class, row.dtype, row.op, _regime(int(row.new_tokens)))
             points.setdefault(key, []).append((x, float(getattr(row, CHARGED[MeasurementKind.COMPUTE]))))
+        for measurement in (*BACKWARD_ROWS.values(), MeasurementKind.OPTIMIZER_STEP):
+            for row in self.profile.of(measurement).itertuples(index=False):
+                x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
+                key = (row.device_class, row.dtype, row.op, measurement)
+                points.setdefault(key, []).append((x, float(getattr(row, CHARGED[measurement]))))
         for key, values in points.items():
             xs = np.array(sorted({x for x, _ in values}))
             ys = np.array([np.median([y for x, y in values if x == v]) for v in xs])
@@ -97,9 +117,15 @@ class CalibratedCompute:
         """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
         return self._gap_s.get(device.spec.name, 0.0)
 
+    def _axis(self, flops: float, traffic_bytes: float, device_class: str, dtype: str) -> float:
+        """The interpolation axis: the roofline time of ``flops`` and ``traffic_bytes`` (s)."""
+        return max(flops / (self.fallback.flops_efficiency * _peak(device_class, dtype)),
+                   traffic_bytes / (self.fallback.memory_efficiency * _bandwidth(device_class)))
+
     def duration_s(self, op: Op, device: Device) -> float:
         solo = str(op.kind) in self.solo_kinds
-        key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes, solo)
+        key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes, solo, op.gradient,
+               self.optimizer if op.kind == OpKind.OPTIMIZER_STEP else None)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (self._price(op, device) + self.gap_s(device)) * (1.0 if solo else self.scale)
@@ -109,17 +135,30 @@ class CalibratedCompute:
         return self.fallback.reduce_s_per_byte(device)
 
     def _price(self, op: Op, device: Device) -> float:
-        regime = _regime(op.shape[0])
-        table = self._tables.get((device.spec.name, self.fallback.dtype, str(op.kind), regime))
-        x = self.fallback.roofline_s(op, device)
+        name = device.spec.name
+        if op.gradient is not None:  # a training backward op: the rows of its gradient
+            measurement = BACKWARD_ROWS[op.gradient]
+            key, label = (name, self.fallback.dtype, str(op.kind), measurement), f"{measurement} {op.kind}"
+            x = self.fallback.roofline_s(op, device)
+        elif op.kind == OpKind.OPTIMIZER_STEP:
+            measurement = MeasurementKind.OPTIMIZER_STEP
+            key = (name, OPTIMIZER_DTYPE, self.optimizer, measurement)
+            label = f"{measurement} {self.optimizer}"
+            x = self._axis(op.cost.flops, op.traffic_bytes, name, OPTIMIZER_DTYPE)
+        else:
+            regime = _regime(op.shape[0])
+            key, label = (name, self.fallback.dtype, str(op.kind), regime), f"{op.kind} ({regime})"
+            x = self.fallback.roofline_s(op, device)
+        table = self._tables.get(key)
         if table is None:
-            self.extrapolated.add(f"{op.kind} ({regime}) on {device.spec.name}: not calibrated, roofline")
+            self.extrapolated.add(f"{label} on {name}: not calibrated, roofline")
             return self.fallback.duration_s(op, device)
+        self.calibrated.add(f"{label} on {name}")
         xs, ys = table
         if xs[0] <= x <= xs[-1]:
             return float(np.interp(x, xs, ys))
         edge = 0 if x < xs[0] else -1
-        self.extrapolated.add(f"{op.kind} ({regime}) on {device.spec.name}: outside the calibrated shapes")
+        self.extrapolated.add(f"{label} on {name}: outside the calibrated shapes")
         return float(ys[edge] * x / xs[edge]) if xs[edge] > 0 else float(ys[edge])
 
 

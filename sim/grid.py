@@ -285,9 +285,7 @@ def evaluate_point(scenario: Scenario, profile: Profile | None = None) -> PointO
     kind = scenario.config.workload_kind
     try:
         if kind is WorkloadKind.TRAINING:
-            if profile is not None:
-                raise ConfigError("--profile", "training points are simulated uncalibrated (got a profile)")
-            result, oom = simulate_training(scenario), {}
+            result, oom = simulate_training(scenario, profile), {}
             for v in result.variants:  # the first device, in rank order, whose step does not fit
                 for rank, memory in sorted(v.memory.items()):
                     device = result.topology.devices[rank]

@@ -55,6 +55,15 @@ class NormSite(StrEnum):
     FINAL = "final"
 
 
+class Gradient(StrEnum):
+    """Which gradient a training backward op computes (:func:`models.training.layer_backward_costs`
+    splits each op's backward in two): its inputs' or its weights'. A calibration profile times
+    them apart (``backward_input`` / ``backward_weight`` rows)."""
+
+    INPUT = "input"
+    WEIGHT = "weight"
+
+
 class BlockPart(StrEnum):
     """The two streamed weight blocks of a decoder layer (:class:`WeightBlock`)."""
 
@@ -128,7 +137,8 @@ class Op:
 
     What the op does, typed: ``norm_site`` (a LayerNorm: which input it produces),
     ``weight_block`` (a compute op reading a decoder layer's streamed weights: which block),
-    ``carries`` (a broadcast: what it hands out). ``name`` is a label only.
+    ``carries`` (a broadcast: what it hands out), ``gradient`` (a training backward op: which
+    gradient it computes; None for a forward op). ``name`` is a label only.
     """
 
     kind: OpKind
@@ -147,6 +157,7 @@ class Op:
     norm_site: NormSite | None = None
     weight_block: BlockRef | None = None
     carries: Carries | None = None
+    gradient: Gradient | None = None
 
     @property
     def traffic_bytes(self) -> float:

@@ -166,18 +166,20 @@ class Pricing:
 
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
                   profile: Profile | None = None, context_group: tuple[int, ...] | None = None,
-                  layout: str | None = None) -> Pricing:
+                  layout: str | None = None, dtype: str | None = None) -> Pricing:
     """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
     ``topology``: the roofline and the scenario's network model (with each transport's documented
     per-message terms for the default one), or a calibration ``profile`` compared with the
     scenario's context (:mod:`sim.calibrated`) of one copy's ranks, ``context_group`` (default
     ``ranks``), run in ``layout`` (:attr:`sim.parallel.ParallelPlan.uncalibrated_layout`).
+    ``dtype``: the compute dtype (default the model's; a training variant's comes from its
+    precision).
 
     Raises:
         ConfigError: devices without the scenario's dtype, an unknown network model.
     """
     config = scenario.config
-    dtype = scenario.model.dtype
+    dtype = dtype or scenario.model.dtype
     for rank in ranks:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,

@@ -194,25 +194,32 @@ def test_tensor_parallel_training_is_refused(tmp_path):
         data_parallel_ranks(scenario, build_topology(scenario.config.cluster))
 
 
-def test_calibration_times_backward_per_op_kind_and_the_optimizer_step(tmp_path):
+def test_calibration_times_forward_and_backward_per_op_kind_the_optimizer_step_and_the_buckets_allreduce(tmp_path):
     scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd"}, [
         {"name": "fp32"},
         {"name": "adamw_bf16", "training": {"optimizer": "adamw", "precision": "bf16_mixed"}},
     ])
-    profile = calibrate_training(scenario, repeats=1)
+    profile = calibrate_training(scenario, repeats=1, max_call_s=0.05)
     path = tmp_path / "profile.csv"
     path.write_text(profile.to_csv(index=False))
     rows = load_profile(path).rows
-    timed = rows[rows["measurement"] != MeasurementKind.CONTEXT]
+    timed = rows[~rows["measurement"].isin([MeasurementKind.CONTEXT, MeasurementKind.COLLECTIVE,
+                                            MeasurementKind.MEMORY_BASELINE])]
+    baseline = rows[rows["measurement"] == MeasurementKind.MEMORY_BASELINE]
+    assert len(baseline) == 1 and baseline["median"].iloc[0] > 50e6  # torch alone holds more
     assert (timed["median"] > 0).all() and (timed["flops"] > 0).all() and (timed["repeats"] == 2).all()
     kinds = {"layernorm", "qkv_proj", "attention", "out_proj", "mlp_up", "mlp_down", "lm_head", "embedding"}
-    for measurement, expected in [(MeasurementKind.BACKWARD_INPUT, kinds - {"embedding"}),
+    for measurement, expected in [(MeasurementKind.COMPUTE, kinds),
+                                  (MeasurementKind.BACKWARD_INPUT, kinds - {"embedding"}),
                                   (MeasurementKind.BACKWARD_WEIGHT, kinds - {"attention"})]:
         for dtype in ("fp32", "bf16"):
             of = timed[(timed["measurement"] == measurement) & (timed["dtype"] == dtype)]
             assert set(of["op"]) == expected, (measurement, dtype)
     steps = timed[timed["measurement"] == MeasurementKind.OPTIMIZER_STEP]
     assert set(steps["op"]) == {"sgd", "adamw"} and len(steps) == 6  # 2^16, 2^20 and the model's parameters
+    sweep = rows[rows["measurement"] == MeasurementKind.COLLECTIVE]
+    assert set(sweep["op"]) == {"allreduce"} and set(sweep["algorithm"]) == {"ring"}  # the buckets' algorithm
+    assert (sweep["group_size"] == 2).all() and sweep["size_bytes"].min() == 1024 and (sweep["median"] > 0).all()
 
 
 def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(tmp_path, capsys):

@@ -125,13 +125,25 @@ def _simulate_training(loaded, out_dir: Path, profile_path: Path | None, console
     from sim.training.simulate import simulate_training
     from validation.present.training_report import print_training_summary, write_training_outputs
 
-    if profile_path is not None:
-        raise ConfigError("--profile", f"training scenarios are simulated uncalibrated so far "
-                                       f"(got {shorten(str(profile_path), keep_end=True)})")
+    from sim.profile import load_profile
+
+    profile = load_profile(profile_path) if profile_path else None
     with console.status(f"simulating {len(loaded.config.variants)} training variants"):
-        result = simulate_training(loaded)
+        result = simulate_training(loaded, profile)
     print_training_summary(result, console)
-    console.print("uncalibrated: roofline compute and datasheet links, one optimizer step per variant")
+    if profile is None:
+        console.print("uncalibrated: roofline compute and datasheet links, one optimizer step per variant")
+    else:
+        console.print(f"calibrated from {profile_path}: from the profile: "
+                      + (", ".join(result.calibrated_terms) or "no compute term"))
+        if result.extrapolated:
+            console.print(f"[yellow]{len(result.extrapolated)} terms modelled, not calibrated, or outside the "
+                          "calibrated range:[/yellow]")
+            for line in result.extrapolated:
+                console.print(f"  {escape(line)}")
+        console.print(f"what came from where (the profile's context against {escape(loaded.name)}):")
+        for line in result.sources:
+            console.print(f"  {escape(line)}")
     with interrupt.deferred():
         written = write_training_outputs(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))
@@ -351,7 +363,8 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
                 progress.update(task, description=f"calibrating: {label}")
 
         if loaded.config.is_training:
-            profile = calibrate_training(loaded, testbed=testbed, repeats=repeats, on_beat=on_beat)
+            profile = calibrate_training(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
+                                         on_beat=on_beat)
         else:
             profile = calibrate_scenario(loaded, testbed=testbed, repeats=repeats, max_call_s=max_call_s,
                                          on_beat=on_beat)
@@ -367,9 +380,15 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
 @_ALLOW_OVERCOMMIT
 def validate(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
     """Run MATRIX both ways (calibrated simulation; measurement on the testbed) and report the
-    simulator's error per case and metric, its ranking of strategies, and the seed's claim."""
+    simulator's error per case and metric, its ranking of strategies, and the seed's claim.
+    A training matrix (kind: training) calibrates each cluster once and reports step time,
+    peak memory, ranking and overlap gain, replay and prediction apart."""
     from validation.matrix import load_matrix
+    from validation.training_validation import is_training_matrix
 
+    if matrix.is_file() and is_training_matrix(matrix):
+        _validate_training(matrix, out_dir, allow_overcommit)
+        return
     loaded, scenarios = load_matrix(matrix)
     _require_torch("validate")
     from validation.present.validation_report import summary_markdown, write_validation
@@ -384,6 +403,23 @@ def validate(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
     console.print(summary_markdown(report, loaded.name))
     if loaded.transfer:
         written += _transfer(matrix, out_dir, console)
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _validate_training(matrix: Path, out_dir: Path, allow_overcommit: bool) -> None:
+    """``hetsim validate`` of a training matrix (:mod:`validation.training_validation`)."""
+    from validation.training_validation import (load_training_matrix, summary_markdown, validate_training,
+                                                write_training_validation)
+
+    loaded, scenarios = load_training_matrix(matrix)
+    _require_torch("validate")
+    console = _console()
+    with console.status("validating training") as status:
+        report = validate_training(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text),
+                                   allow_overcommit=allow_overcommit)
+    with interrupt.deferred():
+        written = write_training_validation(report, out_dir, loaded.name)
+    console.print(summary_markdown(report, loaded.name))
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 

@@ -1,20 +1,35 @@
-"""``hetsim calibrate`` of a training scenario: backward per op kind and the optimizer step, timed
-on the modules that train (:class:`runtime.training.model.DecoderLM`), written as profile rows.
+"""``hetsim calibrate`` of a training scenario: forward and backward per op kind, the optimizer
+step and the buckets' allreduce, timed on the modules that train
+(:class:`runtime.training.model.DecoderLM`) and over the data-parallel group, written as profile
+rows.
 
 In every data-parallel rank at once (forked as a measurement forks them, so the ranks share the
 cores as they do while training), for each distinct micro-batch size and precision of the
 scenario's variants:
 
+* ``compute``: per op kind, the op's forward on layer 0 (or the head) with autograd recording, as
+  a training forward runs, at ``batch_size`` sequences of ``new_tokens`` tokens, with the FLOPs
+  and bytes :mod:`sim.training.lower` gives the op (:func:`models.accounting.layer_op_costs`, the
+  head's :func:`models.accounting.head_op_costs` over every position);
 * ``backward_input`` and ``backward_weight``: per op kind of :func:`models.training.layer_backward_costs`
   and :func:`models.training.head_backward_costs`, the gradient of the op's inputs and of its
   weights apart: the op's forward is run once on layer 0 (or the head) with a random upstream
   gradient, then ``torch.autograd.grad`` is asked for the inputs only, or the weights only (the
   engine computes only what the requested gradients need, ``torch/csrc/autograd/engine.cpp``).
   Each row carries the op's FLOPs and bytes from the accounting, so the simulator can scale it.
+* ``memory_baseline``: each rank's resident memory before any model is built (torch, the process
+  group), what a measured rank holds beyond its model states, activations and buckets;
 * ``optimizer_step``: one step of each of the variants' optimizers over 2^16, 2^20 parameters and
   the model's count, fp32 parameters with gradients, the states initialised by an untimed first
   step; ``size_bytes`` is the fp32 bytes of the parameters, ``flops`` and ``traffic_bytes`` from
   :func:`models.training.optimizer_step_cost`.
+
+* ``collective``: the allreduce algorithms of the variants' buckets (and ZeRO-1's binomial
+  broadcast where a variant shards), in isolation over the data-parallel group
+  (:class:`runtime.comm_timing.CollectiveSweep`), from 1 KiB up to the first size of the sweep
+  that holds every gradient of the model (a bucket, a compressed bucket and the parameter
+  average are no larger), or ``max_call_s``; the same rows an inference calibration times, so
+  the simulator prices buckets with the network terms it fits on them (:mod:`sim.calibrated`).
 
 Statistics are over every rank's repeats (:func:`runtime.comm_timing.stats`). The profile also
 gets the context rows of the data-parallel ranks (:mod:`sim.context`).
@@ -31,10 +46,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from models.accounting import head_op_costs, layer_op_costs
 from models.ops import OpKind
 from models.training import Precision, compute_dtype, head_backward_costs, layer_backward_costs, optimizer_step_cost
+from runtime import memory_probe
 from runtime.calibrate import backend_context
-from runtime.comm_timing import stats
+from runtime.comm import Communicator
+from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
 from runtime.device import device_of
 from runtime.training.model import DecoderLM
 from runtime.training.ranks import data_parallel_ranks
@@ -68,10 +86,11 @@ def _grad(output: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tens
     return lambda: torch.autograd.grad(output, inputs, upstream, retain_graph=True)
 
 
-def backward_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, precision: Precision,
-                   device: torch.device) -> dict[OpKind, tuple[Callable | None, Callable | None]]:
-    """Per op kind, (input-gradient call or None, weight-gradient call or None) on ``model``'s
-    layer 0 and head, each a closure over one forward at ``[micro_batch_size, sequence_length]``."""
+def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, precision: Precision,
+             device: torch.device) -> dict[OpKind, tuple[Callable, Callable | None, Callable | None]]:
+    """Per op kind, (forward call, input-gradient call or None, weight-gradient call or None) on
+    ``model``'s layer 0 and head at ``[micro_batch_size, sequence_length]``: the forward records
+    autograd's graph as a training forward does; the gradient calls are closures over one forward."""
     spec = model.spec
     m, t, h = micro_batch_size, sequence_length, spec.hidden_size
     layer = model.layers[0]
@@ -81,10 +100,14 @@ def backward_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int
         return torch.randn(*shape, generator=generator).to(device).requires_grad_()
 
     def case(forward, inputs: list, weights: list):
-        with autocast(precision, device):
-            out = forward(*inputs)
+        def run():
+            with autocast(precision, device):
+                return forward(*inputs)
+
+        out = run()
         upstream = torch.randn(out.shape, generator=generator).to(device, out.dtype)
-        return (_grad(out, inputs, upstream) if inputs else None), (_grad(out, weights, upstream) if weights else None)
+        return (run, _grad(out, inputs, upstream) if inputs else None,
+                _grad(out, weights, upstream) if weights else None)
 
     x = leaf(m, t, h)
     with autocast(precision, device):
@@ -106,30 +129,37 @@ def backward_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int
     }
 
 
-def backward_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats: int,
-                     device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
-    """This rank's backward timings, one row per op kind, gradient and distinct (micro batch,
-    precision) of ``setups``, ``times`` holding its ``repeats`` timings (s)."""
+def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats: int,
+               device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
+    """This rank's forward and backward timings, one row per op kind, pass (forward, input
+    gradient, weight gradient) and distinct (micro batch, precision) of ``setups``, ``times``
+    holding its ``repeats`` timings (s)."""
     synchronize = device_of(device).synchronize
     sequence = scenario.config.workload.sequence_length
     model = DecoderLM(scenario.model, seed=0).to(device)
     rows = []
     for micro, precision in dict.fromkeys((s.micro_batch_size, s.settings.precision) for s in setups):
-        heartbeat(f"backward per op at micro batch {micro}, {precision}")
+        heartbeat(f"forward and backward per op at micro batch {micro}, {precision}")
         spec = scenario.model.with_dtype(compute_dtype(precision))
         costs = {**head_backward_costs(spec, batch_size=micro, sequence_length=sequence),
                  **layer_backward_costs(spec, tp_degree=1, batch_size=micro, sequence_length=sequence)}
-        for kind, calls in backward_cases(model, micro, sequence, precision, device).items():
-            for measurement, call, cost in zip((MeasurementKind.BACKWARD_INPUT, MeasurementKind.BACKWARD_WEIGHT), calls,
-                                               (costs[kind].input_grad, costs[kind].weight_grad)):
+        # The forward costs the simulator's training step gives each op (sim.training.lower).
+        forward = {**head_op_costs(spec, batch_size=micro * sequence, new_tokens=1),
+                   **layer_op_costs(spec, tp_degree=1, batch_size=micro, new_tokens=sequence,
+                                    context_tokens=sequence)}
+        for kind, calls in op_cases(model, micro, sequence, precision, device).items():
+            for measurement, call, cost in zip((MeasurementKind.COMPUTE, MeasurementKind.BACKWARD_INPUT,
+                                                MeasurementKind.BACKWARD_WEIGHT), calls,
+                                               (forward[kind], costs[kind].input_grad, costs[kind].weight_grad)):
                 if call is None:
                     continue
                 rows.append({"measurement": measurement, "device_class": device_class, "op": kind.value,
                              "group_size": 1, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
                              "dtype": spec.dtype, "flops": cost.flops,
                              "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
-                             "method": "torch.autograd.grad of the op's inputs or weights alone, on the training "
-                                       "model's layer 0 or head, every data-parallel rank at once",
+                             "method": ("the op's forward with autograd recording" if measurement == MeasurementKind.COMPUTE
+                                        else "torch.autograd.grad of the op's inputs or weights alone")
+                                       + ", on the training model's layer 0 or head, every data-parallel rank at once",
                              "times": _timed(call, repeats, synchronize)})
     return rows
 
@@ -158,16 +188,43 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, parameters
     return rows
 
 
+def sweep_algorithms(setups: list[TrainingSetup]) -> dict[OpKind, tuple[str, ...]]:
+    """The collectives the variants' steps call over the data-parallel group, by kind (every kind
+    named, an empty tuple for none): their buckets' (and parameter averages') allreduce
+    algorithms, ZeRO-1's binomial broadcast."""
+    return {OpKind.ALLREDUCE: tuple(dict.fromkeys(s.settings.allreduce for s in setups)), OpKind.REDUCE: (),
+            OpKind.BROADCAST: ("binomial",) if any(s.settings.zero == 1 for s in setups) else ()}
+
+
+def sweep_sizes(parameters: int) -> tuple[int, ...]:
+    """The sweep's sizes (bytes) up to the first that holds ``parameters`` fp32 gradients."""
+    largest = next((size for size in SIZES_BYTES if size >= 4 * parameters), SIZES_BYTES[-1])
+    return tuple(size for size in SIZES_BYTES if size <= largest)
+
+
 def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, device: torch.device,
-                            heartbeat: Callable[[str], None] = lambda label: None):
-    """Time backward per op and the optimizer steps on this rank; every rank's rows folded into
-    the profile (:func:`sim.profile.profile_frame`) on rank 0, None elsewhere."""
+                            max_call_s: float = 1.0, heartbeat: Callable[[str], None] = lambda label: None):
+    """Time forward and backward per op, the optimizer steps and the buckets' collectives on
+    this rank; every rank's rows folded into the profile (:func:`sim.profile.profile_frame`) on
+    rank 0, None elsewhere."""
     group = data_parallel_ranks(scenario, topology)
     setups = [TrainingSetup.of(scenario, v, group) for v in scenario.config.variants]
     device_class = topology.devices[rank].spec.name
+    memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (train_rank)
+    memory_probe.reset_peak()  # collects and trims first: what the rank holds before any model
+    baseline = {"measurement": MeasurementKind.MEMORY_BASELINE, "device_class": device_class, "group_size": 1,
+                "unit": "bytes", "method": "resident memory of a rank (torch, its process group) before any model "
+                                           "is built", "times": [float(memory_probe.current_bytes())]}
     parameters = sum(p.numel() for p in DecoderLM(scenario.model, seed=0).parameters())
-    rows = (backward_timings(scenario, setups, device_class, repeats, device, heartbeat)
+    rows = ([baseline] + op_timings(scenario, setups, device_class, repeats, device, heartbeat)
             + optimizer_timings(setups, device_class, parameters, repeats, device, heartbeat))
+    sweep_rows = []
+    if len(group) > 1:
+        sweep = CollectiveSweep(group, topology, rank, Communicator(rank, topology.host_groups), max_call_s,
+                                heartbeat, sizes=sweep_sizes(parameters), algorithms=sweep_algorithms(setups))
+        for index in range(repeats):
+            sweep.round(f"round {index + 1} of {repeats}")
+        sweep_rows = sweep.rows()
     gathered = [None] * len(group) if rank == group[0] else None
     dist.gather_object(rows, gathered, dst=group[0])
     if rank != group[0]:
@@ -177,16 +234,17 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
         for row in part:
             pooled[tuple(row.get(k) for k in _KEYS)] += row["times"]
     merged = [{**{k: v for k, v in zip(_KEYS, key) if v is not None}, **stats(times)} for key, times in pooled.items()]
-    merged += context_rows(scenario_context(
+    merged += sweep_rows + context_rows(scenario_context(
         scenario.name, topology, group, "fp32", cores=len(os.sched_getaffinity(0)),
         backend=backend_context(), torch_version=torch.__version__))
     return profile_frame(merged)
 
 
-def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, hang_timeout_s: float = 300.0,
-                       on_beat: Callable[[int, str], None] | None = None):
+def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max_call_s: float = 1.0,
+                       hang_timeout_s: float = 300.0, on_beat: Callable[[int, str], None] | None = None):
     """``hetsim calibrate`` of a training scenario on this machine: one forked rank per
-    data-parallel rank (in the testbed's namespaces if ``testbed``).
+    data-parallel rank (in the testbed's namespaces if ``testbed``). ``max_call_s``: the
+    collective sweep stops growing a size once a call takes longer (s).
 
     Returns:
         The profile table (:func:`sim.profile.profile_frame`).
@@ -207,7 +265,7 @@ def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, han
 
     def body(rank: int, heartbeat):
         return calibrate_training_rank(scenario, topology, rank, repeats=repeats, device=torch.device("cpu"),
-                                       heartbeat=heartbeat)
+                                       max_call_s=max_call_s, heartbeat=heartbeat)
 
     return launch(body, len(group), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter,
                   on_beat=on_beat)[0]

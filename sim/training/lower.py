@@ -56,7 +56,7 @@ from models.training import (
     layer_backward_costs,
     optimizer_step_cost,
 )
-from sim.program import Collective, Op, Segment, Stream
+from sim.program import Collective, Gradient, Op, Segment, Stream
 from sim.training.buckets import bucket_assignment
 from sim.training_config import GradientCompression, TrainingSettings
 from sim.vocabulary import TrainingPhase
@@ -356,7 +356,8 @@ class _Lowering:
                 if position == 0:
                     cost = self.head_backward[OpKind.EMBEDDING].weight_grad
                     wrote(("embedding",), p.add(self._compute(OpKind.EMBEDDING, "embedding_grad_weight", cost, None,
-                                                              False, after=self._compute_tail(p)),
+                                                              False, after=self._compute_tail(p),
+                                                              gradient=Gradient.WEIGHT),
                                                 TrainingPhase.BACKWARD))
                 wrote(("end",), self._compute_tail(p)[0])
         return StepSegment(Segment("backward_sync" if sync else "backward",
@@ -375,7 +376,7 @@ class _Lowering:
         wrote((layer, OpKind.OUT_PROJ, 0), self._grad_pair(p, OpKind.OUT_PROJ, "out_proj",
                                                            costs[OpKind.OUT_PROJ], layer))
         p.add(self._compute(OpKind.ATTENTION, "attention_grad_input", costs[OpKind.ATTENTION].input_grad, layer,
-                            False, after=self._compute_tail(p)), TrainingPhase.BACKWARD)
+                            False, after=self._compute_tail(p), gradient=Gradient.INPUT), TrainingPhase.BACKWARD)
         wrote((layer, OpKind.QKV_PROJ, 0), self._grad_pair(p, OpKind.QKV_PROJ, "qkv_proj",
                                                            costs[OpKind.QKV_PROJ], layer))
         if self.shape.tensor > 1:
@@ -395,9 +396,9 @@ class _Lowering:
     def _grad_pair(self, p: _Program, kind: OpKind, name: str, cost, layer: int | None) -> int:
         """Append the input-gradient and weight-gradient ops; the index of the latter."""
         first = p.add(self._compute(kind, f"{name}_grad_input", cost.input_grad, layer, False,
-                                    after=self._compute_tail(p)), TrainingPhase.BACKWARD)
-        return p.add(self._compute(kind, f"{name}_grad_weight", cost.weight_grad, layer, False, after=(first,)),
-                     TrainingPhase.BACKWARD)
+                                    after=self._compute_tail(p), gradient=Gradient.INPUT), TrainingPhase.BACKWARD)
+        return p.add(self._compute(kind, f"{name}_grad_weight", cost.weight_grad, layer, False, after=(first,),
+                                   gradient=Gradient.WEIGHT), TrainingPhase.BACKWARD)
 
     # -- DDP's reducer ---------------------------------------------------------------------
     def _launch(self, p: _Program, position: int, index: int, trigger: int, calls: _Calls) -> None:
@@ -455,9 +456,9 @@ class _Lowering:
 
     # -- op constructors -------------------------------------------------------------------
     def _compute(self, kind: OpKind, name: str, cost: OpCost, layer: int | None = None, sequential: bool = True,
-                 after: tuple[int, ...] | None = None) -> Op:
+                 after: tuple[int, ...] | None = None, gradient: Gradient | None = None) -> Op:
         return Op(kind, name, Stream.COMPUTE, cost=cost, layer=layer,
-                  after=None if sequential else (after if after is not None else ()))
+                  after=None if sequential else (after if after is not None else ()), gradient=gradient)
 
     def _tp_allreduce(self, name: str, replica, call: int, layer: int | None, sequential: bool,
                       after: tuple[int, ...] | None = None) -> Op:

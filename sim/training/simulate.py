@@ -8,6 +8,17 @@ fabric (:mod:`sim.fabric`) wherever they can meet. A segment that repeats (a for
 micro-batches before the one that synchronises) is simulated once: its instances are identical.
 Under parameter averaging with period H the step time is the mean of H - 1 local steps and one
 averaging step. Memory is :func:`models.training.training_memory` per device.
+
+With a calibration profile (:mod:`sim.profile`), ops are priced as :func:`sim.simulate.simulate`
+prices an inference step (:func:`sim.simulate.build_pricing`): forward ops from its ``compute``
+rows, backward ops from its ``backward_input`` / ``backward_weight`` rows of the op kind, the
+optimizer step from its ``optimizer_step`` rows of the variant's optimizer, each interpolated
+along the op's roofline time (:class:`sim.calibrated.CalibratedCompute`); DDP's bucket
+allreduces and the other collectives by the calibrated network (the profile's timings replayed on
+the cluster it was measured on, its fitted transport terms and core contention elsewhere,
+:func:`sim.calibrated.calibrated_network`). What the profile lacks is the uncalibrated model's and
+is listed in ``extrapolated``. Each rank's framework memory is the profile's
+``memory_baseline`` (the backend's documented baseline where it has none; 0 without a profile).
 """
 
 from __future__ import annotations
@@ -24,14 +35,14 @@ from models.ops import OpKind
 from models.accounting import rank_parameter_count
 from models.training import (ActivationLayout, TrainingMemory, compute_dtype, gradient_bytes_per_parameter,
                              training_memory)
+from sim.calibrated import NetworkChoice
 from sim.collectives.registry import known_algorithms
-from sim.cost import RooflineCompute
 from sim.engine import Engine, SegmentResult
 from sim.metrics import RESULT_COLUMNS
-from sim.network import CollectivePricer
 from sim.parallel import ParallelPlan
+from sim.profile import Profile
 from sim.scenario import Scenario, Variant
-from sim.simulate import uncalibrated_network
+from sim.simulate import Pricing, build_pricing
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
 from sim.training.lower import StepShape, TrainingStep, lower_step
@@ -88,13 +99,27 @@ class TrainingVariantResult:
 
 @dataclass(frozen=True)
 class TrainingSimulation:
-    """What ``hetsim simulate`` reports for a training scenario."""
+    """What ``hetsim simulate`` reports for a training scenario.
+
+    ``calibrated``: priced from a profile; ``calibrated_terms``: the compute terms the profile
+    priced (``backward_weight mlp_up on cpu``), one line each; ``extrapolated``: the terms it did
+    not price, or priced outside its measured shapes (uncalibrated model, scaled), one line each;
+    ``network``: how it priced the collectives (same-cluster replay or transferred terms)."""
 
     scenario: Scenario
     topology: Topology
     plan: ParallelPlan
     variants: tuple[TrainingVariantResult, ...]
     results: pd.DataFrame
+    calibrated: bool = False
+    calibrated_terms: tuple[str, ...] = ()
+    extrapolated: tuple[str, ...] = ()
+    network: NetworkChoice | None = None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Where the calibrated prediction's network terms come from (:mod:`sim.context`), one line each."""
+        return self.network.sources if self.network is not None else ()
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -184,8 +209,10 @@ def check_training_job_size(scenario: Scenario, plan: ParallelPlan, topology: To
                                      f"simulates (got {micro})")
 
 
-def simulate_training(scenario: Scenario) -> TrainingSimulation:
-    """Simulate one optimizer step of every variant of a training ``scenario``.
+def simulate_training(scenario: Scenario, profile: Profile | None = None) -> TrainingSimulation:
+    """Simulate one optimizer step of every variant of a training ``scenario``, priced by the
+    roofline and the scenario's network model, or from a calibration ``profile`` (see the module
+    docstring).
 
     Raises:
         ConfigError: a scenario that does not fit (devices without the compute dtype, degrees
@@ -199,8 +226,7 @@ def simulate_training(scenario: Scenario) -> TrainingSimulation:
     plan = ParallelPlan.of(scenario, topology)
     check_training_job_size(scenario, plan, topology)
     ranks = tuple(rank for replica in plan.replica_ranks for rank in replica)
-    engines: dict[str, Engine] = {}
-    pricer = None
+    pricings: dict[str, Pricing] = {}
     variants, tables = [], []
     for index, variant in enumerate(config.variants):
         where = f"variants[{index}]"
@@ -208,12 +234,12 @@ def simulate_training(scenario: Scenario) -> TrainingSimulation:
         dtype = compute_dtype(settings.precision)
         for rank in ranks:
             topology.devices[rank].spec.peak_flops(dtype, field=f"{where}.training.precision")
-        if dtype not in engines:
-            compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
-                                      config.compute.op_overhead_s)
-            if pricer is None:
-                pricer = CollectivePricer(uncalibrated_network(config.network_model, topology, compute), topology)
-            engines[dtype] = Engine(topology, compute, pricer)
+        if dtype not in pricings:
+            # The context is the data-parallel ranks': a training calibration runs one rank each.
+            pricings[dtype] = build_pricing(scenario, topology, ranks, profile, context_group=ranks, dtype=dtype)
+        pricing = pricings[dtype]
+        if profile is not None:
+            pricing.compute.optimizer = settings.optimizer.value
         try:
             micro, accumulation = micro_batching(config.workload, settings, plan.data)
         except ConfigError as error:
@@ -227,7 +253,9 @@ def simulate_training(scenario: Scenario) -> TrainingSimulation:
         shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
                           accumulation, plan.replica_ranks, tp_algorithm)
         try:
-            result = _simulate_variant(variant, shape, engines[dtype], topology, config.workload)
+            # A profile's memory baseline (or the backend's documented one) is each rank's framework.
+            framework = pricing.runtime_memory if profile is not None else {}
+            result = _simulate_variant(variant, shape, pricing.engine, topology, config.workload, framework)
         except ConfigError as error:
             field = error.field if error.field.startswith(("variants", "workload", "cluster")) else \
                 f"{where}.{error.field}"
@@ -238,11 +266,20 @@ def simulate_training(scenario: Scenario) -> TrainingSimulation:
                                          f"are out of any useful range (got {value})")
         variants.append(result)
         tables.append(_rows(config.name, variant.name, result, topology))
-    return TrainingSimulation(scenario, topology, plan, tuple(variants), pd.concat(tables, ignore_index=True))
+    results = pd.concat(tables, ignore_index=True)
+    if profile is None:
+        return TrainingSimulation(scenario, topology, plan, tuple(variants), results)
+    calibrated, extrapolated = set(), set()
+    for pricing in pricings.values():
+        calibrated |= pricing.compute.calibrated
+        extrapolated |= pricing.compute.extrapolated | pricing.network.extrapolated
+    return TrainingSimulation(scenario, topology, plan, tuple(variants), results, calibrated=True,
+                              calibrated_terms=tuple(sorted(calibrated)), extrapolated=tuple(sorted(extrapolated)),
+                              network=next(iter(pricings.values())).choice)
 
 
-def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload
-                      ) -> TrainingVariantResult:
+def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload,
+                      framework: dict[int, int]) -> TrainingVariantResult:
     settings = shape.settings
     if settings.averaging is Averaging.PARAMETERS:
         period = settings.averaging_period
@@ -267,13 +304,14 @@ def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topolo
             results.append(memo[key])
         steps.append(SimulatedStep(step, tuple(results), mirrors))
     weights = [count for _, _, count in kinds]
-    memory = _memory(shape)
+    memory = _memory(shape, framework)
     metrics = step_metrics(steps, weights, shape, workload)
     return TrainingVariantResult(variant, settings, shape.micro_batch_size, shape.accumulation, tuple(steps),
                                  metrics, memory)
 
 
-def _memory(shape: StepShape) -> dict[int, TrainingMemory]:
+def _memory(shape: StepShape, framework: dict[int, int]) -> dict[int, TrainingMemory]:
+    """Memory by category per rank; ``framework``: the runtime's own bytes per rank (0 where absent)."""
     settings = shape.settings
     layout = ActivationLayout(shape.micro_batch_size, shape.sequence_length, shape.tensor)
     model = shape.model
@@ -284,7 +322,7 @@ def _memory(shape: StepShape) -> dict[int, TrainingMemory]:
                                            data_parallel=shape.data, zero_stage=settings.zero,
                                            gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                            checkpoint_every=settings.activation_checkpointing,
-                                           is_master=position == 0)
+                                           framework_baseline_bytes=framework.get(rank, 0), is_master=position == 0)
     return memory
 
 

@@ -1,0 +1,105 @@
+"""hetsim validate of a training matrix (validation/training_validation.py): its cases, and the
+report it makes from clusters already calibrated and measured (no rank is started here)."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from models.errors import ConfigError
+from sim.training.simulate import simulate_training
+from sim.vocabulary import Metric
+from tests.conftest import ROOT, run_cli
+from tests.test_training_calibrated import _profile
+from validation.cli import main
+from validation.training_validation import load_training_matrix, validate_training
+
+CLUSTERS = ["v2x2_bandwidth", "v4x1_latency"]
+
+
+def _matrix(tmp_path, **overrides) -> str:
+    document = {
+        "kind": "training", "name": "t", "testbed": False,
+        "clusters": [str(ROOT / "scenarios" / "validation" / f"{name}.yaml") for name in CLUSTERS],
+        "model": str(ROOT / "scenarios" / "validation" / "models" / "tiny_gpt2.json"),
+        "workload": {"kind": "training", "global_batch_size": 16, "micro_batch_size": 4, "sequence_length": 128},
+        "training": {"optimizer": "adamw", "precision": "fp32"},
+        "grid": {"bucket_cap_mb": [1, 25], "activation_checkpointing": [None, 1]},
+        "variants": [{"name": "no_overlap", "training": {"bucket_cap_mb": 1, "overlap": False}}],
+    } | overrides
+    path = tmp_path / "training.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_the_grid_and_the_variants_are_the_cases_of_every_cluster(tmp_path):
+    matrix, scenarios = load_training_matrix(_matrix(tmp_path))
+    assert [s.name for s in scenarios] == CLUSTERS
+    names = [v.name for v in scenarios[0].config.variants]
+    assert names == ["bucket1_ckptoff", "bucket1_ckpt1", "bucket25_ckptoff", "bucket25_ckpt1", "no_overlap"]
+    settings = scenarios[1].training_settings(scenarios[1].config.variants[1])
+    assert settings.bucket_cap_mb == 1 and settings.activation_checkpointing == 1
+    assert len(scenarios[1].config.cluster.hosts) == 1 and scenarios[1].config.cluster.hosts[0].count == 4
+
+
+def test_a_case_the_schema_refuses_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="bucket_cap_mb"):
+        load_training_matrix(_matrix(tmp_path, grid={"bucket_cap_mb": [0]}))
+
+
+def _calibrated_and_measured(tmp_path, scenarios, slower: dict[str, float]):
+    """Clusters saved as a run leaves them: a profile each, and measurements that are the
+    replay's simulation with the step time of some cases scaled by ``slower``."""
+    for scenario in scenarios:
+        profile = _profile(scenario, 1e-3)
+        measured = simulate_training(scenario, profile).results.assign(source="measured")
+        steps = measured["metric"] == str(Metric.STEP_TIME)
+        for case, factor in slower.items():
+            measured.loc[steps & (measured["variant"] == case), "value"] *= factor
+        base = tmp_path / "out" / "clusters" / scenario.name
+        base.mkdir(parents=True)
+        profile.rows.to_csv(base / "profile.csv", index=False)
+        measured.to_csv(base / "measured.csv", index=False)
+        (base / "load.json").write_text(json.dumps({"cpu_steal": 0.01, "other_load": 0.02,
+                                                    "calibration_cpu_steal": 0.0, "calibration_other_load": 0.0}))
+
+
+def test_the_report_of_clusters_already_run_gives_replay_and_prediction_apart(tmp_path):
+    matrix, scenarios = load_training_matrix(_matrix(tmp_path))
+    _calibrated_and_measured(tmp_path, scenarios, {"no_overlap": 1.5})
+    report = validate_training(matrix, scenarios, tmp_path / "out")
+    errors = report.errors
+    assert set(errors["calibrated_on"]) == set(CLUSTERS)
+    assert (errors["replay"] == (errors["cluster"] == errors["calibrated_on"])).all()
+    steps = errors[(errors["metric"] == str(Metric.STEP_TIME)) & errors["replay"]].set_index(["cluster", "case"])
+    for cluster in CLUSTERS:
+        assert steps.loc[(cluster, "no_overlap"), "error"] == pytest.approx(1 / 1.5 - 1)
+        assert steps.loc[(cluster, "bucket1_ckptoff"), "error"] == pytest.approx(0, abs=1e-12)
+    memory = errors[errors["metric"] == str(Metric.PEAK_MEMORY)]
+    assert len(memory) and (memory["device"] != "").all() and memory["error"].abs().max() < 1e-12
+    # measured 1.5 times its simulation: slower than every other case by more than 10%, as simulated
+    pairs = report.ranking[report.ranking["replay"]]
+    against = pairs[pairs["slower"] == "no_overlap"]
+    assert len(against) == 2 * 4 and against["right"].all() and pairs["right"].all()
+    gains = report.overlap[report.overlap["replay"]].set_index("cluster")
+    assert set(report.overlap["partner"]) == {"bucket1_ckptoff"}
+    for cluster in CLUSTERS:
+        simulated = gains.loc[cluster, "simulated_gain"]
+        assert gains.loc[cluster, "measured_gain"] == pytest.approx(1.5 * simulated)
+        assert gains.loc[cluster, "difference_points"] == pytest.approx(100 * (simulated - 1.5 * simulated))
+    modes = set(report.summary["mode"])
+    assert modes == {"replay", "prediction"}
+
+
+def test_hetsim_validate_writes_the_training_report_from_saved_clusters(tmp_path, capsys):
+    matrix = _matrix(tmp_path)
+    _, scenarios = load_training_matrix(matrix)
+    _calibrated_and_measured(tmp_path, scenarios, {})
+    code, out, err = run_cli(main, ["validate", str(matrix), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    assert "Training validation" in out and "replay" in out and "prediction" in out
+    for name in ("errors.csv", "ranking.csv", "overlap.csv", "summary.csv", "load.csv", "summary.md"):
+        assert (tmp_path / "out" / name).is_file()
+    errors = pd.read_csv(tmp_path / "out" / "errors.csv")
+    assert {"case", "cluster", "metric", "measured", "simulated", "error", "calibrated_on"} <= set(errors.columns)

@@ -1,0 +1,393 @@
+"""``hetsim validate`` of a training matrix: calibrate each emulated cluster once, measure every
+training case on it, simulate each case with its own cluster's profile (replay) and with every
+other cluster's (prediction), and report how far the simulator is.
+
+A training matrix file (``validation/training.yaml`` is the full one)::
+
+    kind: training
+    name: training_matrix
+    testbed: true                 # each cluster's emulated hosts (root, iproute2)
+    repeats: 3                    # timed repeats of workload.steps steps per case
+    warmup: 1
+    calibration_repeats: 3
+    max_call_s: 1.0               # the calibration's collective sweep stops growing past this (s)
+    clusters:                     # scenarios whose cluster (and name, the testbed's) is used
+      - ../scenarios/validation/v2x2_bandwidth.yaml
+    model: ../scenarios/validation/models/tiny_gpt2.json
+    workload: {kind: training, global_batch_size: 16, micro_batch_size: 4, sequence_length: 128}
+    training: {optimizer: adamw}  # every case's settings, which the grid and variants override
+    grid:                         # every combination is a case
+      bucket_cap_mb: [1, 25]
+      gradient_accumulation: [1, 4]
+      activation_checkpointing: [null, 1]
+    variants:                     # cases besides the grid, each overriding ``training``
+      - {name: no_overlap, training: {overlap: false}}
+
+A case is one variant on one cluster. Per cluster, the calibration
+(:func:`runtime.training.calibrate.calibrate_training`: forward and backward per op, the optimizer
+step, the buckets' allreduce over the data-parallel group) runs once, then the measurement
+(:func:`runtime.training.measure.measure_training`), each in a launch of its own inside the
+cluster's testbed, with the share of the machine the hypervisor stole and other processes took
+recorded. A cluster already calibrated and measured under the output directory is not run again
+(a matrix can be run over several sessions, each holding the testbed for one cluster's time).
+
+Errors are signed, ``simulated / measured - 1``, per case, metric and ``calibrated_on`` (the
+cluster whose profile priced it: the case's own cluster is a replay of its calibration, another
+one a prediction). The report gives the median and p90 |error| of the step time, peak memory
+error, whether the simulator orders each pair of cases of a cluster as the measurement does
+where the measured step times differ by more than 10%, and the overlap gain (step time without
+overlap over with, the case and its partner equal in every other setting) measured and simulated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from models.errors import ConfigError
+from models.input_files import load_yaml
+from sim.profile import Profile, load_profile
+from sim.scenario import Scenario, config_error_from, load_scenario, scenario_from_dict
+from sim.vocabulary import Metric
+from validation.limits import MAX_REPEATS, MAX_TIMED_S
+
+RANKING_THRESHOLD = 0.10
+CHECKED_METRICS = (Metric.STEP_TIME, Metric.FORWARD_TIME, Metric.BACKWARD_TIME, Metric.OPTIMIZER_TIME,
+                   Metric.EXPOSED_COMMUNICATION, Metric.PEAK_MEMORY)
+"""What errors.csv compares; the targets are on the step time and peak memory, the phases say
+where a step's error comes from."""
+ERROR_COLUMNS = ["case", "cluster", "metric", "device", "measured", "simulated", "error", "calibrated_on", "replay"]
+RANKING_COLUMNS = ["cluster", "calibrated_on", "replay", "faster", "slower", "measured_ratio", "simulated_ratio",
+                   "right"]
+OVERLAP_COLUMNS = ["cluster", "calibrated_on", "replay", "case", "partner", "measured_gain", "simulated_gain",
+                   "difference_points"]
+_SHORT = {"bucket_cap_mb": "bucket", "gradient_accumulation": "acc", "activation_checkpointing": "ckpt"}
+
+
+class TrainingMatrix(BaseModel):
+    """A validated training matrix file (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["training"]
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    testbed: bool = True
+    repeats: int = Field(default=3, gt=0, le=MAX_REPEATS)
+    warmup: int = Field(default=1, ge=0, le=MAX_REPEATS)
+    calibration_repeats: int = Field(default=3, gt=0, le=MAX_REPEATS)
+    max_call_s: float = Field(default=1.0, gt=0, le=MAX_TIMED_S, allow_inf_nan=False)
+    clusters: list[str] = Field(min_length=1)
+    model: str = Field(min_length=1)
+    workload: dict
+    training: dict = {}
+    grid: dict[str, list] = {}
+    variants: list[dict] = []
+
+
+def is_training_matrix(path: str | Path) -> bool:
+    """Whether the matrix file at ``path`` is a training matrix (``kind: training``)."""
+    data = load_yaml(Path(path), "matrix")
+    return isinstance(data, dict) and data.get("kind") == "training"
+
+
+def grid_variants(grid: dict[str, list]) -> list[dict]:
+    """Every combination of the grid's training fields as a variant, named for its values
+    (``bucket1_acc4_ckptoff``)."""
+    variants = []
+    for values in itertools.product(*grid.values()):
+        name = "_".join(f"{_SHORT.get(field, field)}{'off' if value is None else value}"
+                        for field, value in zip(grid, values))
+        variants.append({"name": name, "training": dict(zip(grid, values))})
+    return variants
+
+
+def load_training_matrix(path: str | Path) -> tuple[TrainingMatrix, list[Scenario]]:
+    """Read a training matrix and build its scenario per cluster: the cluster scenario's name and
+    cluster, the matrix's model, workload, training settings and cases.
+
+    Raises:
+        ConfigError: missing or malformed file, unknown field, a cluster scenario that does not
+            load, a case the scenario schema refuses (naming its field).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("matrix", f"no such file (got '{path}')")
+    try:
+        matrix = TrainingMatrix.model_validate(load_yaml(path, "matrix"))
+    except ValidationError as error:
+        raise config_error_from(error) from None
+    variants = grid_variants(matrix.grid) + list(matrix.variants)
+    if not variants:
+        raise ConfigError("matrix.grid", "no case: give a grid or variants (got neither)")
+    scenarios = []
+    for name in matrix.clusters:
+        cluster = load_scenario(path.parent / name)
+        data = {"name": cluster.name, "description": f"training matrix {matrix.name} on {cluster.name}",
+                "model": matrix.model, "cluster": cluster.config.model_dump(mode="json", by_alias=True,
+                                                                            exclude_none=True)["cluster"],
+                "workload": matrix.workload, "training": matrix.training,
+                "network_model": cluster.config.network_model, "variants": variants}
+        scenarios.append(scenario_from_dict(data, base_dir=path.parent, source_path=cluster.source_path))
+    names = [s.name for s in scenarios]
+    if len(set(names)) != len(names):
+        raise ConfigError("matrix.clusters", f"cluster names must be unique (got {names})")
+    return matrix, scenarios
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """One cluster's calibration and measurement: the profile, the measured results (tidy rows)
+    and the machine's load while each ran (shares of all CPU time)."""
+
+    name: str
+    profile: Profile
+    measured: pd.DataFrame
+    load: dict[str, float]
+
+
+@dataclass(frozen=True)
+class TrainingValidationReport:
+    """The tables of a training validation (see the module docstring)."""
+
+    errors: pd.DataFrame
+    ranking: pd.DataFrame
+    overlap: pd.DataFrame
+    summary: pd.DataFrame
+    load: pd.DataFrame
+
+
+def _children_ticks() -> int:
+    """CPU ticks of this process's reaped children (the ranks of a finished launch)."""
+    times = os.times()
+    return round((times.children_user + times.children_system) * os.sysconf("SC_CLK_TCK"))
+
+
+def _with_load(run: Callable[[], object]) -> tuple[object, float, float]:
+    """``run()``, the share of the machine's CPU time stolen by the hypervisor meanwhile, and the
+    share other processes took (busy time less the ranks', :mod:`runtime.cpu_steal`)."""
+    from runtime.cpu_steal import CpuSample, cpu_sample
+
+    before, ours = cpu_sample(()), _children_ticks()
+    result = run()
+    span = cpu_sample(()) - before
+    span = CpuSample(span.steal, span.busy, span.total, _children_ticks() - ours)
+    return result, span.steal_fraction, span.other_load
+
+
+def run_cluster(matrix: TrainingMatrix, scenario: Scenario, on_progress: Callable[[str], None]) -> ClusterRun:
+    """Calibrate and measure one cluster (inside its testbed if the matrix says so; the testbed
+    goes down whatever happens)."""
+    from runtime.training.calibrate import calibrate_training
+    from runtime.training.measure import measure_training
+    from sim.topology import build_topology
+
+    bed = None
+    if matrix.testbed:
+        from runtime.testbed import Testbed, require_privileges
+
+        require_privileges()
+        bed = Testbed(scenario.name, build_topology(scenario.config.cluster))
+        bed.down()  # a previous crash may have left it behind
+        bed.up(owned=True)
+    try:
+        on_progress(f"{scenario.name}: calibrating")
+        beat = lambda rank, label: on_progress(f"{scenario.name}: calibrating: {label}") if rank == 0 else None
+        profile, calibration_steal, calibration_other = _with_load(lambda: calibrate_training(
+            scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats, max_call_s=matrix.max_call_s,
+            on_beat=beat))
+        on_progress(f"{scenario.name}: measuring {len(scenario.config.variants)} cases")
+        measured, steal, other = _with_load(lambda: measure_training(
+            scenario, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed))
+    finally:
+        if bed is not None:
+            bed.down()
+    return ClusterRun(scenario.name, Profile(profile), measured.results,
+                      {"cpu_steal": steal, "other_load": other, "calibration_cpu_steal": calibration_steal,
+                       "calibration_other_load": calibration_other})
+
+
+def _cluster_files(out_dir: Path, name: str) -> dict[str, Path]:
+    base = out_dir / "clusters" / name
+    return {"profile": base / "profile.csv", "measured": base / "measured.csv", "load": base / "load.json"}
+
+
+def _load_cluster(out_dir: Path, name: str) -> ClusterRun | None:
+    files = _cluster_files(out_dir, name)
+    if not all(path.is_file() for path in files.values()):
+        return None
+    return ClusterRun(name, load_profile(files["profile"]), pd.read_csv(files["measured"]),
+                      json.loads(files["load"].read_text()))
+
+
+def _save_cluster(out_dir: Path, run: ClusterRun) -> None:
+    from runtime import interrupt
+    from sim.outputs import write_atomic
+
+    files = _cluster_files(out_dir, run.name)
+    with interrupt.deferred():  # the load file last: a cluster counts as run once it is there
+        write_atomic(files["profile"], run.profile.rows.to_csv(index=False, lineterminator="\n"))
+        write_atomic(files["measured"], run.measured.to_csv(index=False, lineterminator="\n"))
+        write_atomic(files["load"], json.dumps(run.load, indent=1) + "\n")
+
+
+def case_errors(cluster: str, calibrated_on: str, simulated: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+    """Signed errors of every case of ``cluster`` simulated with ``calibrated_on``'s profile,
+    per :data:`CHECKED_METRICS` (peak memory per device)."""
+    keys = ["variant", "metric", "device"]
+
+    def values(frame):
+        frame = frame[frame["metric"].isin([str(m) for m in CHECKED_METRICS])].copy()
+        frame["device"] = frame["device"].fillna("")
+        return frame.set_index(keys)["value"]
+
+    joined = pd.concat({"measured": values(measured), "simulated": values(simulated)}, axis=1).dropna().reset_index()
+    joined["error"] = joined["simulated"] / joined["measured"] - 1
+    joined.loc[joined["measured"] == 0, "error"] = np.nan
+    joined = joined.rename(columns={"variant": "case"}).assign(cluster=cluster, calibrated_on=calibrated_on,
+                                                               replay=cluster == calibrated_on)
+    return joined[ERROR_COLUMNS]
+
+
+def ranking(errors: pd.DataFrame) -> pd.DataFrame:
+    """Per cluster and profile, every pair of cases whose measured step times differ by more than
+    :data:`RANKING_THRESHOLD`, the faster first, and whether the simulation orders them alike."""
+    rows = []
+    steps = errors[errors["metric"] == str(Metric.STEP_TIME)]
+    for (cluster, source), group in steps.groupby(["cluster", "calibrated_on"], sort=True):
+        group = group.sort_values("measured")
+        for a, b in itertools.combinations(group.itertuples(index=False), 2):
+            if b.measured > (1 + RANKING_THRESHOLD) * a.measured:
+                rows.append((cluster, source, cluster == source, a.case, b.case, b.measured / a.measured,
+                             b.simulated / a.simulated, bool(b.simulated > a.simulated)))
+    return pd.DataFrame(rows, columns=RANKING_COLUMNS)
+
+
+def overlap_gains(scenario: Scenario, errors: pd.DataFrame) -> pd.DataFrame:
+    """Per profile, each case without overlap against its partner with overlap (equal in every
+    other setting): the step-time ratio without over with, measured and simulated, and their
+    difference in percentage points. A case without a partner is left out."""
+    settings = {v.name: scenario.training_settings(v) for v in scenario.config.variants}
+    pairs = [(name, next((other for other, s in settings.items()
+                          if s.overlap and s == own.model_copy(update={"overlap": True})), None))
+             for name, own in settings.items() if not own.overlap]
+    steps = errors[(errors["metric"] == str(Metric.STEP_TIME)) & (errors["cluster"] == scenario.name)]
+    rows = []
+    for source, group in steps.groupby("calibrated_on", sort=True):
+        group = group.set_index("case")
+        for case, partner in pairs:
+            if partner is None or case not in group.index or partner not in group.index:
+                continue
+            measured = group.loc[case, "measured"] / group.loc[partner, "measured"]
+            simulated = group.loc[case, "simulated"] / group.loc[partner, "simulated"]
+            rows.append((scenario.name, source, scenario.name == source, case, partner, measured, simulated,
+                         100 * (simulated - measured)))
+    return pd.DataFrame(rows, columns=OVERLAP_COLUMNS)
+
+
+def summarise(errors: pd.DataFrame, rank: pd.DataFrame, overlap: pd.DataFrame) -> pd.DataFrame:
+    """Replay (own cluster's profile) and prediction (another's) apart: median and p90 |error| per
+    metric, pairs ranked right of those compared, and the largest overlap-gain difference."""
+    rows = []
+    for replay, label in ((True, "replay"), (False, "prediction")):
+        of = errors[errors["replay"] == replay].dropna(subset=["error"])
+        for metric, group in of.groupby("metric", sort=True):
+            magnitude = group["error"].abs()
+            rows.append((label, metric, len(group), float(magnitude.median()), float(magnitude.quantile(0.9)),
+                         float(magnitude.max())))
+        pairs = rank[rank["replay"] == replay]
+        if len(pairs):
+            rows.append((label, "ranking_right", len(pairs), float(pairs["right"].mean()), np.nan, np.nan))
+        gains = overlap[overlap["replay"] == replay]
+        if len(gains):
+            rows.append((label, "overlap_gain_points", len(gains), float(gains["difference_points"].abs().median()),
+                         np.nan, float(gains["difference_points"].abs().max())))
+    return pd.DataFrame(rows, columns=["mode", "metric", "cases", "median_abs", "p90_abs", "max_abs"])
+
+
+def validate_training(matrix: TrainingMatrix, scenarios: list[Scenario], out_dir: Path,
+                      on_progress: Callable[[str], None] = lambda text: None, *,
+                      allow_overcommit: bool = False) -> TrainingValidationReport:
+    """Run the training matrix (see the module docstring): each cluster not yet run under
+    ``out_dir/clusters`` is calibrated and measured (and saved there), then every cluster's cases
+    are simulated with every cluster's profile.
+
+    Raises:
+        ConfigError: a case that does not fit in memory, testbed prerequisites missing.
+        runtime.errors.LaunchError: a rank failed, died or hung.
+    """
+    from sim.training.simulate import simulate_training
+    from validation.memory_fit import check_memory_fits
+
+    for scenario in scenarios:  # before any rank starts or any testbed is built
+        check_memory_fits(scenario, allow_overcommit=allow_overcommit)
+    runs = {}
+    for scenario in scenarios:
+        run = _load_cluster(out_dir, scenario.name)
+        if run is None:
+            run = run_cluster(matrix, scenario, on_progress)
+            _save_cluster(out_dir, run)
+        runs[scenario.name] = run
+    errors = []
+    for scenario in scenarios:
+        for source, run in runs.items():
+            on_progress(f"simulating {scenario.name} with {source}'s profile")
+            simulated = simulate_training(scenario, run.profile)
+            errors.append(case_errors(scenario.name, source, simulated.results, runs[scenario.name].measured))
+    error_table = pd.concat(errors, ignore_index=True)
+    overlap_table = pd.concat([overlap_gains(s, error_table) for s in scenarios], ignore_index=True)
+    rank = ranking(error_table)
+    load = pd.DataFrame([{"cluster": name, **run.load} for name, run in runs.items()])
+    return TrainingValidationReport(error_table, rank, overlap_table, summarise(error_table, rank, overlap_table),
+                                    load)
+
+
+def summary_markdown(report: TrainingValidationReport, name: str) -> str:
+    """summary.md: the figures against the issue's targets, replay and prediction apart."""
+    lines = [f"# Training validation: {name}", "",
+             "Errors are simulated / measured - 1. *replay*: a cluster's cases simulated with its own "
+             "calibration; *prediction*: with another cluster's (not calibrated on it).", "",
+             "| mode | metric | cases | median abs | p90 abs | max abs |", "|---|---|---|---|---|---|"]
+    for row in report.summary.itertuples(index=False):
+        if row.metric == "ranking_right":
+            lines.append(f"| {row.mode} | pairs > 10% apart ranked right | {row.cases} | {row.median_abs:.0%} | | |")
+        elif row.metric == "overlap_gain_points":
+            lines.append(f"| {row.mode} | overlap gain difference (points) | {row.cases} | {row.median_abs:.1f} | | "
+                         f"{row.max_abs:.1f} |")
+        else:
+            lines.append(f"| {row.mode} | {row.metric} | {row.cases} | {row.median_abs:.1%} | {row.p90_abs:.1%} | "
+                         f"{row.max_abs:.1%} |")
+    lines += ["", "Targets (issue 19 item 5): step time median |error| <= 5% and p90 <= 10%; peak memory within "
+              "5%; every pair > 10% apart ranked right; overlap gain within 5 points.", "",
+              "Machine load while each cluster ran (shares of all CPU time):", "",
+              "| cluster | steal (measuring) | other load (measuring) | steal (calibrating) | other load (calibrating) |",
+              "|---|---|---|---|---|"]
+    for row in report.load.itertuples(index=False):
+        lines.append(f"| {row.cluster} | {row.cpu_steal:.1%} | {row.other_load:.1%} | {row.calibration_cpu_steal:.1%} "
+                     f"| {row.calibration_other_load:.1%} |")
+    gains = report.overlap
+    if len(gains):
+        lines += ["", "Overlap gain (step time without overlap over with):", "",
+                  "| cluster | profile of | case | measured | simulated | difference (points) |", "|---|---|---|---|---|---|"]
+        for row in gains.itertuples(index=False):
+            lines.append(f"| {row.cluster} | {row.calibrated_on} | {row.case} | {row.measured_gain:.3f} | "
+                         f"{row.simulated_gain:.3f} | {row.difference_points:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_training_validation(report: TrainingValidationReport, out_dir: Path, name: str) -> list[Path]:
+    """errors.csv, ranking.csv, overlap.csv, summary.csv, load.csv and summary.md under ``out_dir``."""
+    from sim.outputs import write_files
+
+    tables = {"errors.csv": report.errors, "ranking.csv": report.ranking, "overlap.csv": report.overlap,
+              "summary.csv": report.summary, "load.csv": report.load}
+    files = {name_: table.to_csv(index=False, lineterminator="\n") for name_, table in tables.items()}
+    files["summary.md"] = summary_markdown(report, name)
+    return write_files(out_dir, files)
