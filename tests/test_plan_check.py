@@ -162,3 +162,20 @@ def test_a_two_candidate_plan_measured_on_the_testbed(tmp_path):
     assert checked.verdict.pick == result.pick["candidate"] and checked.verdict.slo_holds
     written = write_plan_check(checked, tmp_path / "out")
     assert {p.name for p in written} >= {"candidates.csv", "generations.csv", "summary.md"}
+
+
+def test_the_testbed_is_taken_in_turns_under_the_lock_file_named_by_the_environment(tmp_path, monkeypatch):
+    import fcntl
+
+    from validation.plan_check import LOCK_VARIABLE, testbed_turn
+
+    lock = tmp_path / "testbed.lock"
+    monkeypatch.setenv(LOCK_VARIABLE, str(lock))
+    with open(lock, "a") as other:
+        with testbed_turn():
+            with pytest.raises(BlockingIOError):  # another run's flock must wait
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released after the block
+    monkeypatch.delenv(LOCK_VARIABLE)
+    with testbed_turn():  # no variable: no lock
+        pass

@@ -256,13 +256,12 @@ def plan(plan_file: Path, out_dir: str | None, profile_path: Path | None) -> Non
               help="Timed generations per candidate and round.")
 @click.option("--warmup", type=click.IntRange(0, MAX_REPEATS), default=1, show_default=True,
               help="Untimed generations per candidate and round.")
-@click.option("--lock", "lock_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Hold an exclusive lock (flock) on this file while each candidate's testbed is up, so that "
-                   "other users of the emulated cluster on this machine take turns.")
 def plan_check(plan_file: Path, out_dir: Path, profile_path: Path | None, top: int, rounds: int, repeats: int,
-               warmup: int, lock_path: Path | None) -> None:
+               warmup: int) -> None:
     """Plan PLAN, measure its top configurations on the emulated cluster and check the plan: the
-    pick against the best measured, its SLO verdict, predicted against measured, rank agreement."""
+    pick against the best measured, its SLO verdict, predicted against measured, rank agreement.
+    Where HETSIM_TESTBED_LOCK names a file, a candidate's testbed is up only while this command
+    holds a flock on it, so that runs sharing the machine's testbed take turns."""
     from sim.planning.outcome import plan as run_plan
     from sim.planning.plan_config import load_plan
     from sim.profile import load_profile
@@ -284,7 +283,7 @@ def plan_check(plan_file: Path, out_dir: Path, profile_path: Path | None, top: i
             raise ConfigError("plan", f"{error} (got {shorten(str(plan_file), keep_end=True)})") from None
         _require_torch("plan-check")
         checked = check_plan(result, profile, n=top, rounds=rounds, repeats=repeats, warmup=warmup,
-                             lock_path=lock_path, command=command, on_progress=status.update)
+                             command=command, on_progress=status.update)
     with interrupt.deferred():
         written = write_plan_outputs(result, out_dir / "plan") + write_plan_check(checked, out_dir)
     console.print(escape(summary_markdown(checked)))

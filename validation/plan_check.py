@@ -25,6 +25,8 @@ testbed removed), in plan order on even rounds and reversed on odd ones, so that
 of a shared machine falls on several candidates. A candidate's figure is the median over all its
 timed generations of all rounds, with p10 / p90. While each launch runs, the share of CPU time the
 hypervisor stole and the share other processes took are recorded (:mod:`runtime.cpu_steal`).
+Where ``HETSIM_TESTBED_LOCK`` names a file, each round holds a ``flock`` on it (:func:`testbed_turn`),
+so that other runs using the testbed take turns with this one between rounds.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ WITHIN = 0.10  # the pick must measure within 10% of the best measured (issue 21
 CHECKED = (Metric.TTFT, Metric.TPOT)
 MEASURED = (Metric.TTFT, Metric.TPOT, Metric.E2E_LATENCY, Metric.DECODE_TOKENS_PER_S)
 REPLAY, PREDICTION = "replay", "prediction"
+LOCK_VARIABLE = "HETSIM_TESTBED_LOCK"
 CANDIDATE_COLUMNS = ["plan_rank", "measured_rank", "candidate", "cluster", "variant", "price_per_hour", "source",
                      "profile_context", "predicted_ttft_s", "measured_ttft_s", "measured_ttft_p10_s",
                      "measured_ttft_p90_s", "ttft_error", "predicted_tpot_s", "measured_tpot_s", "measured_tpot_p10_s",
@@ -191,18 +194,17 @@ def verdict(table: pd.DataFrame) -> Verdict:
 
 
 @contextmanager
-def held(lock_path: Path | None) -> Iterator[None]:
-    """An exclusive ``flock`` on ``lock_path`` for the block (none when None): users of the emulated
-    cluster on one machine take turns (one testbed measures at a time)."""
-    if lock_path is None:
+def testbed_turn() -> Iterator[None]:
+    """An exclusive lock on the file named by ``HETSIM_TESTBED_LOCK`` (flock(2), as ``flock FILE``
+    takes it) for the block, so that runs sharing one machine's testbed take turns; no lock
+    without the variable."""
+    path = os.environ.get(LOCK_VARIABLE)
+    if not path:
         yield
         return
-    with open(lock_path, "a") as handle:
+    with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield  # closing the file releases the lock
 
 
 def _own_ticks() -> int:
@@ -213,10 +215,9 @@ def _own_ticks() -> int:
 
 
 def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: int, warmup: int,
-                       testbed: bool = True, lock_path: Path | None = None,
-                       on_progress: Callable[[str], None] = lambda text: None) -> dict[int, CandidateRuns]:
+                       testbed: bool = True, on_progress: Callable[[str], None] = lambda text: None) -> dict[int, CandidateRuns]:
     """Measure every candidate in ``rounds`` rounds (see the module docstring), each launch inside
-    its own testbed when ``testbed`` (built and removed by this call, under ``lock_path``'s lock).
+    its own testbed when ``testbed`` (built and removed by this call, in :func:`testbed_turn`).
 
     Raises:
         ConfigError: a scenario that does not fit in memory, testbed prerequisites missing.
@@ -234,11 +235,11 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
     spent = {c: ZERO for c in scenarios}
     order = list(scenarios)
     for round_index in range(rounds):
-        for c in order if round_index % 2 == 0 else order[::-1]:
-            scenario = scenarios[c]
-            topology = build_topology(scenario.config.cluster)
-            on_progress(f"round {round_index + 1}/{rounds}: candidate {c}")
-            with held(lock_path):
+        with testbed_turn():  # a round is a few minutes: others' runs get their turns between rounds
+            for c in order if round_index % 2 == 0 else order[::-1]:
+                scenario = scenarios[c]
+                topology = build_topology(scenario.config.cluster)
+                on_progress(f"round {round_index + 1}/{rounds}: candidate {c}")
                 bed = None
                 if testbed:
                     from runtime.testbed import Testbed, require_privileges
@@ -254,13 +255,13 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
                 finally:
                     if bed is not None:
                         bed.down()
-            span = after - before
-            spent[c] = spent[c] + CpuSample(span.steal, span.busy, span.total, own_after - own_before)
-            master = ParallelPlan.of(scenario, topology).stage_ranks[-1][0]
-            per_rank = [ranks[0] for ranks in gathered]  # one variant per candidate scenario
-            timings = repeat_timings(per_rank, master, scenario.config.workload.batch_size)
-            generations[c] += [{"candidate": c, "round": round_index, "repeat": i, **{m: t[m] for m in MEASURED}}
-                               for i, t in enumerate(timings)]
+                span = after - before
+                spent[c] = spent[c] + CpuSample(span.steal, span.busy, span.total, own_after - own_before)
+                master = ParallelPlan.of(scenario, topology).stage_ranks[-1][0]
+                per_rank = [ranks[0] for ranks in gathered]  # one variant per candidate scenario
+                timings = repeat_timings(per_rank, master, scenario.config.workload.batch_size)
+                generations[c] += [{"candidate": c, "round": round_index, "repeat": i,
+                                    **{m: t[m] for m in MEASURED}} for i, t in enumerate(timings)]
     return {c: CandidateRuns(pd.DataFrame(generations[c]), spent[c].steal_fraction, spent[c].other_load)
             for c in scenarios}
 
@@ -280,8 +281,7 @@ class PlanCheck:
 
 
 def check_plan(plan: PlanResult, profile: Profile | None, *, n: int = TOP_CHECKED, rounds: int = 3,
-               repeats: int = 3, warmup: int = 1, testbed: bool = True, lock_path: Path | None = None,
-               command: str = "", on_progress: Callable[[str], None] = lambda text: None) -> PlanCheck:
+               repeats: int = 3, warmup: int = 1, testbed: bool = True, command: str = "", on_progress: Callable[[str], None] = lambda text: None) -> PlanCheck:
     """Measure the plan's top ``n`` and judge it (see the module docstring).
 
     Raises:
@@ -294,7 +294,7 @@ def check_plan(plan: PlanResult, profile: Profile | None, *, n: int = TOP_CHECKE
     scenarios = {c: scenario_from_dict(d, base_dir=base) for c, d in dicts.items()}
     sources = {c: REPLAY if replayed(s, profile) else PREDICTION for c, s in scenarios.items()}
     runs = measure_candidates(scenarios, rounds=rounds, repeats=repeats, warmup=warmup, testbed=testbed,
-                              lock_path=lock_path, on_progress=on_progress)
+                              on_progress=on_progress)
     table = measured_table(top, runs, plan.request.config.slo, sources)
     generations = pd.concat([r.generations for r in runs.values()], ignore_index=True)
     return PlanCheck(plan, table, generations, verdict(table), dicts, command)
