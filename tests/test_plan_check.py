@@ -179,3 +179,17 @@ def test_the_testbed_is_taken_in_turns_under_the_lock_file_named_by_the_environm
     monkeypatch.delenv(LOCK_VARIABLE)
     with testbed_turn():  # no variable: no lock
         pass
+
+
+def test_the_summary_states_the_verdict_and_marks_replay_and_prediction(small):
+    from validation.plan_check import PlanCheck, summary_markdown
+
+    runs = _runs({7: (0.05, 0.120), 3: (0.06, 0.070), 9: (0.09, 0.08), 1: (0.2, 0.09)})
+    table = measured_table(TOP, runs, _Slo, SOURCES)
+    generations = pd.concat([r.generations for r in runs.values()], ignore_index=True)
+    text = summary_markdown(PlanCheck(small, table, generations, verdict(table), {}, "hetsim plan-check P"))
+    assert "1 rounds, 3 timed generations each" in text
+    assert "Measured TPOT: the pick 120.0 ms, the best of the 4 70.0 ms (candidate 3): +71.4%, NOT within 10%." in text
+    assert "does NOT hold (TPOT 120 ms > 100 ms)" in text
+    assert "chooses candidate 3." in text
+    assert "- replay: 1 candidates" in text and "- prediction: 3 candidates" in text

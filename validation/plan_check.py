@@ -53,7 +53,7 @@ from validation.validate import RANKING_THRESHOLD, ranking_agreement
 
 TOP_CHECKED = 5
 WITHIN = 0.10  # the pick must measure within 10% of the best measured (issue 21, item 6)
-CHECKED = (Metric.TTFT, Metric.TPOT)
+CHECKED = {Metric.TTFT: "ttft", Metric.TPOT: "tpot"}  # the metrics judged, by column prefix
 MEASURED = (Metric.TTFT, Metric.TPOT, Metric.E2E_LATENCY, Metric.DECODE_TOKENS_PER_S)
 REPLAY, PREDICTION = "replay", "prediction"
 LOCK_VARIABLE = "HETSIM_TESTBED_LOCK"
@@ -136,7 +136,7 @@ def measured_table(top: pd.DataFrame, runs: dict[int, CandidateRuns], slo, sourc
                "meets_slo_measured": bool(measured.loc[i, "meets_slo"]),
                "slo_miss_measured": measured.loc[i, "slo_miss"], "repeats": len(run.generations),
                "cpu_steal": run.cpu_steal, "other_load": run.other_load}
-        for metric, short in ((Metric.TTFT, "ttft"), (Metric.TPOT, "tpot")):
+        for metric, short in CHECKED.items():
             value = run.median(metric)
             out |= {f"predicted_{short}_s": float(row[metric]), f"measured_{short}_s": value,
                     f"measured_{short}_p10_s": run.percentile(metric, 10),
@@ -177,18 +177,18 @@ def verdict(table: pd.DataFrame) -> Verdict:
     errors = pd.concat([pd.DataFrame({"scenario": "plan", "prompt_tokens": 0, "variant": table["candidate"].astype(str),
                                       "metric": metric, "simulated": table[f"predicted_{short}_s"],
                                       "measured": table[f"measured_{short}_s"]})
-                        for metric, short in ((Metric.TTFT, "ttft"), (Metric.TPOT, "tpot"))], ignore_index=True)
+                        for metric, short in CHECKED.items()], ignore_index=True)
     agreement = ranking_agreement(errors)
     choice = table[(table["measured_rank"] == 1) & table["meets_slo_measured"]]
     measured_choice = int(choice["candidate"].iloc[0]) if not choice.empty else None
     best = {metric: int(table.loc[table[f"measured_{short}_s"].idxmin(), "candidate"])
-            for metric, short in ((Metric.TTFT, "ttft"), (Metric.TPOT, "tpot"))}
+            for metric, short in CHECKED.items()}
     picks = table[(table["plan_rank"] == 1) & table["meets_slo_predicted"]]
     if picks.empty:
         return Verdict(None, best, {}, {}, None, measured_choice, agreement)
     pick = picks.iloc[0]
     versus = {metric: float(pick[f"measured_{short}_s"] / table[f"measured_{short}_s"].min() - 1)
-              for metric, short in ((Metric.TTFT, "ttft"), (Metric.TPOT, "tpot"))}
+              for metric, short in CHECKED.items()}
     return Verdict(int(pick["candidate"]), best, versus, {m: v <= WITHIN for m, v in versus.items()},
                    bool(pick["meets_slo_measured"]), measured_choice, agreement)
 
@@ -304,6 +304,11 @@ def _pct(value: float) -> str:
     return f"{100 * value:+.1f}%"
 
 
+def _span(values: pd.Series) -> str:
+    low, high = int(values.min()), int(values.max())
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def _ms(value: float) -> str:
     return f"{value * 1e3:.1f}"
 
@@ -314,8 +319,8 @@ def summary_markdown(check: PlanCheck) -> str:
     lines = [f"# Plan check: {check.plan.request.name}", "",
              f"`{check.command}`" if check.command else "", "",
              f"The plan's top {len(table)} configurations, each measured on its own emulated cluster "
-             f"({int(check.generations['round'].max()) + 1} rounds, {int(table['repeats'].min())}-"
-             f"{int(table['repeats'].max())} timed generations each; medians). Errors are predicted / measured - 1.",
+             f"({int(check.generations['round'].max()) + 1} rounds, {_span(table['repeats'])} timed generations "
+             "each; medians). Errors are predicted / measured - 1.",
              ""]
     if v.pick is None:
         lines += ["The plan has no pick (no configuration was predicted to meet the objectives): nothing to judge.", ""]
@@ -323,10 +328,10 @@ def summary_markdown(check: PlanCheck) -> str:
         pick = table.set_index("candidate").loc[v.pick]
         lines += [f"- The pick: candidate {v.pick}, {pick['cluster']}, {pick['variant']} "
                   f"({pick['source']}, {pick['price_per_hour']:g} $/h notional)."]
-        for metric, short in ((Metric.TTFT, "TTFT"), (Metric.TPOT, "TPOT")):
+        for metric, short in CHECKED.items():
             best = table.set_index("candidate").loc[v.best[metric]]
-            lines.append(f"- Measured {short}: the pick {_ms(pick[f'measured_{short.lower()}_s'])} ms, the best of the "
-                         f"{len(table)} {_ms(best[f'measured_{short.lower()}_s'])} ms (candidate {v.best[metric]}): "
+            lines.append(f"- Measured {short.upper()}: the pick {_ms(pick[f'measured_{short}_s'])} ms, the best of the "
+                         f"{len(table)} {_ms(best[f'measured_{short}_s'])} ms (candidate {v.best[metric]}): "
                          f"{_pct(v.versus_best[metric])}, "
                          f"{'within' if v.within[metric] else 'NOT within'} {WITHIN:.0%}.")
         lines.append(f"- Its SLO verdict ({_objectives(slo)}) measured: "
