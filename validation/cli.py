@@ -254,6 +254,54 @@ def plan(plan_file: Path, out_dir: str | None, profile_path: Path | None) -> Non
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
+@cli.command("plan-check")
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory for candidates.csv, generations.csv, summary.md, the scenarios measured and the plan.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Calibration profile the plan prices its candidates with.")
+@click.option("--top", type=click.IntRange(1, 10), default=5, show_default=True,
+              help="How many of the plan's top configurations to measure.")
+@click.option("--rounds", type=click.IntRange(1, MAX_REPEATS), default=3, show_default=True,
+              help="Rounds: each measures every candidate once, in plan order then reversed.")
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=3, show_default=True,
+              help="Timed generations per candidate and round.")
+@click.option("--warmup", type=click.IntRange(0, MAX_REPEATS), default=1, show_default=True,
+              help="Untimed generations per candidate and round.")
+def plan_check(plan_file: Path, out_dir: Path, profile_path: Path | None, top: int, rounds: int, repeats: int,
+               warmup: int) -> None:
+    """Plan PLAN, measure its top configurations on the emulated cluster and check the plan: the
+    pick against the best measured, its SLO verdict, predicted against measured, rank agreement.
+    Where HETSIM_TESTBED_LOCK names a file, a candidate's testbed is up only while this command
+    holds a flock on it, so that runs sharing the machine's testbed take turns."""
+    from sim.planning.outcome import plan as run_plan
+    from sim.planning.plan_config import load_plan
+    from sim.profile import load_profile
+    from validation.plan_check import check_plan, summary_markdown, top_candidates, write_plan_check
+    from validation.present.plan_report import write_plan_outputs
+
+    check_out_dir(out_dir)
+    request = load_plan(plan_file)
+    profile = load_profile(profile_path) if profile_path else None
+    console = _console()
+    command = " ".join(["hetsim plan-check", str(plan_file), "--out", str(out_dir)]
+                       + (["--profile", str(profile_path)] if profile_path else [])
+                       + [f"--top {top} --rounds {rounds} --repeats {repeats} --warmup {warmup}"])
+    with console.status("planning") as status:
+        result = run_plan(request, profile=profile)
+        try:
+            top_candidates(result, top)
+        except ValueError as error:
+            raise ConfigError("plan", f"{error} (got {shorten(str(plan_file), keep_end=True)})") from None
+        _require_torch("plan-check")
+        checked = check_plan(result, profile, n=top, rounds=rounds, repeats=repeats, warmup=warmup,
+                             command=command, on_progress=status.update)
+    with interrupt.deferred():
+        written = write_plan_outputs(result, out_dir / "plan") + write_plan_check(checked, out_dir)
+    console.print(escape(summary_markdown(checked)))
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
 @cli.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--grid", "grid_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
@@ -478,6 +526,7 @@ def testbed(action: str, scenario: Path) -> None:
 _INTERRUPTED = {"measure": "its ranks are stopped, nothing written",
                 "calibrate": "its ranks are stopped, no profile written",
                 "validate": "its ranks are stopped and its testbeds removed, nothing written",
+                "plan-check": "its ranks are stopped and its testbeds removed, nothing written",
                 "testbed up": "what it built is removed",
                 "sweep": "the points it finished stay in its sweep.sqlite; run it again for the rest"}
 

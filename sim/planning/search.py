@@ -169,13 +169,15 @@ class ClusterShape:
                           "devices": {"type": g.device, "count": g.per_host}}
             if g.interconnect:
                 link = catalog.interconnects[g.interconnect]
-                host["interconnect"] = {"bandwidth": link.bandwidth_bytes_per_s, "latency": link.latency_s}
+                host["interconnect"] = {"bandwidth": link.bandwidth_bytes_per_s, "latency": link.latency_s,
+                                        "shared": link.shared}
             if catalog.storage is not None:
                 host["storage"] = {"bandwidth": catalog.storage.bandwidth_bytes_per_s,
                                    "latency": catalog.storage.latency_s}
             if network is not None:
                 host |= {"parent": "sw", "nic_per_device": network.nic_per_device,
-                         "nic": {"bandwidth": network.bandwidth_bytes_per_s, "latency": network.latency_s}}
+                         "nic": {"bandwidth": network.bandwidth_bytes_per_s, "latency": network.latency_s,
+                                 "shared": network.shared}}
             hosts.append(host)
         return {"switches": [{"name": "sw"}] if network is not None else [], "hosts": hosts}
 
