@@ -165,8 +165,8 @@ def serving_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.S
     config = request.config
     slo, target = config.slo, config.workload.rate_per_s
     objectives = " and ".join(part for part in (
-        f"TTFT <= {_seconds(slo.ttft_s)}" if slo.ttft_s is not None else "",
-        f"TPOT <= {_seconds(slo.tpot_s)}" if slo.tpot_s is not None else "") if part)
+        f"TTFT <= {duration_text(slo.ttft_s)}" if slo.ttft_s is not None else "",
+        f"TPOT <= {duration_text(slo.tpot_s)}" if slo.tpot_s is not None else "") if part)
     goal = f"{target:g} requests/s with p{slo.percentile} {objectives}"
     if pick is None:
         top = table[table["rank"] == 1]
