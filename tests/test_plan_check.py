@@ -168,7 +168,7 @@ def test_a_two_candidate_plan_measured_on_the_testbed(tmp_path):
 def test_the_testbed_is_taken_in_turns_under_the_lock_file_named_by_the_environment(tmp_path, monkeypatch):
     import fcntl
 
-    from validation.plan_check import LOCK_VARIABLE, testbed_turn
+    from validation.validate import LOCK_VARIABLE, testbed_turn
 
     lock = tmp_path / "testbed.lock"
     monkeypatch.setenv(LOCK_VARIABLE, str(lock))

@@ -24,7 +24,7 @@ A case is one variant of one scenario at one prompt length.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -33,6 +33,8 @@ from models.input_files import load_yaml
 from sim.scenario import Scenario, config_error_from, load_scenario, scenario_from_dict
 from sim.units import parse_size
 from validation.limits import MAX_REPEATS, MAX_TIMED_S
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class LayoutCase(BaseModel):
@@ -78,6 +80,20 @@ class Matrix(BaseModel):
         return [parse_size(v) for v in values]
 
 
+def read_matrix_file(path: Path, schema: type[M]) -> M:
+    """The matrix file at ``path`` validated by ``schema`` (a pydantic model).
+
+    Raises:
+        ConfigError: no such file, malformed YAML, a field ``schema`` refuses (naming it).
+    """
+    if not path.is_file():
+        raise ConfigError("matrix", f"no such file (got '{path}')")
+    try:
+        return schema.model_validate(load_yaml(path, "matrix"))
+    except ValidationError as error:
+        raise config_error_from(error) from None
+
+
 def load_matrix(path: str | Path) -> tuple[Matrix, list[Scenario]]:
     """Read a matrix and the scenarios it names.
 
@@ -85,12 +101,7 @@ def load_matrix(path: str | Path) -> tuple[Matrix, list[Scenario]]:
         ConfigError: missing or malformed file, unknown field, a scenario that does not load.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("matrix", f"no such file (got '{path}')")
-    try:
-        matrix = Matrix.model_validate(load_yaml(path, "matrix"))
-    except ValidationError as error:
-        raise config_error_from(error) from None
+    matrix = read_matrix_file(path, Matrix)
     scenarios = [load_scenario(path.parent / name) for name in matrix.scenarios]
     names = [s.name for s in scenarios]
     if len(set(names)) != len(names):

@@ -31,11 +31,9 @@ so that other runs using the testbed take turns with this one between rounds.
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,14 +47,13 @@ from sim.planning.search import Planner, Stage, slo_miss
 from sim.profile import Profile
 from sim.scenario import Scenario, scenario_from_dict
 from sim.vocabulary import Metric
-from validation.validate import RANKING_THRESHOLD, ranking_agreement
+from validation.validate import RANKING_THRESHOLD, ranking_agreement, testbed_turn
 
 TOP_CHECKED = 5
 WITHIN = 0.10  # the pick must measure within 10% of the best measured (issue 21, item 6)
 CHECKED = {Metric.TTFT: "ttft", Metric.TPOT: "tpot"}  # the metrics judged, by column prefix
 MEASURED = (Metric.TTFT, Metric.TPOT, Metric.E2E_LATENCY, Metric.DECODE_TOKENS_PER_S)
 REPLAY, PREDICTION = "replay", "prediction"
-LOCK_VARIABLE = "HETSIM_TESTBED_LOCK"
 CANDIDATE_COLUMNS = ["plan_rank", "measured_rank", "candidate", "cluster", "variant", "price_per_hour", "source",
                      "profile_context", "predicted_ttft_s", "measured_ttft_s", "measured_ttft_p10_s",
                      "measured_ttft_p90_s", "ttft_error", "predicted_tpot_s", "measured_tpot_s", "measured_tpot_p10_s",
@@ -191,20 +188,6 @@ def verdict(table: pd.DataFrame) -> Verdict:
               for metric, short in CHECKED.items()}
     return Verdict(int(pick["candidate"]), best, versus, {m: v <= WITHIN for m, v in versus.items()},
                    bool(pick["meets_slo_measured"]), measured_choice, agreement)
-
-
-@contextmanager
-def testbed_turn() -> Iterator[None]:
-    """An exclusive lock on the file named by ``HETSIM_TESTBED_LOCK`` (flock(2), as ``flock FILE``
-    takes it) for the block, so that runs sharing one machine's testbed take turns; no lock
-    without the variable."""
-    path = os.environ.get(LOCK_VARIABLE)
-    if not path:
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield  # closing the file releases the lock
 
 
 def _own_ticks() -> int:

@@ -51,14 +51,15 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from models.errors import ConfigError
 from models.input_files import load_yaml
 from sim.profile import Profile, load_profile
-from sim.scenario import Scenario, config_error_from, load_scenario, scenario_from_dict
+from sim.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.vocabulary import Metric
 from validation.limits import MAX_REPEATS, MAX_TIMED_S
+from validation.matrix import read_matrix_file
 
 RANKING_THRESHOLD = 0.10
 CHECKED_METRICS = (Metric.STEP_TIME, Metric.FORWARD_TIME, Metric.BACKWARD_TIME, Metric.OPTIMIZER_TIME,
@@ -118,12 +119,7 @@ def load_training_matrix(path: str | Path) -> tuple[TrainingMatrix, list[Scenari
             load, a case the scenario schema refuses (naming its field).
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("matrix", f"no such file (got '{path}')")
-    try:
-        matrix = TrainingMatrix.model_validate(load_yaml(path, "matrix"))
-    except ValidationError as error:
-        raise config_error_from(error) from None
+    matrix = read_matrix_file(path, TrainingMatrix)
     variants = grid_variants(matrix.grid) + list(matrix.variants)
     if not variants:
         raise ConfigError("matrix.grid", "no case: give a grid or variants (got neither)")

@@ -20,10 +20,12 @@ algorithm against reduce_ln_bcast, measured and simulated side by side.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,18 +286,23 @@ def in_run_errors(scenario: str, prompt_tokens: int, simulated, measured) -> pd.
 LOCK_TURN_S = 2.0  # between two clusters, how long a run sharing the testbed lock leaves it free
 
 
-def cluster_lock():
-    """An exclusive lock on the file named by ``HETSIM_TESTBED_LOCK`` (flock(2), as ``flock FILE``
-    takes it), held while one cluster's testbed is up, so that runs sharing one machine's testbed
-    take turns cluster by cluster; an open file to close when the cluster is done (None-like
-    ``os.devnull`` without the variable)."""
-    import fcntl
+LOCK_VARIABLE = "HETSIM_TESTBED_LOCK"
 
-    path = os.environ.get("HETSIM_TESTBED_LOCK")
-    handle = open(path or os.devnull, "a")
-    if path:
+
+@contextmanager
+def testbed_turn() -> Iterator[None]:
+    """An exclusive lock on the file named by ``HETSIM_TESTBED_LOCK`` (flock(2), as ``flock FILE``
+    takes it) for the block, so that runs sharing one machine's testbed take turns; on release,
+    :data:`LOCK_TURN_S` without it before the caller may take it again (flock wakes its waiters but
+    does not queue them). No lock without the variable."""
+    path = os.environ.get(LOCK_VARIABLE)
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
+        yield  # closing the file releases the lock
+    time.sleep(LOCK_TURN_S)
 
 
 def layout_errors(case: Scenario, topology, profile: Profile, matrix: Matrix, simulate) -> pd.DataFrame:
@@ -359,7 +366,8 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
         # measures the other layouts and predicts them with that profile (layout_errors).
         scenario = original if calibrated is None else with_layout(original, calibrated)
         topology = build_topology(scenario.config.cluster)
-        lock = cluster_lock()
+        turn = ExitStack()
+        turn.enter_context(testbed_turn())
         bed = None
         if matrix.testbed:
             from runtime.testbed import Testbed, require_privileges
@@ -417,9 +425,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
         finally:
             if bed is not None:
                 bed.down()
-            lock.close()
-            if lock.name != os.devnull:
-                time.sleep(LOCK_TURN_S)  # flock(2) wakes the waiters but does not queue them: let one take it
+            turn.close()
     with interrupt.deferred():  # written once every scenario ran: an interrupted run leaves none
         for path, text in profiles.items():
             write_atomic(path, text)
