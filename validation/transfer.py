@@ -40,7 +40,9 @@ from validation.terms import PHASE_METRIC, metric_terms, phase_metrics, profile_
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The shipped reports and the matrices that produced them.
 SHIPPED = ((REPO_ROOT / "validation" / "matrix.yaml", REPO_ROOT / "validation" / "report"),
-           (REPO_ROOT / "validation" / "holdout.yaml", REPO_ROOT / "validation" / "holdout-report"))
+           (REPO_ROOT / "validation" / "holdout.yaml", REPO_ROOT / "validation" / "holdout-report"),
+           # quiet re-measurements; each replaces the cluster of the same name above (see the file)
+           (REPO_ROOT / "validation" / "remeasure.yaml", REPO_ROOT / "validation" / "remeasure-report"))
 TRANSFER_METRICS = (Metric.TTFT, Metric.TPOT)
 NO_PROFILE = "none"
 POOLED = "pooled"
@@ -91,13 +93,17 @@ def matrix_cluster_names(matrix_path: Path = SHIPPED[0][0]) -> list[str]:
 def shipped_clusters(reports: Sequence[tuple[Path, Path]] = SHIPPED) -> list[Cluster]:
     """The clusters of the shipped reports, in matrix order.
 
+    A later report's cluster replaces an earlier one of the same name, in its place: a cluster
+    re-measured (``validation/remeasure.yaml``: on a quiet machine, where its first measurement ran
+    under other load) is used as re-measured, its calibration and its measured medians together.
+
     Args:
         reports: (matrix file, report directory) pairs.
 
     Raises:
         ConfigError: a matrix, scenario or profile that does not load.
     """
-    clusters = []
+    clusters: dict[str, Cluster] = {}
     for matrix_path, report_dir in reports:
         _, scenarios = load_matrix(matrix_path)
         errors = pd.read_csv(report_dir / "errors.csv")
@@ -110,10 +116,10 @@ def shipped_clusters(reports: Sequence[tuple[Path, Path]] = SHIPPED) -> list[Clu
             of_scenario = errors[errors["scenario"] == scenario.name]
             machine = {column: float(of_scenario[column].iloc[0]) for column in MACHINE_LOAD
                        if column in of_scenario and len(of_scenario) and pd.notna(of_scenario[column].iloc[0])}
-            clusters.append(Cluster(scenario, load_profile(report_dir / "profiles" / f"{scenario.name}.csv"),
-                                    measured[["prompt_tokens", "variant", "metric", "measured"]]
-                                    .reset_index(drop=True), terms, machine))
-    return clusters
+            clusters[scenario.name] = Cluster(scenario, load_profile(report_dir / "profiles" / f"{scenario.name}.csv"),
+                                              measured[["prompt_tokens", "variant", "metric", "measured"]]
+                                              .reset_index(drop=True), terms, machine)
+    return list(clusters.values())
 
 
 def pooled_profile(profiles: Sequence[Profile]) -> Profile:
