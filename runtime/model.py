@@ -268,18 +268,8 @@ class RankModel:
         """This rank's shards of the tensors ``names`` (of :func:`weight_shapes`), fused where the
         ops want one matmul. A fused group's parts always share a block, so any selection by block
         fuses completely."""
-        spec, d = self.spec, self.spec.head_dim
-        q_start, kv_start = self.shard.query_heads.start, self.shard.kv_heads.start
-        mlp_cols = (self.shard.mlp_columns.start, len(self.shard.mlp_columns))
-        slices = {  # projection -> (dimension, first, count) of its weight
-            "q_proj": (0, q_start * d, self.num_heads * d),
-            "k_proj": (0, kv_start * d, self.num_kv_heads * d),
-            "v_proj": (0, kv_start * d, self.num_kv_heads * d),
-            "o_proj": (1, q_start * d, self.num_heads * d),
-            "gate_proj": (0, *mlp_cols),
-            "up_proj": (0, *mlp_cols),
-            "down_proj": (1, *mlp_cols),
-        }
+        spec = self.spec
+        slices = shard_slices(spec, self.shard)
         shards = {}
         for name in names:
             tensor = seeded_tensor(spec, self.seed, name)
@@ -320,6 +310,25 @@ class RankModel:
         if start_pos < 0 or start_pos + new_tokens > self.max_tokens:
             raise ValueError(f"positions {start_pos}..{start_pos + new_tokens - 1} outside the "
                              f"{self.max_tokens}-token cache (got start_pos {start_pos})")
+
+
+def shard_slices(spec: ModelSpec, shard: TensorShard) -> dict[str, tuple[int, int, int]]:
+    """Where ``shard`` lies in each sharded projection's weight ``[out, in]`` (Megatron-LM, arXiv
+    1909.08053, section 3): projection name -> (dimension, first index, count). q, k, v, gate and
+    up are column-parallel (dimension 0, their output features: the shard's heads or MLP columns),
+    o and down row-parallel (dimension 1, their input features). A column-parallel bias follows
+    dimension 0; a row-parallel bias is whole on every rank."""
+    d = spec.head_dim
+    q, kv, mlp = shard.query_heads, shard.kv_heads, shard.mlp_columns
+    return {
+        "q_proj": (0, q.start * d, len(q) * d),
+        "k_proj": (0, kv.start * d, len(kv) * d),
+        "v_proj": (0, kv.start * d, len(kv) * d),
+        "o_proj": (1, q.start * d, len(q) * d),
+        "gate_proj": (0, mlp.start, len(mlp)),
+        "up_proj": (0, mlp.start, len(mlp)),
+        "down_proj": (1, mlp.start, len(mlp)),
+    }
 
 
 def tensor_parallel_generate(spec: ModelSpec, tp_degree: int, *, seed: int, prompt: torch.LongTensor,

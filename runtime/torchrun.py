@@ -9,8 +9,8 @@
 
 Each process reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment
 (env:// rendezvous); there must be one per rank of the scenario's tensor-parallel group
-(:class:`sim.parallel.ParallelPlan`), or of a training scenario's data-parallel group
-(:mod:`runtime.training`: DDP over NCCL on GPUs, untested so far). ``measure`` runs on GPU ``LOCAL_RANK`` over NCCL where CUDA
+(:class:`sim.parallel.ParallelPlan`), or of a training scenario's tensor x data ranks (its
+data-parallel group for ``calibrate``; :mod:`runtime.training`: DDP over NCCL on GPUs, untested so far). ``measure`` runs on GPU ``LOCAL_RANK`` over NCCL where CUDA
 is present, else on the CPU over gloo (:func:`runtime.device.local_device`); ``calibrate`` times
 CPU ranks over gloo (NCCL calibration of GPUs is not built yet). The hosts' clocks are put on
 rank 0's first (:func:`runtime.clock.synchronise`), then :func:`runtime.worker.run_rank` or
@@ -37,7 +37,7 @@ from runtime.device import Device, local_device
 from runtime.measure import measured_result, write_measured_outputs
 from runtime.training.calibrate import calibrate_training_rank
 from runtime.training.measure import measured_training, train_rank
-from runtime.training.ranks import data_parallel_ranks
+from runtime.training.ranks import data_parallel_ranks, training_ranks
 from runtime.worker import run_rank
 from sim.outputs import write_atomic
 from sim.parallel import ParallelPlan
@@ -75,10 +75,14 @@ def main(argv: list[str] | None = None) -> None:
         scenario = load_scenario(args.scenario)
         topology = build_topology(scenario.config.cluster)
         training = scenario.config.is_training
-        ranks = data_parallel_ranks(scenario, topology) if training else ParallelPlan.of(scenario, topology).tensor_ranks
+        if training:
+            ranks = training_ranks(scenario, topology).ranks if args.command == "measure" else \
+                data_parallel_ranks(scenario, topology)
+        else:
+            ranks = ParallelPlan.of(scenario, topology).tensor_ranks
         if world_size != len(ranks):
-            raise ConfigError("WORLD_SIZE", f"must be the scenario's {'data' if training else 'tensor'}-parallel "
-                                            f"group size {len(ranks)} (got {world_size})")
+            what = "training ranks (tensor x data)" if training else "tensor-parallel group size"
+            raise ConfigError("WORLD_SIZE", f"must be the scenario's {what} {len(ranks)} (got {world_size})")
     except ConfigError as error:
         print(f"hetsim: error: {error}", file=sys.stderr)
         sys.exit(2)

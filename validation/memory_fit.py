@@ -74,23 +74,26 @@ def check_memory_fits(scenario: Scenario, *, allow_overcommit: bool = False,
 
 
 def _training_peaks(scenario: Scenario):
-    """Topology, data-parallel ranks and each rank's largest model-state and activation bytes over
+    """Topology, the layout's ranks and each rank's largest model-state and activation bytes over
     the variants (:func:`models.training.training_memory`; the runtime keeps fp32 parameters under
-    autocast, so they are counted in fp32)."""
+    autocast, so they are counted in fp32, and the embeddings and LM head on every
+    tensor-parallel rank)."""
     from models.training import ActivationLayout, Precision, training_memory
-    from runtime.training.ranks import data_parallel_ranks
+    from runtime.training.ranks import training_ranks
     from sim.topology import build_topology
     from sim.training_config import micro_batching
 
     topology = build_topology(scenario.config.cluster)
-    ranks = data_parallel_ranks(scenario, topology)
+    layout = training_ranks(scenario, topology)
+    ranks = layout.ranks
     workload = scenario.config.workload
     peaks = {}
     for variant in scenario.config.variants:
         settings = scenario.training_settings(variant)
-        micro, _ = micro_batching(workload, settings, len(ranks))
-        memory = training_memory(scenario.model.with_dtype("fp32"), ActivationLayout(micro, workload.sequence_length),
-                                 optimizer=settings.optimizer, precision=Precision.FP32, data_parallel=len(ranks),
+        micro, _ = micro_batching(workload, settings, layout.data)
+        memory = training_memory(scenario.model.with_dtype("fp32"),
+                                 ActivationLayout(micro, workload.sequence_length, layout.tensor),
+                                 optimizer=settings.optimizer, precision=Precision.FP32, data_parallel=layout.data,
                                  zero_stage=settings.zero, gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                  checkpoint_every=settings.activation_checkpointing)
         for rank in ranks:

@@ -69,6 +69,8 @@ class BucketAllreduce:
         overlap: launch each bucket when ready (False: all after the last is ready).
         average: divide by the group size (False: local gradients, the parameter-averaging case,
             nothing is communicated).
+        process_group: the ``torch.distributed`` process group of ``group``, for ``library``
+            (None: the default group, which must then be ``group``).
     """
 
     group: tuple[int, ...]
@@ -78,6 +80,7 @@ class BucketAllreduce:
     compression: GradientCompression = GradientCompression.NONE
     overlap: bool = True
     average: bool = True
+    process_group: object = None
     calls: list[BucketCall] = field(default_factory=list)
     _held: list[tuple] = field(default_factory=list)
     _schedules: dict[int, CommSchedule] = field(default_factory=dict)
@@ -122,7 +125,7 @@ class BucketAllreduce:
         if self.algorithm == LIBRARY:
             start = time.perf_counter()
             wire = self._wire(buffer)
-            work = dist.all_reduce(wire, async_op=True).get_future()
+            work = dist.all_reduce(wire, group=self.process_group, async_op=True).get_future()
 
             def finish(done: torch.futures.Future) -> None:
                 self._record(index, wire, ready, start)
@@ -172,13 +175,14 @@ class BucketAllreduce:
 
 
 def average_parameters(parameters: list[torch.Tensor], group: tuple[int, ...], rank: int, algorithm: str,
-                       host_groups: Callable) -> None:
+                       host_groups: Callable, process_group=None) -> None:
     """Replace every parameter by its mean over ``group``: one flat allreduce by ``algorithm``
-    (``library``: the backend's, as ``torch.distributed.algorithms.model_averaging.utils
-    .average_parameters`` does; otherwise the hetsim schedule over isend/irecv)."""
+    (``library``: the backend's over ``process_group``, None for the default group, as
+    ``torch.distributed.algorithms.model_averaging.utils.average_parameters`` does; otherwise the
+    hetsim schedule over isend/irecv)."""
     flat = torch.cat([p.detach().reshape(-1) for p in parameters]).div_(len(group))
     if algorithm == LIBRARY:
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=process_group)
     else:
         schedule = build_schedule(OpKind.ALLREDUCE, algorithm, group, flat.numel() * flat.element_size(),
                                   host_groups=host_groups(group))

@@ -1,7 +1,7 @@
 """``hetsim measure`` of a training scenario: every variant trained with real DDP, step by step.
 
-One forked rank per data-parallel rank (:func:`runtime.launch.launch`, in the testbed's host
-namespaces with ``--testbed``). Each variant in turn, on every rank: a fresh
+One forked rank per rank of the layout, tensor x data (:func:`runtime.launch.launch`, in the
+testbed's host namespaces with ``--testbed``; :class:`runtime.training.ranks.TrainingRanks`). Each variant in turn, on every rank: a fresh
 :class:`~runtime.training.trainer.Trainer` (the same seeded weights), ``warmup`` untimed
 optimizer steps (the first also rebuilds DDP's buckets in the order gradients became ready),
 one common start on the shared clock (:func:`runtime.worker.common_start`), ``repeats`` x
@@ -152,23 +152,24 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
                device, heartbeat=lambda label: None) -> list | None:
     """Train and time every variant on this rank (see the module); all ranks' measurements
     ``[rank][variant]`` on rank 0, None elsewhere. Needs the default process group of the
-    data-parallel ranks."""
+    layout's ranks (:func:`runtime.training.ranks.training_ranks`)."""
     import torch.distributed as dist
 
     from runtime import memory_probe
     from runtime.device import device_of
-    from runtime.training.ranks import data_parallel_ranks
-    from runtime.training.trainer import Trainer, TrainingSetup
+    from runtime.training.ranks import training_ranks
+    from runtime.training.trainer import Trainer, TrainingSetup, process_groups
     from runtime.worker import common_start
 
     memory_probe.configure_allocator(exact=False)
-    group = data_parallel_ranks(scenario, topology)
+    layout = training_ranks(scenario, topology)
+    groups = process_groups(layout, rank)
     steps = scenario.config.workload.steps
     probe = device_of(device)
     out = []
     for variant in scenario.config.variants:
-        trainer = Trainer(TrainingSetup.of(scenario, variant, group), rank, topology.host_groups, seed=seed,
-                          device=device)
+        trainer = Trainer(TrainingSetup.of_ranks(scenario, variant, layout), rank, topology.host_groups, seed=seed,
+                          device=device, groups=groups)
         for step in range(warmup):
             heartbeat(f"{variant.name} warm-up step {step}")
             trainer.step(step)
@@ -206,7 +207,7 @@ def _shifted(timing, t0: float):
 def measure_training(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, seed: int = 0, testbed: bool = False,
                      hang_timeout_s: float = 120.0) -> MeasuredResult:
     """Measure every variant of the training ``scenario`` on this machine: one forked rank per
-    data-parallel rank, inside the testbed's host namespaces when ``testbed``.
+    rank of its layout (tensor x data), inside the testbed's host namespaces when ``testbed``.
 
     Raises:
         ConfigError: what :class:`runtime.training.trainer.TrainingSetup` refuses, or ``testbed``
@@ -216,18 +217,18 @@ def measure_training(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
     import torch
 
     from runtime.launch import launch
-    from runtime.training.ranks import data_parallel_ranks
+    from runtime.training.ranks import training_ranks
     from runtime.training.trainer import TrainingSetup
 
     topology = build_topology(scenario.config.cluster)
-    group = data_parallel_ranks(scenario, topology)
+    layout = training_ranks(scenario, topology)
     for variant in scenario.config.variants:  # refused here, before any rank starts
-        TrainingSetup.of(scenario, variant, group)
-    placements, enter = placements_for(scenario, topology, group, testbed)
+        TrainingSetup.of_ranks(scenario, variant, layout)
+    placements, enter = placements_for(scenario, topology, layout.ranks, testbed)
 
     def body(rank: int, heartbeat):
         return train_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed,
                           device=torch.device("cpu"), heartbeat=heartbeat)
 
-    gathered = launch(body, len(group), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter)[0]
+    gathered = launch(body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter)[0]
     return measured_training(scenario, topology, gathered, repeats)

@@ -10,13 +10,19 @@ whatever the variant, the same parameters must come out, up to float rounding.
 Parameter averaging (local SGD) is not equal to that: :func:`local_sgd_reference` keeps the D
 replicas in one process, each stepping its own optimizer on its own rows, and replaces their
 parameters by the mean every ``averaging_period`` steps.
+
+Under tensor parallelism a rank holds a shard of its replica: :func:`reference_shard` cuts the
+reference's parameters to it (:func:`runtime.training.model.shard_parameters`), which, in exact
+arithmetic, is what the rank holds after the same steps (Megatron's ``f`` and ``g`` make the
+sharded forward and backward the whole model's).
 """
 
 from __future__ import annotations
 
 import torch
 
-from runtime.training.model import DecoderLM, next_token_loss, training_batch
+from models.shards import tensor_shards
+from runtime.training.model import DecoderLM, next_token_loss, shard_parameters, training_batch
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer
 
 
@@ -58,3 +64,12 @@ def local_sgd_reference(setup: TrainingSetup, steps: int, seed: int) -> list[dic
                     for t in tensors:
                         t.copy_(mean)
     return [{name: p.detach().clone() for name, p in m.named_parameters()} for m in replicas]
+
+
+def reference_shard(setup: TrainingSetup, parameters: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """The part of a reference's whole-model ``parameters`` that ``rank`` holds: its
+    tensor-parallel index's shard (``rank % setup.tensor``; everything when ``setup.tensor`` is 1)."""
+    if setup.tensor == 1:
+        return parameters
+    shard = tensor_shards(setup.spec, setup.tensor)[rank % setup.tensor]
+    return shard_parameters(setup.spec, shard, parameters)

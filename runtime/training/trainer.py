@@ -14,6 +14,12 @@ accumulated gradient is the mean over the rank's rows, then the optimizer (torch
 ``ZeroRedundancyOptimizer`` for ``zero: 1``), then, under parameter averaging, the mean of the
 parameters every ``averaging_period`` steps. Every phase is timed with ``time.perf_counter``
 after the device finished its work.
+
+Tensor parallelism inside each data-parallel replica (``parallel.tensor`` T above 1, ranks laid
+out by :class:`runtime.training.ranks.TrainingRanks`): the model is the rank's shard
+(:class:`runtime.training.model.TensorParallel`, its collectives over the replica's T ranks), and
+DDP, the comm hook, ZeRO-1 and the parameter average run over the rank's data-parallel group (the
+ranks of its tensor index); the T ranks of a replica train on the same rows.
 """
 
 from __future__ import annotations
@@ -24,15 +30,18 @@ from dataclasses import dataclass, field
 
 import torch
 import torch._dynamo  # noqa: F401 - DDP imports it on first use: 10 s per rank unless the parent, which forks, has
+import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from models.errors import ConfigError
+from models.shards import tensor_shards
 from models.spec import ModelSpec
 from models.training import Optimizer, Precision
 from runtime.device import device_of
 from runtime.training.hooks import BucketAllreduce, BucketCall, average_parameters
-from runtime.training.model import DecoderLM, next_token_loss, training_batch
+from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
+from runtime.training.ranks import TrainingRanks
 from sim.collectives.registry import AUTO
 from sim.training_config import Averaging, TrainingSettings, TrainingWorkload, micro_batching
 
@@ -45,7 +54,8 @@ defaults (SGD without momentum, AdamW's weight decay 0.01), as :mod:`models.trai
 @dataclass(frozen=True)
 class TrainingSetup:
     """What one variant trains, resolved: ``micro_batch_size`` and ``accumulation`` per rank
-    (:func:`sim.training_config.micro_batching`) over the ``group`` of data-parallel ranks.
+    (:func:`sim.training_config.micro_batching`) over the ``group`` of data-parallel ranks (those
+    of tensor index 0), each replica of ``tensor`` tensor-parallel ranks.
 
     Raises (from :meth:`of`): ConfigError on ``training.allreduce: auto`` (the simulator's choice,
     which no single run makes), and on ``training.zero: 1`` with parameter averaging (ZeRO-1
@@ -59,9 +69,10 @@ class TrainingSetup:
     group: tuple[int, ...]
     micro_batch_size: int
     accumulation: int
+    tensor: int = 1
 
     @classmethod
-    def of(cls, scenario, variant, group: tuple[int, ...]) -> TrainingSetup:
+    def of(cls, scenario, variant, group: tuple[int, ...], tensor: int = 1) -> TrainingSetup:
         settings = scenario.training_settings(variant)
         workload = scenario.config.workload
         if settings.allreduce == AUTO:
@@ -71,7 +82,17 @@ class TrainingSetup:
             raise ConfigError("training.zero", f"variant {variant.name}: ZeRO-1 shards the optimizer of replicas "
                                                f"that average gradients, not parameters (got 1)")
         micro, accumulation = micro_batching(workload, settings, len(group))
-        return cls(variant.name, scenario.model, workload, settings, group, micro, accumulation)
+        return cls(variant.name, scenario.model, workload, settings, group, micro, accumulation, tensor)
+
+    @classmethod
+    def of_ranks(cls, scenario, variant, ranks: TrainingRanks) -> TrainingSetup:
+        """:meth:`of` for the layout ``ranks`` (:func:`runtime.training.ranks.training_ranks`)."""
+        return cls.of(scenario, variant, ranks.data_group(0), ranks.tensor)
+
+    @property
+    def layout(self) -> TrainingRanks:
+        """The ranks' layout: ``tensor`` x the group's replicas."""
+        return TrainingRanks(self.tensor, len(self.group))
 
     @property
     def rank_rows(self) -> int:
@@ -85,12 +106,15 @@ class TrainingSetup:
         return self.settings.averaging is Averaging.PARAMETERS and (step + 1) % self.settings.averaging_period == 0
 
 
-def make_optimizer(parameters, settings: TrainingSettings, zero: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(parameters, settings: TrainingSettings, zero: bool = False,
+                   process_group=None) -> torch.optim.Optimizer:
     """The variant's optimizer over ``parameters`` (a list), sharded with
-    ``torch.distributed.optim.ZeroRedundancyOptimizer`` when ``zero``."""
+    ``torch.distributed.optim.ZeroRedundancyOptimizer`` over ``process_group`` (None: the default
+    group) when ``zero``."""
     cls = OPTIMIZERS[settings.optimizer]
     if zero:
-        return ZeroRedundancyOptimizer(parameters, optimizer_class=cls, lr=LEARNING_RATE[settings.optimizer])
+        return ZeroRedundancyOptimizer(parameters, optimizer_class=cls, process_group=process_group,
+                                       lr=LEARNING_RATE[settings.optimizer])
     return cls(parameters, lr=LEARNING_RATE[settings.optimizer])
 
 
@@ -118,31 +142,61 @@ class StepTiming:
     buckets: list[BucketCall] = field(default_factory=list)
 
 
+def process_groups(layout: TrainingRanks, rank: int) -> tuple[object | None, object | None]:
+    """``rank``'s tensor-parallel and data-parallel process groups under ``layout`` (None: no
+    tensor parallelism; the default group when the data-parallel group is every rank). Every rank
+    must call it, in the same order: ``dist.new_group`` creates each group on all ranks."""
+    if layout.tensor == 1:
+        return None, None
+    tensor = data = None
+    for first in range(0, len(layout.ranks), layout.tensor):
+        group = dist.new_group(list(layout.tensor_group(first)))
+        if rank in layout.tensor_group(first):
+            tensor = group
+    for index in range(layout.tensor):
+        group = dist.new_group(list(layout.data_group(index)))
+        if rank in layout.data_group(index):
+            data = group
+    return tensor, data
+
+
 class Trainer:
-    """Rank ``rank`` of ``setup.group`` training with DDP (the default process group must be up and
-    its ranks be the group's).
+    """Rank ``rank`` of ``setup.layout`` training with DDP (the default process group must be up
+    over every rank of the layout).
 
     Args:
         host_groups: ``group -> group partitioned by host`` (``Topology.host_groups``).
         seed: of the weights and of every step's batch.
+        groups: ``rank``'s (tensor-parallel, data-parallel) process groups
+            (:func:`process_groups`, made here when None: every rank must then build its
+            trainers in the same order).
     """
 
     def __init__(self, setup: TrainingSetup, rank: int, host_groups, *, seed: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", groups: tuple[object | None, object | None] | None = None):
         self.setup, self.rank, self.seed = setup, rank, seed
         self.device = device_of(device)
         self.host_groups = host_groups
+        layout = setup.layout
+        self.data_group = layout.data_group(rank)
+        tensor_group, self.process_group = groups if groups is not None else process_groups(layout, rank)
         s = setup.settings
-        model = DecoderLM(setup.spec, seed, s.activation_checkpointing).to(self.device.torch_device)
+        tensor_parallel = None
+        if layout.tensor > 1:
+            shard = tensor_shards(setup.spec, layout.tensor)[rank % layout.tensor]
+            tensor_parallel = TensorParallel(shard, tensor_group)
+        model = DecoderLM(setup.spec, seed, s.activation_checkpointing, tensor_parallel).to(self.device.torch_device)
         cuda = self.device.torch_device.type == "cuda"
         self.ddp = DistributedDataParallel(
             model, device_ids=[self.device.torch_device] if cuda else None,
             bucket_cap_mb_list=[min(s.first_bucket_mb, s.bucket_cap_mb), s.bucket_cap_mb],
-            gradient_as_bucket_view=s.gradient_as_bucket_view)
-        self.hook = BucketAllreduce(setup.group, rank, s.allreduce, host_groups, s.gradient_compression, s.overlap,
-                                    average=s.averaging is Averaging.GRADIENTS)
+            gradient_as_bucket_view=s.gradient_as_bucket_view, process_group=self.process_group)
+        self.hook = BucketAllreduce(self.data_group, rank, s.allreduce, host_groups, s.gradient_compression,
+                                    s.overlap, average=s.averaging is Averaging.GRADIENTS,
+                                    process_group=self.process_group)
         self.ddp.register_comm_hook(None, self.hook.comm_hook)
-        self.optimizer = make_optimizer(list(self.ddp.parameters()), s, zero=s.zero == 1)
+        self.optimizer = make_optimizer(list(self.ddp.parameters()), s, zero=s.zero == 1,
+                                        process_group=self.process_group)
 
     def close(self) -> None:
         """Stop the comm hook's thread."""
@@ -152,7 +206,8 @@ class Trainer:
         """This rank's rows of step ``step``'s global batch, ``[rank_rows, sequence_length + 1]``."""
         w, setup = self.setup.workload, self.setup
         batch = training_batch(setup.spec, w.global_batch_size, w.sequence_length, self.seed, step)
-        index = setup.group.index(self.rank)
+        # The data-parallel replica's index: its tensor-parallel ranks train on the same rows.
+        index = setup.group.index(self.rank - self.rank % setup.tensor)
         return batch[index * setup.rank_rows:(index + 1) * setup.rank_rows]
 
     def step(self, step: int) -> StepTiming:
@@ -180,7 +235,8 @@ class Trainer:
         timing.optimizer = (start, self._now())
         if setup.averages_after(step):
             start = self._now()
-            average_parameters(list(self.ddp.parameters()), setup.group, self.rank, s.allreduce, self.host_groups)
+            average_parameters(list(self.ddp.parameters()), self.data_group, self.rank, s.allreduce, self.host_groups,
+                               process_group=self.process_group)
             timing.averaging = (start, self._now())
         timing.end_s = timing.averaging[1] if timing.averaging else timing.optimizer[1]
         timing.buckets = self.hook.take_calls()
