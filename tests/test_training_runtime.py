@@ -14,14 +14,15 @@ import yaml
 torch = pytest.importorskip("torch")
 
 from models.errors import ConfigError  # noqa: E402
+from models.shards import tensor_shards  # noqa: E402
 from runtime.launch import launch  # noqa: E402
 from runtime.training.calibrate import calibrate_training  # noqa: E402
 from runtime.training.hooks import BucketCall  # noqa: E402
 from runtime.training.measure import measure_training, step_metrics  # noqa: E402
-from runtime.training.model import DecoderLM  # noqa: E402
-from runtime.training.ranks import data_parallel_ranks  # noqa: E402
-from runtime.training.reference import local_sgd_reference, reference_parameters  # noqa: E402
-from runtime.training.trainer import StepTiming, Trainer, TrainingSetup  # noqa: E402
+from runtime.training.model import DecoderLM, TensorParallel  # noqa: E402
+from runtime.training.ranks import data_parallel_ranks, training_ranks  # noqa: E402
+from runtime.training.reference import local_sgd_reference, reference_parameters, reference_shard  # noqa: E402
+from runtime.training.trainer import StepTiming, Trainer, TrainingSetup, process_groups  # noqa: E402
 from sim.profile import load_profile  # noqa: E402
 from sim.scenario import scenario_from_dict  # noqa: E402
 from sim.topology import build_topology  # noqa: E402
@@ -37,12 +38,12 @@ SMALL_BUCKETS = {"bucket_cap_mb": 0.02, "first_bucket_mb": 0.005}  # several buc
 
 
 def _scenario(tmp_path: Path, model_type: str, data: int, training: dict, variants: list[dict], *,
-              global_batch: int = 8, steps: int = STEPS):
+              global_batch: int = 8, steps: int = STEPS, tensor: int = 1):
     path = tmp_path / f"{model_type}.config.json"
     path.write_text(json.dumps(tiny_model_config(model_type, num_layers=2)))
     return scenario_from_dict({
-        "name": "train_test", "model": str(path), "dtype": "fp32", "cluster": CLUSTERS[data],
-        "parallel": {"data": data},
+        "name": "train_test", "model": str(path), "dtype": "fp32", "cluster": CLUSTERS[data] if tensor == 1 else cluster(data, tensor, device="cpu"),
+        "parallel": {"data": data, "tensor": tensor},
         "workload": {"kind": "training", "global_batch_size": global_batch, "micro_batch_size": global_batch // data,
                      "sequence_length": 16, "steps": steps},
         "training": training, "variants": variants}, base_dir=ROOT)
@@ -51,12 +52,14 @@ def _scenario(tmp_path: Path, model_type: str, data: int, training: dict, varian
 def _train(scenario, steps: int = STEPS):
     """Every variant trained ``steps`` steps on every rank: [rank][variant] -> (parameters, step timings)."""
     topology = build_topology(scenario.config.cluster)
-    group = data_parallel_ranks(scenario, topology)
+    layout = training_ranks(scenario, topology)
 
     def body(rank, heartbeat):
         out = []
+        groups = process_groups(layout, rank)
         for variant in scenario.config.variants:
-            trainer = Trainer(TrainingSetup.of(scenario, variant, group), rank, topology.host_groups, seed=SEED)
+            trainer = Trainer(TrainingSetup.of_ranks(scenario, variant, layout), rank, topology.host_groups, seed=SEED,
+                              groups=groups)
             timings = [trainer.step(step) for step in range(steps)]
             trainer.close()
             out.append((trainer.parameters(), timings))
@@ -66,11 +69,11 @@ def _train(scenario, steps: int = STEPS):
         import torch.distributed as dist
 
         mine = body(rank, heartbeat)
-        every = [None] * len(group)
+        every = [None] * len(layout.ranks)
         dist.all_gather_object(every, mine)
         return every
 
-    return launch(gather, len(group), hang_timeout_s=120)[0]
+    return launch(gather, len(layout.ranks), hang_timeout_s=120)[0]
 
 
 def _assert_same(got: dict, expected: dict, atol: float, label: str) -> None:
@@ -80,12 +83,16 @@ def _assert_same(got: dict, expected: dict, atol: float, label: str) -> None:
 
 
 def _check_against_reference(scenario, atol: float) -> list:
+    """Every rank's parameters after :data:`STEPS` steps equal its part (its tensor-parallel
+    shard) of the single-process reference's."""
     ranks = _train(scenario)
-    group = tuple(range(len(ranks)))
+    layout = training_ranks(scenario, build_topology(scenario.config.cluster))
     for index, variant in enumerate(scenario.config.variants):
-        expected = reference_parameters(TrainingSetup.of(scenario, variant, group), STEPS, SEED)
+        setup = TrainingSetup.of_ranks(scenario, variant, layout)
+        expected = reference_parameters(setup, STEPS, SEED)
         for rank, per_variant in enumerate(ranks):
-            _assert_same(per_variant[index][0], expected, atol, f"{variant.name} rank {rank}")
+            _assert_same(per_variant[index][0], reference_shard(setup, expected, rank), atol,
+                         f"{variant.name} rank {rank}")
     return ranks
 
 
@@ -175,6 +182,27 @@ def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
     assert list(averaged[averaged["stream"] == "comm"]["name"].unique()) == ["parameter average"]
 
 
+def test_measure_runs_tensor_parallel_training_on_every_rank_of_the_layout(tmp_path):
+    scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "adamw", "allreduce": "ring", **SMALL_BUCKETS},
+                         [{"name": "ring"}], steps=1, tensor=2)
+    check_memory_fits(scenario)
+    result = measure_training(scenario, repeats=1, warmup=1, seed=SEED)
+    ring = result.results.set_index("metric")["value"]
+    for metric in ("step_time_s", "forward_s", "backward_s", "optimizer_s", "exposed_communication_s"):
+        assert ring[metric] > 0, metric
+    assert set(result.results[result.results["metric"] == "peak_memory_bytes"]["device"]) == {
+        "h0/dev0", "h0/dev1", "h1/dev0", "h1/dev1"}
+    ops = result.variants[0].trace.ops
+    buckets = ops[ops["name"].str.startswith("bucket")]
+    assert set(buckets["rank"]) == {0, 1, 2, 3}
+    layout = training_ranks(scenario, build_topology(scenario.config.cluster))
+    shard = tensor_shards(scenario.model, 2)[0]
+    parameters = 4 * sum(p.numel() for p in DecoderLM(scenario.model, 0, tensor_parallel=TensorParallel(shard, None))
+                         .parameters())
+    assert layout.data_group(1) == (1, 3)
+    assert buckets[buckets["rank"] == 0]["bytes"].sum() == parameters  # the shard's gradients, reduced once
+
+
 @pytest.mark.parametrize("training, field", [
     ({"allreduce": "auto"}, "training.allreduce"),
     ({"zero": 1, "averaging": "parameters", "averaging_period": 2}, "training.zero"),
@@ -186,10 +214,66 @@ def test_what_the_runtime_cannot_run_is_refused_naming_the_field(tmp_path, train
     assert caught.value.field == field
 
 
-def test_tensor_parallel_training_is_refused(tmp_path):
-    document = _scenario(tmp_path, "gpt2", 2, {}, [{"name": "v"}]).config.model_dump(mode="json", by_alias=True)
-    document["parallel"] = {"data": 1, "tensor": 2}
+def test_tensor_parallel_shards_match_the_reference_with_data_parallelism_across_them(tmp_path):
+    # TP 2 x DP 2 on 4 ranks: ranks 0 and 1 are replica 0's shards (one KV head each of the tiny
+    # Llama's 2, half the gated MLP), ranks 0 and 2 a data-parallel group.
+    scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "sgd", "allreduce": "ring", **SMALL_BUCKETS}, [
+        {"name": "ring"},
+        {"name": "library", "training": {"allreduce": "library"}},
+        {"name": "rd_no_sync_checkpointed", "training": {"allreduce": "recursive_doubling", "gradient_accumulation": 2,
+                                                         "activation_checkpointing": 1}},
+        {"name": "zero1_no_overlap", "training": {"zero": 1, "overlap": False}},
+    ], tensor=2)
+    ranks = _check_against_reference(scenario, atol=1e-6)
+    parameters = [ranks[r][0][0] for r in range(4)]
+    # q of 4 of the 8 heads, k and v of 1 of the 2 KV heads, of head_dim 8: half the fused rows.
+    assert parameters[0]["layers.0.qkv_proj.weight"].shape == parameters[1]["layers.0.qkv_proj.weight"].shape == (
+        (4 + 1 + 1) * 8, 64)
+    assert not torch.equal(parameters[0]["layers.0.qkv_proj.weight"], parameters[1]["layers.0.qkv_proj.weight"])
+    torch.testing.assert_close(parameters[0]["embed"], parameters[1]["embed"], rtol=0, atol=0)  # replicated
+    torch.testing.assert_close(parameters[0]["layers.0.qkv_proj.weight"], parameters[2]["layers.0.qkv_proj.weight"],
+                               rtol=0, atol=0)  # data-parallel replicas agree
+    # The buckets hold a shard's gradients: half the layers' weights, all the replicated tensors.
+    bucket_bytes = sum(b.size_bytes for b in ranks[0][0][1][-1].buckets)
+    assert bucket_bytes == 4 * sum(p.numel() for p in parameters[0].values())
+
+
+def test_tensor_parallel_alone_matches_the_reference_with_adamw(tmp_path):
+    # TP 2 x DP 1 of GPT-2 (tied embeddings, learned positions, biases: the row-parallel ones added
+    # once, after the reduction).
+    scenario = _scenario(tmp_path, "gpt2", 1, {"optimizer": "adamw"}, [
+        {"name": "adamw"}, {"name": "checkpointed", "training": {"activation_checkpointing": 1}}], tensor=2)
+    _check_against_reference(scenario, atol=2e-5)
+
+
+def test_parameter_averaging_with_tensor_parallelism_matches_local_sgd_shards(tmp_path):
+    steps = 3
+    scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "sgd", "allreduce": "library",
+                                               "averaging": "parameters", "averaging_period": 2},
+                         [{"name": "local_sgd"}], steps=steps, tensor=2)
+    ranks = _train(scenario, steps)
+    setup = TrainingSetup.of(scenario, scenario.config.variants[0], (0, 2), tensor=2)
+    replicas = local_sgd_reference(setup, steps, SEED)
+    for rank, per_variant in enumerate(ranks):
+        _assert_same(per_variant[0][0], reference_shard(setup, replicas[rank // 2], rank), 1e-6, f"rank {rank}")
+
+
+@pytest.mark.parametrize("parallel, field, message", [
+    ({"data": 1, "tensor": 4}, "parallel.tensor", "whole key-value heads"),  # 2 KV heads
+    ({"data": 3, "tensor": 2}, "parallel.data", "exceeds the cluster's 4 devices"),
+])
+def test_a_layout_the_training_runtime_cannot_run_is_refused_naming_the_field(tmp_path, parallel, field, message):
+    document = _scenario(tmp_path, "llama", 2, {}, [{"name": "v"}], tensor=2).config.model_dump(mode="json",
+                                                                                                by_alias=True)
+    document["parallel"] = parallel
     scenario = scenario_from_dict(document, base_dir=ROOT)
+    with pytest.raises(ConfigError, match=message) as caught:
+        training_ranks(scenario, build_topology(scenario.config.cluster))
+    assert caught.value.field == field
+
+
+def test_the_training_calibration_refuses_tensor_parallelism(tmp_path):
+    scenario = _scenario(tmp_path, "gpt2", 1, {}, [{"name": "v"}], tensor=2)
     with pytest.raises(ConfigError, match="data parallelism only"):
         data_parallel_ranks(scenario, build_topology(scenario.config.cluster))
 
