@@ -246,6 +246,14 @@ def test_tensor_parallel_alone_matches_the_reference_with_adamw(tmp_path):
     _check_against_reference(scenario, atol=2e-5)
 
 
+def test_tensor_parallel_bf16_autocast_and_compressed_buckets_match_within_their_precision(tmp_path):
+    scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "sgd", "allreduce": "ring"}, [
+        {"name": "bf16_mixed", "training": {"precision": "bf16_mixed"}},  # the TP allreduces carry bf16
+        {"name": "fp16_buckets", "training": {"gradient_compression": "fp16"}},
+    ], tensor=2)
+    _check_against_reference(scenario, atol=2e-5)
+
+
 def test_parameter_averaging_with_tensor_parallelism_matches_local_sgd_shards(tmp_path):
     steps = 3
     scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "sgd", "allreduce": "library",
