@@ -73,9 +73,12 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, partial: torch.Tensor, group) -> torch.Tensor:
-        partial = partial.contiguous()
-        dist.all_reduce(partial, group=group)
-        return partial
+        # Reduced in place, as Megatron's _reduce does: the partial sum is nobody else's input.
+        summed = partial.contiguous()
+        if summed is partial:
+            ctx.mark_dirty(partial)
+        dist.all_reduce(summed, group=group)
+        return summed
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
