@@ -143,9 +143,9 @@ class StepTiming:
 
 
 def process_groups(layout: TrainingRanks, rank: int) -> tuple[object | None, object | None]:
-    """``rank``'s tensor-parallel and data-parallel process groups under ``layout`` (None: no
-    tensor parallelism; the default group when the data-parallel group is every rank). Every rank
-    must call it, in the same order: ``dist.new_group`` creates each group on all ranks."""
+    """``rank``'s tensor-parallel and data-parallel process groups under ``layout``; (None, None)
+    without tensor parallelism, where DDP and the hook use the default group (every rank). Every
+    rank must call it, in the same order: ``dist.new_group`` creates each group on all ranks."""
     if layout.tensor == 1:
         return None, None
     tensor = data = None
