@@ -18,7 +18,6 @@ transaction when a process dies, only possibly the last ones on a power cut (sql
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Iterable

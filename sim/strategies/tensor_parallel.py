@@ -105,7 +105,7 @@ class TensorParallel:
         # The residual stream and the normalised input live for the whole pass on every rank.
         activations = ((MemoryCategory.ACTIVATIONS, 2 * hidden_bytes),)
         group = Group(ranks, algorithms, hidden_bytes, layer[OpKind.LAYERNORM])
-        everyone, only_master = ranks, (group.master,)
+        only_master = (group.master,)
 
         # Prologue: the master embeds the tokens (or holds what the stage before sent) and hands
         # the first normalised input out.
