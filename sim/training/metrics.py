@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from models.ops import OpKind
 from sim.program import Stream
 from sim.vocabulary import Metric, TrainingPhase
 
@@ -55,7 +56,8 @@ def _segment_rank_times(segment, phases, result, rank) -> tuple[float, float, di
     ``backward_s`` in the module docstring) of one rank in one instance of a segment (s)."""
     program = segment.programs[rank]
     starts, ends = result.starts[rank], result.ends[rank]
-    is_comm = np.array([op.collective is not None for op in program], dtype=bool)
+    # A comm thread's work on shared cores is the bucket's communication, not the rank's compute.
+    is_comm = np.array([op.collective is not None or op.kind is OpKind.COMM_THREAD for op in program], dtype=bool)
     comm = union_length_s(starts[is_comm], ends[is_comm])
     both = union_length_s(starts, ends)
     compute = union_length_s(starts[~is_comm], ends[~is_comm])
