@@ -62,6 +62,7 @@ from runtime.training.ranks import data_parallel_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer
 from sim.context import context_rows, scenario_context
 from sim.profile import profile_frame
+from sim.training.step_compute import pass_costs
 from sim.training_config import TrainingSettings
 from sim.vocabulary import MeasurementKind
 
@@ -197,10 +198,11 @@ def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repea
                 times[OpKind.FORWARD].append(middle - start)
                 times[OpKind.BACKWARD].append(time.perf_counter() - middle)
         spec = scenario.model.with_dtype(compute_dtype(precision))
+        costs = pass_costs(spec, TrainingSettings(precision=precision), micro, sequence)
         for kind, timed in times.items():
             rows.append({"measurement": MeasurementKind.TRAINING_PASS, "device_class": device_class, "op": kind.value,
                          "group_size": 1, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
-                         "dtype": spec.dtype, "unit": "s",
+                         "dtype": spec.dtype, "flops": costs[kind][0], "traffic_bytes": costs[kind][1], "unit": "s",
                          "method": "the training model's whole pass (forward to the loss, or loss.backward()) without "
                                    "DDP, every data-parallel rank at once", "times": timed})
     model.zero_grad(set_to_none=True)

@@ -104,21 +104,39 @@ class StepCompute:
         return self.inner.reduce_s_per_byte(device)
 
 
-def pass_op_sums(model, settings, micro: int, sequence: int, rank: int, compute, device: Device) -> dict[OpKind, float]:
-    """The sum of one micro-batch's forward ops and of its backward ops (s) on ``rank``, as
-    ``compute`` prices them at one core's rate (its contention ``scale`` taken out, as the
-    calibration's passes and ops were timed alike), of ``model`` (in its compute dtype) at
-    ``micro`` sequences of ``sequence`` tokens, without checkpointing or communication."""
+def pass_ops(model, settings, micro: int, sequence: int, rank: int = 0):
+    """``(pass, op, instances)`` of every forward and backward op of one micro-batch of ``model``
+    (in its compute dtype) at ``micro`` sequences of ``sequence`` tokens on ``rank``, lowered as
+    the simulator runs it (:func:`sim.training.lower.lower_step`) without checkpointing or
+    communication: what a calibration's whole pass is set against."""
     from sim.training.lower import StepShape, lower_step
 
     plain = settings.model_copy(update={"activation_checkpointing": None})
     step = lower_step(StepShape(model, plain, micro, sequence, 1, ((rank,),)), sync_gradients=False,
                       average_parameters=False)
-    scale = getattr(compute, "scale", 1.0)
-    sums: dict[OpKind, float] = {}
     for part in step.segments:
         for op in part.segment.programs[rank]:
             kind = op_pass(op)
             if kind is not None:
-                sums[kind] = sums.get(kind, 0.0) + part.segment.repeat * compute.duration_s(op, device) / scale
+                yield kind, op, part.segment.repeat
+
+
+def pass_op_sums(model, settings, micro: int, sequence: int, rank: int, compute, device: Device) -> dict[OpKind, float]:
+    """The sum of one micro-batch's forward ops and of its backward ops (s) on ``rank``
+    (:func:`pass_ops`), as ``compute`` prices them at one core's rate (its contention ``scale``
+    taken out, as the calibration's passes and ops were timed alike)."""
+    scale = getattr(compute, "scale", 1.0)
+    sums: dict[OpKind, float] = {}
+    for kind, op, instances in pass_ops(model, settings, micro, sequence, rank):
+        sums[kind] = sums.get(kind, 0.0) + instances * compute.duration_s(op, device) / scale
     return sums
+
+
+def pass_costs(model, settings, micro: int, sequence: int) -> dict[OpKind, tuple[float, float]]:
+    """Per pass, (FLOPs, memory traffic in bytes) of its ops (:func:`pass_ops`), what a
+    calibration's ``training_pass`` row records."""
+    costs: dict[OpKind, tuple[float, float]] = {}
+    for kind, op, instances in pass_ops(model, settings, micro, sequence):
+        flops, traffic = costs.get(kind, (0.0, 0.0))
+        costs[kind] = (flops + instances * op.cost.flops, traffic + instances * op.traffic_bytes)
+    return costs
