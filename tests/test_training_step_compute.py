@@ -125,3 +125,17 @@ def test_the_runtime_ends_a_synchronising_backward_at_its_last_buckets_ready_tim
     metrics = step_metrics([step], 4, 8)
     assert metrics[Metric.BACKWARD_TIME] == pytest.approx(0.5 + 1.0)  # no_sync pass whole; the other to 3.0
     assert metrics[Metric.EXPOSED_COMMUNICATION] == pytest.approx(1.4)
+
+
+def test_a_prediction_from_another_clusters_profile_computes_as_its_replay():
+    """Compute does not depend on the links: a profile of a cluster with other links (prediction)
+    prices the forward and optimizer as the cluster's own (replay), the four ranks on two cores
+    simulated as one replica either way."""
+    variants = [{"name": "ddp", "training": {"bucket_cap_mb": 25}}]
+    scenario, other = _cpu_scenario(variants), _cpu_scenario(variants, bandwidth="1Gbit/s")
+    replay = simulate_training(scenario, _with(_profile(scenario, _OP_S), scenario, 2))
+    prediction = simulate_training(scenario, _with(_profile(scenario, _OP_S), other, 2))
+    assert replay.network.same_cluster and not prediction.network.same_cluster
+    assert prediction.variants[0].steps[0].mirrors
+    for metric in (Metric.FORWARD_TIME, Metric.OPTIMIZER_TIME):
+        assert prediction.variants[0].metrics[metric] == pytest.approx(replay.variants[0].metrics[metric], rel=1e-9)
