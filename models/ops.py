@@ -33,6 +33,7 @@ class OpKind(StrEnum):
     BACKWARD = "backward"
     OPTIMIZER_STEP = "optimizer_step"
     GRADIENT_CAST = "gradient_cast"  # training: a gradient bucket cast for a compressed allreduce
+    COMM_THREAD = "comm_thread"  # training: a bucket's messages on a comm thread sharing the cores (sim.training.comm_thread)
 
     @property
     def is_communication(self) -> bool:

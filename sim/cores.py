@@ -103,6 +103,16 @@ class ProcessorSharing:
         self._reshare()
         return done
 
+    def wait_for_core(self, work_s: float) -> simpy.Event:
+        """A thread waking to be scheduled (a comm thread handling its messages,
+        :mod:`sim.training.comm_thread`): done at once where the pool's jobs leave a core free,
+        else a job of ``work_s`` core-seconds sharing the cores with them, as :meth:`run`."""
+        if len(self._jobs) < self.pool.free_cores:
+            done = self.env.event()
+            done.succeed()
+            return done
+        return self.run(work_s)
+
     def _advance(self) -> None:
         elapsed = self.env.now - self._updated_s
         if elapsed:

@@ -35,8 +35,10 @@ Semantics (what the tests pin down):
   segment's ranks on a machine than it has free cores, the ranks' compute ops run through the
   pool's processor-sharing server: a compute op's duration is its work at one whole core, and it
   stretches while more ranks compute at once than there are cores. A rank waiting in a
-  collective does not compute and leaves its core to the others. Pools with enough cores change
-  nothing.
+  collective does not compute and leaves its core to the others. A comm thread's op
+  (``comm_thread``: a training bucket's messages, :mod:`sim.training.comm_thread`) only waits for
+  a core: nothing where one is free as it starts, else its work shares the cores like compute.
+  Pools with enough cores change nothing.
 * A segment starts with every rank idle at time 0 and lasts until its last op ends. Idle since
   before: a rank whose first op is a collective that another rank reaches later has been waiting
   in it (a network that prices arrivals, :class:`sim.network.CollectivePricer`, sees it arrive
@@ -264,7 +266,10 @@ class Engine:
                 yield fabric.load(rank, op.load.size_bytes)
             elif op.collective is None:
                 duration = self.compute.duration_s(op, device)
-                yield env.timeout(duration) if cpu is None else cpu.run(duration)
+                if cpu is None:
+                    yield env.timeout(duration)
+                else:  # a comm thread's work is waiting for a core (sim.cores)
+                    yield cpu.wait_for_core(duration) if op.kind is OpKind.COMM_THREAD else cpu.run(duration)
             else:
                 on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None, {}, None])

@@ -35,6 +35,10 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     ``new_tokens`` tokens, with the op's ``flops`` and ``traffic_bytes`` (:mod:`models.training`);
   * ``optimizer_step``: one step of optimizer ``op`` (sgd, adam, adamw) over ``size_bytes`` of fp32
     parameters, with its ``flops`` and ``traffic_bytes`` (:func:`models.training.optimizer_step_cost`);
+  * ``training_pass``: a training model's whole forward pass (``op`` forward: to the loss) or
+    backward pass (``op`` backward) on one rank without DDP or communication, at ``batch_size``
+    sequences of ``new_tokens`` tokens in ``dtype`` (:mod:`sim.training.step_compute` sets it
+    against the sum of the pass's ops);
   * ``context``: what the profile was measured on (device types, ranks per host, cores, each
     link class's rate and delay, backend and transport, torch version), one row per term with
     its value as JSON in ``method`` (:mod:`sim.context`). A profile without them is taken to be

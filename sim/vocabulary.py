@@ -135,6 +135,7 @@ class MeasurementKind(StrEnum):
     BACKWARD_INPUT = "backward_input"
     BACKWARD_WEIGHT = "backward_weight"
     OPTIMIZER_STEP = "optimizer_step"
+    TRAINING_PASS = "training_pass"
 
 
 def unit_of(name: str) -> str:

@@ -286,7 +286,8 @@ def test_the_training_calibration_refuses_tensor_parallelism(tmp_path):
         data_parallel_ranks(scenario, build_topology(scenario.config.cluster))
 
 
-def test_calibration_times_forward_and_backward_per_op_kind_the_optimizer_step_and_the_buckets_allreduce(tmp_path):
+def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_optimizer_step_and_the_buckets_allreduce(
+        tmp_path):
     scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd"}, [
         {"name": "fp32"},
         {"name": "adamw_bf16", "training": {"optimizer": "adamw", "precision": "bf16_mixed"}},
@@ -307,6 +308,9 @@ def test_calibration_times_forward_and_backward_per_op_kind_the_optimizer_step_a
         for dtype in ("fp32", "bf16"):
             of = timed[(timed["measurement"] == measurement) & (timed["dtype"] == dtype)]
             assert set(of["op"]) == expected, (measurement, dtype)
+    passes = timed[timed["measurement"] == MeasurementKind.TRAINING_PASS]  # whole passes, without DDP
+    assert sorted(zip(passes["op"], passes["dtype"])) == [("backward", "bf16"), ("backward", "fp32"),
+                                                          ("forward", "bf16"), ("forward", "fp32")]
     steps = timed[timed["measurement"] == MeasurementKind.OPTIMIZER_STEP]
     assert set(steps["op"]) == {"sgd", "adamw"} and len(steps) == 6  # 2^16, 2^20 and the model's parameters
     sweep = rows[rows["measurement"] == MeasurementKind.COLLECTIVE]

@@ -17,6 +17,9 @@ scenario's variants:
   gradient, then ``torch.autograd.grad`` is asked for the inputs only, or the weights only (the
   engine computes only what the requested gradients need, ``torch/csrc/autograd/engine.cpp``).
   Each row carries the op's FLOPs and bytes from the accounting, so the simulator can scale it.
+* ``training_pass``: the model's whole forward pass (to the loss) and backward pass, without DDP
+  or any communication, whose ratio to the sum of their ops timed alone the simulator applies to
+  those ops (:mod:`sim.training.step_compute`);
 * ``memory_baseline``: each rank's resident memory before any model is built (torch, the process
   group), what a measured rank holds beyond its model states, activations and buckets;
 * ``optimizer_step``: one step of each of the variants' optimizers over 2^16, 2^20 parameters and
@@ -54,11 +57,12 @@ from runtime.calibrate import backend_context
 from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
 from runtime.device import device_of
-from runtime.training.model import DecoderLM
+from runtime.training.model import DecoderLM, next_token_loss, training_batch
 from runtime.training.ranks import data_parallel_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer
 from sim.context import context_rows, scenario_context
 from sim.profile import profile_frame
+from sim.training.step_compute import pass_costs
 from sim.training_config import TrainingSettings
 from sim.vocabulary import MeasurementKind
 
@@ -164,6 +168,47 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
     return rows
 
 
+def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats: int,
+                 device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
+    """This rank's whole forward pass (to the loss) and backward pass (``loss.backward()``) of
+    the training model, without DDP or any communication, per distinct (micro batch, precision)
+    of ``setups``: one row per pass, ``times`` holding its ``repeats`` timings (s) after one
+    untimed step. The simulator sets them against the sum of the same passes' ops timed alone
+    (:mod:`sim.training.step_compute`): what a step adds to its ops (the autograd engine's
+    scheduling, the loss, the gradients' accumulation)."""
+    synchronize = device_of(device).synchronize
+    sequence = scenario.config.workload.sequence_length
+    model = DecoderLM(scenario.model, seed=0).to(device)
+    rows = []
+    for micro, precision in dict.fromkeys((s.micro_batch_size, s.settings.precision) for s in setups):
+        heartbeat(f"whole forward and backward passes at micro batch {micro}, {precision}")
+        batch = training_batch(scenario.model, micro, sequence, seed=0, step=0).to(device)
+        times: dict[OpKind, list[float]] = {OpKind.FORWARD: [], OpKind.BACKWARD: []}
+        for index in range(repeats + 1):
+            model.zero_grad(set_to_none=True)
+            synchronize()
+            start = time.perf_counter()
+            with autocast(precision, device):
+                loss = next_token_loss(model(batch[:, :-1]), batch[:, 1:])
+            synchronize()
+            middle = time.perf_counter()
+            loss.backward()
+            synchronize()
+            if index:  # the first is untimed: the allocator's and autograd's first-call costs
+                times[OpKind.FORWARD].append(middle - start)
+                times[OpKind.BACKWARD].append(time.perf_counter() - middle)
+        spec = scenario.model.with_dtype(compute_dtype(precision))
+        costs = pass_costs(spec, TrainingSettings(precision=precision), micro, sequence)
+        for kind, timed in times.items():
+            rows.append({"measurement": MeasurementKind.TRAINING_PASS, "device_class": device_class, "op": kind.value,
+                         "group_size": 1, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
+                         "dtype": spec.dtype, "flops": costs[kind][0], "traffic_bytes": costs[kind][1], "unit": "s",
+                         "method": "the training model's whole pass (forward to the loss, or loss.backward()) without "
+                                   "DDP, every data-parallel rank at once", "times": timed})
+    model.zero_grad(set_to_none=True)
+    return rows
+
+
 def optimizer_timings(setups: list[TrainingSetup], device_class: str, parameters: int, repeats: int,
                       device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
     """This rank's optimizer-step timings per distinct (optimizer, precision) of ``setups`` and
@@ -217,6 +262,7 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
                                            "is built", "times": [float(memory_probe.current_bytes())]}
     parameters = sum(p.numel() for p in DecoderLM(scenario.model, seed=0).parameters())
     rows = ([baseline] + op_timings(scenario, setups, device_class, repeats, device, heartbeat)
+            + pass_timings(scenario, setups, device_class, repeats, device, heartbeat)
             + optimizer_timings(setups, device_class, parameters, repeats, device, heartbeat))
     sweep_rows = []
     if len(group) > 1:

@@ -16,7 +16,12 @@ repeats with p10 / p90 beside it (:func:`runtime.measure.summarise`):
   parameter average where there is one); ``samples_per_s`` and ``tokens_per_s``: the global batch's
   sequences and tokens over it;
 * ``forward_s``, ``backward_s``, ``optimizer_s``: per step, the micro-batches' forward passes, their
-  backward passes (which include DDP's wait for the last bucket) and the optimizer step;
+  backward passes and the optimizer step. A backward pass counts from its start to its last
+  gradient computed: where it synchronises, to its last bucket's ready time (DDP calls the hook
+  once a bucket's last gradient is computed, and the last bucket holds the pass's last gradient),
+  not to the end of ``loss.backward()``, which waits for the last allreduce (that wait is
+  exposed communication); recomputation under checkpointing is in it. The simulator's
+  ``backward_s`` is the same span (:mod:`sim.training.metrics`);
 * ``exposed_communication_s``: communication not hidden behind compute: in each backward pass that
   synchronises, from the moment its last bucket became ready (the pass's last gradient) to the
   end of its last allreduce, plus the parameter average, which nothing overlaps;
@@ -64,6 +69,7 @@ def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> d
     n = len(steps)
     step_s = sum(s.end_s - s.start_s for s in steps) / n
     exposed, communicated = [], []
+    backward_s = 0.0  # to each pass's last gradient (the module docstring)
     for s in steps:
         averaging = s.averaging[1] - s.averaging[0] if s.averaging else 0.0
         # A backward pass that synchronises (every one without no_sync) waits for its own buckets.
@@ -71,7 +77,10 @@ def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> d
         for start, end in s.backward:
             mine = [b for b in s.buckets if start <= b.ready_s <= end]
             if mine:
-                bucket_exposed += max(0.0, max(b.end_s for b in mine) - max(b.ready_s for b in mine))
+                last_ready = max(b.ready_s for b in mine)
+                bucket_exposed += max(0.0, max(b.end_s for b in mine) - last_ready)
+                end = last_ready
+            backward_s += end - start
         if s.buckets:
             communicated.append((bucket_exposed, _union_s([(b.start_s, b.end_s) for b in s.buckets])))
         exposed.append(bucket_exposed + averaging)
@@ -80,7 +89,7 @@ def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> d
         Metric.SAMPLES_PER_S: global_batch_size / step_s,
         Metric.TOKENS_PER_S: global_batch_size * sequence_length / step_s,
         Metric.FORWARD_TIME: sum(e - b for s in steps for b, e in s.forward) / n,
-        Metric.BACKWARD_TIME: sum(e - b for s in steps for b, e in s.backward) / n,
+        Metric.BACKWARD_TIME: backward_s / n,
         Metric.OPTIMIZER_TIME: sum(s.optimizer[1] - s.optimizer[0] for s in steps) / n,
         Metric.EXPOSED_COMMUNICATION: sum(exposed) / n,
     }

@@ -27,7 +27,9 @@ One optimizer step is, per micro-batch (``accumulation`` of them per step):
   the whole backward. Gradient compression (fp16 / bf16 hooks,
   ``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py``) casts the bucket (and
   divides by the world size) on the compute stream, allreduces half the bytes of an fp32
-  gradient, and casts back on the communication stream.
+  gradient, and casts back on the communication stream. Where the ranks share cores with their
+  comm threads (``StepShape.comm_thread``), each allreduce is followed on the communication
+  stream by its messages' work on those cores (:mod:`sim.training.comm_thread`).
 
 Then the **optimizer** step (after every bucket: DDP's backward returns once all are reduced),
 over the rank's parameters, or with ZeRO-1 over its 1/D shard followed by a broadcast of each DP
@@ -104,6 +106,9 @@ class StepShape:
     accumulation: int
     replicas: tuple[tuple[int, ...], ...]
     tp_algorithm: str = _TP_ALGORITHM_DEFAULT
+    comm_thread: bool = False
+    """The ranks share cores with their comm threads: each bucket's allreduce is followed on the
+    communication stream by its messages' work on the cores (:mod:`sim.training.comm_thread`)."""
 
     @property
     def tensor(self) -> int:
@@ -416,6 +421,12 @@ class _Lowering:
                                 numel * self.wire_bytes)
         p.add(Op(OpKind.ALLREDUCE, f"bucket{index}_allreduce", Stream.COMM, collective=collective,
                  call=calls(("bucket", position, index)), after=(trigger,)), TrainingPhase.BACKWARD)
+        if self.shape.comm_thread:
+            # Its messages' scheduling on the shared cores, priced by the bucket's bytes on the wire.
+            wire = OpCost(flops=0, bytes_read=collective.size_bytes, bytes_written=0, weight_bytes=0,
+                          workspace_bytes=0)
+            p.add(Op(OpKind.COMM_THREAD, f"bucket{index}_comm_thread", Stream.COMM, cost=wire,
+                     after=(len(p.ops) - 1,)), TrainingPhase.BACKWARD)
         if self.compressed:
             back = OpCost(flops=numel, bytes_read=numel * _COMPRESSED_BYTES,
                           bytes_written=numel * self.gradient_bytes, weight_bytes=0, workspace_bytes=0)

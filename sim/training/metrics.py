@@ -10,8 +10,15 @@
   which the rank computes nothing, i.e. communication not hidden behind compute (reported for
   the rank where it is largest); ``overlap_ratio``: hidden over all communication on that rank,
   ``1 - exposed / communication`` (0 without communication).
-* ``forward_s``, ``backward_s``, ``recompute_s``, ``optimizer_s``: compute time of each
+* ``forward_s``, ``recompute_s``, ``optimizer_s``: compute time of each
   :class:`sim.vocabulary.TrainingPhase` on the busiest rank (the most compute in all).
+* ``backward_s``: on that rank, each micro-batch's backward pass from its start to its last
+  gradient computed (the end of its last op on the compute stream), summed over the step's
+  micro-batches: the recomputation under checkpointing (``recompute_s``) and the gradient casts
+  of compression are in it, the wait for the buckets' allreduces after the last gradient is not
+  (that is ``exposed_communication_s``). The runtime measures the same span
+  (:func:`runtime.training.measure.step_metrics`: to the last bucket's ready time, DDP's hook
+  being called once the bucket's last gradient is computed).
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from models.ops import OpKind
+from sim.program import Stream
 from sim.vocabulary import Metric, TrainingPhase
 
-_PHASE_METRICS = {TrainingPhase.FORWARD: Metric.FORWARD_TIME, TrainingPhase.BACKWARD: Metric.BACKWARD_TIME,
-                  TrainingPhase.RECOMPUTE: Metric.RECOMPUTE_TIME, TrainingPhase.OPTIMIZER: Metric.OPTIMIZER_TIME}
+_PHASE_METRICS = {TrainingPhase.FORWARD: Metric.FORWARD_TIME, TrainingPhase.RECOMPUTE: Metric.RECOMPUTE_TIME,
+                  TrainingPhase.OPTIMIZER: Metric.OPTIMIZER_TIME}
+_BACKWARD_PHASES = (TrainingPhase.BACKWARD, TrainingPhase.RECOMPUTE)
 
 
 def union_length_s(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -41,12 +51,13 @@ def union_length_s(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(np.sum(run_end - run_start))
 
 
-def _segment_rank_times(segment, phases, result, rank) -> tuple[float, float, dict[TrainingPhase, float]]:
-    """(communication union, exposed communication, compute time by phase) of one rank in one
-    instance of a segment (s)."""
+def _segment_rank_times(segment, phases, result, rank) -> tuple[float, float, dict[TrainingPhase, float], float]:
+    """(communication union, exposed communication, compute time by phase, backward span: see
+    ``backward_s`` in the module docstring) of one rank in one instance of a segment (s)."""
     program = segment.programs[rank]
     starts, ends = result.starts[rank], result.ends[rank]
-    is_comm = np.array([op.collective is not None for op in program], dtype=bool)
+    # A comm thread's work on shared cores is the bucket's communication, not the rank's compute.
+    is_comm = np.array([op.collective is not None or op.kind is OpKind.COMM_THREAD for op in program], dtype=bool)
     comm = union_length_s(starts[is_comm], ends[is_comm])
     both = union_length_s(starts, ends)
     compute = union_length_s(starts[~is_comm], ends[~is_comm])
@@ -54,7 +65,10 @@ def _segment_rank_times(segment, phases, result, rank) -> tuple[float, float, di
     durations = ends - starts
     for i in np.flatnonzero(~is_comm):
         by_phase[phases[i]] = by_phase.get(phases[i], 0.0) + float(durations[i])
-    return comm, both - compute, by_phase
+    backward = np.array([op.stream is Stream.COMPUTE and phase in _BACKWARD_PHASES
+                         for op, phase in zip(program, phases)], dtype=bool)
+    span = float(ends[backward].max() - starts[backward].min()) if backward.any() else 0.0
+    return comm, both - compute, by_phase, span
 
 
 def step_metrics(steps: Sequence, weights: Sequence[int], shape, workload) -> dict[str, float]:
@@ -66,6 +80,7 @@ def step_metrics(steps: Sequence, weights: Sequence[int], shape, workload) -> di
     comm = dict.fromkeys(ranks, 0.0)
     exposed = dict.fromkeys(ranks, 0.0)
     phase_s = {rank: dict.fromkeys(TrainingPhase, 0.0) for rank in ranks}
+    backward_s = dict.fromkeys(ranks, 0.0)
     cache: dict[tuple[int, int], tuple] = {}
     step_time = 0.0
     for simulated, weight in zip(steps, weights):
@@ -76,8 +91,9 @@ def step_metrics(steps: Sequence, weights: Sequence[int], shape, workload) -> di
                 key = (id(part.segment), rank)
                 if key not in cache:
                     cache[key] = _segment_rank_times(part.segment, part.phases[rank], result, rank)
-                c, x, by_phase = cache[key]
+                c, x, by_phase, span = cache[key]
                 comm[rank] += scale * c
+                backward_s[rank] += scale * span
                 exposed[rank] += scale * x
                 for phase, value in by_phase.items():
                     phase_s[rank][phase] += scale * value
@@ -92,4 +108,5 @@ def step_metrics(steps: Sequence, weights: Sequence[int], shape, workload) -> di
         Metric.OVERLAP_RATIO: 1.0 - exposed[critical] / comm[critical] if comm[critical] > 0 else 0.0,
     }
     metrics |= {metric: phase_s[busiest][phase] for phase, metric in _PHASE_METRICS.items()}
+    metrics[Metric.BACKWARD_TIME] = backward_s[busiest]
     return metrics

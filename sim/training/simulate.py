@@ -19,6 +19,10 @@ the cluster it was measured on, its fitted transport terms and core contention e
 :func:`sim.calibrated.calibrated_network`). What the profile lacks is the uncalibrated model's and
 is listed in ``extrapolated``. Each rank's framework memory is the profile's
 ``memory_baseline`` (the backend's documented baseline where it has none; 0 without a profile).
+A profile's whole forward and backward passes scale their ops by what a pass adds to its ops
+timed alone (:mod:`sim.training.step_compute`), and where the profile's cores are fewer than the
+ranks, the ranks and their comm threads share them as the step runs
+(:mod:`sim.training.comm_thread`); ``sources`` says how.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from models.accounting import rank_parameter_count
 from models.training import (ActivationLayout, TrainingMemory, compute_dtype, gradient_bytes_per_parameter,
                              training_memory)
 from sim.calibrated import NetworkChoice
-from sim.collectives.registry import known_algorithms
+from sim.collectives.registry import LIBRARY, known_algorithms
+from sim.context import scenario_context
+from sim.cores import CorePool
 from sim.engine import Engine, SegmentResult
 from sim.metrics import RESULT_COLUMNS
 from sim.parallel import ParallelPlan
@@ -45,6 +51,8 @@ from sim.scenario import Scenario, Variant
 from sim.simulate import Pricing, build_pricing
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
+from sim.training.comm_thread import SharedCores, core_shares, schedule_steps, shared_cores
+from sim.training.step_compute import StepCompute, nearest_factors, pass_factors, pass_op_sums
 from sim.training.lower import StepShape, TrainingStep, lower_step
 from sim.training.symmetry import replicas_identical
 from sim.training.metrics import step_metrics
@@ -115,11 +123,13 @@ class TrainingSimulation:
     calibrated_terms: tuple[str, ...] = ()
     extrapolated: tuple[str, ...] = ()
     network: NetworkChoice | None = None
+    step_terms: tuple[str, ...] = ()
 
     @property
     def sources(self) -> tuple[str, ...]:
-        """Where the calibrated prediction's network terms come from (:mod:`sim.context`), one line each."""
-        return self.network.sources if self.network is not None else ()
+        """Where the calibrated prediction's network terms come from (:mod:`sim.context`), and
+        how the ranks' comm threads share the cores (:mod:`sim.training.comm_thread`), one line each."""
+        return (self.network.sources if self.network is not None else ()) + self.step_terms
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -227,6 +237,9 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
     check_training_job_size(scenario, plan, topology)
     ranks = tuple(rank for replica in plan.replica_ranks for rank in replica)
     pricings: dict[str, Pricing] = {}
+    shared: SharedCores | None = None
+    factors: dict[str, dict] = {}  # dtype -> (pass, micro batch) -> in-step factor (sim.training.step_compute)
+    step_terms: list[str] = []
     variants, tables = [], []
     for index, variant in enumerate(config.variants):
         where = f"variants[{index}]"
@@ -237,7 +250,14 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         if dtype not in pricings:
             # The context is the data-parallel ranks': a training calibration runs one rank each.
             pricings[dtype] = build_pricing(scenario, topology, ranks, profile, context_group=ranks, dtype=dtype)
+            if profile is not None and shared is None:
+                shared = shared_cores(profile, pricings[dtype].network, scenario_context(
+                    scenario.name, topology, ranks, dtype), ranks)
+            if shared is not None and pricings[dtype].choice.same_cluster:
+                # Replayed op times hold every rank computing at once (sim.training.comm_thread).
+                pricings[dtype].compute.scale = min(1.0, shared.pool.cores / len(ranks))
         pricing = pricings[dtype]
+        engine = pricing.engine
         if profile is not None:
             pricing.compute.optimizer = settings.optimizer.value
         try:
@@ -245,17 +265,30 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         except ConfigError as error:
             field = error.field if error.field.startswith("workload") else f"{where}.{error.field}"
             raise ConfigError(field, error.message) from None
+        if profile is not None:
+            if dtype not in factors:
+                device = topology.devices[ranks[0]]
+                factors[dtype], lines = pass_factors(profile, device, dtype, lambda m: pass_op_sums(
+                    scenario.model.with_dtype(dtype), settings, m, config.workload.sequence_length, ranks[0],
+                    pricing.compute, device))
+                step_terms += lines or [f"in-step passes on {device.spec.name} {dtype}: not calibrated (the ops' "
+                                        "sum, x 1)"]
+            engine.compute = StepCompute(pricing.compute, nearest_factors(factors[dtype], micro))
+            if shared is not None:
+                engine.compute.message_work_s = shared.message_work_s[settings.allreduce == LIBRARY]
+                engine.compute.steps = _bucket_steps(engine, settings.allreduce, plan.replica_ranks)
         tp_algorithm = variant.allreduce or "ring"
         if tp_algorithm not in known_algorithms(OpKind.ALLREDUCE):
             raise ConfigError(f"{where}.allreduce", f"unknown allreduce algorithm for the tensor-parallel "
                                                    f"allreduces; known: {', '.join(known_algorithms(OpKind.ALLREDUCE))} "
                                                    f"(got {tp_algorithm!r})")
         shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
-                          accumulation, plan.replica_ranks, tp_algorithm)
+                          accumulation, plan.replica_ranks, tp_algorithm, comm_thread=shared is not None)
         try:
             # A profile's memory baseline (or the backend's documented one) is each rank's framework.
             framework = pricing.runtime_memory if profile is not None else {}
-            result = _simulate_variant(variant, shape, pricing.engine, topology, config.workload, framework)
+            result = _simulate_variant(variant, shape, engine, topology, config.workload, framework,
+                                       shared.pool if shared is not None else None)
         except ConfigError as error:
             field = error.field if error.field.startswith(("variants", "workload", "cluster")) else \
                 f"{where}.{error.field}"
@@ -275,11 +308,28 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         extrapolated |= pricing.compute.extrapolated | pricing.network.extrapolated
     return TrainingSimulation(scenario, topology, plan, tuple(variants), results, calibrated=True,
                               calibrated_terms=tuple(sorted(calibrated)), extrapolated=tuple(sorted(extrapolated)),
-                              network=next(iter(pricings.values())).choice)
+                              network=next(iter(pricings.values())).choice,
+                              step_terms=(*(shared.sources if shared is not None else ()), *step_terms))
+
+
+def _bucket_steps(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...]):
+    """``(bucket bytes, rank) -> steps of the bucket's allreduce schedule the rank takes part in``,
+    over the rank's data-parallel group (its position in every replica), ``algorithm`` resolved
+    as the engine resolves it."""
+    position = {rank: t for replica in replicas for t, rank in enumerate(replica)}
+
+    def steps(size_bytes: int, rank: int) -> int:
+        group = tuple(replica[position[rank]] for replica in replicas)
+        resolved, _ = engine.pricer.price(OpKind.ALLREDUCE, algorithm, group, size_bytes)
+        return schedule_steps(engine.pricer.schedule(OpKind.ALLREDUCE, resolved, group, size_bytes), rank)
+
+    return steps
 
 
 def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload,
-                      framework: dict[int, int]) -> TrainingVariantResult:
+                      framework: dict[int, int], pool: CorePool | None = None) -> TrainingVariantResult:
+    """One variant's steps; ``pool``: the cores every rank shares (None: as the engine has them),
+    of which the simulated ranks get their share (:func:`sim.training.comm_thread.core_shares`)."""
     settings = shape.settings
     if settings.averaging is Averaging.PARAMETERS:
         period = settings.averaging_period
@@ -296,6 +346,8 @@ def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topolo
             mirrors = {rank: shape.replicas[0][t] for replica in shape.replicas[1:] for t, rank in enumerate(replica)}
         else:
             step = lower_step(shape, sync_gradients=sync, average_parameters=average)
+        if pool is not None:
+            engine.cores = core_shares(pool, frozenset(step.segments[0].segment.programs))
         results = []
         for part in step.segments:
             key = id(part.segment)

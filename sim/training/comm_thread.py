@@ -1,0 +1,113 @@
+"""DDP's communication thread on cores the ranks share: what a bucket's allreduce takes from the
+backward pass, and the scheduling wait each of its messages pays.
+
+The runtime reduces each bucket on a communication thread of the rank's process
+(:mod:`runtime.training.hooks`, like the reducer's own comm hooks on gloo: a thread beside the
+autograd engine's), while the backward pass goes on computing. Where the ranks outnumber the
+machine's cores (the emulated cluster: every host's ranks on one 2-core machine), that thread
+is one more task for the same cores: each message of the bucket's schedule is posted, received
+and reduced only once the thread is scheduled, and while it runs the backward's threads run
+less. Two calibrated figures price it, neither fitted on a training measurement:
+
+* the ranks' compute shares the cores as :mod:`sim.cores` models it (processor sharing). The
+  calibration timed every op with every data-parallel rank computing at once
+  (:mod:`runtime.training.calibrate`), ``ranks / cores`` times its work on a core of its own,
+  so the simulation divides its times by that factor and lets the ranks (and their comm
+  threads) share the cores as they run;
+* each step of a bucket's schedule that the rank takes part in costs its comm thread the
+  per-message core-contention floor the inference transport prices
+  (:func:`sim.calibrated.contention_floor`: fitted on a calibration's in-place collectives
+  where its links let it show, else the gloo/tcp default), the wait of a message whose ends
+  must both be scheduled while every rank is busy. That floor is a wait with all ``ranks``
+  tasks runnable on ``cores``, ``ranks / cores`` times its work on a core of its own: the comm
+  thread's work per message is ``floor x cores / ranks`` core-seconds, after the bucket's wire
+  time (:class:`sim.training.step_compute.StepCompute`). It is a wait for a core
+  (:meth:`sim.cores.ProcessorSharing.wait_for_core`): nothing where a core is free as it starts
+  (after the backward, every rank waiting on the wire: the calibration's isolated timings
+  hold that case), else it shares the cores with the backward's compute, stretched by it (small
+  buckets: many messages, each waiting for a core) and slowing it meanwhile (the overlap that
+  costs compute).
+
+Where identical replicas are simulated once (:mod:`sim.training.symmetry`), the simulated
+ranks get their share of the cores (:func:`core_shares`), so that one rank standing for four
+on two cores runs at half a core, as each of the four does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cores import CorePool
+
+
+@dataclass(frozen=True)
+class SharedCores:
+    """The cores a training step's ranks share and what their comm threads pay on them.
+
+    Attributes:
+        pool: every rank of the step on the machine's cores.
+        message_work_s: core-seconds of the comm thread's work per message of a schedule
+            step, for the runtime's point-to-point schedules (False) and gloo's own collectives
+            (True).
+        sources: one line per term, whence it comes.
+    """
+
+    pool: CorePool
+    message_work_s: dict[bool, float]
+    sources: tuple[str, ...] = ()
+
+
+def message_work_s(floor_s: float, ranks: int, cores: float) -> float:
+    """The core-seconds one message costs a comm thread, from the contention floor ``floor_s``
+    (s, the wait with all ``ranks`` tasks runnable on ``cores``): ``floor_s x cores / ranks``
+    (processor sharing stretches a job by ``ranks / cores`` then, :mod:`sim.cores`)."""
+    return floor_s * min(1.0, cores / ranks)
+
+
+def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ...]:
+    """The pool the ``simulated`` ranks run on when they stand for all of ``pool``'s ranks
+    (identical replicas simulated once): their share of its cores, so that each computes at the
+    rate each of all the ranks would. The pool itself where every rank is simulated; none where
+    no simulated rank is on it."""
+    mine = pool.ranks & simulated
+    if not mine:
+        return ()
+    if mine == pool.ranks:
+        return (pool,)
+    share = len(mine) / len(pool.ranks)
+    return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share),)
+
+
+def schedule_steps(schedule, rank: int) -> int:
+    """The steps of ``schedule`` (:class:`sim.collectives.schedule.CommSchedule`) in which
+    ``rank`` sends or receives."""
+    return sum(1 for step in schedule.steps if any(rank in (t.src, t.dst) for t in step))
+
+
+def shared_cores(profile, network, target, ranks: tuple[int, ...]) -> SharedCores | None:
+    """The cores ``ranks`` (topology rank ids) share on the target and their comm threads' work
+    per message, from a calibration ``profile``; None where the profile records no cores or the
+    ranks do not outnumber them.
+
+    Args:
+        network: the network model the profile gives the target (a transport network's fitted
+            terms set the floor where the profile's in-place collectives show it; replayed
+            timings have none, and the floor is the gloo/tcp default:
+            :func:`sim.calibrated.contention_floor`).
+        target: the target's :class:`sim.context.CalibrationContext` of ``ranks``.
+    """
+    from sim.calibrated import contention_cores, contention_floor
+    from sim.context import profile_contexts
+
+    contexts = profile_contexts(profile.rows)
+    cores = contention_cores(contexts, target)
+    if cores is None or len(ranks) <= cores:
+        return None
+    fitted = getattr(network, "terms", {})
+    floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
+    work = {library: message_work_s(floor_s, len(ranks), cores) for library, (floor_s, _) in floors.items()}
+    pool = CorePool(frozenset(ranks), cores)
+    lines = (f"comm threads: {pool.describe()}, each bucket's messages on them at "
+             f"{work[False] * 1e3:.2f} ms (point to point) / {work[True] * 1e3:.2f} ms (gloo's own) of a core each",
+             *(line for _, line in floors.values()))
+    return SharedCores(pool, work, lines)

@@ -1,0 +1,141 @@
+"""A training step's compute as it runs: ranks that outnumber their cores share them with their
+comm threads (overlap costs the backward time, every bucket's messages pay the per-message
+contention floor), a calibrated whole pass scales its ops, and one definition of ``backward_s``."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from models.ops import OpKind
+from sim.calibrated import GLOO_CONTENTION_PER_EXCESS_RANK_S
+from sim.context import context_rows, scenario_context
+from sim.profile import MeasurementKind, Profile, profile_frame
+from sim.topology import build_topology
+from sim.training.simulate import simulate_training
+from sim.vocabulary import Metric
+from tests.test_training_calibrated import _profile
+from tests.test_training_sim import _scenario
+
+_OP_S = 2e-3  # every op of the test profile: a backward long enough for buckets to overlap it
+
+
+def _cpu_scenario(variants, hosts=4, bandwidth="10Gbit/s", **training):
+    return _scenario(variants, hosts=hosts, bandwidth=bandwidth, latency="0us", global_batch=4, micro=1,
+                     training={"optimizer": "adamw", "precision": "fp32", "allreduce": "ring", **training})
+
+
+def _with(profile: Profile, scenario, cores: int | None = None, passes: dict | None = None) -> Profile:
+    """``profile`` with the context of ``scenario``'s ranks on ``cores`` cores, and whole passes
+    (``{"forward": s, "backward": s}`` at the scenario's micro batch)."""
+    topology = build_topology(scenario.config.cluster)
+    rows = context_rows(scenario_context(scenario.name, topology, tuple(range(topology.num_ranks)), "fp32",
+                                         cores=cores, backend="gloo/tcp"))
+    workload = scenario.config.workload
+    for op, seconds in (passes or {}).items():
+        rows.append({"measurement": MeasurementKind.TRAINING_PASS, "device_class": "cpu", "op": op, "group_size": 1,
+                     "batch_size": workload.micro_batch_size, "new_tokens": workload.sequence_length,
+                     "context_tokens": workload.sequence_length, "dtype": "fp32", "median": seconds,
+                     "p10": seconds, "p90": seconds, "mean": seconds, "unit": "s", "repeats": 3, "method": "test"})
+    return Profile(profile_frame(profile.rows.drop(columns="version").to_dict("records") + rows))
+
+
+def _run(variants, cores, **training):
+    scenario = _cpu_scenario(variants, **training)
+    return simulate_training(scenario, _with(_profile(scenario, _OP_S), scenario, cores))
+
+
+def test_ranks_on_cores_of_their_own_or_sharing_them_compute_at_the_calibrated_rate():
+    """The calibration timed each op with every rank computing at once: four ranks sharing two
+    cores (one simulated for all four, its replicas identical) compute as calibrated."""
+    own = _run([{"name": "no_sync", "training": {"averaging": "parameters", "averaging_period": 2}}], None)
+    shared = _run([{"name": "no_sync", "training": {"averaging": "parameters", "averaging_period": 2}}], 2)
+    assert shared.variants[0].steps[0].mirrors  # one replica simulated for the four
+    for metric in (Metric.FORWARD_TIME, Metric.OPTIMIZER_TIME):
+        assert shared.variants[0].metrics[metric] == pytest.approx(own.variants[0].metrics[metric], rel=1e-9)
+
+
+def test_on_four_ranks_and_two_cores_overlap_costs_backward_time():
+    variants = [{"name": "overlap", "training": {"bucket_cap_mb": 1}},
+                {"name": "after", "training": {"bucket_cap_mb": 1, "overlap": False}}]
+    shared, own = _run(variants, 2), _run(variants, 4)
+    assert own.variant("overlap").metrics[Metric.BACKWARD_TIME] == pytest.approx(
+        own.variant("after").metrics[Metric.BACKWARD_TIME], rel=1e-9)
+    # the comm threads' work on the cores the backward needs
+    assert shared.variant("overlap").metrics[Metric.BACKWARD_TIME] > 1.05 * shared.variant("after").metrics[
+        Metric.BACKWARD_TIME]
+    assert any("comm threads: 4 ranks on 2 cores" in line for line in shared.sources)
+    assert not any("comm threads" in line for line in own.sources)
+
+
+def test_a_small_buckets_messages_pay_the_contention_floor_while_the_backward_computes_only():
+    """Each bucket's ring (6 steps over 4 ranks) costs its comm thread at least the gloo/tcp
+    point-to-point floor per step (2 ranks beyond 2 cores) while the backward holds the cores,
+    and nothing once every rank waits on the wire (overlap off: the cores are free)."""
+    variants = [{"name": "overlap", "training": {"bucket_cap_mb": 1}},
+                {"name": "after", "training": {"bucket_cap_mb": 1, "overlap": False}}]
+    result = _run(variants, 2)
+    floor_s = 2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False]
+    for name in ("overlap", "after"):
+        ops = result.variant(name).trace.ops
+        ops = ops[ops["rank"] == 0]
+        threads = ops[ops["kind"] == OpKind.COMM_THREAD.value]
+        assert len(threads) == (ops["kind"] == OpKind.ALLREDUCE.value).sum() > 3
+        compute_end = ops[(ops["stream"] == "compute") & (ops["phase"] == "backward")]["end_s"].max()
+        during = threads[threads["start_s"] < compute_end - 1e-9]
+        waits = during["end_s"] - during["start_s"]
+        if name == "overlap":
+            assert len(during) >= 2 and waits.min() >= 6 * floor_s * (1 - 1e-9)
+        else:
+            assert during.empty and ((threads["end_s"] - threads["start_s"]) == 0).all()
+
+
+def test_a_calibrated_whole_pass_scales_its_ops_by_the_pass_over_their_sum():
+    scenario = _cpu_scenario([{"name": "ddp"}])
+    base = _with(_profile(scenario, _OP_S), scenario)
+    plain = simulate_training(scenario, base).variants[0].metrics
+    forward, backward = plain[Metric.FORWARD_TIME], plain[Metric.BACKWARD_TIME]
+    passes = _with(_profile(scenario, _OP_S), scenario, passes={"forward": 3 * forward, "backward": 1.5 * backward})
+    result = simulate_training(scenario, passes)
+    assert result.variants[0].metrics[Metric.FORWARD_TIME] == pytest.approx(3 * forward, rel=1e-6)
+    assert result.variants[0].metrics[Metric.BACKWARD_TIME] == pytest.approx(1.5 * backward, rel=1e-6)
+    assert any("in-step forward pass on cpu fp32 at micro batch 1: x 3.00" in line for line in result.sources)
+    assert any("in-step passes on cpu fp32: not calibrated" in line
+               for line in simulate_training(scenario, base).sources)
+
+
+def test_backward_time_counts_recomputation_and_not_the_wait_for_the_buckets():
+    result = simulate_training(_cpu_scenario([{"name": "off"}, {"name": "ckpt", "training": {
+        "activation_checkpointing": 1}}]))
+    off, ckpt = result.variant("off").metrics, result.variant("ckpt").metrics
+    assert ckpt[Metric.RECOMPUTE_TIME] > 0
+    assert ckpt[Metric.BACKWARD_TIME] == pytest.approx(off[Metric.BACKWARD_TIME] + ckpt[Metric.RECOMPUTE_TIME],
+                                                       rel=1e-6)
+    assert off[Metric.STEP_TIME] == pytest.approx(off[Metric.FORWARD_TIME] + off[Metric.BACKWARD_TIME]
+                                                  + off[Metric.EXPOSED_COMMUNICATION] + off[Metric.OPTIMIZER_TIME],
+                                                  rel=1e-6)
+
+
+def test_the_runtime_ends_a_synchronising_backward_at_its_last_buckets_ready_time():
+    from runtime.training.measure import step_metrics
+
+    bucket = lambda ready, start, end: SimpleNamespace(ready_s=ready, start_s=start, end_s=end)  # noqa: E731
+    step = SimpleNamespace(start_s=0.0, end_s=5.0, forward=[(0.0, 1.0), (1.0, 2.0)], backward=[(1.0, 1.5), (2.0, 4.5)],
+                           optimizer=(4.5, 5.0), averaging=None,
+                           buckets=[bucket(2.5, 2.5, 3.0), bucket(3.0, 3.0, 4.4)])
+    metrics = step_metrics([step], 4, 8)
+    assert metrics[Metric.BACKWARD_TIME] == pytest.approx(0.5 + 1.0)  # no_sync pass whole; the other to 3.0
+    assert metrics[Metric.EXPOSED_COMMUNICATION] == pytest.approx(1.4)
+
+
+def test_a_prediction_from_another_clusters_profile_computes_as_its_replay():
+    """Compute does not depend on the links: a profile of a cluster with other links (prediction)
+    prices the forward and optimizer as the cluster's own (replay), the four ranks on two cores
+    simulated as one replica either way."""
+    variants = [{"name": "ddp", "training": {"bucket_cap_mb": 25}}]
+    scenario, other = _cpu_scenario(variants), _cpu_scenario(variants, bandwidth="1Gbit/s")
+    replay = simulate_training(scenario, _with(_profile(scenario, _OP_S), scenario, 2))
+    prediction = simulate_training(scenario, _with(_profile(scenario, _OP_S), other, 2))
+    assert replay.network.same_cluster and not prediction.network.same_cluster
+    assert prediction.variants[0].steps[0].mirrors
+    for metric in (Metric.FORWARD_TIME, Metric.OPTIMIZER_TIME):
+        assert prediction.variants[0].metrics[metric] == pytest.approx(replay.variants[0].metrics[metric], rel=1e-9)
