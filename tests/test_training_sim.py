@@ -60,7 +60,7 @@ def test_buckets_equal_ddps_assignment_for_gpt2s_parameters():
     """The reducer's own function (torch's C++ compute_bucket_assignment_by_size), on the parameter
     list in gradient-ready order, with DDP's limits: first bucket 1 MiB, then 25 MiB."""
     shape = StepShape(get_model("gpt2").with_dtype("fp32"), TrainingSettings(), 1, 64, 1, ((0,), (1,)))
-    ready = _Lowering(shape).ready_parameters(0)
+    ready = _Lowering(shape).ready_parameters()
     tensors = [torch.empty(param.numel, device="meta") for param, _ in ready]
     expected, _ = dist._compute_bucket_assignment_by_size(tensors, [MIB, 25 * MIB], [False] * len(tensors))
     ours = bucket_assignment([param.numel * 4 for param, _ in ready], [MIB, 25 * MIB])
@@ -283,3 +283,24 @@ def test_buckets_of_less_than_a_byte_are_refused_naming_the_field_written():
     with pytest.raises(ConfigError) as caught:
         simulate_training(_scenario([{"name": "a"}, {"name": "b", "training": {"first_bucket_mb": 1e-9}}]))
     assert caught.value.field == "variants[1].training.first_bucket_mb"
+
+
+def test_every_tensor_parallel_rank_holds_and_computes_the_head_as_the_runtime_trains():
+    """runtime/training/model.py replicates the embeddings, final norm and LM head in the TP group:
+    each TP rank holds them (memory, DDP buckets) and computes them; nothing is broadcast."""
+    from models.accounting import rank_parameter_count
+
+    result = simulate_training(_scenario([{"name": "tp"}], hosts=2, devices_per_host=2,
+                                         parallel={"tensor": 2, "data": 2}, global_batch=2))
+    vr = result.variant("tp")
+    spec = get_model("gpt2").with_dtype("fp32")
+    full = rank_parameter_count(spec, 2, is_master=True)
+    assert vr.memory[0].weights == vr.memory[1].weights == pytest.approx(full * 4)
+    step = vr.steps[-1].step
+    names = {rank: {op.name for part in step.segments for op in part.segment.programs[rank]} for rank in (0, 1)}
+    for rank in (0, 1):
+        assert {"embedding", "lm_head", "lm_head_grad_weight", "embedding_grad_weight"} <= names[rank]
+        assert not any("broadcast" in name for name in names[rank])
+    buckets = sum(op.collective.size_bytes for part in step.segments for op in part.segment.programs[1]
+                  if op.name.startswith("bucket") and op.collective is not None)
+    assert buckets == full * 4  # rank 1's buckets carry its whole shard, the head's gradients included

@@ -1,22 +1,24 @@
 """A training step as per-rank ops: what each rank computes and communicates, on which stream,
 after what.
 
-Layout: D replicas of T tensor-parallel ranks (``replicas[d]``, the first rank of each the
-master, which alone holds the embeddings, the final norm and the LM head, as in
-:mod:`models.accounting`); data-parallel group t is the t-th rank of every replica.
+Layout: D replicas of T tensor-parallel ranks (``replicas[d]``); data-parallel group t is the
+t-th rank of every replica. Every rank of a replica holds the embeddings, the final norm and the
+LM head whole and computes them on the whole batch (replicated inside the tensor-parallel group,
+as the reference runtime trains: ``runtime/training/model.py``), so no rank waits for another's
+embedding or loss gradient; only the decoder layers are sharded.
 
 One optimizer step is, per micro-batch (``accumulation`` of them per step):
 
-* **forward**: the embedding (master; with T > 1 broadcast to the replica), every decoder layer
+* **forward**: the embedding (every rank), every decoder layer
   (norm, QKV, attention, output projection, norm, MLP up, MLP down) with the two allreduces of
   the row-parallel partial sums under T > 1 (Megatron-LM, arXiv 1909.08053, section 3; the
   pattern of :mod:`sim.strategies.allreduce_ln`), the final norm and the LM head over every
-  position (master). One layer is one segment repeated L times.
-* **backward**: the LM head and final norm (master; with T > 1 the gradient of the hidden state
-  broadcast to the replica), then layers L-1 .. 0, each op's input gradient and weight gradient
+  position (every rank). One layer is one segment repeated L times.
+* **backward**: the LM head and final norm (every rank), then layers L-1 .. 0, each op's input
+  gradient and weight gradient
   as two ops (:func:`models.training.layer_backward_costs`), the allreduce of the column-parallel
   inputs' gradients under T > 1 (the conjugate of the forward's), and the embedding's weight
-  gradient (master). Under activation checkpointing every k layers, the forward of each segment
+  gradient (every rank). Under activation checkpointing every k layers, the forward of each segment
   of k layers runs again (``recompute``) before its backward (``torch.utils.checkpoint``).
 * **DDP's reducer** (on the micro-batch that synchronises: the last under ``no_sync``, every one
   without it): the parameters' gradients in gradient-ready order are fused into buckets
@@ -153,7 +155,7 @@ def layer_parameters(spec: ModelSpec, tp_degree: int) -> list[tuple[OpKind, int,
 
 
 def head_parameters(spec: ModelSpec) -> tuple[list[Parameter], list[Parameter], list[Parameter]]:
-    """The master's parameters outside the layers: (LM head's, final norm's, embeddings'), in
+    """Every rank's parameters outside the layers: (LM head's, final norm's, embeddings'), in
     gradient-ready order; a tied LM head's gradient accumulates into the embedding table, ready
     once the embedding's backward is done."""
     h = spec.hidden_size
@@ -240,35 +242,29 @@ class _Lowering:
         self.gradient_bytes = gradient_bytes_per_parameter(settings.precision)
         self.compressed = settings.gradient_compression is not GradientCompression.NONE
         self.wire_bytes = _COMPRESSED_BYTES if self.compressed else self.gradient_bytes
-        self._buckets: dict[int, list[tuple[list[Parameter], tuple]]] = {}
+        self._buckets: list[tuple[list[Parameter], tuple]] | None = None
 
     def _replicas(self):
         return ((d, self.shape.replicas[d]) for d in self.lowered)
 
     # -- forward ---------------------------------------------------------------------------
     def forward_segments(self) -> tuple[StepSegment, ...]:
-        shape = self.shape
         calls = _Calls()
         prologue: dict[int, _Program] = {}
         layer: dict[int, _Program] = {}
         epilogue: dict[int, _Program] = {}
         for d, replica in self._replicas():
-            for position, rank in enumerate(replica):
-                master = position == 0
+            for rank in replica:
                 p = prologue[rank] = _Program()
-                if master:
-                    p.add(self._compute(OpKind.EMBEDDING, "embedding", self.head_forward[OpKind.EMBEDDING]),
-                          TrainingPhase.FORWARD)
-                if shape.tensor > 1:
-                    p.add(self._broadcast("embedding_broadcast", replica, calls(("embed", d))), TrainingPhase.FORWARD)
+                p.add(self._compute(OpKind.EMBEDDING, "embedding", self.head_forward[OpKind.EMBEDDING]),
+                      TrainingPhase.FORWARD)
                 p = layer[rank] = _Program()
                 self._layer_forward(p, replica, calls, ("fwd", d), TrainingPhase.FORWARD, None)
                 p = epilogue[rank] = _Program()
-                if master:
-                    p.add(self._compute(OpKind.LAYERNORM, "final_norm", self.head_forward[OpKind.LAYERNORM]),
-                          TrainingPhase.FORWARD)
-                    p.add(self._compute(OpKind.LM_HEAD, "lm_head", self.head_forward[OpKind.LM_HEAD]),
-                          TrainingPhase.FORWARD)
+                p.add(self._compute(OpKind.LAYERNORM, "final_norm", self.head_forward[OpKind.LAYERNORM]),
+                      TrainingPhase.FORWARD)
+                p.add(self._compute(OpKind.LM_HEAD, "lm_head", self.head_forward[OpKind.LM_HEAD]),
+                      TrainingPhase.FORWARD)
         return tuple(StepSegment(Segment(name, {r: tuple(p.ops) for r, p in programs.items()}, repeat, layers),
                                  {r: tuple(p.phases) for r, p in programs.items()}, 0)
                      for name, programs, repeat, layers in (("forward_prologue", prologue, 1, 0),
@@ -293,37 +289,32 @@ class _Lowering:
                   phase)
 
     # -- backward --------------------------------------------------------------------------
-    def ready_parameters(self, position: int) -> list[tuple[Parameter, tuple]]:
-        """The parameters of TP position ``position`` in gradient-ready order, each with the key of
-        the backward op writing its gradient: ``("lm_head",)``, ``("final_norm",)``,
-        ``(layer, kind, norm)`` or ``("embedding",)``."""
+    def ready_parameters(self) -> list[tuple[Parameter, tuple]]:
+        """A rank's parameters (every TP position holds the same shapes) in gradient-ready order,
+        each with the key of the backward op writing its gradient: ``("lm_head",)``,
+        ``("final_norm",)``, ``(layer, kind, norm)`` or ``("embedding",)``."""
         spec = self.spec
-        ready: list[tuple[Parameter, tuple]] = []
-        if position == 0:
-            head, norm, _ = head_parameters(spec)
-            ready += [(param, ("lm_head",)) for param in head] + [(param, ("final_norm",)) for param in norm]
+        head, norm, embeddings = head_parameters(spec)
+        ready: list[tuple[Parameter, tuple]] = [(param, ("lm_head",)) for param in head]
+        ready += [(param, ("final_norm",)) for param in norm]
         per_layer = layer_parameters(spec, self.shape.tensor)
         for layer in reversed(range(spec.num_layers)):
             ready += [(Parameter(f"layers.{layer}.{param.name}", param.numel), (layer, kind, norm))
                       for kind, norm, param in per_layer]
-        if position == 0:
-            ready += [(param, ("embedding",)) for param in head_parameters(spec)[2]]
+        ready += [(param, ("embedding",)) for param in embeddings]
         return ready
 
-    def buckets(self, position: int) -> list[tuple[list[Parameter], tuple]]:
-        """DDP's buckets of TP position ``position`` in launch order: their parameters and the key
-        of the op that writes the last gradient of each (:meth:`ready_parameters`)."""
-        if position not in self._buckets:
-            same = next((p for p in self._buckets if (p == 0) == (position == 0)), None)
-            if same is not None:  # every position but the master's holds the same parameters
-                self._buckets[position] = self._buckets[same]
-                return self._buckets[position]
+    def buckets(self) -> list[tuple[list[Parameter], tuple]]:
+        """DDP's buckets of a rank (the same at every TP position) in launch order: their
+        parameters and the key of the op that writes the last gradient of each
+        (:meth:`ready_parameters`)."""
+        if self._buckets is None:
             settings = self.shape.settings
-            ready = self.ready_parameters(position)
+            ready = self.ready_parameters()
             sizes = [param.numel * self.gradient_bytes for param, _ in ready]
             indices = bucket_assignment(sizes, [settings.first_bucket_bytes, settings.bucket_cap_bytes])
-            self._buckets[position] = [([ready[i][0] for i in bucket], ready[bucket[-1]][1]) for bucket in indices]
-        return self._buckets[position]
+            self._buckets = [([ready[i][0] for i in bucket], ready[bucket[-1]][1]) for bucket in indices]
+        return self._buckets
 
     def backward_segment(self, sync: bool) -> StepSegment:
         shape, spec = self.shape, self.spec
@@ -338,32 +329,27 @@ class _Lowering:
                 reduce = sync and len(group) > 1  # DDP over one rank: nothing crosses a link
                 pending: dict[tuple, list[int]] = {}
                 if reduce:
-                    for index, (_, writer) in enumerate(self.buckets(position)):
+                    for index, (_, writer) in enumerate(self.buckets()):
                         pending.setdefault(writer if shape.settings.overlap else ("end",), []).append(index)
 
                 def wrote(key: tuple, op_index: int) -> None:
                     for bucket in pending.get(key, ()):
                         self._launch(p, position, bucket, op_index, calls)
 
-                if position == 0:
-                    wrote(("lm_head",), self._grad_pair(p, OpKind.LM_HEAD, "lm_head",
-                                                        self.head_backward[OpKind.LM_HEAD], None))
-                    wrote(("final_norm",), self._grad_pair(p, OpKind.LAYERNORM, "final_norm",
-                                                           self.head_backward[OpKind.LAYERNORM], None))
-                if shape.tensor > 1:
-                    p.add(self._broadcast("hidden_grad_broadcast", replica, calls(("bwd_bcast", d)),
-                                          after=self._compute_tail(p)), TrainingPhase.BACKWARD)
+                wrote(("lm_head",), self._grad_pair(p, OpKind.LM_HEAD, "lm_head",
+                                                    self.head_backward[OpKind.LM_HEAD], None))
+                wrote(("final_norm",), self._grad_pair(p, OpKind.LAYERNORM, "final_norm",
+                                                       self.head_backward[OpKind.LAYERNORM], None))
                 for layer in reversed(range(layers)):
                     if every and (layer == layers - 1 or (layer + 1) % every == 0):
                         for again in range(layer - layer % every, layer + 1):
                             self._layer_forward(p, replica, calls, ("re", d), TrainingPhase.RECOMPUTE, again)
                     self._layer_backward(p, replica, calls, d, layer, wrote)
-                if position == 0:
-                    cost = self.head_backward[OpKind.EMBEDDING].weight_grad
-                    wrote(("embedding",), p.add(self._compute(OpKind.EMBEDDING, "embedding_grad_weight", cost, None,
-                                                              False, after=self._compute_tail(p),
-                                                              gradient=Gradient.WEIGHT),
-                                                TrainingPhase.BACKWARD))
+                cost = self.head_backward[OpKind.EMBEDDING].weight_grad
+                wrote(("embedding",), p.add(self._compute(OpKind.EMBEDDING, "embedding_grad_weight", cost, None,
+                                                          False, after=self._compute_tail(p),
+                                                          gradient=Gradient.WEIGHT),
+                                            TrainingPhase.BACKWARD))
                 wrote(("end",), self._compute_tail(p)[0])
         return StepSegment(Segment("backward_sync" if sync else "backward",
                                    {r: tuple(p.ops) for r, p in programs.items()}),
@@ -409,7 +395,7 @@ class _Lowering:
     def _launch(self, p: _Program, position: int, index: int, trigger: int, calls: _Calls) -> None:
         """Bucket ``index``'s allreduce (with its casts under compression), once op ``trigger`` is done."""
         settings = self.shape.settings
-        numel = sum(param.numel for param in self.buckets(position)[index][0])
+        numel = sum(param.numel for param in self.buckets()[index][0])
         if self.compressed:
             # The hook casts (and divides by the world size) where the backward runs, queued behind it.
             cast = OpCost(flops=2 * numel, bytes_read=numel * self.gradient_bytes,
@@ -434,9 +420,9 @@ class _Lowering:
                      after=(len(p.ops) - 1,)), TrainingPhase.BACKWARD)
 
     def bucket_table(self) -> tuple[tuple[tuple[tuple[str, ...], int], ...], ...]:
-        return tuple(tuple((tuple(param.name for param in params), sum(param.numel for param in params)
-                            * self.gradient_bytes) for params, _ in self._buckets.get(t, ()))
-                     for t in range(self.shape.tensor))
+        table = tuple((tuple(param.name for param in params), sum(param.numel for param in params)
+                       * self.gradient_bytes) for params, _ in (self._buckets or ()))
+        return (table,) * self.shape.tensor
 
     # -- optimizer -------------------------------------------------------------------------
     def optimizer_segment(self, average_parameters: bool) -> StepSegment:
@@ -447,7 +433,7 @@ class _Lowering:
         for d, replica in self._replicas():
             for position, rank in enumerate(replica):
                 p = programs[rank] = _Program()
-                params = rank_parameter_count(spec, shape.tensor, is_master=position == 0)
+                params = rank_parameter_count(spec, shape.tensor, is_master=True)  # the head on every rank
                 group = shape.data_group(position)
                 shard = params / shape.data if settings.zero == 1 else params
                 cost = optimizer_step_cost(shard, optimizer=settings.optimizer, precision=settings.precision)
@@ -477,6 +463,3 @@ class _Lowering:
         return Op(OpKind.ALLREDUCE, name, Stream.COMPUTE, collective=collective, call=call, layer=layer,
                   after=None if sequential else (after if after is not None else ()))
 
-    def _broadcast(self, name: str, replica, call: int, after: tuple[int, ...] | None = None) -> Op:
-        collective = Collective(OpKind.BROADCAST, "binomial", tuple(replica), self.hidden_bytes, root=replica[0])
-        return Op(OpKind.BROADCAST, name, Stream.COMPUTE, collective=collective, call=call, after=after)

@@ -369,12 +369,12 @@ def _memory(shape: StepShape, framework: dict[int, int]) -> dict[int, TrainingMe
     model = shape.model
     memory = {}
     for replica in shape.replicas:
-        for position, rank in enumerate(replica):
+        for rank in replica:  # every TP rank holds the embeddings and the LM head (sim.training.lower)
             memory[rank] = training_memory(model, layout, optimizer=settings.optimizer, precision=settings.precision,
                                            data_parallel=shape.data, zero_stage=settings.zero,
                                            gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                            checkpoint_every=settings.activation_checkpointing,
-                                           framework_baseline_bytes=framework.get(rank, 0), is_master=position == 0)
+                                           framework_baseline_bytes=framework.get(rank, 0))
     return memory
 
 
