@@ -9,7 +9,9 @@ and simulated with its cluster's profile (``profiles/<cluster>.csv``); its error
 ``simulated / measured - 1`` against the report's ``errors.csv``. The calibrated layout (no
 ``parallel``) is a **replay**, every other layout a **prediction** of a layout the profile never
 measured. Prints median and p90 |error| per (replay | prediction) and metric, and the signed
-errors per layout; writes ``errors.csv`` and ``summary.md`` under ``--out``. A few seconds per
+errors per layout and how many layout pairs it ranks as measured
+(:func:`validation.validate.ranking_agreement`); writes ``errors.csv`` and ``summary.md`` under
+``--out``. A few seconds per
 cluster on the project's 2-core machine.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR]``
@@ -30,6 +32,7 @@ from sim.profile import load_profile
 from sim.simulate import simulate
 from sim.vocabulary import Metric
 from validation.matrix import load_matrix, with_layout
+from validation.validate import ranking_agreement
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = (Metric.TTFT, Metric.TPOT)
@@ -88,6 +91,9 @@ def summary_markdown(errors: pd.DataFrame, command: str) -> str:
         label = "calibrated layout, replay" if row.kind == REPLAY else "new layouts, prediction"
         lines.append(f"| {label} | {row.metric} | {row.cases} | {row.median_abs_error:.1%} | "
                      f"{row.p90_abs_error:.1%} |")
+    ranked = ranking_agreement(errors)
+    lines += ["", f"Ranking: {int(ranked['simulator_agrees'].sum())} of the {len(ranked)} layout pairs whose measured "
+              "TTFT or TPOT differ by more than 10% ordered as measured."]
     clusters = list(dict.fromkeys(errors["scenario"]))
     lines += ["", f"Signed errors per layout ({', '.join(clusters)}):", "", "| layout | kind | TTFT | TPOT |",
               "|---|---|---|---|"]
