@@ -17,9 +17,10 @@ Per calibrated generation of ``P`` new tokens (a decode step: 1):
   rank runs (those timed as often as ``attention``, which every rank runs once per layer), over
   the two blocks of a layer each closed by a collective (Megatron-LM's tensor parallelism:
   Shoeybi et al., 2019, section 3);
-* ``d``: the spread the payload added: the largest growth, over the plan's calls, of the wait
+* ``d``: the spread the payload added: the largest growth, over a strategy's calls, of the wait
   at the phase's size (``P`` times the decode size) over the wait at the decode size (0 for a
-  decode step);
+  decode step); calls are told apart by plan op, kind and algorithm, and a profile of several
+  strategies (whose compute rows pool their generations) takes the median over algorithms;
 * each other rank's segment overlaps a rank's by ``max(0, 1 - d / (2 s))`` (their starts apart
   by half the spread on average), so ``1 + (ranks - 1) x overlap`` ranks compute at once.
 
@@ -57,7 +58,8 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
         return {n: float(ranks) for n in phases}
     per_layer = every["repeats"].max()  # ranks x layers x generations of one shape
     one_token = waits["size_bytes"].min()
-    base = waits[waits["size_bytes"] == one_token].groupby("call")[WAIT_STATISTIC].median()
+    calls = ["algorithm", "call", "op"]
+    base = waits[waits["size_bytes"] == one_token].groupby(calls)[WAIT_STATISTIC].median()
     out = {}
     for new_tokens in phases:
         if new_tokens == 1:
@@ -67,8 +69,9 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
         common = shapes[shapes["repeats"] >= per_layer]
         layer_s = float((common[COMPUTE_STATISTIC] * common["repeats"] / per_layer).sum()) / max(
             1, shapes["context_tokens"].nunique())
-        at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby("call")[WAIT_STATISTIC].median()
-        spread_s = (at_size - base.reindex(at_size.index).fillna(0.0)).max() if len(at_size) else float("nan")
+        at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby(calls)[WAIT_STATISTIC].median()
+        growth = at_size - base.reindex(at_size.index).fillna(0.0)
+        spread_s = growth.groupby(level="algorithm").max().median() if len(growth) else float("nan")
         if not layer_s > 0 or pd.isna(spread_s):
             out[new_tokens] = float(ranks)
             continue
