@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from models.ops import OpKind
+from sim.calibrated import CHARGED  # the statistics the simulator charges these rows
 from sim.vocabulary import MeasurementKind
 
-EVERY_RANK_KIND = "attention"  # run once per layer by every rank of a tensor-parallel group
+EVERY_RANK_KIND = OpKind.ATTENTION  # run once per layer by every rank of a tensor-parallel group
 BLOCKS_PER_LAYER = 2  # attention and MLP, each closed by a collective
-WAIT_STATISTIC = "median"  # as the simulator charges collective_wait rows (sim.calibrated.CHARGED)
-COMPUTE_STATISTIC = "mean"  # as it charges compute rows
 
 
 def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
@@ -50,16 +50,17 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
         rows: the rows of one calibrated cluster's profile (:attr:`sim.profile.Profile.rows`).
         ranks: the ranks of its calibrated group.
     """
+    wait_statistic, compute_statistic = CHARGED[MeasurementKind.COLLECTIVE_WAIT], CHARGED[MeasurementKind.COMPUTE]
     compute = rows[rows["measurement"] == MeasurementKind.COMPUTE]
     waits = rows[rows["measurement"] == MeasurementKind.COLLECTIVE_WAIT]
     phases = sorted(int(n) for n in compute["new_tokens"].dropna().unique())
-    every = compute[compute["op"] == EVERY_RANK_KIND]
+    every = compute[compute["op"] == str(EVERY_RANK_KIND)]
     if waits.empty or every.empty or ranks <= 1:
         return {n: float(ranks) for n in phases}
     per_layer = every["repeats"].max()  # ranks x layers x generations of one shape
     one_token = waits["size_bytes"].min()
     calls = ["algorithm", "call", "op"]
-    base = waits[waits["size_bytes"] == one_token].groupby(calls)[WAIT_STATISTIC].median()
+    base = waits[waits["size_bytes"] == one_token].groupby(calls)[wait_statistic].median()
     out = {}
     for new_tokens in phases:
         if new_tokens == 1:
@@ -67,9 +68,9 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
             continue
         shapes = compute[compute["new_tokens"] == new_tokens]
         common = shapes[shapes["repeats"] >= per_layer]
-        layer_s = float((common[COMPUTE_STATISTIC] * common["repeats"] / per_layer).sum()) / max(
+        layer_s = float((common[compute_statistic] * common["repeats"] / per_layer).sum()) / max(
             1, shapes["context_tokens"].nunique())
-        at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby(calls)[WAIT_STATISTIC].median()
+        at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby(calls)[wait_statistic].median()
         growth = at_size - base.reindex(at_size.index).fillna(0.0)
         spread_s = growth.groupby(level="algorithm").max().median() if len(growth) else float("nan")
         if not layer_s > 0 or pd.isna(spread_s):
