@@ -340,7 +340,8 @@ class NetworkChoice:
     phase_scales: dict = field(default_factory=dict)
 
 
-_FITS: dict[int, tuple[Profile, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms): fitting takes seconds
+_FITS: dict[int, tuple[Profile, dict, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms,
+# ranks computing at once per calibrated phase): fitting takes seconds, the estimate tens of ms
 
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
@@ -383,14 +384,14 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
             pings = profile.of(MeasurementKind.P2P)
             for key, value in fit_hops(pings[_rows_of(profile.rows, pings, context.name)], context).items():
                 hops.setdefault(key, value)
-        cached = _FITS[id(profile)] = (profile, fitted, hops)
+        # one calibrated cluster's rows say how many of its ranks computed at once (a pool: every rank)
+        concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
+        cached = _FITS[id(profile)] = (profile, fitted, hops, concurrency)
     fitted, hops = cached[1], cached[2]
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s, hops=hops)
-    # one calibrated cluster's rows say how many of its ranks computed at once (a pool: every rank)
-    concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) \
-        if target.pipelined and len(contexts) == 1 else {}
+    concurrency = cached[3] if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
                                                              concurrency)
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
