@@ -76,6 +76,9 @@ class CalibratedCompute:
         scale: factor on every compute op and gap (core contention other than calibrated:
             :func:`sim.context.core_contention`: calibrated compute at a core of its own), but
             those of ``solo_kinds``.
+        phase_scales: the factor on the ``compute`` rows of a calibrated ``new_tokens`` (1: a decode
+            step) where it differs from ``scale`` (:func:`sim.context.core_contention`): an op
+            priced among rows of several takes theirs interpolated along the same axis.
         solo_kinds: op kinds that only some ranks of the group compute in the plan being priced
             (the master's embedding and LM head; its layer norms in reduce_ln_bcast): timed in place while the other ranks waited, asleep, for their result,
             so on a core of their own already (measured: the LM head of GPT-2 took 17 ms with 4
@@ -86,21 +89,25 @@ class CalibratedCompute:
     profile: Profile
     fallback: RooflineCompute
     scale: float = 1.0
+    phase_scales: dict[int, float] = field(default_factory=dict)
     solo_kinds: frozenset[str] = frozenset()
     optimizer: str | None = None
     extrapolated: set[str] = field(default_factory=set)
     calibrated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _new_tokens: dict[tuple, np.ndarray] = field(default_factory=dict, repr=False)  # per table point
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         rows = self.profile.of(MeasurementKind.COMPUTE)
         points: dict[tuple, list[tuple[float, float]]] = {}
+        new_tokens: dict[tuple, dict[float, int]] = {}
         for row in rows.itertuples(index=False):
             x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
             key = (row.device_class, row.dtype, row.op, _regime(int(row.new_tokens)))
             points.setdefault(key, []).append((x, float(getattr(row, CHARGED[MeasurementKind.COMPUTE]))))
+            new_tokens.setdefault(key, {}).setdefault(x, int(row.new_tokens))
         for measurement in (*BACKWARD_ROWS.values(), MeasurementKind.OPTIMIZER_STEP):
             for row in self.profile.of(measurement).itertuples(index=False):
                 x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
@@ -110,6 +117,8 @@ class CalibratedCompute:
             xs = np.array(sorted({x for x, _ in values}))
             ys = np.array([np.median([y for x, y in values if x == v]) for v in xs])
             self._tables[key] = (xs, ys)
+            if key in new_tokens:
+                self._new_tokens[key] = np.array([new_tokens[key][v] for v in xs])
         for row in self.profile.of(MeasurementKind.OP_GAP).itertuples(index=False):
             self._gap_s[row.device_class] = float(getattr(row, CHARGED[MeasurementKind.OP_GAP]))
 
@@ -128,13 +137,15 @@ class CalibratedCompute:
                self.optimizer if op.kind == OpKind.OPTIMIZER_STEP else None)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = (self._price(op, device) + self.gap_s(device)) * (1.0 if solo else self.scale)
+            price_s, scale = self._price(op, device)
+            cached = self._cache[key] = (price_s + self.gap_s(device)) * (1.0 if solo else scale)
         return cached
 
     def reduce_s_per_byte(self, device: Device) -> float:
         return self.fallback.reduce_s_per_byte(device)
 
-    def _price(self, op: Op, device: Device) -> float:
+    def _price(self, op: Op, device: Device) -> tuple[float, float]:
+        """(the op's calibrated time as timed in place, s; the factor on it for core contention)."""
         name = device.spec.name
         if op.gradient is not None:  # a training backward op: the rows of its gradient
             measurement = BACKWARD_ROWS[op.gradient]
@@ -152,14 +163,17 @@ class CalibratedCompute:
         table = self._tables.get(key)
         if table is None:
             self.extrapolated.add(f"{label} on {name}: not calibrated, roofline")
-            return self.fallback.duration_s(op, device)
+            return self.fallback.duration_s(op, device), self.scale
         self.calibrated.add(f"{label} on {name}")
         xs, ys = table
+        phases = self._new_tokens.get(key)
+        scale = self.scale if phases is None or not self.phase_scales else float(
+            np.interp(x, xs, [self.phase_scales.get(int(n), self.scale) for n in phases]))
         if xs[0] <= x <= xs[-1]:
-            return float(np.interp(x, xs, ys))
+            return float(np.interp(x, xs, ys)), scale
         edge = 0 if x < xs[0] else -1
         self.extrapolated.add(f"{label} on {name}: outside the calibrated shapes")
-        return float(ys[edge] * x / xs[edge]) if xs[edge] > 0 else float(ys[edge])
+        return (float(ys[edge] * x / xs[edge]) if xs[edge] > 0 else float(ys[edge])), scale
 
 
 def _peak(device_class: str, dtype: str) -> float:
@@ -310,6 +324,8 @@ class NetworkChoice:
         network: the network model to price collectives with.
         same_cluster: the profile's collective timings are replayed (same-cluster mode).
         compute_scale: factor on calibrated compute for core contention (:func:`sim.context.core_contention`).
+        phase_scales: the factor on the compute rows of each calibrated ``new_tokens`` where the
+            profile says how many ranks computed at once then (:mod:`sim.concurrency`).
         cores: the target's core pools for the engine (:mod:`sim.cores`; none: a core per rank).
         terms: the scenario's terms against the profile's context (:func:`sim.context.compare`).
         sources: one line per collective implementation: where its price comes from.
@@ -321,9 +337,11 @@ class NetworkChoice:
     sources: tuple[str, ...]
     compute_scale: float = 1.0
     cores: tuple = ()
+    phase_scales: dict = field(default_factory=dict)
 
 
-_FITS: dict[int, tuple[Profile, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms): fitting takes seconds
+_FITS: dict[int, tuple[Profile, dict, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms,
+# ranks computing at once per calibrated phase): fitting takes seconds, the estimate tens of ms
 
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
@@ -341,8 +359,10 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     :func:`sim.context.core_contention` says. A target in a layout the profile did not measure
     (``target.layout``: a pipeline, an uneven split) is priced that way on its own cluster too,
     the hops between its stages with point-to-point terms fitted per link class on the profile's
-    ping-pongs (:func:`sim.transport.fit_hops`).
+    ping-pongs (:func:`sim.transport.fit_hops`), and a pipeline's compute given the ranks that
+    computed at once in each calibrated phase (:func:`sim.context.core_contention`).
     """
+    from sim.concurrency import calibrated_concurrency
     from sim.context import compare, core_contention, profile_contexts, same_cluster
     from sim.transport import TransportNetwork, default_terms, fit_hops, fit_profile
 
@@ -364,12 +384,16 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
             pings = profile.of(MeasurementKind.P2P)
             for key, value in fit_hops(pings[_rows_of(profile.rows, pings, context.name)], context).items():
                 hops.setdefault(key, value)
-        cached = _FITS[id(profile)] = (profile, fitted, hops)
+        # one calibrated cluster's rows say how many of its ranks computed at once (a pool: every rank)
+        concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
+        cached = _FITS[id(profile)] = (profile, fitted, hops, concurrency)
     fitted, hops = cached[1], cached[2]
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s, hops=hops)
-    scale, pools, contention = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)))
+    concurrency = cached[3] if target.pipelined else {}
+    scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
+                                                             concurrency)
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
     network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     if any(floor_s > 0 for floor_s, _ in floors.values()):
@@ -379,7 +403,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())),
                *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())))
-    return NetworkChoice(network, False, terms, sources, scale, pools)
+    return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales)
 
 
 # gloo over TCP where the calibrated links hid it, per rank beyond the cores, keyed by "gloo's own

@@ -95,6 +95,8 @@ class CalibrationContext:
         layout: a target's parallel layout where it is not what a calibration measures, even
             tensor parallelism over the whole group (:attr:`sim.parallel.ParallelPlan.uncalibrated_layout`:
             a pipeline, an uneven split); None for that, and for every profile's context.
+        pipelined: a target whose layers run in pipeline stages, each stage computing on its own
+            schedule (:func:`core_contention` says what it changes); False for every profile's.
     """
 
     name: str
@@ -105,6 +107,7 @@ class CalibrationContext:
     backend: str | None = None
     torch_version: str | None = None
     layout: str | None = None
+    pipelined: bool = False
 
     def same_network(self, other: CalibrationContext) -> bool:
         """Same group shape, backend and links (each of ``other``'s matches one of these)."""
@@ -116,11 +119,12 @@ class CalibrationContext:
 
 def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtype: str, *,
                      cores: int | None = None, backend: str | None = None,
-                     torch_version: str | None = None, layout: str | None = None) -> CalibrationContext:
+                     torch_version: str | None = None, layout: str | None = None,
+                     pipelined: bool = False) -> CalibrationContext:
     """The context of ``ranks`` of ``topology`` computing in ``dtype``: devices, ranks per host and
     every distinct link class between two of the ranks (rate: the path's narrowest channel;
     delay: the sum of its channels' latencies, :meth:`sim.topology.Topology.path_latency_s`);
-    ``layout``: see :class:`CalibrationContext`."""
+    ``layout``, ``pipelined``: see :class:`CalibrationContext`."""
     counts: dict[tuple[str, str], int] = {}
     for rank in ranks:
         key = (topology.devices[rank].spec.name, dtype)
@@ -138,7 +142,7 @@ def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtyp
     links.sort(key=lambda l: (l.link_class.value, l.rate_bytes_per_s, l.delay_s))
     return CalibrationContext(name, tuple(sorted((d, t, n) for (d, t), n in counts.items())),
                               tuple(len(group) for group in topology.host_groups(ranks)), tuple(links),
-                              cores, backend, torch_version, layout)
+                              cores, backend, torch_version, layout, pipelined)
 
 
 def context_rows(context: CalibrationContext) -> list[dict]:
@@ -256,15 +260,28 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
 
 
 def core_contention(contexts: tuple[CalibrationContext, ...], target: CalibrationContext,
-                    ranks: tuple[int, ...]) -> tuple[float, tuple[CorePool, ...], str]:
+                    ranks: tuple[int, ...], concurrency: dict[int, float] | None = None
+                    ) -> tuple[float, tuple[CorePool, ...], str, dict[int, float]]:
     """How ranks sharing CPU cores are priced: (factor on calibrated compute times, the target's
-    core pools for the engine's processor sharing, :mod:`sim.cores`, a line saying why).
+    core pools for the engine's processor sharing, :mod:`sim.cores`, a line saying why, the
+    factor per calibrated ``new_tokens`` where it differs by phase).
 
-    Compute is timed in place, with every rank of the calibrated group running: where ranks
-    outnumbered the cores, each got ``cores / ranks`` of one and its ops took ``ranks / cores``
-    times as long (processor sharing: :mod:`sim.cores`). The factor takes that out, so that a
-    calibrated time is an op's work on a core of its own, and the target's ``ranks`` compete
-    for its cores in the simulation, as many at once as compute at that moment. The target's
+    Compute is timed in place, with every rank of the calibrated group running: where the ranks
+    that computed at once outnumbered the cores, each got ``cores / computing`` of one and its
+    ops took ``computing / cores`` times as long (processor sharing: :mod:`sim.cores`). The
+    factor takes that out, so that a calibrated time is an op's work on a core of its own, and
+    the target's ``ranks`` compete for its cores in the simulation, as many at once as compute
+    at that moment. A pipeline's stages compute on their own schedule, which the simulation
+    runs as it is (a stage computes while the others wait for its activations), so its ops get
+    the work the calibrated rows measured given how many ranks computed at once in each
+    calibrated phase (``concurrency``: per ``new_tokens`` of the calibrated generations,
+    :func:`sim.concurrency.calibrated_concurrency`; a prefill's ranks desynchronised by its
+    payloads). A tensor-parallel target, even or uneven, keeps every calibrated rank: the
+    simulation runs its ranks through each step together, as the factor assumes, so its ops
+    stretch back to the times measured (a prefill's desynchronised ranks, which the simulation
+    does not reproduce, would otherwise be charged contention they did not have: the offline
+    transfer figure, TTFT other, went from 9.9% to 13.5% median when they were). The first
+    factor, for rows without an estimate, takes every calibrated rank. The target's
     cores are the calibrated machine's where the scenario does not say (the emulated hosts share
     one machine). Factor 1 and no pool for devices of their own (no cores recorded) and in
     same-cluster mode (the in-place times hold the contention as it was).
@@ -274,12 +291,16 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
     """
     known = [c for c in contexts if c.cores is not None]
     if not known or same_cluster(contexts, target):
-        return 1.0, (), "core contention: as calibrated"
+        return 1.0, (), "core contention: as calibrated", {}
     calibrated = known[0]
     cores = target.cores or calibrated.cores
     calibrated_ranks = sum(calibrated.ranks_per_host)
     scale = 1.0 / max(1.0, calibrated_ranks / calibrated.cores)
+    phases = {int(n): 1.0 / max(1.0, k / calibrated.cores) for n, k in sorted((concurrency or {}).items())}
     pool = CorePool(frozenset(ranks), cores)
+    per_phase = "" if not phases else " (" + ", ".join(
+        f"{'decode' if n == 1 else f'prefill of {n}'} x {f:.2f}" for n, f in phases.items()) + \
+        ": the ranks computing at once per calibrated phase, sim.concurrency)"
     return scale, (pool,), (f"core contention: calibrated compute x {scale:.2f} ({calibrated_ranks} ranks on "
-                            f"{calibrated.cores} cores in {calibrated.name}), then {pool.describe()} sharing them "
-                            "as the simulation runs (processor sharing)")
+                            f"{calibrated.cores} cores in {calibrated.name}){per_phase}, then {pool.describe()} "
+                            "sharing them as the simulation runs (processor sharing)"), phases

@@ -166,14 +166,14 @@ class Pricing:
 
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
                   profile: Profile | None = None, context_group: tuple[int, ...] | None = None,
-                  layout: str | None = None, dtype: str | None = None) -> Pricing:
+                  layout: str | None = None, dtype: str | None = None, pipelined: bool = False) -> Pricing:
     """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
     ``topology``: the roofline and the scenario's network model (with each transport's documented
     per-message terms for the default one), or a calibration ``profile`` compared with the
     scenario's context (:mod:`sim.calibrated`) of one copy's ranks, ``context_group`` (default
     ``ranks``), run in ``layout`` (:attr:`sim.parallel.ParallelPlan.uncalibrated_layout`).
     ``dtype``: the compute dtype (default the model's; a training variant's comes from its
-    precision).
+    precision). ``pipelined``: the layout runs pipeline stages (:class:`sim.context.CalibrationContext`).
 
     Raises:
         ConfigError: devices without the scenario's dtype, an unknown network model.
@@ -193,9 +193,10 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         compute = CalibratedCompute(profile, compute)
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype,
-                                                     layout=layout),
+                                                     layout=layout, pipelined=pipelined),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
+        compute.phase_scales = dict(choice.phase_scales)
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, runtime_memory[r])) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
@@ -271,7 +272,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         if key not in pricings:
             built = pricings[key] = build_pricing(scenario, topology, every_rank, profile,
                                                   context_group=key[0] if key else parallel.replica_ranks[0],
-                                                  layout=key[1] if key else None)
+                                                  layout=key[1] if key else None, pipelined=layout.pipeline > 1)
             if any(other.pipeline > 1 for other in layouts.values()):  # alike stages: collectives priced once
                 built.engine.pricer = AlikeGroups(built.engine.pricer, topology, built.engine.links)
         return pricings[key]

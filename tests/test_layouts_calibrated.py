@@ -5,6 +5,7 @@ terms fitted on the profile's ping-pongs, and an uneven split; the layout it mea
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sim.context import Verdict
@@ -117,3 +118,44 @@ def test_the_summary_splits_the_calibrated_layout_from_the_predicted_ones():
     assert "| calibrated layout (replay) | ttft_s | 1 | 2.0% |" in text
     assert "| new layout (prediction) | tpot_s | 2 | 20.0% |" in text
     assert _layouts_markdown(pd.DataFrame(rows).drop(columns="layout_seen")) == []
+
+
+def _without_prefill_spread(profile: Profile) -> Profile:
+    """``profile`` with every call's wait at a prefill's size set to its wait at a decode step's:
+    a calibration whose prefill payloads did not desynchronise its ranks."""
+    rows = profile.rows.copy()
+    waits = rows["measurement"] == MeasurementKind.COLLECTIVE_WAIT
+    one_token = rows.loc[waits, "size_bytes"].min()
+    calls = ["algorithm", "call", "op"]
+    decode = rows[waits & (rows["size_bytes"] == one_token)].set_index(calls)["median"]
+    rows.loc[waits, "median"] = decode.reindex(pd.MultiIndex.from_frame(rows.loc[waits, calls])).to_numpy()
+    return Profile(rows)
+
+
+def test_ranks_computing_at_once_per_phase_come_from_the_profiles_waits():
+    from sim.concurrency import calibrated_concurrency
+
+    _, profile = _cluster("v2x2_bandwidth")
+    measured = calibrated_concurrency(profile.rows, 4)
+    assert set(measured) == {1, 8, 32, 128}  # the calibrated generations: decode steps and 3 prompts
+    assert measured[1] == 4.0  # a decode step's payload desynchronises nothing
+    assert 1.0 <= measured[128] < 2.0  # 393 KiB over 100 Mbit/s: the ranks computed about one at a time
+    # the same compute rows with no spread added by the prefill's payloads: every rank at once
+    assert calibrated_concurrency(_without_prefill_spread(profile).rows, 4) == {1: 4.0, 8: 4.0, 32: 4.0, 128: 4.0}
+    # a profile without in-place waits (older calibrations): every calibrated rank, as before
+    rows = profile.rows[profile.rows["measurement"] != MeasurementKind.COLLECTIVE_WAIT]
+    assert calibrated_concurrency(rows, 4) == {1: 4.0, 8: 4.0, 32: 4.0, 128: 4.0}
+
+
+def test_a_pipelines_prefill_is_slower_where_the_calibrations_prefill_ranks_computed_apart():
+    scenario, profile = _cluster("v2x2_bandwidth")
+    apart = simulate(with_layout(scenario, PP4), profile=profile)
+    together = simulate(with_layout(scenario, PP4), profile=_without_prefill_spread(profile))
+    # ops timed with fewer ranks beside them hold less contention: more work on a core of one's own
+    assert apart.variants[0].timing["ttft_s"] > 1.2 * together.variants[0].timing["ttft_s"]
+    assert apart.variants[0].timing["tpot_s"] == pytest.approx(together.variants[0].timing["tpot_s"], rel=1e-9)
+    assert any("prefill of 128 x 1.00" in line for line in apart.sources)
+    # a tensor-parallel target runs its ranks in lockstep as the old factor assumes: unchanged
+    uneven = LayoutCase(name="tp3", parallel={"tensor": 3, "shares": [2, 1, 1]})
+    assert simulate(with_layout(scenario, uneven), profile=profile).variants[0].timing == simulate(
+        with_layout(scenario, uneven), profile=_without_prefill_spread(profile)).variants[0].timing

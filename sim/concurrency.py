@@ -1,0 +1,82 @@
+"""How many ranks of a calibration computed at once, per calibrated phase, from its profile's rows.
+
+A calibration times every compute op in place, while the group's other ranks run too
+(:mod:`sim.profile`); where the ranks outnumber the cores they share, an op's time holds the
+ranks that computed beside it (processor sharing, :mod:`sim.cores`). How many did depends on the
+phase. Tensor-parallel ranks run the same ops between two collectives, so they compute together
+unless the collective before desynchronised them: a broadcast's or a reduce's payload reaches
+the ranks one wire time apart, and a prefill's payload is ``prompt`` times a decode step's. The
+profile measures that desynchronisation: the master's wait in a collective for the last rank to
+arrive (``collective_wait`` rows), whose growth from a decode step's size (one token) to a
+prefill's is the spread the larger payload added. A decode step's own wait is the contention
+itself (ranks descheduled on shared cores arrive apart) and desynchronises nothing.
+
+Per calibrated generation of ``P`` new tokens (a decode step: 1):
+
+* ``s``: one rank's compute between two collectives: the per-layer compute of the op kinds every
+  rank runs (those timed as often as ``attention``, which every rank runs once per layer), over
+  the two blocks of a layer each closed by a collective (Megatron-LM's tensor parallelism:
+  Shoeybi et al., 2019, section 3);
+* ``d``: the spread the payload added: the largest growth, over a strategy's calls, of the wait
+  at the phase's size (``P`` times the decode size) over the wait at the decode size (0 for a
+  decode step); calls are told apart by plan op, kind and algorithm, and a profile of several
+  strategies (whose compute rows pool their generations) takes the median over algorithms;
+* each other rank's segment overlaps a rank's by ``max(0, 1 - d / (2 s))`` (their starts apart
+  by half the spread on average), so ``1 + (ranks - 1) x overlap`` ranks compute at once.
+
+Where the profile lacks the rows (no in-place calls, as in a calibration of isolated
+collectives alone, or none at a phase's size), every calibrated rank is taken to have computed at
+once: the contention of a decode step, and what a calibration without these rows assumed.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from models.ops import OpKind
+from sim.calibrated import CHARGED  # the statistics the simulator charges these rows
+from sim.vocabulary import MeasurementKind
+
+EVERY_RANK_KIND = OpKind.ATTENTION  # run once per layer by every rank of a tensor-parallel group
+BLOCKS_PER_LAYER = 2  # attention and MLP, each closed by a collective
+
+
+def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
+    """Per calibrated ``new_tokens`` (1: a decode step), how many of the calibration's ``ranks``
+    computed at once (1 to ``ranks``), from a profile's ``compute`` and ``collective_wait`` rows
+    (see the module docstring); ``ranks`` for every ``new_tokens`` the rows do not let it estimate.
+
+    Args:
+        rows: the rows of one calibrated cluster's profile (:attr:`sim.profile.Profile.rows`).
+        ranks: the ranks of its calibrated group.
+    """
+    wait_statistic, compute_statistic = CHARGED[MeasurementKind.COLLECTIVE_WAIT], CHARGED[MeasurementKind.COMPUTE]
+    compute = rows[rows["measurement"] == MeasurementKind.COMPUTE]
+    waits = rows[rows["measurement"] == MeasurementKind.COLLECTIVE_WAIT]
+    phases = sorted(int(n) for n in compute["new_tokens"].dropna().unique())
+    every = compute[compute["op"] == str(EVERY_RANK_KIND)]
+    if waits.empty or every.empty or ranks <= 1:
+        return {n: float(ranks) for n in phases}
+    per_layer = every["repeats"].max()  # ranks x layers x generations of one shape
+    one_token = waits["size_bytes"].min()
+    calls = ["algorithm", "call", "op"]
+    base = waits[waits["size_bytes"] == one_token].groupby(calls)[wait_statistic].median()
+    out = {}
+    for new_tokens in phases:
+        if new_tokens == 1:
+            out[new_tokens] = float(ranks)
+            continue
+        shapes = compute[compute["new_tokens"] == new_tokens]
+        common = shapes[shapes["repeats"] >= per_layer]
+        layer_s = float((common[compute_statistic] * common["repeats"] / per_layer).sum()) / max(
+            1, shapes["context_tokens"].nunique())
+        at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby(calls)[wait_statistic].median()
+        growth = at_size - base.reindex(at_size.index).fillna(0.0)
+        spread_s = growth.groupby(level="algorithm").max().median() if len(growth) else float("nan")
+        if not layer_s > 0 or pd.isna(spread_s):
+            out[new_tokens] = float(ranks)
+            continue
+        segment_s = layer_s / BLOCKS_PER_LAYER
+        overlap = max(0.0, 1.0 - max(0.0, float(spread_s)) / (2 * segment_s))
+        out[new_tokens] = 1.0 + (ranks - 1) * overlap
+    return out
