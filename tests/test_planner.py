@@ -201,3 +201,93 @@ def test_a_catalog_file_replaces_the_default_and_its_errors_name_the_entry(tmp_p
     with pytest.raises(ConfigError) as error:
         plan_from_dict(SMALL | {"catalog": "prices.yaml"}, base_dir=tmp_path)
     assert error.value.field == "prices.yaml: devices.t4.interconnects" and "'warp'" in error.value.message
+
+
+TRAINING = {
+    "name": "training_plan",
+    "models": ["gpt2"],
+    "workload": {"kind": "training", "global_batch_size": 8, "micro_batch_size": 2, "sequence_length": 256},
+    "training": {"precision": "bf16_mixed"},
+    "slo": {"step_time": "400ms"},
+    "search": {"devices": ["rtx_4090", "t4", "rtx_3060_12gb"], "devices_per_host": [1, 2], "hosts": [1, 2],
+               "networks": ["eth10g"], "mixed": False},
+}
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return plan(plan_from_dict(TRAINING))
+
+
+def test_a_training_plan_picks_the_cheapest_cluster_and_layout_meeting_the_step_time(trained):
+    from sim.training.simulate import simulate_training
+
+    table = trained.table
+    assert trained.pick is not None and trained.pick[Metric.STEP_TIME] <= 0.4
+    assert trained.pick["price_per_hour"] == table.loc[table["meets_slo"], "price_per_hour"].min()
+    # The layouts searched: data parallelism with TP inside a host, and each default variant.
+    assert {"TP 1 x DP 1", "TP 1 x DP 2", "TP 2 x DP 1", "TP 2 x DP 2", "TP 1 x DP 4"} <= set(table["parallel"])
+    assert {"ddp", "zero1", "zero1_checkpointing"} <= set(table["variant"])
+    assert trained.recommendation.startswith(f"Use {trained.pick['cluster']}")
+    t4 = table[table["device_types"] == "t4"]  # Turing has no bf16
+    assert len(t4) and t4["stage"].eq(Stage.LAYOUT).all() and t4["reason"].str.contains("t4 has no bf16 rate").all()
+    for _, row in trained.top.iterrows():
+        assert row["bottleneck"] and "% of the step" in row["bottleneck"]
+    # The pick's scenario simulates to the plan's step time.
+    scenario = scenario_from_dict(trained.pick_scenario)
+    assert simulate_training(scenario).variants[0].metrics[Metric.STEP_TIME] == pytest.approx(
+        trained.pick[Metric.STEP_TIME])
+
+
+def test_a_training_plans_pruning_never_drops_what_the_simulator_accepts():
+    from sim.training.simulate import simulate_training
+
+    tight = TRAINING | {"models": ["tinyllama-1.1b"], "slo": {"step_time": "300ms"},
+                        "search": TRAINING["search"] | {"devices": ["rtx_3060_12gb", "rtx_4090"]}}
+    planner = Planner(plan_from_dict(tight))
+    table = planner.candidates()
+    assert {Stage.MEMORY, Stage.BOUND} <= set(table["stage"])
+    bound = table[table["stage"] == Stage.BOUND]
+    assert (bound["num_hosts"] > 1).any()  # where gradients cross the network, its bound too
+    for stage in (Stage.MEMORY, Stage.BOUND):
+        rows = table[table["stage"] == stage]
+        for _, row in pd.concat([rows[rows["num_hosts"] == 1].head(2), rows[rows["num_hosts"] > 1].head(2)]).iterrows():
+            result = simulate_training(scenario_from_dict(planner.scenario_dict(row)))
+            simulated = planner._training_result(row, result.variants[0], result, "")
+            if stage == Stage.MEMORY:
+                assert not simulated["fits"], row["reason"]
+            else:
+                assert simulated[Metric.STEP_TIME] >= row["step_time_lower_bound_s"] > 0.3
+
+
+def test_a_training_plan_nothing_meets_says_why_and_the_command_exits_3(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(TRAINING | {"slo": {"step_time": "1us"}}))
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(path), "--out", str(tmp_path / "out")])
+    assert exited.value.code == 3
+    out = capsys.readouterr().out
+    assert "No configuration within the limits can train 8 x 256 tokens per step with a step <= 1.00 us" in out
+    assert (tmp_path / "out" / "plan.csv").is_file()
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"slo": {"ttft": "1s"}}, "slo.ttft"),
+    ({"slo": {"step_time": "-1s"}}, "slo.step_time"),
+    ({"search": TRAINING["search"] | {"memory": [{"policy": "resident"}]}}, "search.memory"),
+    ({"search": {"variants": [{"name": "tp", "strategy": "reduce_ln_bcast"}]}}, "search.variants[0].strategy"),
+    ({"training": {"zero": 3}}, "training.zero"),
+    ({"dtype": "bf16"}, "dtype"),
+    ({"workload": {"kind": "training", "global_batch_size": 8, "micro_batch_size": 2, "sequence_length": 4096}},
+     "workload.sequence_length"),
+])
+def test_a_bad_training_plan_is_one_line_naming_the_field(tmp_path, capsys, change, field):
+    assert_plan_refused(TRAINING | change, field, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"slo": {"step_time": "1s"}}, "slo.step_time"),
+    ({"training": {"zero": 1}}, "training"),
+])
+def test_training_fields_in_an_inference_plan_are_refused(tmp_path, capsys, change, field):
+    assert_plan_refused(SMALL | change, field, tmp_path, capsys)

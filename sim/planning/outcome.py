@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sim.bottleneck import bottleneck
+from sim.planning.catalog import price_text
 from sim.planning.plan_config import PlanRequest
 from sim.planning.search import COST_PER_MILLION_TOKENS, TOP_N, Planner, Stage
 from sim.profile import Profile
@@ -130,7 +131,7 @@ def versus_pick(row: pd.Series, pick: pd.Series | None) -> str:
         return f"misses {row['slo_miss']}"
     extra = row["price_per_hour"] - pick["price_per_hour"]
     if extra > 1e-9:
-        return f"costs ${extra:.2f}/h more (+{100 * extra / pick['price_per_hour']:.0f}%)"
+        return f"costs ${price_text(extra)}/h more (+{100 * extra / pick['price_per_hour']:.0f}%)"
     if Metric.MAX_REQUEST_RATE in row:
         return f"same price, maximum rate {100 * (row[Metric.MAX_REQUEST_RATE] / pick[Metric.MAX_REQUEST_RATE] - 1):+.1f}%"
     if Metric.STEP_TIME in row:
@@ -149,7 +150,7 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
     objectives = ", ".join(part for part in (
         f"TTFT <= {duration_text(slo.ttft_s)}" if slo.ttft_s is not None else "",
         f"TPOT <= {duration_text(slo.tpot_s)}" if slo.tpot_s is not None else "",
-        f"{slo.tokens_per_s:g} tokens/s" if slo.tokens_per_s is not None else "") if part)
+        f">= {slo.tokens_per_s:g} decode tokens/s" if slo.tokens_per_s is not None else "") if part)
     feasible = int(table["meets_slo"].sum())
     if pick is None:
         top = table[table["rank"] == 1]
@@ -159,13 +160,12 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
                     f"{duration_text(bound['ttft_lower_bound_s'].min())} and TPOT {duration_text(bound['tpot_lower_bound_s'].min())}; "
                     "relax an objective or raise limits.budget_per_hour or limits.max_devices.")
         if top.empty:
-            return (f"No configuration within the limits fits in memory and meets {objectives}: raise "
-                    "limits.budget_per_hour or limits.max_devices, or relax an objective.")
+            return f"No configuration can meet {objectives}: {_none_simulated(table)}."
         row = top.iloc[0]
         return (f"No configuration within the limits meets {objectives}; the closest is {row['cluster']} "
-                f"running {_layout(row)}, at ${row['price_per_hour']:.2f}/h, which misses {row['slo_miss']}.")
+                f"running {_layout(row)}, at ${price_text(row['price_per_hour'])}/h, which misses {row['slo_miss']}.")
     why = f"; its decode step is bound by {pick['bottleneck']}" if pick.get("bottleneck") else ""
-    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
+    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${price_text(pick['price_per_hour'])}/h "
             f"it is the cheapest of the {feasible} configurations that meet {objectives} "
             f"(TTFT {duration_text(pick[Metric.TTFT])}, TPOT {duration_text(pick[Metric.TPOT])}){why}.")
 
@@ -185,14 +185,13 @@ def training_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.
                     f"bound is {duration_text(bound['step_time_lower_bound_s'].min())}; relax an objective or raise "
                     "limits.budget_per_hour or limits.max_devices.")
         if top.empty:
-            return (f"No configuration within the limits fits {job} in memory with {objectives}: raise "
-                    "limits.budget_per_hour or limits.max_devices, or relax an objective.")
+            return f"No configuration can train {job} with {objectives}: {_none_simulated(table)}."
         row = top.iloc[0]
         return (f"No configuration within the limits trains {job} with {objectives}; the closest is {row['cluster']} "
-                f"as {_layout(row)}, at ${row['price_per_hour']:.2f}/h, which misses "
+                f"as {_layout(row)}, at ${price_text(row['price_per_hour'])}/h, which misses "
                 f"{row['slo_miss']}.")
     why = f"; its step is bound by {pick['bottleneck']}" if pick.get("bottleneck") else ""
-    return (f"Use {pick['cluster']} for {pick['model']}, as {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h it is the cheapest of the "
+    return (f"Use {pick['cluster']} for {pick['model']}, as {_layout(pick)}: at ${price_text(pick['price_per_hour'])}/h it is the cheapest of the "
             f"{int(table['meets_slo'].sum())} configurations that train {job} with {objectives} "
             f"(step {duration_text(pick[Metric.STEP_TIME])}, {pick[Metric.TOKENS_PER_S]:.3g} tokens/s){why}.")
 
@@ -208,21 +207,42 @@ def serving_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.S
     if pick is None:
         top = table[table["rank"] == 1]
         if top.empty:
-            return (f"No configuration within the limits can serve {goal}: none fits a request's KV cache and "
-                    "meets the TPOT bound; relax an objective or raise limits.budget_per_hour or limits.max_devices.")
+            return f"No configuration can serve {goal}: {_none_simulated(table)}."
         row = top.iloc[0]
         return (f"No configuration within the limits sustains {goal}; the closest is {row['cluster']} running "
-                f"{_layout(row)}, at ${row['price_per_hour']:.2f}/h, whose maximum rate is "
+                f"{_layout(row)}, at ${price_text(row['price_per_hour'])}/h, whose maximum rate is "
                 f"{row[Metric.MAX_REQUEST_RATE]:.3g} requests/s.")
-    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
+    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${price_text(pick['price_per_hour'])}/h "
             f"it is the cheapest of the {int(table['meets_slo'].sum())} configurations that sustain {goal} "
             f"(maximum {pick[Metric.MAX_REQUEST_RATE]:.3g} requests/s, "
             f"${pick[COST_PER_MILLION_TOKENS]:.3g} per million output tokens there).")
 
 
+def _none_simulated(table: pd.DataFrame) -> str:
+    """Why no candidate reached the simulator, from the latest stage any reached (a clause)."""
+    stages = set(table["stage"])
+    if Stage.ERROR in stages:
+        return f"the simulator refused every candidate, e.g. {table.loc[table['stage'] == Stage.ERROR, 'reason'].iloc[0]}"
+    if Stage.BOUND in stages:
+        return ("every candidate within the limits that fits in memory misses an objective by its lower bound; relax "
+                "an objective or raise limits.budget_per_hour or limits.max_devices")
+    if Stage.MEMORY in stages:
+        example = table.loc[table["stage"] == Stage.MEMORY].sort_values("price_per_hour").iloc[-1]
+        return (f"none within the limits fits in memory (the largest tried, {example['cluster']}: "
+                f"{example['reason']}); raise limits.budget_per_hour or limits.max_devices")
+    if Stage.LIMITS in stages:
+        over = table.loc[table["stage"] == Stage.LIMITS].sort_values(["price_per_hour", "num_devices"]).iloc[0]
+        return (f"every cluster that can run the model is over the limits; the cheapest, {over['cluster']}, "
+                f"costs ${price_text(over['price_per_hour'])}/h with {int(over['num_devices'])} devices ({over['reason']})")
+    reason = table["reason"].iloc[0] if len(table) else "the search space is empty"
+    return f"no cluster of the search can run the model (e.g. {reason}); widen search.devices_per_host or search.hosts"
+
+
 def _layout(row: pd.Series) -> str:
     if not row["strategy"]:  # a training candidate: its layout and settings
         return f"{row['parallel']} with {row['variant']} ({row['algorithms']})"
+    if row["num_devices"] == 1:  # every strategy is the same program there
+        return f"on one device (no collectives) with {row['memory_policy']} weights"
     return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
 
 
@@ -255,7 +275,7 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
                                                       table.loc[fits, throughput], larger_is_better=True)
     table["rank"] = ranking(table, serving=serving, latency=latency)
     table["bottleneck"], table["prefill_bottleneck"] = "", ""
-    if request.config.is_training:  # the step's own terms name it: no re-simulation
+    if request.config.is_training and "step_bottleneck" in table:  # the step's own terms name it: no re-simulation
         ranked = table["rank"] > 0
         table.loc[ranked, "bottleneck"] = table.loc[ranked, "step_bottleneck"]
     decode_step = 1 if serving or request.config.is_training or request.config.workload.output_tokens > 1 else 0

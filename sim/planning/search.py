@@ -71,7 +71,7 @@ from sim.cost import RooflineCompute
 from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
 from sim.planning import training
-from sim.planning.catalog import Catalog
+from sim.planning.catalog import Catalog, price_text
 from sim.planning.plan_config import PlanRequest
 from sim.plan import MemoryPolicy, Plan
 from sim.profile import Profile
@@ -344,7 +344,7 @@ class Planner:
                 if shape.num_devices > config.limits.max_devices:
                     over = f"{shape.num_devices} devices > limits.max_devices {config.limits.max_devices}"
                 elif config.limits.budget_per_hour is not None and price > config.limits.budget_per_hour:
-                    over = f"${price:.2f}/h > limits.budget_per_hour ${config.limits.budget_per_hour:.2f}"
+                    over = f"${price_text(price)}/h > limits.budget_per_hour ${price_text(config.limits.budget_per_hour)}"
                 if config.is_training:
                     rows += self._training_candidates(m, spec, shape, price, over)
                     continue
@@ -398,7 +398,8 @@ class Planner:
                     row_stage, reason = Stage.MEMORY, training.memory_problem(spec, layout, w, settings,
                                                                               shape.device_types)
                 if not reason:
-                    bound = self._step_bound(m, layout, variant.name, tuple(sorted(types)))
+                    bound = self._step_bound(m, layout, variant.name, tuple(sorted(types)), shape.groups[0].per_host,
+                                             shape.network)
                     row_stage, reason = Stage.BOUND, "" if self.profile is not None else training.misses(
                         bound, w.tokens_per_step / bound if bound > 0 else math.inf, slo, bound=True)
                 if not reason:
@@ -418,12 +419,16 @@ class Planner:
 
     @lru_cache(maxsize=None)
     def _step_bound(self, model_index: int, layout: training.TrainingLayout, variant: str,
-                    device_types: tuple[str, ...]) -> float:
+                    device_types: tuple[str, ...], per_host: int, network: str | None) -> float:
         config = self.request.config
         chosen = next(v for v in config.search.variants if v.name == variant)
+        egress = None
+        if network is not None:
+            link = self.request.catalog.networks[network]
+            egress = link.bandwidth_bytes_per_s * (per_host if link.nic_per_device else 1)
         return training.step_time_bound_s(self.request.models[model_index], layout, config.workload,
                                           training.settings_of(config.training, chosen), set(device_types),
-                                          config.compute)
+                                          config.compute, devices_per_host=per_host, host_egress_bytes_per_s=egress)
 
     def run(self, progress=None) -> pd.DataFrame:
         """Simulate the survivors in order of price (stage 5 decided on the way); the full table.

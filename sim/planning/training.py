@@ -17,16 +17,27 @@ The search's stages (:mod:`sim.planning.search`) read, for a training candidate:
   weights, gradients, optimizer states, activations, DDP's buckets) plus the framework baseline
   of the device's backend (:mod:`sim.framework`);
 * ``bound``: a lower bound of the step time misses ``slo.step_time`` (or its tokens/s upper bound
-  misses ``slo.tokens_per_s``): every compute op of one replica's step (forward, backward,
-  recomputation, optimizer, each micro-batch) priced by the simulator's roofline
-  (:class:`sim.cost.RooflineCompute`) on each device type the cluster has, the slowest taken: a
-  rank runs its compute ops one at a time and every replica waits for the others' gradients.
+  misses ``slo.tokens_per_s``). The step lasts at least its compute and at least its gradient
+  synchronisation across hosts, whichever is longer (they overlap at best):
+
+  - compute: every compute op of one replica's step (forward, backward, recomputation,
+    optimizer, each micro-batch) priced by the simulator's roofline
+    (:class:`sim.cost.RooflineCompute`) on each device type the cluster has, the slowest taken: a
+    rank runs its compute ops one at a time and every replica waits for the others' gradients;
+  - network: an allreduce of S bytes over a group with ranks on both sides of a cut carries at
+    least S bytes across it each way (each side needs the other side's sum of every element;
+    the bound under Patarasuk and Yuan 2009, "Bandwidth optimal all-reduce algorithms for
+    clusters of workstations", JPDC 69(2), section 3, for a cut of one rank). Every data-parallel
+    group spans every host, so each host's network links carry the bytes of every data-parallel
+    allreduce of the step (the lowered step's, in their wire dtype) out of the host, at most at
+    their bandwidth together. Parameter averaging synchronises every H steps and is not bounded.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from models.errors import ConfigError
 from models.shards import check_tensor_parallel
@@ -37,8 +48,9 @@ from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
 from sim.scenario import ComputeSettings, Variant
 from sim.topology import Device
-from sim.training.lower import StepShape, lower_step
-from sim.training_config import TrainingSettings, TrainingWorkload, micro_batching
+from sim.training.lower import StepShape, TrainingStep, lower_step
+from models.ops import OpKind
+from sim.training_config import Averaging, TrainingSettings, TrainingWorkload, micro_batching
 from sim.vocabulary import Metric
 
 TRAINING_COLUMNS = ["parallel", Metric.STEP_TIME, Metric.TOKENS_PER_S, Metric.SAMPLES_PER_S,
@@ -117,24 +129,56 @@ def memory_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWo
 
 
 def step_time_bound_s(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWorkload, settings: TrainingSettings,
-                      device_types: set[str], compute: ComputeSettings) -> float:
-    """A lower bound of the step time (s): see the module docstring."""
+                      device_types: set[str], compute: ComputeSettings, *, devices_per_host: int = 1,
+                      host_egress_bytes_per_s: float | None = None) -> float:
+    """A lower bound of the step time (s): see the module docstring. ``host_egress_bytes_per_s``:
+    what a host's network links carry out of it together (None: one host, no network); ranks are
+    placed ``devices_per_host`` per host, in order."""
+    compute_s = max(_compute_bound_s(spec, layout, workload, settings, name, compute) for name in sorted(device_types))
+    if host_egress_bytes_per_s is None or settings.averaging is Averaging.PARAMETERS:
+        return compute_s
+    return max(compute_s, _crossing_bytes(spec, layout, workload, settings, devices_per_host) / host_egress_bytes_per_s)
+
+
+@lru_cache(maxsize=4096)
+def _lowered(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWorkload,
+             settings: TrainingSettings) -> TrainingStep:
+    """Replica 0's step, lowered once per layout and settings (every cluster of the plan shares it)."""
     micro, accumulation = micro_batching(workload, settings, layout.data)
-    dtype = compute_dtype(settings.precision)
     replicas = tuple(tuple(range(d * layout.tensor, (d + 1) * layout.tensor)) for d in range(layout.data))
-    shape = StepShape(spec.with_dtype(dtype), settings, micro, workload.sequence_length, accumulation, replicas)
-    step = lower_step(shape, sync_gradients=True, average_parameters=False, first_replica_only=True)
-    roofline = RooflineCompute(dtype, compute.flops_efficiency, compute.memory_efficiency, compute.op_overhead_s)
-    slowest = 0.0
-    for name in device_types:
-        device = Device(0, "r0", "r0", DEVICES[name], DEVICES[name].memory_capacity_bytes)
-        totals: dict[int, float] = {}
-        for part in step.segments:
-            for rank, ops in part.segment.programs.items():
-                totals[rank] = totals.get(rank, 0.0) + part.segment.repeat * sum(
-                    roofline.duration_s(op, device) for op in ops if op.cost is not None)
-        slowest = max(slowest, max(totals.values(), default=0.0))
-    return slowest
+    shape = StepShape(spec.with_dtype(compute_dtype(settings.precision)), settings, micro, workload.sequence_length,
+                      accumulation, replicas)
+    return lower_step(shape, sync_gradients=True, average_parameters=False, first_replica_only=True)
+
+
+@lru_cache(maxsize=4096)
+def _compute_bound_s(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWorkload, settings: TrainingSettings,
+                     device_type: str, compute: ComputeSettings) -> float:
+    """The busiest rank's compute ops of replica 0's step on ``device_type``, on the roofline (s)."""
+    step = _lowered(spec, layout, workload, settings)
+    roofline = RooflineCompute(compute_dtype(settings.precision), compute.flops_efficiency, compute.memory_efficiency,
+                               compute.op_overhead_s)
+    device = Device(0, "r0", "r0", DEVICES[device_type], DEVICES[device_type].memory_capacity_bytes)
+    totals: dict[int, float] = {}
+    for part in step.segments:
+        for rank, ops in part.segment.programs.items():
+            totals[rank] = totals.get(rank, 0.0) + part.segment.repeat * sum(
+                roofline.duration_s(op, device) for op in ops if op.cost is not None)
+    return max(totals.values(), default=0.0)
+
+
+@lru_cache(maxsize=4096)
+def _crossing_bytes(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWorkload, settings: TrainingSettings,
+                    devices_per_host: int) -> int:
+    """Bytes of the step's data-parallel allreduces whose group spans hosts, each call once."""
+    crossing = 0
+    for part in _lowered(spec, layout, workload, settings).segments:
+        for ops in part.segment.programs.values():
+            crossing += part.segment.repeat * sum(
+                op.collective.size_bytes for op in ops
+                if op.collective is not None and op.collective.kind is OpKind.ALLREDUCE
+                and len({rank // devices_per_host for rank in op.collective.group}) > 1)
+    return crossing
 
 
 def misses(step_time_s: float, tokens_per_s: float, slo, *, bound: bool = False) -> str:

@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sim.outputs import write_files
+from sim.planning.catalog import price_text
 from sim.planning.outcome import PlanResult
 from sim.planning.search import COST_PER_MILLION_TOKENS, SLO_TPOT, SLO_TTFT, Stage
 from sim.units import duration_text
@@ -45,7 +46,7 @@ def _top_columns(result: PlanResult) -> dict[str, list[str]]:
     columns = {"#": [str(int(r)) for r in top["rank"]], "cluster": list(top["cluster"]),
                "layout": list(top["parallel"] + ", " + top["variant"]) if training else
                list(top["variant"] + ", " + top["memory_policy"]),
-               "$/h": [f"{p:.2f}" for p in top["price_per_hour"]]}
+               "$/h": [price_text(p) for p in top["price_per_hour"]]}
     if training:
         columns |= {"step": [duration_text(v) for v in top[Metric.STEP_TIME]],
                     "tokens/s": [f"{v:.3g}" for v in top[Metric.TOKENS_PER_S]],
@@ -77,7 +78,8 @@ def print_plan(result: PlanResult, console: Console, scenario_path: Path | None 
                          else "right")
     for row in zip(*columns.values()):
         table.add_row(*(escape(cell) for cell in row))
-    console.print(table)
+    if len(result.top):  # an empty table says nothing the sentence does not
+        console.print(table)
     console.print(escape(result.recommendation))
     stages = result.table["stage"].value_counts()
     console.print(f"{len(result.table)} candidates in {result.elapsed_s:.1f} s: "
@@ -85,14 +87,15 @@ def print_plan(result: PlanResult, console: Console, scenario_path: Path | None 
     for note in result.notes:
         console.print(f"  outside the profile's context: {escape(note)}")
     if scenario_path is not None:
-        console.print(f"the pick's scenario: {escape(str(scenario_path))}; run it with:")
+        whose = "the pick's" if result.pick is not None else "the closest miss's (it meets no plan)"
+        console.print(f"{whose} scenario: {escape(str(scenario_path))}; run it with:")
         for command in result.commands(scenario_path):
             console.print(f"  {escape(command)}")
 
 
 def _hover(frame: pd.DataFrame) -> list[str]:
     return [f"<b>{html.escape(r['cluster'])}</b><br>{html.escape(r['variant'])} ({html.escape(r['algorithms'])}), "
-            f"{html.escape(r['memory_policy'])}<br>${r['price_per_hour']:.2f}/h, {int(r['num_devices'])} devices<br>"
+            f"{html.escape(r['memory_policy'])}<br>${price_text(r['price_per_hour'])}/h, {int(r['num_devices'])} devices<br>"
             + (f"maximum {r[Metric.MAX_REQUEST_RATE]:.3g} requests/s, ${r[COST_PER_MILLION_TOKENS]:.3g} per million "
                "output tokens; " if Metric.MAX_REQUEST_RATE in r else
                f"{html.escape(r['parallel'])}: step {duration_text(r[Metric.STEP_TIME])}, "
