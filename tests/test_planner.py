@@ -2,6 +2,7 @@
 accept, the outputs and the one-line errors of bad plan files."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,6 +18,7 @@ from sim.simulate import simulate
 from sim.vocabulary import Metric
 from validation.cli import main
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = {
     "name": "small_plan",
     "models": ["gpt2"],
@@ -291,3 +293,57 @@ def test_a_bad_training_plan_is_one_line_naming_the_field(tmp_path, capsys, chan
 ])
 def test_training_fields_in_an_inference_plan_are_refused(tmp_path, capsys, change, field):
     assert_plan_refused(SMALL | change, field, tmp_path, capsys)
+
+
+def _narrowed(path: str, **search) -> dict:
+    """A shipped plan file with its search narrowed to ``search`` (the test's time), its catalog path kept."""
+    data = yaml.safe_load((ROOT / path).read_text())
+    if "catalog" in data:
+        data["catalog"] = str((ROOT / "scenarios" / data["catalog"]).resolve())
+    data["search"] = data.get("search", {}) | search
+    return data
+
+
+def test_the_70b_home_gpus_example_plans_over_mixed_device_types():
+    # Owned RTX 3090 / 4090, four per workstation, beside rented A100s: 70B needs two workstations.
+    request = plan_from_dict(_narrowed("scenarios/plan_llama2_70b_home_gpus.yaml", devices_per_host=[4], hosts=[2],
+                                       networks=["eth100g"]))
+    assert set(request.catalog.devices) == {"rtx_3090", "rtx_4090", "a100_80gb"}
+    result = plan(request)
+    table = result.table
+    assert (table["device_types"] == "rtx_3090+rtx_4090").any()  # a mixed cluster was searched
+    assert result.pick is not None and result.pick["meets_slo"] and result.pick["num_devices"] == 8
+    assert result.pick["price_per_hour"] <= 5 and result.pick[Metric.TTFT] <= 5
+    assert result.pick["price_per_hour"] == table.loc[table["meets_slo"], "price_per_hour"].min()
+
+
+def test_the_training_example_plans_and_its_pick_simulates():
+    from sim.training.simulate import simulate_training
+
+    result = plan(plan_from_dict(_narrowed("scenarios/plan_training_tinyllama_1b.yaml", devices=["rtx_4090"],
+                                           hosts=[1], devices_per_host=[2, 4])))
+    assert result.pick is not None and result.pick[Metric.STEP_TIME] <= 2.0
+    assert result.pick["cluster"].endswith("rtx_4090 (pcie4)") and result.pick["parallel"].startswith("TP ")
+    simulated = simulate_training(scenario_from_dict(result.pick_scenario)).variants[0].metrics[Metric.STEP_TIME]
+    assert simulated == pytest.approx(result.pick[Metric.STEP_TIME])
+
+
+def test_a_single_device_pick_says_so_and_cheap_prices_keep_their_cents():
+    cheap = plan(plan_from_dict(SMALL | {"slo": {"tpot": "200ms"}, "limits": {"budget_per_hour": 0.05, "max_devices": 2},
+                                         "search": SMALL["search"] | {"devices": ["rtx_3060_12gb", "t4"]},
+                                         "prices": {"t4": 0.043}}))
+    assert cheap.pick is not None and cheap.pick["num_devices"] == 1
+    assert "on one device (no collectives)" in cheap.recommendation and "$0.041/h" in cheap.recommendation
+    loser = cheap.top[cheap.top["device_types"] == "t4"].iloc[0]
+    assert loser["versus_pick"].startswith("costs $0.002/h more")
+
+
+def test_a_plan_nothing_meets_exits_3_and_says_which_limit_excluded_every_cluster(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(SMALL | {"limits": {"budget_per_hour": 0.001}}))
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(path), "--out", str(tmp_path / "out")])
+    assert exited.value.code == 3
+    out = capsys.readouterr().out
+    assert "every cluster that can run the model is over the limits" in out and "top 0" not in out
+    assert (tmp_path / "out" / "plan.csv").is_file() and not (tmp_path / "out" / "pick.yaml").exists()
