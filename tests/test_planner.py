@@ -280,6 +280,7 @@ def test_a_training_plan_nothing_meets_says_why_and_the_command_exits_3(tmp_path
     ({"search": {"variants": [{"name": "tp", "strategy": "reduce_ln_bcast"}]}}, "search.variants[0].strategy"),
     ({"training": {"zero": 3}}, "training.zero"),
     ({"dtype": "bf16"}, "dtype"),
+    ({"workload": TRAINING["workload"] | {"global_batch_size": 7}}, "workload.global_batch_size"),
     ({"workload": {"kind": "training", "global_batch_size": 8, "micro_batch_size": 2, "sequence_length": 4096}},
      "workload.sequence_length"),
 ])

@@ -322,6 +322,12 @@ def _training_config(config: PlanConfig) -> PlanConfig:
         if value is not None:
             raise ConfigError(f"slo.{name}", "a training plan's objectives are step_time and tokens_per_s "
                                              f"(trained tokens/s) (got {name}: {value:g} s)")
+    w = config.workload
+    settings = [(config.training or TrainingSettings()).merged(v.training) for v in config.search.variants]
+    if w.global_batch_size % w.micro_batch_size and not any(s.gradient_accumulation for s in settings):
+        # Data parallelism of degree 1 is the least any layout needs: no cluster could run it.
+        raise ConfigError("workload.global_batch_size", f"must be a multiple of micro_batch_size "
+                                                        f"{w.micro_batch_size} (got {w.global_batch_size})")
     search = config.search
     if "memory" in search.model_fields_set:
         raise ConfigError("search.memory", "weight memory policies apply to inference; a training plan searches "
