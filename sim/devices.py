@@ -110,6 +110,21 @@ DEVICES: dict[str, DeviceSpec] = {
             ),
         ),
         DeviceSpec(
+            name="rtx_3090",
+            description="NVIDIA GeForce RTX 3090 24GB (GA102, 82 SMs, 1.695 GHz boost)",
+            peak_flops_per_s={"fp32": 35.6 * _T, "fp16": 71 * _T, "bf16": 71 * _T},
+            memory_bandwidth_bytes_per_s=936 * _GB,
+            memory_capacity_bytes=24 * _GIB,
+            source=(
+                "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Appendix A, GeForce RTX 3090 "
+                "(https://images.nvidia.com/aem-dam/en-zz/Solutions/geforce/ampere/pdf/"
+                "NVIDIA-ampere-GA102-GPU-Architecture-Whitepaper-V1.pdf): peak FP32 35.6 TFLOPS; FP16 and "
+                "BF16 Tensor with FP32 accumulate 71 TFLOPS dense (142 with FP16 accumulate, which "
+                "PyTorch does not use; = 82 SMs x 1.695 GHz x 512 FLOP/clk/SM); 24 GB GDDR6X, "
+                "384-bit at 19.5 Gbps = 936 GB/s"
+            ),
+        ),
+        DeviceSpec(
             name="rtx_3060_12gb",
             description="NVIDIA GeForce RTX 3060 12GB (GA106, 28 SMs, 1.777 GHz boost)",
             peak_flops_per_s={"fp32": 12.74 * _T, "fp16": 25.5 * _T, "bf16": 25.5 * _T},

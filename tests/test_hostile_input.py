@@ -228,10 +228,14 @@ def test_errors_name_the_field_the_user_wrote(tmp_path, capsys):
 
 
 def test_shipped_scenarios_and_plans_still_load():
+    from sim.planning.catalog import load_catalog
     from sim.planning.plan_config import load_plan
     from sim.scenario import load_scenario
     for path in sorted(ROOT.glob("scenarios/**/*.yaml")):
         if "grids" in path.relative_to(ROOT / "scenarios").parts:  # sweep grids are not scenarios
+            continue
+        if "catalogs" in path.relative_to(ROOT / "scenarios").parts:  # the plans' price catalogs
+            assert load_catalog(path).devices
             continue
         assert (load_plan(path) if path.name.startswith("plan_") else load_scenario(path)).name
 

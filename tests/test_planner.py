@@ -2,6 +2,7 @@
 accept, the outputs and the one-line errors of bad plan files."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,6 +18,7 @@ from sim.simulate import simulate
 from sim.vocabulary import Metric
 from validation.cli import main
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = {
     "name": "small_plan",
     "models": ["gpt2"],
@@ -201,3 +203,148 @@ def test_a_catalog_file_replaces_the_default_and_its_errors_name_the_entry(tmp_p
     with pytest.raises(ConfigError) as error:
         plan_from_dict(SMALL | {"catalog": "prices.yaml"}, base_dir=tmp_path)
     assert error.value.field == "prices.yaml: devices.t4.interconnects" and "'warp'" in error.value.message
+
+
+TRAINING = {
+    "name": "training_plan",
+    "models": ["gpt2"],
+    "workload": {"kind": "training", "global_batch_size": 8, "micro_batch_size": 2, "sequence_length": 256},
+    "training": {"precision": "bf16_mixed"},
+    "slo": {"step_time": "400ms"},
+    "search": {"devices": ["rtx_4090", "t4", "rtx_3060_12gb"], "devices_per_host": [1, 2], "hosts": [1, 2],
+               "networks": ["eth10g"], "mixed": False},
+}
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return plan(plan_from_dict(TRAINING))
+
+
+def test_a_training_plan_picks_the_cheapest_cluster_and_layout_meeting_the_step_time(trained):
+    from sim.training.simulate import simulate_training
+
+    table = trained.table
+    assert trained.pick is not None and trained.pick[Metric.STEP_TIME] <= 0.4
+    assert trained.pick["price_per_hour"] == table.loc[table["meets_slo"], "price_per_hour"].min()
+    # The layouts searched: data parallelism with TP inside a host, and each default variant.
+    assert {"TP 1 x DP 1", "TP 1 x DP 2", "TP 2 x DP 1", "TP 2 x DP 2", "TP 1 x DP 4"} <= set(table["parallel"])
+    assert {"ddp", "zero1", "zero1_checkpointing"} <= set(table["variant"])
+    assert trained.recommendation.startswith(f"Use {trained.pick['cluster']}")
+    t4 = table[table["device_types"] == "t4"]  # Turing has no bf16
+    assert len(t4) and t4["stage"].eq(Stage.LAYOUT).all() and t4["reason"].str.contains("t4 has no bf16 rate").all()
+    for _, row in trained.top.iterrows():
+        assert row["bottleneck"] and "% of the step" in row["bottleneck"]
+    # The pick's scenario simulates to the plan's step time.
+    scenario = scenario_from_dict(trained.pick_scenario)
+    assert simulate_training(scenario).variants[0].metrics[Metric.STEP_TIME] == pytest.approx(
+        trained.pick[Metric.STEP_TIME])
+
+
+def test_a_training_plans_pruning_never_drops_what_the_simulator_accepts():
+    from sim.training.simulate import simulate_training
+
+    tight = TRAINING | {"models": ["tinyllama-1.1b"], "slo": {"step_time": "300ms"},
+                        "search": TRAINING["search"] | {"devices": ["rtx_3060_12gb", "rtx_4090"]}}
+    planner = Planner(plan_from_dict(tight))
+    table = planner.candidates()
+    assert {Stage.MEMORY, Stage.BOUND} <= set(table["stage"])
+    bound = table[table["stage"] == Stage.BOUND]
+    assert (bound["num_hosts"] > 1).any()  # where gradients cross the network, its bound too
+    for stage in (Stage.MEMORY, Stage.BOUND):
+        rows = table[table["stage"] == stage]
+        for _, row in pd.concat([rows[rows["num_hosts"] == 1].head(2), rows[rows["num_hosts"] > 1].head(2)]).iterrows():
+            result = simulate_training(scenario_from_dict(planner.scenario_dict(row)))
+            simulated = planner._training_result(row, result.variants[0], result, "")
+            if stage == Stage.MEMORY:
+                assert not simulated["fits"], row["reason"]
+            else:
+                assert simulated[Metric.STEP_TIME] >= row["step_time_lower_bound_s"] > 0.3
+
+
+def test_a_training_plan_nothing_meets_says_why_and_the_command_exits_3(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(TRAINING | {"slo": {"step_time": "1us"}}))
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(path), "--out", str(tmp_path / "out")])
+    assert exited.value.code == 3
+    out = capsys.readouterr().out
+    assert "No configuration within the limits can train 8 x 256 tokens per step with a step <= 1.00 us" in out
+    assert (tmp_path / "out" / "plan.csv").is_file()
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"slo": {"ttft": "1s"}}, "slo.ttft"),
+    ({"slo": {"step_time": "-1s"}}, "slo.step_time"),
+    ({"search": TRAINING["search"] | {"memory": [{"policy": "resident"}]}}, "search.memory"),
+    ({"search": {"variants": [{"name": "tp", "strategy": "reduce_ln_bcast"}]}}, "search.variants[0].strategy"),
+    ({"training": {"zero": 3}}, "training.zero"),
+    ({"dtype": "bf16"}, "dtype"),
+    ({"workload": TRAINING["workload"] | {"global_batch_size": 7}}, "workload.global_batch_size"),
+    ({"workload": {"kind": "training", "global_batch_size": 8, "micro_batch_size": 2, "sequence_length": 4096}},
+     "workload.sequence_length"),
+])
+def test_a_bad_training_plan_is_one_line_naming_the_field(tmp_path, capsys, change, field):
+    assert_plan_refused(TRAINING | change, field, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"slo": {"step_time": "1s"}}, "slo.step_time"),
+    ({"training": {"zero": 1}}, "training"),
+])
+def test_training_fields_in_an_inference_plan_are_refused(tmp_path, capsys, change, field):
+    assert_plan_refused(SMALL | change, field, tmp_path, capsys)
+
+
+def _narrowed(path: str, **search) -> dict:
+    """A shipped plan file with its search narrowed to ``search`` (the test's time), its catalog path kept."""
+    data = yaml.safe_load((ROOT / path).read_text())
+    if "catalog" in data:
+        data["catalog"] = str((ROOT / "scenarios" / data["catalog"]).resolve())
+    data["search"] = data.get("search", {}) | search
+    return data
+
+
+def test_the_70b_home_gpus_example_plans_over_mixed_device_types():
+    # Owned RTX 3090 / 4090, four per workstation, beside rented A100s: 70B needs two workstations.
+    request = plan_from_dict(_narrowed("scenarios/plan_llama2_70b_home_gpus.yaml", devices_per_host=[4], hosts=[2],
+                                       networks=["eth100g"]))
+    assert set(request.catalog.devices) == {"rtx_3090", "rtx_4090", "a100_80gb"}
+    result = plan(request)
+    table = result.table
+    assert (table["device_types"] == "rtx_3090+rtx_4090").any()  # a mixed cluster was searched
+    assert result.pick is not None and result.pick["meets_slo"] and result.pick["num_devices"] == 8
+    assert result.pick["price_per_hour"] <= 5 and result.pick[Metric.TTFT] <= 5
+    assert result.pick["price_per_hour"] == table.loc[table["meets_slo"], "price_per_hour"].min()
+
+
+def test_the_training_example_plans_and_its_pick_simulates():
+    from sim.training.simulate import simulate_training
+
+    result = plan(plan_from_dict(_narrowed("scenarios/plan_training_tinyllama_1b.yaml", devices=["rtx_4090"],
+                                           hosts=[1], devices_per_host=[2, 4])))
+    assert result.pick is not None and result.pick[Metric.STEP_TIME] <= 2.0
+    assert result.pick["cluster"].endswith("rtx_4090 (pcie4)") and result.pick["parallel"].startswith("TP ")
+    simulated = simulate_training(scenario_from_dict(result.pick_scenario)).variants[0].metrics[Metric.STEP_TIME]
+    assert simulated == pytest.approx(result.pick[Metric.STEP_TIME])
+
+
+def test_a_single_device_pick_says_so_and_cheap_prices_keep_their_cents():
+    cheap = plan(plan_from_dict(SMALL | {"slo": {"tpot": "200ms"}, "limits": {"budget_per_hour": 0.05, "max_devices": 2},
+                                         "search": SMALL["search"] | {"devices": ["rtx_3060_12gb", "t4"]},
+                                         "prices": {"t4": 0.043}}))
+    assert cheap.pick is not None and cheap.pick["num_devices"] == 1
+    assert "on one device (no collectives)" in cheap.recommendation and "$0.041/h" in cheap.recommendation
+    loser = cheap.top[cheap.top["device_types"] == "t4"].iloc[0]
+    assert loser["versus_pick"].startswith("costs $0.002/h more")
+
+
+def test_a_plan_nothing_meets_exits_3_and_says_which_limit_excluded_every_cluster(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(SMALL | {"limits": {"budget_per_hour": 0.001}}))
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(path), "--out", str(tmp_path / "out")])
+    assert exited.value.code == 3
+    out = capsys.readouterr().out
+    assert "every cluster that can run the model is over the limits" in out and "top 0" not in out
+    assert (tmp_path / "out" / "plan.csv").is_file() and not (tmp_path / "out" / "pick.yaml").exists()

@@ -74,3 +74,12 @@ def test_the_serving_plan_report_renders_every_figure(tmp_path):
 
     result = plan(plan_from_dict(SERVING))
     assert _check_every_figure(plan_html(result), tmp_path) == 2
+
+
+def test_the_training_plan_report_renders_every_figure(tmp_path):
+    from tests.test_planner import TRAINING
+
+    result = plan(plan_from_dict(TRAINING))
+    page = plan_html(result)
+    assert "time of one optimizer step (s, log scale)" in page and "trained tokens per second (tokens" in page
+    assert _check_every_figure(page, tmp_path) == 3

@@ -28,6 +28,9 @@ from validation.limits import MAX_REPEATS, MAX_TIMED_S, MAX_TIMEOUT_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = REPO_ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
+NO_PICK_EXIT_CODE = 3
+"""``hetsim plan``'s exit code when it ran but no configuration meets every objective (its table,
+report and the closest miss are written; 2 stays bad input)."""
 
 
 _ALLOW_OVERCOMMIT = click.option(
@@ -229,7 +232,9 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Calibration profile: price the candidates from it and name those outside its context.")
 def plan(plan_file: Path, out_dir: str | None, profile_path: Path | None) -> None:
-    """The cheapest cluster and layout meeting PLAN's objectives, the top 10 and the Pareto frontiers."""
+    """The cheapest cluster and layout meeting PLAN's objectives, the top 10 and the Pareto frontiers.
+
+    Exits with code 3 (its outputs written) when no configuration meets every objective."""
     from rich.progress import Progress
 
     from sim.planning.outcome import plan as run_plan
@@ -252,6 +257,8 @@ def plan(plan_file: Path, out_dir: str | None, profile_path: Path | None) -> Non
         written = write_plan_outputs(result, out)
     print_plan(result, console, out / PICK_FILE if result.pick_scenario is not None else None)
     console.print("wrote " + ", ".join(str(p) for p in written))
+    if result.pick is None:  # a script must not take the closest miss for an answer
+        sys.exit(NO_PICK_EXIT_CODE)
 
 
 @cli.command("plan-check")

@@ -65,12 +65,12 @@ def warm_imports() -> None:
 
 
 def seed_scenarios() -> dict[str, dict]:
-    """The shipped scenarios (``scenarios/**/*.yaml``, not the sweep grids of ``scenarios/grids/`` nor the
-    plans ``plan_*.yaml``), trimmed (see the module docstring), by path."""
+    """The shipped scenarios (``scenarios/**/*.yaml``, not the sweep grids of ``scenarios/grids/``, the
+    plans ``plan_*.yaml`` nor their catalogs, ``scenarios/catalogs/``), trimmed (see the module docstring), by path."""
     seeds = {}
     for path in sorted((REPO_ROOT / "scenarios").glob("**/*.yaml")):
-        if "grids" in path.relative_to(REPO_ROOT / "scenarios").parts or path.name.startswith("plan_"):
-            # sweep grids and planning questions (hetsim sweep / hetsim plan), not scenarios
+        if {"grids", "catalogs"} & set(path.relative_to(REPO_ROOT / "scenarios").parts) or path.name.startswith("plan_"):
+            # sweep grids, planning questions and their price catalogs (hetsim sweep / hetsim plan), not scenarios
             continue
         data = yaml.safe_load(path.read_text())
         data["variants"] = data["variants"][:2]

@@ -102,6 +102,13 @@ class Catalog(BaseModel):
         return self.model_copy(update={"devices": devices})
 
 
+def price_text(price_per_hour: float) -> str:
+    """A price per hour for people, without the currency: cents where they matter (``0.041``,
+    ``0.34``), two decimals from a dollar up (``2.72``, ``23.92``), so that two owned GPUs a fifth
+    of a cent apart do not both read 0.04."""
+    return f"{price_per_hour:.2f}" if abs(price_per_hour) >= 1 else f"{price_per_hour:.2g}"
+
+
 def load_catalog(path: Path = DEFAULT_CATALOG, field: str = "catalog") -> Catalog:
     """Read and validate a catalog YAML file.
 

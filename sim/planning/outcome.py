@@ -19,6 +19,11 @@ rate); the top 10 go by the same rule, then those that miss, the highest maximum
 one frontier is price per hour against maximum request rate (``pareto_rate``). It names no
 bottleneck: a loaded server's iterations mix prefill chunks and decodes, which no single step
 shows.
+
+A **training** plan reads the optimizer step's time for latency and trained tokens/s for
+throughput (its frontiers, ranking and ties alike); each top configuration's bottleneck is the
+term that takes most of its simulated step (:func:`sim.planning.training.bottleneck`: forward or
+backward compute, recomputation, the optimizer, or gradient communication no compute hides).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sim.bottleneck import bottleneck
+from sim.planning.catalog import price_text
 from sim.planning.plan_config import PlanRequest
 from sim.planning.search import COST_PER_MILLION_TOKENS, TOP_N, Planner, Stage
 from sim.profile import Profile
@@ -98,8 +104,9 @@ def pareto(price: pd.Series, value: pd.Series, *, larger_is_better: bool) -> pd.
     return on
 
 
-def ranking(table: pd.DataFrame, *, serving: bool = False) -> pd.Series:
-    """1..10 for the top 10 (see the module docstring; ``serving``: a serving plan's rule), 0 for the rest."""
+def ranking(table: pd.DataFrame, *, serving: bool = False, latency: str = Metric.E2E_LATENCY) -> pd.Series:
+    """1..10 for the top 10 (see the module docstring; ``serving``: a serving plan's rule; ``latency``:
+    the column that breaks a price tie, a training plan's step time), 0 for the rest."""
     simulated = table[(table["stage"] == Stage.SIMULATED) & table["fits"]]
     if serving:  # those that miss go by how close they come: the highest maximum rate first
         closeness = (-simulated[Metric.MAX_REQUEST_RATE]).where(~simulated["meets_slo"], 0.0)
@@ -108,7 +115,7 @@ def ranking(table: pd.DataFrame, *, serving: bool = False) -> pd.Series:
     else:
         misses = simulated["slo_miss"].map(lambda text: text.count(";") + 1 if text else 0)
         order = simulated.assign(_misses=misses).sort_values(
-            ["meets_slo", "_misses", "price_per_hour", Metric.E2E_LATENCY, "candidate"],
+            ["meets_slo", "_misses", "price_per_hour", latency, "candidate"],
             ascending=[False, True, True, True, True])
     order = order.drop_duplicates(["model", "cluster"])  # each cluster with its best layout
     rank = pd.Series(0, index=table.index)
@@ -124,9 +131,11 @@ def versus_pick(row: pd.Series, pick: pd.Series | None) -> str:
         return f"misses {row['slo_miss']}"
     extra = row["price_per_hour"] - pick["price_per_hour"]
     if extra > 1e-9:
-        return f"costs ${extra:.2f}/h more (+{100 * extra / pick['price_per_hour']:.0f}%)"
+        return f"costs ${price_text(extra)}/h more (+{100 * extra / pick['price_per_hour']:.0f}%)"
     if Metric.MAX_REQUEST_RATE in row:
         return f"same price, maximum rate {100 * (row[Metric.MAX_REQUEST_RATE] / pick[Metric.MAX_REQUEST_RATE] - 1):+.1f}%"
+    if Metric.STEP_TIME in row:
+        return f"same price, step time {100 * (row[Metric.STEP_TIME] / pick[Metric.STEP_TIME] - 1):+.1f}%"
     slower = row[Metric.E2E_LATENCY] / pick[Metric.E2E_LATENCY] - 1
     return f"same price, end-to-end latency {100 * slower:+.1f}%"
 
@@ -135,11 +144,13 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
     """One sentence: what to rent and how to run it, and why."""
     if request.config.is_serving:
         return serving_recommendation(request, table, pick)
+    if request.config.is_training:
+        return training_recommendation(request, table, pick)
     slo = request.config.slo
     objectives = ", ".join(part for part in (
         f"TTFT <= {duration_text(slo.ttft_s)}" if slo.ttft_s is not None else "",
         f"TPOT <= {duration_text(slo.tpot_s)}" if slo.tpot_s is not None else "",
-        f"{slo.tokens_per_s:g} tokens/s" if slo.tokens_per_s is not None else "") if part)
+        f">= {slo.tokens_per_s:g} decode tokens/s" if slo.tokens_per_s is not None else "") if part)
     feasible = int(table["meets_slo"].sum())
     if pick is None:
         top = table[table["rank"] == 1]
@@ -149,15 +160,40 @@ def recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | 
                     f"{duration_text(bound['ttft_lower_bound_s'].min())} and TPOT {duration_text(bound['tpot_lower_bound_s'].min())}; "
                     "relax an objective or raise limits.budget_per_hour or limits.max_devices.")
         if top.empty:
-            return (f"No configuration within the limits fits in memory and meets {objectives}: raise "
-                    "limits.budget_per_hour or limits.max_devices, or relax an objective.")
+            return f"No configuration can meet {objectives}: {_none_simulated(table)}."
         row = top.iloc[0]
         return (f"No configuration within the limits meets {objectives}; the closest is {row['cluster']} "
-                f"running {_layout(row)}, at ${row['price_per_hour']:.2f}/h, which misses {row['slo_miss']}.")
+                f"running {_layout(row)}, at ${price_text(row['price_per_hour'])}/h, which misses {row['slo_miss']}.")
     why = f"; its decode step is bound by {pick['bottleneck']}" if pick.get("bottleneck") else ""
-    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
+    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${price_text(pick['price_per_hour'])}/h "
             f"it is the cheapest of the {feasible} configurations that meet {objectives} "
             f"(TTFT {duration_text(pick[Metric.TTFT])}, TPOT {duration_text(pick[Metric.TPOT])}){why}.")
+
+
+def training_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | None) -> str:
+    """A training plan's sentence: what trains the job cheapest within its objectives, or what comes closest."""
+    slo, w = request.config.slo, request.config.workload
+    objectives = " and ".join(part for part in (
+        f"a step <= {duration_text(slo.step_time_s)}" if slo.step_time_s is not None else "",
+        f">= {slo.tokens_per_s:g} tokens/s" if slo.tokens_per_s is not None else "") if part)
+    job = f"{w.global_batch_size} x {w.sequence_length} tokens per step"
+    if pick is None:
+        top = table[table["rank"] == 1]
+        bound = table[table["stage"] == Stage.BOUND]
+        if top.empty and not bound.empty:
+            return (f"No configuration within the limits can train {job} with {objectives}: the shortest step's lower "
+                    f"bound is {duration_text(bound['step_time_lower_bound_s'].min())}; relax an objective or raise "
+                    "limits.budget_per_hour or limits.max_devices.")
+        if top.empty:
+            return f"No configuration can train {job} with {objectives}: {_none_simulated(table)}."
+        row = top.iloc[0]
+        return (f"No configuration within the limits trains {job} with {objectives}; the closest is {row['cluster']} "
+                f"as {_layout(row)}, at ${price_text(row['price_per_hour'])}/h, which misses "
+                f"{row['slo_miss']}.")
+    why = f"; its step is bound by {pick['bottleneck']}" if pick.get("bottleneck") else ""
+    return (f"Use {pick['cluster']} for {pick['model']}, as {_layout(pick)}: at ${price_text(pick['price_per_hour'])}/h it is the cheapest of the "
+            f"{int(table['meets_slo'].sum())} configurations that train {job} with {objectives} "
+            f"(step {duration_text(pick[Metric.STEP_TIME])}, {pick[Metric.TOKENS_PER_S]:.3g} tokens/s){why}.")
 
 
 def serving_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.Series | None) -> str:
@@ -171,19 +207,42 @@ def serving_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.S
     if pick is None:
         top = table[table["rank"] == 1]
         if top.empty:
-            return (f"No configuration within the limits can serve {goal}: none fits a request's KV cache and "
-                    "meets the TPOT bound; relax an objective or raise limits.budget_per_hour or limits.max_devices.")
+            return f"No configuration can serve {goal}: {_none_simulated(table)}."
         row = top.iloc[0]
         return (f"No configuration within the limits sustains {goal}; the closest is {row['cluster']} running "
-                f"{_layout(row)}, at ${row['price_per_hour']:.2f}/h, whose maximum rate is "
+                f"{_layout(row)}, at ${price_text(row['price_per_hour'])}/h, whose maximum rate is "
                 f"{row[Metric.MAX_REQUEST_RATE]:.3g} requests/s.")
-    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${pick['price_per_hour']:.2f}/h "
+    return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${price_text(pick['price_per_hour'])}/h "
             f"it is the cheapest of the {int(table['meets_slo'].sum())} configurations that sustain {goal} "
             f"(maximum {pick[Metric.MAX_REQUEST_RATE]:.3g} requests/s, "
             f"${pick[COST_PER_MILLION_TOKENS]:.3g} per million output tokens there).")
 
 
+def _none_simulated(table: pd.DataFrame) -> str:
+    """Why no candidate reached the simulator, from the latest stage any reached (a clause)."""
+    stages = set(table["stage"])
+    if Stage.ERROR in stages:
+        return f"the simulator refused every candidate, e.g. {table.loc[table['stage'] == Stage.ERROR, 'reason'].iloc[0]}"
+    if Stage.BOUND in stages:
+        return ("every candidate within the limits that fits in memory misses an objective by its lower bound; relax "
+                "an objective or raise limits.budget_per_hour or limits.max_devices")
+    if Stage.MEMORY in stages:
+        example = table.loc[table["stage"] == Stage.MEMORY].sort_values("price_per_hour").iloc[-1]
+        return (f"none within the limits fits in memory (the largest tried, {example['cluster']}: "
+                f"{example['reason']}); raise limits.budget_per_hour or limits.max_devices")
+    if Stage.LIMITS in stages:
+        over = table.loc[table["stage"] == Stage.LIMITS].sort_values(["price_per_hour", "num_devices"]).iloc[0]
+        return (f"every cluster that can run the model is over the limits; the cheapest, {over['cluster']}, "
+                f"costs ${price_text(over['price_per_hour'])}/h with {int(over['num_devices'])} devices ({over['reason']})")
+    reason = table["reason"].iloc[0] if len(table) else "the search space is empty"
+    return f"no cluster of the search can run the model (e.g. {reason}); widen search.devices_per_host or search.hosts"
+
+
 def _layout(row: pd.Series) -> str:
+    if not row["strategy"]:  # a training candidate: its layout and settings
+        return f"{row['parallel']} with {row['variant']} ({row['algorithms']})"
+    if row["num_devices"] == 1:  # every strategy is the same program there
+        return f"on one device (no collectives) with {row['memory_policy']} weights"
     return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
 
 
@@ -201,6 +260,7 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
     planner.run(progress)
     table = planner.table
     serving = request.config.is_serving
+    latency, throughput = planner.latency_metric, planner.throughput_metric
     fits = (table["stage"] == Stage.SIMULATED) & table["fits"]
     table["pareto_latency"] = False
     table["pareto_throughput"] = False
@@ -210,14 +270,16 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
                                                 table.loc[fits, Metric.MAX_REQUEST_RATE], larger_is_better=True)
     elif fits.any():
         table.loc[fits, "pareto_latency"] = pareto(table.loc[fits, "price_per_hour"],
-                                                   table.loc[fits, Metric.E2E_LATENCY], larger_is_better=False)
+                                                   table.loc[fits, latency], larger_is_better=False)
         table.loc[fits, "pareto_throughput"] = pareto(table.loc[fits, "price_per_hour"],
-                                                      table.loc[fits, Metric.DECODE_TOKENS_PER_S],
-                                                      larger_is_better=True)
-    table["rank"] = ranking(table, serving=serving)
+                                                      table.loc[fits, throughput], larger_is_better=True)
+    table["rank"] = ranking(table, serving=serving, latency=latency)
     table["bottleneck"], table["prefill_bottleneck"] = "", ""
-    decode_step = 1 if serving or request.config.workload.output_tokens > 1 else 0
-    for i in table.index[table["rank"] > 0] if not serving else ():
+    if request.config.is_training and "step_bottleneck" in table:  # the step's own terms name it: no re-simulation
+        ranked = table["rank"] > 0
+        table.loc[ranked, "bottleneck"] = table.loc[ranked, "step_bottleneck"]
+    decode_step = 1 if serving or request.config.is_training or request.config.workload.output_tokens > 1 else 0
+    for i in table.index[table["rank"] > 0] if not (serving or request.config.is_training) else ():
         scenario = scenario_from_dict(planner.scenario_dict(table.loc[i]))
         result = simulate(scenario, profile=profile, expand_steps=(0, decode_step))
         table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], decode_step)
@@ -231,7 +293,8 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
     if scenario is not None:
         scenario["description"] = f"hetsim plan {request.name}: {chosen['cluster']}, {_layout(chosen)}"
         scenario["variants"][0]["name"] = chosen["variant"]
-    public = [c for c in table.columns if c not in ("shape", "variant_config", "memory_config", "model_index")]
+    public = [c for c in table.columns if c not in ("shape", "variant_config", "memory_config", "model_index", "layout",
+                                                    "step_bottleneck")]
     notes = []
     if profile is not None:
         outside = table[(table["rank"] > 0) & table["profile_context"].str.startswith("outside")]

@@ -20,6 +20,14 @@ Example (``scenarios/plan_llama31_8b.yaml`` is a complete one)::
     limits: {budget_per_hour: 40, max_devices: 32}
     compute: {flops_efficiency: 0.6}  # optional, as in a scenario
 
+A training plan writes a scenario's training workload, its ``training`` settings (optional, as a
+training scenario's section) and objectives on the optimizer step::
+
+    workload: {kind: training, global_batch_size: 64, micro_batch_size: 4, sequence_length: 1024}
+    training: {precision: bf16_mixed}                  # optional; each variant may override it
+    slo: {step_time: 2s, tokens_per_s: 30000}          # each optional, at least one; no ttft / tpot
+    search: {variants: [{name: ddp}, {name: zero1, training: {zero: 1}}]}   # default: DEFAULT_TRAINING_VARIANTS
+
 A serving plan (``scenarios/plan_serving_llama31_8b.yaml``) writes a scenario's serving workload,
 whose ``rate_per_s`` is the target rate, and objectives at a percentile over requests::
 
@@ -51,6 +59,7 @@ from sim.scenario import (MAX_NAME_CHARS, ComputeSettings, MemoryConfig, Variant
 from sim.serving.config import ServingSLO, ServingWorkload
 from sim.serving.requests import Request, workload_requests
 from sim.slo import LatencyObjectives
+from sim.training_config import TrainingSettings, TrainingWorkload
 from sim.units import parse_duration
 from sim.vocabulary import WorkloadKind
 
@@ -67,18 +76,34 @@ DEFAULT_VARIANTS = (
 )
 """The layouts searched by default: every strategy, with the allreduce algorithms that differ most."""
 
+DEFAULT_TRAINING_VARIANTS = (
+    {"name": "ddp"},
+    {"name": "zero1", "training": {"zero": 1}},
+    {"name": "zero1_checkpointing", "training": {"zero": 1, "activation_checkpointing": 1}},
+)
+"""A training plan's variants searched by default: DDP; ZeRO-1, which shards the optimizer states
+over the data-parallel ranks; and ZeRO-1 with every layer's activations checkpointed, the least
+memory of the three (each over every tensor-parallel degree that fits a host, :mod:`sim.planning.search`)."""
+
 
 class Slo(LatencyObjectives):
-    """Service-level objectives: ``ttft`` and ``tpot`` at most (durations), decode ``tokens_per_s``
-    at least; each optional, at least one given. ``percentile`` applies to a serving workload only
-    (:class:`sim.slo.LatencyObjectives`)."""
+    """Service-level objectives: ``ttft`` and ``tpot`` at most (durations), ``tokens_per_s`` at least
+    (decode tokens/s; a training plan's: trained tokens/s), ``step_time`` at most (a training plan's
+    optimizer step, a duration); each optional, at least one given. ``percentile`` applies to a
+    serving workload only (:class:`sim.slo.LatencyObjectives`)."""
 
     tokens_per_s: float | None = Field(default=None, gt=0, le=1e12)
+    step_time_s: float | None = Field(default=None, gt=0, alias="step_time")
+
+    @field_validator("step_time_s", mode="before")
+    @classmethod
+    def _step_duration(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
     @model_validator(mode="after")
     def _at_least_one(self) -> Slo:
-        if self.ttft_s is None and self.tpot_s is None and self.tokens_per_s is None:
-            raise ValueError("give at least one of ttft, tpot, tokens_per_s")
+        if self.ttft_s is None and self.tpot_s is None and self.tokens_per_s is None and self.step_time_s is None:
+            raise ValueError("give at least one of ttft, tpot, tokens_per_s, step_time")
         return self
 
     def serving(self) -> ServingSLO:
@@ -139,7 +164,9 @@ class PlanConfig(BaseModel):
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     attention: Attention = "sdpa"
     workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
-                        | Annotated[ServingWorkload, Tag(WorkloadKind.SERVING)], Discriminator(workload_kind_of)]
+                        | Annotated[ServingWorkload, Tag(WorkloadKind.SERVING)]
+                        | Annotated[TrainingWorkload, Tag(WorkloadKind.TRAINING)], Discriminator(workload_kind_of)]
+    training: TrainingSettings | None = None
     slo: Slo
     catalog: str | None = Field(default=None, max_length=4096)
     prices: dict[str, float] = Field(default_factory=dict, max_length=256)
@@ -151,8 +178,8 @@ class PlanConfig(BaseModel):
     @classmethod
     def _planned_kind(cls, value: Any) -> Any:
         kind = value.get("kind", WorkloadKind.INFERENCE) if isinstance(value, dict) else WorkloadKind.INFERENCE
-        if kind not in (WorkloadKind.INFERENCE, WorkloadKind.SERVING):
-            raise ConfigError("kind", f"a plan takes workload kinds {WorkloadKind.INFERENCE} and {WorkloadKind.SERVING} "
+        if kind not in set(WorkloadKind):
+            raise ConfigError("kind", f"unknown workload kind; a plan takes {', '.join(WorkloadKind)} "
                                       f"(got {shorten(kind)})")
         return value
 
@@ -160,6 +187,11 @@ class PlanConfig(BaseModel):
     def is_serving(self) -> bool:
         """Whether the workload is requests over time (:class:`sim.serving.config.ServingWorkload`)."""
         return self.workload.kind == WorkloadKind.SERVING
+
+    @property
+    def is_training(self) -> bool:
+        """Whether the workload is a training job (:class:`sim.training_config.TrainingWorkload`)."""
+        return self.workload.kind == WorkloadKind.TRAINING
 
     @field_validator("prices")
     @classmethod
@@ -200,6 +232,15 @@ def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
     elif "percentile" in config.slo.model_fields_set:
         raise ConfigError("slo.percentile", "applies to a serving workload, whose requests' latencies spread "
                                             f"(got {config.slo.percentile})")
+    if config.is_training:
+        config = _training_config(config)
+    else:
+        if config.slo.step_time_s is not None:
+            raise ConfigError("slo.step_time", "applies to a training workload (workload.kind: training) "
+                                               f"(got {config.slo.step_time_s:g} s)")
+        if config.training is not None:
+            raise ConfigError("training", "applies to a training workload (workload.kind: training) "
+                                          "(got a training section)")
     models = []
     for i, name in enumerate(config.models):
         try:
@@ -226,6 +267,8 @@ def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
         # Each model reads the trace: its rows must fit every model's context.
         requests = [workload_requests(config.workload, spec) for spec in models]
         return PlanRequest(config, tuple(models), catalog, requests=tuple(requests[0]))
+    if config.is_training:
+        return PlanRequest(config, tuple(models), catalog)
     needs_decode = config.slo.tpot_s is not None or config.slo.tokens_per_s is not None
     if needs_decode and config.workload.output_tokens < 2:
         raise ConfigError("workload.output_tokens", "a TPOT or tokens/s objective needs at least 2 output tokens "
@@ -262,6 +305,44 @@ def _serving_config(config: PlanConfig, base_dir: Path) -> PlanConfig:
     if workload.trace is not None:
         workload = workload.model_copy(update={"trace": str(_resolve(workload.trace, base_dir).resolve())})
     return config.model_copy(update={"workload": workload, "search": search})
+
+
+def _training_config(config: PlanConfig) -> PlanConfig:
+    """A training plan's config checked for what only training asks, with the default training
+    variants where the plan names none.
+
+    Raises:
+        ConfigError: a ``dtype`` (the precision sets it), a TTFT or TPOT objective, a memory
+            policy, or a variant that names an inference strategy, a memory policy or a layout.
+    """
+    if config.dtype is not None:  # the training simulator computes in the precision's dtype, whatever dtype says
+        raise ConfigError("dtype", "a training job's dtypes are training.precision's (fp32, or bf16_mixed: bf16 "
+                                   f"compute, fp32 master weights) (got {shorten(config.dtype)})")
+    for name, value in (("ttft", config.slo.ttft_s), ("tpot", config.slo.tpot_s)):
+        if value is not None:
+            raise ConfigError(f"slo.{name}", "a training plan's objectives are step_time and tokens_per_s "
+                                             f"(trained tokens/s) (got {name}: {value:g} s)")
+    w = config.workload
+    settings = [(config.training or TrainingSettings()).merged(v.training) for v in config.search.variants]
+    if w.global_batch_size % w.micro_batch_size and not any(s.gradient_accumulation for s in settings):
+        # Data parallelism of degree 1 is the least any layout needs: no cluster could run it.
+        raise ConfigError("workload.global_batch_size", f"must be a multiple of micro_batch_size "
+                                                        f"{w.micro_batch_size} (got {w.global_batch_size})")
+    search = config.search
+    if "memory" in search.model_fields_set:
+        raise ConfigError("search.memory", "weight memory policies apply to inference; a training plan searches "
+                                           "ZeRO and activation checkpointing through its variants (got a memory list)")
+    if "variants" not in search.model_fields_set:
+        search = search.model_copy(update={"variants": [Variant(**v) for v in DEFAULT_TRAINING_VARIANTS]})
+    for i, variant in enumerate(search.variants):
+        if variant.strategy is not None or variant.memory is not None or variant.parallel is not None:
+            written = "strategy" if variant.strategy is not None else "memory" if variant.memory is not None \
+                else "parallel"
+            raise ConfigError(f"search.variants[{i}].{written}", "a training variant sets only its name, its "
+                                                                 "training settings and allreduce (the tensor-"
+                                                                 "parallel allreduces' algorithm); the planner "
+                                                                 f"searches the layout (got {written})")
+    return config.model_copy(update={"search": search.model_copy(update={"memory": [MemoryConfig()]})})
 
 
 def _resolve(name: str, base_dir: Path) -> Path:

@@ -41,8 +41,16 @@ least the target (the target itself was simulated and met them). Each rate tried
 workload's requests, repeated as needed to keep them arriving for ``search.rate_horizon`` (default
 :data:`RATE_HORIZON_TTFTS` x the TTFT objective), so that overload shows.
 
+A **training** plan (``workload: {kind: training, ...}``) searches, on each cluster, data
+parallelism over every device with tensor parallelism inside a host, each variant's training
+settings (ZeRO, checkpointing), with the same stages read for one optimizer step
+(:mod:`sim.planning.training` gives each rule): its memory stage is exact, its bound a roofline
+lower bound of the step, and its ``dominated`` stage reads step time for latency and trained
+tokens/s for throughput. Survivors are simulated by :func:`sim.training.simulate.simulate_training`.
+
 The result is a tidy table, one row per candidate (:data:`PLAN_COLUMNS`, plus
-:data:`SERVING_COLUMNS` in a serving plan).
+:data:`SERVING_COLUMNS` in a serving plan, :data:`sim.planning.training.TRAINING_COLUMNS` in a
+training plan).
 """
 
 from __future__ import annotations
@@ -62,14 +70,16 @@ from models.spec import ModelSpec
 from sim.cost import RooflineCompute
 from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
-from sim.planning.catalog import Catalog
+from sim.planning import training
+from sim.planning.catalog import Catalog, price_text
 from sim.planning.plan_config import PlanRequest
 from sim.plan import MemoryPolicy, Plan
 from sim.profile import Profile
-from sim.scenario import Variant, scenario_from_dict
+from sim.scenario import MemoryConfig, Variant, scenario_from_dict
 from sim.serving.config import ServingSLO
 from sim.serving.simulate import RateSearchSettings, ServingVariantResult, cost_per_million_tokens, simulate_serving
 from sim.simulate import SimulationResult, simulate
+from sim.training.simulate import simulate_training
 from sim.strategies import StrategyChoice
 from sim.topology import Device
 from sim.vocabulary import Metric
@@ -328,12 +338,16 @@ class Planner:
         for m, spec in enumerate(self.request.models):
             for shape in self.shapes:
                 price = shape.price_per_hour(catalog)
-                layout = self._layout_problem(m, shape)
+                # A training cluster's layouts are its own (tensor parallelism inside a host only).
+                layout = "" if config.is_training else self._layout_problem(m, shape)
                 over = ""
                 if shape.num_devices > config.limits.max_devices:
                     over = f"{shape.num_devices} devices > limits.max_devices {config.limits.max_devices}"
                 elif config.limits.budget_per_hour is not None and price > config.limits.budget_per_hour:
-                    over = f"${price:.2f}/h > limits.budget_per_hour ${config.limits.budget_per_hour:.2f}"
+                    over = f"${price_text(price)}/h > limits.budget_per_hour ${price_text(config.limits.budget_per_hour)}"
+                if config.is_training:
+                    rows += self._training_candidates(m, spec, shape, price, over)
+                    continue
                 memory = {} if layout or over else {p: self._memory_problem(spec, shape, p.to_policy()) for p in policies}
                 for variant, policy in itertools.product(variants, policies):
                     stage, reason, bounds = Stage.SIMULATED, "", None
@@ -353,7 +367,8 @@ class Planner:
                                  "num_hosts": shape.num_hosts, "devices_per_host": shape.groups[0].per_host,
                                  "num_devices": shape.num_devices,
                                  "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
-                                 "network": shape.network or "", "variant_config": variant,
+                                 "network": shape.network or "", "parallel": f"TP {shape.num_devices}",
+                                 "variant_config": variant,
                                  "variant": variant.name, "strategy": variant.strategy,
                                  "algorithms": _algorithms(variant), "memory_config": policy,
                                  "memory_policy": policy.to_policy().label(), "price_per_hour": price,
@@ -363,6 +378,57 @@ class Planner:
         table = pd.DataFrame(rows)
         table.insert(0, "candidate", np.arange(len(table)))
         return table
+
+    def _training_candidates(self, m: int, spec: ModelSpec, shape: ClusterShape, price: float,
+                             over: str) -> list[dict]:
+        """A training plan's rows of one cluster: every layout (:func:`sim.planning.training.layouts`)
+        and variant, stages 1-4 applied (``over``: the cluster's limits problem, '' if none)."""
+        config = self.request.config
+        w, slo = config.workload, config.slo
+        types = set(shape.device_types)
+        rows = []
+        for layout in training.layouts(shape.num_devices, shape.groups[0].per_host):
+            for variant in config.search.variants:
+                settings = training.settings_of(config.training, variant)
+                bound = math.nan
+                row_stage, reason = Stage.LAYOUT, training.layout_problem(spec, layout, w, settings, types)
+                if not reason and over:
+                    row_stage, reason = Stage.LIMITS, over
+                if not reason:
+                    row_stage, reason = Stage.MEMORY, training.memory_problem(spec, layout, w, settings,
+                                                                              shape.device_types)
+                if not reason:
+                    bound = self._step_bound(m, layout, variant.name, tuple(sorted(types)), shape.groups[0].per_host,
+                                             shape.network)
+                    row_stage, reason = Stage.BOUND, "" if self.profile is not None else training.misses(
+                        bound, w.tokens_per_step / bound if bound > 0 else math.inf, slo, bound=True)
+                if not reason:
+                    row_stage = Stage.SIMULATED
+                rows.append({"model": spec.name, "model_index": m, "shape": shape, "cluster": shape.label(),
+                             "device_types": "+".join(dict.fromkeys(shape.device_types)),
+                             "num_hosts": shape.num_hosts, "devices_per_host": shape.groups[0].per_host,
+                             "num_devices": shape.num_devices,
+                             "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
+                             "network": shape.network or "", "parallel": layout.label(), "layout": layout,
+                             "variant_config": variant, "variant": variant.name, "strategy": "",
+                             "algorithms": _training_algorithms(settings, variant, layout),
+                             "memory_config": MemoryConfig(), "memory_policy": "", "price_per_hour": price,
+                             "stage": row_stage, "reason": reason, "step_time_lower_bound_s": bound,
+                             "ttft_lower_bound_s": math.nan, "tpot_lower_bound_s": math.nan})
+        return rows
+
+    @lru_cache(maxsize=None)
+    def _step_bound(self, model_index: int, layout: training.TrainingLayout, variant: str,
+                    device_types: tuple[str, ...], per_host: int, network: str | None) -> float:
+        config = self.request.config
+        chosen = next(v for v in config.search.variants if v.name == variant)
+        egress = None
+        if network is not None:
+            link = self.request.catalog.networks[network]
+            egress = link.bandwidth_bytes_per_s * (per_host if link.nic_per_device else 1)
+        return training.step_time_bound_s(self.request.models[model_index], layout, config.workload,
+                                          training.settings_of(config.training, chosen), set(device_types),
+                                          config.compute, devices_per_host=per_host, host_egress_bytes_per_s=egress)
 
     def run(self, progress=None) -> pd.DataFrame:
         """Simulate the survivors in order of price (stage 5 decided on the way); the full table.
@@ -377,10 +443,10 @@ class Planner:
         table = self.candidates()
         results: dict[int, dict] = {}
         live = table[table["stage"] == Stage.SIMULATED]
-        groups = sorted(live.groupby(["price_per_hour", "model_index", "cluster"], sort=False).groups.items(),
+        groups = sorted(live.groupby(["price_per_hour", "model_index", "cluster", "parallel"], sort=False).groups.items(),
                         key=lambda item: item[0])
         best = _Frontier(self.request)
-        for done, ((price, _, _), index) in enumerate(groups, 1):
+        for done, ((price, _, _, _), index) in enumerate(groups, 1):
             rows = table.loc[index]
             streams = rows["memory_config"].map(lambda m: m.to_policy().streams)
             resident_fit = True
@@ -402,7 +468,7 @@ class Planner:
                                                                               "the objectives and it cannot be faster"}
                         else:
                             keep.append(i)
-                    if table.loc[keep[0], "num_devices"] == 1 if keep else False:
+                    if keep and table.loc[keep[0], "num_devices"] == 1 and not config.is_training:
                         self._simulate_rows(table, keep[:1], results)
                         for i in keep[1:]:
                             results[i] = dict(results[keep[0]], reason=f"one device, no collectives: as "
@@ -411,7 +477,8 @@ class Planner:
                         self._simulate_rows(table, keep, results)
                     for i in keep if not config.is_serving else ():
                         if results[i]["stage"] == Stage.SIMULATED and results[i]["fits"]:
-                            best.add(price, results[i], (table.loc[i, "model"], table.loc[i, "cluster"]))
+                            best.add(price, results[i][self.latency_metric], results[i][self.throughput_metric],
+                                     results[i]["meets_slo"], (table.loc[i, "model"], table.loc[i, "cluster"]))
                 if not streamed:
                     resident_fit = all(results[i].get("fits", False) for i in part.index
                                        if results[i]["stage"] == Stage.SIMULATED)
@@ -433,13 +500,29 @@ class Planner:
     @property
     def columns(self) -> list[str]:
         """The public columns of this plan's table (see the module docstring)."""
-        return PLAN_COLUMNS + (SERVING_COLUMNS if self.request.config.is_serving else [])
+        config = self.request.config
+        return PLAN_COLUMNS + (SERVING_COLUMNS if config.is_serving else
+                               [c for c in training.TRAINING_COLUMNS if c not in PLAN_COLUMNS]
+                               if config.is_training else [])
+
+    @property
+    def latency_metric(self) -> Metric:
+        """What the plan ranks and draws as latency (s): a training step's time, else a batch's end to end."""
+        return Metric.STEP_TIME if self.request.config.is_training else Metric.E2E_LATENCY
+
+    @property
+    def throughput_metric(self) -> Metric:
+        """What the plan ranks and draws as throughput: trained tokens/s, else decode tokens/s."""
+        return Metric.TOKENS_PER_S if self.request.config.is_training else Metric.DECODE_TOKENS_PER_S
 
     def _optimistic(self, row: pd.Series, cluster_rows: pd.DataFrame, results: dict[int, dict]) -> tuple[float, float]:
         """The best e2e latency (s) and decode tokens/s ``row`` could reach: its compute bounds,
         tightened by its cluster's ``auto`` variant of the same strategy and memory policy if that
         was simulated (see :meth:`run`)."""
         w = self.request.config.workload
+        if self.request.config.is_training:  # a replica's compute bound; every variant on its own
+            bound = row["step_time_lower_bound_s"]
+            return bound, w.tokens_per_step / bound if bound > 0 else math.inf
         e2e = row["ttft_lower_bound_s"] + (w.output_tokens - 1) * row["tpot_lower_bound_s"]
         tokens = w.batch_size / row["tpot_lower_bound_s"] if row["tpot_lower_bound_s"] > 0 else math.inf
         if _names_one_allreduce(row["variant_config"]):
@@ -463,6 +546,12 @@ class Planner:
                 "attention": config.attention, "cluster": row["shape"].cluster(self.request.catalog),
                 "workload": config.workload.model_dump(), "compute": config.compute.model_dump(by_alias=True),
                 "memory": memory, "variants": [variant]}
+        if config.is_training:
+            del data["memory"]
+            data["parallel"] = row["layout"].parallel()
+            data["variants"] = [row["variant_config"].model_dump(exclude_none=True, exclude_unset=True)]
+            if config.training is not None:
+                data["training"] = config.training.model_dump(mode="json", exclude_unset=True)
         if config.dtype:
             data["dtype"] = config.dtype
         if config.is_serving:
@@ -475,8 +564,14 @@ class Planner:
             return
         config = self.request.config
         data = self.scenario_dict(table.loc[index[0]])
-        data["variants"] = [_named_variant(table.loc[i]) for i in index]
+        data["variants"] = [_named_variant(table.loc[i], config.is_training) for i in index]
         try:
+            if config.is_training:
+                simulated = simulate_training(scenario_from_dict(data), profile=self.profile)
+                context = _profile_context(simulated) if self.profile is not None else ""
+                for i, vr in zip(index, simulated.variants):
+                    results[i] = self._training_result(table.loc[i], vr, simulated, context)
+                return
             if config.is_serving:
                 served = simulate_serving(scenario_from_dict(data), profile=self.profile, rate_search=RateSearchSettings(
                     from_workload_rate=True, tolerance=config.search.rate_tolerance, horizon_s=self.rate_horizon_s))
@@ -499,6 +594,24 @@ class Planner:
                           "slo_miss": miss if fits else vr.overflow.describe(
                               result.topology.devices[vr.overflow.rank].name)}
 
+
+    def _training_result(self, row: pd.Series, vr, simulated, context: str) -> dict:
+        """A training candidate's row: its step's metrics, its peak memory (with the framework
+        baseline of its backend where no profile measured one) and the objectives it misses."""
+        metrics = vr.metrics
+        capacity = {rank: simulated.topology.devices[rank].memory_capacity_bytes for rank in vr.memory}
+        baseline = default_runtime_memory({rank: simulated.topology.devices[rank].spec for rank in vr.memory})
+        peak = {rank: m.total + (baseline[rank] if not m.framework else 0) for rank, m in vr.memory.items()}
+        over = [rank for rank in sorted(peak) if peak[rank] > capacity[rank]]
+        miss = training.misses(metrics[Metric.STEP_TIME], metrics[Metric.TOKENS_PER_S], self.request.config.slo)
+        if over:
+            device = simulated.topology.devices[over[0]]
+            miss = f"{device.name} needs {peak[over[0]] / 2**30:.1f} GiB of {capacity[over[0]] / 2**30:.0f} GiB"
+        return {"stage": Stage.SIMULATED, "reason": "", "fits": not over, "meets_slo": not over and not miss,
+                "slo_miss": miss, "profile_context": context, Metric.MAX_PEAK_MEMORY: float(max(peak.values())),
+                **{m: metrics[m] for m in (Metric.STEP_TIME, Metric.TOKENS_PER_S, Metric.SAMPLES_PER_S,
+                                           Metric.EXPOSED_COMMUNICATION)},
+                "step_bottleneck": training.bottleneck(metrics)}
 
     def _serving_result(self, price_per_hour: float, vr: ServingVariantResult) -> dict:
         """A serving candidate's row: its metrics at the target rate, its maximum rate and $/Mtok
@@ -553,11 +666,14 @@ class _Frontier:
         self.best_tokens_per_s = 0.0
         self.feasible: dict[tuple[str, str], float] = {}  # (model, cluster) meeting every objective -> price
 
-    def add(self, price: float, result: dict, configuration: tuple[str, str]) -> None:
-        self.best_e2e_s = min(self.best_e2e_s, result[Metric.E2E_LATENCY])
-        if not math.isnan(result[Metric.DECODE_TOKENS_PER_S]):
-            self.best_tokens_per_s = max(self.best_tokens_per_s, result[Metric.DECODE_TOKENS_PER_S])
-        if result["meets_slo"]:
+    def add(self, price: float, latency_s: float, tokens_per_s: float, meets: bool,
+            configuration: tuple[str, str]) -> None:
+        """A simulated configuration that fits: its latency (s; a training step's time), throughput
+        (tokens/s) and whether it meets every objective."""
+        self.best_e2e_s = min(self.best_e2e_s, latency_s)
+        if not math.isnan(tokens_per_s):
+            self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
+        if meets:
             self.feasible[configuration] = price
 
     def dominates(self, price: float, e2e_lb_s: float, tokens_ub: float) -> bool:
@@ -580,11 +696,23 @@ def _algorithms(variant: Variant) -> str:
     return ", ".join(f"{kind}={name}" for kind, name in sorted(variant.choice().algorithms.items()))
 
 
-def _named_variant(row: pd.Series) -> dict:
+def _named_variant(row: pd.Series, is_training: bool = False) -> dict:
+    if is_training:  # a training variant has no memory policy: its settings say what it holds
+        return row["variant_config"].model_dump(exclude_none=True, exclude_unset=True) | {"name": f"c{row['candidate']}"}
     variant = row["variant_config"].model_dump(exclude_none=True, exclude={"memory"})
     variant["name"] = f"c{row['candidate']}"
     variant["memory"] = row["memory_config"].model_dump(mode="json", exclude_none=True)
     return variant
+
+
+def _training_algorithms(settings, variant: Variant, layout: training.TrainingLayout) -> str:
+    """A training variant's collectives and the settings that tell its variants apart."""
+    parts = [f"buckets={settings.allreduce}"] + ([f"allreduce={variant.allreduce or 'ring'}"] if layout.tensor > 1 else [])
+    if settings.zero:
+        parts.append(f"zero={settings.zero}")
+    if settings.activation_checkpointing:
+        parts.append(f"checkpoint every {settings.activation_checkpointing}")
+    return ", ".join(parts)
 
 
 def _profile_context(result: SimulationResult) -> str:

@@ -3,7 +3,8 @@ and the pick's scenario file.
 
 report.html says in one sentence what to use and why, then draws the Pareto frontiers of price
 per hour against end-to-end latency and against decode tokens/s (a serving plan's: against the
-maximum request rate; every simulated configuration that fits, coloured by device type, hover for
+maximum request rate; a training plan's: against step time and trained tokens/s; every simulated
+configuration that fits, coloured by device type, hover for
 its details), and how many candidates each stage of the search settled. Displayed units are $/h,
 ms / s, tokens/s, requests/s, $ per million tokens and GiB; the files stay SI.
 """
@@ -22,8 +23,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from sim.outputs import write_files
+from sim.planning.catalog import price_text
 from sim.planning.outcome import PlanResult
 from sim.planning.search import COST_PER_MILLION_TOKENS, SLO_TPOT, SLO_TTFT, Stage
+from sim.units import duration_text
 from sim.vocabulary import Metric
 from validation.present.colors import category_colors
 
@@ -39,10 +42,18 @@ def _top_columns(result: PlanResult) -> dict[str, list[str]]:
     """The top 10's shown columns, by heading (SI figures in display units); a serving plan's
     give the maximum rate, $/Mtok and the SLO's percentiles at the target rate."""
     top = result.top
+    training = result.request.config.is_training
     columns = {"#": [str(int(r)) for r in top["rank"]], "cluster": list(top["cluster"]),
-               "layout": list(top["variant"] + ", " + top["memory_policy"]),
-               "$/h": [f"{p:.2f}" for p in top["price_per_hour"]]}
-    if result.request.config.is_serving:
+               "layout": list(top["parallel"] + ", " + top["variant"]) if training else
+               list(top["variant"] + ", " + top["memory_policy"]),
+               "$/h": [price_text(p) for p in top["price_per_hour"]]}
+    if training:
+        columns |= {"step": [duration_text(v) for v in top[Metric.STEP_TIME]],
+                    "tokens/s": [f"{v:.3g}" for v in top[Metric.TOKENS_PER_S]],
+                    "exposed comm.": [duration_text(v) for v in top[Metric.EXPOSED_COMMUNICATION]],
+                    "peak GiB": [f"{v / _GIB:.1f}" for v in top[Metric.MAX_PEAK_MEMORY]],
+                    "bottleneck": list(top["bottleneck"])}
+    elif result.request.config.is_serving:
         q = result.request.config.slo.percentile
         columns |= {"max req/s": [f"{r:.3g}" for r in top[Metric.MAX_REQUEST_RATE]],
                     "$/Mtok": [f"{c:.3g}" for c in top[COST_PER_MILLION_TOKENS]],
@@ -67,7 +78,8 @@ def print_plan(result: PlanResult, console: Console, scenario_path: Path | None 
                          else "right")
     for row in zip(*columns.values()):
         table.add_row(*(escape(cell) for cell in row))
-    console.print(table)
+    if len(result.top):  # an empty table says nothing the sentence does not
+        console.print(table)
     console.print(escape(result.recommendation))
     stages = result.table["stage"].value_counts()
     console.print(f"{len(result.table)} candidates in {result.elapsed_s:.1f} s: "
@@ -75,16 +87,20 @@ def print_plan(result: PlanResult, console: Console, scenario_path: Path | None 
     for note in result.notes:
         console.print(f"  outside the profile's context: {escape(note)}")
     if scenario_path is not None:
-        console.print(f"the pick's scenario: {escape(str(scenario_path))}; run it with:")
+        whose = "the pick's" if result.pick is not None else "the closest miss's (it meets no plan)"
+        console.print(f"{whose} scenario: {escape(str(scenario_path))}; run it with:")
         for command in result.commands(scenario_path):
             console.print(f"  {escape(command)}")
 
 
 def _hover(frame: pd.DataFrame) -> list[str]:
     return [f"<b>{html.escape(r['cluster'])}</b><br>{html.escape(r['variant'])} ({html.escape(r['algorithms'])}), "
-            f"{html.escape(r['memory_policy'])}<br>${r['price_per_hour']:.2f}/h, {int(r['num_devices'])} devices<br>"
+            f"{html.escape(r['memory_policy'])}<br>${price_text(r['price_per_hour'])}/h, {int(r['num_devices'])} devices<br>"
             + (f"maximum {r[Metric.MAX_REQUEST_RATE]:.3g} requests/s, ${r[COST_PER_MILLION_TOKENS]:.3g} per million "
                "output tokens; " if Metric.MAX_REQUEST_RATE in r else
+               f"{html.escape(r['parallel'])}: step {duration_text(r[Metric.STEP_TIME])}, "
+               f"{r[Metric.TOKENS_PER_S]:.3g} tokens/s<br>peak {r[Metric.MAX_PEAK_MEMORY] / _GIB:.1f} GiB; "
+               if Metric.STEP_TIME in r else
                f"TTFT {_ms(r[Metric.TTFT])} ms, TPOT {_ms(r[Metric.TPOT])} ms, "
                f"{r[Metric.DECODE_TOKENS_PER_S]:.0f} tokens/s<br>peak {r[Metric.MAX_PEAK_MEMORY] / _GIB:.1f} GiB; ")
             + ("meets every objective" if r["meets_slo"] else f"misses {html.escape(r['slo_miss'])}")
@@ -147,6 +163,14 @@ def report_html(result: PlanResult) -> str:
         workload = (f"Requests at {w.rate_per_s:g}/s (Poisson), {lengths}, the SLO at p{config.slo.percentile}; "
                     "each rate tried was simulated, the maximum rate to within "
                     f"{100 * config.search.rate_tolerance:g}%")
+    elif config.is_training:
+        figures = [pareto_figure(result, Metric.STEP_TIME, "pareto_latency", "Price against step time",
+                                 "time of one optimizer step (s, log scale)", log=True),
+                   pareto_figure(result, Metric.TOKENS_PER_S, "pareto_throughput", "Price against throughput",
+                                 "trained tokens per second (tokens/s)")]
+        w = config.workload
+        workload = (f"Training: global batch {w.global_batch_size} x {w.sequence_length} tokens, micro-batches of "
+                    f"{w.micro_batch_size}")
     else:
         figures = [pareto_figure(result, Metric.E2E_LATENCY, "pareto_latency", "Price against end-to-end latency",
                                  "end-to-end latency of a request (s, log scale)", log=True),
@@ -156,7 +180,7 @@ def report_html(result: PlanResult) -> str:
                     f"{config.workload.output_tokens} output tokens")
     figures.append(stages_figure(result))
     shown = pd.DataFrame(_top_columns(result))
-    if not config.is_serving:
+    if not (config.is_serving or config.is_training):
         shown.insert(len(shown.columns) - 1, "prefill bottleneck", list(result.top["prefill_bottleneck"]))
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
