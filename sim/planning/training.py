@@ -110,21 +110,21 @@ def memory_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWo
     """A rank whose step needs more than its device holds (exact: see the module docstring), described; ''."""
     micro, _ = micro_batching(workload, settings, layout.data)
     activations = ActivationLayout(micro, workload.sequence_length, layout.tensor)
-    for position in (0, 1) if layout.tensor > 1 else (0,):
-        # Every replica's rank at this position holds the same; check each device type it lands on.
-        ranks = range(position, len(device_types), layout.tensor)
-        for device in sorted({device_types[r] for r in ranks}):
-            specs = {r: DEVICES[device] for r in range(layout.tensor * layout.data)}
-            framework = default_runtime_memory(specs)[0]
-            memory = training_memory(spec, activations, optimizer=settings.optimizer, precision=settings.precision,
-                                     data_parallel=layout.data, zero_stage=settings.zero,
-                                     gradient_as_bucket_view=settings.gradient_as_bucket_view,
-                                     checkpoint_every=settings.activation_checkpointing,
-                                     framework_baseline_bytes=framework, is_master=position == 0)
-            capacity = DEVICES[device].memory_capacity_bytes
-            if memory.total > capacity:
-                return (f"{'master' if position == 0 else 'a worker'} on {device} needs {memory.total / 2**30:.1f} GiB "
-                        f"(weights, gradients, optimizer states, activations, framework) of {capacity / 2**30:.0f} GiB")
+    # Every rank holds the same (its layers' shard and the replicated head: sim.training.lower);
+    # check each device type the layout lands on.
+    ranks = layout.tensor * layout.data
+    for device in sorted(set(device_types)):
+        specs = {r: DEVICES[device] for r in range(ranks)}
+        framework = default_runtime_memory(specs)[0]
+        memory = training_memory(spec, activations, optimizer=settings.optimizer, precision=settings.precision,
+                                 data_parallel=layout.data, zero_stage=settings.zero,
+                                 gradient_as_bucket_view=settings.gradient_as_bucket_view,
+                                 checkpoint_every=settings.activation_checkpointing,
+                                 framework_baseline_bytes=framework)
+        capacity = DEVICES[device].memory_capacity_bytes
+        if memory.total > capacity:
+            return (f"a rank on {device} needs {memory.total / 2**30:.1f} GiB "
+                    f"(weights, gradients, optimizer states, activations, framework) of {capacity / 2**30:.0f} GiB")
     return ""
 
 
