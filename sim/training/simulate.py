@@ -326,9 +326,9 @@ def tensor_parallel_sources(profile: Profile, plan: ParallelPlan, topology: Topo
     tensor-parallel allreduce of ``algorithm`` at the hidden state's size (``micro x sequence x
     hidden`` elements of ``model``'s dtype, bytes) over the replica's ranks."""
     tensor = calibrated_tensor(profile, plan.tensor)
-    rows = "" if tensor == plan.tensor else " of whole layers (tensor 1), scaled along the roofline to the shard"
-    lines = [f"tensor-parallel layer ops ({plan.tensor}-way shard): compute and backward rows timed at "
-             f"tensor {tensor}{rows}"]
+    rows = f"timed at tensor {tensor}" if tensor == plan.tensor else \
+        "of whole layers (tensor 1), scaled along the roofline to the shard"
+    lines = [f"tensor-parallel layer ops ({plan.tensor}-way shard): compute and backward rows {rows}"]
     replica = plan.replica_ranks[0]
     hosts = len(topology.host_groups(replica))
     size = micro * sequence * model.hidden_size * model.dtype_bytes
