@@ -37,9 +37,11 @@ each distinct micro-batch size and precision of the scenario's variants:
   that holds every gradient of the model (a bucket, a compressed bucket and the parameter
   average are no larger), or ``max_call_s``; the same rows an inference calibration times, so
   the simulator prices buckets with the network terms it fits on them (:mod:`sim.calibrated`).
-  With tensor parallelism, every data-parallel group (one per tensor index) sweeps at once, as
-  their buckets run at once; then every tensor-parallel group (one per replica) sweeps its
-  allreduce at once, with the library's algorithm (what the model's ``f`` and ``g`` call) and
+  With tensor parallelism, rank 0's data-parallel group sweeps its buckets' allreduce, then rank
+  0's tensor-parallel group (its replica) sweeps its allreduce, each alone (the other groups
+  idle): the simulator prices a collective as it runs meeting no other traffic, and its fabric
+  adds what concurrent groups that share a link cost each other (:mod:`sim.fabric`). The
+  tensor-parallel sweep times the library's algorithm (what the model's ``f`` and ``g`` call) and
   the one the simulator prices each variant's tensor-parallel allreduces with
   (:func:`sim.training.lower.tp_allreduce_algorithm`), from 1 KiB up to the hidden state of a
   micro-batch (``b x t x h`` elements of the compute dtype, the size of every such allreduce),
@@ -321,19 +323,23 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
     tensor_group, data_group = process_groups(layout, rank)
     comm = Communicator(rank, topology.host_groups, {} if layout.tensor == 1 else
                         {layout.tensor_group(rank): tensor_group, group: data_group})
+    # Rank 0's groups sweep; every other rank sweeps alike in a group of its own, whose calls are
+    # no-ops (runtime.comm.Communicator), so that the sweep's agreements over every rank line up.
+    def alone(ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ranks if 0 in ranks else (rank,)
+
     sweeps = []
-    if len(group) > 1:
-        sweeps.append(CollectiveSweep(group, topology, rank, comm, max_call_s, heartbeat,
+    if layout.data > 1:
+        sweeps.append(CollectiveSweep(alone(group), topology, rank, comm, max_call_s, heartbeat,
                                       sizes=sweep_sizes(parameters), algorithms=sweep_algorithms(setups)))
     if layout.tensor > 1:
         algorithms, sizes = tensor_parallel_sweep(scenario, setups)
-        sweeps.append(CollectiveSweep(layout.tensor_group(rank), topology, rank, comm, max_call_s, heartbeat,
+        sweeps.append(CollectiveSweep(alone(layout.tensor_group(rank)), topology, rank, comm, max_call_s, heartbeat,
                                       sizes=sizes, algorithms=algorithms))
     for index in range(repeats):
         for sweep in sweeps:
             sweep.round(f"round {index + 1} of {repeats}")
-    # Rank 0 leads its data-parallel and its tensor-parallel group: its sweeps' rows are the profile's.
-    sweep_rows = [row for sweep in sweeps for row in sweep.rows()]
+    sweep_rows = [row for sweep in sweeps for row in sweep.rows()]  # rank 0's: it leads both groups
     gathered = [None] * len(layout.ranks) if rank == 0 else None
     dist.gather_object(rows, gathered, dst=0)
     if rank != 0:
