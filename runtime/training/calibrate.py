@@ -70,11 +70,11 @@ from runtime import memory_probe
 from runtime.calibrate import backend_context
 from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
-from sim.collectives.registry import LIBRARY
 from runtime.device import device_of
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
 from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
+from sim.collectives.registry import LIBRARY
 from sim.context import context_rows, scenario_context
 from sim.profile import profile_frame
 from sim.training.lower import tp_allreduce_algorithm
