@@ -37,7 +37,7 @@ from runtime.device import Device, local_device
 from runtime.measure import measured_result, write_measured_outputs
 from runtime.training.calibrate import calibrate_training_rank
 from runtime.training.measure import measured_training, train_rank
-from runtime.training.ranks import data_parallel_ranks, training_ranks
+from runtime.training.ranks import training_ranks
 from runtime.worker import run_rank
 from sim.outputs import write_atomic
 from sim.parallel import ParallelPlan
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         topology = build_topology(scenario.config.cluster)
         training = scenario.config.is_training
         if training:
-            ranks = training_ranks(scenario, topology).ranks if args.command == "measure" else \
-                data_parallel_ranks(scenario, topology)
+            ranks = training_ranks(scenario, topology).ranks
         else:
             ranks = ParallelPlan.of(scenario, topology).tensor_ranks
         if world_size != len(ranks):

@@ -86,3 +86,13 @@ def test_hetsim_simulate_takes_a_profile_for_a_training_scenario(tmp_path, capsy
     assert code == 0
     assert "calibrated from" in out and "backward_input mlp_up on cpu: not calibrated, roofline" in out
     assert set(pd.read_csv(tmp_path / "out" / "results.csv")["source"]) == {"simulated"}
+
+
+def test_a_tensor_parallel_step_from_a_data_parallel_profile_says_its_shard_is_scaled_from_whole_layers():
+    scenario = _cpu_scenario(parallel={"tensor": 2, "data": 2}, devices_per_host=2)
+    result = simulate_training(scenario, _profile(_cpu_scenario(), 1e-4))  # rows of whole layers (tensor 1)
+    assert "tensor-parallel layer ops (2-way shard): compute and backward rows of whole layers (tensor 1), scaled " \
+           "along the roofline to the shard" in result.sources
+    assert any(line.startswith("tensor-parallel allreduce ring over 2 ranks on 1 hosts") and
+               line.endswith("no collective rows, the network model") for line in result.sources)
+    assert "mlp_up (prefill) on cpu: outside the calibrated shapes" in result.extrapolated  # the shard is smaller

@@ -20,7 +20,7 @@ from runtime.training.calibrate import calibrate_training  # noqa: E402
 from runtime.training.hooks import BucketCall  # noqa: E402
 from runtime.training.measure import measure_training, step_metrics  # noqa: E402
 from runtime.training.model import DecoderLM, TensorParallel  # noqa: E402
-from runtime.training.ranks import data_parallel_ranks, training_ranks  # noqa: E402
+from runtime.training.ranks import training_ranks  # noqa: E402
 from runtime.training.reference import local_sgd_reference, reference_parameters, reference_shard  # noqa: E402
 from runtime.training.trainer import StepTiming, Trainer, TrainingSetup, process_groups  # noqa: E402
 from sim.profile import load_profile  # noqa: E402
@@ -280,10 +280,42 @@ def test_a_layout_the_training_runtime_cannot_run_is_refused_naming_the_field(tm
     assert caught.value.field == field
 
 
-def test_the_training_calibration_refuses_tensor_parallelism(tmp_path):
-    scenario = _scenario(tmp_path, "gpt2", 1, {}, [{"name": "v"}], tensor=2)
-    with pytest.raises(ConfigError, match="data parallelism only"):
-        data_parallel_ranks(scenario, build_topology(scenario.config.cluster))
+def test_a_tensor_parallel_calibration_times_the_shard_and_both_groups_allreduces_and_prices_the_step(tmp_path):
+    from models.accounting import layer_op_costs
+    from models.training import layer_backward_costs
+    from sim.profile import Profile
+    from sim.training.simulate import simulate_training
+
+    scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "sgd", "allreduce": "ring"}, [{"name": "ddp"}],
+                         tensor=2)
+    profile = Profile(calibrate_training(scenario, repeats=1, max_call_s=0.05))
+    spec, sequence = scenario.model, scenario.config.workload.sequence_length
+    micro = scenario.config.workload.micro_batch_size
+    forward = layer_op_costs(spec, tp_degree=2, batch_size=micro, new_tokens=sequence, context_tokens=sequence)
+    backward = layer_backward_costs(spec, tp_degree=2, batch_size=micro, sequence_length=sequence)
+    for measurement, flops in [(MeasurementKind.COMPUTE, forward["mlp_down"].flops),
+                               (MeasurementKind.BACKWARD_WEIGHT, backward["mlp_down"].weight_grad.flops)]:
+        rows = profile.of(measurement)
+        row = rows[rows["op"] == "mlp_down"].iloc[0]
+        assert row["flops"] == flops and row["group_size"] == 2, measurement  # the 2-way shard's op
+    passes = profile.of(MeasurementKind.TRAINING_PASS)
+    assert set(passes["op"]) == {"forward", "backward"} and (passes["group_size"] == 2).all()
+    sweep = profile.of(MeasurementKind.COLLECTIVE)
+    hidden = micro * sequence * spec.hidden_size * 4
+    tensor_parallel = sweep[sweep["num_hosts"] == 1]  # a replica's 2 ranks share a host
+    assert set(tensor_parallel["algorithm"]) == {"library", "ring"} and (tensor_parallel["group_size"] == 2).all()
+    assert hidden in set(tensor_parallel["size_bytes"]) and tensor_parallel["size_bytes"].max() == hidden
+    buckets = sweep[sweep["num_hosts"] == 2]  # a data-parallel group spans the 2 hosts
+    assert set(buckets["algorithm"]) == {"ring"} and not buckets.empty
+
+    calibrated = simulate_training(scenario, profile)
+    assert any(line.startswith("tensor-parallel layer ops (2-way shard): compute and backward rows timed at tensor 2")
+               and "scaled" not in line for line in calibrated.sources)
+    assert any(line.startswith(f"tensor-parallel allreduce ring over 2 ranks on 1 hosts at {hidden} bytes: collective "
+                               "rows") and "the size itself timed" in line for line in calibrated.sources)
+    assert not any("outside the calibrated shapes" in line and "mlp_down" in line for line in calibrated.extrapolated)
+    step = calibrated.variants[0].metrics["step_time_s"]
+    assert step > 0 and step != simulate_training(scenario).variants[0].metrics["step_time_s"]
 
 
 def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_optimizer_step_and_the_buckets_allreduce(

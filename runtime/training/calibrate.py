@@ -1,24 +1,28 @@
 """``hetsim calibrate`` of a training scenario: forward and backward per op kind, the optimizer
-step and the buckets' allreduce, timed on the modules that train
-(:class:`runtime.training.model.DecoderLM`) and over the data-parallel group, written as profile
-rows.
+step, the buckets' allreduce and the tensor-parallel allreduce, timed on the modules that train
+(:class:`runtime.training.model.DecoderLM`, the rank's tensor-parallel shard of it) and over the
+groups that train, written as profile rows.
 
-In every data-parallel rank at once (forked as a measurement forks them, so the ranks share the
-cores as they do while training), for each distinct micro-batch size and precision of the
-scenario's variants:
+In every rank of the layout at once (tensor x data ranks, :func:`runtime.training.ranks.training_ranks`,
+forked as a measurement forks them, so the ranks share the cores as they do while training), for
+each distinct micro-batch size and precision of the scenario's variants:
 
 * ``compute``: per op kind, the op's forward on layer 0 (or the head) with autograd recording, as
   a training forward runs, at ``batch_size`` sequences of ``new_tokens`` tokens, with the FLOPs
   and bytes :mod:`sim.training.lower` gives the op (:func:`models.accounting.layer_op_costs`, the
-  head's :func:`models.accounting.head_op_costs` over every position);
+  head's :func:`models.accounting.head_op_costs` over every position). With tensor parallelism
+  (``parallel.tensor`` T above 1) the layer is the rank's shard (its heads and MLP columns,
+  :class:`runtime.training.model.TensorParallel`) without its allreduces, the rows' FLOPs and
+  bytes the shard's, and ``group_size`` is T on these rows, the ``backward_*`` and the
+  ``training_pass`` rows (1 without tensor parallelism);
 * ``backward_input`` and ``backward_weight``: per op kind of :func:`models.training.layer_backward_costs`
   and :func:`models.training.head_backward_costs`, the gradient of the op's inputs and of its
   weights apart: the op's forward is run once on layer 0 (or the head) with a random upstream
   gradient, then ``torch.autograd.grad`` is asked for the inputs only, or the weights only (the
   engine computes only what the requested gradients need, ``torch/csrc/autograd/engine.cpp``).
   Each row carries the op's FLOPs and bytes from the accounting, so the simulator can scale it.
-* ``training_pass``: the model's whole forward pass (to the loss) and backward pass, without DDP
-  or any communication, whose ratio to the sum of their ops timed alone the simulator applies to
+* ``training_pass``: the model's (the shard's) whole forward pass (to the loss) and backward
+  pass, without DDP or any communication, whose ratio to the sum of their ops timed alone the simulator applies to
   those ops (:mod:`sim.training.step_compute`);
 * ``memory_baseline``: each rank's resident memory before any model is built (torch, the process
   group), what a measured rank holds beyond its model states, activations and buckets;
@@ -33,9 +37,18 @@ scenario's variants:
   that holds every gradient of the model (a bucket, a compressed bucket and the parameter
   average are no larger), or ``max_call_s``; the same rows an inference calibration times, so
   the simulator prices buckets with the network terms it fits on them (:mod:`sim.calibrated`).
+  With tensor parallelism, rank 0's data-parallel group sweeps its buckets' allreduce, then rank
+  0's tensor-parallel group (its replica) sweeps its allreduce, each alone (the other groups
+  idle): the simulator prices a collective as it runs meeting no other traffic, and its fabric
+  adds what concurrent groups that share a link cost each other (:mod:`sim.fabric`). The
+  tensor-parallel sweep times the library's algorithm (what the model's ``f`` and ``g`` call) and
+  the one the simulator prices each variant's tensor-parallel allreduces with
+  (:func:`sim.training.lower.tp_allreduce_algorithm`), from 1 KiB up to the hidden state of a
+  micro-batch (``b x t x h`` elements of the compute dtype, the size of every such allreduce),
+  that size included.
 
 Statistics are over every rank's repeats (:func:`runtime.comm_timing.stats`). The profile also
-gets the context rows of the data-parallel ranks (:mod:`sim.context`).
+gets the context rows of every rank of the layout (:mod:`sim.context`).
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from models.accounting import head_op_costs, layer_op_costs
+from models.shards import tensor_shards
 from models.ops import OpKind
 from models.training import Precision, compute_dtype, head_backward_costs, layer_backward_costs, optimizer_step_cost
 from runtime import memory_probe
@@ -57,11 +71,13 @@ from runtime.calibrate import backend_context
 from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
 from runtime.device import device_of
-from runtime.training.model import DecoderLM, next_token_loss, training_batch
-from runtime.training.ranks import data_parallel_ranks
-from runtime.training.trainer import TrainingSetup, autocast, make_optimizer
+from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
+from runtime.training.ranks import TrainingRanks, training_ranks
+from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
+from sim.collectives.registry import LIBRARY
 from sim.context import context_rows, scenario_context
 from sim.profile import profile_frame
+from sim.training.lower import tp_allreduce_algorithm
 from sim.training.step_compute import pass_costs
 from sim.training_config import TrainingSettings
 from sim.vocabulary import MeasurementKind
@@ -71,6 +87,12 @@ OPTIMIZER_SIZES = (1 << 16, 1 << 20)
 
 _KEYS = ("measurement", "device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens",
          "size_bytes", "dtype", "flops", "traffic_bytes", "unit", "method")
+
+
+def _at_once(tensor: int) -> str:
+    """How a row's timings were taken, for its ``method``."""
+    return "every data-parallel rank at once" if tensor == 1 else \
+        f"every rank at once, the layer a {tensor}-way tensor-parallel shard without its allreduces"
 
 
 def _timed(fn: Callable[[], object], repeats: int, synchronize: Callable[[], None]) -> list[float]:
@@ -93,8 +115,9 @@ def _grad(output: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tens
 def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, precision: Precision,
              device: torch.device) -> dict[OpKind, tuple[Callable, Callable | None, Callable | None]]:
     """Per op kind, (forward call, input-gradient call or None, weight-gradient call or None) on
-    ``model``'s layer 0 and head at ``[micro_batch_size, sequence_length]``: the forward records
-    autograd's graph as a training forward does; the gradient calls are closures over one forward."""
+    ``model``'s layer 0 (whole, or a tensor-parallel shard) and head at ``[micro_batch_size,
+    sequence_length]``: the forward records autograd's graph as a training forward does; the
+    gradient calls are closures over one forward."""
     spec = model.spec
     m, t, h = micro_batch_size, sequence_length, spec.hidden_size
     layer = model.layers[0]
@@ -123,33 +146,44 @@ def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, prec
         OpKind.LAYERNORM: case(layer.attn_norm, [x], list(layer.attn_norm.parameters())),
         OpKind.QKV_PROJ: case(layer.qkv_proj, [x], list(layer.qkv_proj.parameters())),
         OpKind.ATTENTION: case(lambda *qkv: layer.attention(*qkv, rotary), [q, k, v], []),
-        OpKind.OUT_PROJ: case(layer.o_proj, [leaf(m, t, spec.num_attention_heads * spec.head_dim)],
+        OpKind.OUT_PROJ: case(layer.o_proj, [leaf(m, t, layer.heads * spec.head_dim)],
                               list(layer.o_proj.parameters())),
         OpKind.MLP_UP: case(layer.mlp_up, [x], list(layer.up_proj.parameters())),
-        OpKind.MLP_DOWN: case(layer.down_proj, [leaf(m, t, spec.intermediate_size)], list(layer.down_proj.parameters())),
+        OpKind.MLP_DOWN: case(layer.down_proj, [leaf(m, t, layer.down_proj.weight.shape[1])],
+                              list(layer.down_proj.parameters())),
         OpKind.LM_HEAD: case(lambda a: F.linear(a, head), [x], [head]),
         OpKind.EMBEDDING: case(lambda: model.embedding(tokens), [],
                                [p for p in (model.embed, model.pos_embed) if p is not None]),
     }
 
 
+def timed_model(scenario, layout: TrainingRanks, rank: int, device: torch.device) -> DecoderLM:
+    """The model ``rank`` trains, as the calibration times it: with tensor parallelism its shard
+    (:class:`runtime.training.model.TensorParallel`) with no process group, so that its ops and
+    passes run without the allreduces, which are timed apart; else the whole model."""
+    tensor_parallel = None
+    if layout.tensor > 1:
+        tensor_parallel = TensorParallel(tensor_shards(scenario.model, layout.tensor)[rank % layout.tensor], None)
+    return DecoderLM(scenario.model, seed=0, tensor_parallel=tensor_parallel).to(device)
+
+
 def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats: int,
-               device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
-    """This rank's forward and backward timings, one row per op kind, pass (forward, input
-    gradient, weight gradient) and distinct (micro batch, precision) of ``setups``, ``times``
-    holding its ``repeats`` timings (s)."""
+               device: torch.device, heartbeat: Callable[[str], None], model: DecoderLM) -> list[dict]:
+    """This rank's forward and backward timings on ``model`` (:func:`timed_model`), one row per
+    op kind, pass (forward, input gradient, weight gradient) and distinct (micro batch,
+    precision) of ``setups``, ``times`` holding its ``repeats`` timings (s)."""
     synchronize = device_of(device).synchronize
     sequence = scenario.config.workload.sequence_length
-    model = DecoderLM(scenario.model, seed=0).to(device)
+    tensor = setups[0].tensor
     rows = []
     for micro, precision in dict.fromkeys((s.micro_batch_size, s.settings.precision) for s in setups):
         heartbeat(f"forward and backward per op at micro batch {micro}, {precision}")
         spec = scenario.model.with_dtype(compute_dtype(precision))
         costs = {**head_backward_costs(spec, batch_size=micro, sequence_length=sequence),
-                 **layer_backward_costs(spec, tp_degree=1, batch_size=micro, sequence_length=sequence)}
+                 **layer_backward_costs(spec, tp_degree=tensor, batch_size=micro, sequence_length=sequence)}
         # The forward costs the simulator's training step gives each op (sim.training.lower).
         forward = {**head_op_costs(spec, batch_size=micro * sequence, new_tokens=1),
-                   **layer_op_costs(spec, tp_degree=1, batch_size=micro, new_tokens=sequence,
+                   **layer_op_costs(spec, tp_degree=tensor, batch_size=micro, new_tokens=sequence,
                                     context_tokens=sequence)}
         for kind, calls in op_cases(model, micro, sequence, precision, device).items():
             for measurement, call, cost in zip((MeasurementKind.COMPUTE, MeasurementKind.BACKWARD_INPUT,
@@ -158,27 +192,27 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
                 if call is None:
                     continue
                 rows.append({"measurement": measurement, "device_class": device_class, "op": kind.value,
-                             "group_size": 1, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
+                             "group_size": tensor, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
                              "dtype": spec.dtype, "flops": cost.flops,
                              "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
                              "method": ("the op's forward with autograd recording" if measurement == MeasurementKind.COMPUTE
                                         else "torch.autograd.grad of the op's inputs or weights alone")
-                                       + ", on the training model's layer 0 or head, every data-parallel rank at once",
+                                       + f", on the training model's layer 0 or head, {_at_once(tensor)}",
                              "times": _timed(call, repeats, synchronize)})
     return rows
 
 
 def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats: int,
-                 device: torch.device, heartbeat: Callable[[str], None]) -> list[dict]:
+                 device: torch.device, heartbeat: Callable[[str], None], model: DecoderLM) -> list[dict]:
     """This rank's whole forward pass (to the loss) and backward pass (``loss.backward()``) of
-    the training model, without DDP or any communication, per distinct (micro batch, precision)
+    ``model`` (:func:`timed_model`), without DDP or any communication, per distinct (micro batch, precision)
     of ``setups``: one row per pass, ``times`` holding its ``repeats`` timings (s) after one
     untimed step. The simulator sets them against the sum of the same passes' ops timed alone
     (:mod:`sim.training.step_compute`): what a step adds to its ops (the autograd engine's
     scheduling, the loss, the gradients' accumulation)."""
     synchronize = device_of(device).synchronize
     sequence = scenario.config.workload.sequence_length
-    model = DecoderLM(scenario.model, seed=0).to(device)
+    tensor = setups[0].tensor
     rows = []
     for micro, precision in dict.fromkeys((s.micro_batch_size, s.settings.precision) for s in setups):
         heartbeat(f"whole forward and backward passes at micro batch {micro}, {precision}")
@@ -198,13 +232,13 @@ def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repea
                 times[OpKind.FORWARD].append(middle - start)
                 times[OpKind.BACKWARD].append(time.perf_counter() - middle)
         spec = scenario.model.with_dtype(compute_dtype(precision))
-        costs = pass_costs(spec, TrainingSettings(precision=precision), micro, sequence)
+        costs = pass_costs(spec, TrainingSettings(precision=precision), micro, sequence, tensor)
         for kind, timed in times.items():
             rows.append({"measurement": MeasurementKind.TRAINING_PASS, "device_class": device_class, "op": kind.value,
-                         "group_size": 1, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
+                         "group_size": tensor, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
                          "dtype": spec.dtype, "flops": costs[kind][0], "traffic_bytes": costs[kind][1], "unit": "s",
                          "method": "the training model's whole pass (forward to the loss, or loss.backward()) without "
-                                   "DDP, every data-parallel rank at once", "times": timed})
+                                   f"DDP, {_at_once(tensor)}", "times": timed})
     model.zero_grad(set_to_none=True)
     return rows
 
@@ -214,6 +248,7 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, parameters
     """This rank's optimizer-step timings per distinct (optimizer, precision) of ``setups`` and
     parameter count (:data:`OPTIMIZER_SIZES` and ``parameters``), ``times`` in s."""
     synchronize = device_of(device).synchronize
+    tensor = setups[0].tensor
     rows = []
     for optimizer_kind, precision in dict.fromkeys((s.settings.optimizer, s.settings.precision) for s in setups):
         settings = TrainingSettings(optimizer=optimizer_kind, precision=precision)
@@ -228,7 +263,7 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, parameters
                          "op": settings.optimizer.value, "group_size": 1, "size_bytes": 4 * count, "dtype": "fp32",
                          "flops": cost.flops, "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
                          "method": f"{settings.optimizer.value} step over fp32 parameters of size_bytes "
-                                   f"({settings.precision.value} variants), every data-parallel rank at once",
+                                   f"({settings.precision.value} variants), {_at_once(tensor)}",
                          "times": _timed(optimizer.step, repeats, synchronize)})
     return rows
 
@@ -247,33 +282,67 @@ def sweep_sizes(parameters: int) -> tuple[int, ...]:
     return tuple(size for size in SIZES_BYTES if size <= largest)
 
 
+def tensor_parallel_sweep(scenario, setups: list[TrainingSetup]) -> tuple[dict[OpKind, tuple[str, ...]], tuple[int, ...]]:
+    """The tensor-parallel group's allreduces to time: by kind, the algorithms (the library's,
+    which the model's ``f`` and ``g`` call, and what the simulator prices each variant's with,
+    :func:`sim.training.lower.tp_allreduce_algorithm`); and the sizes (bytes): the sweep's up to
+    the largest hidden state of a micro-batch, ``micro x sequence x hidden`` elements of each
+    variant's compute dtype, and those hidden states themselves (the size of every such call)."""
+    spec, sequence = scenario.model, scenario.config.workload.sequence_length
+    hidden = {s.micro_batch_size * sequence * spec.hidden_size * spec.with_dtype(compute_dtype(s.settings.precision)).dtype_bytes
+              for s in setups}
+    algorithms = (LIBRARY, *(tp_allreduce_algorithm(v) for v in scenario.config.variants))
+    # A swept call's tensor is fp32 (runtime.comm_timing.CollectiveSweep): whole 4-byte elements only.
+    sizes = {size for size in SIZES_BYTES if size <= max(hidden)} | {size for size in hidden if size % 4 == 0}
+    return ({OpKind.ALLREDUCE: tuple(dict.fromkeys(algorithms)), OpKind.REDUCE: (), OpKind.BROADCAST: ()},
+            tuple(sorted(sizes)))
+
+
 def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, device: torch.device,
                             max_call_s: float = 1.0, heartbeat: Callable[[str], None] = lambda label: None):
-    """Time forward and backward per op, the optimizer steps and the buckets' collectives on
-    this rank; every rank's rows folded into the profile (:func:`sim.profile.profile_frame`) on
-    rank 0, None elsewhere."""
-    group = data_parallel_ranks(scenario, topology)
-    setups = [TrainingSetup.of(scenario, v, group) for v in scenario.config.variants]
+    """Time forward and backward per op, the optimizer steps, the buckets' collectives and
+    (with tensor parallelism) the tensor-parallel allreduce on this rank; every rank's rows
+    folded into the profile (:func:`sim.profile.profile_frame`) on rank 0, None elsewhere. Needs
+    the default process group over every rank of the layout
+    (:func:`runtime.training.ranks.training_ranks`)."""
+    layout = training_ranks(scenario, topology)
+    group = layout.data_group(rank)
+    setups = [TrainingSetup.of_ranks(scenario, v, layout) for v in scenario.config.variants]
     device_class = topology.devices[rank].spec.name
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (train_rank)
     memory_probe.reset_peak()  # collects and trims first: what the rank holds before any model
     baseline = {"measurement": MeasurementKind.MEMORY_BASELINE, "device_class": device_class, "group_size": 1,
                 "unit": "bytes", "method": "resident memory of a rank (torch, its process group) before any model "
                                            "is built", "times": [float(memory_probe.current_bytes())]}
-    parameters = sum(p.numel() for p in DecoderLM(scenario.model, seed=0).parameters())
-    rows = ([baseline] + op_timings(scenario, setups, device_class, repeats, device, heartbeat)
-            + pass_timings(scenario, setups, device_class, repeats, device, heartbeat)
+    model = timed_model(scenario, layout, rank, device)
+    parameters = sum(p.numel() for p in model.parameters())  # the rank's: its shard and the replicated tensors
+    rows = ([baseline] + op_timings(scenario, setups, device_class, repeats, device, heartbeat, model)
+            + pass_timings(scenario, setups, device_class, repeats, device, heartbeat, model)
             + optimizer_timings(setups, device_class, parameters, repeats, device, heartbeat))
-    sweep_rows = []
-    if len(group) > 1:
-        sweep = CollectiveSweep(group, topology, rank, Communicator(rank, topology.host_groups), max_call_s,
-                                heartbeat, sizes=sweep_sizes(parameters), algorithms=sweep_algorithms(setups))
-        for index in range(repeats):
+    del model
+    tensor_group, data_group = process_groups(layout, rank)
+    comm = Communicator(rank, topology.host_groups, {} if layout.tensor == 1 else
+                        {layout.tensor_group(rank): tensor_group, group: data_group})
+    # Rank 0's groups sweep; every other rank sweeps alike in a group of its own, whose calls are
+    # no-ops (runtime.comm.Communicator), so that the sweep's agreements over every rank line up.
+    def alone(ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ranks if 0 in ranks else (rank,)
+
+    sweeps = []
+    if layout.data > 1:
+        sweeps.append(CollectiveSweep(alone(group), topology, rank, comm, max_call_s, heartbeat,
+                                      sizes=sweep_sizes(parameters), algorithms=sweep_algorithms(setups)))
+    if layout.tensor > 1:
+        algorithms, sizes = tensor_parallel_sweep(scenario, setups)
+        sweeps.append(CollectiveSweep(alone(layout.tensor_group(rank)), topology, rank, comm, max_call_s, heartbeat,
+                                      sizes=sizes, algorithms=algorithms))
+    for index in range(repeats):
+        for sweep in sweeps:
             sweep.round(f"round {index + 1} of {repeats}")
-        sweep_rows = sweep.rows()
-    gathered = [None] * len(group) if rank == group[0] else None
-    dist.gather_object(rows, gathered, dst=group[0])
-    if rank != group[0]:
+    sweep_rows = [row for sweep in sweeps for row in sweep.rows()]  # rank 0's: it leads both groups
+    gathered = [None] * len(layout.ranks) if rank == 0 else None
+    dist.gather_object(rows, gathered, dst=0)
+    if rank != 0:
         return None
     pooled = defaultdict(list)
     for part in gathered:
@@ -281,15 +350,15 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
             pooled[tuple(row.get(k) for k in _KEYS)] += row["times"]
     merged = [{**{k: v for k, v in zip(_KEYS, key) if v is not None}, **stats(times)} for key, times in pooled.items()]
     merged += sweep_rows + context_rows(scenario_context(
-        scenario.name, topology, group, "fp32", cores=len(os.sched_getaffinity(0)),
+        scenario.name, topology, layout.ranks, "fp32", cores=len(os.sched_getaffinity(0)),
         backend=backend_context(), torch_version=torch.__version__))
     return profile_frame(merged)
 
 
 def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max_call_s: float = 1.0,
                        hang_timeout_s: float = 300.0, on_beat: Callable[[int, str], None] | None = None):
-    """``hetsim calibrate`` of a training scenario on this machine: one forked rank per
-    data-parallel rank (in the testbed's namespaces if ``testbed``). ``max_call_s``: the
+    """``hetsim calibrate`` of a training scenario on this machine: one forked rank per rank of
+    its layout, tensor x data (in the testbed's namespaces if ``testbed``). ``max_call_s``: the
     collective sweep stops growing a size once a call takes longer (s).
 
     Returns:
@@ -304,14 +373,14 @@ def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max
     from sim.topology import build_topology
 
     topology = build_topology(scenario.config.cluster)
-    group = data_parallel_ranks(scenario, topology)
+    layout = training_ranks(scenario, topology)
     for variant in scenario.config.variants:
-        TrainingSetup.of(scenario, variant, group)
-    placements, enter = placements_for(scenario, topology, group, testbed)
+        TrainingSetup.of_ranks(scenario, variant, layout)
+    placements, enter = placements_for(scenario, topology, layout.ranks, testbed)
 
     def body(rank: int, heartbeat):
         return calibrate_training_rank(scenario, topology, rank, repeats=repeats, device=torch.device("cpu"),
                                        max_call_s=max_call_s, heartbeat=heartbeat)
 
-    return launch(body, len(group), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter,
+    return launch(body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter,
                   on_beat=on_beat)[0]

@@ -57,17 +57,3 @@ def training_ranks(scenario, topology) -> TrainingRanks:
                                                  f"divide the {scenario.model.num_kv_heads} KV heads (got {tensor})")
     return TrainingRanks(tensor, data)
 
-
-def data_parallel_ranks(scenario, topology) -> tuple[int, ...]:
-    """The ranks of a training scenario's data-parallel group: the first ``parallel.data`` devices
-    (default: every device, as the simulator's :class:`sim.parallel.ParallelPlan` defaults it),
-    for what runs data parallelism only (the training calibration).
-
-    Raises:
-        ConfigError: on ``parallel.tensor`` above 1, or as :func:`training_ranks`.
-    """
-    ranks = training_ranks(scenario, topology)
-    if ranks.tensor != 1:
-        raise ConfigError("parallel.tensor", f"the training calibration runs data parallelism only (tensor 1) "
-                                             f"(got {ranks.tensor})")
-    return ranks.ranks

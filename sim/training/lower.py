@@ -69,6 +69,12 @@ _COMPRESSED_BYTES = 2  # fp16 and bf16
 _TP_ALGORITHM_DEFAULT = "ring"
 
 
+def tp_allreduce_algorithm(variant) -> str:
+    """The algorithm a variant's tensor-parallel allreduces are priced with: its ``allreduce``
+    (the inference variants' field), ring where it names none."""
+    return variant.allreduce or _TP_ALGORITHM_DEFAULT
+
+
 @dataclass(frozen=True)
 class Parameter:
     """One parameter tensor of a rank: its name and ``numel`` elements."""

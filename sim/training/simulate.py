@@ -46,14 +46,14 @@ from sim.cores import CorePool
 from sim.engine import Engine, SegmentResult
 from sim.metrics import RESULT_COLUMNS
 from sim.parallel import ParallelPlan
-from sim.profile import Profile
+from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario, Variant
 from sim.simulate import Pricing, build_pricing
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
 from sim.training.comm_thread import SharedCores, core_shares, schedule_steps, shared_cores
-from sim.training.step_compute import StepCompute, nearest_factors, pass_factors, pass_op_sums
-from sim.training.lower import StepShape, TrainingStep, lower_step
+from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors, pass_op_sums
+from sim.training.lower import StepShape, TrainingStep, lower_step, tp_allreduce_algorithm
 from sim.training.symmetry import replicas_identical
 from sim.training.metrics import step_metrics
 from sim.training_config import Averaging, TrainingSettings, micro_batching
@@ -268,20 +268,26 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         if profile is not None:
             if dtype not in factors:
                 device = topology.devices[ranks[0]]
+                tensor = calibrated_tensor(profile, plan.tensor)
                 factors[dtype], lines = pass_factors(profile, device, dtype, lambda m: pass_op_sums(
                     scenario.model.with_dtype(dtype), settings, m, config.workload.sequence_length, ranks[0],
-                    pricing.compute, device))
+                    pricing.compute, device, tensor), tensor)
                 step_terms += lines or [f"in-step passes on {device.spec.name} {dtype}: not calibrated (the ops' "
                                         "sum, x 1)"]
             engine.compute = StepCompute(pricing.compute, nearest_factors(factors[dtype], micro))
             if shared is not None:
                 engine.compute.message_work_s = shared.message_work_s[settings.allreduce == LIBRARY]
                 engine.compute.steps = _bucket_steps(engine, settings.allreduce, plan.replica_ranks)
-        tp_algorithm = variant.allreduce or "ring"
+        tp_algorithm = tp_allreduce_algorithm(variant)
         if tp_algorithm not in known_algorithms(OpKind.ALLREDUCE):
             raise ConfigError(f"{where}.allreduce", f"unknown allreduce algorithm for the tensor-parallel "
                                                    f"allreduces; known: {', '.join(known_algorithms(OpKind.ALLREDUCE))} "
                                                    f"(got {tp_algorithm!r})")
+        if profile is not None and plan.tensor > 1:
+            step_terms += [line for line in tensor_parallel_sources(profile, plan, topology, tp_algorithm, micro,
+                                                                     config.workload.sequence_length,
+                                                                     scenario.model.with_dtype(dtype))
+                           if line not in step_terms]
         shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
                           accumulation, plan.replica_ranks, tp_algorithm, comm_thread=shared is not None)
         try:
@@ -310,6 +316,34 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
                               calibrated_terms=tuple(sorted(calibrated)), extrapolated=tuple(sorted(extrapolated)),
                               network=next(iter(pricings.values())).choice,
                               step_terms=(*(shared.sources if shared is not None else ()), *step_terms))
+
+
+def tensor_parallel_sources(profile: Profile, plan: ParallelPlan, topology: Topology, algorithm: str, micro: int,
+                            sequence: int, model) -> list[str]:
+    """What prices a calibrated tensor-parallel step, one line each: which rows price the layer
+    ops (timed at the plan's shard, or at whole layers and scaled along the roofline,
+    :func:`sim.training.step_compute.calibrated_tensor`), and which ``collective`` rows price the
+    tensor-parallel allreduce of ``algorithm`` at the hidden state's size (``micro x sequence x
+    hidden`` elements of ``model``'s dtype, bytes) over the replica's ranks."""
+    tensor = calibrated_tensor(profile, plan.tensor)
+    rows = f"timed at tensor {tensor}" if tensor == plan.tensor else \
+        "of whole layers (tensor 1), scaled along the roofline to the shard"
+    lines = [f"tensor-parallel layer ops ({plan.tensor}-way shard): compute and backward rows {rows}"]
+    replica = plan.replica_ranks[0]
+    hosts = len(topology.host_groups(replica))
+    size = micro * sequence * model.hidden_size * model.dtype_bytes
+    sweep = profile.of(MeasurementKind.COLLECTIVE)
+    sweep = sweep[(sweep["op"] == str(OpKind.ALLREDUCE)) & (sweep["algorithm"] == algorithm)
+                  & (sweep["group_size"] == plan.tensor) & (sweep["num_hosts"] == hosts)]
+    what = f"tensor-parallel allreduce {algorithm} over {plan.tensor} ranks on {hosts} hosts at {size} bytes"
+    if sweep.empty:
+        lines.append(f"{what}: no collective rows, the network model")
+    else:
+        sizes = sweep["size_bytes"].astype(int)
+        within = "within" if sizes.min() <= size <= sizes.max() else "outside"
+        lines.append(f"{what}: collective rows at {len(sizes)} sizes, {sizes.min()} to {sizes.max()} bytes "
+                     f"({within} them{', the size itself timed' if (sizes == size).any() else ''})")
+    return lines
 
 
 def _bucket_steps(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...]):

@@ -12,6 +12,10 @@ size, :func:`sim.training.lower.lower_step`, on the same profile's rows), and
 :class:`StepCompute` multiplies every forward op (and recomputation) and every backward op by
 its pass's factor: from the calibration run alone, never from a validated measurement. Where the
 profile has no whole pass at a variant's dtype, the factor is 1 and named in ``missing``.
+
+With tensor parallelism the calibration times the passes of a rank's shard (rows whose
+``group_size`` is the degree T, :mod:`runtime.training.calibrate`); they are set against the
+shard's ops (:func:`calibrated_tensor` says which degree's rows price a scenario).
 """
 
 from __future__ import annotations
@@ -38,15 +42,27 @@ def op_pass(op: Op) -> OpKind | None:
     return OpKind.FORWARD if op.kind in _FORWARD_KINDS and op.collective is None else None
 
 
-def pass_factors(profile: Profile, device: Device, dtype: str, op_sums) -> tuple[dict[tuple[OpKind, int], float], list[str]]:
+def calibrated_tensor(profile: Profile, tensor: int) -> int:
+    """The tensor-parallel degree whose shards priced a scenario of degree ``tensor``: ``tensor``
+    where the profile has training rows (``training_pass``, ``backward_*``) timed at it, else 1
+    (whole layers, as a data-parallel calibration times them; the shard's ops are then priced
+    along the roofline from them, :class:`sim.calibrated.CalibratedCompute`)."""
+    for measurement in (MeasurementKind.TRAINING_PASS, MeasurementKind.BACKWARD_INPUT):
+        if (profile.of(measurement)["group_size"] == tensor).any():
+            return tensor
+    return 1
+
+
+def pass_factors(profile: Profile, device: Device, dtype: str, op_sums,
+                 tensor: int = 1) -> tuple[dict[tuple[OpKind, int], float], list[str]]:
     """Per (pass, micro-batch size) of the profile's ``training_pass`` rows on ``device``'s type in
-    ``dtype``: the measured pass over ``op_sums(micro)[pass]``, the sum of its ops as priced (s);
-    and one line per factor saying what it is. Charged with the statistic of the ops
-    (:data:`sim.calibrated.CHARGED`), so that the ratio is of like to like."""
+    ``dtype``, timed at the ``tensor``-way shard: the measured pass over ``op_sums(micro)[pass]``,
+    the sum of its ops as priced (s); and one line per factor saying what it is. Charged with the
+    statistic of the ops (:data:`sim.calibrated.CHARGED`), so that the ratio is of like to like."""
     from sim.calibrated import CHARGED
 
     rows = profile.of(MeasurementKind.TRAINING_PASS)
-    rows = rows[(rows["device_class"] == device.spec.name) & (rows["dtype"] == dtype)]
+    rows = rows[(rows["device_class"] == device.spec.name) & (rows["dtype"] == dtype) & (rows["group_size"] == tensor)]
     statistic = CHARGED[MeasurementKind.COMPUTE]
     factors, lines = {}, []
     for micro, of_micro in rows.groupby("batch_size", sort=True):
@@ -56,7 +72,8 @@ def pass_factors(profile: Profile, device: Device, dtype: str, op_sums) -> tuple
             measured, summed = float(getattr(row, statistic)), sums.get(kind, 0.0)
             if summed > 0 and measured > 0:
                 factors[(kind, int(micro))] = measured / summed
-                lines.append(f"in-step {kind.value} pass on {device.spec.name} {dtype} at micro batch {int(micro)}: "
+                shard = f" ({tensor}-way tensor-parallel shard)" if tensor > 1 else ""
+                lines.append(f"in-step {kind.value} pass{shard} on {device.spec.name} {dtype} at micro batch {int(micro)}: "
                              f"x {measured / summed:.2f} (whole pass {measured * 1e3:.1f} ms, its ops alone "
                              f"{summed * 1e3:.1f} ms)")
     return factors, lines
@@ -104,15 +121,17 @@ class StepCompute:
         return self.inner.reduce_s_per_byte(device)
 
 
-def pass_ops(model, settings, micro: int, sequence: int, rank: int = 0):
+def pass_ops(model, settings, micro: int, sequence: int, rank: int = 0, tensor: int = 1):
     """``(pass, op, instances)`` of every forward and backward op of one micro-batch of ``model``
-    (in its compute dtype) at ``micro`` sequences of ``sequence`` tokens on ``rank``, lowered as
-    the simulator runs it (:func:`sim.training.lower.lower_step`) without checkpointing or
-    communication: what a calibration's whole pass is set against."""
+    (in its compute dtype) at ``micro`` sequences of ``sequence`` tokens on ``rank`` (the first
+    of a ``tensor``-way tensor-parallel replica), lowered as the simulator runs it
+    (:func:`sim.training.lower.lower_step`) without checkpointing or communication: what a
+    calibration's whole pass is set against."""
     from sim.training.lower import StepShape, lower_step
 
     plain = settings.model_copy(update={"activation_checkpointing": None})
-    step = lower_step(StepShape(model, plain, micro, sequence, 1, ((rank,),)), sync_gradients=False,
+    replica = tuple(range(rank, rank + tensor))
+    step = lower_step(StepShape(model, plain, micro, sequence, 1, (replica,)), sync_gradients=False,
                       average_parameters=False)
     for part in step.segments:
         for op in part.segment.programs[rank]:
@@ -121,22 +140,23 @@ def pass_ops(model, settings, micro: int, sequence: int, rank: int = 0):
                 yield kind, op, part.segment.repeat
 
 
-def pass_op_sums(model, settings, micro: int, sequence: int, rank: int, compute, device: Device) -> dict[OpKind, float]:
-    """The sum of one micro-batch's forward ops and of its backward ops (s) on ``rank``
-    (:func:`pass_ops`), as ``compute`` prices them at one core's rate (its contention ``scale``
-    taken out, as the calibration's passes and ops were timed alike)."""
+def pass_op_sums(model, settings, micro: int, sequence: int, rank: int, compute, device: Device,
+                 tensor: int = 1) -> dict[OpKind, float]:
+    """The sum of one micro-batch's forward ops and of its backward ops (s) on ``rank`` of a
+    ``tensor``-way replica (:func:`pass_ops`), as ``compute`` prices them at one core's rate (its
+    contention ``scale`` taken out, as the calibration's passes and ops were timed alike)."""
     scale = getattr(compute, "scale", 1.0)
     sums: dict[OpKind, float] = {}
-    for kind, op, instances in pass_ops(model, settings, micro, sequence, rank):
+    for kind, op, instances in pass_ops(model, settings, micro, sequence, rank, tensor):
         sums[kind] = sums.get(kind, 0.0) + instances * compute.duration_s(op, device) / scale
     return sums
 
 
-def pass_costs(model, settings, micro: int, sequence: int) -> dict[OpKind, tuple[float, float]]:
-    """Per pass, (FLOPs, memory traffic in bytes) of its ops (:func:`pass_ops`), what a
-    calibration's ``training_pass`` row records."""
+def pass_costs(model, settings, micro: int, sequence: int, tensor: int = 1) -> dict[OpKind, tuple[float, float]]:
+    """Per pass, (FLOPs, memory traffic in bytes) of its ops on a rank of a ``tensor``-way
+    replica (:func:`pass_ops`), what a calibration's ``training_pass`` row records."""
     costs: dict[OpKind, tuple[float, float]] = {}
-    for kind, op, instances in pass_ops(model, settings, micro, sequence):
+    for kind, op, instances in pass_ops(model, settings, micro, sequence, tensor=tensor):
         flops, traffic = costs.get(kind, (0.0, 0.0))
         costs[kind] = (flops + instances * op.cost.flops, traffic + instances * op.traffic_bytes)
     return costs
