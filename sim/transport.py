@@ -192,7 +192,8 @@ class _TransportRun(_FlowRun):
       posts a step's receives on entering it; gloo's ``transport/tcp/pair.cc`` writes an
       unbound buffer's payload once the receiver's ``sendNotifyRecvReady`` has come). A rank
       that arrived at the collective before the last (``arrivals``: s relative to the last
-      arrival, which starts the run at 0) entered its first step then.
+      arrival, which starts the run at 0) entered its first step then (and every step that waits
+      for none of its others: gloo's ring posts its first two segments at once).
     * Where the sender is done on writing its payload (``sender_done_on_write``), its bytes
       flow first and travel the payload's latencies after: the sender goes on to its next step
       that much before the receiver has them.
@@ -213,8 +214,9 @@ class _TransportRun(_FlowRun):
         self.in_flight_s = [links.payload_latency_s(t.src, t.dst) for t in self.transfers]
 
     def _enter(self, rank: int, position: int) -> None:
-        # A rank that arrived early posted its first step's receives on arriving.
-        posted = self.now + (min(0.0, self.arrivals.get(rank, 0.0)) if position == 0 else 0.0)
+        # A rank that arrived early posted on arriving the receives of the steps that wait for none
+        # of its others: its first, and gloo's ring's first two segments.
+        posted = self.now + (min(0.0, self.arrivals.get(rank, 0.0)) if self.need[rank][position] == 0 else 0.0)
         for transfer in self.work[rank][position]:
             if self.transfers[transfer].dst == rank:
                 self.notice_at[transfer] = posted + self.notice_s[transfer]
