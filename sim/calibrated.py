@@ -412,8 +412,11 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
 # v4x1_bandwidth: 4 ranks on 2 cores), their mean. Point-to-point: 2.08 and 2.21 ms per message
 # in place (1.04 and 1.11 ms per rank beyond the cores); gloo's own allreduce, reduce and
 # broadcast, which wait inside one library call instead of returning to Python between messages:
-# 0.57 and 0.52 ms per step (0.29 and 0.26 ms per rank beyond the cores).
-GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.274e-3}
+# 0.98 and 0.94 ms per step at full contention (0.49 and 0.47 ms per rank beyond the cores), where
+# a step of gloo's ring is a round of its two segments in flight (:mod:`sim.collectives.gloo`):
+# its allreduce, reduce and broadcast now cost about the same per step (0.9-1.05 ms at 3 KiB, the
+# broadcasts 0.5-1.4 ms), where steps of one segment at a time gave 0.5 ms for the ring.
+GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.480e-3}
 CONTENTION_BOUND = 1.5  # a message is contention-bound where it costs this much more than its wire
 
 
@@ -434,18 +437,19 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     (:meth:`sim.transport._TransportLinks.floor_s` scales the floor by a step's busy ranks
     beyond the cores). Fitted on the calibrated cluster's collectives of that family timed in
     place at their smallest size: each call over its steps at full contention (each step
-    counted as its busy ranks beyond the cores over all ranks beyond them), where that is
+    counted as its busy ranks beyond the cores over all ranks beyond them; of steps a rank keeps
+    in flight together, gloo's ring's, those on the critical path), where that is
     :data:`CONTENTION_BOUND` times what the fitted transport terms give a message (else the
     links hid it), per rank beyond the cores. For gloo's own collectives the test is against
     the wire's latencies alone: their isolated sweep on fast links ran on the same shared cores,
     so the fitted per-message overhead already holds the contention and would hide it.
     Measured here with 4 ranks on 2 cores over links without delay: 2.1-2.2 ms per
-    point-to-point message, 0.5-0.6 ms per step of gloo's own allreduce, reduce and broadcast,
-    which wait inside the library. Scaled to the target's ranks beyond its cores (the
+    point-to-point message, 0.9-1.0 ms per step of gloo's own allreduce, reduce and broadcast,
+    which wait inside the library (a step of gloo's ring: a round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
     calibrated machine's cores where the scenario does not say); 0 where they do not outnumber
     them. Where no calibrated cluster's links let it show, the gloo/tcp default
     (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
-    from sim.transport import Transport, busy_ranks, context_topology
+    from sim.transport import Transport, busy_ranks, context_topology, steps_in_series
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
@@ -471,11 +475,11 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
             group = tuple(range(int(row.group_size)))
             if terms is None or calibrated_excess == 0 or len(group) > topology.num_ranks:
                 continue
-            busy = busy_ranks(build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
-                                             root=None if row.op == "allreduce" else 0,
-                                             host_groups=topology.host_groups(group)))
+            schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
+                                      root=None if row.op == "allreduce" else 0, host_groups=topology.host_groups(group))
             # steps at full contention: a step's share is its busy ranks beyond the cores
-            steps = sum(max(0, n - calibrated.cores) / calibrated_excess for n in busy)
+            steps = steps_in_series(schedule, [max(0, n - calibrated.cores) / calibrated_excess
+                                               for n in busy_ranks(schedule)])
             if steps <= 0:
                 continue
             per_message_s = float(getattr(row, CHARGED["collective_in_place"])) / steps

@@ -87,6 +87,11 @@ class Fabric:
         else:
             self._flow(route.id, size_bytes, on_arrival)
 
+    def flow(self, route: Route, size_bytes: float, on_arrival: Callable[[], None]) -> None:
+        """Let ``size_bytes`` flow over ``route`` from now, its latency already waited;
+        ``on_arrival()`` is called when they are in."""
+        self._flow(route.id, size_bytes, on_arrival)
+
     def _flow(self, route_id: int, size_bytes: float, on_arrival: Callable[[], None]) -> None:
         if size_bytes <= 0:
             on_arrival()
@@ -141,11 +146,25 @@ class _FabricRun(_ScheduleRun):
         self._begin()
 
     def _start(self, transfer: int) -> None:
-        self.fabric.issue(self.route[transfer], self.transfers[transfer].size_bytes,
-                          partial(self._on_arrival, transfer))
+        route, size_bytes = self.route[transfer], self.transfers[transfer].size_bytes
+        if not self.in_order or size_bytes <= 0:
+            self.fabric.issue(route, size_bytes, partial(self._on_arrival, transfer))
+        elif route.latency_s > 0:
+            self.env.timeout(route.latency_s).callbacks.append(partial(self._on_latency_over, transfer))
+        else:
+            self._latency_over(transfer)
+
+    def _on_latency_over(self, transfer: int, _event: simpy.Event) -> None:
+        self.now = self.env.now - self.start_s
+        self._latency_over(transfer)
+
+    def _flow(self, transfer: int) -> None:
+        self.fabric.flow(self.route[transfer], self.transfers[transfer].size_bytes, partial(self._on_arrival, transfer))
 
     def _on_arrival(self, transfer: int) -> None:
         self.now = self.env.now - self.start_s
+        if self.in_order and self.transfers[transfer].size_bytes > 0:
+            self._flowed(transfer)
         self._arrived(transfer)
 
     def _reduce_until(self, time_s: float, transfer: int) -> None:
@@ -153,7 +172,7 @@ class _FabricRun(_ScheduleRun):
 
     def _on_reduced(self, transfer: int, _event: simpy.Event) -> None:
         self.now = self.env.now - self.start_s
-        self._complete(self.transfers[transfer].dst)
+        self._complete(self.transfers[transfer].dst, transfer)
 
     def _done(self, rank: int) -> None:
         extra = self.extra_s.get(rank, 0.0)

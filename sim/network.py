@@ -8,6 +8,11 @@ Dependency semantics, identical in every model:
   reduce-transfer when the receiver has also added the bytes, see below).
 * A transfer of step k starts at ``max(ready_k(src), ready_k(dst))``: steps order each rank's
   work, they are not barriers across the group.
+* Where the schedule lets a rank keep steps in flight (``CommSchedule.in_flight``, gloo's ring:
+  2), ready_k waits only for the rank's steps ``<= k - in_flight[k]`` (and its entering step
+  k - 1); the messages of one pair of ranks then move their bytes one at a time, in the order
+  their latencies end (one TCP connection per pair, whose ops gloo's ``transport/tcp/pair.cc``
+  writes in order), where a step waiting for the ones before never has two under way.
 * A rank adds received reduce-transfers one at a time, in order of arrival (ties in schedule
   order); each reduction starts when its bytes have arrived and the previous one is done, and
   takes ``gamma(rank) x size_bytes``.
@@ -44,7 +49,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -198,26 +203,40 @@ class _ScheduleRun:
         self.links = links
         self.transfers = [t for step in schedule.steps for t in step]
         self.route = [links.get(t.src, t.dst) for t in self.transfers]
-        # Each rank's work: the transfer ids of each step it takes part in, in step order.
+        # Each rank's work: the transfer ids of each step it takes part in, in step order; and
+        # where each transfer sits in its sender's and its receiver's work.
         by_step: dict[int, dict[int, list[int]]] = {rank: {} for rank in schedule.group}
+        self.at_src, self.at_dst = [], []
         i = 0
         for k, step in enumerate(schedule.steps):
             for t in step:
-                by_step[t.src].setdefault(k, []).append(i)
-                by_step[t.dst].setdefault(k, []).append(i)
+                for rank, at in ((t.src, self.at_src), (t.dst, self.at_dst)):
+                    steps = by_step[rank]
+                    if k not in steps:
+                        steps[k] = []
+                    steps[k].append(i)
+                    at.append(len(steps) - 1)
                 i += 1
         self.work = {rank: list(steps.values()) for rank, steps in by_step.items()}
-        self.position = dict.fromkeys(schedule.group, 0)
-        self.pending = {rank: len(work[0]) if work else 0 for rank, work in self.work.items()}
+        # need[rank][j]: how many of the rank's first steps must be complete before it enters its
+        # j-th, by the schedule's in_flight (j itself where a step waits for all earlier ones).
+        self.need = {rank: _needs(list(steps), schedule) for rank, steps in by_step.items()}
+        self.pending = {rank: [len(transfers) for transfers in work] for rank, work in self.work.items()}
+        self.entered = dict.fromkeys(schedule.group, 0)  # how many of its steps each rank entered
+        self.completed = dict.fromkeys(schedule.group, 0)  # how many of its first steps are complete
         self.endpoints_ready = [0] * len(self.transfers)
         self.finish = dict.fromkeys(schedule.group, 0.0)
         self.reducer_free = dict.fromkeys(schedule.group, 0.0)
         self.now = 0.0
+        # Where ranks keep steps in flight, a pair's messages move their bytes one at a time:
+        # (src, dst) -> the transfers waiting behind the one whose bytes are flowing.
+        self.in_order = schedule.overlapping
+        self.connections: dict[tuple[int, int], deque[int]] = {}
 
     def _begin(self) -> None:
         for rank, work in self.work.items():
             if work:
-                self._enter(rank)
+                self._advance(rank)
             else:
                 self._done(rank)
 
@@ -227,28 +246,66 @@ class _ScheduleRun:
     def _reduce_until(self, time_s: float, transfer: int) -> None:
         raise NotImplementedError
 
+    def _flow(self, transfer: int) -> None:
+        """Let the bytes of ``transfer`` (not empty) flow from ``now``."""
+        raise NotImplementedError
+
     def _done(self, rank: int) -> None:
         """Called once ``rank`` has finished all its work (at ``now``); nothing by default."""
 
-    def _enter(self, rank: int) -> None:
-        for transfer in self.work[rank][self.position[rank]]:
+    def _latency_over(self, transfer: int) -> None:
+        """The bytes of ``transfer`` (not empty) may flow: now, or once those its pair sent
+        before have, where ranks keep steps in flight (module docstring)."""
+        if self.in_order:
+            t = self.transfers[transfer]
+            waiting = self.connections.get((t.src, t.dst))
+            if waiting is not None:
+                waiting.append(transfer)
+                return
+            self.connections[(t.src, t.dst)] = deque()
+        self._flow(transfer)
+
+    def _flowed(self, transfer: int) -> None:
+        """The bytes of ``transfer`` (not empty) are through: its pair's next message may flow."""
+        if self.in_order:
+            t = self.transfers[transfer]
+            waiting = self.connections[(t.src, t.dst)]
+            if waiting:
+                self._flow(waiting.popleft())
+            else:
+                del self.connections[(t.src, t.dst)]
+
+    def _advance(self, rank: int) -> None:
+        """Enter every step of ``rank`` that its completed steps now allow, in order."""
+        need, count = self.need[rank], len(self.work[rank])
+        while self.entered[rank] < count and need[self.entered[rank]] <= self.completed[rank]:
+            self.entered[rank] += 1
+            self._enter(rank, self.entered[rank] - 1)
+
+    def _enter(self, rank: int, position: int) -> None:
+        for transfer in self.work[rank][position]:
             self.endpoints_ready[transfer] += 1
             if self.endpoints_ready[transfer] == 2:
                 self._start(transfer)
 
-    def _complete(self, rank: int) -> None:
-        self.pending[rank] -= 1
-        if self.pending[rank] == 0:
-            self.finish[rank] = self.now
-            self.position[rank] += 1
-            if self.position[rank] < len(self.work[rank]):
-                self.pending[rank] = len(self.work[rank][self.position[rank]])
-                self._enter(rank)
-            else:
-                self._done(rank)
+    def _complete(self, rank: int, transfer: int) -> None:
+        """One of ``rank``'s parts in ``transfer`` (sending or receiving) is complete, at ``now``."""
+        pending = self.pending[rank]
+        pending[self.at_src[transfer] if self.transfers[transfer].src == rank else self.at_dst[transfer]] -= 1
+        completed = self.completed[rank]
+        if pending[completed]:
+            return
+        while completed < len(pending) and not pending[completed]:
+            completed += 1
+        self.completed[rank] = completed
+        self.finish[rank] = self.now
+        if completed < len(pending):
+            self._advance(rank)
+        else:
+            self._done(rank)
 
     def _arrived(self, transfer: int) -> None:
-        self._complete(self.transfers[transfer].src)
+        self._complete(self.transfers[transfer].src, transfer)
         self._delivered(transfer)
 
     def _delivered(self, transfer: int) -> None:
@@ -258,7 +315,15 @@ class _ScheduleRun:
             self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.links.gamma[t.dst] * t.size_bytes
             self._reduce_until(self.reducer_free[t.dst], transfer)
         else:
-            self._complete(t.dst)
+            self._complete(t.dst, transfer)
+
+
+def _needs(steps: list[int], schedule: CommSchedule) -> list[int]:
+    """For a rank taking part in ``steps`` (schedule step indices, ascending) of ``schedule``: how
+    many of its first steps must be complete before it enters each (``CommSchedule.in_flight``)."""
+    if not schedule.overlapping:
+        return list(range(len(steps)))
+    return [bisect.bisect_right(steps, k - schedule.window(k)) for k in steps]
 
 
 class AlphaBetaNetwork:
@@ -287,8 +352,9 @@ class AlphaBetaNetwork:
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule``; O(number of transfers x path length). ``call`` is ignored."""
         capacity, gamma = self.links.capacity, self.links.gamma
-        ready = dict.fromkeys(schedule.group, 0.0)
-        for step in schedule.steps:
+        clock = _StepClock(schedule)
+        for k, step in enumerate(schedule.steps):
+            ready = clock.enter(k, step)
             routes = [self.links.get(t.src, t.dst) for t in step]
             load = Counter(c for t, route in zip(step, routes) if t.size_bytes for c in route.channels)
             done: dict[int, float] = {}
@@ -307,8 +373,8 @@ class AlphaBetaNetwork:
                 finish = max(end, reducer_free.get(dst, end)) + gamma[dst] * size
                 reducer_free[dst] = finish
                 done[dst] = max(done.get(dst, 0.0), finish)
-            ready.update(done)
-        return _timing(ready)
+            clock.leave(k, done)
+        return _timing(clock.finish())
 
 
 class FlowNetwork:
@@ -349,9 +415,10 @@ def fluid_lower_bound_s(schedule: CommSchedule, links: Links) -> float:
     O(transfers x path length): the larger of the schedule's critical path of route latencies
     alone and the busiest channel's bytes over its capacity (max-min rates never exceed a
     channel's capacity)."""
-    ready = dict.fromkeys(schedule.group, 0.0)
+    clock = _StepClock(schedule)
     carried: dict[int, int] = {}
-    for step in schedule.steps:
+    for k, step in enumerate(schedule.steps):
+        ready = clock.enter(k, step)
         done: dict[int, float] = {}
         for t in step:
             route = links.get(t.src, t.dst)
@@ -360,9 +427,47 @@ def fluid_lower_bound_s(schedule: CommSchedule, links: Links) -> float:
                 carried[channel] = carried.get(channel, 0) + t.size_bytes
             done[t.src] = max(done.get(t.src, 0.0), end)
             done[t.dst] = max(done.get(t.dst, 0.0), end)
-        ready.update(done)
+        clock.leave(k, done)
     busiest = max((size / links.capacity[channel] for channel, size in carried.items()), default=0.0)
-    return max(max(ready.values(), default=0.0), busiest)
+    return max(max(clock.finish().values(), default=0.0), busiest)
+
+
+class _StepClock:
+    """When each rank enters each step of a schedule priced one step after the other (the
+    dependency semantics of the module docstring, ``CommSchedule.in_flight`` included): a rank
+    enters step k once it entered its previous step and its steps ``<= k - in_flight[k]`` are done."""
+
+    def __init__(self, schedule: CommSchedule):
+        self.schedule = schedule
+        self.entered = dict.fromkeys(schedule.group, 0.0)  # when each rank entered its latest step
+        # per rank: (step, latest end of its steps up to that one), in step order
+        self.done: dict[int, list[tuple[int, float]]] = {rank: [] for rank in schedule.group}
+        self.ready: dict[int, float] = {}
+
+    def enter(self, k: int, step) -> dict[int, float]:
+        """When each rank of step ``k`` (its transfers ``step``) enters it (s); other ranks unset."""
+        last_allowed = k - self.schedule.window(k)
+        ready = self.ready = {}
+        for t in step:
+            for rank in (t.src, t.dst):
+                if rank not in ready:
+                    history = self.done[rank]
+                    index = len(history) - 1
+                    while index >= 0 and history[index][0] > last_allowed:
+                        index -= 1
+                    ready[rank] = max(self.entered[rank], history[index][1]) if index >= 0 else self.entered[rank]
+        return ready
+
+    def leave(self, k: int, done: Mapping[int, float]) -> None:
+        """Record the end (s) of each rank's part in step ``k``."""
+        for rank, end in done.items():
+            history = self.done[rank]
+            self.entered[rank] = self.ready[rank]
+            history.append((k, max(end, history[-1][1]) if history else end))
+
+    def finish(self) -> dict[int, float]:
+        """When each rank is done (s; 0 for a rank in no step)."""
+        return {rank: history[-1][1] if history else 0.0 for rank, history in self.done.items()}
 
 
 class _FlowRun(_ScheduleRun):
@@ -411,15 +516,16 @@ class _FlowRun(_ScheduleRun):
                 if not flows:
                     del self.on_route[route_id]
             for f in ended:
+                self._flowed(f)
                 self._arrived(f)
             while events and events[0][0] <= horizon:
                 _, _, kind, f = heapq.heappop(events)
                 if kind == self._REDUCED:
-                    self._complete(self.transfers[f].dst)
+                    self._complete(self.transfers[f].dst, f)
                 elif kind == self._DELIVERED:  # a subclass's payload, in flight after its sender was done
                     self._delivered(f)
                 elif self.transfers[f].size_bytes:
-                    self.starting.append(f)
+                    self._latency_over(f)
                 else:
                     self._arrived(f)
             if ended or self.starting:
@@ -445,6 +551,9 @@ class _FlowRun(_ScheduleRun):
             end[f] = finish = now + self.transfers[f].size_bytes / by_route[route_id]
             heapq.heappush(ends, (finish, f))
         self.starting = []
+
+    def _flow(self, transfer: int) -> None:
+        self.starting.append(transfer)
 
     def _push(self, time: float, kind: int, transfer: int) -> None:
         heapq.heappush(self.events, (time, self.sequence, kind, transfer))

@@ -48,7 +48,7 @@ from sim.cluster_config import ClusterConfig
 from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.context import CalibrationContext, LinkClass
-from sim.network import CollectiveTiming, Links, _FlowRun, fluid_lower_bound_s
+from sim.network import CollectiveTiming, Links, _FlowRun, _StepClock, fluid_lower_bound_s
 from sim.topology import Topology, build_topology
 
 IDENTIFIABLE_DELAY_S = 1e-3
@@ -162,6 +162,25 @@ def busy_ranks(schedule: CommSchedule) -> list[int]:
     return [len({rank for t in step for rank in (t.src, t.dst)}) for step in schedule.steps]
 
 
+def steps_in_series(schedule: CommSchedule, weights: list[float]) -> float:
+    """How many of ``schedule``'s steps, step k counting ``weights[k]``, a run goes through one
+    after the other: all of them, where its steps wait for the ones before (their sum); where a
+    rank keeps several in flight (``CommSchedule.in_flight``), the weighted length of its
+    critical path, every transfer of step k lasting ``weights[k]`` once both its ends entered it."""
+    if not schedule.overlapping:
+        return sum(weights)
+    clock = _StepClock(schedule)
+    for k, (step, weight) in enumerate(zip(schedule.steps, weights)):
+        ready = clock.enter(k, step)
+        done: dict[int, float] = {}
+        for t in step:
+            end = max(ready[t.src], ready[t.dst]) + weight
+            done[t.src] = max(done.get(t.src, 0.0), end)
+            done[t.dst] = max(done.get(t.dst, 0.0), end)
+        clock.leave(k, done)
+    return max(clock.finish().values(), default=0.0)
+
+
 class _TransportRun(_FlowRun):
     """A flow-model pricing with the transport terms' rendezvous and contention floor.
 
@@ -173,7 +192,8 @@ class _TransportRun(_FlowRun):
       posts a step's receives on entering it; gloo's ``transport/tcp/pair.cc`` writes an
       unbound buffer's payload once the receiver's ``sendNotifyRecvReady`` has come). A rank
       that arrived at the collective before the last (``arrivals``: s relative to the last
-      arrival, which starts the run at 0) entered its first step then.
+      arrival, which starts the run at 0) entered its first step then (and every step that waits
+      for none of its others: gloo's ring posts its first two segments at once).
     * Where the sender is done on writing its payload (``sender_done_on_write``), its bytes
       flow first and travel the payload's latencies after: the sender goes on to its next step
       that much before the receiver has them.
@@ -193,13 +213,14 @@ class _TransportRun(_FlowRun):
         self.notice_at = [0.0] * len(self.transfers)  # when each receiver's notice reaches its sender
         self.in_flight_s = [links.payload_latency_s(t.src, t.dst) for t in self.transfers]
 
-    def _enter(self, rank: int) -> None:
-        # A rank that arrived early posted its first step's receives on arriving.
-        posted = self.now + (min(0.0, self.arrivals.get(rank, 0.0)) if self.position[rank] == 0 else 0.0)
-        for transfer in self.work[rank][self.position[rank]]:
+    def _enter(self, rank: int, position: int) -> None:
+        # A rank that arrived early posted on arriving the receives of the steps that wait for none
+        # of its others: its first, and gloo's ring's first two segments.
+        posted = self.now + (min(0.0, self.arrivals.get(rank, 0.0)) if self.need[rank][position] == 0 else 0.0)
+        for transfer in self.work[rank][position]:
             if self.transfers[transfer].dst == rank:
                 self.notice_at[transfer] = posted + self.notice_s[transfer]
-        super()._enter(rank)
+        super()._enter(rank, position)
 
     def _start(self, transfer: int) -> None:
         route = self.route[transfer]
@@ -213,7 +234,7 @@ class _TransportRun(_FlowRun):
     def _arrived(self, transfer: int) -> None:
         if not self.in_flight_s[transfer]:
             return super()._arrived(transfer)
-        self._complete(self.transfers[transfer].src)  # written: the sender goes on
+        self._complete(self.transfers[transfer].src, transfer)  # written: the sender goes on
         self._push(self.now + self.in_flight_s[transfer], self._DELIVERED, transfer)
 
 
@@ -464,12 +485,14 @@ class TransportDefault:
     sender_done_on_write: bool = False
 
 
-# gloo over TCP: gloo's own collectives (``library``) are modelled with their extra round of
-# messages in their schedule (:mod:`sim.collectives.gloo`), so one latency per message; a
-# point-to-point isend/irecv pays the rendezvous, two (the module docstring). With these counts
+# gloo over TCP: gloo's own collectives (``library``) pay one latency per message, plus the
+# receiver's ready notice for those whose messages rendezvous (:data:`RENDEZVOUS_LIBRARY_KINDS`:
+# all three, :func:`default_terms`); a point-to-point isend/irecv pays the rendezvous, two (the
+# module docstring). With these counts
 # the overheads fitted on the six shipped profiles (``validation/report/profiles``,
 # ``validation/holdout-report/profiles``: 2-core VM, torch 2.13.0, links of 0.05-5 ms) have
-# medians of 0.3 ms (library) and 0.5 ms (point to point) and bandwidth efficiencies of 1.0.
+# medians of 0.3 ms (library) and 0.5 ms (point to point) and bandwidth efficiencies of 1.0
+# (gloo's allreduce as its ring of two segments in flight, with the notice: a median of 0.29 ms).
 # NCCL: the Ring / Simple protocol's latencies of NCCL's own tuning model (NVIDIA/nccl
 # ``src/graph/tuning.cc``, ``baseLat`` 8.4 us per call and ``hwLat`` per hop: NVLink 3.4 us,
 # PCI 5.7 us, NET 14.0 us), one per message; NCCL's collectives and point-to-point alike.
@@ -493,7 +516,11 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 # receivers posted long before the root came (it computed what it sends), so the root writes at once
 # and leaves (0.3-1.4 ms in place over 3-5 ms links). Its default and fitted terms carry the notice
 # (:func:`default_terms`), and a run prices it by the ranks' arrivals.
-RENDEZVOUS_LIBRARY_KINDS = frozenset({"broadcast"})
+# gloo's ring allreduce and reduce (:mod:`sim.collectives.gloo`) send unbound buffers too: each
+# segment's payload waits for its receiver's notice, posted when the receiver reaches that
+# segment's iteration, two segments in flight; timed alone over 5 ms links that is 4(p-1) one-way
+# latencies, the notice and the payload of 2(p-1) rounds.
+RENDEZVOUS_LIBRARY_KINDS = frozenset({"allreduce", "broadcast", "reduce"})
 
 
 def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP, kind: str | None = None) -> TransportTerms:

@@ -419,11 +419,12 @@ def test_library_is_gloos_algorithm_under_its_own_name():
 
     for p in (2, 3, 4, 5):
         group = tuple(range(p))
-        for kind, latencies in ((OpKind.ALLREDUCE, 4 * (p - 1)), (OpKind.REDUCE, 2 * (p - 1) + 1),
-                                (OpKind.BROADCAST, math.ceil(math.log2(p)))):
+        # gloo's loops at two segments per rank: 2(p-1) iterations per ring pass, the reduce's gather
+        for kind, steps in ((OpKind.ALLREDUCE, 4 * (p - 1)), (OpKind.REDUCE, 2 * (p - 1) + 1),
+                            (OpKind.BROADCAST, math.ceil(math.log2(p)))):
             schedule = build_schedule(kind, LIBRARY, group, 4096, root=0)
             assert schedule.algorithm == LIBRARY
-            assert schedule.num_steps == latencies  # measured here: gloo's small allreduce ~ 4(p-1) latencies
+            assert schedule.num_steps == steps
             inputs = {r: np.arange(4096, dtype=np.int64) * (r + 1) for r in group}
             out = execute(schedule, inputs)
             total = sum(inputs.values())
@@ -433,3 +434,28 @@ def test_library_is_gloos_algorithm_under_its_own_name():
                 assert np.array_equal(out[0], total)
             else:
                 assert all(np.array_equal(out[r], inputs[0]) for r in group)
+
+
+def test_gloos_ring_keeps_two_segments_in_flight_and_cuts_large_buffers_into_segments_of_at_most_1_mib():
+    from sim.collectives.gloo import MAX_SEGMENT_BYTES
+    from sim.collectives.registry import LIBRARY
+    from sim.collectives.schedule import execute
+
+    p, n = 3, 10 * MAX_SEGMENT_BYTES + 24  # gloo/allreduce.cc: ceil(n / 1 MiB) = 11 -> 12 segments, 4 a rank
+    group = (5, 2, 7)
+    allreduce = build_schedule(OpKind.ALLREDUCE, LIBRARY, group, n)
+    assert allreduce.num_steps == 2 * 4 * (p - 1)
+    # each loop's first iteration waits for everything before it, the others keep two under way
+    assert allreduce.in_flight == (1, 2, 2, 2, 2, 2, 2, 2) * 2
+    assert max(t.size_bytes for t in allreduce.transfers()) <= MAX_SEGMENT_BYTES
+    # member j sends to member j - 1, as gloo's rank does to rank - 1
+    assert {(t.src, t.dst) for t in allreduce.transfers()} == {(5, 7), (2, 5), (7, 2)}
+    reduce = build_schedule(OpKind.REDUCE, LIBRARY, group, n, root=2)
+    assert reduce.num_steps == 12 - 2 + 1  # the source's loop issues numSegments - 2 iterations
+    assert all(t.dst == 2 for t in reduce.steps[-1]) and reduce.in_flight[-1] == 1
+    inputs = {r: np.arange(n, dtype=np.int64) * (r + 1) for r in group}
+    total = sum(inputs.values())
+    assert all(np.array_equal(buffer, total) for buffer in execute(allreduce, inputs).values())
+    assert np.array_equal(execute(reduce, inputs)[2], total)
+    # nothing to send, nothing sent (both return at once on zero elements)
+    assert build_schedule(OpKind.ALLREDUCE, LIBRARY, group, 0).num_steps == 0

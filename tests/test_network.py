@@ -10,7 +10,8 @@ from sim.cluster_config import ClusterConfig
 from sim.collectives.closed_form import closed_form_time_s, two_level_time_s
 from sim.collectives.registry import ALGORITHMS, build_schedule
 from sim.collectives.schedule import CommSchedule, Transfer
-from sim.network import NETWORK_MODELS, AlphaBetaNetwork, CollectivePricer, CollectiveTiming, FlowNetwork, channel_bytes
+from sim.network import (NETWORK_MODELS, AlphaBetaNetwork, CollectivePricer, CollectiveTiming, FlowNetwork, channel_bytes,
+                         fluid_lower_bound_s)
 from sim.topology import build_topology
 
 LINK_BYTES_PER_S, LINK_LATENCY_S = 125e6, 500e-6  # 1 Gbit/s, 0.5 ms
@@ -298,3 +299,68 @@ def test_flow_lower_bound_never_exceeds_the_time_so_auto_skips_exactly(size, nic
             assert network.lower_bound_s(schedule) <= durations[name] * (1 + 1e-12)
         best = min(durations.values())
         assert pricer.price(kind, "auto", group, size, root)[0] == min(n for n, d in durations.items() if d == best)
+
+
+# --- steps in flight: gloo's ring keeps two segments under way -------------------------------
+
+
+def test_gloos_ring_costs_its_latencies_plus_one_n_over_b_where_a_segment_outlasts_no_latency():
+    """4 ranks, S = 2 segments of n/8 each; each one's bytes (0.8 ms) take less than a message's
+    latency (1 ms). Each segment chain waits a latency and its own bytes per round, 2(p-1) rounds;
+    the other chain's bytes, one segment behind on the same connections, flow during these
+    latencies: 2(p-1) alpha + n/B, where a step-by-step schedule pays 2(p-1)/p n/B = 1.5 n/B."""
+    p, n = 4, 800_000
+    topology = box(p)
+    alpha, n_over_b = 2 * LINK_LATENCY_S, n / LINK_BYTES_PER_S
+    schedule = build_schedule(OpKind.ALLREDUCE, "library", tuple(range(p)), n)
+    assert schedule.bytes_sent_per_rank() == dict.fromkeys(range(p), 2 * (p - 1) * n // p)
+    assert set(schedule.in_flight) == {1, 2} and schedule.num_steps == 4 * (p - 1)
+    timing = FlowNetwork(topology).time(schedule)
+    assert timing.duration_s == pytest.approx(2 * (p - 1) * alpha + n_over_b, rel=1e-9)
+    assert fluid_lower_bound_s(schedule, FlowNetwork(topology).links) <= timing.duration_s
+    # where a segment's bytes outlast a latency the links never idle: 2(p-1)/p n/B and the latencies
+    large = 16 * 2**20
+    timing = FlowNetwork(topology).time(build_schedule(OpKind.ALLREDUCE, "library", tuple(range(p)), large))
+    assert 1.5 * large / LINK_BYTES_PER_S < timing.duration_s < 1.5 * large / LINK_BYTES_PER_S + 4 * (p - 1) * alpha
+
+
+def _in_flight(*steps, windows):
+    return CommSchedule(OpKind.BROADCAST, "test", (0, 1, 2), 0, 10**6, steps, windows)
+
+
+@pytest.mark.parametrize("model", [AlphaBetaNetwork, FlowNetwork])
+def test_a_step_in_flight_starts_before_the_earlier_ones_are_done_and_waits_for_those_before_its_window(model):
+    topology = box(3)
+    alpha = 2 * LINK_LATENCY_S
+    big, small = 500_000 / LINK_BYTES_PER_S, 10**5 / LINK_BYTES_PER_S
+    # rank 0 receives the first half of the buffer and sends from the second
+    steps = ((Transfer(1, 0, 500_000, False),), (Transfer(0, 2, 10**5, False, 500_000),),
+             (Transfer(0, 2, 10**5, False, 600_000),))
+    timing = model(topology).time(_in_flight(*steps, windows=(1, 2, 2)))
+    # step 1 leaves at once, beside step 0; step 2 waits for step 0, two steps back, not for step 1
+    assert timing.finish_s[1] == pytest.approx(alpha + big)
+    assert timing.finish_s[0] == pytest.approx(timing.finish_s[2]) == pytest.approx(2 * alpha + big + small)
+    in_order = model(topology).time(_in_flight(*steps, windows=(1, 1, 1)))
+    assert in_order.duration_s == pytest.approx(3 * alpha + big + 2 * small)
+    assert in_order.duration_s == model(topology).time(CommSchedule(OpKind.BROADCAST, "test", (0, 1, 2), 0, 10**6,
+                                                                     steps)).duration_s
+
+
+def test_messages_in_flight_between_one_pair_move_their_bytes_one_after_the_other():
+    """Two 1 MB messages from 0 to 1 in flight together: the first is in after one wire time, not
+    two (sharing), so rank 1 enters step 2 (which waits for step 0 only) a wire time earlier."""
+    topology = box(3)
+    alpha, wire = 2 * LINK_LATENCY_S, 10**6 / LINK_BYTES_PER_S
+    steps = ((Transfer(0, 1, 10**6, False),), (Transfer(0, 1, 10**6, False),), (Transfer(1, 2, 0, False),))
+    timing = FlowNetwork(topology).time(_in_flight(*steps, windows=(1, 2, 2)))
+    assert timing.finish_s[2] == pytest.approx(2 * alpha + wire)
+    assert timing.finish_s[1] == pytest.approx(alpha + 2 * wire)
+
+
+def test_a_step_in_flight_may_not_send_bytes_it_receives_in_a_step_still_under_way():
+    with pytest.raises(ValueError, match="sends bytes received there"):
+        _in_flight((Transfer(1, 0, 10**6, False),), (Transfer(0, 2, 10**6, False),), windows=(1, 2))
+    with pytest.raises(ValueError, match="in_flight"):
+        _in_flight((Transfer(1, 0, 10**6, False),), windows=(1, 2))
+    # the same steps waiting for each other are fine
+    assert _in_flight((Transfer(1, 0, 10**6, False),), (Transfer(0, 2, 10**6, False),), windows=(1, 1)).num_steps == 2

@@ -353,3 +353,21 @@ def test_ranks_idle_at_a_segments_start_have_posted_the_receive_of_its_first_col
     root_start = float(first.loc[0, "start_s"])
     for rank in (1, 2):  # one binomial step each over 3 ranks: (0 -> 2), then (0 -> 1)
         assert float(first.loc[rank, "end_s"]) - root_start < latency_s + 1.5e-3
+
+
+def test_a_rank_arriving_early_at_gloos_ring_has_posted_both_of_its_first_segments():
+    """gloo's ring posts the receives of its first two segments at once (gloo/allreduce.cc): a rank
+    that arrived a latency early has sent both notices, so both of its first payloads come a
+    latency after the last rank arrives, it enters the allgather then and finishes a latency
+    before that rank (rendezvous terms without overhead; 32 bytes, whose wire time is negligible)."""
+    from sim.collectives.registry import build_schedule
+    from sim.transport import TransportNetwork
+
+    topology = _three_hosts()
+    latency_s = topology.path_latency_s(0, 1)
+    schedule = build_schedule("allreduce", "library", (0, 1), 32)
+    network = TransportNetwork(topology, None, {}, _gloo_point_to_point())
+    together = network.time(schedule)
+    assert dict(together.finish_s) == pytest.approx({0: 4 * latency_s, 1: 4 * latency_s}, abs=1e-5)
+    early = network.time(schedule, arrivals={0: 0.0, 1: -latency_s})
+    assert dict(early.finish_s) == pytest.approx({0: 4 * latency_s, 1: 3 * latency_s}, abs=1e-5)

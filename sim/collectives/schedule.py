@@ -18,7 +18,11 @@ execute it with isend/irecv):
   buffer holds the root's input. :func:`execute` is the executable reference of these semantics.
 
 Steps order each rank's work; they are not global barriers: a network model lets a rank begin
-step k as soon as its own transfers of the earlier steps are done (see :mod:`sim.network`).
+step k as soon as its own transfers of the earlier steps are done (see :mod:`sim.network`). A
+schedule may let a rank keep several of its steps in flight (``in_flight``): gloo's ring posts the
+send and receive of segment i + 2 once those of segment i are done, while segment i + 1's are
+still under way (gloo ``gloo/allreduce.cc``, ``gloo/reduce.cc``). Such overlap never changes the
+data: a step that may overlap earlier ones sends no range its sender receives in them (checked).
 """
 
 from __future__ import annotations
@@ -65,10 +69,16 @@ class CommSchedule:
         root: the root of a reduce or broadcast; None for allreduce.
         size_bytes: n, the buffer size of every rank (bytes).
         steps: ``steps[k]`` holds the transfers of step k; see the module docstring.
+        in_flight: for each step k, how many steps a rank may have under way when it enters step
+            k, step k included: it enters once it has entered its earlier steps and completed
+            its transfers of steps ``<= k - in_flight[k]``. 1 (the default, spelled ``()``)
+            waits for all earlier steps; gloo's ring keeps 2 (:mod:`sim.collectives.gloo`).
 
     Raises:
         ValueError: a rank outside ``group``, a transfer to itself, a range outside the buffer, a
-            root outside the group, or a copy overlapping another range received in its step.
+            root outside the group, a copy overlapping another range received in its step,
+            ``in_flight`` not one entry >= 1 per step, or a step that may overlap an earlier one
+            sending a range its sender receives in that earlier step.
     """
 
     kind: OpKind
@@ -77,6 +87,7 @@ class CommSchedule:
     root: int | None
     size_bytes: int
     steps: tuple[tuple[Transfer, ...], ...]
+    in_flight: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         members = set(self.group)
@@ -102,6 +113,20 @@ class CommSchedule:
                 # one receive overlaps nothing, and reduce-transfers may overlap each other
                 if len(incoming) > 1 and not all(t.reduce for t in incoming):
                     _check_no_copy_overlap(index, incoming)
+        if self.in_flight:
+            if len(self.in_flight) != len(self.steps) or min(self.in_flight) < 1:
+                raise ValueError(f"in_flight must hold one count >= 1 per step (got {self.in_flight} "
+                                 f"for {len(self.steps)} steps)")
+            _check_overlap_reads(self.steps, self.in_flight)
+
+    @property
+    def overlapping(self) -> bool:
+        """Whether a rank may keep more than one step in flight (some ``in_flight`` above 1)."""
+        return bool(self.in_flight) and max(self.in_flight) > 1
+
+    def window(self, step: int) -> int:
+        """``in_flight[step]``: how many steps a rank may have under way on entering ``step``."""
+        return self.in_flight[step] if self.in_flight else 1
 
     @property
     def num_steps(self) -> int:
@@ -140,12 +165,34 @@ def _check_no_copy_overlap(step: int, incoming: list[Transfer]) -> None:
             raise ValueError(f"step {step}: a copy overlaps another receive at rank {after.dst}: {before}, {after}")
 
 
+def _check_overlap_reads(steps: tuple[tuple[Transfer, ...], ...], in_flight: tuple[int, ...]) -> None:
+    """Raise ValueError where a transfer of step k sends bytes its sender receives in one of the
+    ``in_flight[k] - 1`` steps before, which may still be under way when it starts."""
+    for index, window in enumerate(in_flight):
+        if window == 1:
+            continue
+        received: dict[int, list[Transfer]] = {}
+        for step in steps[max(0, index - window + 1):index]:
+            for before in step:
+                if before.size_bytes:
+                    received.setdefault(before.dst, []).append(before)
+        for t in steps[index]:
+            for before in received.get(t.src, ()) if t.size_bytes else ():
+                if before.offset_bytes < t.end_bytes and t.offset_bytes < before.end_bytes:
+                    raise ValueError(f"step {index} may overlap an earlier step but sends bytes received there: "
+                                     f"{before}, {t}")
+
+
 def make_schedule(
-    kind: OpKind, algorithm: str, group: Sequence[int], root: int | None, size_bytes: int, steps: Iterable[Iterable[Transfer]]
+    kind: OpKind, algorithm: str, group: Sequence[int], root: int | None, size_bytes: int,
+    steps: Iterable[Iterable[Transfer]], in_flight: Sequence[int] = (),
 ) -> CommSchedule:
-    """A :class:`CommSchedule` from lists of transfers, dropping empty steps (they change nothing)."""
+    """A :class:`CommSchedule` from lists of transfers, dropping empty steps (they change nothing)
+    and their ``in_flight`` entries (see :class:`CommSchedule`; empty: 1 for every step)."""
     kept = tuple(tuple(step) for step in steps)
-    return CommSchedule(kind, algorithm, tuple(group), root, size_bytes, tuple(step for step in kept if step))
+    windows = tuple(w for step, w in zip(kept, in_flight) if step) if in_flight else ()
+    return CommSchedule(kind, algorithm, tuple(group), root, size_bytes, tuple(step for step in kept if step),
+                        windows if any(w != 1 for w in windows) else ())
 
 
 def in_parallel(*parts: Steps) -> Steps:
