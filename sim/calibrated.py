@@ -21,7 +21,7 @@ uncalibrated model's ratio (roofline, or the scenario's network model), and reco
 ``extrapolated`` so the output can say which predictions rest on it. Tables are built once;
 lookups are cached, so pricing is O(1) per op inside the simulation loop.
 
-What a run repeats per step is charged the statistic :data:`CHARGED` names for its kind of
+What a run repeats per step is charged the statistic :data:`sim.profile.CHARGED` names for its kind of
 measurement (:mod:`sim.profile` says why).
 """
 
@@ -38,21 +38,12 @@ from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
 from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
-from sim.profile import MeasurementKind, Profile
+from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile
 from sim.program import Gradient
 from sim.topology import Device, Topology
 from sim.vocabulary import PhaseKind
 
 
-# The profile statistic charged, per kind of measurement a run repeats in every step: compute ops
-# and gaps are pooled over ranks, layers and repeats, and their mean is what a sum of them adds
-# up to; in-place collectives and waits are per-generation means already (runtime.comm_timing),
-# and their median over generations is what a median TTFT or TPOT is made of.
-CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.OP_GAP: "mean",
-           MeasurementKind.BACKWARD_INPUT: "mean", MeasurementKind.BACKWARD_WEIGHT: "mean",
-           MeasurementKind.OPTIMIZER_STEP: "mean",
-           MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}
-ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 
 def _regime(new_tokens: int) -> PhaseKind:

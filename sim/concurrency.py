@@ -34,7 +34,7 @@ from __future__ import annotations
 import pandas as pd
 
 from models.ops import OpKind
-from sim.calibrated import CHARGED  # the statistics the simulator charges these rows
+from sim.profile import CHARGED  # the statistics the simulator charges these rows
 from sim.vocabulary import MeasurementKind
 
 EVERY_RANK_KIND = OpKind.ATTENTION  # run once per layer by every rank of a tensor-parallel group

@@ -62,7 +62,17 @@ import pandas as pd
 
 from models.errors import ConfigError, shorten
 from models.input_files import read_text
-from sim.vocabulary import MeasurementKind  # noqa: F401 - re-exported: a profile's rows are read by kind
+from sim.vocabulary import MeasurementKind
+
+# The profile statistic charged, per kind of measurement a run repeats in every step: compute ops
+# and gaps are pooled over ranks, layers and repeats, and their mean is what a sum of them adds
+# up to; in-place collectives and waits are per-generation means already (runtime.comm_timing),
+# and their median over generations is what a median TTFT or TPOT is made of.
+CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.OP_GAP: "mean",
+           MeasurementKind.BACKWARD_INPUT: "mean", MeasurementKind.BACKWARD_WEIGHT: "mean",
+           MeasurementKind.OPTIMIZER_STEP: "mean",
+           MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}
+ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 _MAX_PROFILE_BYTES = 64 << 20  # a calibrated cluster's profile is tens of KiB
 PROFILE_VERSION = 4  # 4: in-place collectives and waits per plan op, statistics over generations' means

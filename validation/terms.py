@@ -154,7 +154,7 @@ def profile_gap_s(profile, device_class: str) -> float:
     """The framework gap (s) a profile charges inside each op on ``device_class``, as
     :class:`sim.calibrated.CalibratedCompute` does (the last ``op_gap`` row of the class: one per
     calibrated cluster in a pool); 0 without a profile or a row."""
-    from sim.calibrated import CHARGED
+    from sim.profile import CHARGED
     from sim.profile import MeasurementKind
 
     if profile is None:

@@ -58,8 +58,8 @@ def pass_factors(profile: Profile, device: Device, dtype: str, op_sums,
     """Per (pass, micro-batch size) of the profile's ``training_pass`` rows on ``device``'s type in
     ``dtype``, timed at the ``tensor``-way shard: the measured pass over ``op_sums(micro)[pass]``,
     the sum of its ops as priced (s); and one line per factor saying what it is. Charged with the
-    statistic of the ops (:data:`sim.calibrated.CHARGED`), so that the ratio is of like to like."""
-    from sim.calibrated import CHARGED
+    statistic of the ops (:data:`sim.profile.CHARGED`), so that the ratio is of like to like."""
+    from sim.profile import CHARGED
 
     rows = profile.of(MeasurementKind.TRAINING_PASS)
     rows = rows[(rows["device_class"] == device.spec.name) & (rows["dtype"] == dtype) & (rows["group_size"] == tensor)]
