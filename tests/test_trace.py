@@ -39,7 +39,7 @@ def test_profile_measurement_kinds_are_the_strings_profiles_carry():
     assert [str(k) for k in MeasurementKind] == ["compute", "op_gap", "collective", "collective_held_out",
                                                  "collective_in_place", "collective_wait", "p2p",
                                                  "memory_baseline", "context", "backward_input",
-                                                 "backward_weight", "optimizer_step"]
+                                                 "backward_weight", "optimizer_step", "training_pass"]
 
 
 def test_the_simulated_trace_has_the_columns_of_a_trace_event():
