@@ -371,3 +371,44 @@ def test_a_rank_arriving_early_at_gloos_ring_has_posted_both_of_its_first_segmen
     assert dict(together.finish_s) == pytest.approx({0: 4 * latency_s, 1: 4 * latency_s}, abs=1e-5)
     early = network.time(schedule, arrivals={0: 0.0, 1: -latency_s})
     assert dict(early.finish_s) == pytest.approx({0: 4 * latency_s, 1: 3 * latency_s}, abs=1e-5)
+
+
+def test_the_master_waits_a_fitted_arrival_skew_at_calls_it_receives_in_where_ranks_outnumber_cores(clusters):
+    from sim.calibrated import arrival_skew
+    from sim.context import profile_contexts, scenario_context
+    from sim.parallel import ParallelPlan
+    from sim.topology import build_topology
+
+    def skew(source, target):
+        topology = build_topology(target.scenario.config.cluster)
+        context = scenario_context(target.name, topology, ParallelPlan.of(target.scenario, topology).tensor_ranks, "fp32")
+        return arrival_skew(source.profile, profile_contexts(source.profile.rows), context)[0]
+
+    fast, slow, three = clusters[0], clusters[3], clusters[4]  # v2x2_bandwidth, v4x1_latency, h3x1_delay
+    four_ranks = skew(fast, clusters[2])
+    assert 1e-3 < four_ranks < 2e-3  # measured in place: 1.4-1.6 ms a call with 4 ranks on 2 cores
+    assert skew(fast, three) == pytest.approx(four_ranks / 2)  # one rank beyond the cores, not two
+    assert skew(slow, clusters[2]) == 0.0  # 5 ms links: the network's own skew hides the cores'
+
+
+def test_a_skewed_call_starts_late_for_every_rank_but_a_broadcast_root_does_not_wait(clusters):
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import TransportNetwork, TransportTerms
+
+    topology = build_topology(clusters[0].scenario.config.cluster)
+    group = (0, 1, 2, 3)
+    terms = TransportTerms(0.0, 1.0, 1.0, "test")
+    plain = TransportNetwork(topology, None, {}, terms, cores=2, ranks=4)
+    skewed = TransportNetwork(topology, None, {}, terms, cores=2, ranks=4, skew_s=1e-3)
+
+    def timings(kind, algorithm):
+        schedule = build_schedule(kind, algorithm, group, 3072, root=None if kind == "allreduce" else 0,
+                                  host_groups=topology.host_groups(group))
+        return plain.time(schedule), skewed.time(schedule)
+
+    before, after = timings("allreduce", "recursive_doubling")
+    assert after.wait_s == 1e-3 and after.duration_s == pytest.approx(before.duration_s + 1e-3)
+    assert all(after.finish_s[r] == pytest.approx(before.finish_s[r] + 1e-3) for r in group)
+    before, after = timings("broadcast", "library")  # the root only sends: nobody to wait for
+    assert after.wait_s == 0.0 and after.duration_s == before.duration_s
