@@ -396,12 +396,11 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
                                                              concurrency)
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
     network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
-    network.skew_s, skew = arrival_skew(profile, contexts, target)
     if any(floor_s > 0 for floor_s, _ in floors.values()):
         fitted = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in fitted.items()}
         network.terms = fitted
         network.default = replace(network.default, min_message_s=floors[False][0])
-    sources = (contention, floors[False][1], floors[True][1], skew,
+    sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())),
                *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())))
     return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales)
@@ -501,51 +500,6 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                          f"default (the calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
     return 0.0, (f"core contention per message ({family}): not priced (the calibrated links were too slow for "
                  f"it to show in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
-
-
-def arrival_skew(profile: Profile, contexts, target) -> tuple[float, str]:
-    """(how long the master waits at a call for the last rank beyond the simulated arrivals on
-    the target, s; a line saying whence).
-
-    Where ranks outnumber the cores, a call's ranks do not leave it together: the cores take
-    the woken ranks in turns, so some reach the next call later than others, although the
-    simulated ranks, doing the same work, arrive at once. The master's mean wait for the last
-    of them is measured in place (``collective_wait`` rows, :func:`runtime.comm_timing.in_place_rows`):
-    on the calibrated clusters whose links are too fast to explain it (the wait above
-    :data:`CONTENTION_BOUND` round trips of their longest path), at the smallest size, in
-    calls where the master receives (allreduce, reduce: a broadcast's root does not wait), per
-    rank beyond the cores; the median over those rows and clusters, times the target's ranks
-    beyond its cores. Measured with 4 ranks on 2 cores over links without delay: 1.1-1.5 ms a
-    call (v4x1_bandwidth re-measured on a quiet machine, v2x2_bandwidth), 0.5-1.3 ms with 3 ranks
-    (t3x1_bandwidth); with 4 on 2 under another process's load, 2.1-2.4 ms. 0 where the target's
-    ranks do not outnumber its cores or no calibrated cluster's links let it show."""
-    from sim.transport import context_topology
-
-    cores = contention_cores(contexts, target)
-    excess = 0 if cores is None else max(0, sum(target.ranks_per_host) - cores)
-    if excess == 0:
-        return 0.0, "arrival skew: none (the ranks do not outnumber the cores)"
-    all_rows = profile.of(MeasurementKind.COLLECTIVE_WAIT)
-    per_excess_rank, names = [], []
-    for calibrated in (c for c in contexts if c.cores is not None):
-        calibrated_excess = max(0, sum(calibrated.ranks_per_host) - calibrated.cores)
-        rows = all_rows[_rows_of(profile.rows, all_rows, calibrated.name)]
-        if calibrated_excess == 0 or rows.empty:
-            continue
-        rows = rows[(rows["size_bytes"] == rows["size_bytes"].min()) & (rows["op"] != OpKind.BROADCAST)]
-        topology = context_topology(calibrated)
-        round_trip_s = 2 * max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
-                                for b in range(topology.num_ranks) if a != b), default=0.0)
-        waits = rows[CHARGED[MeasurementKind.COLLECTIVE_WAIT]].to_numpy(dtype=float)
-        waits = waits[waits > CONTENTION_BOUND * round_trip_s]
-        if len(waits):
-            per_excess_rank.append(float(np.median(waits)) / calibrated_excess)
-            names.append(calibrated.name)
-    if not per_excess_rank:
-        return 0.0, "arrival skew: not priced (no calibrated cluster's links were fast enough for it to show)"
-    skew_s = float(np.median(per_excess_rank)) * excess
-    return skew_s, (f"arrival skew: the master waits {skew_s * 1e3:.2f} ms a call for the last rank, fitted on the "
-                    f"waits timed in place on {', '.join(names)} ({sum(target.ranks_per_host)} ranks on {cores} cores)")
 
 
 def _borrowed(fitted: dict):

@@ -261,10 +261,6 @@ class TransportNetwork:
         hops: per link class, the terms of a point-to-point message between two stages of a
             pipeline (:func:`fit_hops`); a hop over a class without them takes ``terms`` or
             ``default`` as any schedule does.
-        skew_s: how long the group's first rank waits, at a call in which it receives, for the
-            last rank to arrive beyond the simulated arrivals (s): the ranks beyond the cores
-            leave the previous call in turns (:func:`sim.calibrated.arrival_skew`); 0 where they
-            do not outnumber the cores.
     """
 
     topology: Topology
@@ -275,7 +271,6 @@ class TransportNetwork:
     cores: int | None = None
     ranks: int = 0
     hops: dict[LinkClass, TransportTerms] = field(default_factory=dict)
-    skew_s: float = 0.0
     extrapolated: set[str] = field(default_factory=set)
     _routes: dict[TransportTerms, _TransportLinks] = field(default_factory=dict, repr=False)
     _horizons: dict[tuple[int, ...], float] = field(default_factory=dict, repr=False)
@@ -291,12 +286,9 @@ class TransportNetwork:
             return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
         terms, links = self._links(schedule, note=True)
         timing = _TransportRun(schedule, links, arrivals).run()
-        # The first rank waits for the others only where it needs their data (a broadcast's root
-        # does not: measured 0-0.1 ms at 3 KiB against 1.1-1.5 ms for allreduce and reduce).
-        wait_s = self.skew_s if any(t.dst == schedule.group[0] for step in schedule.steps for t in step) else 0.0
-        extra_s = self.gap_s + terms.per_call_s + wait_s
+        extra_s = self.gap_s + terms.per_call_s
         finish = {rank: t + extra_s for rank, t in timing.finish_s.items()}
-        return CollectiveTiming(timing.duration_s + extra_s, finish, wait_s)
+        return CollectiveTiming(timing.duration_s + extra_s, finish)
 
     def arrival_horizon_s(self, group: tuple[int, ...]) -> float:
         """How long before the last arrival an arrival still changes a price (s): the longest
