@@ -44,6 +44,7 @@ from sim.collectives.registry import LIBRARY, known_algorithms
 from sim.context import scenario_context
 from sim.cores import CorePool
 from sim.engine import Engine, SegmentResult
+from sim.framework import backend_of
 from sim.metrics import RESULT_COLUMNS
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
@@ -278,7 +279,7 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
             if shared is not None:
                 engine.compute.message_work_s = shared.message_work_s[settings.allreduce == LIBRARY]
                 engine.compute.work = _bucket_work(engine, settings.allreduce, plan.replica_ranks)
-        tp_algorithm = tp_allreduce_algorithm(variant)
+        tp_algorithm = tp_allreduce_algorithm(variant, backend_of(topology.devices[ranks[0]].spec))
         if tp_algorithm not in known_algorithms(OpKind.ALLREDUCE):
             raise ConfigError(f"{where}.allreduce", f"unknown allreduce algorithm for the tensor-parallel "
                                                    f"allreduces; known: {', '.join(known_algorithms(OpKind.ALLREDUCE))} "
