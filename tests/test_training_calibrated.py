@@ -93,6 +93,6 @@ def test_a_tensor_parallel_step_from_a_data_parallel_profile_says_its_shard_is_s
     result = simulate_training(scenario, _profile(_cpu_scenario(), 1e-4))  # rows of whole layers (tensor 1)
     assert "tensor-parallel layer ops (2-way shard): compute and backward rows of whole layers (tensor 1), scaled " \
            "along the roofline to the shard" in result.sources
-    assert any(line.startswith("tensor-parallel allreduce ring over 2 ranks on 1 hosts") and
+    assert any(line.startswith("tensor-parallel allreduce library over 2 ranks on 1 hosts") and
                line.endswith("no collective rows, the network model") for line in result.sources)
     assert "mlp_up (prefill) on cpu: outside the calibrated shapes" in result.extrapolated  # the shard is smaller

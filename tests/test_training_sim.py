@@ -304,3 +304,22 @@ def test_every_tensor_parallel_rank_holds_and_computes_the_head_as_the_runtime_t
     buckets = sum(op.collective.size_bytes for part in step.segments for op in part.segment.programs[1]
                   if op.name.startswith("bucket") and op.collective is not None)
     assert buckets == full * 4  # rank 1's buckets carry its whole shard, the head's gradients included
+
+
+def _tp_algorithms(result) -> dict[str, set[str]]:
+    """The algorithms of the tensor-parallel allreduces of each variant's lowered step."""
+    return {variant.variant.name: {op.collective.algorithm for part in variant.steps[-1].step.segments
+                                   for program in part.segment.programs.values() for op in program
+                                   if op.name in ("mlp_grad_allreduce", "attn_grad_allreduce")}
+            for variant in result.variants}
+
+
+def test_tensor_parallel_allreduces_default_to_the_backends_own_on_cpu_ranks_and_ring_on_gpus():
+    """The runtime's f and g call dist.all_reduce: on CPU ranks gloo's own allreduce (priced as
+    ``library``); GPU ranks keep ring; a variant's named algorithm is kept on either."""
+    variants = [{"name": "default"}, {"name": "named", "allreduce": "ring"}]
+    shape = {"hosts": 2, "devices_per_host": 2, "parallel": {"tensor": 2, "data": 2}, "global_batch": 2}
+    cpu = _tp_algorithms(simulate_training(_scenario(variants, **shape)))
+    gpu = _tp_algorithms(simulate_training(_scenario(variants, device="rtx_3060_12gb", **shape)))
+    assert cpu == {"default": {"library"}, "named": {"ring"}}
+    assert gpu == {"default": {"ring"}, "named": {"ring"}}

@@ -139,3 +139,24 @@ def test_a_prediction_from_another_clusters_profile_computes_as_its_replay():
     assert prediction.variants[0].steps[0].mirrors
     for metric in (Metric.FORWARD_TIME, Metric.OPTIMIZER_TIME):
         assert prediction.variants[0].metrics[metric] == pytest.approx(replay.variants[0].metrics[metric], rel=1e-9)
+
+
+def test_a_rings_comm_thread_works_each_step_and_reduces_three_quarters_of_the_bucket_on_four_ranks():
+    """Of a ring allreduce of n bytes over 4 ranks a rank's comm thread handles 6 steps and sums
+    the (p - 1) / p n bytes of its reduce-scatter half, each at the device's reduction cost."""
+    from sim.collectives.registry import build_schedule
+    from sim.plan import Op, Stream
+    from sim.training.comm_thread import schedule_work
+    from sim.training.step_compute import StepCompute
+    from models.accounting import OpCost
+
+    size = 4 * 2**20
+    schedule = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), size)
+    assert schedule_work(schedule, 2) == (6, 3 * size // 4)
+    gamma_s = 1e-9
+    compute = StepCompute(SimpleNamespace(reduce_s_per_byte=lambda device: gamma_s), message_work_s=1e-3,
+                          work=lambda size_bytes, rank: schedule_work(schedule, rank))
+    op = Op(OpKind.COMM_THREAD, "bucket0_comm_thread", Stream.COMM,
+            cost=OpCost(flops=0, bytes_read=size, bytes_written=0, weight_bytes=0, workspace_bytes=0))
+    device = SimpleNamespace(rank=2)
+    assert compute.duration_s(op, device) == pytest.approx(6 * 1e-3 + 3 * size // 4 * gamma_s, rel=1e-12)

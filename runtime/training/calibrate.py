@@ -76,6 +76,7 @@ from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
 from sim.collectives.registry import LIBRARY
 from sim.context import context_rows, scenario_context
+from sim.framework import Backend, backend_of
 from sim.profile import profile_frame
 from sim.training.lower import tp_allreduce_algorithm
 from sim.training.step_compute import pass_costs
@@ -282,16 +283,19 @@ def sweep_sizes(parameters: int) -> tuple[int, ...]:
     return tuple(size for size in SIZES_BYTES if size <= largest)
 
 
-def tensor_parallel_sweep(scenario, setups: list[TrainingSetup]) -> tuple[dict[OpKind, tuple[str, ...]], tuple[int, ...]]:
+def tensor_parallel_sweep(scenario, setups: list[TrainingSetup],
+                          backend: Backend) -> tuple[dict[OpKind, tuple[str, ...]], tuple[int, ...]]:
     """The tensor-parallel group's allreduces to time: by kind, the algorithms (the library's,
     which the model's ``f`` and ``g`` call, and what the simulator prices each variant's with,
     :func:`sim.training.lower.tp_allreduce_algorithm`); and the sizes (bytes): the sweep's up to
     the largest hidden state of a micro-batch, ``micro x sequence x hidden`` elements of each
-    variant's compute dtype, and those hidden states themselves (the size of every such call)."""
+    variant's compute dtype, and those hidden states themselves (the size of every such call).
+    ``backend``: the ranks' (:func:`sim.framework.backend_of`), whose own allreduce is a
+    variant's default."""
     spec, sequence = scenario.model, scenario.config.workload.sequence_length
     hidden = {s.micro_batch_size * sequence * spec.hidden_size * spec.with_dtype(compute_dtype(s.settings.precision)).dtype_bytes
               for s in setups}
-    algorithms = (LIBRARY, *(tp_allreduce_algorithm(v) for v in scenario.config.variants))
+    algorithms = (LIBRARY, *(tp_allreduce_algorithm(v, backend) for v in scenario.config.variants))
     # A swept call's tensor is fp32 (runtime.comm_timing.CollectiveSweep): whole 4-byte elements only.
     sizes = {size for size in SIZES_BYTES if size <= max(hidden)} | {size for size in hidden if size % 4 == 0}
     return ({OpKind.ALLREDUCE: tuple(dict.fromkeys(algorithms)), OpKind.REDUCE: (), OpKind.BROADCAST: ()},
@@ -333,7 +337,7 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
         sweeps.append(CollectiveSweep(alone(group), topology, rank, comm, max_call_s, heartbeat,
                                       sizes=sweep_sizes(parameters), algorithms=sweep_algorithms(setups)))
     if layout.tensor > 1:
-        algorithms, sizes = tensor_parallel_sweep(scenario, setups)
+        algorithms, sizes = tensor_parallel_sweep(scenario, setups, backend_of(topology.devices[rank].spec))
         sweeps.append(CollectiveSweep(alone(layout.tensor_group(rank)), topology, rank, comm, max_call_s, heartbeat,
                                       sizes=sizes, algorithms=algorithms))
     for index in range(repeats):

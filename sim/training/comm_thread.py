@@ -7,7 +7,7 @@ autograd engine's), while the backward pass goes on computing. Where the ranks o
 machine's cores (the emulated cluster: every host's ranks on one 2-core machine), that thread
 is one more task for the same cores: each message of the bucket's schedule is posted, received
 and reduced only once the thread is scheduled, and while it runs the backward's threads run
-less. Two calibrated figures price it, neither fitted on a training measurement:
+less. Calibrated or documented figures price it, none fitted on a training measurement:
 
 * the ranks' compute shares the cores as :mod:`sim.cores` models it (processor sharing). The
   calibration timed every op with every data-parallel rank computing at once
@@ -20,13 +20,21 @@ less. Two calibrated figures price it, neither fitted on a training measurement:
   where its links let it show, else the gloo/tcp default), the wait of a message whose ends
   must both be scheduled while every rank is busy. That floor is a wait with all ``ranks``
   tasks runnable on ``cores``, ``ranks / cores`` times its work on a core of its own: the comm
-  thread's work per message is ``floor x cores / ranks`` core-seconds, after the bucket's wire
-  time (:class:`sim.training.step_compute.StepCompute`). It is a wait for a core
-  (:meth:`sim.cores.ProcessorSharing.wait_for_core`): nothing where a core is free as it starts
-  (after the backward, every rank waiting on the wire: the calibration's isolated timings
-  hold that case), else it shares the cores with the backward's compute, stretched by it (small
-  buckets: many messages, each waiting for a core) and slowing it meanwhile (the overlap that
-  costs compute).
+  thread's work per message is ``floor x cores / ranks`` core-seconds;
+* the bytes the rank receives to reduce (``(p - 1) / p n`` of an n-byte ring allreduce over p
+  ranks) are summed on the same thread (``runtime.comm.run_schedule``'s ``add_``), at the
+  device's reduction cost per byte (the gamma the collectives price, :mod:`sim.cost`).
+
+That work follows the bucket's wire time on the communication stream
+(:class:`sim.training.step_compute.StepCompute`): in a ring each step's received chunk is
+reduced before it is sent on, so the thread's scheduling and its reductions lie on the ring's
+critical path, not beside it (work priced concurrently with the wire hides behind it: tried on
+the shipped training report, the overlap gain moved 3-4 points away from the measurement). It is
+a wait for a core (:meth:`sim.cores.ProcessorSharing.wait_for_core`): nothing where a core is
+free as it starts (after the backward, every rank waiting on the wire: the calibration's
+isolated timings hold that case), else it shares the cores with the backward's compute,
+stretched by it (small buckets: many messages, each waiting for a core) and slowing it
+meanwhile (the overlap that costs compute).
 
 Where identical replicas are simulated once (:mod:`sim.training.symmetry`), the simulated
 ranks get their share of the cores (:func:`core_shares`), so that one rank standing for four
@@ -78,10 +86,14 @@ def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ..
     return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share),)
 
 
-def schedule_steps(schedule, rank: int) -> int:
-    """The steps of ``schedule`` (:class:`sim.collectives.schedule.CommSchedule`) in which
-    ``rank`` sends or receives."""
-    return sum(1 for step in schedule.steps if any(rank in (t.src, t.dst) for t in step))
+def schedule_work(schedule, rank: int) -> tuple[int, int]:
+    """What ``schedule`` (:class:`sim.collectives.schedule.CommSchedule`) asks of ``rank``'s comm
+    thread: (the steps in which it sends or receives, the bytes it receives to reduce: the
+    transfers marked ``reduce``, :class:`sim.collectives.schedule.Transfer`; ``(p - 1) / p n``
+    for a ring allreduce of n bytes over p ranks, its reduce-scatter half)."""
+    steps = sum(1 for step in schedule.steps if any(rank in (t.src, t.dst) for t in step))
+    reduced = sum(t.size_bytes for step in schedule.steps for t in step if t.reduce and t.dst == rank)
+    return steps, reduced
 
 
 def shared_cores(profile, network, target, ranks: tuple[int, ...]) -> SharedCores | None:

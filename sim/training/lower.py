@@ -60,6 +60,8 @@ from models.training import (
     layer_backward_costs,
     optimizer_step_cost,
 )
+from sim.collectives.registry import LIBRARY
+from sim.framework import Backend
 from sim.program import Collective, Gradient, Op, Segment, Stream
 from sim.training.buckets import bucket_assignment
 from sim.training_config import GradientCompression, TrainingSettings
@@ -69,10 +71,16 @@ _COMPRESSED_BYTES = 2  # fp16 and bf16
 _TP_ALGORITHM_DEFAULT = "ring"
 
 
-def tp_allreduce_algorithm(variant) -> str:
+def tp_allreduce_algorithm(variant, backend: Backend) -> str:
     """The algorithm a variant's tensor-parallel allreduces are priced with: its ``allreduce``
-    (the inference variants' field), ring where it names none."""
-    return variant.allreduce or _TP_ALGORITHM_DEFAULT
+    (the inference variants' field) where it names one; else, under gloo (CPU ranks), the
+    backend's own (:data:`sim.collectives.registry.LIBRARY`, priced as gloo's allreduce,
+    :data:`sim.collectives.registry.LIBRARY_MODEL`), which is what the runtime's ``f`` and ``g``
+    call (``dist.all_reduce`` in ``runtime/training/model.py``); under NCCL ring, NCCL's own
+    allreduce algorithm for one node's GPUs."""
+    if variant.allreduce:
+        return variant.allreduce
+    return LIBRARY if backend is Backend.GLOO else _TP_ALGORITHM_DEFAULT
 
 
 @dataclass(frozen=True)

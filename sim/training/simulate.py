@@ -44,6 +44,7 @@ from sim.collectives.registry import LIBRARY, known_algorithms
 from sim.context import scenario_context
 from sim.cores import CorePool
 from sim.engine import Engine, SegmentResult
+from sim.framework import backend_of
 from sim.metrics import RESULT_COLUMNS
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
@@ -51,7 +52,7 @@ from sim.scenario import Scenario, Variant
 from sim.simulate import Pricing, build_pricing
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
-from sim.training.comm_thread import SharedCores, core_shares, schedule_steps, shared_cores
+from sim.training.comm_thread import SharedCores, core_shares, schedule_work, shared_cores
 from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors, pass_op_sums
 from sim.training.lower import StepShape, TrainingStep, lower_step, tp_allreduce_algorithm
 from sim.training.symmetry import replicas_identical
@@ -277,8 +278,8 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
             engine.compute = StepCompute(pricing.compute, nearest_factors(factors[dtype], micro))
             if shared is not None:
                 engine.compute.message_work_s = shared.message_work_s[settings.allreduce == LIBRARY]
-                engine.compute.steps = _bucket_steps(engine, settings.allreduce, plan.replica_ranks)
-        tp_algorithm = tp_allreduce_algorithm(variant)
+                engine.compute.work = _bucket_work(engine, settings.allreduce, plan.replica_ranks)
+        tp_algorithm = tp_allreduce_algorithm(variant, backend_of(topology.devices[ranks[0]].spec))
         if tp_algorithm not in known_algorithms(OpKind.ALLREDUCE):
             raise ConfigError(f"{where}.allreduce", f"unknown allreduce algorithm for the tensor-parallel "
                                                    f"allreduces; known: {', '.join(known_algorithms(OpKind.ALLREDUCE))} "
@@ -346,18 +347,18 @@ def tensor_parallel_sources(profile: Profile, plan: ParallelPlan, topology: Topo
     return lines
 
 
-def _bucket_steps(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...]):
-    """``(bucket bytes, rank) -> steps of the bucket's allreduce schedule the rank takes part in``,
-    over the rank's data-parallel group (its position in every replica), ``algorithm`` resolved
-    as the engine resolves it."""
+def _bucket_work(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...]):
+    """``(bucket bytes, rank) -> (steps of the bucket's allreduce schedule the rank takes part in,
+    bytes it reduces)``, over the rank's data-parallel group (its position in every replica),
+    ``algorithm`` resolved as the engine resolves it (:func:`sim.training.comm_thread.schedule_work`)."""
     position = {rank: t for replica in replicas for t, rank in enumerate(replica)}
 
-    def steps(size_bytes: int, rank: int) -> int:
+    def work(size_bytes: int, rank: int) -> tuple[int, int]:
         group = tuple(replica[position[rank]] for replica in replicas)
         resolved, _ = engine.pricer.price(OpKind.ALLREDUCE, algorithm, group, size_bytes)
-        return schedule_steps(engine.pricer.schedule(OpKind.ALLREDUCE, resolved, group, size_bytes), rank)
+        return schedule_work(engine.pricer.schedule(OpKind.ALLREDUCE, resolved, group, size_bytes), rank)
 
-    return steps
+    return work
 
 
 def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload,

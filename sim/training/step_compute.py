@@ -1,5 +1,5 @@
 """The compute of a training step as it runs: each calibrated op, times what a whole pass adds to
-its ops timed alone, and the comm thread's work on shared cores.
+its ops timed alone, and the comm thread's work on shared cores (its messages and reductions).
 
 A training calibration times every op alone (:mod:`runtime.training.calibrate`: one op's
 forward, or the gradient of its inputs or of its weights, on layer 0 or the head), and the
@@ -97,24 +97,27 @@ class StepCompute:
     the rank's comm thread (:mod:`sim.training.comm_thread`).
 
     A comm-thread op's ``cost.bytes_read`` is its bucket's bytes on the wire (what
-    :func:`sim.training.lower.lower_step` gives it); its work is the steps of that bucket's
-    schedule in which the device's rank sends or receives (``steps(bytes, rank)``), times
-    ``message_work_s`` core-seconds.
+    :func:`sim.training.lower.lower_step` gives it); its work (core-seconds) is, of that bucket's
+    schedule on the device's rank (``work(bytes, rank)``: the steps in which it sends or
+    receives, and the bytes it reduces), ``message_work_s`` per step plus the reduction of the
+    received bytes at the device's reduction cost (``reduce_s_per_byte``, the gamma the
+    collectives price a reduction with).
     """
 
     inner: object
     pass_factor: dict[OpKind, float] = field(default_factory=dict)
     message_work_s: float = 0.0
-    steps: object = None
+    work: object = None
     _cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def duration_s(self, op: Op, device: Device) -> float:
         if op.kind is OpKind.COMM_THREAD:
             key = (int(op.cost.bytes_read), device.rank)
-            work = self._cache.get(key)
-            if work is None:
-                work = self._cache[key] = self.steps(*key) * self.message_work_s
-            return work
+            work_s = self._cache.get(key)
+            if work_s is None:
+                steps, reduced_bytes = self.work(*key)
+                work_s = self._cache[key] = steps * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
+            return work_s
         return self.inner.duration_s(op, device) * self.pass_factor.get(op_pass(op), 1.0)
 
     def reduce_s_per_byte(self, device: Device) -> float:
