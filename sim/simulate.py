@@ -144,7 +144,7 @@ def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool 
     """The network an uncalibrated simulation prices collectives with: for the default model,
     the flow model with each transport's documented terms
     (:class:`sim.transport.DefaultTransportNetwork`), its gloo ranks sharing ``pool``'s cores
-    where given (:func:`shared_cores`), else :func:`model_network`."""
+    where given (:func:`declared_cores`), else :func:`model_network`."""
     if name == DEFAULT_TRANSPORT_MODEL:
         model_network(name, topology, compute)  # the name's check
         return DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices},
@@ -153,7 +153,7 @@ def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool 
     return model_network(name, topology, compute)
 
 
-def shared_cores(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]) -> CorePool | None:
+def declared_cores(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]) -> CorePool | None:
     """The cores the scenario's gloo (CPU) ``ranks`` share, as a pool for the engine
     (:mod:`sim.cores`), where the cluster declares them (``cluster.cores``) and those ranks
     outnumber them; None elsewhere (ranks with cores of their own: nothing changes)."""
@@ -218,7 +218,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         # Ranks outnumbering the cores they share take turns on them (sim.cores), and their
         # messages pay the gloo/tcp contention defaults (sim.transport.DefaultTransportNetwork).
-        pool = shared_cores(scenario, topology, ranks)
+        pool = declared_cores(scenario, topology, ranks)
         network = uncalibrated_network(config.network_model, topology, compute, pool)
         cores = () if pool is None else (pool,)
     engine = Engine(topology, compute, CollectivePricer(network, topology), cores=cores)
@@ -254,7 +254,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         profile: a calibration profile; without one, compute is priced by the roofline and
             communication by the scenario's network model from datasheet figures, the flow
             model with each transport's documented per-message terms
-            (:class:`sim.transport.DefaultTransportNetwork`).
+            (:class:`sim.transport.DefaultTransportNetwork`); CPU ranks beyond the cores the
+            cluster declares (``cluster.cores``) share them (:func:`declared_cores`).
         expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
 
     Raises:
