@@ -397,17 +397,6 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales)
 
 
-# gloo over TCP where the calibrated links hid it, per rank beyond the cores, keyed by "gloo's own
-# collective" (else point-to-point): the least a message costs when every rank is busy, fitted by
-# :func:`contention_floor` on the shipped profiles whose links are fast enough (v2x2_bandwidth,
-# v4x1_bandwidth: 4 ranks on 2 cores), their mean. Point-to-point: 2.08 and 2.21 ms per message
-# in place (1.04 and 1.11 ms per rank beyond the cores); gloo's own allreduce, reduce and
-# broadcast, which wait inside one library call instead of returning to Python between messages:
-# 0.98 and 0.94 ms per step at full contention (0.49 and 0.47 ms per rank beyond the cores), where
-# a step of gloo's ring is a round of its two segments in flight (:mod:`sim.collectives.gloo`):
-# its allreduce, reduce and broadcast now cost about the same per step (0.9-1.05 ms at 3 KiB, the
-# broadcasts 0.5-1.4 ms), where steps of one segment at a time gave 0.5 ms for the ring.
-GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.480e-3}
 CONTENTION_BOUND = 1.5  # a message is contention-bound where it costs this much more than its wire
 
 
@@ -439,8 +428,9 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     which wait inside the library (a step of gloo's ring: a round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
     calibrated machine's cores where the scenario does not say); 0 where they do not outnumber
     them. Where no calibrated cluster's links let it show, the gloo/tcp default
-    (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
-    from sim.transport import Transport, busy_ranks, context_topology, steps_in_series
+    (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
+    from sim.transport import (GLOO_CONTENTION_PER_EXCESS_RANK_S, Transport, busy_ranks, context_topology,
+                               steps_in_series)
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]

@@ -179,12 +179,20 @@ class HostConfig(BaseModel):
 
 
 class ClusterConfig(BaseModel):
-    """A whole cluster: ``switches`` (may be empty for a single host) and ``hosts`` (at least one)."""
+    """A whole cluster: ``switches`` (may be empty for a single host) and ``hosts`` (at least one).
+
+    ``cores`` (optional): the CPU cores that every CPU rank of the cluster runs on, for a cluster
+    whose hosts share one machine (the emulated testbed: network namespaces on one virtual
+    machine, ``cores: 2``). Where its CPU ranks outnumber them, they take turns on the cores
+    (:mod:`sim.cores`) and their messages pay the contention that costs
+    (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`). Absent: each rank has cores of its own.
+    """
 
     model_config = _STRICT
 
     switches: list[SwitchConfig] = Field(default=[], max_length=MAX_COUNT)
     hosts: list[HostConfig] = Field(min_length=1, max_length=MAX_COUNT)
+    cores: StrictInt | None = Field(None, ge=1, le=MAX_DEVICES)
 
     @model_validator(mode="after")
     def _bounded(self) -> ClusterConfig:

@@ -10,7 +10,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     model: llama-2-13b              # catalog name, or a path to a Hugging Face config.json
     dtype: fp16                     # optional, overrides the model's dtype
     attention: sdpa                 # optional: sdpa (fused, no score matrix; default) | eager (scores materialised)
-    cluster: {switches: [...], hosts: [...]}     # see sim.cluster_config
+    cluster: {switches: [...], hosts: [...], cores: 2}  # see sim.cluster_config (cores: optional)
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
     #   replicas: 3                 optional: copies of the group, the batch split among them

@@ -17,7 +17,8 @@ from models.errors import ConfigError
 from sim.budget import check_job_size
 from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
 from sim.context import scenario_context
-from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork
+from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork, Transport, group_transport
+from sim.cores import CorePool
 from sim.cost import RooflineCompute
 from sim.engine import Engine
 from sim.framework import default_runtime_memory
@@ -139,14 +140,28 @@ def model_network(name: str, topology: Topology, compute):
     return NETWORK_MODELS[name](topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
 
 
-def uncalibrated_network(name: str, topology: Topology, compute):
+def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool | None = None):
     """The network an uncalibrated simulation prices collectives with: for the default model,
     the flow model with each transport's documented terms
-    (:class:`sim.transport.DefaultTransportNetwork`), else :func:`model_network`."""
+    (:class:`sim.transport.DefaultTransportNetwork`), its gloo ranks sharing ``pool``'s cores
+    where given (:func:`declared_cores`), else :func:`model_network`."""
     if name == DEFAULT_TRANSPORT_MODEL:
         model_network(name, topology, compute)  # the name's check
-        return DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+        return DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices},
+                                       cores=None if pool is None else int(pool.cores),
+                                       ranks=0 if pool is None else len(pool.ranks))
     return model_network(name, topology, compute)
+
+
+def declared_cores(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]) -> CorePool | None:
+    """The cores the scenario's gloo (CPU) ``ranks`` share, as a pool for the engine
+    (:mod:`sim.cores`), where the cluster declares them (``cluster.cores``) and those ranks
+    outnumber them; None elsewhere (ranks with cores of their own: nothing changes)."""
+    cores = scenario.config.cluster.cores
+    gloo = frozenset(r for r in ranks if group_transport(topology, (r,)) is Transport.GLOO_TCP)
+    if cores is None or len(gloo) <= cores:
+        return None
+    return CorePool(gloo, cores)
 
 
 @dataclass(frozen=True)
@@ -193,14 +208,19 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         compute = CalibratedCompute(profile, compute)
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype,
-                                                     layout=layout, pipelined=pipelined),
+                                                     cores=config.cluster.cores, layout=layout,
+                                                     pipelined=pipelined),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)
         baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
         runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, runtime_memory[r])) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
-        network = uncalibrated_network(config.network_model, topology, compute)
+        # Ranks outnumbering the cores they share take turns on them (sim.cores), and their
+        # messages pay the gloo/tcp contention defaults (sim.transport.DefaultTransportNetwork).
+        pool = declared_cores(scenario, topology, ranks)
+        network = uncalibrated_network(config.network_model, topology, compute, pool)
+        cores = () if pool is None else (pool,)
     engine = Engine(topology, compute, CollectivePricer(network, topology), cores=cores)
     return Pricing(compute, network, engine, choice, runtime_memory, cores)
 
@@ -234,7 +254,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         profile: a calibration profile; without one, compute is priced by the roofline and
             communication by the scenario's network model from datasheet figures, the flow
             model with each transport's documented per-message terms
-            (:class:`sim.transport.DefaultTransportNetwork`).
+            (:class:`sim.transport.DefaultTransportNetwork`); CPU ranks beyond the cores the
+            cluster declares (``cluster.cores``) share them (:func:`declared_cores`).
         expand_steps: steps whose every op goes into the trace (0 = prefill, 1 = first decode step).
 
     Raises:
@@ -286,6 +307,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         layout = layouts[variant.name]
         pricing = pricing_of(layout)
         compute, engine, runtime_memory, cores = pricing.compute, pricing.engine, pricing.runtime_memory, pricing.cores
+        calibrated = pricing.choice is not None  # a roofline op is priced on a core of its own already
         replicas = []
         for group, shards, batch in zip(layout.replica_ranks, layout.replica_shards,
                                         split_batch(workload.batch_size, layout.replicas)):
@@ -295,11 +317,11 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                 except ConfigError as error:
                     own = variant.memory if error.field.startswith("memory") else variant.parallel
                     raise ConfigError(("" if own is None else f"{field}.") + error.field, error.message) from None
-                if cores:
+                if cores and calibrated:
                     compute.solo_kinds = calibrated_solo_kinds(scenario, variant, layout)
             else:
                 plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
-                if cores:
+                if cores and calibrated:
                     compute.solo_kinds = solo_kinds(plan)
             if plan.memory_policy.streams:
                 try:
@@ -338,7 +360,9 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     extrapolated = tuple(sorted(set().union(*(p.compute.extrapolated | p.network.extrapolated
                                               for p in pricings.values())))) if profile is not None else ()
     if isinstance(network, DefaultTransportNetwork):
-        choice = NetworkChoice(network, False, (), tuple(sorted(network.used)))
+        contention = tuple(f"core contention: {pool.describe()} (the scenario's cluster.cores), sharing them as "
+                           "the simulation runs (processor sharing)" for pool in first.cores)
+        choice = NetworkChoice(network, False, (), (*contention, *network.contention_lines(), *sorted(network.used)))
     others = tuple((key[1] or f"tensor {len(key[0])}", p.choice) for key, p in list(pricings.items())[1:])
     used = parallel.ranks if not parallel.variant_layouts else every_rank  # every device some variant runs on
     return SimulationResult(scenario, topology, used, tuple(variants), pd.concat(tables, ignore_index=True),

@@ -508,6 +508,23 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 }
 
 
+# gloo over TCP, where ranks outnumber the cores they share: the least a message costs when every
+# rank is busy, per rank beyond the cores, keyed by "gloo's own collective" (else point-to-point)
+# (:attr:`TransportTerms.min_message_s`). Fitted by :func:`sim.calibrated.contention_floor` on the
+# shipped profiles whose links are fast enough for it to show (v2x2_bandwidth, v4x1_bandwidth: 4
+# ranks on 2 cores), their mean. Point-to-point: 2.08 and 2.21 ms per message in place (1.04 and
+# 1.11 ms per rank beyond the cores); gloo's own allreduce, reduce and broadcast, which wait inside
+# one library call instead of returning to Python between messages: 0.98 and 0.94 ms per step at
+# full contention (0.49 and 0.47 ms per rank beyond the cores), where a step of gloo's ring is a
+# round of its two segments in flight (:mod:`sim.collectives.gloo`): its allreduce, reduce and
+# broadcast now cost about the same per step (0.9-1.05 ms at 3 KiB, the broadcasts 0.5-1.4 ms),
+# where steps of one segment at a time gave 0.5 ms for the ring. The default of a calibration whose
+# links hid it, and of the uncalibrated model (:class:`DefaultTransportNetwork`).
+GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.480e-3}
+GLOO_CONTENTION_SOURCE = ("the gloo/tcp default, fitted in place on v2x2_bandwidth and v4x1_bandwidth "
+                          "(4 ranks on 2 cores)")
+
+
 # gloo's broadcast (gloo ``gloo/broadcast.cc``) is the binomial tree it is modelled as, message for
 # message, of unbound-buffer sends, which over TCP rendezvous as an isend/irecv does (gloo
 # ``gloo/transport/tcp/pair.cc``, ``sendNotifyRecvReady``): it pays the receiver's ready notice too.
@@ -556,13 +573,24 @@ class DefaultTransportNetwork:
     """The uncalibrated network: every collective its schedule priced by the flow model with the
     documented terms of the transport its group takes (:func:`group_transport`, :data:`DEFAULTS`).
 
+    Where the scenario's gloo ranks outnumber the cores they share (``cores``, ``ranks``), their
+    messages pay what calibrated transfer charges them (:func:`sim.calibrated.calibrated_network`):
+    a message's software overhead stretches by its step's busy ranks over the cores
+    (:meth:`_TransportLinks.stretch`), and no message costs less than the gloo/tcp contention
+    floor, :data:`GLOO_CONTENTION_PER_EXCESS_RANK_S` per rank beyond the cores, scaled by its
+    step's busy ranks beyond them (:meth:`_TransportLinks.floor_s`).
+
     Args:
         topology: the scenario's cluster.
         reduce_s_per_byte: gamma of every rank (s/byte).
+        cores: the cores the gloo ranks share (None: cores of their own).
+        ranks: how many gloo ranks share them.
     """
 
     topology: Topology
     reduce_s_per_byte: Mapping[int, float] | None = None
+    cores: int | None = None
+    ranks: int = 0
     used: set[str] = field(default_factory=set)
     _networks: dict[Transport, TransportNetwork] = field(default_factory=dict, repr=False)
 
@@ -584,19 +612,49 @@ class DefaultTransportNetwork:
         """A duration :meth:`time` cannot beat (s), see :meth:`TransportNetwork.lower_bound_s`."""
         return self._network(schedule, note=False).lower_bound_s(schedule)
 
+    @property
+    def contended(self) -> bool:
+        """Whether the gloo ranks outnumber the cores they share."""
+        return self.cores is not None and self.ranks > self.cores
+
+    def contention_floor_s(self, algorithm: str) -> float:
+        """The least a gloo message of ``algorithm`` costs with every rank busy (s): the gloo/tcp
+        default per rank beyond the cores (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`); 0 where
+        the ranks have cores enough."""
+        if not self.contended:
+            return 0.0
+        return GLOO_CONTENTION_PER_EXCESS_RANK_S[algorithm == LIBRARY] * (self.ranks - self.cores)
+
+    def contention_lines(self) -> tuple[str, ...]:
+        """What the contention terms are and whence, one line each; none without contention."""
+        if not self.contended:
+            return ()
+        return tuple(f"core contention per message ({family}): at least "
+                     f"{self.contention_floor_s(LIBRARY if library else '') * 1e3:.2f} ms with every rank busy "
+                     f"({self.ranks} gloo ranks on {self.cores} cores; {GLOO_CONTENTION_SOURCE})"
+                     for family, library in (("point-to-point", False), ("gloo's own collectives", True)))
+
     def _of(self, transport: Transport) -> TransportNetwork:
         network = self._networks.get(transport)
         if network is None:
+            contended = transport == Transport.GLOO_TCP and self.contended
             network = self._networks[transport] = TransportNetwork(
-                self.topology, self.reduce_s_per_byte, {}, default_terms("", transport))
+                self.topology, self.reduce_s_per_byte, {}, self._terms("", transport, None),
+                cores=self.cores if contended else None, ranks=self.ranks if contended else 0)
         return network
+
+    def _terms(self, algorithm: str, transport: Transport, kind: str | None) -> TransportTerms:
+        terms = default_terms(algorithm, transport, kind)
+        if transport != Transport.GLOO_TCP or not self.contended:
+            return terms
+        return replace(terms, min_message_s=self.contention_floor_s(algorithm))
 
     def _network(self, schedule: CommSchedule, note: bool) -> TransportNetwork:
         transport = group_transport(self.topology, tuple(schedule.group))
         network = self._of(transport)
         key = (str(schedule.kind), schedule.algorithm)
         if key not in network.terms:
-            network.terms[key] = default_terms(schedule.algorithm, transport, str(schedule.kind))
+            network.terms[key] = self._terms(schedule.algorithm, transport, str(schedule.kind))
         if note:
             self.used.add(f"{schedule.kind} {schedule.algorithm} over {transport.value}: "
                           f"{network.terms[key].describe()}")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from models.ops import OpKind
-from sim.calibrated import GLOO_CONTENTION_PER_EXCESS_RANK_S
+from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S
 from sim.context import context_rows, scenario_context
 from sim.profile import MeasurementKind, Profile, profile_frame
 from sim.topology import build_topology

@@ -130,9 +130,65 @@ def test_uncalibrated_simulation_states_the_transport_defaults_it_used(root):
     from sim.simulate import simulate
 
     cpu = simulate(load_scenario(root / "scenarios" / "validation" / "v4x1_latency.yaml"))
-    assert cpu.sources and all("over gloo/tcp" in line for line in cpu.sources)
+    collectives = [line for line in cpu.sources if not line.startswith("core contention")]
+    assert collectives and all("over gloo/tcp" in line for line in collectives)
+    # 4 ranks on the testbed's 2 cores: the contention terms say they are gloo/tcp's defaults
+    assert [line for line in cpu.sources if "gloo/tcp default" in line and line.startswith("core contention per")]
     gpu = simulate(load_scenario(root / "scenarios" / "h100_2x8_llama31_70b.yaml"))
     assert any("over nccl/net" in line and "tuning.cc" in line for line in gpu.sources)
+
+
+def _one_variant(root, cores):
+    """v2x2_bandwidth (4 CPU ranks) with one variant, its cluster declaring ``cores`` (None: none)."""
+    import yaml
+
+    from sim.scenario import scenario_from_dict
+
+    path = root / "scenarios" / "validation" / "v2x2_bandwidth.yaml"
+    data = yaml.safe_load(path.read_text())
+    cluster = {key: value for key, value in data["cluster"].items() if key != "cores"}
+    variant = next(v for v in data["variants"] if v["name"] == "allreduce_recursive_doubling")
+    return scenario_from_dict({**data, "cluster": {**cluster, **({} if cores is None else {"cores": cores})},
+                               "variants": [variant], "baseline": variant["name"]}, base_dir=path.parent)
+
+
+def test_uncalibrated_ranks_beyond_their_shared_cores_take_turns_and_pay_gloos_contention_default(root):
+    from sim.simulate import simulate
+    from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S
+
+    shared, enough, undeclared = (simulate(_one_variant(root, cores)) for cores in (2, 4, None))
+    # cores enough for every rank, or none declared: the uncalibrated model as it was, bit for bit
+    assert enough.results.equals(undeclared.results)
+    assert not [line for line in enough.sources if line.startswith("core contention")]
+    # 4 ranks on 2 cores: slower, and the output says which defaults priced it
+    tpot = [r.variants[0].timing["tpot_s"] for r in (shared, undeclared)]
+    ttft = [r.variants[0].timing["ttft_s"] for r in (shared, undeclared)]
+    assert tpot[0] > tpot[1] and ttft[0] > ttft[1]
+    floor_ms = 2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False] * 1e3
+    assert any(line.startswith("core contention: 4 ranks on 2 cores") for line in shared.sources)
+    assert any(f"at least {floor_ms:.2f} ms" in line and "gloo/tcp default" in line for line in shared.sources)
+
+
+def test_uncalibrated_gloo_messages_cost_at_least_the_contention_floor_of_their_busy_ranks(root):
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S, DefaultTransportNetwork
+
+    topology = build_topology(_one_variant(root, 2).config.cluster)
+    group = (0, 1, 2, 3)
+    doubling = build_schedule("allreduce", "recursive_doubling", group, 64, host_groups=topology.host_groups(group))
+    shared = DefaultTransportNetwork(topology, cores=2, ranks=4).time(doubling).duration_s
+    own = DefaultTransportNetwork(topology).time(doubling).duration_s
+    # 2 steps, each keeping all 4 ranks busy: 2 ranks beyond the cores, each message at least the floor
+    assert own < 2 * 2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False] <= shared
+
+
+def test_a_clusters_shared_cores_must_be_a_positive_count(root):
+    from models.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        _one_variant(root, 0)
+    assert error.value.field == "cluster.cores"
 
 
 def test_group_transport_follows_devices_and_hosts():
@@ -153,7 +209,8 @@ def test_group_transport_follows_devices_and_hosts():
 
 
 def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scales_with_excess_ranks(clusters):
-    from sim.calibrated import GLOO_CONTENTION_PER_EXCESS_RANK_S, contention_floor
+    from sim.calibrated import contention_floor
+    from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S
     from sim.context import profile_contexts, scenario_context
     from sim.parallel import ParallelPlan
     from sim.topology import build_topology
