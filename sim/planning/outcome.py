@@ -243,7 +243,7 @@ def _layout(row: pd.Series) -> str:
         return f"{row['parallel']} with {row['variant']} ({row['algorithms']})"
     if row["num_devices"] == 1:  # every strategy is the same program there
         return f"on one device (no collectives) with {row['memory_policy']} weights"
-    return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
+    return f"{row['parallel']}, {row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
 
 
 def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None) -> PlanResult:
@@ -294,7 +294,7 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
         scenario["description"] = f"hetsim plan {request.name}: {chosen['cluster']}, {_layout(chosen)}"
         scenario["variants"][0]["name"] = chosen["variant"]
     public = [c for c in table.columns if c not in ("shape", "variant_config", "memory_config", "model_index", "layout",
-                                                    "step_bottleneck")]
+                                                    "step_bottleneck", "tokens_upper_bound")]
     notes = []
     if profile is not None:
         outside = table[(table["rank"] > 0) & table["profile_context"].str.startswith("outside")]
