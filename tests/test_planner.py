@@ -96,6 +96,10 @@ def test_closed_form_pruning_never_drops_a_configuration_the_simulator_accepts()
 def test_mixed_clusters_and_every_stage_are_searched(small):
     table = small.table
     assert table["device_types"].str.contains(r"\+").any()
+    # Mixed clusters also try the split by each device's compute; clusters of one type do not.
+    mixed = table["device_types"].str.contains(r"\+")
+    assert table.loc[mixed, "parallel"].str.endswith("uneven").any()
+    assert not table.loc[~mixed, "parallel"].str.endswith("uneven").any()
     assert {Stage.LAYOUT, Stage.SIMULATED} <= set(table["stage"])
     assert len(table) == len(Planner(plan_from_dict(SMALL)).candidates())
 
@@ -384,6 +388,9 @@ def test_over_slow_links_a_pipeline_across_hosts_beats_tensor_parallelism_over_a
     assert pick["parallel"] == "TP 2 x PP 2" and "TP 2 x PP 2" in result.recommendation
     assert pick[Metric.TPOT] < simulated.loc[simulated["parallel"] == "TP 4", Metric.TPOT].min()
     assert not simulated.loc[simulated["parallel"] == "TP 4", "meets_slo"].any()
+    # The closed forms that pruned the others bound every layout's simulated latency.
+    assert (simulated["ttft_lower_bound_s"] <= simulated[Metric.TTFT]).all()
+    assert (simulated["tpot_lower_bound_s"] <= simulated[Metric.TPOT]).all()
     # The pick's scenario runs that layout, and simulating it gives the plan's prediction.
     assert result.pick_scenario["parallel"] == {"tensor": 2, "pipeline": 2}
     timing = simulate(scenario_from_dict(result.pick_scenario), expand_steps=()).variants[0].timing
@@ -416,7 +423,7 @@ def test_a_layout_the_model_cannot_take_is_never_proposed():
     even = table[table["parallel"] == "TP 6"]
     assert (even["stage"] == Stage.LAYOUT).all() and even["reason"].str.contains("28 attention heads").all()
     proposed = table[table["stage"] != Stage.LAYOUT]
-    assert set(proposed["parallel"]) == {"TP 6 uneven", "TP 2 x PP 3", "PP 6", "3 replicas of TP 2"}
+    assert set(proposed["parallel"]) == {"TP 2 x PP 3", "PP 6", "3 replicas of TP 2"}
     for _, row in proposed.drop_duplicates("parallel").iterrows():  # the simulator takes each as written
         scenario = scenario_from_dict(planner.scenario_dict(row))
         assert ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).label

@@ -6,9 +6,9 @@ left idle would be paid for and unused):
 
 * ``TP N``: tensor parallelism over every device (Megatron-LM, Shoeybi et al. 2019, arXiv
   1909.08053);
-* ``TP N uneven``: the same with each device's share of the heads and MLP columns in proportion to
-  its compute (``parallel.shares: compute``, :func:`models.shards.tensor_shards`), on a mixed
-  cluster or where N does not divide the model's heads;
+* ``TP N uneven``: on a mixed cluster, the same with each device's share of the heads and MLP
+  columns in proportion to its compute (``parallel.shares: compute``,
+  :func:`models.shards.tensor_shards`);
 * ``TP G x PP H``: tensor parallelism inside each host, a pipeline of H stages across the hosts
   (GPipe, Huang et al. 2019, arXiv 1811.06965; tensor parallelism within a node and pipeline
   parallelism across nodes is Megatron-LM's placement, Narayanan et al. 2021, arXiv 2104.04473,
@@ -79,7 +79,7 @@ class InferenceLayout:
 def inference_layouts(hosts: int, per_host: int, *, uneven: bool, serving: bool = False) -> list[InferenceLayout]:
     """The layouts a plan tries on ``hosts`` hosts of ``per_host`` devices (see the module
     docstring); ``uneven``: also the uneven split over every device (the devices are of more than
-    one type, or the even split cannot shard the model)."""
+    one type)."""
     n = hosts * per_host
     layouts = [InferenceLayout(n)]
     if serving or n == 1:

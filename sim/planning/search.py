@@ -77,6 +77,7 @@ from sim.planning.plan_config import PlanRequest
 from sim.parallel import ParallelPlan
 from sim.pipeline import PipelinePlan
 from sim.plan import Plan
+from sim.program import Stage as ProgramStage
 from sim.profile import Profile
 from sim.replicas import split_batch
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
@@ -317,52 +318,62 @@ class Planner:
         every stage in turn (each stage's busiest rank), as each micro-batch's next token needs its
         last one (GPipe, arXiv 1811.06965, section 2.2); replicas run apart: the batch's latency
         is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`)."""
-        spec = self.request.models[model_index]
         batch, prompt, output = self._bound_lengths()
-        choice = StrategyChoice.library(strategy)
+        _, parallel = self._layout_plan(model_index, device_types, layout)
+
+        def group_s(ranks: tuple[int, ...], sequences: int, stage: ProgramStage | None, shards) -> tuple:
+            return self._group_s(model_index, tuple(device_types[r] for r in ranks), sequences, stage, shards, strategy)
+
+        if parallel.pipeline > 1:
+            pipeline = PipelinePlan.of(parallel, batch, prompt, output, StrategyChoice.library(strategy))
+            copies = [([[group_s(ranks, size, stage, None) for size in pipeline.micro_batches]
+                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch)]
+        else:
+            batches = split_batch(batch, parallel.replicas) if parallel.replicas > 1 else (batch,)
+            copies = [([[group_s(ranks, b, None, shards)]], b)
+                      for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
+
+        def step_s(stages: list[list[tuple]], step: int) -> float:
+            """``stages[s][j][step]``: each rank of stage s's compute (s) for micro-batch j."""
+            busiest = max(sum(group[step][i] for group in micro) for micro in stages for i in range(len(micro[0][step])))
+            passes = min(sum(max(micro[j][step]) for micro in stages) for j in range(len(stages[0])))
+            return max(busiest, passes)
+
+        ttft_s = tpot_s = tokens_per_s = 0.0
+        for stages, b in copies:
+            # no serving TTFT bound: see the module docstring
+            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(stages, 0))
+            tpot = step_s(stages, 1) if output > 1 else 0.0
+            tpot_s = max(tpot_s, tpot)
+            tokens_per_s += b / tpot if tpot > 0 else math.inf
+        return Bounds(ttft_s, tpot_s, tokens_per_s)
+
+    @lru_cache(maxsize=None)
+    def _group_s(self, model_index: int, group_types: tuple[str, ...], sequences: int,
+                 stage: ProgramStage | None, shards, strategy: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Each rank's compute (s, roofline) in one tensor-parallel group of devices of
+        ``group_types`` serving ``sequences``: in the prefill and in the first decode step (0 when
+        there is none); ``stage``: a pipeline stage's layers (None: the whole model). A stage's
+        lowering does not depend on where its layers start, so alike groups are priced once."""
+        spec = self.request.models[model_index]
+        _, prompt, output = self._bound_lengths()
         settings = self.request.config.compute
         compute = RooflineCompute(spec.dtype, settings.flops_efficiency, settings.memory_efficiency,
                                   settings.op_overhead_s)
-        devices = _devices(device_types)
-        _, parallel = self._layout_plan(model_index, device_types, layout)
+        devices = _devices(group_types)
+        ranks = tuple(range(len(group_types)))
+        plan = Plan(spec, ranks, sequences, prompt, output, StrategyChoice.library(strategy), shards=shards,
+                    stage=None if stage is None else ProgramStage(0, stage.num_layers, stage.embeds, stage.heads))
 
-        def rank_s(plan: Plan, step: int) -> dict[int, float]:
-            totals = dict.fromkeys(plan.ranks, 0.0)
+        def rank_s(step: int) -> tuple[float, ...]:
+            totals = dict.fromkeys(ranks, 0.0)
             for segment in plan.phase(step).segments:
                 for rank, ops in segment.programs.items():
                     totals[rank] += segment.repeat * sum(compute.duration_s(op, devices[rank])
                                                          for op in ops if op.cost is not None)
-            return totals
+            return tuple(totals[r] for r in ranks)
 
-        def step_s(plans: list[list[Plan]], step: int) -> float:
-            """``plans[s][j]``: stage s's plan of micro-batch j."""
-            busiest: dict[int, float] = {}
-            passes = [0.0] * len(plans[0])
-            for stage in plans:
-                for j, plan in enumerate(stage):
-                    totals = rank_s(plan, step)
-                    passes[j] += max(totals.values())
-                    for rank, seconds in totals.items():
-                        busiest[rank] = busiest.get(rank, 0.0) + seconds
-            return max(max(busiest.values()), min(passes))
-
-        if parallel.pipeline > 1:
-            pipeline = PipelinePlan.of(parallel, batch, prompt, output, choice)
-            copies = [([[pipeline.stage_plan(s, j) for j in range(len(pipeline.micro_batches))]
-                        for s in range(parallel.pipeline)], batch)]
-        else:
-            batches = split_batch(batch, parallel.replicas) if parallel.replicas > 1 else (batch,)
-            copies = [([[Plan(spec, ranks, b, prompt, output, choice, shards=shards)]], b)
-                      for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
-        ttft_s = tpot_s = 0.0
-        tokens_per_s = 0.0
-        for plans, b in copies:
-            # no serving TTFT bound: see the module docstring
-            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(plans, 0))
-            tpot = step_s(plans, 1) if output > 1 else 0.0
-            tpot_s = max(tpot_s, tpot)
-            tokens_per_s += b / tpot if tpot > 0 else math.inf
-        return Bounds(ttft_s, tpot_s, tokens_per_s)
+        return rank_s(0), rank_s(1) if output > 1 else (0.0,) * len(ranks)
 
     def _misses_by_bound(self, bounds: Bounds) -> str:
         slo = self.request.config.slo
@@ -397,9 +408,7 @@ class Planner:
                           "devices_per_host": shape.groups[0].per_host, "num_devices": shape.num_devices,
                           "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
                           "network": shape.network or "", "price_per_hour": price}
-                whole = InferenceLayout(shape.num_devices)
-                uneven = len(set(types)) > 1 or bool(self._layout_plan(m, types, whole)[0])
-                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=uneven,
+                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=len(set(types)) > 1,
                                                 serving=config.is_serving):
                     problem, parallel = self._layout_plan(m, types, layout)
                     refused = {p: problem or _policy_problem(p, layout) for p in policies}
@@ -487,7 +496,8 @@ class Planner:
         Within a cluster, resident layouts go first, and the strategies' ``auto`` variants before
         the variants naming one allreduce algorithm: ``auto`` prices each call with the fastest
         algorithm, so its simulated latency bounds theirs. On one device every variant is the
-        same program (no collectives): one is simulated and its result copied.
+        same program (no collectives), and so on every layout without tensor parallelism (a
+        pipeline of single devices, replicas of one device each): one is simulated and its result copied.
         ``progress(done, total)``, if given, is called after each cluster.
         """
         config = self.request.config
@@ -519,10 +529,10 @@ class Planner:
                                                                               "the objectives and it cannot be faster"}
                         else:
                             keep.append(i)
-                    if keep and table.loc[keep[0], "num_devices"] == 1 and not config.is_training:
+                    if keep and not config.is_training and table.loc[keep[0], "layout"].tensor == 1:
                         self._simulate_rows(table, keep[:1], results)
                         for i in keep[1:]:
-                            results[i] = dict(results[keep[0]], reason=f"one device, no collectives: as "
+                            results[i] = dict(results[keep[0]], reason=f"tensor parallelism of 1, no collectives: as "
                                                                        f"{table.loc[keep[0], 'variant']}")
                     else:
                         self._simulate_rows(table, keep, results)
