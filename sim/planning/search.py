@@ -391,6 +391,8 @@ class Planner:
         config, catalog = self.request.config, self.request.catalog
         rows = []
         variants, policies = config.search.variants, config.search.memory
+        algorithms = {v.name: _algorithms(v) for v in variants}
+        labels = {k: p.to_policy().label() for k, p in enumerate(policies)}
         for m, spec in enumerate(self.request.models):
             for shape in self.shapes:
                 price = shape.price_per_hour(catalog)
@@ -414,7 +416,7 @@ class Planner:
                     refused = {p: problem or _policy_problem(p, layout) for p in policies}
                     memory = {p: "" if refused[p] or over else self._memory_problem(m, types, layout, k)
                               for k, p in enumerate(policies)}
-                    for variant, policy in itertools.product(variants, policies):
+                    for variant, (k, policy) in itertools.product(variants, enumerate(policies)):
                         stage, reason, bounds = Stage.SIMULATED, "", None
                         if refused[policy]:
                             stage, reason = Stage.LAYOUT, refused[policy]
@@ -430,8 +432,8 @@ class Planner:
                         rows.append(common | {
                             "parallel": layout.label(), "layout": layout, "variant_config": variant,
                             "variant": variant.name, "strategy": variant.strategy,
-                            "algorithms": _algorithms(variant), "memory_config": policy,
-                            "memory_policy": policy.to_policy().label(), "stage": stage, "reason": reason,
+                            "algorithms": algorithms[variant.name], "memory_config": policy,
+                            "memory_policy": labels[k], "stage": stage, "reason": reason,
                             "ttft_lower_bound_s": bounds.ttft_s if bounds else math.nan,
                             "tpot_lower_bound_s": bounds.tpot_s if bounds else math.nan,
                             "tokens_upper_bound": bounds.tokens_per_s if bounds else math.nan})
