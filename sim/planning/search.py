@@ -622,7 +622,9 @@ class Planner:
         return data
 
     def _simulate_rows(self, table: pd.DataFrame, index: list[int], results: dict[int, dict]) -> None:
-        """Simulate the candidates ``index`` (one cluster) as one scenario; their results into ``results``."""
+        """Simulate the candidates ``index`` (one cluster and layout) as one scenario, or in halves
+        where the simulator refuses so many variants at once (replicas multiply them); their results
+        into ``results``."""
         if not index:
             return
         config = self.request.config
@@ -643,6 +645,10 @@ class Planner:
                 return
             result = simulate(scenario_from_dict(data), profile=self.profile, expand_steps=())
         except ConfigError as error:
+            if error.field == "variants" and len(index) > 1:  # too large a job together: in halves
+                self._simulate_rows(table, index[:len(index) // 2], results)
+                self._simulate_rows(table, index[len(index) // 2:], results)
+                return
             for i in index:
                 results[i] = {"stage": Stage.ERROR, "reason": str(error)}
             return
