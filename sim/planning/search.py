@@ -1,24 +1,28 @@
 """The search: every candidate configuration, pruned in closed form, the survivors simulated.
 
 A **candidate** is a model, a cluster shape (device type(s), devices per host, hosts, the host
-interconnect and the network from the catalog) and a layout on it (a variant: strategy and
-collective algorithms; a memory policy), with tensor parallelism over every device: a device left
-idle would be paid for and unused. Candidates are enumerated as a cartesian product, plus mixed
+interconnect and the network from the catalog), a layout of the model on every device of it
+(:mod:`sim.planning.layouts`: tensor parallelism, a pipeline, replicas; a device left idle would
+be paid for and unused) and a variant (strategy and collective algorithms; a memory policy). Candidates are enumerated as a cartesian product, plus mixed
 clusters (two hosts of two device types with as many devices each, when ``search.mixed``). Each
 ends at one **stage**, cheapest test first:
 
-1. ``layout``: tensor parallelism of that degree cannot shard the model, or a device lacks the
-   dtype (:func:`models.accounting.check_tensor_parallel`);
+1. ``layout``: the simulator refuses the layout (:class:`sim.parallel.ParallelPlan`: the degrees
+   cannot shard the model; :func:`sim.replicas.split_batch`: fewer sequences than replicas;
+   :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline), or a device lacks
+   the dtype;
 2. ``limits``: more devices than ``limits.max_devices`` or a price above ``limits.budget_per_hour``;
 3. ``memory``: a lower bound of some rank's peak exceeds its capacity: its framework baseline
-   (:mod:`sim.framework`), its weights (with a sliding window, the resident ones plus w+1 blocks)
-   and the KV cache of the whole run, all held at the last step; the simulated peak can only be
-   higher;
+   (:mod:`sim.framework`), its weights (a pipeline stage's: its layers'; with a sliding window,
+   the resident ones plus w+1 blocks) and the KV cache of the whole run (its stage's layers, its
+   replica's sequences), all held at the last step; the simulated peak can only be higher;
 4. ``bound``: a lower bound of TTFT or TPOT misses its objective (or an upper bound of decode
    tokens/s): on each rank, the sum of its compute ops priced by the simulator's own roofline
    (:class:`sim.cost.RooflineCompute`), which a step cannot beat since a rank runs its compute ops
-   one at a time; TPOT at the shortest context. Skipped under a calibration profile, whose
-   compute may beat the roofline;
+   one at a time; TPOT at the shortest context; a pipeline's step also lasts at least one
+   micro-batch's pass through every stage, and replicas' latency is the slowest one's
+   (:meth:`Planner._bounds`). Skipped under a calibration profile, whose compute may beat the
+   roofline;
 5. ``dominated``: not simulated because it can enter neither Pareto frontier nor the top 10: at
    least 10 cheaper clusters already meet every objective, and its bounds are no better
    than the best latency and throughput already simulated at a price no higher (candidates are
