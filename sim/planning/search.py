@@ -395,7 +395,7 @@ class Planner:
         config, catalog = self.request.config, self.request.catalog
         rows = []
         variants, policies = config.search.variants, config.search.memory
-        algorithms = {v.name: _algorithms(v) for v in variants}
+        algorithms = {} if config.is_training else {v.name: _algorithms(v) for v in variants}
         labels = {k: p.to_policy().label() for k, p in enumerate(policies)}
         for m, spec in enumerate(self.request.models):
             for shape in self.shapes:
