@@ -113,7 +113,7 @@ def test_plan_command_writes_the_table_the_report_and_a_pick_that_simulates(tmp_
         assert (tmp_path / "out" / name).is_file()
     csv = pd.read_csv(tmp_path / "out" / "plan.csv")
     parquet = pd.read_parquet(tmp_path / "out" / "plan.parquet")
-    assert len(csv) == len(parquet) and {"price_per_hour", "stage", "bottleneck", "pareto_latency"} <= set(csv.columns)
+    assert len(csv) == len(parquet) and {"price_per_hour", "stage", "bottleneck", "pareto_latency", "parallel"} <= set(csv.columns)
     assert "hetsim measure" in out and "torchrun" in out and "Use " in out
     pick = load_scenario(tmp_path / "out" / "pick.yaml")
     picked = csv[csv["rank"] == 1].iloc[0]
