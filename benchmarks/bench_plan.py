@@ -4,8 +4,8 @@ costs.
 
 The issue's target: a plan over >= 10,000 candidates in <= 2 minutes. The ``batch`` case is the
 shipped example (``scenarios/plan_llama31_8b.yaml``: the default catalog, every device type, mixed
-pairs, 1-8 devices per host, networks, six layouts, two memory policies, at most $40/h and 32
-devices) asked for two models (Llama-3.1-8B and Qwen2.5-7B) over 1 to 16 hosts. The ``serving``
+pairs, 1-8 devices per host, networks, six variants, two memory policies, the layouts of
+:mod:`sim.planning.layouts`, at most $40/h and 32 devices) asked for two models (Llama-3.1-8B and Qwen2.5-7B) over 1 to 16 hosts. The ``serving``
 case is ``scenarios/plan_serving_llama31_8b.yaml`` as shipped (target: under a minute). Reports
 the medians over repeats of :func:`sim.planning.outcome.plan` (search, simulation of the
 survivors, frontiers, the top 10's bottlenecks; not file writing), in wall time and in the
@@ -16,11 +16,14 @@ candidates each stage settled.
 tolerance: 14 bisections; requests arriving over ``--reference-horizon`` seconds, default 200) and
 prints the plan's maximum rate against the reference's.
 
-Measured on the project's 2-core machine at a load average of 8.7-10 (six other sessions
-working): batch, 10,344 candidates (6,060 layout, 360 limits, 12 memory, 2,124 bound, 1,326
-dominated, 462 simulated); median over 2 repeats 80.2 s wall (68.8 and 91.6), 26.3 s CPU (22.2
-min). The target (<= 2 minutes) holds in wall time on the loaded machine; the CPU time is the
-figure that does not depend on the others' load. Serving (same machine, load average 0.1-1.9):
+Measured on the project's 2-core machine. Batch, searching tensor parallelism over every device
+only (before the layouts; load average 1.3-4.7): 10,344 candidates (6,060 layout, 360 limits, 12
+memory, 2,124 bound, 1,326 dominated, 462 simulated); median over 2 repeats 62.0 s wall (49.9 and
+74.1), 24.0 s CPU. With the layouts (TP, uneven TP on mixed clusters, TP x PP, PP, replicas; load
+average 1.1-2.2): 38,040 candidates (17,154 layout, 3,546 limits, 348 memory, 7,544 bound, 8,624
+dominated, 824 simulated); median over 2 repeats 109.0 s wall (106.7 and 111.2), 86.9 s CPU
+(82.8 min). The target (<= 2 minutes) holds in wall time, narrowly; the CPU time is the figure
+that does not depend on the others' load. Serving (same machine, load average 0.1-1.9):
 24 candidates (22 simulated, 1 limits, 1 memory); median over 3 repeats 26.4 s wall (26.8, 26.4,
 24.4), 25.7 s CPU; with ``--accuracy --accuracy-top 5`` the plan's maximum rates were -1.2% to
 +10.8% off the reference's (4.51 to 11.6 requests/s).

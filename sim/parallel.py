@@ -276,11 +276,8 @@ class ParallelPlan:
         replicas = parallel.replicas
         tensor = written or max(1, len(devices) // (pipeline * replicas))
         shares = parallel.shares
-        placed = topology.devices[:tensor * replicas]
-        if shares == ShareBasis.COMPUTE:
-            shares = tuple(d.spec.peak_flops(scenario.model.dtype) for d in placed)
-        elif shares == ShareBasis.MEMORY:
-            shares = tuple(float(d.memory_capacity_bytes) for d in placed)
+        if isinstance(shares, ShareBasis):
+            shares = share_weights(shares, topology.devices[:tensor * replicas], scenario.model.dtype)
         try:
             if stages == BALANCED:
                 plan = cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement)
@@ -306,6 +303,19 @@ class ParallelPlan:
                 raise ConfigError("parallel.tensor", f"exceeds the cluster's {len(devices)} devices "
                                                      f"({', '.join(devices)}) (got {tensor})")
         return cls(scenario.model, devices, tensor, data)
+
+
+def share_weights(basis: ShareBasis, devices, dtype: str) -> tuple[float, ...]:
+    """The weight of each of ``devices`` (:class:`sim.topology.Device`, in rank order) in an
+    uneven tensor-parallel split by ``basis``: its dense peak FLOP/s in ``dtype`` or its memory
+    capacity (bytes).
+
+    Raises:
+        ConfigError: on ``dtype`` for ``compute`` on a device without it.
+    """
+    if basis == ShareBasis.COMPUTE:
+        return tuple(d.spec.peak_flops(dtype) for d in devices)
+    return tuple(float(d.memory_capacity_bytes) for d in devices)
 
 
 BALANCED = "balanced"

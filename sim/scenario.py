@@ -422,6 +422,18 @@ class Scenario(BaseModel):
                     runtime_memory_bytes or {}, self.memory_policy(variant), shards)
 
 
+def check_pipeline_policy(policy: MemoryPolicy, pipeline: int) -> None:
+    """Refuse weights streamed through a pipeline of ``pipeline`` stages (not supported: a
+    pipeline keeps its weights resident, :class:`sim.pipeline.PipelinePlan`).
+
+    Raises:
+        ConfigError: on ``memory.policy`` when ``policy`` streams and ``pipeline`` > 1.
+    """
+    if pipeline > 1 and policy.streams:
+        raise ConfigError("memory.policy", f"a pipeline keeps its weights resident; sliding_window is not "
+                                           f"supported with {pipeline} stages (got sliding_window)")
+
+
 def pipeline_plan(scenario: Scenario, variant: Variant, parallel: ParallelPlan,
                   runtime_memory_bytes: dict[int, int] | None = None) -> PipelinePlan:
     """The pipeline plan of ``variant`` over ``parallel``'s stages (the simulator and the runtime
@@ -431,9 +443,7 @@ def pipeline_plan(scenario: Scenario, variant: Variant, parallel: ParallelPlan,
         ConfigError: weights streamed through a pipeline (``memory.policy``, not supported), or
             ``parallel.micro_batches`` without a pipeline or beyond the batch.
     """
-    if scenario.memory_policy(variant).streams:
-        raise ConfigError("memory.policy", f"a pipeline keeps its weights resident; sliding_window is not "
-                                           f"supported with {parallel.pipeline} stages (got sliding_window)")
+    check_pipeline_policy(scenario.memory_policy(variant), parallel.pipeline)
     w = scenario.config.workload
     return PipelinePlan.of(parallel, w.batch_size, w.prompt_tokens, w.output_tokens, variant.choice(),
                            (variant.parallel or scenario.config.parallel).micro_batches, runtime_memory_bytes)

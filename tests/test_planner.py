@@ -96,6 +96,10 @@ def test_closed_form_pruning_never_drops_a_configuration_the_simulator_accepts()
 def test_mixed_clusters_and_every_stage_are_searched(small):
     table = small.table
     assert table["device_types"].str.contains(r"\+").any()
+    # Mixed clusters also try the split by each device's compute; clusters of one type do not.
+    mixed = table["device_types"].str.contains(r"\+")
+    assert table.loc[mixed, "parallel"].str.endswith("uneven").any()
+    assert not table.loc[~mixed, "parallel"].str.endswith("uneven").any()
     assert {Stage.LAYOUT, Stage.SIMULATED} <= set(table["stage"])
     assert len(table) == len(Planner(plan_from_dict(SMALL)).candidates())
 
@@ -109,7 +113,7 @@ def test_plan_command_writes_the_table_the_report_and_a_pick_that_simulates(tmp_
         assert (tmp_path / "out" / name).is_file()
     csv = pd.read_csv(tmp_path / "out" / "plan.csv")
     parquet = pd.read_parquet(tmp_path / "out" / "plan.parquet")
-    assert len(csv) == len(parquet) and {"price_per_hour", "stage", "bottleneck", "pareto_latency"} <= set(csv.columns)
+    assert len(csv) == len(parquet) and {"price_per_hour", "stage", "bottleneck", "pareto_latency", "parallel"} <= set(csv.columns)
     assert "hetsim measure" in out and "torchrun" in out and "Use " in out
     pick = load_scenario(tmp_path / "out" / "pick.yaml")
     picked = csv[csv["rank"] == 1].iloc[0]
@@ -180,7 +184,10 @@ def test_a_profile_prices_the_candidates_and_names_those_outside_its_context():
     two_hosts = calibrated.table[calibrated.table["num_hosts"] == 2].iloc[0]
     assert two_hosts["profile_context"].startswith("outside") and "inter_host" in two_hosts["profile_context"]
     assert any("inter_host" in note for note in calibrated.notes)
-    assert calibrated.table[Metric.TPOT].notna().all()
+    # Every layout that can run is simulated (2 replicas need 2 sequences: a batch of 1 cannot).
+    runs = calibrated.table["stage"] == Stage.SIMULATED
+    assert calibrated.table.loc[~runs, "parallel"].eq("2 replicas of TP 1").all()
+    assert calibrated.table.loc[runs, Metric.TPOT].notna().all() and runs.sum() == 3
 
 
 def test_when_nothing_can_meet_the_objectives_the_sentence_says_why():
@@ -348,3 +355,75 @@ def test_a_plan_nothing_meets_exits_3_and_says_which_limit_excluded_every_cluste
     out = capsys.readouterr().out
     assert "every cluster that can run the model is over the limits" in out and "top 0" not in out
     assert (tmp_path / "out" / "plan.csv").is_file() and not (tmp_path / "out" / "pick.yaml").exists()
+
+
+SLOW_LINKS = {"name": "slow_links", "models": ["llama-2-7b"], "dtype": "fp16",
+              "workload": {"batch_size": 1, "prompt_tokens": 128, "output_tokens": 8},
+              "search": {"devices": ["rtx_4090"], "devices_per_host": [2], "hosts": [2], "networks": ["wan1g"],
+                         "mixed": False, "memory": [{"policy": "resident"}]}}
+
+
+@pytest.fixture(scope="module")
+def wan_catalog(tmp_path_factory):
+    """The default catalog with a 1 Gbit/s, 500 us network between hosts (a slow WAN-like link)."""
+    from sim.planning.catalog import DEFAULT_CATALOG
+    data = yaml.safe_load(DEFAULT_CATALOG.read_text())
+    data["networks"]["wan1g"] = {"bandwidth": "1Gbit/s", "latency": "500us", "nic_per_device": False,
+                                 "price_per_hour_per_host": 0.0, "source": "a test's slow link"}
+    path = tmp_path_factory.mktemp("catalog") / "catalog.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_over_slow_links_a_pipeline_across_hosts_beats_tensor_parallelism_over_all_devices(wan_catalog):
+    # Two hosts of two RTX 4090 over 1 Gbit/s: TP 4 puts every layer's allreduces on the slow
+    # link; TP 2 inside each host with a pipeline across them crosses it once per stage per step.
+    result = plan(plan_from_dict(SLOW_LINKS | {"catalog": wan_catalog, "slo": {"tpot": "50ms"}}))
+    table = result.table
+    simulated = table[table["stage"] == Stage.SIMULATED]
+    assert {"TP 4", "TP 2 x PP 2", "PP 4"} <= set(simulated["parallel"])
+    assert table.loc[table["parallel"] == "2 replicas of TP 2", "stage"].eq(Stage.LAYOUT).all()  # batch of 1
+    assert simulated["price_per_hour"].nunique() == 1  # one cluster: the layouts cost the same
+    pick = result.pick
+    assert pick["parallel"] == "TP 2 x PP 2" and "TP 2 x PP 2" in result.recommendation
+    assert pick[Metric.TPOT] < simulated.loc[simulated["parallel"] == "TP 4", Metric.TPOT].min()
+    assert not simulated.loc[simulated["parallel"] == "TP 4", "meets_slo"].any()
+    # The closed forms that pruned the others bound every layout's simulated latency.
+    assert (simulated["ttft_lower_bound_s"] <= simulated[Metric.TTFT]).all()
+    assert (simulated["tpot_lower_bound_s"] <= simulated[Metric.TPOT]).all()
+    # The pick's scenario runs that layout, and simulating it gives the plan's prediction.
+    assert result.pick_scenario["parallel"] == {"tensor": 2, "pipeline": 2}
+    timing = simulate(scenario_from_dict(result.pick_scenario), expand_steps=()).variants[0].timing
+    assert timing[Metric.TPOT] == pytest.approx(pick[Metric.TPOT], rel=1e-9)
+    assert timing[Metric.TTFT] == pytest.approx(pick[Metric.TTFT], rel=1e-9)
+
+
+def test_a_throughput_objective_picks_one_replica_per_host(wan_catalog):
+    request = SLOW_LINKS | {"catalog": wan_catalog, "slo": {"tokens_per_s": 650},
+                            "workload": {"batch_size": 8, "prompt_tokens": 128, "output_tokens": 8}}
+    result = plan(plan_from_dict(request))
+    simulated = result.table[result.table["stage"] == Stage.SIMULATED]
+    best = simulated.groupby("parallel")[Metric.DECODE_TOKENS_PER_S].max()
+    assert best.idxmax() == "2 replicas of TP 2" and best["2 replicas of TP 2"] > best["TP 2 x PP 2"]
+    assert result.pick["parallel"] == "2 replicas of TP 2" and result.pick_scenario["parallel"] == {"tensor": 2, "replicas": 2}
+    timing = simulate(scenario_from_dict(result.pick_scenario), expand_steps=()).variants[0].timing
+    assert timing[Metric.DECODE_TOKENS_PER_S] == pytest.approx(result.pick[Metric.DECODE_TOKENS_PER_S], rel=1e-9)
+
+
+def test_a_layout_the_model_cannot_take_is_never_proposed():
+    from sim.parallel import ParallelPlan
+    from sim.topology import build_topology
+    # Qwen2.5-7B has 28 heads: TP 6 over 3 hosts x 2 cannot split them evenly; the rest can run.
+    request = {"name": "heads", "models": ["qwen2.5-7b"], "dtype": "bf16", "slo": {"tpot": "1s"},
+               "workload": {"batch_size": 4, "prompt_tokens": 128, "output_tokens": 4},
+               "search": {"devices": ["rtx_4090"], "devices_per_host": [2], "hosts": [3], "networks": ["eth10g"],
+                          "mixed": False, "memory": [{"policy": "resident"}]}}
+    planner = Planner(plan_from_dict(request))
+    table = planner.candidates()
+    even = table[table["parallel"] == "TP 6"]
+    assert (even["stage"] == Stage.LAYOUT).all() and even["reason"].str.contains("28 attention heads").all()
+    proposed = table[table["stage"] != Stage.LAYOUT]
+    assert set(proposed["parallel"]) == {"TP 2 x PP 3", "PP 6", "3 replicas of TP 2"}
+    for _, row in proposed.drop_duplicates("parallel").iterrows():  # the simulator takes each as written
+        scenario = scenario_from_dict(planner.scenario_dict(row))
+        assert ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).label

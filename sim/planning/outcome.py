@@ -73,7 +73,8 @@ class PlanResult:
 
     def commands(self, scenario_path: Path) -> list[str]:
         """How to run the pick: simulate it, measure it here, and the torchrun line of a real cluster
-        (a serving pick: simulate it; the runtime does not serve request loads)."""
+        (a serving pick: simulate it; the runtime does not serve request loads; replicas: how to
+        measure one, as the runtime runs one group)."""
         if self.pick_scenario is None:
             return []
         path = shlex.quote(str(scenario_path))
@@ -81,6 +82,11 @@ class PlanResult:
             return [f"hetsim simulate {path}"]
         row = self.pick if self.pick is not None else self.top.iloc[0]
         hosts, per_host = int(row["num_hosts"]), int(row["devices_per_host"])
+        replicas = self.pick_scenario.get("parallel", {}).get("replicas", 1)
+        if replicas > 1:  # the runtime runs one tensor-parallel group (runtime.measure)
+            return [f"hetsim simulate {path}",
+                    f"# hetsim measure runs one tensor-parallel group: set parallel.replicas to 1 in {path} "
+                    f"to measure the first of the {replicas} replicas"]
         return [f"hetsim simulate {path}", f"hetsim measure {path}",
                 f"torchrun --nnodes {hosts} --nproc-per-node {per_host} --rdzv-backend c10d "
                 f"--rdzv-endpoint HOST0:29500 -m runtime.torchrun measure {path} --out out/measured"]
@@ -243,7 +249,7 @@ def _layout(row: pd.Series) -> str:
         return f"{row['parallel']} with {row['variant']} ({row['algorithms']})"
     if row["num_devices"] == 1:  # every strategy is the same program there
         return f"on one device (no collectives) with {row['memory_policy']} weights"
-    return f"{row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
+    return f"{row['parallel']}, {row['strategy']} with {row['algorithms'] or 'no collectives'} and {row['memory_policy']} weights"
 
 
 def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None) -> PlanResult:
@@ -294,7 +300,7 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
         scenario["description"] = f"hetsim plan {request.name}: {chosen['cluster']}, {_layout(chosen)}"
         scenario["variants"][0]["name"] = chosen["variant"]
     public = [c for c in table.columns if c not in ("shape", "variant_config", "memory_config", "model_index", "layout",
-                                                    "step_bottleneck")]
+                                                    "step_bottleneck", "tokens_upper_bound")]
     notes = []
     if profile is not None:
         outside = table[(table["rank"] > 0) & table["profile_context"].str.startswith("outside")]

@@ -1,24 +1,28 @@
 """The search: every candidate configuration, pruned in closed form, the survivors simulated.
 
 A **candidate** is a model, a cluster shape (device type(s), devices per host, hosts, the host
-interconnect and the network from the catalog) and a layout on it (a variant: strategy and
-collective algorithms; a memory policy), with tensor parallelism over every device: a device left
-idle would be paid for and unused. Candidates are enumerated as a cartesian product, plus mixed
+interconnect and the network from the catalog), a layout of the model on every device of it
+(:mod:`sim.planning.layouts`: tensor parallelism, a pipeline, replicas; a device left idle would
+be paid for and unused) and a variant (strategy and collective algorithms; a memory policy). Candidates are enumerated as a cartesian product, plus mixed
 clusters (two hosts of two device types with as many devices each, when ``search.mixed``). Each
 ends at one **stage**, cheapest test first:
 
-1. ``layout``: tensor parallelism of that degree cannot shard the model, or a device lacks the
-   dtype (:func:`models.accounting.check_tensor_parallel`);
+1. ``layout``: the simulator refuses the layout (:class:`sim.parallel.ParallelPlan`: the degrees
+   cannot shard the model; :func:`sim.replicas.split_batch`: fewer sequences than replicas;
+   :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline), or a device lacks
+   the dtype;
 2. ``limits``: more devices than ``limits.max_devices`` or a price above ``limits.budget_per_hour``;
 3. ``memory``: a lower bound of some rank's peak exceeds its capacity: its framework baseline
-   (:mod:`sim.framework`), its weights (with a sliding window, the resident ones plus w+1 blocks)
-   and the KV cache of the whole run, all held at the last step; the simulated peak can only be
-   higher;
+   (:mod:`sim.framework`), its weights (a pipeline stage's: its layers'; with a sliding window,
+   the resident ones plus w+1 blocks) and the KV cache of the whole run (its stage's layers, its
+   replica's sequences), all held at the last step; the simulated peak can only be higher;
 4. ``bound``: a lower bound of TTFT or TPOT misses its objective (or an upper bound of decode
    tokens/s): on each rank, the sum of its compute ops priced by the simulator's own roofline
    (:class:`sim.cost.RooflineCompute`), which a step cannot beat since a rank runs its compute ops
-   one at a time; TPOT at the shortest context. Skipped under a calibration profile, whose
-   compute may beat the roofline;
+   one at a time; TPOT at the shortest context; a pipeline's step also lasts at least one
+   micro-batch's pass through every stage, and replicas' latency is the slowest one's
+   (:meth:`Planner._bounds`). Skipped under a calibration profile, whose compute may beat the
+   roofline;
 5. ``dominated``: not simulated because it can enter neither Pareto frontier nor the top 10: at
    least 10 cheaper clusters already meet every objective, and its bounds are no better
    than the best latency and throughput already simulated at a price no higher (candidates are
@@ -64,7 +68,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from models.accounting import check_tensor_parallel, kv_cache_bytes_per_token, layer_block_weight_bytes, rank_weight_bytes
+from models.accounting import layer_block_weight_bytes
 from models.errors import ConfigError
 from models.spec import ModelSpec
 from sim.cost import RooflineCompute
@@ -72,10 +76,15 @@ from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
 from sim.planning import training
 from sim.planning.catalog import Catalog, price_text
+from sim.planning.layouts import InferenceLayout, inference_layouts, rank_needs_bytes
 from sim.planning.plan_config import PlanRequest
-from sim.plan import MemoryPolicy, Plan
+from sim.parallel import ParallelPlan
+from sim.pipeline import PipelinePlan
+from sim.plan import Plan
+from sim.program import Stage as ProgramStage
 from sim.profile import Profile
-from sim.scenario import MemoryConfig, Variant, scenario_from_dict
+from sim.replicas import split_batch
+from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
 from sim.serving.simulate import RateSearchSettings, ServingVariantResult, cost_per_million_tokens, simulate_serving
 from sim.simulate import SimulationResult, simulate
@@ -98,7 +107,7 @@ class Stage(StrEnum):
 
 
 PLAN_COLUMNS = ["candidate", "model", "cluster", "device_types", "num_hosts", "devices_per_host", "num_devices",
-                "interconnect", "network", "variant", "strategy", "algorithms", "memory_policy", "price_per_hour",
+                "interconnect", "network", "parallel", "variant", "strategy", "algorithms", "memory_policy", "price_per_hour",
                 "stage", "reason", Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY,
                 Metric.LOADER_STALL_DECODE, Metric.MAX_PEAK_MEMORY, "fits", "meets_slo", "slo_miss",
                 "ttft_lower_bound_s", "tpot_lower_bound_s", "profile_context"]
@@ -224,10 +233,12 @@ def cluster_shapes(request: PlanRequest) -> list[ClusterShape]:
 
 @dataclass
 class Bounds:
-    """Closed-form bounds of one (model, ranks' devices, strategy): lower bounds of TTFT and TPOT (s)."""
+    """Closed-form bounds of one (model, ranks' devices, layout, strategy): lower bounds of TTFT and
+    TPOT (s), and an upper bound of decode tokens/s."""
 
     ttft_s: float
     tpot_s: float
+    tokens_per_s: float
 
 
 class Planner:
@@ -244,44 +255,52 @@ class Planner:
 
     # -- closed forms ---------------------------------------------------------------------------
     @lru_cache(maxsize=None)
-    def _layout_problem(self, model_index: int, shape: ClusterShape) -> str:
+    def _layout_plan(self, model_index: int, device_types: tuple[str, ...],
+                     layout: InferenceLayout) -> tuple[str, ParallelPlan | None]:
+        """Why the simulator would refuse ``layout`` of the model on devices of ``device_types``
+        (rank order; '' if it would not), and its plan (None when refused)."""
         spec = self.request.models[model_index]
-        try:
-            check_tensor_parallel(spec, shape.num_devices)
-        except ConfigError as error:
-            return error.message
-        for device in {g.device for g in shape.groups}:
+        for device in dict.fromkeys(device_types):
             if spec.dtype not in DEVICES[device].peak_flops_per_s:
-                return f"{device} has no {spec.dtype} rate"
-        return ""
+                return f"{device} has no {spec.dtype} rate", None
+        try:
+            parallel = layout.plan(spec, _devices(device_types))
+            if not self.request.config.is_serving:
+                split_batch(self.request.config.workload.batch_size, layout.replicas)
+        except ConfigError as error:
+            return error.message, None
+        return "", parallel
 
-    def _memory_problem(self, spec: ModelSpec, shape: ClusterShape, policy: MemoryPolicy) -> str:
-        """A rank whose lower bound of peak memory exceeds its capacity (a serving plan's: its share
-        ``memory_utilization``, with the KV cache of the longest request), described; '' if none."""
+    @lru_cache(maxsize=None)
+    def _memory_problem(self, model_index: int, devices: tuple[str, ...], layout: InferenceLayout,
+                        policy_index: int) -> str:
+        """A rank of ``layout`` on devices of types ``devices`` (rank order) whose lower bound of peak memory exceeds its capacity (a serving plan's: its share
+        ``memory_utilization``, with the KV cache of the longest request), described; '' if none.
+        Every rank of the layout is checked: a pipeline stage holds its layers' weights and KV
+        cache (:func:`sim.planning.layouts.rank_needs_bytes`), a replica its share of the batch."""
         config = self.request.config
         w = config.workload
-        tp = shape.num_devices
-        devices = shape.device_types
+        spec, policy = self.request.models[model_index], config.search.memory[policy_index].to_policy()
+        parallel = self._layout_plan(model_index, devices, layout)[1]
         baseline = default_runtime_memory({r: DEVICES[d] for r, d in enumerate(devices)})
         if config.is_serving:
             usable, kv_tokens = w.memory_utilization, max(r.prompt_tokens + r.output_tokens for r in self.request.requests)
+            batches = (1,) * parallel.replicas
         else:
-            usable, kv_tokens = 1.0, w.batch_size * (w.prompt_tokens + w.output_tokens - 1)
-        kv = kv_cache_bytes_per_token(spec, tp) * kv_tokens
-        blocks = layer_block_weight_bytes(spec, tp)
-        for rank in (0, 1) if tp > 1 else (0,):  # the master and a worker; workers hold alike
-            weights = rank_weight_bytes(spec, tp, is_master=rank == 0)
+            usable, kv_tokens = 1.0, w.prompt_tokens + w.output_tokens - 1
+            batches = split_batch(w.batch_size, parallel.replicas)
+        blocks = layer_block_weight_bytes(spec, parallel.tensor, shard=parallel.shards[0] if parallel.shards else None)
+        for rank, (weights, kv) in rank_needs_bytes(spec, parallel, batches, kv_tokens).items():
             if policy.streams:  # at most every block streamed, each at most the largest
                 blocks_total = 2 * spec.num_layers
                 streamed = blocks_total - (blocks_total // policy.retain_every if policy.retain_every else 0)
                 weights = max(0, weights - streamed * max(blocks.values()))
             need = baseline[rank] + weights + kv
-            # the worker of another type: check every distinct device type's capacity
-            for device in ({devices[0]} if rank == 0 else set(devices[1:])):
-                capacity = usable * DEVICES[device].memory_capacity_bytes
-                if need > capacity:
-                    return (f"{'master' if rank == 0 else 'a worker'} on {device} needs at least {need / 2**30:.1f} GiB "
-                            f"(weights, KV cache, framework) of {capacity / 2**30:.0f} GiB")
+            capacity = usable * DEVICES[devices[rank]].memory_capacity_bytes
+            if need > capacity:
+                role = "master" if rank == parallel.ranks[0] else "a worker"
+                return (f"{role} on {devices[rank]} needs at least {need / 2**30:.1f} GiB "
+                        f"(weights, KV cache, framework) of {capacity / 2**30:.0f} GiB")
         return ""
 
     def _bound_lengths(self) -> tuple[int, int, int]:
@@ -295,38 +314,79 @@ class Planner:
         return 1, min(r.prompt_tokens for r in requests), 2 if any(r.output_tokens > 1 for r in requests) else 1
 
     @lru_cache(maxsize=None)
-    def _bounds(self, model_index: int, device_types: tuple[str, ...], strategy: str) -> Bounds:
-        spec = self.request.models[model_index]
+    def _bounds(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout,
+                strategy: str) -> Bounds:
+        """Lower bounds of TTFT and TPOT and an upper bound of decode tokens/s of ``layout``: a rank
+        runs its compute ops one at a time, each priced by the roofline, so a step lasts at least
+        its busiest rank's compute; a pipeline's step also at least one micro-batch's pass through
+        every stage in turn (each stage's busiest rank), as each micro-batch's next token needs its
+        last one (GPipe, arXiv 1811.06965, section 2.2); replicas run apart: the batch's latency
+        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`)."""
         batch, prompt, output = self._bound_lengths()
-        choice = StrategyChoice.library(strategy)
-        ranks = tuple(range(len(device_types)))
-        plan = Plan(spec, ranks, batch, prompt, output, choice)
+        _, parallel = self._layout_plan(model_index, device_types, layout)
+
+        def group_s(ranks: tuple[int, ...], sequences: int, stage: ProgramStage | None, shards) -> tuple:
+            return self._group_s(model_index, tuple(device_types[r] for r in ranks), sequences, stage, shards, strategy)
+
+        if parallel.pipeline > 1:
+            pipeline = PipelinePlan.of(parallel, batch, prompt, output, StrategyChoice.library(strategy))
+            copies = [([[group_s(ranks, size, stage, None) for size in pipeline.micro_batches]
+                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch)]
+        else:
+            batches = split_batch(batch, parallel.replicas) if parallel.replicas > 1 else (batch,)
+            copies = [([[group_s(ranks, b, None, shards)]], b)
+                      for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
+
+        def step_s(stages: list[list[tuple]], step: int) -> float:
+            """``stages[s][j][step]``: each rank of stage s's compute (s) for micro-batch j."""
+            busiest = max(sum(group[step][i] for group in micro) for micro in stages for i in range(len(micro[0][step])))
+            passes = min(sum(max(micro[j][step]) for micro in stages) for j in range(len(stages[0])))
+            return max(busiest, passes)
+
+        ttft_s = tpot_s = tokens_per_s = 0.0
+        for stages, b in copies:
+            # no serving TTFT bound: see the module docstring
+            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(stages, 0))
+            tpot = step_s(stages, 1) if output > 1 else 0.0
+            tpot_s = max(tpot_s, tpot)
+            tokens_per_s += b / tpot if tpot > 0 else math.inf
+        return Bounds(ttft_s, tpot_s, tokens_per_s)
+
+    @lru_cache(maxsize=None)
+    def _group_s(self, model_index: int, group_types: tuple[str, ...], sequences: int,
+                 stage: ProgramStage | None, shards, strategy: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Each rank's compute (s, roofline) in one tensor-parallel group of devices of
+        ``group_types`` serving ``sequences``: in the prefill and in the first decode step (0 when
+        there is none); ``stage``: a pipeline stage's layers (None: the whole model). A stage's
+        lowering does not depend on where its layers start, so alike groups are priced once."""
+        spec = self.request.models[model_index]
+        _, prompt, output = self._bound_lengths()
         settings = self.request.config.compute
         compute = RooflineCompute(spec.dtype, settings.flops_efficiency, settings.memory_efficiency,
                                   settings.op_overhead_s)
-        devices = {r: Device(r, f"r{r}", f"r{r}", DEVICES[d], DEVICES[d].memory_capacity_bytes)
-                   for r, d in enumerate(device_types)}
+        devices = _devices(group_types)
+        ranks = tuple(range(len(group_types)))
+        plan = Plan(spec, ranks, sequences, prompt, output, StrategyChoice.library(strategy), shards=shards,
+                    stage=None if stage is None else ProgramStage(0, stage.num_layers, stage.embeds, stage.heads))
 
-        def busiest_s(step: int) -> float:
-            phase = plan.phase(step)
+        def rank_s(step: int) -> tuple[float, ...]:
             totals = dict.fromkeys(ranks, 0.0)
-            for segment in phase.segments:
+            for segment in plan.phase(step).segments:
                 for rank, ops in segment.programs.items():
                     totals[rank] += segment.repeat * sum(compute.duration_s(op, devices[rank])
                                                          for op in ops if op.cost is not None)
-            return max(totals.values())
+            return tuple(totals[r] for r in ranks)
 
-        ttft_s = math.nan if self.request.config.is_serving else busiest_s(0)  # no serving TTFT bound: see above
-        return Bounds(ttft_s, busiest_s(1) if output > 1 else 0.0)
+        return rank_s(0), rank_s(1) if output > 1 else (0.0,) * len(ranks)
 
     def _misses_by_bound(self, bounds: Bounds) -> str:
-        slo, w = self.request.config.slo, self.request.config.workload
+        slo = self.request.config.slo
         if slo.ttft_s is not None and bounds.ttft_s > slo.ttft_s:  # False for NaN
             return f"TTFT at least {bounds.ttft_s:.3g} s > {slo.ttft_s:.3g} s"
         if slo.tpot_s is not None and bounds.tpot_s > slo.tpot_s:
             return f"TPOT at least {bounds.tpot_s * 1e3:.3g} ms > {slo.tpot_s * 1e3:.3g} ms"
-        if slo.tokens_per_s is not None and bounds.tpot_s > 0 and w.batch_size / bounds.tpot_s < slo.tokens_per_s:
-            return f"at most {w.batch_size / bounds.tpot_s:.3g} tokens/s < {slo.tokens_per_s:.3g}"
+        if slo.tokens_per_s is not None and bounds.tokens_per_s < slo.tokens_per_s:
+            return f"at most {bounds.tokens_per_s:.3g} tokens/s < {slo.tokens_per_s:.3g}"
         return ""
 
     # -- the search -----------------------------------------------------------------------------
@@ -335,46 +395,52 @@ class Planner:
         config, catalog = self.request.config, self.request.catalog
         rows = []
         variants, policies = config.search.variants, config.search.memory
+        algorithms = {} if config.is_training else {v.name: _algorithms(v) for v in variants}
+        labels = {k: p.to_policy().label() for k, p in enumerate(policies)}
         for m, spec in enumerate(self.request.models):
             for shape in self.shapes:
                 price = shape.price_per_hour(catalog)
-                # A training cluster's layouts are its own (tensor parallelism inside a host only).
-                layout = "" if config.is_training else self._layout_problem(m, shape)
                 over = ""
                 if shape.num_devices > config.limits.max_devices:
                     over = f"{shape.num_devices} devices > limits.max_devices {config.limits.max_devices}"
                 elif config.limits.budget_per_hour is not None and price > config.limits.budget_per_hour:
                     over = f"${price_text(price)}/h > limits.budget_per_hour ${price_text(config.limits.budget_per_hour)}"
-                if config.is_training:
+                if config.is_training:  # a training cluster's layouts are its own (sim.planning.training)
                     rows += self._training_candidates(m, spec, shape, price, over)
                     continue
-                memory = {} if layout or over else {p: self._memory_problem(spec, shape, p.to_policy()) for p in policies}
-                for variant, policy in itertools.product(variants, policies):
-                    stage, reason, bounds = Stage.SIMULATED, "", None
-                    if layout:
-                        stage, reason = Stage.LAYOUT, layout
-                    elif over:
-                        stage, reason = Stage.LIMITS, over
-                    elif memory[policy]:
-                        stage, reason = Stage.MEMORY, memory[policy]
-                    else:
-                        bounds = self._bounds(m, shape.device_types, variant.strategy)
-                        miss = self._misses_by_bound(bounds) if self.profile is None else ""
-                        if miss:
-                            stage, reason = Stage.BOUND, miss
-                    rows.append({"model": spec.name, "model_index": m, "shape": shape, "cluster": shape.label(),
-                                 "device_types": "+".join(dict.fromkeys(shape.device_types)),
-                                 "num_hosts": shape.num_hosts, "devices_per_host": shape.groups[0].per_host,
-                                 "num_devices": shape.num_devices,
-                                 "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
-                                 "network": shape.network or "", "parallel": f"TP {shape.num_devices}",
-                                 "variant_config": variant,
-                                 "variant": variant.name, "strategy": variant.strategy,
-                                 "algorithms": _algorithms(variant), "memory_config": policy,
-                                 "memory_policy": policy.to_policy().label(), "price_per_hour": price,
-                                 "stage": stage, "reason": reason,
-                                 "ttft_lower_bound_s": bounds.ttft_s if bounds else math.nan,
-                                 "tpot_lower_bound_s": bounds.tpot_s if bounds else math.nan})
+                types = shape.device_types
+                common = {"model": spec.name, "model_index": m, "shape": shape, "cluster": shape.label(),
+                          "device_types": "+".join(dict.fromkeys(types)), "num_hosts": shape.num_hosts,
+                          "devices_per_host": shape.groups[0].per_host, "num_devices": shape.num_devices,
+                          "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
+                          "network": shape.network or "", "price_per_hour": price}
+                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=len(set(types)) > 1,
+                                                serving=config.is_serving):
+                    problem, parallel = self._layout_plan(m, types, layout)
+                    refused = {p: problem or _policy_problem(p, layout) for p in policies}
+                    memory = {p: "" if refused[p] or over else self._memory_problem(m, types, layout, k)
+                              for k, p in enumerate(policies)}
+                    for variant, (k, policy) in itertools.product(variants, enumerate(policies)):
+                        stage, reason, bounds = Stage.SIMULATED, "", None
+                        if refused[policy]:
+                            stage, reason = Stage.LAYOUT, refused[policy]
+                        elif over:
+                            stage, reason = Stage.LIMITS, over
+                        elif memory[policy]:
+                            stage, reason = Stage.MEMORY, memory[policy]
+                        else:
+                            bounds = self._bounds(m, types, layout, variant.strategy)
+                            miss = self._misses_by_bound(bounds) if self.profile is None else ""
+                            if miss:
+                                stage, reason = Stage.BOUND, miss
+                        rows.append(common | {
+                            "parallel": layout.label(), "layout": layout, "variant_config": variant,
+                            "variant": variant.name, "strategy": variant.strategy,
+                            "algorithms": algorithms[variant.name], "memory_config": policy,
+                            "memory_policy": labels[k], "stage": stage, "reason": reason,
+                            "ttft_lower_bound_s": bounds.ttft_s if bounds else math.nan,
+                            "tpot_lower_bound_s": bounds.tpot_s if bounds else math.nan,
+                            "tokens_upper_bound": bounds.tokens_per_s if bounds else math.nan})
         table = pd.DataFrame(rows)
         table.insert(0, "candidate", np.arange(len(table)))
         return table
@@ -436,7 +502,8 @@ class Planner:
         Within a cluster, resident layouts go first, and the strategies' ``auto`` variants before
         the variants naming one allreduce algorithm: ``auto`` prices each call with the fastest
         algorithm, so its simulated latency bounds theirs. On one device every variant is the
-        same program (no collectives): one is simulated and its result copied.
+        same program (no collectives), and so on every layout without tensor parallelism (a
+        pipeline of single devices, replicas of one device each): one is simulated and its result copied.
         ``progress(done, total)``, if given, is called after each cluster.
         """
         config = self.request.config
@@ -468,10 +535,10 @@ class Planner:
                                                                               "the objectives and it cannot be faster"}
                         else:
                             keep.append(i)
-                    if keep and table.loc[keep[0], "num_devices"] == 1 and not config.is_training:
+                    if keep and not config.is_training and table.loc[keep[0], "layout"].tensor == 1:
                         self._simulate_rows(table, keep[:1], results)
                         for i in keep[1:]:
-                            results[i] = dict(results[keep[0]], reason=f"one device, no collectives: as "
+                            results[i] = dict(results[keep[0]], reason=f"tensor parallelism of 1, no collectives: as "
                                                                        f"{table.loc[keep[0], 'variant']}")
                     else:
                         self._simulate_rows(table, keep, results)
@@ -524,7 +591,7 @@ class Planner:
             bound = row["step_time_lower_bound_s"]
             return bound, w.tokens_per_step / bound if bound > 0 else math.inf
         e2e = row["ttft_lower_bound_s"] + (w.output_tokens - 1) * row["tpot_lower_bound_s"]
-        tokens = w.batch_size / row["tpot_lower_bound_s"] if row["tpot_lower_bound_s"] > 0 else math.inf
+        tokens = row["tokens_upper_bound"]
         if _names_one_allreduce(row["variant_config"]):
             for i, other in cluster_rows.iterrows():
                 done = results.get(i)
@@ -546,9 +613,9 @@ class Planner:
                 "attention": config.attention, "cluster": row["shape"].cluster(self.request.catalog),
                 "workload": config.workload.model_dump(), "compute": config.compute.model_dump(by_alias=True),
                 "memory": memory, "variants": [variant]}
+        data["parallel"] = row["layout"].parallel()
         if config.is_training:
             del data["memory"]
-            data["parallel"] = row["layout"].parallel()
             data["variants"] = [row["variant_config"].model_dump(exclude_none=True, exclude_unset=True)]
             if config.training is not None:
                 data["training"] = config.training.model_dump(mode="json", exclude_unset=True)
@@ -559,7 +626,9 @@ class Planner:
         return data
 
     def _simulate_rows(self, table: pd.DataFrame, index: list[int], results: dict[int, dict]) -> None:
-        """Simulate the candidates ``index`` (one cluster) as one scenario; their results into ``results``."""
+        """Simulate the candidates ``index`` (one cluster and layout) as one scenario, or in halves
+        where the simulator refuses so many variants at once (replicas multiply them); their results
+        into ``results``."""
         if not index:
             return
         config = self.request.config
@@ -580,6 +649,10 @@ class Planner:
                 return
             result = simulate(scenario_from_dict(data), profile=self.profile, expand_steps=())
         except ConfigError as error:
+            if error.field == "variants" and len(index) > 1:  # too large a job together: in halves
+                self._simulate_rows(table, index[:len(index) // 2], results)
+                self._simulate_rows(table, index[len(index) // 2:], results)
+                return
             for i in index:
                 results[i] = {"stage": Stage.ERROR, "reason": str(error)}
             return
@@ -690,6 +763,22 @@ def _names_one_allreduce(variant: Variant) -> bool:
 
 
 _TIMING = (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY, Metric.LOADER_STALL_DECODE)
+
+
+@lru_cache(maxsize=None)
+def _devices(device_types: tuple[str, ...]) -> tuple[Device, ...]:
+    """Devices of ``device_types`` by rank, at their datasheet capacity (the catalog's clusters')."""
+    return tuple(Device(r, f"r{r}", f"r{r}", DEVICES[d], DEVICES[d].memory_capacity_bytes)
+                 for r, d in enumerate(device_types))
+
+
+def _policy_problem(policy: MemoryConfig, layout: InferenceLayout) -> str:
+    """Why the simulator refuses ``policy`` with ``layout`` ('' if it does not)."""
+    try:
+        check_pipeline_policy(policy.to_policy(), layout.pipeline)
+    except ConfigError as error:
+        return error.message
+    return ""
 
 
 def _algorithms(variant: Variant) -> str:

@@ -45,7 +45,7 @@ def _top_columns(result: PlanResult) -> dict[str, list[str]]:
     training = result.request.config.is_training
     columns = {"#": [str(int(r)) for r in top["rank"]], "cluster": list(top["cluster"]),
                "layout": list(top["parallel"] + ", " + top["variant"]) if training else
-               list(top["variant"] + ", " + top["memory_policy"]),
+               list(top["parallel"] + ", " + top["variant"] + ", " + top["memory_policy"]),
                "$/h": [price_text(p) for p in top["price_per_hour"]]}
     if training:
         columns |= {"step": [duration_text(v) for v in top[Metric.STEP_TIME]],
@@ -94,11 +94,12 @@ def print_plan(result: PlanResult, console: Console, scenario_path: Path | None 
 
 
 def _hover(frame: pd.DataFrame) -> list[str]:
-    return [f"<b>{html.escape(r['cluster'])}</b><br>{html.escape(r['variant'])} ({html.escape(r['algorithms'])}), "
+    return [f"<b>{html.escape(r['cluster'])}</b><br>{html.escape(r['parallel'])}, {html.escape(r['variant'])} "
+            f"({html.escape(r['algorithms'])}), "
             f"{html.escape(r['memory_policy'])}<br>${price_text(r['price_per_hour'])}/h, {int(r['num_devices'])} devices<br>"
             + (f"maximum {r[Metric.MAX_REQUEST_RATE]:.3g} requests/s, ${r[COST_PER_MILLION_TOKENS]:.3g} per million "
                "output tokens; " if Metric.MAX_REQUEST_RATE in r else
-               f"{html.escape(r['parallel'])}: step {duration_text(r[Metric.STEP_TIME])}, "
+               f"step {duration_text(r[Metric.STEP_TIME])}, "
                f"{r[Metric.TOKENS_PER_S]:.3g} tokens/s<br>peak {r[Metric.MAX_PEAK_MEMORY] / _GIB:.1f} GiB; "
                if Metric.STEP_TIME in r else
                f"TTFT {_ms(r[Metric.TTFT])} ms, TPOT {_ms(r[Metric.TPOT])} ms, "

@@ -1,0 +1,119 @@
+"""An inference plan's layouts of a cluster: how a candidate runs the model on the devices it rents.
+
+For a cluster of H hosts of G devices each (N = H G devices; a mixed cluster is two hosts of one
+type each), a batch plan (:mod:`sim.planning.search`) tries, each using every device (a device
+left idle would be paid for and unused):
+
+* ``TP N``: tensor parallelism over every device (Megatron-LM, Shoeybi et al. 2019, arXiv
+  1909.08053);
+* ``TP N uneven``: on a mixed cluster, the same with each device's share of the heads and MLP
+  columns in proportion to its compute (``parallel.shares: compute``,
+  :func:`models.shards.tensor_shards`);
+* ``TP G x PP H``: tensor parallelism inside each host, a pipeline of H stages across the hosts
+  (GPipe, Huang et al. 2019, arXiv 1811.06965; tensor parallelism within a node and pipeline
+  parallelism across nodes is Megatron-LM's placement, Narayanan et al. 2021, arXiv 2104.04473,
+  section 3.2): one point-to-point hop per stage instead of every layer's collectives on the network;
+* ``PP N``: a pipeline over every device;
+* ``H replicas of TP G``: one copy of the model per host, the batch's sequences split among them
+  (:mod:`sim.replicas`): no collective crosses the network.
+
+A layout is a candidate only where the simulator accepts it: :class:`sim.parallel.ParallelPlan`
+checks the degrees against the model (heads, layers) and :func:`sim.replicas.split_batch` the
+batch against the replicas; the rules live there only. A serving plan runs ``TP N`` only: the
+serving simulator runs one tensor-parallel group (:func:`sim.serving.simulate.simulate_serving`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.accounting import kv_cache_bytes_per_token, stage_weight_bytes
+from models.spec import ModelSpec
+from sim.parallel import ParallelPlan, ShareBasis, share_weights
+from sim.topology import Device
+
+UNEVEN_BASIS = ShareBasis.COMPUTE
+"""What an uneven split follows: each device's compute, which decode and prefill both scale with."""
+
+
+@dataclass(frozen=True)
+class InferenceLayout:
+    """``tensor`` ranks per stage, ``pipeline`` stages, ``replicas`` copies; ``uneven``: shares by
+    :data:`UNEVEN_BASIS`."""
+
+    tensor: int
+    pipeline: int = 1
+    replicas: int = 1
+    uneven: bool = False
+
+    def label(self) -> str:
+        """``TP 4``, ``TP 4 uneven``, ``TP 2 x PP 3``, ``PP 6`` or ``3 replicas of TP 2``."""
+        if self.replicas > 1:
+            return f"{self.replicas} replicas of TP {self.tensor}"
+        if self.pipeline > 1:
+            return f"PP {self.pipeline}" if self.tensor == 1 else f"TP {self.tensor} x PP {self.pipeline}"
+        return f"TP {self.tensor}" + (" uneven" if self.uneven else "")
+
+    def parallel(self) -> dict:
+        """The scenario's ``parallel`` section (:class:`sim.scenario.Parallel`)."""
+        section: dict = {"tensor": self.tensor}
+        if self.pipeline > 1:
+            section["pipeline"] = self.pipeline
+        if self.replicas > 1:
+            section["replicas"] = self.replicas
+        if self.uneven:
+            section["shares"] = UNEVEN_BASIS.value
+        return section
+
+    def plan(self, spec: ModelSpec, devices: tuple[Device, ...]) -> ParallelPlan:
+        """The simulator's plan of this layout of ``spec`` on ``devices`` (rank order).
+
+        Raises:
+            ConfigError: where the simulator would refuse it (:class:`sim.parallel.ParallelPlan`).
+        """
+        shares = share_weights(UNEVEN_BASIS, devices, spec.dtype) if self.uneven else None
+        return ParallelPlan(spec, tuple(d.name for d in devices), self.tensor, pipeline=self.pipeline,
+                            shares=shares, replicas=self.replicas)
+
+
+def inference_layouts(hosts: int, per_host: int, *, uneven: bool, serving: bool = False) -> list[InferenceLayout]:
+    """The layouts a plan tries on ``hosts`` hosts of ``per_host`` devices (see the module
+    docstring); ``uneven``: also the uneven split over every device (the devices are of more than
+    one type)."""
+    n = hosts * per_host
+    layouts = [InferenceLayout(n)]
+    if serving or n == 1:
+        return layouts
+    if uneven:
+        layouts.append(InferenceLayout(n, uneven=True))
+    if hosts > 1 and per_host > 1:
+        layouts.append(InferenceLayout(per_host, pipeline=hosts))
+    layouts.append(InferenceLayout(1, pipeline=n))
+    if hosts > 1:
+        layouts.append(InferenceLayout(per_host, replicas=hosts))
+    return layouts
+
+
+def rank_needs_bytes(spec: ModelSpec, parallel: ParallelPlan, batches: tuple[int, ...],
+                     kv_tokens_per_sequence: int) -> dict[int, tuple[int, int]]:
+    """Each rank's resident weights and KV cache (bytes) when the run holds ``kv_tokens_per_sequence``
+    tokens of each sequence: replica i serving ``batches[i]`` sequences; a pipeline stage's ranks
+    hold only its layers' weights (the first stage's master the embeddings, the last's the final
+    norm and LM head, :func:`models.accounting.stage_weight_bytes`) and KV cache, for every
+    sequence of the batch. The simulator allocates the same (:class:`sim.plan.Plan`)."""
+    needs = {}
+    per_layer_kv = {}
+    last = parallel.pipeline - 1
+    for replica, (ranks, shards, batch) in enumerate(zip(parallel.replica_ranks, parallel.replica_shards, batches)):
+        for s, layers in enumerate(parallel.stages):
+            group = ranks[s * parallel.tensor:(s + 1) * parallel.tensor]
+            for i, rank in enumerate(group):
+                shard = None if shards is None else shards[i]
+                master = i == 0
+                weights = stage_weight_bytes(spec, parallel.tensor, layers, embeds=master and s == 0,
+                                             heads=master and s == last, shard=shard)
+                key = (shard, parallel.tensor)
+                if key not in per_layer_kv:
+                    per_layer_kv[key] = kv_cache_bytes_per_token(spec, parallel.tensor, shard=shard) // spec.num_layers
+                needs[rank] = (weights, per_layer_kv[key] * layers * batch * kv_tokens_per_sequence)
+    return needs
