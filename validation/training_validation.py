@@ -319,7 +319,6 @@ def validate_training(matrix: TrainingMatrix, scenarios: list[Scenario], out_dir
         ConfigError: a case that does not fit in memory, testbed prerequisites missing.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
-    from sim.training.simulate import simulate_training
     from validation.memory_fit import check_memory_fits
 
     for scenario in scenarios:  # before any rank starts or any testbed is built
@@ -331,6 +330,38 @@ def validate_training(matrix: TrainingMatrix, scenarios: list[Scenario], out_dir
             run = run_cluster(matrix, scenario, on_progress)
             _save_cluster(out_dir, run)
         runs[scenario.name] = run
+    return compare_clusters(scenarios, runs, on_progress)
+
+
+def load_report_clusters(scenarios: list[Scenario], report_dir: Path) -> dict[str, ClusterRun]:
+    """The saved calibration and measurement of every cluster of ``scenarios`` under
+    ``report_dir/clusters`` (what :func:`validate_training` wrote), by cluster name.
+
+    Raises:
+        ConfigError: a cluster of the matrix without its saved files (naming the directory).
+    """
+    runs = {}
+    for scenario in scenarios:
+        run = _load_cluster(report_dir, scenario.name)
+        if run is None:
+            raise ConfigError("report", f"no saved calibration and measurement of cluster {scenario.name} "
+                                        f"(got {report_dir / 'clusters' / scenario.name})")
+        runs[scenario.name] = run
+    return runs
+
+
+def compare_clusters(scenarios: list[Scenario], runs: dict[str, ClusterRun],
+                     on_progress: Callable[[str], None] = lambda text: None) -> TrainingValidationReport:
+    """Every cluster's cases simulated with every cluster's profile (``runs``, by cluster name)
+    against its measurement: the report's tables, no testbed (what :func:`validate_training` does
+    once every cluster has run; an offline re-simulation of a saved report,
+    ``benchmarks/bench_training_offline.py``).
+
+    Raises:
+        ConfigError: a case the simulator refuses, naming its field.
+    """
+    from sim.training.simulate import simulate_training
+
     errors = []
     for scenario in scenarios:
         for source, run in runs.items():
