@@ -346,6 +346,11 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
                                                           ("forward", "bf16"), ("forward", "fp32")]
     steps = timed[timed["measurement"] == MeasurementKind.OPTIMIZER_STEP]
     assert set(steps["op"]) == {"sgd", "adamw"} and len(steps) == 6  # 2^16, 2^20 and the model's parameters
+    # the model's count is timed over the model's own tensors, as its step loops over them
+    own = ~steps["size_bytes"].isin([4 << 16, 4 << 20])
+    assert own.sum() == 2
+    assert steps[own]["method"].str.contains("the model's parameter tensors").all()
+    assert steps[~own]["method"].str.contains("one tensor").all()
     sweep = rows[rows["measurement"] == MeasurementKind.COLLECTIVE]
     assert set(sweep["op"]) == {"allreduce"} and set(sweep["algorithm"]) == {"ring"}  # the buckets' algorithm
     assert (sweep["group_size"] == 2).all() and sweep["size_bytes"].min() == 1024 and (sweep["median"] > 0).all()

@@ -13,7 +13,8 @@ from sim.vocabulary import Metric
 from tests.conftest import ROOT, run_cli
 from tests.test_training_calibrated import _profile
 from validation.cli import main
-from validation.training_validation import load_training_matrix, validate_training
+from validation.training_validation import (ClusterRun, _save_cluster, compare_clusters, load_report_clusters,
+                                            load_training_matrix, validate_training)
 
 CLUSTERS = ["v2x2_bandwidth", "v4x1_latency"]
 
@@ -90,6 +91,24 @@ def test_the_report_of_clusters_already_run_gives_replay_and_prediction_apart(tm
         assert gains.loc[cluster, "difference_points"] == pytest.approx(100 * (simulated - 1.5 * simulated))
     modes = set(report.summary["mode"])
     assert modes == {"replay", "prediction"}
+
+
+def test_a_saved_report_re_simulates_offline_with_the_measured_buckets_kept(tmp_path):
+    matrix, scenarios = load_training_matrix(_matrix(tmp_path))
+    _calibrated_and_measured(tmp_path, scenarios, {"no_overlap": 1.5})
+    out = tmp_path / "out"
+    runs = load_report_clusters(scenarios, out)
+    assert all(run.trace is None for run in runs.values())  # saved before traces were kept
+    offline = compare_clusters(scenarios, runs)
+    pd.testing.assert_frame_equal(offline.summary, validate_training(matrix, scenarios, out).summary)
+    # a run saved with its measured ops gives them back, every bucket's allreduce apart
+    first = runs[scenarios[0].name]
+    trace = pd.DataFrame({"variant": ["no_overlap"] * 2, "rank": [0, 0], "name": ["bucket 0", "bucket 1"],
+                          "start_s": [0.5, 0.7], "end_s": [0.7, 0.9]})
+    _save_cluster(out, ClusterRun(first.name, first.profile, first.measured, first.load, trace))
+    pd.testing.assert_frame_equal(load_report_clusters(scenarios, out)[first.name].trace, trace)
+    with pytest.raises(ConfigError, match=f"report: no saved calibration and measurement of cluster {CLUSTERS[0]}"):
+        load_report_clusters(scenarios, tmp_path / "elsewhere")
 
 
 def test_hetsim_validate_writes_the_training_report_from_saved_clusters(tmp_path, capsys):

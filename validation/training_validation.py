@@ -28,7 +28,9 @@ A case is one variant on one cluster. Per cluster, the calibration
 step, the buckets' allreduce over the data-parallel group) runs once, then the measurement
 (:func:`runtime.training.measure.measure_training`), each in a launch of its own inside the
 cluster's testbed, with the share of the machine the hypervisor stole and other processes took
-recorded. A cluster already calibrated and measured under the output directory is not run again
+recorded; the measured ops of each case's last repeat (every bucket's allreduce on every rank) are
+saved beside them (``clusters/<cluster>/trace.csv``). A cluster already calibrated and measured
+under the output directory is not run again
 (a matrix can be run over several sessions, each holding the testbed for one cluster's time).
 
 Errors are signed, ``simulated / measured - 1``, per case, metric and ``calibrated_on`` (the
@@ -140,13 +142,17 @@ def load_training_matrix(path: str | Path) -> tuple[TrainingMatrix, list[Scenari
 
 @dataclass(frozen=True)
 class ClusterRun:
-    """One cluster's calibration and measurement: the profile, the measured results (tidy rows)
-    and the machine's load while each ran (shares of all CPU time)."""
+    """One cluster's calibration and measurement: the profile, the measured results (tidy rows),
+    the machine's load while each ran (shares of all CPU time) and the measured ops of each
+    case's last repeat on every rank (``trace``: the trace's ops table with a ``variant``
+    column; each bucket's allreduce apart, which the results fold into the step's phases; None
+    for a run saved without it)."""
 
     name: str
     profile: Profile
     measured: pd.DataFrame
     load: dict[str, float]
+    trace: pd.DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -205,22 +211,25 @@ def run_cluster(matrix: TrainingMatrix, scenario: Scenario, on_progress: Callabl
     finally:
         if bed is not None:
             bed.down()
+    trace = pd.concat([v.trace.ops.assign(variant=v.name) for v in measured.variants], ignore_index=True)
     return ClusterRun(scenario.name, Profile(profile), measured.results,
                       {"cpu_steal": steal, "other_load": other, "calibration_cpu_steal": calibration_steal,
-                       "calibration_other_load": calibration_other})
+                       "calibration_other_load": calibration_other}, trace)
 
 
 def _cluster_files(out_dir: Path, name: str) -> dict[str, Path]:
     base = out_dir / "clusters" / name
-    return {"profile": base / "profile.csv", "measured": base / "measured.csv", "load": base / "load.json"}
+    return {"profile": base / "profile.csv", "measured": base / "measured.csv", "load": base / "load.json",
+            "trace": base / "trace.csv"}
 
 
 def _load_cluster(out_dir: Path, name: str) -> ClusterRun | None:
     files = _cluster_files(out_dir, name)
-    if not all(path.is_file() for path in files.values()):
+    if not all(files[key].is_file() for key in ("profile", "measured", "load")):
         return None
+    trace = pd.read_csv(files["trace"]) if files["trace"].is_file() else None
     return ClusterRun(name, load_profile(files["profile"]), pd.read_csv(files["measured"]),
-                      json.loads(files["load"].read_text()))
+                      json.loads(files["load"].read_text()), trace)
 
 
 def _save_cluster(out_dir: Path, run: ClusterRun) -> None:
@@ -231,6 +240,8 @@ def _save_cluster(out_dir: Path, run: ClusterRun) -> None:
     with interrupt.deferred():  # the load file last: a cluster counts as run once it is there
         write_atomic(files["profile"], run.profile.rows.to_csv(index=False, lineterminator="\n"))
         write_atomic(files["measured"], run.measured.to_csv(index=False, lineterminator="\n"))
+        if run.trace is not None:
+            write_atomic(files["trace"], run.trace.to_csv(index=False, lineterminator="\n"))
         write_atomic(files["load"], json.dumps(run.load, indent=1) + "\n")
 
 
