@@ -23,6 +23,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from models.ops import OpKind
+from sim.program import Stream
+from sim.training.metrics import union_length_s
+from sim.training.simulate import simulate_training
 from sim.vocabulary import Metric
 from validation.training_validation import (compare_clusters, load_report_clusters, load_training_matrix,
                                             summary_markdown, write_training_validation)
@@ -41,6 +45,43 @@ def signed_table(errors: pd.DataFrame) -> pd.DataFrame:
     return (100 * table[[str(m) for m in PHASES if str(m) in table.columns]]).round(1)
 
 
+def _chain(ops: pd.DataFrame) -> tuple[int, float, float, float]:
+    """(allreduces, first start to last end, union of their intervals, sum of their durations;
+    s) of rank 0's allreduces on the communication stream in the last step of a trace's ``ops``.
+    A simulated bucket's comm-thread work (:mod:`sim.training.comm_thread`) counts with its
+    allreduce, as the measured call spans the comm thread's whole schedule."""
+    ops = ops[(ops["rank"] == 0) & (ops["stream"] == Stream.COMM.value)
+              & ops["kind"].isin([OpKind.ALLREDUCE.value, OpKind.COMM_THREAD.value])]
+    ops = ops[ops["step"] == ops["step"].max()]
+    count = int((ops["kind"] == OpKind.ALLREDUCE.value).sum())
+    if not count:
+        return 0, 0.0, 0.0, 0.0
+    starts, ends = ops["start_s"].to_numpy(float), ops["end_s"].to_numpy(float)
+    return count, float(ends.max() - starts.min()), union_length_s(starts, ends), float((ends - starts).sum())
+
+
+def bucket_chains(scenarios, runs) -> pd.DataFrame:
+    """Per cluster with a kept trace, profile and case: rank 0's chain of bucket allreduces in the
+    case's last measured step and in its simulation with the profile (:func:`_chain`); empty
+    where no cluster kept its trace."""
+    rows = []
+    for scenario in scenarios:
+        measured = runs[scenario.name].trace
+        if measured is None:
+            continue
+        for source, run in runs.items():
+            simulated = simulate_training(scenario, run.profile)
+            for variant in scenario.config.variants:
+                m = _chain(measured[measured["variant"] == variant.name])
+                s = _chain(simulated.variant(variant.name).trace.ops)
+                rows.append({"cluster": scenario.name, "calibrated_on": source, "case": variant.name,
+                             "buckets": m[0], "measured_span_s": m[1], "simulated_span_s": s[1],
+                             "measured_busy_s": m[2], "simulated_busy_s": s[2],
+                             "measured_mean_bucket_s": m[3] / m[0] if m[0] else float("nan"),
+                             "simulated_mean_bucket_s": s[3] / s[0] if s[0] else float("nan")})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", type=Path, default=ROOT / "validation" / "training-quick.yaml",
@@ -57,6 +98,11 @@ def main() -> None:
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print("Signed errors per case (%, simulated / measured - 1):")
         print(signed_table(report.errors).to_string())
+    chains = bucket_chains(scenarios, runs)
+    if len(chains):
+        with pd.option_context("display.width", 200, "display.max_rows", 500):
+            print("\nBucket allreduces on rank 0, last measured step against the simulation (s):")
+            print(chains.round(3).to_string(index=False))
     if args.out is not None:
         written = write_training_validation(report, args.out, matrix.name)
         print("wrote " + ", ".join(str(p) for p in written))
