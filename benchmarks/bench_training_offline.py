@@ -7,8 +7,12 @@ read back and compared as the validation compares them
 (:func:`validation.training_validation.compare_clusters`): a cluster's cases with its own
 profile are a **replay**, with another cluster's a **prediction** (the transfer figure). Prints
 the summary table (median, p90 and max |error| per mode and metric, the ranking, the overlap
-gains) and the signed error of every case per phase; ``--out`` writes the report's tables
-(``errors.csv``, ``overlap.csv``, ``summary.md``, ...) there. Depends on nothing but the stored
+gains) and the signed error of every case per phase; where the report kept each case's measured
+ops (``clusters/<cluster>/trace.csv``, which ``hetsim validate`` writes since session 14), also
+each case's chain of bucket allreduces on rank 0, measured against simulated
+(:func:`bucket_chains`: where a case's communication departs from the calibrated collectives
+that price it). ``--out`` writes the report's tables (``errors.csv``, ``overlap.csv``,
+``summary.md``, ...) there. Depends on nothing but the stored
 files, not on the machine's load. Under a minute on the project's 2-core machine.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training-quick.yaml] [--report validation/training-report] [--out DIR]``
