@@ -39,6 +39,7 @@ from sim.vocabulary import MeasurementKind
 
 EVERY_RANK_KIND = OpKind.ATTENTION  # run once per layer by every rank of a tensor-parallel group
 BLOCKS_PER_LAYER = 2  # attention and MLP, each closed by a collective
+DESYNCHRONISING = frozenset({str(OpKind.REDUCE), str(OpKind.BROADCAST)})  # rooted: each rank leaves when its part is done
 
 
 def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
@@ -72,7 +73,10 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
             1, shapes["context_tokens"].nunique())
         at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby(calls)[wait_statistic].median()
         growth = at_size - base.reindex(at_size.index).fillna(0.0)
-        spread_s = growth.groupby(level="algorithm").max().median() if len(growth) else float("nan")
+        kinds = growth.index.get_level_values("op")
+        growth = growth.where(kinds.isin(list(DESYNCHRONISING)), 0.0)  # an allreduce leaves no rank ahead
+        family = pd.MultiIndex.from_arrays([growth.index.get_level_values("algorithm"), kinds.isin(list(DESYNCHRONISING))])
+        spread_s = growth.groupby(family).max().median() if len(growth) else float("nan")
         if not layer_s > 0 or pd.isna(spread_s):
             out[new_tokens] = float(ranks)
             continue
