@@ -14,6 +14,11 @@ errors per layout and how many layout pairs it ranks as measured
 ``--out``. A few seconds per
 cluster on the project's 2-core machine.
 
+The same for a plan check (``--plan-check``, default ``validation/plan-check-report``,
+:mod:`validation.plan_check`): each measured candidate's scenario (``scenarios/c<n>.yaml``)
+simulated with the plan's profile (``--plan-check-profile``) against its measured medians
+(``candidates.csv``), labelled replay or prediction as the check labelled it.
+
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR]``
 """
 
@@ -29,6 +34,7 @@ import pandas as pd
 
 from sim.outputs import write_files
 from sim.profile import load_profile
+from sim.scenario import load_scenario
 from sim.simulate import simulate
 from sim.vocabulary import Metric
 from validation.matrix import load_matrix, with_layout
@@ -70,6 +76,36 @@ def layout_errors(report: Path, on_progress=lambda text: None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def plan_check_errors(report: Path, profile_path: Path) -> pd.DataFrame:
+    """Every candidate of a plan-check ``report`` re-simulated with the profile at ``profile_path``;
+    columns :data:`COLUMNS` (``variant``: ``c<candidate>``; ``kind``: the check's source label).
+
+    Raises:
+        ConfigError: a scenario or profile that does not load.
+    """
+    profile = load_profile(profile_path)
+    rows = []
+    for row in pd.read_csv(report / "candidates.csv").itertuples(index=False):
+        scenario = load_scenario(report / "scenarios" / f"c{row.candidate}.yaml")
+        results = simulate(scenario, profile=profile, expand_steps=()).results
+        simulated = results[results["device"].isna() | (results["device"] == "")].set_index("metric")["value"]
+        for metric in METRICS:
+            value, truth = float(simulated[metric]), float(getattr(row, f"measured_{metric}"))
+            rows.append({"scenario": row.cluster, "prompt_tokens": int(scenario.config.workload.prompt_tokens),
+                         "variant": f"c{row.candidate}", "kind": row.source, "metric": str(metric),
+                         "simulated": value, "measured": truth, "error": value / truth - 1})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def plan_check_markdown(errors: pd.DataFrame) -> str:
+    """Per candidate: simulated against measured TTFT and TPOT, and the error."""
+    lines = ["## Plan check, re-simulated offline", "", "| candidate | cluster | kind | metric | simulated ms | "
+             "measured ms | error |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.variant} | {r.scenario} | {r.kind} | {r.metric} | {r.simulated * 1e3:.1f} | "
+              f"{r.measured * 1e3:.1f} | {r.error:+.1%} |" for r in errors.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
 def overall(errors: pd.DataFrame) -> pd.DataFrame:
     """Per kind (replay, prediction) and metric: cases, median and p90 |error|."""
     rows = []
@@ -108,12 +144,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", type=Path, default=ROOT / "validation" / "layouts-report",
                         help="a layouts validation report: matrix.yaml, errors.csv, profiles/")
+    parser.add_argument("--plan-check", type=Path, default=ROOT / "validation" / "plan-check-report",
+                        help="a plan-check report: candidates.csv, scenarios/")
+    parser.add_argument("--plan-check-profile", type=Path,
+                        default=ROOT / "validation" / "plan-check" / "profile_v2x2_bandwidth.csv",
+                        help="the profile the plan was made with")
     parser.add_argument("--out", type=Path, default=None, help="write errors.csv and summary.md here")
     args = parser.parse_args()
     started = time.perf_counter()
     errors = layout_errors(args.report, on_progress=lambda text: print(text, file=sys.stderr))
     command = f"PYTHONPATH=. python benchmarks/bench_layouts_offline.py --report {args.report}"
-    text = summary_markdown(errors, command)
+    text = summary_markdown(errors, command) + "\n" + plan_check_markdown(
+        plan_check_errors(args.plan_check, args.plan_check_profile))
     print(text)
     if args.out is not None:
         written = write_files(args.out, {"errors.csv": errors.to_csv(index=False, lineterminator="\n"),

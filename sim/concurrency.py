@@ -17,10 +17,19 @@ Per calibrated generation of ``P`` new tokens (a decode step: 1):
   rank runs (those timed as often as ``attention``, which every rank runs once per layer), over
   the two blocks of a layer each closed by a collective (Megatron-LM's tensor parallelism:
   Shoeybi et al., 2019, section 3);
-* ``d``: the spread the payload added: the largest growth, over a strategy's calls, of the wait
-  at the phase's size (``P`` times the decode size) over the wait at the decode size (0 for a
-  decode step); calls are told apart by plan op, kind and algorithm, and a profile of several
-  strategies (whose compute rows pool their generations) takes the median over algorithms;
+* ``d``: the spread the payload added: the largest growth, over a strategy's rooted calls
+  (reduce, broadcast), of the wait at the phase's size (``P`` times the decode size) over the
+  wait at the decode size (0 for a decode step). An allreduce adds none: every rank leaves it
+  with the result at once, so it re-synchronises the ranks, and the growth of its wait with the
+  payload is the contention of the longer compute before it (ranks descheduled arrive apart),
+  as a decode step's wait is. Calls are told apart by plan op, kind and algorithm; a profile
+  of several strategies (whose compute rows pool their generations, and charge their median)
+  takes the median over its families of calls, one per algorithm and rooted or not (measured:
+  the plan check's profile pools allreduce_ln over 4 algorithms with reduce_ln_bcast; counting
+  the allreduces' growth as spread, 2.2-2.4 ranks of 4 computed at once in its prefills, and
+  pipelines whose stages each computed alone were predicted 50-59% slow in TTFT; every rank at
+  once, -12% to -6%, as the single rank of the same check, -10%:
+  ``benchmarks/bench_layouts_offline.py``);
 * each other rank's segment overlaps a rank's by ``max(0, 1 - d / (2 s))`` (their starts apart
   by half the spread on average), so ``1 + (ranks - 1) x overlap`` ranks compute at once.
 
@@ -39,6 +48,7 @@ from sim.vocabulary import MeasurementKind
 
 EVERY_RANK_KIND = OpKind.ATTENTION  # run once per layer by every rank of a tensor-parallel group
 BLOCKS_PER_LAYER = 2  # attention and MLP, each closed by a collective
+DESYNCHRONISING = frozenset({str(OpKind.REDUCE), str(OpKind.BROADCAST)})  # rooted: each rank leaves when its part is done
 
 
 def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
@@ -72,7 +82,11 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
             1, shapes["context_tokens"].nunique())
         at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby(calls)[wait_statistic].median()
         growth = at_size - base.reindex(at_size.index).fillna(0.0)
-        spread_s = growth.groupby(level="algorithm").max().median() if len(growth) else float("nan")
+        kinds = growth.index.get_level_values("op")
+        rooted = kinds.isin(list(DESYNCHRONISING))
+        growth = growth.where(rooted, 0.0)  # an allreduce leaves no rank ahead of the others
+        family = pd.MultiIndex.from_arrays([growth.index.get_level_values("algorithm"), rooted])
+        spread_s = growth.groupby(family).max().median() if len(growth) else float("nan")
         if not layer_s > 0 or pd.isna(spread_s):
             out[new_tokens] = float(ranks)
             continue

@@ -23,6 +23,13 @@ def _cluster(name: str):
             load_profile(ROOT / "validation" / "report" / "profiles" / f"{name}.csv"))
 
 
+def _reduce_bcast_cluster(name: str):
+    """A cluster and the layouts report's profile of it: reduce_ln_bcast alone, whose rooted
+    collectives' prefill payloads desynchronised the calibrated ranks."""
+    return (load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml"),
+            load_profile(ROOT / "validation" / "layouts-report" / "profiles" / f"{name}.csv"))
+
+
 def _decode_ops(result, kind: str):
     ops = result.variants[0].trace.ops
     return ops[(ops["step"] == 1) & (ops["kind"] == kind)]
@@ -135,7 +142,7 @@ def _without_prefill_spread(profile: Profile) -> Profile:
 def test_ranks_computing_at_once_per_phase_come_from_the_profiles_waits():
     from sim.concurrency import calibrated_concurrency
 
-    _, profile = _cluster("v2x2_bandwidth")
+    _, profile = _reduce_bcast_cluster("v2x2_bandwidth")
     measured = calibrated_concurrency(profile.rows, 4)
     assert set(measured) == {1, 8, 32, 128}  # the calibrated generations: decode steps and 3 prompts
     assert measured[1] == 4.0  # a decode step's payload desynchronises nothing
@@ -147,8 +154,22 @@ def test_ranks_computing_at_once_per_phase_come_from_the_profiles_waits():
     assert calibrated_concurrency(rows, 4) == {1: 4.0, 8: 4.0, 32: 4.0, 128: 4.0}
 
 
+def test_an_allreduces_wait_is_contention_not_a_spread_that_desynchronises_the_ranks():
+    from sim.concurrency import calibrated_concurrency
+
+    # the plan check's profile pools allreduce_ln over 4 algorithms with reduce_ln_bcast: most of its
+    # compute rows come from generations whose ranks an allreduce brought back together every block
+    profile = load_profile(ROOT / "validation" / "plan-check" / "profile_v2x2_bandwidth.csv")
+    assert calibrated_concurrency(profile.rows, 4) == {1: 4.0, 8: 4.0, 32: 4.0, 128: 4.0}
+    # its reduce_ln_bcast generations alone: the rooted collectives' prefill payloads spread the ranks
+    rows = profile.rows
+    rooted = rows[(rows["measurement"] != MeasurementKind.COLLECTIVE_WAIT) | rows["op"].isin(["reduce", "broadcast"])]
+    alone = calibrated_concurrency(rooted, 4)
+    assert alone[1] == 4.0 and alone[128] < 2.0
+
+
 def test_a_pipelines_prefill_is_slower_where_the_calibrations_prefill_ranks_computed_apart():
-    scenario, profile = _cluster("v2x2_bandwidth")
+    scenario, profile = _reduce_bcast_cluster("v2x2_bandwidth")
     apart = simulate(with_layout(scenario, PP4), profile=profile)
     together = simulate(with_layout(scenario, PP4), profile=_without_prefill_spread(profile))
     # ops timed with fewer ranks beside them hold less contention: more work on a core of one's own
