@@ -45,7 +45,7 @@ from models.spec import ModelSpec
 from models.training import ActivationLayout, compute_dtype, training_memory
 from sim.cost import RooflineCompute
 from sim.devices import DEVICES
-from sim.framework import default_runtime_memory
+from sim.framework import framework_memory
 from sim.scenario import ComputeSettings, Variant
 from sim.topology import Device
 from sim.training.lower import StepShape, TrainingStep, lower_step
@@ -115,7 +115,7 @@ def memory_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWo
     ranks = layout.tensor * layout.data
     for device in sorted(set(device_types)):
         specs = {r: DEVICES[device] for r in range(ranks)}
-        framework = default_runtime_memory(specs)[0]
+        framework = framework_memory(specs)[0]
         memory = training_memory(spec, activations, optimizer=settings.optimizer, precision=settings.precision,
                                  data_parallel=layout.data, zero_stage=settings.zero,
                                  gradient_as_bucket_view=settings.gradient_as_bucket_view,
