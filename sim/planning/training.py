@@ -108,7 +108,7 @@ def layout_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWo
 def memory_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWorkload, settings: TrainingSettings,
                    device_types: tuple[str, ...]) -> str:
     """A rank whose step needs more than its device holds (exact: see the module docstring), described; ''."""
-    micro, _ = micro_batching(workload, settings, layout.data)
+    micro, accumulation = micro_batching(workload, settings, layout.data)
     activations = ActivationLayout(micro, workload.sequence_length, layout.tensor)
     # Every rank holds the same (its layers' shard and the replicated head: sim.training.lower);
     # check each device type the layout lands on.
@@ -120,7 +120,7 @@ def memory_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWo
                                  data_parallel=layout.data, zero_stage=settings.zero,
                                  gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                  checkpoint_every=settings.activation_checkpointing,
-                                 framework_baseline_bytes=framework)
+                                 framework_baseline_bytes=framework, accumulation=accumulation)
         capacity = DEVICES[device].memory_capacity_bytes
         if memory.total > capacity:
             return (f"a rank on {device} needs {memory.total / 2**30:.1f} GiB "

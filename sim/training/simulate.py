@@ -409,7 +409,8 @@ def _memory(shape: StepShape, framework: dict[int, int]) -> dict[int, TrainingMe
                                            data_parallel=shape.data, zero_stage=settings.zero,
                                            gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                            checkpoint_every=settings.activation_checkpointing,
-                                           framework_baseline_bytes=framework.get(rank, 0))
+                                           framework_baseline_bytes=framework.get(rank, 0),
+                                           accumulation=shape.accumulation)
     return memory
 
 
