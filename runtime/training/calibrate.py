@@ -27,7 +27,7 @@ each distinct micro-batch size and precision of the scenario's variants:
 * ``memory_baseline``: what each rank holds beyond its weights, optimizer states and buckets while
   it trains (:func:`framework_after_steps`), the simulator's ``framework`` memory: read as the
   measured categories are (:mod:`runtime.training.memory`). Read before any model was built
-  instead, it missed the pages and threads training adds (23 MB of 321 MB on the validation
+  instead, it missed the pages and threads training adds (346 MB against 321 MB on the validation
   model, tiny_gpt2 over 4 gloo ranks);
 * ``optimizer_step``: one step of each of the variants' optimizers over 2^16, 2^20 parameters and
   the model's count, fp32 parameters with gradients, the states initialised by an untimed first
