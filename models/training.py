@@ -521,6 +521,36 @@ def activation_bytes(
     return layer_total + layout.tokens * (2 * spec.hidden_size * e + spec.vocab_size * (e + _FP32_BYTES))
 
 
+def accumulation_transient_bytes(
+    spec: ModelSpec, layout: ActivationLayout, *, precision: Precision | str, gradient_dtype: str | None = None,
+    is_master: bool = True,
+) -> float:
+    """Bytes a later micro-batch's backward holds at its start beyond its activations and the
+    gradients accumulated so far: the step's peak under gradient accumulation, where every
+    ``.grad`` is already allocated while the first operations of backward run (the first
+    micro-batch's backward allocates them as its activations are freed, which the categories
+    already bound). On the master, which computes the loss: the gradient the loss's backward
+    hands the log-probabilities and the one log-softmax's backward makes of the logits, fp32
+    elements of every position and token each (2 sbV 4, the loss is computed in fp32:
+    ``nll_loss_backward`` and ``_log_softmax_backward_data`` each allocate a tensor of their
+    input's shape, ``aten/src/ATen/native/LossNLL.cpp`` and ``SoftMax.cpp``), the logits' own in
+    the compute dtype where that is not fp32 (sbV e), and the LM head's new weight gradient
+    (Vh at the gradient's size), a tensor of its own until ``AccumulateGrad`` adds it in place to
+    the ``.grad`` held (``torch/csrc/autograd/functions/accumulate_grad.h``); with tied
+    embeddings it waits in autograd's input buffer until the embedding's contribution arrives
+    at the end of backward (``torch/csrc/autograd/input_buffer.cpp``). The three are counted
+    together, an upper bound of what coexists. ``spec`` in the compute dtype; 0 off the master.
+    Raises :class:`ConfigError` as :func:`gradient_bytes_per_parameter` does.
+    """
+    gradient = gradient_bytes_per_parameter(precision, gradient_dtype)
+    if not is_master:
+        return 0
+    e = spec.dtype_bytes
+    logits = layout.tokens * spec.vocab_size
+    loss_grads = logits * (2 * _FP32_BYTES + (e if e != _FP32_BYTES else 0))
+    return loss_grads + spec.vocab_size * spec.hidden_size * gradient
+
+
 def training_memory(
     spec: ModelSpec,
     layout: ActivationLayout,
@@ -534,14 +564,17 @@ def training_memory(
     checkpoint_every: int | None = None,
     framework_baseline_bytes: float = 0,
     is_master: bool = True,
+    accumulation: int = 1,
 ) -> TrainingMemory:
     """Memory by category of one device training ``spec`` data-parallel over ``data_parallel``
     replicas of ``layout.tp_degree`` tensor-parallel ranks: :func:`model_state_memory` of the
     rank's parameters (:func:`models.accounting.rank_parameter_count`), :func:`activation_bytes`
-    in the precision's compute dtype, and ``framework_baseline_bytes`` as given. Raises
-    :class:`ConfigError` naming the offending field (``training.framework_baseline_bytes`` for a
-    negative baseline).
+    in the precision's compute dtype (with ``accumulation`` micro-batches per step, more than
+    one, plus :func:`accumulation_transient_bytes`), and ``framework_baseline_bytes`` as given.
+    Raises :class:`ConfigError` naming the offending field (``training.framework_baseline_bytes``
+    for a negative baseline, ``training.gradient_accumulation`` for fewer than 1 micro-batch).
     """
+    _check_positive("training.gradient_accumulation", accumulation, "micro-batch count")
     if (
         not isinstance(framework_baseline_bytes, (int, float)) or isinstance(framework_baseline_bytes, bool)
         or not 0 <= framework_baseline_bytes < math.inf
@@ -560,11 +593,15 @@ def training_memory(
         gradient_as_bucket_view=gradient_as_bucket_view,
     )
     compute_spec = spec.with_dtype(compute_dtype(precision))
+    activations = activation_bytes(compute_spec, layout, checkpoint_every=checkpoint_every, is_master=is_master)
+    if accumulation > 1:
+        activations += accumulation_transient_bytes(compute_spec, layout, precision=precision,
+                                                    gradient_dtype=gradient_dtype, is_master=is_master)
     return TrainingMemory(
         weights=states.weights,
         gradients=states.gradients,
         optimizer_states=states.optimizer_states,
-        activations=activation_bytes(compute_spec, layout, checkpoint_every=checkpoint_every, is_master=is_master),
+        activations=activations,
         bucket_buffers=states.bucket_buffers,
         framework=framework_baseline_bytes,
     )

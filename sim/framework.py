@@ -18,6 +18,10 @@ that an out-of-memory verdict is the one a framework run would meet:
   16 channels x 2 neighbours; NCCL documentation, Environment Variables). A group of one rank
   creates no communicator, so it holds no NCCL buffers.
 
+:func:`framework_memory` is the one definition every caller charges (the inference and training
+simulators through :func:`sim.simulate.build_pricing`, the planner's memory stages): the profile's
+``memory_baseline`` median of the device's class where a profile has one, else the default above.
+
 The caching allocator's rounding (blocks of 512 bytes, segments of 2 MiB, PyTorch
 ``c10/cuda/CUDACachingAllocator.cpp``) is not charged: the ledger counts live tensors, as
 ``torch.cuda.max_memory_allocated`` does.
@@ -27,8 +31,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from sim.devices import DeviceSpec
+from sim.vocabulary import MeasurementKind
+
+if TYPE_CHECKING:
+    from sim.profile import Profile
 
 _MIB = 2**20
 
@@ -70,3 +79,14 @@ def backend_of(spec: DeviceSpec) -> Backend:
 def default_runtime_memory(specs: dict[int, DeviceSpec]) -> dict[int, int]:
     """Per rank (``specs``: the device of each rank of one group), the default baseline in bytes."""
     return {rank: BASELINES[backend_of(spec)].bytes_for(len(specs)) for rank, spec in specs.items()}
+
+
+def framework_memory(specs: dict[int, DeviceSpec], profile: Profile | None = None) -> dict[int, int]:
+    """Per rank (``specs``: the device of each rank of one group), the framework baseline in bytes:
+    the median of ``profile``'s ``memory_baseline`` rows of the rank's device class (what the
+    calibration measured a rank to hold beyond its tensors), else :func:`default_runtime_memory`."""
+    default = default_runtime_memory(specs)
+    if profile is None:
+        return default
+    baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
+    return {rank: int(baseline.get(spec.name, default[rank])) for rank, spec in specs.items()}

@@ -21,13 +21,13 @@ from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork, Tran
 from sim.cores import CorePool
 from sim.cost import RooflineCompute
 from sim.engine import Engine
-from sim.framework import default_runtime_memory
+from sim.framework import framework_memory
 from sim.loader import check_loader_paths
 from sim.memory import Overflow
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.parallel import ParallelPlan
-from sim.profile import MeasurementKind, Profile
+from sim.profile import Profile
 from sim.pipeline_run import AlikeGroups, simulate_pipeline_run
 from sim.replicas import ReplicaRun, combined_timing, idle_rows, replica_rows, split_batch
 from sim.scenario import Scenario, Variant, pipeline_plan
@@ -200,8 +200,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
                               config.compute.op_overhead_s)
     network = model_network(config.network_model, topology, compute)
-    # Without a profile, each rank holds its backend's documented framework baseline (sim.framework).
-    runtime_memory = default_runtime_memory({r: topology.devices[r].spec for r in ranks})
+    runtime_memory = framework_memory({r: topology.devices[r].spec for r in ranks}, profile)
     choice, cores = None, ()
     if profile is not None:
         gamma = compute.reduce_s_per_byte
@@ -213,8 +212,6 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)
-        baseline = profile.of(MeasurementKind.MEMORY_BASELINE).groupby("device_class")["median"].median()
-        runtime_memory = {r: int(baseline.get(topology.devices[r].spec.name, runtime_memory[r])) for r in ranks}
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         # Ranks outnumbering the cores they share take turns on them (sim.cores), and their
         # messages pay the gloo/tcp contention defaults (sim.transport.DefaultTransportNetwork).

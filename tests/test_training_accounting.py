@@ -15,6 +15,7 @@ from models.ops import OpKind
 from models.training import (
     ActivationLayout,
     Optimizer,
+    accumulation_transient_bytes,
     Precision,
     Recompute,
     activation_bytes,
@@ -231,6 +232,26 @@ def test_training_memory_puts_every_category_together_per_device():
     assert memory.activations == activation_bytes(spec.with_dtype("bf16"), layout, checkpoint_every=4, is_master=False)
     assert memory.total == sum(dataclasses.astuple(memory))
     assert training_memory(spec, layout, is_master=True, **common).total > memory.total
+
+
+@pytest.mark.parametrize("precision, logit_bytes, gradient_bytes", [("fp32", 2 * 4, 4), ("bf16_mixed", 2 * 4 + 2, 2)])
+def test_accumulation_adds_the_losss_gradients_and_the_heads_new_weight_gradient_on_the_master(
+        precision, logit_bytes, gradient_bytes):
+    """With gradients already held, a later micro-batch's backward starts with the fp32 gradients of
+    the log-probabilities and logits (and the logits' own in a 2-byte compute dtype) of every
+    position and token, and the LM head's new V x h weight gradient beside them."""
+    spec = get_model("gpt2")
+    layout = ActivationLayout(2, 128)
+    compute = spec.with_dtype("fp32" if precision == "fp32" else "bf16")
+    expected = 2 * 128 * spec.vocab_size * logit_bytes + spec.vocab_size * spec.hidden_size * gradient_bytes
+    assert accumulation_transient_bytes(compute, layout, precision=precision) == expected
+    assert accumulation_transient_bytes(compute, layout, precision=precision, is_master=False) == 0
+    common = dict(optimizer="adamw", precision=precision)
+    once = training_memory(spec, layout, **common)
+    assert training_memory(spec, layout, accumulation=1, **common) == once
+    assert training_memory(spec, layout, accumulation=4, **common).activations == once.activations + expected
+    with pytest.raises(ConfigError, match="training.gradient_accumulation"):
+        training_memory(spec, layout, accumulation=0, **common)
 
 
 @pytest.mark.parametrize(

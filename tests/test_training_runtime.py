@@ -161,6 +161,7 @@ def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
     scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "adamw", "allreduce": "ring", **SMALL_BUCKETS}, [
         {"name": "ring"},
         {"name": "local_sgd", "training": {"averaging": "parameters", "averaging_period": 1}},
+        {"name": "views", "training": {"gradient_as_bucket_view": True}},
     ], steps=1)
     result = measure_training(scenario, repeats=1, warmup=1, seed=SEED)
     rows = result.results
@@ -180,6 +181,21 @@ def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
     assert set(ops["kind"]) == {"forward", "backward", "optimizer_step", "allreduce"}
     averaged = result.variants[1].trace.ops
     assert list(averaged[averaged["stream"] == "comm"]["name"].unique()) == ["parameter average"]
+    # Memory by category beside the peak, per device: the tensors counted, the rest read.
+    for device, memory in rows[rows["variant"] == "ring"].groupby("device"):
+        if not device:
+            continue
+        memory = memory.set_index("metric")["value"]
+        categories = memory[memory.index.str.startswith("peak_memory_") & (memory.index != "peak_memory_bytes")]
+        assert memory["peak_memory_weights_bytes"] == parameters
+        assert memory["peak_memory_gradients_bytes"] == parameters == memory["peak_memory_bucket_buffers_bytes"]
+        assert memory["peak_memory_optimizer_states_bytes"] == 2 * parameters  # AdamW's two fp32 moments
+        assert memory["peak_memory_framework_bytes"] > 50e6  # torch alone holds more
+        assert memory["peak_memory_activations_bytes"] > 0
+        assert categories.sum() == memory["peak_memory_bytes"]
+    # Gradients that are views into DDP's buckets: the buckets are the gradients, nothing beside them.
+    views = rows[(rows["variant"] == "views") & (rows["device"] == "h0/dev0")].set_index("metric")["value"]
+    assert views["peak_memory_gradients_bytes"] == parameters and views["peak_memory_bucket_buffers_bytes"] == 0
 
 
 def test_measure_runs_tensor_parallel_training_on_every_rank_of_the_layout(tmp_path):
@@ -333,6 +349,8 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
                                             MeasurementKind.MEMORY_BASELINE])]
     baseline = rows[rows["measurement"] == MeasurementKind.MEMORY_BASELINE]
     assert len(baseline) == 1 and baseline["median"].iloc[0] > 50e6  # torch alone holds more
+    # Read beside a trainer: beyond its tensors, not with them (the model is far below 50 MB).
+    assert baseline["median"].iloc[0] < 1e9
     assert (timed["median"] > 0).all() and (timed["flops"] > 0).all() and (timed["repeats"] == 2).all()
     kinds = {"layernorm", "qkv_proj", "attention", "out_proj", "mlp_up", "mlp_down", "lm_head", "embedding"}
     for measurement, expected in [(MeasurementKind.COMPUTE, kinds),

@@ -323,3 +323,19 @@ def test_tensor_parallel_allreduces_default_to_the_backends_own_on_cpu_ranks_and
     gpu = _tp_algorithms(simulate_training(_scenario(variants, device="rtx_3060_12gb", **shape)))
     assert cpu == {"default": {"library"}, "named": {"ring"}}
     assert gpu == {"default": {"ring"}, "named": {"ring"}}
+
+
+@pytest.mark.parametrize("device, expected", [("cpu", 268_000_000), ("h100_sxm", (500 + 32 + 128) * 2**20)])
+def test_without_a_profile_each_rank_holds_the_framework_baseline_the_planner_charges(device, expected):
+    """One definition (sim.framework.framework_memory): simulate_training and the training plan's
+    memory stage charge a rank the same framework bytes, gloo's on a CPU, the CUDA context, cuBLAS
+    workspace and NCCL buffers on a GPU of a group of several ranks."""
+    from sim.framework import framework_memory
+    from sim.topology import build_topology
+
+    scenario = _scenario([{"name": "ddp"}], hosts=2, device=device)
+    devices = build_topology(scenario.config.cluster).devices
+    charged = framework_memory({rank: devices[rank].spec for rank in range(2)})
+    result = simulate_training(scenario).results
+    framework = result[result["metric"] == str(Metric.PEAK_MEMORY_FRAMEWORK)]["value"]
+    assert list(framework) == [expected, expected] == list(charged.values())

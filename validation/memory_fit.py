@@ -90,12 +90,12 @@ def _training_peaks(scenario: Scenario):
     peaks = {}
     for variant in scenario.config.variants:
         settings = scenario.training_settings(variant)
-        micro, _ = micro_batching(workload, settings, layout.data)
+        micro, accumulation = micro_batching(workload, settings, layout.data)
         memory = training_memory(scenario.model.with_dtype("fp32"),
                                  ActivationLayout(micro, workload.sequence_length, layout.tensor),
                                  optimizer=settings.optimizer, precision=Precision.FP32, data_parallel=layout.data,
                                  zero_stage=settings.zero, gradient_as_bucket_view=settings.gradient_as_bucket_view,
-                                 checkpoint_every=settings.activation_checkpointing)
+                                 checkpoint_every=settings.activation_checkpointing, accumulation=accumulation)
         for rank in ranks:
             peaks[rank] = max(peaks.get(rank, (0, "")), (memory.total, variant.name))
     return topology, ranks, peaks

@@ -59,15 +59,17 @@ from models.errors import ConfigError
 from models.input_files import load_yaml
 from sim.profile import Profile, load_profile
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
+from sim.training.simulate import MEMORY_CATEGORIES
 from sim.vocabulary import Metric
 from validation.limits import MAX_REPEATS, MAX_TIMED_S
 from validation.matrix import read_matrix_file
 
 RANKING_THRESHOLD = 0.10
 CHECKED_METRICS = (Metric.STEP_TIME, Metric.FORWARD_TIME, Metric.BACKWARD_TIME, Metric.OPTIMIZER_TIME,
-                   Metric.EXPOSED_COMMUNICATION, Metric.PEAK_MEMORY)
-"""What errors.csv compares; the targets are on the step time and peak memory, the phases say
-where a step's error comes from."""
+                   Metric.EXPOSED_COMMUNICATION, Metric.PEAK_MEMORY, *MEMORY_CATEGORIES)
+"""What errors.csv compares; the targets are on the step time and peak memory, the phases and
+the memory categories (measured beside the peak, :mod:`runtime.training.memory`) say where an
+error comes from."""
 ERROR_COLUMNS = ["case", "cluster", "metric", "device", "measured", "simulated", "error", "calibrated_on", "replay"]
 RANKING_COLUMNS = ["cluster", "calibrated_on", "replay", "faster", "slower", "measured_ratio", "simulated_ratio",
                    "right"]

@@ -1,13 +1,16 @@
 """``hetsim measure`` of a training scenario: every variant trained with real DDP, step by step.
 
-One forked rank per rank of the layout, tensor x data (:func:`runtime.launch.launch`, in the
-testbed's host namespaces with ``--testbed``; :class:`runtime.training.ranks.TrainingRanks`). Each variant in turn, on every rank: a fresh
+Each variant in turn, in ranks forked for it alone (one per rank of the layout, tensor x data:
+:func:`runtime.launch.launch`, in the testbed's host namespaces with ``--testbed``;
+:class:`runtime.training.ranks.TrainingRanks`), so that no variant's memory holds what an
+earlier one's training left resident. On every rank: a
 :class:`~runtime.training.trainer.Trainer` (the same seeded weights), ``warmup`` untimed
 optimizer steps (the first also rebuilds DDP's buckets in the order gradients became ready),
 one common start on the shared clock (:func:`runtime.worker.common_start`), ``repeats`` x
 ``workload.steps`` timed steps back to back, then one more step under the exact allocator whose
 high-water mark is the peak memory (:mod:`runtime.memory_probe` on the CPU,
-``max_memory_allocated`` on CUDA).
+``max_memory_allocated`` on CUDA), written with that step's memory by category beside it
+(``peak_memory_<category>_bytes``, :mod:`runtime.training.memory`).
 
 Metrics, per repeat from the master's (rank 0's) ``workload.steps`` steps, then the median over
 repeats with p10 / p90 beside it (:func:`runtime.measure.summarise`):
@@ -48,6 +51,7 @@ from sim.metrics import peak_memory_bytes, result_rows
 from sim.program import Stream
 from sim.scenario import Scenario
 from sim.topology import Topology, build_topology
+from sim.training.simulate import MEMORY_CATEGORIES
 from sim.trace import STEP_COLUMNS, Trace, TraceEvent, op_table, peak_table
 from sim.vocabulary import Metric, PhaseKind
 
@@ -55,13 +59,16 @@ from sim.vocabulary import Metric, PhaseKind
 @dataclass(frozen=True)
 class RankTraining:
     """What one rank measured for one variant: its timed steps
-    (:class:`runtime.training.trainer.StepTiming`, times in s from the common start) and the peak
-    memory of one more step (bytes)."""
+    (:class:`runtime.training.trainer.StepTiming`, times in s from the common start), the peak
+    memory of one more step (bytes) and that step's memory by category
+    (:func:`runtime.training.memory.memory_categories`, bytes by field of
+    :class:`models.training.TrainingMemory`)."""
 
     rank: int
     variant: str
     steps: list
     peak_memory_bytes: int
+    memory: dict[str, int]
 
 
 def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> dict[str, float]:
@@ -151,21 +158,23 @@ def measured_training(scenario: Scenario, topology: Topology, gathered: list[lis
         timing = summarise(per_repeat)
         trace = training_trace(measured, workload.steps)
         peaks = peak_memory_bytes(trace)
-        memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
+        memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} | {
+            metric: measured[r].memory[field] for metric, field in MEMORY_CATEGORIES.items()} for r in ranks}
         variants.append(MeasuredVariant(variant.name, trace, timing, np.zeros((0,), dtype=np.int64)))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory))
     return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
 
 
 def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: int, warmup: int, seed: int,
-               device, heartbeat=lambda label: None) -> list | None:
-    """Train and time every variant on this rank (see the module); all ranks' measurements
-    ``[rank][variant]`` on rank 0, None elsewhere. Needs the default process group of the
-    layout's ranks (:func:`runtime.training.ranks.training_ranks`)."""
+               device, heartbeat=lambda label: None, variants: tuple[int, ...] | None = None) -> list | None:
+    """Train and time the variants of indices ``variants`` (None: every one) on this rank (see
+    the module); all ranks' measurements ``[rank][variant]`` on rank 0, None elsewhere. Needs the
+    default process group of the layout's ranks (:func:`runtime.training.ranks.training_ranks`)."""
     import torch.distributed as dist
 
     from runtime import memory_probe
     from runtime.device import device_of
+    from runtime.training.memory import memory_categories, state_bytes
     from runtime.training.ranks import training_ranks
     from runtime.training.trainer import Trainer, TrainingSetup, process_groups
     from runtime.worker import common_start
@@ -176,7 +185,8 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
     steps = scenario.config.workload.steps
     probe = device_of(device)
     out = []
-    for variant in scenario.config.variants:
+    chosen = scenario.config.variants if variants is None else [scenario.config.variants[i] for i in variants]
+    for variant in chosen:
         trainer = Trainer(TrainingSetup.of_ranks(scenario, variant, layout), rank, topology.host_groups, seed=seed,
                           device=device, groups=groups)
         for step in range(warmup):
@@ -189,10 +199,12 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
             timed.append(_shifted(trainer.step(warmup + index), t0))
         with memory_probe.exact_allocation():
             probe.reset_peak_memory()
+            resident = probe.memory_bytes()
             trainer.step(warmup + repeats * steps)
             peak = probe.peak_memory_bytes()
+        categories = memory_categories(resident, peak, state_bytes(trainer))
         trainer.close()
-        out.append(RankTraining(rank, variant.name, timed, peak))
+        out.append(RankTraining(rank, variant.name, timed, peak, categories))
         del trainer
         gc.collect()
     heartbeat("gather")
@@ -235,9 +247,17 @@ def measure_training(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
         TrainingSetup.of_ranks(scenario, variant, layout)
     placements, enter = placements_for(scenario, topology, layout.ranks, testbed)
 
-    def body(rank: int, heartbeat):
-        return train_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed,
-                          device=torch.device("cpu"), heartbeat=heartbeat)
+    # Each variant in ranks of its own: a process keeps resident what an earlier variant's
+    # training left (heap pages, caches), which read as the next variant's memory (+8 to +40 MB
+    # per variant on the validation model, tiny_gpt2 over 4 gloo ranks).
+    gathered = [[] for _ in layout.ranks]
+    for index in range(len(scenario.config.variants)):
+        def body(rank: int, heartbeat, index=index):
+            return train_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed,
+                              device=torch.device("cpu"), heartbeat=heartbeat, variants=(index,))
 
-    gathered = launch(body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter)[0]
+        every_rank = launch(body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s,
+                            enter_namespace=enter)[0]
+        for rank, measured in enumerate(every_rank):
+            gathered[rank] += measured
     return measured_training(scenario, topology, gathered, repeats)

@@ -45,7 +45,7 @@ from models.spec import ModelSpec
 from models.training import ActivationLayout, compute_dtype, training_memory
 from sim.cost import RooflineCompute
 from sim.devices import DEVICES
-from sim.framework import default_runtime_memory
+from sim.framework import framework_memory
 from sim.scenario import ComputeSettings, Variant
 from sim.topology import Device
 from sim.training.lower import StepShape, TrainingStep, lower_step
@@ -108,19 +108,19 @@ def layout_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWo
 def memory_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWorkload, settings: TrainingSettings,
                    device_types: tuple[str, ...]) -> str:
     """A rank whose step needs more than its device holds (exact: see the module docstring), described; ''."""
-    micro, _ = micro_batching(workload, settings, layout.data)
+    micro, accumulation = micro_batching(workload, settings, layout.data)
     activations = ActivationLayout(micro, workload.sequence_length, layout.tensor)
     # Every rank holds the same (its layers' shard and the replicated head: sim.training.lower);
     # check each device type the layout lands on.
     ranks = layout.tensor * layout.data
     for device in sorted(set(device_types)):
         specs = {r: DEVICES[device] for r in range(ranks)}
-        framework = default_runtime_memory(specs)[0]
+        framework = framework_memory(specs)[0]
         memory = training_memory(spec, activations, optimizer=settings.optimizer, precision=settings.precision,
                                  data_parallel=layout.data, zero_stage=settings.zero,
                                  gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                  checkpoint_every=settings.activation_checkpointing,
-                                 framework_baseline_bytes=framework)
+                                 framework_baseline_bytes=framework, accumulation=accumulation)
         capacity = DEVICES[device].memory_capacity_bytes
         if memory.total > capacity:
             return (f"a rank on {device} needs {memory.total / 2**30:.1f} GiB "

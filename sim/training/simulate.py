@@ -18,7 +18,8 @@ allreduces and the other collectives by the calibrated network (the profile's ti
 the cluster it was measured on, its fitted transport terms and core contention elsewhere,
 :func:`sim.calibrated.calibrated_network`). What the profile lacks is the uncalibrated model's and
 is listed in ``extrapolated``. Each rank's framework memory is the profile's
-``memory_baseline`` (the backend's documented baseline where it has none; 0 without a profile).
+``memory_baseline`` (the backend's documented baseline without one), as the planner charges it
+(:func:`sim.framework.framework_memory`).
 A profile's whole forward and backward passes scale their ops by what a pass adds to its ops
 timed alone (:mod:`sim.training.step_compute`), and where the profile's cores are fewer than the
 ranks, the ranks and their comm threads share them as the step runs
@@ -292,9 +293,8 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         shape = StepShape(scenario.model.with_dtype(dtype), settings, micro, config.workload.sequence_length,
                           accumulation, plan.replica_ranks, tp_algorithm, comm_thread=shared is not None)
         try:
-            # A profile's memory baseline (or the backend's documented one) is each rank's framework.
-            framework = pricing.runtime_memory if profile is not None else {}
-            result = _simulate_variant(variant, shape, engine, topology, config.workload, framework,
+            # Each rank's framework: the one definition the planner charges too (sim.framework).
+            result = _simulate_variant(variant, shape, engine, topology, config.workload, pricing.runtime_memory,
                                        shared.pool if shared is not None else None)
         except ConfigError as error:
             field = error.field if error.field.startswith(("variants", "workload", "cluster")) else \
@@ -409,7 +409,8 @@ def _memory(shape: StepShape, framework: dict[int, int]) -> dict[int, TrainingMe
                                            data_parallel=shape.data, zero_stage=settings.zero,
                                            gradient_as_bucket_view=settings.gradient_as_bucket_view,
                                            checkpoint_every=settings.activation_checkpointing,
-                                           framework_baseline_bytes=framework.get(rank, 0))
+                                           framework_baseline_bytes=framework.get(rank, 0),
+                                           accumulation=shape.accumulation)
     return memory
 
 

@@ -1,0 +1,82 @@
+"""A training rank's memory by category, as measured around one optimizer step (bytes).
+
+The categories are those the simulator charges (:class:`models.training.TrainingMemory`), read
+from the live tensors where the runtime can count them and from the device's readings
+(:class:`runtime.device.Device`: resident set size on the CPU, the caching allocator's counters on
+CUDA) for the rest:
+
+* ``weights``: the bytes of the model's parameters (the rank's shard);
+* ``optimizer_states``: the tensors the optimizer keeps per parameter (``torch.optim``'s
+  ``state``; the rank's shard under ``ZeroRedundancyOptimizer``, whose local optimizer is
+  ``optim``);
+* ``bucket_buffers``: DDP's flat bucket buffers, the sum of the reducer's ``bucket_sizes``
+  (``DistributedDataParallel._get_ddp_logging_data``, filled by ``Logger::set_comm_hook`` and the
+  bucket rebuild in ``torch/csrc/distributed/c10d/logger.cpp``); 0 under
+  ``gradient_as_bucket_view``, where every ``.grad`` is a view into its bucket
+  (``Reducer::initialize_bucket_views`` in ``torch/csrc/distributed/c10d/reducer.cpp``), so the
+  buckets are the gradients;
+* ``gradients``: the ``.grad`` of every parameter, which ``zero_grad()`` frees after each step
+  (``set_to_none``, torch.optim's default) and backward allocates again;
+* ``framework``: what the rank holds beyond those tensors between steps, ``memory_bytes()`` once
+  the step before has freed its gradients and activations, less weights, optimizer states and
+  bucket buffers (the interpreter, torch's libraries and the pages of the kernels training ran,
+  the communication library's buffers and threads);
+* ``activations``: the rest of the step's peak, ``peak - resident - gradients``: what forward kept
+  for backward with the transients at the peak.
+
+:func:`framework_bytes` is the one definition the calibration's ``memory_baseline`` (what the
+simulator charges as ``framework``) and the measured categories share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """A rank's tensors, bytes, in the simulator's categories: weights, optimizer states, bucket
+    buffers and gradients; ``gradient_views``: the gradients are views into the buckets
+    (``gradient_as_bucket_view``), which stay allocated between steps, where ``.grad`` tensors of
+    their own are freed by ``zero_grad()`` and allocated by backward."""
+
+    weights: int
+    optimizer_states: int
+    bucket_buffers: int
+    gradients: int
+    gradient_views: bool
+
+
+def state_bytes(trainer) -> StateBytes:
+    """:class:`StateBytes` of a :class:`runtime.training.trainer.Trainer` that has run a step (DDP
+    reports its buckets' sizes once it has built them)."""
+    parameters = [p for p in trainer.ddp.module.parameters() if p.requires_grad]
+    weights = sum(p.numel() * p.element_size() for p in trainer.ddp.module.parameters())
+    optimizer = getattr(trainer.optimizer, "optim", trainer.optimizer)  # ZeroRedundancyOptimizer's local one
+    states = sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
+                 if torch.is_tensor(t) and t.dim() > 0)  # Adam's step counts are scalars of a few bytes
+    logged = trainer.ddp._get_ddp_logging_data()
+    buckets = sum(int(size) for size in str(logged.get("bucket_sizes", "")).split(",") if size.strip())
+    if trainer.setup.settings.gradient_as_bucket_view:
+        return StateBytes(weights, states, 0, buckets, True)
+    return StateBytes(weights, states, buckets, sum(p.numel() * p.element_size() for p in parameters), False)
+
+
+def framework_bytes(resident_bytes: int, states: StateBytes) -> int:
+    """What a rank holds beyond its tensors (bytes): ``resident_bytes`` read between steps (no
+    gradient, no activation alive) less weights, optimizer states and the gradients' buckets
+    (under ``gradient_as_bucket_view`` the buckets, counted as gradients, stay allocated)."""
+    kept = states.weights + states.optimizer_states + states.bucket_buffers
+    return resident_bytes - kept - (states.gradients if states.gradient_views else 0)
+
+
+def memory_categories(resident_bytes: int, peak_bytes: int, states: StateBytes) -> dict[str, int]:
+    """The step's memory by category (the :class:`models.training.TrainingMemory` field names;
+    see the module): ``resident_bytes`` just before the step, ``peak_bytes`` its high-water mark."""
+    framework = framework_bytes(resident_bytes, states)
+    allocated = 0 if states.gradient_views else states.gradients  # views allocate nothing
+    return {"weights": states.weights, "gradients": states.gradients, "optimizer_states": states.optimizer_states,
+            "bucket_buffers": states.bucket_buffers, "framework": framework,
+            "activations": peak_bytes - resident_bytes - allocated}
