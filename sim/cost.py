@@ -5,6 +5,10 @@ Patterson, CACM 2009): an op is bound either by arithmetic or by memory traffic,
 ``t = max(FLOPs / (peak_FLOP/s * flops_efficiency), bytes / (memory_bandwidth * memory_efficiency))
 + op_overhead_s``. The efficiencies say how far from datasheet peaks real kernels run; the fixed
 overhead stands for kernel launch / framework dispatch, which dominates decode on small models.
+
+A CPU rank that runs on one core (``one_core``: the ranks of a cluster that declares the cores
+they share, ``cluster.cores``, each single-threaded as the reference runtime runs them) reaches
+one core's peaks, not the whole CPU's (:meth:`sim.devices.DeviceSpec.one_core`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class RooflineCompute:
         flops_efficiency: achieved / peak FLOP/s, in (0, 1].
         memory_efficiency: achieved / peak memory bandwidth, in (0, 1].
         op_overhead_s: fixed cost added to every compute op (s).
+        one_core: price a CPU at one core's peaks (:meth:`sim.devices.DeviceSpec.one_core`);
+            accelerators are unaffected.
 
     Raises:
         ConfigError: from ``DeviceSpec.peak_flops`` when a device lacks ``dtype``.
@@ -49,6 +55,7 @@ class RooflineCompute:
     flops_efficiency: float
     memory_efficiency: float
     op_overhead_s: float
+    one_core: bool = False
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     def duration_s(self, op: Op, device: Device) -> float:
@@ -60,9 +67,29 @@ class RooflineCompute:
 
     def roofline_s(self, op: Op, device: Device) -> float:
         """The roofline time of ``op`` on ``device`` without the fixed overhead (s)."""
-        compute_s = op.cost.flops / (device.spec.peak_flops(self.dtype) * self.flops_efficiency)
-        memory_s = op.traffic_bytes / (device.spec.memory_bandwidth_bytes_per_s * self.memory_efficiency)
+        peak_flops = device.spec.peak_flops(self.dtype)
+        bandwidth = device.spec.memory_bandwidth_bytes_per_s
+        if self.one_core:
+            peaks, bandwidth = device.spec.one_core()
+            peak_flops = peaks[self.dtype]
+        compute_s = op.cost.flops / (peak_flops * self.flops_efficiency)
+        memory_s = op.traffic_bytes / (bandwidth * self.memory_efficiency)
         return max(compute_s, memory_s)
 
+    def one_core_lines(self, specs) -> tuple[str, ...]:
+        """What ``one_core`` priced, one line per device kind of ``specs`` (:class:`DeviceSpec`)
+        that has per-core figures; none where ``one_core`` is off."""
+        if not self.one_core:
+            return ()
+        lines = []
+        by_name = {spec.name: spec for spec in specs if spec.core_peak_flops_per_s is not None}
+        for spec in (by_name[name] for name in sorted(by_name)):
+            peaks, bandwidth = spec.one_core()
+            lines.append(f"compute on {spec.name}: one core per rank (single-threaded on the scenario's "
+                         f"cluster.cores), {peaks[self.dtype] / 1e9:g} GFLOP/s {self.dtype} and "
+                         f"{bandwidth / 1e9:g} GB/s peak (the device catalog's per-core figures)")
+        return tuple(lines)
+
     def reduce_s_per_byte(self, device: Device) -> float:
-        return _REDUCTION_BYTES_PER_BYTE / (device.spec.memory_bandwidth_bytes_per_s * self.memory_efficiency)
+        bandwidth = device.spec.one_core()[1] if self.one_core else device.spec.memory_bandwidth_bytes_per_s
+        return _REDUCTION_BYTES_PER_BYTE / (bandwidth * self.memory_efficiency)

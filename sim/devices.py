@@ -35,6 +35,9 @@ class DeviceSpec:
         memory_bandwidth_bytes_per_s: peak device-memory bandwidth, bytes/s.
         memory_capacity_bytes: device memory, bytes.
         source: where the numbers come from (datasheet title and URL, or the derivation).
+        core_peak_flops_per_s: for a CPU, one core's peak FLOP/s per dtype (None: not a CPU).
+        core_memory_bandwidth_bytes_per_s: for a CPU, the memory bandwidth one core reaches
+            alone, bytes/s (None: not a CPU). Both a single-threaded rank's (:meth:`one_core`).
     """
 
     name: str
@@ -43,10 +46,14 @@ class DeviceSpec:
     memory_bandwidth_bytes_per_s: float
     memory_capacity_bytes: int
     source: str
+    core_peak_flops_per_s: Mapping[str, float] | None = None
+    core_memory_bandwidth_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         # A read-only view keeps the frozen spec immutable all the way down.
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
+        if self.core_peak_flops_per_s is not None:
+            object.__setattr__(self, "core_peak_flops_per_s", MappingProxyType(dict(self.core_peak_flops_per_s)))
 
     def peak_flops(self, dtype: str, field: str = "dtype") -> float:
         """Dense peak FLOP/s for ``dtype``.
@@ -60,6 +67,14 @@ class DeviceSpec:
             known = ", ".join(self.peak_flops_per_s)
             problem = f"device {self.name!r} does not support this dtype; it supports: {known}"
             raise ConfigError(field, f"{problem} (got {dtype!r})") from None
+
+    def one_core(self) -> tuple[Mapping[str, float], float]:
+        """(peak FLOP/s per dtype, memory bandwidth in bytes/s) of one of a CPU's cores: what a
+        single-threaded rank reaches (the reference runtime runs every CPU rank with one torch
+        thread, ``runtime/launch.py``); a device without per-core figures (an accelerator) whole."""
+        if self.core_peak_flops_per_s is None or self.core_memory_bandwidth_bytes_per_s is None:
+            return self.peak_flops_per_s, self.memory_bandwidth_bytes_per_s
+        return self.core_peak_flops_per_s, self.core_memory_bandwidth_bytes_per_s
 
 
 _T = 1e12
@@ -191,8 +206,17 @@ DEVICES: dict[str, DeviceSpec] = {
                 "Assumed, not a datasheet: 16 cores x 2 FMA units x 8 FP32 lanes x 2 FLOP x ~2-3 GHz "
                 "is 1-1.5 TFLOP/s peak, taken as 1 TFLOP/s since GEMMs rarely reach AVX peak; "
                 "bf16 at the fp32 rate (converted to fp32 without AMX / AVX512-BF16); fp16 "
-                "omitted (slow fallback kernels on most CPUs); about 2-4 DDR channels = 50 GB/s; 64 GB"
+                "omitted (slow fallback kernels on most CPUs); about 2-4 DDR channels = 50 GB/s; 64 GB. "
+                "One core alone (a single-threaded rank): 2 FMA units x 8 FP32 lanes x 2 FLOP x 2.5 GHz (the "
+                "middle of the range above) = 80 GFLOP/s peak, the whole CPU's figure having been rounded down "
+                "for GEMM efficiency, which the roofline's flops_efficiency says for one core; and 10 GB/s of "
+                "memory bandwidth, which its outstanding "
+                "cache-line misses bound (Little's law, Little 1961: bandwidth = misses in flight x 64 B / "
+                "DRAM latency; 10-12 line fill buffers over 65-80 ns = 8-12 GB/s; Intel 64 and IA-32 "
+                "Architectures Optimization Reference Manual, the L1 data cache's fill buffers)"
             ),
+            core_peak_flops_per_s={"fp32": 80 * _GB, "bf16": 80 * _GB},
+            core_memory_bandwidth_bytes_per_s=10 * _GB,
         ),
     )
 }

@@ -197,8 +197,11 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     dtype = dtype or scenario.model.dtype
     for rank in ranks:
         topology.devices[rank].spec.peak_flops(dtype, field="dtype")
+    # Without a profile, CPU ranks on the cores the cluster declares run single-threaded, as the
+    # reference runtime runs them: one core's peaks each (a profile's rows are timed so already).
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
-                              config.compute.op_overhead_s)
+                              config.compute.op_overhead_s,
+                              one_core=profile is None and config.cluster.cores is not None)
     network = model_network(config.network_model, topology, compute)
     runtime_memory = framework_memory({r: topology.devices[r].spec for r in ranks}, profile)
     choice, cores = None, ()
@@ -359,7 +362,9 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     if isinstance(network, DefaultTransportNetwork):
         contention = tuple(f"core contention: {pool.describe()} (the scenario's cluster.cores), sharing them as "
                            "the simulation runs (processor sharing)" for pool in first.cores)
-        choice = NetworkChoice(network, False, (), (*contention, *network.contention_lines(), *sorted(network.used)))
+        one_core = first.compute.one_core_lines(topology.devices[r].spec for r in every_rank)
+        choice = NetworkChoice(network, False, (), (*one_core, *contention, *network.contention_lines(),
+                                                    *sorted(network.used)))
     others = tuple((key[1] or f"tensor {len(key[0])}", p.choice) for key, p in list(pricings.items())[1:])
     used = parallel.ranks if not parallel.variant_layouts else every_rank  # every device some variant runs on
     return SimulationResult(scenario, topology, used, tuple(variants), pd.concat(tables, ignore_index=True),

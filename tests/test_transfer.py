@@ -130,7 +130,7 @@ def test_uncalibrated_simulation_states_the_transport_defaults_it_used(root):
     from sim.simulate import simulate
 
     cpu = simulate(load_scenario(root / "scenarios" / "validation" / "v4x1_latency.yaml"))
-    collectives = [line for line in cpu.sources if not line.startswith("core contention")]
+    collectives = [line for line in cpu.sources if not line.startswith(("core contention", "compute on"))]
     assert collectives and all("over gloo/tcp" in line for line in collectives)
     # 4 ranks on the testbed's 2 cores: the contention terms say they are gloo/tcp's defaults
     assert [line for line in cpu.sources if "gloo/tcp default" in line and line.startswith("core contention per")]
@@ -157,16 +157,46 @@ def test_uncalibrated_ranks_beyond_their_shared_cores_take_turns_and_pay_gloos_c
     from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S
 
     shared, enough, undeclared = (simulate(_one_variant(root, cores)) for cores in (2, 4, None))
-    # cores enough for every rank, or none declared: the uncalibrated model as it was, bit for bit
-    assert enough.results.equals(undeclared.results)
+    # cores enough for every rank: no contention, and no line saying so
     assert not [line for line in enough.sources if line.startswith("core contention")]
-    # 4 ranks on 2 cores: slower, and the output says which defaults priced it
-    tpot = [r.variants[0].timing["tpot_s"] for r in (shared, undeclared)]
-    ttft = [r.variants[0].timing["ttft_s"] for r in (shared, undeclared)]
+    # 4 ranks on 2 cores: slower than a core each, and the output says which defaults priced it
+    tpot = [r.variants[0].timing["tpot_s"] for r in (shared, enough, undeclared)]
+    ttft = [r.variants[0].timing["ttft_s"] for r in (shared, enough, undeclared)]
     assert tpot[0] > tpot[1] and ttft[0] > ttft[1]
     floor_ms = 2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False] * 1e3
     assert any(line.startswith("core contention: 4 ranks on 2 cores") for line in shared.sources)
     assert any(f"at least {floor_ms:.2f} ms" in line and "gloo/tcp default" in line for line in shared.sources)
+
+
+def test_uncalibrated_cpu_ranks_on_declared_cores_compute_at_one_cores_peaks(root):
+    from sim.cost import RooflineCompute
+    from sim.devices import DEVICES
+    from sim.simulate import simulate
+
+    shared, enough, undeclared = (simulate(_one_variant(root, cores)) for cores in (2, 4, None))
+    # a declared core per rank (single-threaded, as the runtime runs them) is slower than a whole
+    # CPU each, and says so; without declared cores nothing says it
+    for metric in ("ttft_s", "tpot_s"):
+        assert enough.variants[0].timing[metric] > undeclared.variants[0].timing[metric]
+    line = "compute on cpu: one core per rank"
+    assert any(s.startswith(line) for s in enough.sources) and any(s.startswith(line) for s in shared.sources)
+    assert not any(s.startswith(line) for s in undeclared.sources)
+    # the LM head of GPT-2 (fp32, 154.6 MB of weights: memory-bound) at one core's bandwidth
+    lm_head = next(op for segment in enough.variants[0].run.plan.phase(1).segments
+                   for op in segment.programs[0] if op.name == "lm_head")
+    cpu, gpu = enough.topology.devices[0], replace_spec(enough.topology.devices[0], DEVICES["rtx_3060_12gb"])
+    one, whole = (RooflineCompute("fp32", 0.6, 0.8, 0.0, one_core=flag) for flag in (True, False))
+    assert one.duration_s(lm_head, cpu) == pytest.approx(lm_head.traffic_bytes / (0.8 * 10e9), rel=1e-12)
+    assert one.duration_s(lm_head, cpu) > whole.duration_s(lm_head, cpu)
+    # an accelerator has no cores to single out: priced whole either way
+    assert one.duration_s(lm_head, gpu) == whole.duration_s(lm_head, gpu)
+
+
+def replace_spec(device, spec):
+    """``device`` with the catalog entry ``spec``."""
+    from dataclasses import replace
+
+    return replace(device, spec=spec)
 
 
 def test_uncalibrated_gloo_messages_cost_at_least_the_contention_floor_of_their_busy_ranks(root):
