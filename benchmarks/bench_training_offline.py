@@ -11,7 +11,9 @@ gains) and the signed error of every case per phase; where the report kept each 
 ops (``clusters/<cluster>/trace.csv``, which ``hetsim validate`` writes since session 14), also
 each case's chain of bucket allreduces on rank 0, measured against simulated
 (:func:`bucket_chains`: where a case's communication departs from the calibrated collectives
-that price it). ``--out`` writes the report's tables (``errors.csv``, ``overlap.csv``,
+that price it); and every calibrated collective row against the transport terms fitted on each
+cluster's sweep (:func:`transport_rows`: whether a cluster's terms describe its own rows, and the
+other's). ``--out`` writes the report's tables (``errors.csv``, ``overlap.csv``,
 ``summary.md``, ...) there. Depends on nothing but the stored
 files, not on the machine's load. Under a minute on the project's 2-core machine.
 
@@ -25,12 +27,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from models.ops import OpKind
+from sim.collectives.registry import build_schedule
+from sim.context import profile_contexts
 from sim.program import Stream
 from sim.training.metrics import union_length_s
+from sim.profile import ISOLATED, MeasurementKind
 from sim.training.simulate import simulate_training
+from sim.transport import context_topology, fit_profile, price
 from sim.vocabulary import Metric
 from validation.training_validation import (compare_clusters, load_report_clusters, load_training_matrix,
                                             summary_markdown, write_training_validation)
@@ -86,6 +93,40 @@ def bucket_chains(scenarios, runs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def transport_rows(runs) -> pd.DataFrame:
+    """Per calibrated cluster, each isolated ``collective`` row of its profile against its
+    schedule priced over that cluster's links and cores (:func:`sim.transport.context_topology`)
+    with the transport terms fitted on each cluster's own sweep (:func:`sim.transport.fit_profile`:
+    what a prediction from that profile prices every collective with, less the contention floor
+    a prediction adds and the reduction, about 20 us per 256 KiB chunk here). The cluster's own
+    fit shows whether its terms describe the rows they were fitted on; another's, whether they
+    transfer. Empty where no profile records its context."""
+    clusters = {}
+    for name, run in runs.items():
+        contexts = profile_contexts(run.profile.rows)
+        if len(contexts) == 1:
+            rows = run.profile.of(MeasurementKind.COLLECTIVE)
+            clusters[name] = (contexts[0], rows, fit_profile(rows, contexts[0]))
+    out = []
+    for name, (context, rows, _) in clusters.items():
+        topology = context_topology(context)
+        for source, (_, _, fitted) in clusters.items():
+            for row in rows.itertuples(index=False):
+                terms = fitted.get((str(row.op), str(row.algorithm)))
+                group = tuple(range(int(row.group_size)))
+                if terms is None or row.size_bytes <= 0 or len(group) > topology.num_ranks:
+                    continue
+                schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
+                                          root=None if row.op == "allreduce" else group[0],
+                                          host_groups=topology.host_groups(group))
+                measured = float(getattr(row, ISOLATED))
+                fitted_s = price(schedule, topology, terms, None, context.cores).duration_s
+                out.append({"cluster": name, "fitted_on": source, "op": row.op, "algorithm": row.algorithm,
+                            "size_bytes": int(row.size_bytes), "measured_s": measured, "p10_s": float(row.p10),
+                            "p90_s": float(row.p90), "fitted_s": fitted_s, "error": fitted_s / measured - 1})
+    return pd.DataFrame(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", type=Path, default=ROOT / "validation" / "training-quick.yaml",
@@ -102,6 +143,15 @@ def main() -> None:
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print("Signed errors per case (%, simulated / measured - 1):")
         print(signed_table(report.errors).to_string())
+    fits = transport_rows(runs)
+    if len(fits):
+        with pd.option_context("display.width", 200, "display.max_rows", 500):
+            print("\nIsolated collective rows against the transport terms fitted on each cluster's sweep (s):")
+            print(fits.round(4).to_string(index=False))
+            rms = fits.groupby(["cluster", "fitted_on"], sort=False)["error"].apply(
+                lambda e: float(np.sqrt(np.mean(np.log1p(e) ** 2))))
+            print("rms log error per cluster's rows and fit:")
+            print(rms.round(2).to_string())
     chains = bucket_chains(scenarios, runs)
     if len(chains):
         with pd.option_context("display.width", 200, "display.max_rows", 500):
