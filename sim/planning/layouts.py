@@ -19,8 +19,9 @@ left idle would be paid for and unused):
 
 A layout is a candidate only where the simulator accepts it: :class:`sim.parallel.ParallelPlan`
 checks the degrees against the model (heads, layers) and :func:`sim.replicas.split_batch` the
-batch against the replicas; the rules live there only. A serving plan runs ``TP N`` only: the
-serving simulator runs one tensor-parallel group (:func:`sim.serving.simulate.simulate_serving`).
+batch against the replicas, :func:`sim.serving.simulate.check_serving_layout` a request load
+against the layout (the serving simulator runs no pipeline); the rules live there only. A serving
+plan tries the same layouts as a batch plan.
 """
 
 from __future__ import annotations
@@ -76,13 +77,13 @@ class InferenceLayout:
                             shares=shares, replicas=self.replicas)
 
 
-def inference_layouts(hosts: int, per_host: int, *, uneven: bool, serving: bool = False) -> list[InferenceLayout]:
+def inference_layouts(hosts: int, per_host: int, *, uneven: bool) -> list[InferenceLayout]:
     """The layouts a plan tries on ``hosts`` hosts of ``per_host`` devices (see the module
     docstring); ``uneven``: also the uneven split over every device (the devices are of more than
     one type)."""
     n = hosts * per_host
     layouts = [InferenceLayout(n)]
-    if serving or n == 1:
+    if n == 1:
         return layouts
     if uneven:
         layouts.append(InferenceLayout(n, uneven=True))

@@ -9,8 +9,9 @@ ends at one **stage**, cheapest test first:
 
 1. ``layout``: the simulator refuses the layout (:class:`sim.parallel.ParallelPlan`: the degrees
    cannot shard the model; :func:`sim.replicas.split_batch`: fewer sequences than replicas;
-   :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline), or a device lacks
-   the dtype;
+   :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline;
+   :func:`sim.serving.simulate.check_serving_layout`: a pipeline serving a request load), or a
+   device lacks the dtype;
 2. ``limits``: more devices than ``limits.max_devices`` or a price above ``limits.budget_per_hour``;
 3. ``memory``: a lower bound of some rank's peak exceeds its capacity: its framework baseline
    (:mod:`sim.framework`), its weights (a pipeline stage's: its layers'; with a sliding window,
@@ -31,11 +32,13 @@ ends at one **stage**, cheapest test first:
 6. ``simulated``: priced by :func:`sim.simulate.simulate`, one scenario per cluster with its
    surviving variants, so they share the topology and the collective pricer.
 
-A **serving** plan (``workload: {kind: serving, ...}``) prunes with the same stages, read for a
+A **serving** plan (``workload: {kind: serving, ...}``) tries the same layouts (replicas share the
+request rate, each serving rate / R behind a round-robin balancer; a pipeline is a ``layout`` row
+whose reason says the serving simulator runs none) and prunes with the same stages, read for a
 load of requests: ``memory`` when the KV cache left beside the weights (at the workload's
 ``memory_utilization``, as :func:`sim.serving.simulate.kv_capacity_tokens` sizes it) cannot hold
 the longest request alone, which the serving simulator would refuse; ``bound`` when a single
-request's TPOT lower bound (one sequence decoding at the shortest prompt) misses the objective:
+request's TPOT lower bound (one sequence decoding at the shortest prompt, on the slowest replica) misses the objective:
 every decode iteration of a loaded server costs at least that pass. It has no TTFT bound (a prompt
 split into chunks may beat the whole prompt's roofline) and no ``dominated`` stage (no closed-form
 bound of a maximum rate): every survivor is simulated by :func:`sim.serving.simulate.simulate_serving`,
@@ -86,7 +89,8 @@ from sim.profile import Profile
 from sim.replicas import split_batch
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
-from sim.serving.simulate import RateSearchSettings, ServingVariantResult, cost_per_million_tokens, simulate_serving
+from sim.serving.simulate import (RateSearchSettings, ServingVariantResult, check_serving_layout,
+                                  cost_per_million_tokens, simulate_serving)
 from sim.simulate import SimulationResult, simulate
 from sim.training.simulate import simulate_training
 from sim.strategies import StrategyChoice
@@ -265,7 +269,9 @@ class Planner:
                 return f"{device} has no {spec.dtype} rate", None
         try:
             parallel = layout.plan(spec, _devices(device_types))
-            if not self.request.config.is_serving:
+            if self.request.config.is_serving:
+                check_serving_layout(parallel)
+            else:
                 split_batch(self.request.config.workload.batch_size, layout.replicas)
         except ConfigError as error:
             return error.message, None
@@ -333,7 +339,9 @@ class Planner:
             copies = [([[group_s(ranks, size, stage, None) for size in pipeline.micro_batches]
                         for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch)]
         else:
-            batches = split_batch(batch, parallel.replicas) if parallel.replicas > 1 else (batch,)
+            # a serving load's bound prices one request on each replica; a batch is split among them
+            batches = (batch,) * parallel.replicas if self.request.config.is_serving else split_batch(
+                batch, parallel.replicas)
             copies = [([[group_s(ranks, b, None, shards)]], b)
                       for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
 
@@ -414,8 +422,7 @@ class Planner:
                           "devices_per_host": shape.groups[0].per_host, "num_devices": shape.num_devices,
                           "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
                           "network": shape.network or "", "price_per_hour": price}
-                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=len(set(types)) > 1,
-                                                serving=config.is_serving):
+                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=len(set(types)) > 1):
                     problem, parallel = self._layout_plan(m, types, layout)
                     refused = {p: problem or _policy_problem(p, layout) for p in policies}
                     memory = {p: "" if refused[p] or over else self._memory_problem(m, types, layout, k)
