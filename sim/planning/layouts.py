@@ -4,17 +4,17 @@ For a cluster of H hosts of G devices each (N = H G devices; a mixed cluster is 
 type each), a batch plan (:mod:`sim.planning.search`) tries, each using every device (a device
 left idle would be paid for and unused):
 
-* ``TP N``: tensor parallelism over every device (Megatron-LM, Shoeybi et al. 2019, arXiv
+* ``TP=N``: tensor parallelism over every device (Megatron-LM, Shoeybi et al. 2019, arXiv
   1909.08053);
-* ``TP N uneven``: on a mixed cluster, the same with each device's share of the heads and MLP
+* ``TP=N uneven``: on a mixed cluster, the same with each device's share of the heads and MLP
   columns in proportion to its compute (``parallel.shares: compute``,
   :func:`models.shards.tensor_shards`);
-* ``TP G x PP H``: tensor parallelism inside each host, a pipeline of H stages across the hosts
+* ``TP=G x PP=H``: tensor parallelism inside each host, a pipeline of H stages across the hosts
   (GPipe, Huang et al. 2019, arXiv 1811.06965; tensor parallelism within a node and pipeline
   parallelism across nodes is Megatron-LM's placement, Narayanan et al. 2021, arXiv 2104.04473,
   section 3.2): one point-to-point hop per stage instead of every layer's collectives on the network;
-* ``PP N``: a pipeline over every device;
-* ``H replicas of TP G``: one copy of the model per host, the batch's sequences split among them
+* ``PP=N``: a pipeline over every device;
+* ``TP=G x H replicas``: one copy of the model per host, the batch's sequences split among them
   (:mod:`sim.replicas`): no collective crosses the network.
 
 A layout is a candidate only where the simulator accepts it: :class:`sim.parallel.ParallelPlan`
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from models.accounting import kv_cache_bytes_per_token, stage_weight_bytes
 from models.spec import ModelSpec
-from sim.parallel import ParallelPlan, ShareBasis, share_weights
+from sim.parallel import ParallelPlan, ShareBasis, layout_label, share_weights
 from sim.topology import Device
 
 UNEVEN_BASIS = ShareBasis.COMPUTE
@@ -48,12 +48,8 @@ class InferenceLayout:
     uneven: bool = False
 
     def label(self) -> str:
-        """``TP 4``, ``TP 4 uneven``, ``TP 2 x PP 3``, ``PP 6`` or ``3 replicas of TP 2``."""
-        if self.replicas > 1:
-            return f"{self.replicas} replicas of TP {self.tensor}"
-        if self.pipeline > 1:
-            return f"PP {self.pipeline}" if self.tensor == 1 else f"TP {self.tensor} x PP {self.pipeline}"
-        return f"TP {self.tensor}" + (" uneven" if self.uneven else "")
+        """The layout in a few words, as the simulator's outputs spell it (:func:`sim.parallel.layout_label`)."""
+        return layout_label(self.tensor, self.pipeline, replicas=self.replicas, uneven=self.uneven)
 
     def parallel(self) -> dict:
         """The scenario's ``parallel`` section (:class:`sim.scenario.Parallel`)."""
