@@ -218,7 +218,9 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
         console.print(rich_table)
     console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the point cannot run "
                   "(the degree does not divide the model's attention heads, or the note in sweep.csv)"
-                  + ("" if profile is None else "; calibrated by the profile"))
+                  + ("" if profile is None else f"; calibrated by the profile, "
+                     f"{table['profile_context'].str.startswith('outside').sum()} of {int(table['feasible'].sum())} "
+                     f"points outside its calibration context (profile_context in sweep.csv)"))
     written = write_files(out_dir, {"sweep.csv": results_csv(table),
                                     "memory_report.html": sweep_html(scenario.config.description or scenario.name,
                                                                      table)})

@@ -74,6 +74,7 @@ import pandas as pd
 from models.accounting import layer_block_weight_bytes
 from models.errors import ConfigError
 from models.spec import ModelSpec
+from sim.context import profile_context
 from sim.cost import RooflineCompute
 from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
@@ -91,7 +92,7 @@ from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_
 from sim.serving.config import ServingSLO
 from sim.serving.simulate import (RateSearchSettings, ServingVariantResult, check_serving_layout,
                                   cost_per_million_tokens, simulate_serving)
-from sim.simulate import SimulationResult, simulate
+from sim.simulate import simulate
 from sim.training.simulate import simulate_training
 from sim.strategies import StrategyChoice
 from sim.topology import Device
@@ -644,15 +645,16 @@ class Planner:
         try:
             if config.is_training:
                 simulated = simulate_training(scenario_from_dict(data), profile=self.profile)
-                context = _profile_context(simulated) if self.profile is not None else ""
+                context = profile_context(simulated) if self.profile is not None else ""
                 for i, vr in zip(index, simulated.variants):
                     results[i] = self._training_result(table.loc[i], vr, simulated, context)
                 return
             if config.is_serving:
                 served = simulate_serving(scenario_from_dict(data), profile=self.profile, rate_search=RateSearchSettings(
                     from_workload_rate=True, tolerance=config.search.rate_tolerance, horizon_s=self.rate_horizon_s))
+                context = profile_context(served) if self.profile is not None else ""
                 for i, vr in zip(index, served.variants):
-                    results[i] = self._serving_result(table.loc[i, "price_per_hour"], vr)
+                    results[i] = self._serving_result(table.loc[i, "price_per_hour"], vr, context)
                 return
             result = simulate(scenario_from_dict(data), profile=self.profile, expand_steps=())
         except ConfigError as error:
@@ -663,7 +665,7 @@ class Planner:
             for i in index:
                 results[i] = {"stage": Stage.ERROR, "reason": str(error)}
             return
-        context = _profile_context(result) if self.profile is not None else ""
+        context = profile_context(result) if self.profile is not None else ""
         for i, vr in zip(index, result.variants):
             timing, fits = vr.timing, vr.overflow is None
             miss = slo_miss(timing, config.slo)
@@ -693,9 +695,10 @@ class Planner:
                                            Metric.EXPOSED_COMMUNICATION)},
                 "step_bottleneck": training.bottleneck(metrics)}
 
-    def _serving_result(self, price_per_hour: float, vr: ServingVariantResult) -> dict:
+    def _serving_result(self, price_per_hour: float, vr: ServingVariantResult, context: str) -> dict:
         """A serving candidate's row: its metrics at the target rate, its maximum rate and $/Mtok
-        there; it meets the objectives iff the maximum rate is at least the target."""
+        there; it meets the objectives iff the maximum rate is at least the target; ``context``:
+        how a profile priced it (:func:`sim.context.profile_context`)."""
         config = self.request.config
         slo, target = config.slo.serving(), config.workload.rate_per_s
         at_target = vr.search.start_metrics
@@ -704,7 +707,7 @@ class Planner:
         miss = "" if rate >= target else "; ".join(
             [f"max rate {rate:.3g}/s < {target:.3g}/s"] + serving_misses(at_target, slo))
         return {"stage": Stage.SIMULATED, "reason": "", "fits": True, "meets_slo": not miss, "slo_miss": miss,
-                "profile_context": "", **{metric: at_target.get(metric, math.nan) for metric in _TIMING},
+                "profile_context": context, **{metric: at_target.get(metric, math.nan) for metric in _TIMING},
                 SLO_TTFT: at_target[Metric.TTFT.percentile(slo.percentile)],
                 SLO_TPOT: at_target[Metric.TPOT.percentile(slo.percentile)],
                 Metric.MAX_REQUEST_RATE: rate, Metric.OUTPUT_TOKENS_PER_S: tokens_per_s,
@@ -810,12 +813,3 @@ def _training_algorithms(settings, variant: Variant, layout: training.TrainingLa
         parts.append(f"checkpoint every {settings.activation_checkpointing}")
     return ", ".join(parts)
 
-
-def _profile_context(result: SimulationResult) -> str:
-    """How the profile priced this cluster: ``same cluster``, or the terms outside its context."""
-    if result.network is None:
-        return ""
-    outside = [t.term for t in result.network.terms if t.verdict.value != "same"]
-    if result.extrapolated:
-        outside.append(f"{len(result.extrapolated)} extrapolated predictions")
-    return "same cluster" if result.network.same_cluster and not outside else "outside: " + "; ".join(outside)

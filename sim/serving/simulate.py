@@ -83,6 +83,10 @@ class ServingResult:
     calibrated: bool = False
     layout: str = ""
     """The layout served (:meth:`sim.parallel.ParallelPlan.label`)."""
+    network: object = None
+    """How a profile priced the collectives (:class:`sim.calibrated.NetworkChoice`; None uncalibrated)."""
+    extrapolated: tuple[str, ...] = ()
+    """The predictions a profile did not cover (as :attr:`sim.simulate.SimulationResult.extrapolated`)."""
 
     def variant_result(self, name: str) -> ServingVariantResult:
         """The result of the variant named ``name``."""
@@ -337,8 +341,10 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
             metrics[Metric.MAX_REQUEST_RATE] = search.rate_per_s
         results.append(ServingVariantResult(variant, run, metrics, search))
         tables.append(result_rows(config.name, variant.name, "simulated", metrics, {}))
+    extrapolated = tuple(sorted(pricing.compute.extrapolated | pricing.network.extrapolated)) if profile else ()
     return ServingResult(scenario, topology, ranks, tuple(results), pd.concat(tables, ignore_index=True),
-                         calibrated=profile is not None, layout=parallel.label)
+                         calibrated=profile is not None, layout=parallel.label, network=pricing.choice,
+                         extrapolated=extrapolated)
 
 
 def cost_per_million_tokens(price_per_hour: float, output_tokens_per_s: float) -> float:
