@@ -162,8 +162,9 @@ def test_a_serving_plan_searches_replicas_and_names_why_a_pipeline_cannot_serve(
     assert table.loc["PP=2", "stage"] == Stage.LAYOUT
     assert table.loc["PP=2", "reason"].startswith("the serving simulator runs no pipeline")
     one, two = table.loc["TP=1", Metric.MAX_REQUEST_RATE], table.loc["TP=1 x 2 replicas", Metric.MAX_REQUEST_RATE]
-    # each replica serves half the rate: together about twice one device's (to the search's 5% and
-    # the horizon's burst), and more than both devices in one group over the network
-    assert 1.7 * one < two < 2.3 * one
+    # each replica serves half the rate: together about twice one device's, a little more as round
+    # robin hands each replica every other arrival (gaps less variable than a Poisson stream's, so
+    # shorter queues), to the search's tolerance; and more than both devices in one group over the network
+    assert 1.7 * one < two < 2.5 * one
     assert two > table.loc["TP=2", Metric.MAX_REQUEST_RATE]
     assert result.pick["parallel"] in ("TP=1", "TP=1 x 2 replicas")
