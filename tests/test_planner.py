@@ -408,6 +408,10 @@ def test_a_throughput_objective_picks_one_replica_per_host(wan_catalog):
     assert result.pick["parallel"] == "TP=2 x 2 replicas" and result.pick_scenario["parallel"] == {"tensor": 2, "replicas": 2}
     timing = simulate(scenario_from_dict(result.pick_scenario), expand_steps=()).variants[0].timing
     assert timing[Metric.DECODE_TOKENS_PER_S] == pytest.approx(result.pick[Metric.DECODE_TOKENS_PER_S], rel=1e-9)
+    # hetsim measure runs every replica, so the pick is run as written: here and on 2 hosts x 2 ranks
+    commands = result.commands(Path("pick.yaml"))
+    assert "hetsim measure pick.yaml" in commands
+    assert commands[-1].startswith("torchrun --nnodes 2 --nproc-per-node 2 ")
 
 
 def test_a_layout_the_model_cannot_take_is_never_proposed():
