@@ -33,6 +33,7 @@ from models.errors import ConfigError
 from models.shards import TensorShard
 from sim.metrics import result_rows
 from sim.parallel import ParallelPlan
+from sim.pipeline_run import group_shape
 from sim.profile import Profile
 from sim.scenario import Scenario, Variant
 from sim.serving.config import MAX_REQUESTS, ServingSLO, ServingWorkload
@@ -322,10 +323,17 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     requests = workload_requests(workload, scenario.model, *(() if base_dir is None else (base_dir,)))
     capacities = [kv_capacity_tokens(scenario, topology, group, workload.memory_utilization, pricing.runtime_memory,
                                      shards) for group, shards in zip(parallel.replica_ranks, parallel.replica_shards)]
+    # Replicas laid out alike (sim.pipeline_run.group_shape) with the same shards price every pass
+    # alike: they share one replica's iteration costs, each pass simulated once.
+    shapes = [(group_shape(topology, pricing.engine.links, group), shards)
+              for group, shards in zip(parallel.replica_ranks, parallel.replica_shards)]
     results, tables = [], []
     for variant in config.variants:
-        servers = [ReplicaServer(IterationCost(scenario.model, group, variant.choice(), pricing.engine, shards), capacity)
-                   for group, shards, capacity in zip(parallel.replica_ranks, parallel.replica_shards, capacities)]
+        costs: dict[tuple, IterationCost] = {}
+        servers = [ReplicaServer(costs.setdefault(shape, IterationCost(scenario.model, group, variant.choice(),
+                                                                       pricing.engine, shards)), capacity)
+                   for group, shards, capacity, shape in zip(parallel.replica_ranks, parallel.replica_shards,
+                                                             capacities, shapes)]
 
         def run_at(batch: list[Request], servers: list[ReplicaServer] = servers) -> ServingRun:
             return serve_replicas(batch, servers, max_batch_tokens=workload.max_batch_tokens,
