@@ -107,7 +107,7 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         yield
         spent[part] = spent[part] + (cpu_sample(pids) - before)
 
-    with paced_loader(store, topology, ranks, rank, device) as loader:
+    with paced_loader(store, topology, ranks[0], rank, device) as loader:
         measured = MeasurementRounds(cases, ranks, rank, model, comm, loader, device, seed, heartbeat, shards=shards,
                                      keep_rounds=True)
         generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model, loader, heartbeat,

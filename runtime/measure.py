@@ -24,7 +24,7 @@ from models.errors import ConfigError
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.parallel import ParallelPlan
-from sim.replicas import idle_rows
+from sim.replicas import ReplicaTiming, combined_timing, idle_rows, replica_rows, split_batch
 from sim.scenario import Scenario
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
@@ -97,21 +97,35 @@ def repeat_timings(measured: list[RankMeasurement], master: int, batch_size: int
 
 
 def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[RankMeasurement]]) -> MeasuredResult:
-    """Fold every rank's measurements (``gathered[rank][variant]``) into a :class:`MeasuredResult`."""
+    """Fold every rank's measurements (``gathered[rank][variant]``) into a :class:`MeasuredResult`.
+
+    Replicas (``parallel.replicas``) are folded as the simulator folds them
+    (:func:`sim.replicas.combined_timing`), repeat by repeat since they ran together: each
+    repeat's latencies are its slowest replica's, its decode tokens/s the sum of theirs; then the
+    medians over repeats. Each replica's own medians are rows of their own
+    (:func:`sim.replicas.replica_rows`, source ``measured``); the trace holds every rank's ops and
+    the first replica's steps, and the tokens every replica's sequences, replica after replica.
+    """
     ranks = tuple(sorted(m[0].rank for m in gathered))
-    master = ranks[0]
-    # A pipeline's steps end with the last stage's LM head: its master times them (the first's holds the tokens).
-    clock = ParallelPlan.of(scenario, topology).stage_ranks[-1][0]
-    batch = scenario.config.workload.batch_size
+    layout = ParallelPlan.of(scenario, topology)
+    # A pipeline's steps end with the last stage's LM head: its master times them (the first's holds
+    # the tokens); a replica (never a pipeline) is timed by its master.
+    groups = layout.replica_ranks if layout.replicas > 1 else (layout.measured_ranks,)
+    clocks = [group[0] for group in groups] if layout.replicas > 1 else [layout.stage_ranks[-1][0]]
+    batches = split_batch(scenario.config.workload.batch_size, layout.replicas)
+    names = [d.name for d in topology.devices]
     variants, tables = [], []
     for v_index, variant in enumerate(scenario.config.variants):
         measured = {m[v_index].rank: m[v_index] for m in gathered}
-        lead = measured[master]
-        timing = summarise(repeat_timings(list(measured.values()), clock, batch))
+        lead = measured[groups[0][0]]
+        per_replica = [repeat_timings([measured[r] for r in group], clock, batch)
+                       for group, clock, batch in zip(groups, clocks, batches)]
+        timing = summarise(per_replica[0] if len(groups) == 1 else
+                           [combined_timing(repeat) for repeat in zip(*per_replica)])
         ops = op_table(r for rank in ranks for r in measured[rank].records)
         memory = pd.DataFrame([(rank, t, b) for rank in ranks for t, b in measured[rank].memory_samples],
                               columns=MEMORY_COLUMNS)
-        per_repeat = repeat_traces(list(measured.values()), clock)
+        per_repeat = repeat_traces([measured[r] for r in groups[0]], clocks[0])
         trace = Trace(ops, per_repeat[-1].steps, memory, peak_table({r: measured[r].peak_memory_bytes for r in ranks}))
         kept = [measured[rank].round_records for rank in ranks]
         rounds = ()
@@ -120,8 +134,13 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
                                  repeat.memory) for index, repeat in enumerate(per_repeat))
         peaks = peak_memory_bytes(trace)
         memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
-        variants.append(MeasuredVariant(variant.name, trace, timing, lead.tokens, rounds))
+        tokens = lead.tokens if len(groups) == 1 else np.concatenate([measured[g[0]].tokens for g in groups], axis=1)
+        variants.append(MeasuredVariant(variant.name, trace, timing, tokens, rounds))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))
+        if len(groups) > 1:
+            replicas = [ReplicaTiming(group, batch, summarise(repeats))
+                        for group, batch, repeats in zip(groups, batches, per_replica)]
+            tables.append(replica_rows(scenario.name, variant.name, "measured", replicas, names))
         idle = [d.name for d in topology.devices if d.rank not in ranks]
         if idle:
             tables.append(idle_rows(scenario.name, variant.name, "measured", idle))
@@ -138,7 +157,8 @@ def write_measured_outputs(result: MeasuredResult, out_dir: Path) -> list[Path]:
 def measure_scenario(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, seed: int = 0,
                      testbed: bool = False, hang_timeout_s: float = 120.0) -> MeasuredResult:
     """Measure every variant of ``scenario`` on this machine: one forked rank per device of the
-    tensor-parallel group, inside the testbed's host namespaces when ``testbed`` is true (a training
+    tensor-parallel group (of every replica's, which run together: :func:`runtime.worker.run_rank`),
+    inside the testbed's host namespaces when ``testbed`` is true (a training
     scenario: :func:`runtime.training.measure.measure_training`).
 
     Raises:
@@ -174,17 +194,21 @@ def launch_measurement(scenario: Scenario, *, repeats: int, warmup: int = 1, see
         return run_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed, device=torch.device("cpu"),
                         heartbeat=heartbeat, min_timed_s=min_timed_s)
 
-    return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s)
+    return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, replicas=True)
 
 
 def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[[str], None]], object], *,
-                    testbed: bool, hang_timeout_s: float, on_beat: Callable[[int, str], None] | None = None) -> object:
+                    testbed: bool, hang_timeout_s: float, on_beat: Callable[[int, str], None] | None = None,
+                    replicas: bool = False) -> object:
     """``body(topology, rank, heartbeat)`` in one forked rank per device of the scenario's
-    tensor-parallel group (:func:`runtime.launch.launch`), inside the testbed's host namespaces
-    when ``testbed``; returns rank 0's result.
+    tensor-parallel group (:func:`runtime.launch.launch`), or of every replica's group where
+    ``replicas`` (a ``body`` that runs replicas, :func:`runtime.worker.run_rank`), inside the
+    testbed's host namespaces when ``testbed``; returns rank 0's result.
 
     Raises:
-        ConfigError: ``testbed`` while the scenario's testbed is not up; more than one replica.
+        ConfigError: ``testbed`` while the scenario's testbed is not up; more than one replica
+            where ``body`` runs one group (calibration), or replicas not on the cluster's first
+            devices in order (each process's rank is its device's).
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from runtime.launch import launch
@@ -192,11 +216,15 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
 
     topology = build_topology(scenario.config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
-    if parallel.replicas > 1:
-        # Replicas share nothing: one replica's run is what there is to measure.
-        raise ConfigError("parallel.replicas", f"the runtime runs one tensor-parallel group; measure one "
-                                               f"replica (replicas: 1) (got {parallel.replicas})")
     ranks = parallel.measured_ranks
+    if parallel.replicas > 1:
+        if not replicas:  # replicas share nothing: calibrating one group is what there is to calibrate
+            raise ConfigError("parallel.replicas", f"this runs one tensor-parallel group; set replicas: 1 to run "
+                                                   f"the first replica (got {parallel.replicas})")
+        ranks = parallel.ranks
+        if ranks != tuple(range(len(ranks))):
+            raise ConfigError("parallel.replicas", f"the runtime runs replicas on the cluster's first "
+                                                   f"{len(ranks)} devices in order (got ranks {list(ranks)})")
     placements, enter = placements_for(scenario, topology, ranks, testbed)
     return launch(lambda rank, heartbeat: body(topology, rank, heartbeat), len(ranks), placements=placements,
                   hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat)[0]

@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         training = scenario.config.is_training
         if training:
             ranks = training_ranks(scenario, topology).ranks
-        else:
-            ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+        else:  # a measurement runs every replica together (runtime.worker.run_rank); calibration one group
+            plan = ParallelPlan.of(scenario, topology)
+            ranks = plan.ranks if args.command == "measure" and plan.replicas > 1 else plan.tensor_ranks
         if world_size != len(ranks):
             what = "training ranks (tensor x data)" if training else "tensor-parallel group size"
             raise ConfigError("WORLD_SIZE", f"must be the scenario's {what} {len(ranks)} (got {world_size})")

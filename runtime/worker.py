@@ -33,6 +33,7 @@ from runtime.pacing import LoaderLink, Pacer
 from runtime.pipeline import PipelineExecutor, stage_model, stage_process_groups
 from runtime.weights import block_names, prompt_tokens
 from sim.parallel import ParallelPlan
+from sim.replicas import replica_batch_scenario
 from sim.scenario import Scenario, pipeline_plan
 from sim.trace import TraceEvent
 
@@ -213,7 +214,11 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     runs the count rank 0 sends), then the memory probes. ``repeats=0, warmup=0`` measures peak
     memory only.
 
-    Requires an initialised default process group whose ranks are the plan's ranks. When a variant
+    Requires an initialised default process group whose ranks are the plan's ranks. With
+    ``parallel.replicas``, every replica's ranks are in it and run together, generation by
+    generation: each rank runs its replica's plan on its share of the batch
+    (:func:`sim.replicas.replica_batch_scenario`), the replica's collectives in a process group of
+    its own; rank 0 decides the number of timed rounds for all. When a variant
     streams weights, the model is built without its decoder-layer blocks, which are written once
     as block files under ``block_dir`` (default :func:`runtime.blocks.default_cache_dir`) and
     loaded from there, paced to the rank's loader link (ranks of one host share its storage's
@@ -223,10 +228,16 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     """
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
     layout = ParallelPlan.of(scenario, topology)
-    ranks, shards = layout.measured_ranks, layout.shards
+    layout.measured_ranks  # noqa: B018  (refuses variants with layouts of their own)
+    replica = next(i for i, group in enumerate(layout.replica_ranks) if rank in group)
+    ranks, shards = layout.replica_ranks[replica], layout.replica_shards[replica]
+    scenario = replica_batch_scenario(scenario, layout.replicas, replica)
+    leader = 0 if layout.replicas > 1 else ranks[0]  # the rank whose word goes for the whole run
     workload = scenario.config.workload
     max_tokens = workload.prompt_tokens + workload.output_tokens
     comm = Communicator(rank, topology.host_groups)
+    if layout.replicas > 1:  # every rank creates every group, in the same order (torch.distributed.new_group)
+        comm.process_groups = {group: dist.new_group(list(group)) for group in layout.replica_ranks}
     if layout.pipeline > 1:  # one stage's shard; the stages' collectives in their own process groups
         plan = pipeline_plan(scenario, scenario.config.variants[0], layout)
         model, store = stage_model(plan, rank, seed=seed, max_tokens=max_tokens, device=device,
@@ -235,12 +246,12 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     else:
         model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=max_tokens, device=device,
                                   block_dir=block_dir, shards=shards)
-    with paced_loader(store, topology, ranks, rank, device) as loader:
+    with paced_loader(store, topology, leader, rank, device) as loader:
         measured = MeasurementRounds([scenario], ranks, rank, model, comm, loader, device, seed, heartbeat,
                                      shards=shards, layout=layout)
         slowest_s = max((measured.round(f"warmup {index}", timed=False)[0] for index in range(warmup)), default=0.0)
         rounds = torch.tensor([timed_rounds(repeats, min_timed_s, slowest_s)], dtype=torch.int64, device=device)
-        dist.broadcast(rounds, src=ranks[0])
+        dist.broadcast(rounds, src=leader)
         for index in range(int(rounds.item())):
             measured.round(f"repeat {index}")
         measurements = measured.measurements()[0]
@@ -251,16 +262,16 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
 
 
 @contextmanager
-def paced_loader(store: BlockStore | None, topology, ranks: tuple[int, ...], rank: int, device: torch.device):
+def paced_loader(store: BlockStore | None, topology, leader: int, rank: int, device: torch.device):
     """A :class:`runtime.blocks.BlockLoader` paced to this rank's loader link (the ranks of this run
-    on one machine share the pacing clocks of their loader channels), or None without ``store``
-    (no variant streams). Every rank of ``ranks`` must enter it; on leaving, once no rank paces
-    any more, the shared clock files go."""
+    on one machine share the pacing clocks of their loader channels, named by ``leader``'s run id),
+    or None without ``store`` (no variant streams). Every rank of the run must enter it; on
+    leaving, once no rank paces any more, the shared clock files go."""
     if store is None:
         yield None
         return
-    run_id = [uuid.uuid4().hex if rank == ranks[0] else None]
-    dist.broadcast_object_list(run_id, src=ranks[0])
+    run_id = [uuid.uuid4().hex if rank == leader else None]
+    dist.broadcast_object_list(run_id, src=leader)
     pacer = Pacer(LoaderLink.of(topology, rank), store.directory.parent / f".pace-{run_id[0]}")
     try:
         yield BlockLoader(store, device, pacer)

@@ -304,3 +304,18 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
     return scale, (pool,), (f"core contention: calibrated compute x {scale:.2f} ({calibrated_ranks} ranks on "
                             f"{calibrated.cores} cores in {calibrated.name}){per_phase}, then {pool.describe()} "
                             "sharing them as the simulation runs (processor sharing)"), phases
+
+
+def profile_context(result) -> str:
+    """How a calibration profile priced a simulated run, in a few words: ``same cluster`` (its
+    timings replayed), or ``outside: `` and the terms outside its context (:func:`compare`'s
+    verdicts other than ``same``) and the count of extrapolated predictions; '' where the run
+    says nothing of it. ``result``: any simulation's result with ``network`` (the
+    :class:`sim.calibrated.NetworkChoice`, None uncalibrated) and ``extrapolated`` (the predictions
+    the profile did not cover, :attr:`sim.simulate.SimulationResult.extrapolated`)."""
+    if result.network is None:
+        return ""
+    outside = [t.term for t in result.network.terms if t.verdict.value != "same"]
+    if result.extrapolated:
+        outside.append(f"{len(result.extrapolated)} extrapolated predictions")
+    return "same cluster" if result.network.same_cluster and not outside else "outside: " + "; ".join(outside)

@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
+from sim.context import profile_context
 from sim.profile import Profile
 from sim.scenario import Scenario, config_error_from, scenario_from_dict
 from sim.serving.simulate import simulate_serving
@@ -104,12 +105,15 @@ class PointOutcome:
     """What simulating one point gave: tidy result ``rows`` (tuples in
     :data:`sim.metrics.RESULT_COLUMNS` order), ``oom`` (variant -> the first op that does not fit,
     for the variants that overflow), ``error`` ("field: message" when the simulator refused the
-    point; then no rows) and the wall ``seconds`` it took."""
+    point; then no rows), the wall ``seconds`` it took and, priced from a profile, its
+    ``profile_context`` (:func:`sim.context.profile_context`: ``same cluster`` or what lies
+    outside the profile's context; '' uncalibrated)."""
 
     rows: tuple[tuple, ...]
     oom: dict[str, str]
     error: str
     seconds: float
+    profile_context: str = ""
 
 
 def parse_path(path: str) -> tuple[str | int, ...]:
@@ -279,7 +283,8 @@ def evaluate_point(scenario: Scenario, profile: Profile | None = None) -> PointO
     (:func:`sim.serving.simulate.simulate_serving`).
 
     A :class:`ConfigError` of the simulator (a degree that does not divide the heads, a job too
-    large) is the outcome's ``error``, not an exception: it belongs to the point.
+    large) is the outcome's ``error``, not an exception: it belongs to the point. With a
+    ``profile``, the outcome says how it priced the point (as ``hetsim plan`` does).
     """
     start = time.perf_counter()
     kind = scenario.config.workload_kind
@@ -301,4 +306,5 @@ def evaluate_point(scenario: Scenario, profile: Profile | None = None) -> PointO
     except ConfigError as error:
         return PointOutcome((), {}, str(error), time.perf_counter() - start)
     rows = tuple(tuple(row) for row in result.results.itertuples(index=False, name=None))
-    return PointOutcome(rows, oom, "", time.perf_counter() - start)
+    context = profile_context(result) if profile is not None else ""
+    return PointOutcome(rows, oom, "", time.perf_counter() - start, context)

@@ -34,6 +34,17 @@ class ShareBasis(StrEnum):
     MEMORY = "memory"
 
 
+def layout_label(tensor: int, pipeline: int = 1, *, data: int = 1, replicas: int = 1, uneven: bool = False) -> str:
+    """A layout in a few words, the one spelling every output uses (tables, plans, reports):
+    ``TP=4``, ``TP=6 uneven``, ``TP=2 x PP=3``, ``PP=6``, ``TP=2 x 3 replicas``, ``TP=2 x DP=2``."""
+    parts = [f"TP={tensor}" + (" uneven" if uneven else "")]
+    if pipeline > 1:
+        parts = [f"PP={pipeline}"] if tensor == 1 else [*parts, f"PP={pipeline}"]
+    if data > 1:
+        parts.append(f"DP={data}")
+    return " x ".join(parts + ([f"{replicas} replicas"] if replicas > 1 else []))
+
+
 @dataclass(frozen=True)
 class ParallelPlan:
     """Degrees and placement of one run of ``model`` on a cluster whose devices are ``devices``
@@ -212,12 +223,9 @@ class ParallelPlan:
 
     @property
     def label(self) -> str:
-        """``TP=4``, ``TP=2 x PP=3``, ``PP=6``, ``TP=6 uneven`` or ``TP=2 x 3 replicas``: the layout
-        in a few words."""
-        parts = [f"TP={self.tensor}" + (" uneven" if self.shares is not None else "")]
-        if self.pipeline > 1:
-            parts = [f"PP={self.pipeline}"] if self.tensor == 1 else [*parts, f"PP={self.pipeline}"]
-        return " x ".join(parts + ([f"{self.replicas} replicas"] if self.replicas > 1 else []))
+        """The layout in a few words (:func:`layout_label`)."""
+        return layout_label(self.tensor, self.pipeline, data=self.data, replicas=self.replicas,
+                            uneven=self.shares is not None)
 
     @property
     def stage_ranks(self) -> tuple[tuple[int, ...], ...]:

@@ -63,21 +63,46 @@ def split_batch(batch_size: int, replicas: int) -> tuple[int, ...]:
     return apportion(batch_size, (1.0,) * replicas)
 
 
-def combined_timing(replicas: Sequence[ReplicaRun]) -> dict[str, float]:
-    """The whole-run metrics of the replicas together (see the module docstring)."""
-    timing = {metric: max(r.timing[metric] for r in replicas) for metric in replicas[0].timing}
-    rates = [r.timing[Metric.DECODE_TOKENS_PER_S] for r in replicas]
+@dataclass(frozen=True)
+class ReplicaTiming:
+    """One replica's measured run of a variant (``hetsim measure``): its ``ranks`` (the first its
+    master), the ``batch_size`` sequences it served and its timing metrics (medians over repeats)."""
+
+    ranks: tuple[int, ...]
+    batch_size: int
+    timing: dict[str, float]
+
+
+def replica_batch_scenario(scenario, replicas: int, index: int):
+    """``scenario`` (:class:`sim.scenario.Scenario`) as replica ``index`` of ``replicas`` runs it:
+    its workload's batch is the replica's share (:func:`split_batch`), the rest unchanged.
+
+    Raises:
+        ConfigError: as :func:`split_batch`.
+    """
+    if replicas == 1:
+        return scenario
+    config = scenario.config
+    workload = config.workload.model_copy(update={"batch_size": split_batch(config.workload.batch_size, replicas)[index]})
+    return scenario.model_copy(update={"config": config.model_copy(update={"workload": workload})})
+
+
+def combined_timing(timings: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The whole-run metrics of the replicas together, from each one's timing metrics (see the
+    module docstring)."""
+    timing = {metric: max(t[metric] for t in timings) for metric in timings[0]}
+    rates = [t[Metric.DECODE_TOKENS_PER_S] for t in timings]
     timing[Metric.DECODE_TOKENS_PER_S] = math.nan if any(math.isnan(x) for x in rates) else sum(rates)
     for metric in _SLOWEST:
-        if metric in timing and any(math.isnan(r.timing[metric]) for r in replicas):
+        if metric in timing and any(math.isnan(t[metric]) for t in timings):
             timing[metric] = math.nan
     return timing
 
 
-def replica_rows(scenario: str, variant: str, source: str, replicas: Sequence[ReplicaRun],
+def replica_rows(scenario: str, variant: str, source: str, replicas: Sequence[ReplicaRun | ReplicaTiming],
                  device_names: Sequence[str]) -> pd.DataFrame:
-    """Tidy rows of each replica's latency, throughput and batch share; ``device`` is its master
-    device (``device_names`` by topology rank)."""
+    """Tidy rows of each replica's latency, throughput and batch share, simulated or measured;
+    ``device`` is its master device (``device_names`` by topology rank)."""
     rows = []
     for replica in replicas:
         master = device_names[replica.ranks[0]]

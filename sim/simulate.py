@@ -340,7 +340,7 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
             check_finite(timing, field, decodes=workload.output_tokens > 1)
             replicas.append(ReplicaRun(group, batch, run, trace, timing))
         run, trace = replicas[0].run, replicas[0].trace
-        timing = combined_timing(replicas) if len(replicas) > 1 else replicas[0].timing
+        timing = combined_timing([r.timing for r in replicas]) if len(replicas) > 1 else replicas[0].timing
         peaks = {rank: peak for replica in replicas for rank, peak in peak_memory_bytes(replica.trace).items()}
         memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r],
                                              Metric.MEMORY_CAPACITY: topology.devices[r].memory_capacity_bytes}

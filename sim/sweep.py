@@ -41,7 +41,9 @@ from sim.vocabulary import Metric
 SWEEP_COLUMNS = ["model", "devices", "memory_policy", "window", "retain_every", "variant", "feasible", "fits",
                  Metric.MAX_PEAK_MEMORY, "master_peak_memory_bytes", "worker_peak_memory_bytes",
                  Metric.MEMORY_CAPACITY, Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S,
-                 Metric.LOADER_STALL_DECODE, "note"]
+                 Metric.LOADER_STALL_DECODE, "note", "profile_context"]
+"""``profile_context``: with a profile, how it priced the point (:func:`sim.context.profile_context`:
+``same cluster``, or ``outside: `` and the terms outside its calibration context); empty otherwise."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ def _measures(outcome: PointOutcome, variant: str) -> dict:
             "master_peak_memory_bytes": peaks[0], "worker_peak_memory_bytes": max(peaks[1:]) if peaks[1:] else math.nan,
             Metric.MEMORY_CAPACITY: min(int(r[value]) for r in rows if r[metric] == Metric.MEMORY_CAPACITY),
             **{m: timing[m] for m in (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S, Metric.LOADER_STALL_DECODE)},
-            "note": note}
+            "note": note, "profile_context": outcome.profile_context}
 
 
 def _variants(scenario: Scenario) -> list[Variant]:
@@ -177,4 +179,4 @@ def _row(point: SweepPoint, variant: Variant, scenario: Scenario) -> dict:
     return row | {"model": point.model, "devices": point.devices, "memory_policy": policy.policy,
                   "window": policy.window if policy.streams else math.nan,
                   "retain_every": policy.retain_every or math.nan, "variant": variant.name.split("/")[0],
-                  "note": ""}
+                  "note": "", "profile_context": ""}

@@ -151,3 +151,20 @@ def test_a_trace_gives_the_request_lengths_and_a_row_beyond_the_context_is_refus
     with pytest.raises(ConfigError) as error:
         plan_from_dict(SERVING | {"workload": workload}, base_dir=tmp_path)
     assert error.value.field == "workload.trace" and "line 3" in error.value.message
+
+
+def test_a_serving_plan_searches_replicas_and_names_why_a_pipeline_cannot_serve():
+    search = SERVING["search"] | {"devices": ["rtx_4090"], "devices_per_host": [1], "hosts": [1, 2],
+                                  "networks": ["eth10g"], "rate_horizon": "20s"}
+    result = plan(plan_from_dict(SERVING | {"search": search}))
+    table = result.table.set_index("parallel")
+    assert set(table.index) == {"TP=1", "TP=2", "PP=2", "TP=1 x 2 replicas"}
+    assert table.loc["PP=2", "stage"] == Stage.LAYOUT
+    assert table.loc["PP=2", "reason"].startswith("the serving simulator runs no pipeline")
+    one, two = table.loc["TP=1", Metric.MAX_REQUEST_RATE], table.loc["TP=1 x 2 replicas", Metric.MAX_REQUEST_RATE]
+    # each replica serves half the rate: together about twice one device's, a little more as round
+    # robin hands each replica every other arrival (gaps less variable than a Poisson stream's, so
+    # shorter queues), to the search's tolerance; and more than both devices in one group over the network
+    assert 1.7 * one < two < 2.5 * one
+    assert two > table.loc["TP=2", Metric.MAX_REQUEST_RATE]
+    assert result.pick["parallel"] in ("TP=1", "TP=1 x 2 replicas")

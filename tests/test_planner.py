@@ -186,7 +186,7 @@ def test_a_profile_prices_the_candidates_and_names_those_outside_its_context():
     assert any("inter_host" in note for note in calibrated.notes)
     # Every layout that can run is simulated (2 replicas need 2 sequences: a batch of 1 cannot).
     runs = calibrated.table["stage"] == Stage.SIMULATED
-    assert calibrated.table.loc[~runs, "parallel"].eq("2 replicas of TP 1").all()
+    assert calibrated.table.loc[~runs, "parallel"].eq("TP=1 x 2 replicas").all()
     assert calibrated.table.loc[runs, Metric.TPOT].notna().all() and runs.sum() == 3
 
 
@@ -235,7 +235,7 @@ def test_a_training_plan_picks_the_cheapest_cluster_and_layout_meeting_the_step_
     assert trained.pick is not None and trained.pick[Metric.STEP_TIME] <= 0.4
     assert trained.pick["price_per_hour"] == table.loc[table["meets_slo"], "price_per_hour"].min()
     # The layouts searched: data parallelism with TP inside a host, and each default variant.
-    assert {"TP 1 x DP 1", "TP 1 x DP 2", "TP 2 x DP 1", "TP 2 x DP 2", "TP 1 x DP 4"} <= set(table["parallel"])
+    assert {"TP=1", "TP=1 x DP=2", "TP=2", "TP=2 x DP=2", "TP=1 x DP=4"} <= set(table["parallel"])
     assert {"ddp", "zero1", "zero1_checkpointing"} <= set(table["variant"])
     assert trained.recommendation.startswith(f"Use {trained.pick['cluster']}")
     t4 = table[table["device_types"] == "t4"]  # Turing has no bf16
@@ -331,7 +331,7 @@ def test_the_training_example_plans_and_its_pick_simulates():
     result = plan(plan_from_dict(_narrowed("scenarios/plan_training_tinyllama_1b.yaml", devices=["rtx_4090"],
                                            hosts=[1], devices_per_host=[2, 4])))
     assert result.pick is not None and result.pick[Metric.STEP_TIME] <= 2.0
-    assert result.pick["cluster"].endswith("rtx_4090 (pcie4)") and result.pick["parallel"].startswith("TP ")
+    assert result.pick["cluster"].endswith("rtx_4090 (pcie4)") and result.pick["parallel"].startswith("TP=")
     simulated = simulate_training(scenario_from_dict(result.pick_scenario)).variants[0].metrics[Metric.STEP_TIME]
     assert simulated == pytest.approx(result.pick[Metric.STEP_TIME])
 
@@ -381,13 +381,13 @@ def test_over_slow_links_a_pipeline_across_hosts_beats_tensor_parallelism_over_a
     result = plan(plan_from_dict(SLOW_LINKS | {"catalog": wan_catalog, "slo": {"tpot": "50ms"}}))
     table = result.table
     simulated = table[table["stage"] == Stage.SIMULATED]
-    assert {"TP 4", "TP 2 x PP 2", "PP 4"} <= set(simulated["parallel"])
-    assert table.loc[table["parallel"] == "2 replicas of TP 2", "stage"].eq(Stage.LAYOUT).all()  # batch of 1
+    assert {"TP=4", "TP=2 x PP=2", "PP=4"} <= set(simulated["parallel"])
+    assert table.loc[table["parallel"] == "TP=2 x 2 replicas", "stage"].eq(Stage.LAYOUT).all()  # batch of 1
     assert simulated["price_per_hour"].nunique() == 1  # one cluster: the layouts cost the same
     pick = result.pick
-    assert pick["parallel"] == "TP 2 x PP 2" and "TP 2 x PP 2" in result.recommendation
-    assert pick[Metric.TPOT] < simulated.loc[simulated["parallel"] == "TP 4", Metric.TPOT].min()
-    assert not simulated.loc[simulated["parallel"] == "TP 4", "meets_slo"].any()
+    assert pick["parallel"] == "TP=2 x PP=2" and "TP=2 x PP=2" in result.recommendation
+    assert pick[Metric.TPOT] < simulated.loc[simulated["parallel"] == "TP=4", Metric.TPOT].min()
+    assert not simulated.loc[simulated["parallel"] == "TP=4", "meets_slo"].any()
     # The closed forms that pruned the others bound every layout's simulated latency.
     assert (simulated["ttft_lower_bound_s"] <= simulated[Metric.TTFT]).all()
     assert (simulated["tpot_lower_bound_s"] <= simulated[Metric.TPOT]).all()
@@ -404,10 +404,14 @@ def test_a_throughput_objective_picks_one_replica_per_host(wan_catalog):
     result = plan(plan_from_dict(request))
     simulated = result.table[result.table["stage"] == Stage.SIMULATED]
     best = simulated.groupby("parallel")[Metric.DECODE_TOKENS_PER_S].max()
-    assert best.idxmax() == "2 replicas of TP 2" and best["2 replicas of TP 2"] > best["TP 2 x PP 2"]
-    assert result.pick["parallel"] == "2 replicas of TP 2" and result.pick_scenario["parallel"] == {"tensor": 2, "replicas": 2}
+    assert best.idxmax() == "TP=2 x 2 replicas" and best["TP=2 x 2 replicas"] > best["TP=2 x PP=2"]
+    assert result.pick["parallel"] == "TP=2 x 2 replicas" and result.pick_scenario["parallel"] == {"tensor": 2, "replicas": 2}
     timing = simulate(scenario_from_dict(result.pick_scenario), expand_steps=()).variants[0].timing
     assert timing[Metric.DECODE_TOKENS_PER_S] == pytest.approx(result.pick[Metric.DECODE_TOKENS_PER_S], rel=1e-9)
+    # hetsim measure runs every replica, so the pick is run as written: here and on 2 hosts x 2 ranks
+    commands = result.commands(Path("pick.yaml"))
+    assert "hetsim measure pick.yaml" in commands
+    assert commands[-1].startswith("torchrun --nnodes 2 --nproc-per-node 2 ")
 
 
 def test_a_layout_the_model_cannot_take_is_never_proposed():
@@ -420,10 +424,10 @@ def test_a_layout_the_model_cannot_take_is_never_proposed():
                           "mixed": False, "memory": [{"policy": "resident"}]}}
     planner = Planner(plan_from_dict(request))
     table = planner.candidates()
-    even = table[table["parallel"] == "TP 6"]
+    even = table[table["parallel"] == "TP=6"]
     assert (even["stage"] == Stage.LAYOUT).all() and even["reason"].str.contains("28 attention heads").all()
     proposed = table[table["stage"] != Stage.LAYOUT]
-    assert set(proposed["parallel"]) == {"TP 2 x PP 3", "PP 6", "3 replicas of TP 2"}
+    assert set(proposed["parallel"]) == {"TP=2 x PP=3", "PP=6", "TP=2 x 3 replicas"}
     for _, row in proposed.drop_duplicates("parallel").iterrows():  # the simulator takes each as written
         scenario = scenario_from_dict(planner.scenario_dict(row))
-        assert ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).label
+        assert ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).label == row["parallel"]

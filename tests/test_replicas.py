@@ -100,3 +100,37 @@ def test_hetsim_measure_names_the_devices_it_leaves_idle(tmp_path, capsys):
     assert "warning: 1 of 3 devices idle: h0/dev2" in " ".join(stdout.split())
     results = pd.read_csv(out / "results.csv")
     assert list(results.loc[results["metric"] == "idle_device", "device"]) == ["h0/dev2"]
+
+
+def test_hetsim_measure_runs_every_replica_on_its_share_of_the_batch(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import json
+
+    import torch
+
+    from runtime.measure import measure_scenario
+    from runtime.model import reference_generate
+    from runtime.weights import prompt_tokens
+    from tests.conftest import cluster, tiny_model_config
+
+    (tmp_path / "gpt2.config.json").write_text(json.dumps(tiny_model_config("gpt2", num_layers=1)))
+    data = scenario_dict(model="gpt2.config.json", dtype="fp32", cluster=cluster(1, 4, device="cpu"),
+                         parallel={"tensor": 2, "replicas": 2},
+                         workload={"batch_size": 3, "prompt_tokens": 4, "output_tokens": 3},
+                         variants=[{"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}])
+    scenario = scenario_from_dict(data, base_dir=tmp_path)
+    result = measure_scenario(scenario, repeats=1, warmup=0, hang_timeout_s=60)
+    rows = result.results.set_index(["metric", "device"])["value"]
+    # replica 0 on dev0-dev1 serves 2 sequences, replica 1 on dev2-dev3 the third
+    assert rows[("replica_batch_size", "h0/dev0")] == 2 and rows[("replica_batch_size", "h0/dev2")] == 1
+    assert result.idle_devices == () and len(result.ranks) == 4
+    # throughput adds up, latency is the slowest replica's (one repeat: its medians are its values)
+    assert rows[("decode_tokens_per_s", "")] == pytest.approx(
+        rows[("replica_decode_tokens_per_s", "h0/dev0")] + rows[("replica_decode_tokens_per_s", "h0/dev2")])
+    assert rows[("tpot_s", "")] == max(rows[("replica_tpot_s", "h0/dev0")], rows[("replica_tpot_s", "h0/dev2")])
+    # each replica generates the single-process reference's tokens for its own prompts
+    tokens = result.variants[0].tokens
+    for batch, got in ((2, tokens[0, :2]), (1, tokens[0, 2:])):
+        prompt = prompt_tokens(scenario.model, batch, 4, seed=0)
+        expected, _ = reference_generate(scenario.model, seed=0, prompt=prompt, output_tokens=3)
+        assert torch.equal(torch.from_numpy(got), expected)

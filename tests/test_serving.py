@@ -148,3 +148,46 @@ def test_units_and_cost_per_million_tokens():
     assert unit_of(Metric.OUTPUT_TOKENS_PER_S) == "tokens/s" and unit_of(Metric.SLO_ATTAINED) == "fraction"
     assert unit_of(Metric.TTFT.percentile(99)) == "s"
     assert cost_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)  # $3.6/h at 1000 tok/s: $1 per 1e6
+
+
+def _layout(parallel: dict, **workload):
+    document = _document()
+    document["workload"].update(workload)
+    document["parallel"] = parallel
+    document["variants"] = document["variants"][1:]  # allreduce_ring
+    return scenario_from_dict(document)
+
+
+def test_replicas_each_serve_their_share_of_the_rate_in_their_own_memory():
+    one = simulate_serving(_layout({"tensor": 1}, requests=1, slo=None)).variants[0]
+    two = simulate_serving(_layout({"tensor": 1, "replicas": 2}, requests=1, slo=None)).variants[0]
+    # one request alone: the same on either replica; the replicas' caches add up
+    assert two.metrics[Metric.TTFT] == pytest.approx(one.metrics[Metric.TTFT], rel=1e-9)
+    assert two.run.kv_capacity_tokens == 2 * one.run.kv_capacity_tokens
+    # round robin: at twice the rate each replica sees every other request, so the queue stays as
+    # short as one replica's at the rate, and shorter than one replica's at twice it
+    slow = simulate_serving(_layout({"tensor": 1}, rate_per_s=40.0, requests=120, slo=None)).variants[0]
+    fast = simulate_serving(_layout({"tensor": 1}, rate_per_s=80.0, requests=120, slo=None)).variants[0]
+    split = simulate_serving(_layout({"tensor": 1, "replicas": 2}, rate_per_s=80.0, requests=120, slo=None)).variants[0]
+    assert len(split.run.served) == 120
+    assert split.metrics[Metric.TTFT.percentile(90)] < fast.metrics[Metric.TTFT.percentile(90)]
+    assert split.metrics[Metric.OUTPUT_TOKENS_PER_S] > 1.5 * slow.metrics[Metric.OUTPUT_TOKENS_PER_S]
+
+
+def test_an_uneven_split_serves_as_the_inference_simulator_prices_it():
+    uneven = {"tensor": 2, "shares": [3, 1]}
+    served = simulate_serving(_layout(uneven, requests=1, slo=None)).variants[0]
+    even = simulate_serving(_layout({"tensor": 2}, requests=1, slo=None)).variants[0]
+    document = _document()
+    document["workload"] = {"batch_size": 1, "prompt_tokens": 256, "output_tokens": 32}
+    document["parallel"], document["variants"] = uneven, document["variants"][1:]
+    batch = simulate(scenario_from_dict(document)).variants[0]
+    assert served.metrics[Metric.TTFT] == pytest.approx(batch.timing[Metric.TTFT], rel=1e-9)
+    assert served.metrics[Metric.TPOT] == pytest.approx(batch.timing[Metric.TPOT], rel=1e-6)
+    # the rank with 3 of 4 shares holds more KV heads per token: fewer tokens fit than evenly
+    assert served.run.kv_capacity_tokens < even.run.kv_capacity_tokens
+
+
+def test_a_pipeline_is_refused_in_one_line_naming_the_field():
+    with pytest.raises(ConfigError, match="^parallel.pipeline: the serving simulator runs no pipeline"):
+        simulate_serving(_layout({"tensor": 1, "pipeline": 2}, slo=None))

@@ -104,7 +104,8 @@ def test_sweep_writes_the_tidy_table_with_the_axes_and_a_row_per_refused_point(t
     assert code == 0, err
     table = pd.read_csv(out / "results.csv", keep_default_na=False, na_values=[""])
     axes = list(GRID["axes"])
-    assert list(table.columns) == [*axes, *RESULT_COLUMNS, "oom", "error"]
+    assert list(table.columns) == [*axes, *RESULT_COLUMNS, "oom", "error", "profile_context"]
+    assert table["profile_context"].isna().all()  # uncalibrated: nothing to say
     parquet = pd.read_parquet(out / "results.parquet")
     assert list(parquet.columns) == list(table.columns) and len(parquet) == len(table)
     refused = table[table["parallel.tensor"] == 5]
@@ -153,6 +154,28 @@ def test_hf_config_paths_as_models_and_a_profile_applied_to_every_point(tmp_path
     expected = simulate(one, profile=load_profile(PROFILE), expand_steps=()).results
     got = calibrated[(calibrated["model"] == "gpt2") & (calibrated["workload.batch_size"] == 2)]
     assert list(got["value"]) == list(expected["value"])
+
+
+def test_a_profile_names_the_points_outside_its_calibration_context(tmp_path, capsys):
+    # The profile's own cluster (v4x1_latency: 100 Mbit/s, 5 ms one way) replays it; a faster
+    # link is priced by terms fitted on it, outside its context, as hetsim plan says it.
+    scenario = yaml.safe_load((ROOT / "scenarios" / "validation" / "v4x1_latency.yaml").read_text())
+    scenario["variants"] = scenario["variants"][:2]
+    grid = {"axes": {"cluster.hosts[0].nic.bandwidth": ["100Mbit/s", "1Gbit/s"]}}
+    scenario_path, grid_path = _files(tmp_path, grid, scenario)
+    code, stdout, err = _run(["sweep", scenario_path, "--grid", grid_path, "--out", tmp_path / "out",
+                              "--workers", 1, "--profile", PROFILE], capsys)
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "out" / "results.csv")
+    context = table.groupby("cluster.hosts[0].nic.bandwidth")["profile_context"].unique()
+    assert list(context["100Mbit/s"]) == ["same cluster"]
+    assert len(context["1Gbit/s"]) == 1 and context["1Gbit/s"][0].startswith("outside: link inter_host 1000 Mbit/s")
+    assert "1 of 2 simulated points outside its calibration context" in " ".join(stdout.split())
+    # The store keeps it: a rerun reads the same column back.
+    code, stdout, _ = _run(["sweep", scenario_path, "--grid", grid_path, "--out", tmp_path / "out",
+                            "--workers", 1, "--profile", PROFILE], capsys)
+    assert code == 0 and "0 simulated now" in stdout
+    assert pd.read_csv(tmp_path / "out" / "results.csv")["profile_context"].equals(table["profile_context"])
 
 
 def _store_counts(path) -> tuple[dict[str, int], dict[str, int]]:
@@ -253,6 +276,10 @@ def test_a_scenarios_sweep_section_takes_config_paths_and_the_profile(tmp_path, 
         tables[name] = pd.read_csv(tmp_path / name / "sweep.csv")
     assert list(tables["plain"]["model"]) == ["gpt2", "gpt2", "tiny.json", "tiny.json"]
     assert (tables["plain"]["tpot_s"] != tables["calibrated"]["tpot_s"]).all()
+    # 200 Mbit/s and 3 ms are not the profile's link: every calibrated point says so, and how many
+    assert tables["plain"]["profile_context"].isna().all()
+    assert tables["calibrated"]["profile_context"].str.startswith("outside: link inter_host 200 Mbit/s").all()
+    assert "4 of 4 points outside its calibration context" in " ".join(stdout.split())
 
 
 def test_the_terminal_table_shows_tpot_in_ms_and_past_forty_rows_the_fastest_that_fit():
@@ -329,3 +356,28 @@ def test_training_and_serving_scenarios_sweep_like_any_other(tmp_path, capsys, d
     assert len(values) == len(combinations(load_grid(grid_path))) and (values > 0).all()
     if "workload.rate_per_s" in axes:  # more load, a longer wait for the first token
         assert values.loc[4] > values.loc[1]
+
+
+def test_a_store_from_before_profile_context_opens_and_keeps_its_points(tmp_path):
+    from sim.grid import PointOutcome
+    from sim.sweep_store import SweepStore
+
+    path = tmp_path / "sweep.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE runs (run INTEGER PRIMARY KEY AUTOINCREMENT, started_s REAL NOT NULL, points INTEGER NOT NULL);
+        CREATE TABLE points (key TEXT NOT NULL UNIQUE, run INTEGER NOT NULL, axes TEXT NOT NULL, error TEXT NOT NULL,
+                             seconds REAL NOT NULL);
+        CREATE TABLE results (key TEXT NOT NULL, ord INTEGER NOT NULL, scenario TEXT, variant TEXT, source TEXT,
+                              metric TEXT, value REAL, unit TEXT, device TEXT, oom TEXT NOT NULL, UNIQUE (key, ord));
+        INSERT INTO runs VALUES (1, 0.0, 1);
+        INSERT INTO points VALUES ('old', 1, '{}', 'x: refused', 0.5);
+    """)
+    db.commit()
+    db.close()
+    with SweepStore(path) as store:
+        store.start_run(1)
+        store.commit("new", "{}", PointOutcome((), {}, "y: refused", 0.1, "same cluster"))
+        outcomes = store.outcomes(["old", "new"])
+    assert outcomes["old"].profile_context == "" and outcomes["old"].error == "x: refused"
+    assert outcomes["new"].profile_context == "same cluster"

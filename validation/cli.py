@@ -218,7 +218,9 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
         console.print(rich_table)
     console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the point cannot run "
                   "(the degree does not divide the model's attention heads, or the note in sweep.csv)"
-                  + ("" if profile is None else "; calibrated by the profile"))
+                  + ("" if profile is None else f"; calibrated by the profile, "
+                     f"{table['profile_context'].str.startswith('outside').sum()} of {int(table['feasible'].sum())} "
+                     f"points outside its calibration context (profile_context in sweep.csv)"))
     written = write_files(out_dir, {"sweep.csv": results_csv(table),
                                     "memory_report.html": sweep_html(scenario.config.description or scenario.name,
                                                                      table)})
@@ -368,13 +370,14 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
     training = loaded.config.is_training
     result = (measure_training if training else measure_scenario)(
         loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed, hang_timeout_s=hang_timeout_s)
+    from sim.parallel import ParallelPlan
     from validation.present.layout import idle_line
     from validation.present.tables import measured_table, measured_training_table
 
     console = _console()
     console.print((measured_training_table if training else measured_table)(loaded.name, repeats, result.variants))
     if not training and (warning := idle_line(result.idle_devices, len(result.topology.devices),
-                                              f"TP={len(result.ranks)}")):
+                                              ParallelPlan.of(loaded, result.topology).label)):
         console.print(f"[yellow]{escape(warning)}[/yellow]")
     with interrupt.deferred():  # both files or neither
         written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")

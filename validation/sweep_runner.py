@@ -17,8 +17,11 @@ any instant and run again computes only what is missing.
 
 The tidy table (:func:`tidy_table`) is the results.csv schema of ``hetsim simulate``
 (:data:`sim.metrics.RESULT_COLUMNS`), preceded by one column per axis and followed by ``oom``
-(the first op that does not fit, for a variant that overflows) and ``error`` (why a point was
-refused: by the schema, or by the simulator; its row has no metric).
+(the first op that does not fit, for a variant that overflows), ``error`` (why a point was
+refused: by the schema, or by the simulator; its row has no metric) and ``profile_context``
+(with ``--profile``: how the profile priced the point, ``same cluster`` or ``outside: `` and the
+terms outside its calibration context, as ``hetsim plan`` says it; empty uncalibrated). The
+summary line counts the points outside the context (:func:`outside_context`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from sim.profile import Profile
 from sim.scenario import Scenario
 from sim.sweep_store import SweepStore
 
-TIDY_EXTRA_COLUMNS = ["oom", "error"]
+TIDY_EXTRA_COLUMNS = ["oom", "error", "profile_context"]
 SCHEDULER_TIMEOUT_S = 10
 
 
@@ -206,7 +209,7 @@ def axes_json(axes: dict) -> str:
 
 def tidy_table(points: Sequence[GridPoint], outcomes: dict[str, PointOutcome]) -> pd.DataFrame:
     """One row per result row of every point, in grid order: the axes, :data:`RESULT_COLUMNS`,
-    ``oom`` and ``error``; a refused point is one row with its ``error`` and no metric. An axis
+    ``oom``, ``error`` and ``profile_context``; a refused point is one row with its ``error`` and no metric. An axis
     whose values are mappings, lists or of several types is written as JSON text."""
     axis_names = list(points[0].axes) if points else []
     rows = []
@@ -215,15 +218,21 @@ def tidy_table(points: Sequence[GridPoint], outcomes: dict[str, PointOutcome]) -
         error = point.error or (outcome.error if outcome is not None else "not computed")
         if outcome is None or outcome.error:
             name = point.scenario.name if point.scenario is not None else ""
-            rows.append((*point.axes.values(), name, "", "", "", float("nan"), "", "", "", error))
+            rows.append((*point.axes.values(), name, "", "", "", float("nan"), "", "", "", error, ""))
             continue
-        rows += [(*point.axes.values(), *row, outcome.oom.get(row[1], ""), "") for row in outcome.rows]
+        rows += [(*point.axes.values(), *row, outcome.oom.get(row[1], ""), "", outcome.profile_context)
+                 for row in outcome.rows]
     table = pd.DataFrame(rows, columns=[*axis_names, *RESULT_COLUMNS, *TIDY_EXTRA_COLUMNS])
     for name in axis_names:
         values = [v for v in table[name] if v is not None]
         if len({type(v) for v in values}) > 1 or any(isinstance(v, dict | list) for v in values):
             table[name] = [json.dumps(v, separators=(",", ":")) for v in table[name]]
     return table
+
+
+def outside_context(points: Sequence[GridPoint], outcomes: dict[str, PointOutcome]) -> int:
+    """How many simulated points a profile priced outside its calibration context."""
+    return sum(1 for p in points if p.key in outcomes and outcomes[p.key].profile_context.startswith("outside"))
 
 
 def parquet_bytes(table: pd.DataFrame) -> bytes:
@@ -289,7 +298,10 @@ def sweep_command(scenario_path: Path, grid_path: Path, out_dir: Path, *, profil
     where = f"Dask at {scheduler}" if scheduler else f"{workers} local worker{'s' * (workers > 1)}"
     console.print(f"{len(points)} points: {run.computed} simulated now ({where}), {run.reused} from "
                   f"{out_dir / STORE_NAME}, {run.invalid} refused by the scenario schema"
-                  + (f"; calibrated from {profile_path}" if profile_path else "; uncalibrated"))
+                  + (f"; calibrated from {profile_path}, {outside_context(points, outcomes)} of "
+                     f"{sum(1 for p in points if p.key in outcomes and not outcomes[p.key].error)} simulated points "
+                     f"outside its calibration context (profile_context in results.csv)"
+                     if profile_path else "; uncalibrated"))
     with interrupt.deferred():
         written = write_grid_outputs(table, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))

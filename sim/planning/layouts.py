@@ -4,23 +4,24 @@ For a cluster of H hosts of G devices each (N = H G devices; a mixed cluster is 
 type each), a batch plan (:mod:`sim.planning.search`) tries, each using every device (a device
 left idle would be paid for and unused):
 
-* ``TP N``: tensor parallelism over every device (Megatron-LM, Shoeybi et al. 2019, arXiv
+* ``TP=N``: tensor parallelism over every device (Megatron-LM, Shoeybi et al. 2019, arXiv
   1909.08053);
-* ``TP N uneven``: on a mixed cluster, the same with each device's share of the heads and MLP
+* ``TP=N uneven``: on a mixed cluster, the same with each device's share of the heads and MLP
   columns in proportion to its compute (``parallel.shares: compute``,
   :func:`models.shards.tensor_shards`);
-* ``TP G x PP H``: tensor parallelism inside each host, a pipeline of H stages across the hosts
+* ``TP=G x PP=H``: tensor parallelism inside each host, a pipeline of H stages across the hosts
   (GPipe, Huang et al. 2019, arXiv 1811.06965; tensor parallelism within a node and pipeline
   parallelism across nodes is Megatron-LM's placement, Narayanan et al. 2021, arXiv 2104.04473,
   section 3.2): one point-to-point hop per stage instead of every layer's collectives on the network;
-* ``PP N``: a pipeline over every device;
-* ``H replicas of TP G``: one copy of the model per host, the batch's sequences split among them
+* ``PP=N``: a pipeline over every device;
+* ``TP=G x H replicas``: one copy of the model per host, the batch's sequences split among them
   (:mod:`sim.replicas`): no collective crosses the network.
 
 A layout is a candidate only where the simulator accepts it: :class:`sim.parallel.ParallelPlan`
 checks the degrees against the model (heads, layers) and :func:`sim.replicas.split_batch` the
-batch against the replicas; the rules live there only. A serving plan runs ``TP N`` only: the
-serving simulator runs one tensor-parallel group (:func:`sim.serving.simulate.simulate_serving`).
+batch against the replicas, :func:`sim.serving.simulate.check_serving_layout` a request load
+against the layout (the serving simulator runs no pipeline); the rules live there only. A serving
+plan tries the same layouts as a batch plan.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from models.accounting import kv_cache_bytes_per_token, stage_weight_bytes
 from models.spec import ModelSpec
-from sim.parallel import ParallelPlan, ShareBasis, share_weights
+from sim.parallel import ParallelPlan, ShareBasis, layout_label, share_weights
 from sim.topology import Device
 
 UNEVEN_BASIS = ShareBasis.COMPUTE
@@ -47,12 +48,8 @@ class InferenceLayout:
     uneven: bool = False
 
     def label(self) -> str:
-        """``TP 4``, ``TP 4 uneven``, ``TP 2 x PP 3``, ``PP 6`` or ``3 replicas of TP 2``."""
-        if self.replicas > 1:
-            return f"{self.replicas} replicas of TP {self.tensor}"
-        if self.pipeline > 1:
-            return f"PP {self.pipeline}" if self.tensor == 1 else f"TP {self.tensor} x PP {self.pipeline}"
-        return f"TP {self.tensor}" + (" uneven" if self.uneven else "")
+        """The layout in a few words, as the simulator's outputs spell it (:func:`sim.parallel.layout_label`)."""
+        return layout_label(self.tensor, self.pipeline, replicas=self.replicas, uneven=self.uneven)
 
     def parallel(self) -> dict:
         """The scenario's ``parallel`` section (:class:`sim.scenario.Parallel`)."""
@@ -76,13 +73,13 @@ class InferenceLayout:
                             shares=shares, replicas=self.replicas)
 
 
-def inference_layouts(hosts: int, per_host: int, *, uneven: bool, serving: bool = False) -> list[InferenceLayout]:
+def inference_layouts(hosts: int, per_host: int, *, uneven: bool) -> list[InferenceLayout]:
     """The layouts a plan tries on ``hosts`` hosts of ``per_host`` devices (see the module
     docstring); ``uneven``: also the uneven split over every device (the devices are of more than
     one type)."""
     n = hosts * per_host
     layouts = [InferenceLayout(n)]
-    if serving or n == 1:
+    if n == 1:
         return layouts
     if uneven:
         layouts.append(InferenceLayout(n, uneven=True))

@@ -72,9 +72,8 @@ class PlanResult:
         return self.table[self.table["rank"] > 0].sort_values("rank")
 
     def commands(self, scenario_path: Path) -> list[str]:
-        """How to run the pick: simulate it, measure it here, and the torchrun line of a real cluster
-        (a serving pick: simulate it; the runtime does not serve request loads; replicas: how to
-        measure one, as the runtime runs one group)."""
+        """How to run the pick: simulate it, measure it here (replicas run together), and the torchrun
+        line of a real cluster (a serving pick: simulate it; the runtime does not serve request loads)."""
         if self.pick_scenario is None:
             return []
         path = shlex.quote(str(scenario_path))
@@ -82,11 +81,6 @@ class PlanResult:
             return [f"hetsim simulate {path}"]
         row = self.pick if self.pick is not None else self.top.iloc[0]
         hosts, per_host = int(row["num_hosts"]), int(row["devices_per_host"])
-        replicas = self.pick_scenario.get("parallel", {}).get("replicas", 1)
-        if replicas > 1:  # the runtime runs one tensor-parallel group (runtime.measure)
-            return [f"hetsim simulate {path}",
-                    f"# hetsim measure runs one tensor-parallel group: set parallel.replicas to 1 in {path} "
-                    f"to measure the first of the {replicas} replicas"]
         return [f"hetsim simulate {path}", f"hetsim measure {path}",
                 f"torchrun --nnodes {hosts} --nproc-per-node {per_host} --rdzv-backend c10d "
                 f"--rdzv-endpoint HOST0:29500 -m runtime.torchrun measure {path} --out out/measured"]

@@ -9,8 +9,9 @@ ends at one **stage**, cheapest test first:
 
 1. ``layout``: the simulator refuses the layout (:class:`sim.parallel.ParallelPlan`: the degrees
    cannot shard the model; :func:`sim.replicas.split_batch`: fewer sequences than replicas;
-   :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline), or a device lacks
-   the dtype;
+   :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline;
+   :func:`sim.serving.simulate.check_serving_layout`: a pipeline serving a request load), or a
+   device lacks the dtype;
 2. ``limits``: more devices than ``limits.max_devices`` or a price above ``limits.budget_per_hour``;
 3. ``memory``: a lower bound of some rank's peak exceeds its capacity: its framework baseline
    (:mod:`sim.framework`), its weights (a pipeline stage's: its layers'; with a sliding window,
@@ -31,11 +32,13 @@ ends at one **stage**, cheapest test first:
 6. ``simulated``: priced by :func:`sim.simulate.simulate`, one scenario per cluster with its
    surviving variants, so they share the topology and the collective pricer.
 
-A **serving** plan (``workload: {kind: serving, ...}``) prunes with the same stages, read for a
+A **serving** plan (``workload: {kind: serving, ...}``) tries the same layouts (replicas share the
+request rate, each serving rate / R behind a round-robin balancer; a pipeline is a ``layout`` row
+whose reason says the serving simulator runs none) and prunes with the same stages, read for a
 load of requests: ``memory`` when the KV cache left beside the weights (at the workload's
 ``memory_utilization``, as :func:`sim.serving.simulate.kv_capacity_tokens` sizes it) cannot hold
 the longest request alone, which the serving simulator would refuse; ``bound`` when a single
-request's TPOT lower bound (one sequence decoding at the shortest prompt) misses the objective:
+request's TPOT lower bound (one sequence decoding at the shortest prompt, on the slowest replica) misses the objective:
 every decode iteration of a loaded server costs at least that pass. It has no TTFT bound (a prompt
 split into chunks may beat the whole prompt's roofline) and no ``dominated`` stage (no closed-form
 bound of a maximum rate): every survivor is simulated by :func:`sim.serving.simulate.simulate_serving`,
@@ -71,6 +74,7 @@ import pandas as pd
 from models.accounting import layer_block_weight_bytes
 from models.errors import ConfigError
 from models.spec import ModelSpec
+from sim.context import profile_context
 from sim.cost import RooflineCompute
 from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
@@ -86,8 +90,9 @@ from sim.profile import Profile
 from sim.replicas import split_batch
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
-from sim.serving.simulate import RateSearchSettings, ServingVariantResult, cost_per_million_tokens, simulate_serving
-from sim.simulate import SimulationResult, simulate
+from sim.serving.simulate import (RateSearchSettings, ServingVariantResult, check_serving_layout,
+                                  cost_per_million_tokens, simulate_serving)
+from sim.simulate import simulate
 from sim.training.simulate import simulate_training
 from sim.strategies import StrategyChoice
 from sim.topology import Device
@@ -265,7 +270,9 @@ class Planner:
                 return f"{device} has no {spec.dtype} rate", None
         try:
             parallel = layout.plan(spec, _devices(device_types))
-            if not self.request.config.is_serving:
+            if self.request.config.is_serving:
+                check_serving_layout(parallel)
+            else:
                 split_batch(self.request.config.workload.batch_size, layout.replicas)
         except ConfigError as error:
             return error.message, None
@@ -333,7 +340,9 @@ class Planner:
             copies = [([[group_s(ranks, size, stage, None) for size in pipeline.micro_batches]
                         for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch)]
         else:
-            batches = split_batch(batch, parallel.replicas) if parallel.replicas > 1 else (batch,)
+            # a serving load's bound prices one request on each replica; a batch is split among them
+            batches = (batch,) * parallel.replicas if self.request.config.is_serving else split_batch(
+                batch, parallel.replicas)
             copies = [([[group_s(ranks, b, None, shards)]], b)
                       for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
 
@@ -414,8 +423,7 @@ class Planner:
                           "devices_per_host": shape.groups[0].per_host, "num_devices": shape.num_devices,
                           "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
                           "network": shape.network or "", "price_per_hour": price}
-                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=len(set(types)) > 1,
-                                                serving=config.is_serving):
+                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=len(set(types)) > 1):
                     problem, parallel = self._layout_plan(m, types, layout)
                     refused = {p: problem or _policy_problem(p, layout) for p in policies}
                     memory = {p: "" if refused[p] or over else self._memory_problem(m, types, layout, k)
@@ -637,15 +645,16 @@ class Planner:
         try:
             if config.is_training:
                 simulated = simulate_training(scenario_from_dict(data), profile=self.profile)
-                context = _profile_context(simulated) if self.profile is not None else ""
+                context = profile_context(simulated) if self.profile is not None else ""
                 for i, vr in zip(index, simulated.variants):
                     results[i] = self._training_result(table.loc[i], vr, simulated, context)
                 return
             if config.is_serving:
                 served = simulate_serving(scenario_from_dict(data), profile=self.profile, rate_search=RateSearchSettings(
                     from_workload_rate=True, tolerance=config.search.rate_tolerance, horizon_s=self.rate_horizon_s))
+                context = profile_context(served) if self.profile is not None else ""
                 for i, vr in zip(index, served.variants):
-                    results[i] = self._serving_result(table.loc[i, "price_per_hour"], vr)
+                    results[i] = self._serving_result(table.loc[i, "price_per_hour"], vr, context)
                 return
             result = simulate(scenario_from_dict(data), profile=self.profile, expand_steps=())
         except ConfigError as error:
@@ -656,7 +665,7 @@ class Planner:
             for i in index:
                 results[i] = {"stage": Stage.ERROR, "reason": str(error)}
             return
-        context = _profile_context(result) if self.profile is not None else ""
+        context = profile_context(result) if self.profile is not None else ""
         for i, vr in zip(index, result.variants):
             timing, fits = vr.timing, vr.overflow is None
             miss = slo_miss(timing, config.slo)
@@ -686,9 +695,10 @@ class Planner:
                                            Metric.EXPOSED_COMMUNICATION)},
                 "step_bottleneck": training.bottleneck(metrics)}
 
-    def _serving_result(self, price_per_hour: float, vr: ServingVariantResult) -> dict:
+    def _serving_result(self, price_per_hour: float, vr: ServingVariantResult, context: str) -> dict:
         """A serving candidate's row: its metrics at the target rate, its maximum rate and $/Mtok
-        there; it meets the objectives iff the maximum rate is at least the target."""
+        there; it meets the objectives iff the maximum rate is at least the target; ``context``:
+        how a profile priced it (:func:`sim.context.profile_context`)."""
         config = self.request.config
         slo, target = config.slo.serving(), config.workload.rate_per_s
         at_target = vr.search.start_metrics
@@ -697,7 +707,7 @@ class Planner:
         miss = "" if rate >= target else "; ".join(
             [f"max rate {rate:.3g}/s < {target:.3g}/s"] + serving_misses(at_target, slo))
         return {"stage": Stage.SIMULATED, "reason": "", "fits": True, "meets_slo": not miss, "slo_miss": miss,
-                "profile_context": "", **{metric: at_target.get(metric, math.nan) for metric in _TIMING},
+                "profile_context": context, **{metric: at_target.get(metric, math.nan) for metric in _TIMING},
                 SLO_TTFT: at_target[Metric.TTFT.percentile(slo.percentile)],
                 SLO_TPOT: at_target[Metric.TPOT.percentile(slo.percentile)],
                 Metric.MAX_REQUEST_RATE: rate, Metric.OUTPUT_TOKENS_PER_S: tokens_per_s,
@@ -803,12 +813,3 @@ def _training_algorithms(settings, variant: Variant, layout: training.TrainingLa
         parts.append(f"checkpoint every {settings.activation_checkpointing}")
     return ", ".join(parts)
 
-
-def _profile_context(result: SimulationResult) -> str:
-    """How the profile priced this cluster: ``same cluster``, or the terms outside its context."""
-    if result.network is None:
-        return ""
-    outside = [t.term for t in result.network.terms if t.verdict.value != "same"]
-    if result.extrapolated:
-        outside.append(f"{len(result.extrapolated)} extrapolated predictions")
-    return "same cluster" if result.network.same_cluster and not outside else "outside: " + "; ".join(outside)

@@ -46,6 +46,7 @@ from models.training import ActivationLayout, compute_dtype, training_memory
 from sim.cost import RooflineCompute
 from sim.devices import DEVICES
 from sim.framework import framework_memory
+from sim.parallel import layout_label
 from sim.scenario import ComputeSettings, Variant
 from sim.topology import Device
 from sim.training.lower import StepShape, TrainingStep, lower_step
@@ -55,7 +56,7 @@ from sim.vocabulary import Metric
 
 TRAINING_COLUMNS = ["parallel", Metric.STEP_TIME, Metric.TOKENS_PER_S, Metric.SAMPLES_PER_S,
                     Metric.EXPOSED_COMMUNICATION, "step_time_lower_bound_s"]
-"""A training plan's columns beyond the plan's own: the layout (``TP 2 x DP 4``), the simulated
+"""A training plan's columns beyond the plan's own: the layout (``TP=2 x DP=4``), the simulated
 step time (s), trained tokens/s and samples/s, the communication no compute hides (s), and the
 step-time lower bound (s)."""
 STEP_TERMS = {Metric.FORWARD_TIME: "forward compute", Metric.BACKWARD_TIME: "backward compute",
@@ -72,7 +73,8 @@ class TrainingLayout:
     data: int
 
     def label(self) -> str:
-        return f"TP {self.tensor} x DP {self.data}"
+        """The layout in a few words (:func:`sim.parallel.layout_label`)."""
+        return layout_label(self.tensor, data=self.data)
 
     def parallel(self) -> dict:
         """The scenario's ``parallel`` section."""

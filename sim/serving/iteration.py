@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from models.shards import TensorShard
 from models.spec import ModelSpec
 from sim.engine import Engine
 from sim.strategies import StrategyChoice
@@ -41,10 +42,13 @@ class IterationCost:
         ranks: the tensor-parallel group (topology ranks, the master first).
         choice: the variant's strategy and algorithms.
         engine: the engine pricing passes on the scenario's cluster.
+        shards: each rank's slice of the layers when the split is uneven (:mod:`models.shards`, in
+            the order of ``ranks``); None: even.
     """
 
-    def __init__(self, model: ModelSpec, ranks: tuple[int, ...], choice: StrategyChoice, engine: Engine):
-        self.model, self.ranks, self.choice, self.engine = model, ranks, choice, engine
+    def __init__(self, model: ModelSpec, ranks: tuple[int, ...], choice: StrategyChoice, engine: Engine,
+                 shards: tuple[TensorShard, ...] | None = None):
+        self.model, self.ranks, self.choice, self.engine, self.shards = model, ranks, choice, engine, shards
         self._passes: dict[tuple[int, int, int], float] = {}
 
     def _pass_s(self, batch: int, new_tokens: int, context: int) -> float:
@@ -53,7 +57,7 @@ class IterationCost:
             # A one-token pass is a decode step whatever its context; the lowering prices both alike.
             kind, step = (PhaseKind.DECODE, 1) if new_tokens == 1 else (PhaseKind.PREFILL, 0)
             phase = self.choice.implementation.lower(self.model, batch, self.ranks, self.choice.algorithms, kind, step,
-                                                     new_tokens, context)
+                                                     new_tokens, context, shards=self.shards)
             self._passes[key] = sum(seg.repeat * self.engine.run_segment(seg).duration_s for seg in phase.segments)
         return self._passes[key]
 

@@ -8,6 +8,16 @@ linear interpolation), ``e2e_latency_s`` the mean arrival-to-last-token time;
 to the last token; ``slo_attained_fraction`` the share of requests meeting every objective of the
 SLO (goodput's fraction, Zhong et al. 2024, DistServe, arXiv 2401.09670); ``max_request_rate_per_s``
 the highest Poisson rate whose SLO percentiles hold (:func:`max_request_rate`).
+
+Layouts (:func:`check_serving_layout`): one tensor-parallel group, its heads and MLP columns split
+evenly or unevenly (``parallel.shares``), or ``parallel.replicas`` copies of it. Replicas stand
+behind a round-robin load balancer (nginx's default, ``ngx_http_upstream_module``: "requests are
+distributed between the servers using a weighted round-robin balancing method", all weights
+equal): request i goes to replica i mod R, so at an offered rate r each replica serves r / R, and
+each runs its own continuous batching in its own memory (:func:`serve_replicas`). The metrics are
+over every request of every replica. A pipeline is refused: a pipeline server keeps several
+batches in flight, one per stage (vLLM's virtual engines), which this scheduler of one batch at a
+time does not model.
 """
 
 from __future__ import annotations
@@ -20,8 +30,10 @@ import pandas as pd
 
 from models.accounting import kv_cache_bytes_per_token, rank_weight_bytes
 from models.errors import ConfigError
+from models.shards import TensorShard
 from sim.metrics import result_rows
 from sim.parallel import ParallelPlan
+from sim.pipeline_run import group_shape
 from sim.profile import Profile
 from sim.scenario import Scenario, Variant
 from sim.serving.config import MAX_REQUESTS, ServingSLO, ServingWorkload
@@ -70,6 +82,12 @@ class ServingResult:
     variants: tuple[ServingVariantResult, ...]
     results: pd.DataFrame
     calibrated: bool = False
+    layout: str = ""
+    """The layout served (:meth:`sim.parallel.ParallelPlan.label`)."""
+    network: object = None
+    """How a profile priced the collectives (:class:`sim.calibrated.NetworkChoice`; None uncalibrated)."""
+    extrapolated: tuple[str, ...] = ()
+    """The predictions a profile did not cover (as :attr:`sim.simulate.SimulationResult.extrapolated`)."""
 
     def variant_result(self, name: str) -> ServingVariantResult:
         """The result of the variant named ``name``."""
@@ -77,25 +95,79 @@ class ServingResult:
 
 
 def kv_capacity_tokens(scenario: Scenario, topology: Topology, ranks: tuple[int, ...], utilization: float,
-                       runtime_memory: dict[int, int] | None = None) -> int:
-    """Tokens the KV cache holds: per rank, ``utilization`` x capacity less the weight shard and the
-    runtime's own memory, over the rank's KV bytes per token; the smallest over ranks (vLLM sizes
-    its cache the same way from ``gpu_memory_utilization``, ``vllm/v1/worker/gpu_worker.py``).
+                       runtime_memory: dict[int, int] | None = None,
+                       shards: tuple[TensorShard, ...] | None = None) -> int:
+    """Tokens the KV cache of one tensor-parallel group holds: per rank, ``utilization`` x capacity
+    less the weight shard and the runtime's own memory, over the rank's KV bytes per token; the
+    smallest over ranks (vLLM sizes its cache the same way from ``gpu_memory_utilization``,
+    ``vllm/v1/worker/gpu_worker.py``). ``shards``: each rank's slice when the split is uneven (its
+    weights and KV heads are its own, :mod:`models.shards`); None: even.
 
     Raises:
         ConfigError: on ``workload.memory_utilization`` when the weights leave no room for a token.
     """
     model, tp = scenario.model, len(ranks)
-    per_token = kv_cache_bytes_per_token(model, tp)
+    shard = dict(zip(ranks, shards)) if shards is not None else {}
+    per_token = {r: kv_cache_bytes_per_token(model, tp, shard=shard.get(r)) for r in ranks}
     free = {r: utilization * topology.devices[r].memory_capacity_bytes
-            - rank_weight_bytes(model, tp, is_master=r == ranks[0]) - (runtime_memory or {}).get(r, 0) for r in ranks}
-    tightest = min(free, key=free.get)
-    if free[tightest] < per_token:
+            - rank_weight_bytes(model, tp, is_master=r == ranks[0], shard=shard.get(r))
+            - (runtime_memory or {}).get(r, 0) for r in ranks}
+    tokens = {r: free[r] // per_token[r] for r in ranks}
+    tightest = min(tokens, key=tokens.get)
+    if tokens[tightest] < 1:
         raise ConfigError("workload.memory_utilization",
                           f"{topology.devices[tightest].name}'s weights leave no memory for the KV cache at "
                           f"{utilization:g} of its {topology.devices[tightest].memory_capacity_bytes / 2**30:.1f} GiB "
                           f"(got {utilization:g})")
-    return int(free[tightest] // per_token)
+    return int(tokens[tightest])
+
+
+def check_serving_layout(parallel: ParallelPlan) -> None:
+    """Whether the serving simulator runs ``parallel`` (see the module docstring).
+
+    Raises:
+        ConfigError: on ``parallel.pipeline`` for a pipeline; on ``variants`` where variants set
+            layouts of their own (a server runs one layout).
+    """
+    if parallel.variant_layouts:
+        raise ConfigError("variants", "serving variants with their own parallel layouts is not supported; give the "
+                                      "layout in the scenario's parallel section")
+    if parallel.pipeline > 1:
+        raise ConfigError("parallel.pipeline", f"the serving simulator runs no pipeline: a pipeline server keeps a "
+                                               f"batch in flight per stage (vLLM's virtual engines), which its "
+                                               f"scheduler of one batch at a time does not model; serve with "
+                                               f"tensor parallelism or replicas (got {parallel.pipeline})")
+
+
+@dataclass(frozen=True)
+class ReplicaServer:
+    """One replica's server: its iteration costs and the tokens its KV cache holds."""
+
+    cost: IterationCost
+    kv_capacity_tokens: int
+
+
+def serve_replicas(requests: list[Request], servers: list[ReplicaServer], *, max_batch_tokens: int,
+                   max_num_seqs: int) -> ServingRun:
+    """Serve ``requests`` on replicas behind a round-robin balancer (request i on replica i mod R,
+    see the module docstring), each by continuous batching (:func:`sim.serving.scheduler.serve`);
+    the runs together: every request's times (in request order), iterations and busy time summed
+    over replicas, ``max_running`` the sum of the replicas' peaks (an upper bound of the requests
+    running at once), ``kv_capacity_tokens`` the replicas' total.
+
+    Raises:
+        ConfigError: as :func:`~sim.serving.scheduler.serve`, for a request that does not fit its
+            replica's KV cache.
+    """
+    runs = [serve(share, server.cost, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
+                  kv_capacity_tokens=server.kv_capacity_tokens)
+            for i, server in enumerate(servers) if (share := requests[i::len(servers)])]
+    if len(servers) == 1:
+        return runs[0]
+    served = sorted((s for run in runs for s in run.served), key=lambda s: s.request.index)
+    return ServingRun(served, sum(r.iterations for r in runs), sum(r.busy_s for r in runs),
+                      sum(r.max_running for r in runs), sum(s.kv_capacity_tokens for s in servers),
+                      [tokens for r in runs for tokens in r.batch_tokens])
 
 
 def serving_metrics(run: ServingRun, slo: ServingSLO | None) -> dict[str, float]:
@@ -242,18 +314,30 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
         raise ConfigError("workload.kind", f"simulate_serving takes serving workloads (got {config.workload_kind})")
     workload: ServingWorkload = config.workload
     topology = build_topology(config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
-    pricing = build_pricing(scenario, topology, ranks, profile)
+    parallel = ParallelPlan.of(scenario, topology)
+    check_serving_layout(parallel)
+    ranks = parallel.ranks
+    pricing = build_pricing(scenario, topology, ranks, profile, context_group=parallel.replica_ranks[0],
+                            layout=parallel.uncalibrated_layout)
     base_dir = scenario.source_path.parent if scenario.source_path else None
     requests = workload_requests(workload, scenario.model, *(() if base_dir is None else (base_dir,)))
-    capacity = kv_capacity_tokens(scenario, topology, ranks, workload.memory_utilization, pricing.runtime_memory)
+    capacities = [kv_capacity_tokens(scenario, topology, group, workload.memory_utilization, pricing.runtime_memory,
+                                     shards) for group, shards in zip(parallel.replica_ranks, parallel.replica_shards)]
+    # Replicas laid out alike (sim.pipeline_run.group_shape) with the same shards price every pass
+    # alike: they share one replica's iteration costs, each pass simulated once.
+    shapes = [(group_shape(topology, pricing.engine.links, group), shards)
+              for group, shards in zip(parallel.replica_ranks, parallel.replica_shards)]
     results, tables = [], []
     for variant in config.variants:
-        cost = IterationCost(scenario.model, ranks, variant.choice(), pricing.engine)
+        costs: dict[tuple, IterationCost] = {}
+        servers = [ReplicaServer(costs.setdefault(shape, IterationCost(scenario.model, group, variant.choice(),
+                                                                       pricing.engine, shards)), capacity)
+                   for group, shards, capacity, shape in zip(parallel.replica_ranks, parallel.replica_shards,
+                                                             capacities, shapes)]
 
-        def run_at(batch: list[Request], cost: IterationCost = cost) -> ServingRun:
-            return serve(batch, cost, max_batch_tokens=workload.max_batch_tokens, max_num_seqs=workload.max_num_seqs,
-                         kv_capacity_tokens=capacity)
+        def run_at(batch: list[Request], servers: list[ReplicaServer] = servers) -> ServingRun:
+            return serve_replicas(batch, servers, max_batch_tokens=workload.max_batch_tokens,
+                                  max_num_seqs=workload.max_num_seqs)
 
         run = run_at(requests)
         metrics = serving_metrics(run, workload.slo)
@@ -265,8 +349,10 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
             metrics[Metric.MAX_REQUEST_RATE] = search.rate_per_s
         results.append(ServingVariantResult(variant, run, metrics, search))
         tables.append(result_rows(config.name, variant.name, "simulated", metrics, {}))
+    extrapolated = tuple(sorted(pricing.compute.extrapolated | pricing.network.extrapolated)) if profile else ()
     return ServingResult(scenario, topology, ranks, tuple(results), pd.concat(tables, ignore_index=True),
-                         calibrated=profile is not None)
+                         calibrated=profile is not None, layout=parallel.label, network=pricing.choice,
+                         extrapolated=extrapolated)
 
 
 def cost_per_million_tokens(price_per_hour: float, output_tokens_per_s: float) -> float:

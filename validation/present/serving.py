@@ -22,7 +22,7 @@ def print_serving(result: ServingResult, console: Console) -> None:
     """The per-variant table (ms, tokens/s, requests/s) and one sentence naming the best variant."""
     w = result.scenario.config.workload
     lengths = f"prompt {w.prompt_tokens}, output {w.output_tokens}" if w.trace is None else f"trace {w.trace}"
-    table = Table(title=escape(f"{result.scenario.name}: {result.scenario.model.name}, TP={len(result.ranks)}, "
+    table = Table(title=escape(f"{result.scenario.name}: {result.scenario.model.name}, {result.layout}, "
                                f"{len(result.variants[0].run.served)} requests at {w.rate_per_s:g}/s, {lengths}"))
     columns = ["variant", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p90 ms", "TPOT p99 ms",
                "output tok/s", "max running"]
