@@ -72,9 +72,11 @@ class CalibratedCompute:
             priced among rows of several takes theirs interpolated along the same axis.
         solo_kinds: op kinds that only some ranks of the group compute in the plan being priced
             (the master's embedding and LM head; its layer norms in reduce_ln_bcast): timed in place while the other ranks waited, asleep, for their result,
-            so on a core of their own already (measured: the LM head of GPT-2 took 17 ms with 4
-            ranks on 2 cores, 14 ms with 3, where every rank's ops took twice and 1.5 times
-            their time alone; validation/report and transfer-new-report ``terms.csv``).
+            so on a core of their own already (measured in one calibration run: the LM head of
+            GPT-2 took 14.3 ms with 4 ranks on 2 cores and 13.4 ms with 3, while ``mlp_down``,
+            run by every rank at once, ran 1.33 times faster with 3; and the same time in every
+            strategy: validation/transfer-new-report and remeasure-report ``terms.csv``,
+            ``benchmarks/bench_lm_head_rows.py``).
     """
 
     profile: Profile
