@@ -20,7 +20,9 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
 * ``context``: what all this was measured on (:mod:`sim.context`): device types, ranks per host,
-  the cores the ranks share, each link class's rate and delay, backend and transport, torch version.
+  the cores the ranks share, each link class's rate and delay, backend and transport, torch
+  version, and the load of the machine over the launch (hypervisor steal and other processes'
+  share of its CPU time, :func:`runtime.cpu_steal.load_during`).
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
   untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
@@ -47,10 +49,11 @@ from runtime.executor import Executor
 from runtime.weights import prompt_tokens
 from runtime.worker import common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
-from sim.context import context_rows, scenario_context
+from runtime.cpu_steal import load_during
+from sim.context import context_rows, load_rows, scenario_context
 from sim.parallel import ParallelPlan
 from sim.plan import Plan
-from sim.profile import MeasurementKind, profile_frame
+from sim.profile import MeasurementKind, profile_frame, with_rows
 from sim.strategies import STRATEGIES, StrategyChoice
 from sim.transport import Transport
 
@@ -289,7 +292,7 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     ``held_out_sizes``: see :func:`calibrate_rank`.
 
     Returns:
-        The profile table (:func:`sim.profile.profile_frame`).
+        The profile table (:func:`sim.profile.profile_frame`), with the load the launch ran under.
 
     Raises:
         ConfigError: invalid scenario, or testbed not up.
@@ -306,4 +309,6 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat,
                               used_only=used_only, held_out_sizes=held_out_sizes)
 
-    return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)
+    profile, spent = load_during(lambda: launch_scenario(scenario, body, testbed=testbed,
+                                                         hang_timeout_s=hang_timeout_s, on_beat=on_beat))
+    return with_rows(profile, load_rows(scenario.name, spent.steal_fraction, spent.other_load))

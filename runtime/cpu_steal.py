@@ -14,12 +14,16 @@ Times are in the kernel's clock ticks (``USER_HZ`` in both files); only their ra
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 PROC = Path("/proc")
 PROC_STAT = PROC / "stat"
+
+T = TypeVar("T")
 
 
 def _cpu_fields(path: Path) -> list[int]:
@@ -94,3 +98,21 @@ def cpu_sample(pids: Iterable[int], stat: Path = PROC_STAT, proc: Path = PROC) -
         return ZERO
     busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
     return CpuSample(ticks[7], busy, sum(ticks), process_ticks(pids, proc))
+
+
+def own_ticks() -> int:
+    """Clock ticks this process and its reaped children (the ranks of a launch, once it has
+    returned) ran, user and system (``os.times``, times(2))."""
+    times = os.times()
+    return round((times.user + times.system + times.children_user + times.children_system)
+                 * os.sysconf("SC_CLK_TCK"))
+
+
+def load_during(run: Callable[[], T]) -> tuple[T, CpuSample]:
+    """``run()`` (a launch of forked ranks that are reaped before it returns) and the machine's CPU
+    ticks over it, ``ours`` this process's and its children's: the span's ``steal_fraction`` is
+    the hypervisor's share and its ``other_load`` the other processes' share of the machine."""
+    before, ours = cpu_sample(()), own_ticks()
+    result = run()
+    span = cpu_sample(()) - before
+    return result, CpuSample(span.steal, span.busy, span.total, own_ticks() - ours)

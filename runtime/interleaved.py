@@ -42,7 +42,9 @@ from runtime.comm import Communicator
 from runtime.comm_timing import CollectiveSweep, p2p_rows
 from runtime.cpu_steal import ZERO, cpu_sample
 from runtime.worker import MeasurementRounds, RankMeasurement, paced_loader, rank_model, timed_rounds
+from sim.context import load_rows
 from sim.parallel import ParallelPlan
+from sim.profile import with_rows
 from sim.scenario import Scenario
 
 
@@ -145,6 +147,9 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         dist.gather_object(mine, gathered, dst=ranks[0])
     if rank != ranks[0]:
         return None
+    # The profile carries the load its own rounds ran under, as hetsim calibrate's does.
+    profile = with_rows(profile, load_rows(scenario.name, spent["calibration"].steal_fraction,
+                                           spent["calibration"].other_load))
     return InterleavedResult(profile, [[per_rank[case] for per_rank in gathered] for case in range(len(cases))],
                              {"measurement": total, "calibration": calibration_repeats},
                              spent["measurement"].steal_fraction, spent["calibration"].steal_fraction,

@@ -22,6 +22,7 @@ name (so a pool of several profiles keeps each one's context apart), ``op`` = th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -32,6 +33,10 @@ from sim.topology import Topology
 from sim.vocabulary import MeasurementKind
 
 RELATIVE_TOLERANCE = 0.01  # rates and delays within 1% are the same link
+# Other processes' share of the machine's CPU time above which a calibration's timings are flagged
+# as possibly inflated (issue 18 item 3): at 10% of all cores an instant's ranks already lose a
+# core's worth on a small machine now and then; a judgement threshold, not fitted to any result.
+LOADED_OTHER_LOAD = 0.10
 
 
 class ContextTerm(str, Enum):
@@ -43,6 +48,7 @@ class ContextTerm(str, Enum):
     LINK = "link"  # device_class: link class; {"rate_bytes_per_s": r, "delay_s": d}
     BACKEND = "backend"  # {"backend": "gloo", "transport": "tcp"}
     TORCH = "torch"  # {"version": "2.13.0"}
+    LOAD = "load"  # {"cpu_steal": f, "other_load": f}: shares of the machine's CPU time over the calibration
 
 
 class LinkClass(str, Enum):
@@ -97,6 +103,9 @@ class CalibrationContext:
             a pipeline, an uneven split); None for that, and for every profile's context.
         pipelined: a target whose layers run in pipeline stages, each stage computing on its own
             schedule (:func:`core_contention` says what it changes); False for every profile's.
+        cpu_steal, other_load: the shares of the machine's CPU time the hypervisor stole and other
+            processes took while the calibration ran (:func:`runtime.cpu_steal.load_during`);
+            None where unknown (a scenario, a profile written before they were recorded).
     """
 
     name: str
@@ -108,6 +117,8 @@ class CalibrationContext:
     torch_version: str | None = None
     layout: str | None = None
     pipelined: bool = False
+    cpu_steal: float | None = None
+    other_load: float | None = None
 
     def same_network(self, other: CalibrationContext) -> bool:
         """Same group shape, backend and links (each of ``other``'s matches one of these)."""
@@ -145,11 +156,16 @@ def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtyp
                               cores, backend, torch_version, layout, pipelined)
 
 
+def _row(name: str, term: ContextTerm, value: dict, subject: str | None = None, dtype: str | None = None) -> dict:
+    """One context row of cluster ``name`` (the layout in this module's docstring)."""
+    return {"measurement": MeasurementKind.CONTEXT, "call": name, "op": term.value, "device_class": subject,
+            "dtype": dtype, "method": json.dumps(value, sort_keys=True)}
+
+
 def context_rows(context: CalibrationContext) -> list[dict]:
     """The profile rows (dicts of :data:`sim.profile.PROFILE_COLUMNS`) recording ``context``."""
     def row(term: ContextTerm, value: dict, subject: str | None = None, dtype: str | None = None) -> dict:
-        return {"measurement": MeasurementKind.CONTEXT, "call": context.name, "op": term.value, "device_class": subject,
-                "dtype": dtype, "method": json.dumps(value, sort_keys=True)}
+        return _row(context.name, term, value, subject, dtype)
 
     rows = [row(ContextTerm.DEVICE, {"ranks": n}, device, dtype) for device, dtype, n in context.devices]
     rows.append(row(ContextTerm.HOSTS, {"ranks_per_host": list(context.ranks_per_host)}))
@@ -162,7 +178,18 @@ def context_rows(context: CalibrationContext) -> list[dict]:
         rows.append(row(ContextTerm.BACKEND, {"backend": backend, "transport": transport}))
     if context.torch_version is not None:
         rows.append(row(ContextTerm.TORCH, {"version": context.torch_version}))
+    if context.cpu_steal is not None and context.other_load is not None:
+        rows += load_rows(context.name, context.cpu_steal, context.other_load)
     return rows
+
+
+def load_rows(name: str, cpu_steal: float, other_load: float) -> list[dict]:
+    """The context row recording that the calibration of cluster ``name`` ran while the hypervisor
+    stole ``cpu_steal`` and other processes took ``other_load`` of the machine's CPU time
+    (fractions); none where either is unknown (NaN: ``/proc/stat`` unreadable)."""
+    if math.isnan(cpu_steal) or math.isnan(other_load):
+        return []
+    return [_row(name, ContextTerm.LOAD, {"cpu_steal": cpu_steal, "other_load": other_load})]
 
 
 def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
@@ -186,6 +213,9 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
                 fields["cores"] = int(value["cores"])
             elif term is ContextTerm.BACKEND:
                 fields["backend"] = f"{value['backend']}/{value['transport']}"
+            elif term is ContextTerm.LOAD:
+                fields["cpu_steal"] = float(value["cpu_steal"])
+                fields["other_load"] = float(value["other_load"])
             else:
                 fields["torch_version"] = str(value["version"])
         contexts.append(CalibrationContext(str(name), tuple(sorted(devices)), fields.pop("ranks_per_host", ()),
@@ -193,6 +223,18 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
                                                                               l.rate_bytes_per_s, l.delay_s))),
                                            **fields))
     return tuple(contexts)
+
+
+def load_warning(contexts: tuple[CalibrationContext, ...]) -> str:
+    """One line warning that the calibrations in ``contexts`` whose other processes took more than
+    :data:`LOADED_OTHER_LOAD` of the machine's CPU time may have inflated timings; '' where none
+    did or none recorded it."""
+    loaded = [c for c in contexts if c.other_load is not None and c.other_load > LOADED_OTHER_LOAD]
+    if not loaded:
+        return ""
+    return ("calibrated under load: other processes took " + ", ".join(
+        f"{c.other_load:.0%} of the machine's CPU time in {c.name} (steal {c.cpu_steal:.0%})" for c in loaded)
+        + f", above {LOADED_OTHER_LOAD:.0%}: the profile's timings may be inflated")
 
 
 @dataclass(frozen=True)

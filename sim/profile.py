@@ -40,9 +40,10 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     sequences of ``new_tokens`` tokens in ``dtype`` (:mod:`sim.training.step_compute` sets it
     against the sum of the pass's ops);
   * ``context``: what the profile was measured on (device types, ranks per host, cores, each
-    link class's rate and delay, backend and transport, torch version), one row per term with
-    its value as JSON in ``method`` (:mod:`sim.context`). A profile without them is taken to be
-    of the scenario it is simulated with.
+    link class's rate and delay, backend and transport, torch version) and the load it ran
+    under (the shares of the machine's CPU time stolen and taken by other processes), one row
+    per term with its value as JSON in ``method`` (:mod:`sim.context`). A profile without them is
+    taken to be of the scenario it is simulated with; one without the load row, of unknown load.
 ``median``, ``p10``, ``p90``, ``mean``: over ``repeats`` repetitions; ``method``: how it was measured.
 The simulator charges, of what a run repeats in every step, the statistic
 :data:`sim.calibrated.CHARGED` names: the *mean* of ``compute`` and ``op_gap`` rows, pooled
@@ -103,6 +104,11 @@ def profile_frame(rows: list[dict]) -> pd.DataFrame:
     keys = ["measurement", "device_class", "call", "op", "algorithm", "group_size", "num_hosts", "batch_size",
             "new_tokens", "context_tokens", "size_bytes"]
     return frame.sort_values(keys, kind="stable", na_position="first").reset_index(drop=True)
+
+
+def with_rows(profile: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """The profile table ``profile`` with ``rows`` added (:func:`profile_frame`'s order)."""
+    return profile_frame(profile.to_dict("records") + rows)
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -57,6 +57,27 @@ def _console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
+def _warn_loaded(profile, console: Console) -> None:
+    """One yellow line where ``profile`` (a :class:`sim.profile.Profile`, or None) was calibrated
+    while other processes took much of the machine (:func:`sim.context.load_warning`)."""
+    from sim.context import load_warning, profile_contexts
+
+    warning = "" if profile is None else load_warning(profile_contexts(profile.rows))
+    if warning:
+        console.print(f"[yellow]{escape(warning)}[/yellow]")
+
+
+def _calibration_load(profile) -> str:
+    """The load a fresh profile table's calibration ran under, for ``hetsim calibrate``'s summary."""
+    from sim.context import profile_contexts
+
+    contexts = [c for c in profile_contexts(profile) if c.other_load is not None]
+    if not contexts:
+        return "machine load not recorded (/proc/stat unreadable)"
+    return "; ".join(f"machine load over the calibration: steal {c.cpu_steal:.1%}, other processes "
+                     f"{c.other_load:.1%} of its CPU time" for c in contexts)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """hetsim: simulate LLM inference on clusters with non-uniform bandwidth."""
@@ -90,6 +111,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
         _simulate_training(loaded, out_dir, profile_path, console)
         return
     profile = load_profile(profile_path) if profile_path else None
+    _warn_loaded(profile, console)
     if loaded.config.sweep is not None:
         _simulate_sweep(loaded, out_dir, console, profile)
         return
@@ -131,6 +153,7 @@ def _simulate_training(loaded, out_dir: Path, profile_path: Path | None, console
     from sim.profile import load_profile
 
     profile = load_profile(profile_path) if profile_path else None
+    _warn_loaded(profile, console)
     with console.status(f"simulating {len(loaded.config.variants)} training variants"):
         result = simulate_training(loaded, profile)
     print_training_summary(result, console)
@@ -251,6 +274,7 @@ def plan(plan_file: Path, out_dir: str | None, profile_path: Path | None) -> Non
     check_out_dir(out)
     profile = load_profile(profile_path) if profile_path else None
     console = _console()
+    _warn_loaded(profile, console)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("simulating clusters", total=None)
         result = run_plan(request, profile=profile,
@@ -428,7 +452,8 @@ def calibrate(scenario: Path, profile_path: Path, testbed: bool, repeats: int, m
                                          on_beat=on_beat)
     write_atomic(profile_path, profile.to_csv(index=False, lineterminator="\n"))
     counts = profile["measurement"].value_counts().to_dict()
-    click.echo(f"wrote {profile_path}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
+    click.echo(f"wrote {profile_path}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+               + f"; {_calibration_load(profile)}")
 
 
 @cli.command()

@@ -32,7 +32,6 @@ so that other runs using the testbed take turns with this one between rounds.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sim.context import load_warning, profile_contexts
 from sim.planning.outcome import PlanResult, ranking
 from sim.planning.plan_config import PlanRequest
 from sim.planning.search import Planner, Stage, slo_miss
@@ -190,13 +190,6 @@ def verdict(table: pd.DataFrame) -> Verdict:
                    bool(pick["meets_slo_measured"]), measured_choice, agreement)
 
 
-def _own_ticks() -> int:
-    """Clock ticks this process and its reaped children (the ranks, once a launch returns) ran."""
-    times = os.times()
-    return round((times.user + times.system + times.children_user + times.children_system)
-                 * os.sysconf("SC_CLK_TCK"))
-
-
 def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: int, warmup: int,
                        testbed: bool = True, on_progress: Callable[[str], None] = lambda text: None) -> dict[int, CandidateRuns]:
     """Measure every candidate in ``rounds`` rounds (see the module docstring), each launch inside
@@ -206,7 +199,7 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
         ConfigError: a scenario that does not fit in memory, testbed prerequisites missing.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
-    from runtime.cpu_steal import ZERO, CpuSample, cpu_sample
+    from runtime.cpu_steal import ZERO, load_during
     from runtime.measure import launch_measurement, repeat_timings
     from sim.parallel import ParallelPlan
     from sim.topology import build_topology
@@ -232,14 +225,12 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
                     bed.down()  # a previous crash may have left it behind
                     bed.up(owned=True)
                 try:
-                    before, own_before = cpu_sample(()), _own_ticks()
-                    gathered = launch_measurement(scenario, repeats=repeats, warmup=warmup, testbed=testbed)
-                    after, own_after = cpu_sample(()), _own_ticks()
+                    gathered, span = load_during(lambda: launch_measurement(scenario, repeats=repeats, warmup=warmup,
+                                                                            testbed=testbed))
                 finally:
                     if bed is not None:
                         bed.down()
-                span = after - before
-                spent[c] = spent[c] + CpuSample(span.steal, span.busy, span.total, own_after - own_before)
+                spent[c] = spent[c] + span
                 master = ParallelPlan.of(scenario, topology).stage_ranks[-1][0]
                 per_rank = [ranks[0] for ranks in gathered]  # one variant per candidate scenario
                 timings = repeat_timings(per_rank, master, scenario.config.workload.batch_size)
@@ -252,8 +243,9 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
 @dataclass(frozen=True)
 class PlanCheck:
     """A plan-check's tables: ``candidates`` (:func:`measured_table`), ``generations`` (every timed
-    generation), the :class:`Verdict`, the scenarios measured (YAML dicts by candidate) and what
-    was run (``command``, ``profile``: its path or None)."""
+    generation), the :class:`Verdict`, the scenarios measured (YAML dicts by candidate), what
+    was run (``command``) and ``profile_load``: the warning that the profile was calibrated under
+    load (:func:`sim.context.load_warning`), '' where it was not or there is no profile."""
 
     plan: PlanResult
     candidates: pd.DataFrame
@@ -261,6 +253,7 @@ class PlanCheck:
     verdict: Verdict
     scenarios: dict[int, dict]
     command: str
+    profile_load: str = ""
 
 
 def check_plan(plan: PlanResult, profile: Profile | None, *, n: int = TOP_CHECKED, rounds: int = 3,
@@ -280,7 +273,8 @@ def check_plan(plan: PlanResult, profile: Profile | None, *, n: int = TOP_CHECKE
                               on_progress=on_progress)
     table = measured_table(top, runs, plan.request.config.slo, sources)
     generations = pd.concat([r.generations for r in runs.values()], ignore_index=True)
-    return PlanCheck(plan, table, generations, verdict(table), dicts, command)
+    loaded = "" if profile is None else load_warning(profile_contexts(profile.rows))
+    return PlanCheck(plan, table, generations, verdict(table), dicts, command, loaded)
 
 
 def _pct(value: float) -> str:
@@ -333,6 +327,8 @@ def summary_markdown(check: PlanCheck) -> str:
         errors = np.abs(pd.concat([part["ttft_error"], part["tpot_error"]]))
         lines.append(f"- {source}: {len(part)} candidates, median / max |error| of TTFT and TPOT "
                      f"{np.median(errors):.1%} / {np.max(errors):.1%}.")
+    if check.profile_load:
+        lines.append(f"- The profile was {check.profile_load}.")
     lines += ["", "| plan rank | measured rank | candidate | cluster | layout | $/h | source | TTFT ms predicted / "
               "measured (p10-p90) | error | TPOT ms predicted / measured (p10-p90) | error | SLO predicted / measured "
               "| steal | other load |", "|" + "---|" * 14]

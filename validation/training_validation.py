@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,29 +167,18 @@ class TrainingValidationReport:
     load: pd.DataFrame
 
 
-def _children_ticks() -> int:
-    """CPU ticks of this process's reaped children (the ranks of a finished launch)."""
-    times = os.times()
-    return round((times.children_user + times.children_system) * os.sysconf("SC_CLK_TCK"))
-
-
-def _with_load(run: Callable[[], object]) -> tuple[object, float, float]:
-    """``run()``, the share of the machine's CPU time stolen by the hypervisor meanwhile, and the
-    share other processes took (busy time less the ranks', :mod:`runtime.cpu_steal`)."""
-    from runtime.cpu_steal import CpuSample, cpu_sample
-
-    before, ours = cpu_sample(()), _children_ticks()
-    result = run()
-    span = cpu_sample(()) - before
-    span = CpuSample(span.steal, span.busy, span.total, _children_ticks() - ours)
-    return result, span.steal_fraction, span.other_load
+def _or_nan(share: float | None) -> float:
+    """A recorded share, NaN where the machine's load could not be read."""
+    return float("nan") if share is None else share
 
 
 def run_cluster(matrix: TrainingMatrix, scenario: Scenario, on_progress: Callable[[str], None]) -> ClusterRun:
     """Calibrate and measure one cluster (inside its testbed if the matrix says so; the testbed
     goes down whatever happens)."""
+    from runtime.cpu_steal import load_during
     from runtime.training.calibrate import calibrate_training
     from runtime.training.measure import measure_training
+    from sim.context import profile_contexts
     from sim.topology import build_topology
 
     bed = None
@@ -204,19 +192,20 @@ def run_cluster(matrix: TrainingMatrix, scenario: Scenario, on_progress: Callabl
     try:
         on_progress(f"{scenario.name}: calibrating")
         beat = lambda rank, label: on_progress(f"{scenario.name}: calibrating: {label}") if rank == 0 else None
-        profile, calibration_steal, calibration_other = _with_load(lambda: calibrate_training(
-            scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats, max_call_s=matrix.max_call_s,
-            on_beat=beat))
+        profile = calibrate_training(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
+                                     max_call_s=matrix.max_call_s, on_beat=beat)
         on_progress(f"{scenario.name}: measuring {len(scenario.config.variants)} cases")
-        measured, steal, other = _with_load(lambda: measure_training(
+        measured, spent = load_during(lambda: measure_training(
             scenario, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed))
     finally:
         if bed is not None:
             bed.down()
     trace = pd.concat([v.trace.ops.assign(variant=v.name) for v in measured.variants], ignore_index=True)
+    calibrated = profile_contexts(profile)[0]  # calibrate_training records the load its launch ran under
     return ClusterRun(scenario.name, Profile(profile), measured.results,
-                      {"cpu_steal": steal, "other_load": other, "calibration_cpu_steal": calibration_steal,
-                       "calibration_other_load": calibration_other}, trace)
+                      {"cpu_steal": spent.steal_fraction, "other_load": spent.other_load,
+                       "calibration_cpu_steal": _or_nan(calibrated.cpu_steal),
+                       "calibration_other_load": _or_nan(calibrated.other_load)}, trace)
 
 
 def _cluster_files(out_dir: Path, name: str) -> dict[str, Path]:

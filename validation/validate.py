@@ -310,23 +310,19 @@ def layout_errors(case: Scenario, topology, profile: Profile, matrix: Matrix, si
     measure) measured in a launch of its own on the cluster calibrated just before, against its
     prediction from that profile: :func:`case_errors` with the split half, ``layout_seen`` false,
     and the machine's CPU shares over the launch (``cpu_steal``; ``other_load``: busy time less
-    this process's children's, the ranks, :mod:`runtime.cpu_steal`)."""
-    from runtime.cpu_steal import cpu_sample
+    this process's and its children's, the ranks, :func:`runtime.cpu_steal.load_during`)."""
+    from runtime.cpu_steal import load_during
     from runtime.measure import launch_measurement, measured_result
 
-    before, children = cpu_sample(()), os.times()
-    gathered = launch_measurement(case, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed,
-                                  min_timed_s=matrix.min_timed_s)
-    spent, after = cpu_sample(()) - before, os.times()
-    ranks_ticks = ((after.children_user - children.children_user) + (after.children_system - children.children_system)
-                   ) * os.sysconf("SC_CLK_TCK")
+    gathered, spent = load_during(lambda: launch_measurement(
+        case, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed, min_timed_s=matrix.min_timed_s))
     measured = measured_result(case, topology, gathered)
     simulated = simulate(case, profile=profile)
     prompt = case.config.workload.prompt_tokens
     return (case_errors(case.name, prompt, simulated.results, measured.results)
             .merge(split_halves(case, gathered), on=["variant", "metric"], how="left")
             .assign(repeats=len(gathered[0][0].step_start_s), cpu_steal=spent.steal_fraction,
-                    other_load=max(0.0, spent.busy - ranks_ticks) / spent.total if spent.total > 0 else np.nan,
+                    other_load=spent.other_load,
                     layout_seen=False))
 
 

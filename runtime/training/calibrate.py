@@ -79,9 +79,10 @@ from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, t
 from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
 from sim.collectives.registry import LIBRARY
-from sim.context import context_rows, scenario_context
+from runtime.cpu_steal import load_during
+from sim.context import context_rows, load_rows, scenario_context
 from sim.framework import Backend, backend_of
-from sim.profile import profile_frame
+from sim.profile import profile_frame, with_rows
 from sim.training.lower import tp_allreduce_algorithm
 from sim.training.step_compute import pass_costs
 from sim.training_config import TrainingSettings
@@ -417,7 +418,8 @@ def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max
     collective sweep stops growing a size once a call takes longer (s).
 
     Returns:
-        The profile table (:func:`sim.profile.profile_frame`).
+        The profile table (:func:`sim.profile.profile_frame`), with the load the launch ran
+        under (:func:`runtime.cpu_steal.load_during`).
 
     Raises:
         ConfigError: what :class:`runtime.training.trainer.TrainingSetup` refuses; testbed not up.
@@ -437,5 +439,6 @@ def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max
         return calibrate_training_rank(scenario, topology, rank, repeats=repeats, device=torch.device("cpu"),
                                        max_call_s=max_call_s, heartbeat=heartbeat)
 
-    return launch(body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter,
-                  on_beat=on_beat)[0]
+    gathered, spent = load_during(lambda: launch(body, len(layout.ranks), placements=placements,
+                                                 hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat))
+    return with_rows(gathered[0], load_rows(scenario.name, spent.steal_fraction, spent.other_load))

@@ -1,0 +1,80 @@
+"""A profile records the machine load its calibration ran under (issue 18 item 3): the context's
+load row is written and read back, profiles without it still load, and a profile calibrated under
+heavy load is flagged where it is used."""
+
+import json
+
+import pytest
+
+from sim.context import LOADED_OTHER_LOAD, load_rows, load_warning, profile_contexts
+from sim.profile import load_profile, with_rows
+from tests.conftest import ROOT, run_cli
+
+SHIPPED = ROOT / "validation" / "plan-check" / "profile_v2x2_bandwidth.csv"  # written before load rows existed
+
+
+def _with_load(tmp_path, other_load: float):
+    rows = load_profile(SHIPPED).rows
+    path = tmp_path / "profile.csv"
+    path.write_text(with_rows(rows, load_rows("v2x2_bandwidth", 0.02, other_load)).to_csv(index=False,
+                                                                                          lineterminator="\n"))
+    return path
+
+
+def test_load_row_round_trips_through_the_profile_file(tmp_path):
+    profile = load_profile(_with_load(tmp_path, 0.31))
+    (context,) = profile_contexts(profile.rows)
+    assert (context.cpu_steal, context.other_load) == (0.02, 0.31)
+    # the other context terms are untouched by the added row
+    (old,) = profile_contexts(load_profile(SHIPPED).rows)
+    assert (context.cores, context.links, context.backend) == (old.cores, old.links, old.backend)
+
+
+def test_profile_without_load_row_loads_with_load_unknown_and_no_warning():
+    (context,) = profile_contexts(load_profile(SHIPPED).rows)
+    assert context.cpu_steal is None and context.other_load is None
+    assert load_warning((context,)) == ""
+
+
+def test_unreadable_load_writes_no_row():
+    assert load_rows("x", float("nan"), 0.5) == [] and load_rows("x", 0.0, float("nan")) == []
+
+
+def test_warning_only_above_the_threshold_and_on_one_line(tmp_path):
+    (quiet,) = profile_contexts(load_profile(_with_load(tmp_path, LOADED_OTHER_LOAD)).rows)
+    assert load_warning((quiet,)) == ""
+    (busy,) = profile_contexts(load_profile(_with_load(tmp_path, 0.31)).rows)
+    warning = load_warning((busy,))
+    assert "31%" in warning and "v2x2_bandwidth" in warning and "inflated" in warning and "\n" not in warning
+
+
+def test_plan_with_a_loaded_profile_says_so(tmp_path, capsys):
+    from validation.cli import main
+
+    code, out, _ = run_cli(main, ["plan", str(ROOT / "validation" / "plan-check" / "plan.yaml"), "--out",
+                                  str(tmp_path / "out"), "--profile", str(_with_load(tmp_path, 0.31))], capsys)
+    assert code in (0, 3)  # 3: no configuration meets every objective, outputs written
+    assert "other processes took 31%" in " ".join(out.split())
+
+
+def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import yaml
+
+    from tests.conftest import cluster, scenario_dict, tiny_model_config
+    from validation.cli import main
+
+    model = tmp_path / "gpt2.config.json"
+    model.write_text(json.dumps(dict(tiny_model_config("gpt2", num_layers=1), n_positions=256)))
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_dict(
+        name="calload", model=str(model), dtype="fp32", cluster=cluster(2, 1, device="cpu"),
+        workload={"batch_size": 1, "prompt_tokens": 5, "output_tokens": 2},
+        variants=[{"name": "a", "strategy": "allreduce_ln", "allreduce": "library", "broadcast": "library"}])))
+    profile = tmp_path / "profile.csv"
+    code, out, err = run_cli(main, ["calibrate", str(scenario), "--out", str(profile), "--repeats", "1",
+                                    "--max-call", "0.01"], capsys)
+    assert code == 0, err
+    (context,) = profile_contexts(load_profile(profile).rows)
+    assert 0 <= context.cpu_steal <= 1 and 0 <= context.other_load <= 1
+    assert f"other processes {context.other_load:.1%}" in " ".join(out.split())
