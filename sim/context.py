@@ -233,7 +233,7 @@ def load_warning(contexts: tuple[CalibrationContext, ...]) -> str:
     if not loaded:
         return ""
     return ("calibrated under load: other processes took " + ", ".join(
-        f"{c.other_load:.0%} of the machine's CPU time in {c.name} (steal {c.cpu_steal:.0%})" for c in loaded)
+        f"{c.other_load:.1%} of the machine's CPU time in {c.name} (steal {c.cpu_steal:.1%})" for c in loaded)
         + f", above {LOADED_OTHER_LOAD:.0%}: the profile's timings may be inflated")
 
 

@@ -45,7 +45,7 @@ def test_warning_only_above_the_threshold_and_on_one_line(tmp_path):
     assert load_warning((quiet,)) == ""
     (busy,) = profile_contexts(load_profile(_with_load(tmp_path, 0.31)).rows)
     warning = load_warning((busy,))
-    assert "31%" in warning and "v2x2_bandwidth" in warning and "inflated" in warning and "\n" not in warning
+    assert "31.0%" in warning and "v2x2_bandwidth" in warning and "inflated" in warning and "\n" not in warning
 
 
 def test_plan_with_a_loaded_profile_says_so(tmp_path, capsys):
@@ -54,15 +54,14 @@ def test_plan_with_a_loaded_profile_says_so(tmp_path, capsys):
     code, out, _ = run_cli(main, ["plan", str(ROOT / "validation" / "plan-check" / "plan.yaml"), "--out",
                                   str(tmp_path / "out"), "--profile", str(_with_load(tmp_path, 0.31))], capsys)
     assert code in (0, 3)  # 3: no configuration meets every objective, outputs written
-    assert "other processes took 31%" in " ".join(out.split())
+    assert "other processes took 31.0%" in " ".join(out.split())
 
 
-def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
-    pytest.importorskip("torch")
+def _tiny_scenario(tmp_path):
+    """A one-layer GPT-2 on two CPU ranks of one host, one variant: a launch of seconds."""
     import yaml
 
     from tests.conftest import cluster, scenario_dict, tiny_model_config
-    from validation.cli import main
 
     model = tmp_path / "gpt2.config.json"
     model.write_text(json.dumps(dict(tiny_model_config("gpt2", num_layers=1), n_positions=256)))
@@ -71,6 +70,14 @@ def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
         name="calload", model=str(model), dtype="fp32", cluster=cluster(2, 1, device="cpu"),
         workload={"batch_size": 1, "prompt_tokens": 5, "output_tokens": 2},
         variants=[{"name": "a", "strategy": "allreduce_ln", "allreduce": "library", "broadcast": "library"}])))
+    return scenario
+
+
+def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from validation.cli import main
+
+    scenario = _tiny_scenario(tmp_path)
     profile = tmp_path / "profile.csv"
     code, out, err = run_cli(main, ["calibrate", str(scenario), "--out", str(profile), "--repeats", "1",
                                     "--max-call", "0.01"], capsys)
@@ -78,3 +85,26 @@ def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
     (context,) = profile_contexts(load_profile(profile).rows)
     assert 0 <= context.cpu_steal <= 1 and 0 <= context.other_load <= 1
     assert f"other processes {context.other_load:.1%}" in " ".join(out.split())
+
+
+def test_rewriting_a_profiles_context_keeps_its_recorded_load(tmp_path):
+    from sim.scenario import load_scenario
+    from validation.transfer import SHIPPED_BACKEND, SHIPPED_CORES, SHIPPED_TORCH, add_context
+
+    path = _with_load(tmp_path, 0.31)
+    add_context(path, load_scenario(ROOT / "scenarios" / "validation" / "v2x2_bandwidth.yaml"), cores=SHIPPED_CORES,
+                backend=SHIPPED_BACKEND, torch_version=SHIPPED_TORCH)
+    (context,) = profile_contexts(load_profile(path).rows)
+    assert (context.cpu_steal, context.other_load) == (0.02, 0.31)
+
+
+def test_validates_interleaved_profile_records_its_calibration_rounds_load(tmp_path):
+    pytest.importorskip("torch")
+    from runtime.interleaved import launch_interleaved
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario(_tiny_scenario(tmp_path))
+    run = launch_interleaved(scenario, [scenario], testbed=False, repeats=1, warmup=0, min_timed_s=0.0,
+                             calibration_repeats=1, max_call_s=0.01, used_only=True)
+    (context,) = profile_contexts(run.profile)
+    assert (context.cpu_steal, context.other_load) == (run.calibration_cpu_steal, run.calibration_other_load)

@@ -194,3 +194,7 @@ def test_the_summary_states_the_verdict_and_marks_replay_and_prediction(small):
     assert "does NOT hold (TPOT 120 ms > 100 ms)" in text
     assert "chooses candidate 3." in text
     assert "- replay: 1 candidates" in text and "- prediction: 3 candidates" in text
+    assert "under load" not in text  # no profile, or one calibrated quietly
+    loaded = summary_markdown(PlanCheck(small, table, generations, verdict(table), {}, "hetsim plan-check P",
+                                        "calibrated under load: other processes took 31.0%"))
+    assert "- The profile was calibrated under load: other processes took 31.0%." in loaded
