@@ -23,7 +23,14 @@ memory, 2,124 bound, 1,326 dominated, 462 simulated); median over 2 repeats 62.0
 average 1.1-2.2): 38,040 candidates (17,154 layout, 3,546 limits, 348 memory, 7,544 bound, 8,624
 dominated, 824 simulated); median over 2 repeats 109.0 s wall (106.7 and 111.2), 86.9 s CPU
 (82.8 min). The target (<= 2 minutes) holds in wall time, narrowly; the CPU time is the figure
-that does not depend on the others' load. Serving (same machine, load average 0.1-1.9):
+that does not depend on the others' load. After the speed-ups of session 14 (the search loop on
+plain records instead of a pandas row per candidate; lowered phases, :func:`sim.plan._lowered`,
+and collective schedules, :func:`sim.collectives.registry._built`, shared across simulations; run
+metrics, peak memory and the trace's sorts in numpy), with ``plan.csv`` byte-identical: the
+batch case interleaved with the code before them (commit 2569f3b), load average 1.9-3.7 from other
+sessions' work, 3 repeats each: before, median 87.8 s wall (80.6, 87.8, 101.6) and 84.2 s CPU
+(78.2, 84.2, 86.3); after, median 49.1 s wall (45.3, 49.1, 63.9) and 46.4 s CPU (44.6, 46.4,
+46.9): 1.8x. Serving (same machine, load average 0.1-1.9):
 24 candidates (22 simulated, 1 limits, 1 memory); median over 3 repeats 26.4 s wall (26.8, 26.4,
 24.4), 25.7 s CPU; with ``--accuracy --accuracy-top 5`` the plan's maximum rates were -1.2% to
 +10.8% off the reference's (4.51 to 11.6 requests/s).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from models.accounting import layer_block_weight_bytes, rank_weight_bytes, stage_weight_bytes
 from models.errors import ConfigError
@@ -21,6 +21,11 @@ from sim.vocabulary import PhaseKind
 # Collective, Segment and Stream are re-exported: the plan's users read its ops through them.
 from sim.program import BlockPart, Collective, MemoryCategory, Op, Phase, Segment, Stage, Stream, WeightBlock  # noqa: F401
 from sim.strategies import StrategyChoice  # noqa: F401 - re-exported: the plan's callers build one
+
+
+LOWERED_PHASES = 4096
+"""How many lowered phases :func:`_lowered` keeps: a plan search's distinct (strategy, model,
+batch, ranks, prompt, shards, stage, step) lowerings are a few thousand."""
 
 
 class WeightPolicy(StrEnum):
@@ -155,20 +160,28 @@ class Plan:
         if not 0 <= step < self.num_phases:
             raise IndexError(f"step {step} outside 0..{self.num_phases - 1}")
         if step not in self._cache:
-            lower = self.strategy.implementation.lower
-            args = (self.model, self.batch_size, self.ranks, self.strategy.algorithms)
-            # Only a pipeline stage's plan passes a stage: a strategy that knows no pipeline still lowers.
-            stage = {} if self.stage is None else {"stage": self.stage}
-            if step == 0:
-                self._cache[step] = lower(*args, PhaseKind.PREFILL, 0, self.prompt_tokens, self.prompt_tokens,
-                                          shards=self.shards, **stage)
-            else:
-                self._cache[step] = lower(*args, PhaseKind.DECODE, step, 1, self.prompt_tokens + step,
-                                          shards=self.shards, **stage)
+            self._cache[step] = _lowered(self.strategy, self.model, self.batch_size, self.ranks, self.prompt_tokens,
+                                         self.shards, self.stage, step)
             if any(self.streamed_blocks.values()):
                 self._cache[step] = _stream_weights(self._cache[step], self.streamed_blocks,
                                                     self.memory_policy.window)
         return self._cache[step]
+
+
+@lru_cache(maxsize=LOWERED_PHASES)
+def _lowered(strategy: StrategyChoice, model: ModelSpec, batch_size: int, ranks: tuple[int, ...], prompt_tokens: int,
+             shards: tuple[TensorShard, ...] | None, stage: Stage | None, step: int) -> Phase:
+    """``strategy``'s lowering of step ``step`` (0: the prefill of ``prompt_tokens``; else a decode
+    step of one token), from exactly what the lowering reads: plans that differ only elsewhere
+    (memory policy, output length, runtime memory) share it, as a plan search's many clusters of
+    the same size do. Phases are immutable (:mod:`sim.program`), so sharing one is safe."""
+    lower = strategy.implementation.lower
+    args = (model, batch_size, ranks, strategy.algorithms)
+    # Only a pipeline stage's plan passes a stage: a strategy that knows no pipeline still lowers.
+    kwargs = {"shards": shards} | ({} if stage is None else {"stage": stage})
+    if step == 0:
+        return lower(*args, PhaseKind.PREFILL, 0, prompt_tokens, prompt_tokens, **kwargs)
+    return lower(*args, PhaseKind.DECODE, step, 1, prompt_tokens + step, **kwargs)
 
 
 def _unroll(phase: Phase) -> dict[int, list[Op]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from models.errors import ConfigError, shorten
 from models.ops import OpKind
@@ -128,6 +129,20 @@ def build_schedule(
         if resolved_root not in members:
             raise ConfigError("root", f"must be a rank of the group {members} (got {root})")
     hosts = None if host_groups is None else tuple(tuple(host) for host in host_groups)
-    schedule = builders[algorithm](members, size_bytes, resolved_root, hosts)
+    return _built(kind, algorithm, members, size_bytes, resolved_root, hosts)
+
+
+BUILT_SCHEDULES = 1024
+"""How many schedules :func:`_built` keeps (a plan search asks for the same few hundred on each of
+its clusters)."""
+
+
+@lru_cache(maxsize=BUILT_SCHEDULES)
+def _built(kind: OpKind, algorithm: str, members: tuple[int, ...], size_bytes: int, root: int,
+           hosts: tuple[tuple[int, ...], ...] | None) -> CommSchedule:
+    """The schedule of validated arguments (see :func:`build_schedule`), shared by every caller:
+    a schedule is immutable and depends on nothing else. A builder's ConfigError is not cached."""
+    builders = {LIBRARY: LIBRARY_MODEL[kind]} if algorithm == LIBRARY else ALGORITHMS[kind]
+    schedule = builders[algorithm](members, size_bytes, root, hosts)
     # Named as asked, so calibrated timings of ``library`` are looked up under that name.
     return schedule if schedule.algorithm == algorithm else replace(schedule, algorithm=algorithm)

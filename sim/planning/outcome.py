@@ -286,8 +286,9 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
         table.loc[i, "prefill_bottleneck"] = bottleneck(result, result.variants[0], 0)
     feasible = table[table["meets_slo"] & (table["rank"] > 0)]
     pick = feasible.sort_values("rank").iloc[0] if not feasible.empty else None
-    table["versus_pick"] = [versus_pick(row, pick) if rank else "" for (_, row), rank in
-                            zip(table.iterrows(), table["rank"])]
+    table["versus_pick"] = ""
+    for i in table.index[table["rank"] > 0]:
+        table.loc[i, "versus_pick"] = versus_pick(table.loc[i], pick)
     chosen = pick if pick is not None else (table[table["rank"] == 1].iloc[0] if (table["rank"] == 1).any() else None)
     scenario = planner.scenario_dict(chosen, name=f"{request.name}-pick") if chosen is not None else None
     if scenario is not None:

@@ -517,46 +517,50 @@ class Planner:
         config = self.request.config
         table = self.candidates()
         results: dict[int, dict] = {}
+        # The loop reads plain records: a pandas row per candidate costs more than its closed forms.
+        records = dict(zip(table.index, table.to_dict("records")))
         live = table[table["stage"] == Stage.SIMULATED]
         groups = sorted(live.groupby(["price_per_hour", "model_index", "cluster", "parallel"], sort=False).groups.items(),
                         key=lambda item: item[0])
         best = _Frontier(self.request)
         for done, ((price, _, _, _), index) in enumerate(groups, 1):
-            rows = table.loc[index]
-            streams = rows["memory_config"].map(lambda m: m.to_policy().streams)
+            rows = [records[i] for i in index]
+            streams = {row["candidate"]: row["memory_config"].to_policy().streams for row in rows}
             resident_fit = True
             for streamed in (False, True):
-                part = rows[streams == streamed]
-                if part.empty:
+                part = [row for row in rows if streams[row["candidate"]] == streamed]
+                if not part:
                     continue
-                if streamed and resident_fit and (~streams).any():
-                    for i in part.index:
-                        results[i] = {"stage": Stage.DOMINATED, "reason": "every resident layout fits: streaming "
-                                                                          "only adds loads"}
+                if streamed and resident_fit and not all(streams.values()):
+                    for row in part:
+                        results[row["candidate"]] = {"stage": Stage.DOMINATED, "reason": "every resident layout fits: "
+                                                                                          "streaming only adds loads"}
                     continue
-                explicit = part["variant_config"].map(_names_one_allreduce)
-                for wave in (part[~explicit], part[explicit]):
+                explicit = [_names_one_allreduce(row["variant_config"]) for row in part]
+                for wave in ([r for r, e in zip(part, explicit) if not e], [r for r, e in zip(part, explicit) if e]):
                     keep = []
-                    for i, row in wave.iterrows():
+                    for row in wave:
+                        i = row["candidate"]
                         if not config.is_serving and best.dominates(price, *self._optimistic(row, rows, results)):
                             results[i] = {"stage": Stage.DOMINATED, "reason": f"{TOP_N} cheaper configurations meet "
                                                                               "the objectives and it cannot be faster"}
                         else:
-                            keep.append(i)
-                    if keep and not config.is_training and table.loc[keep[0], "layout"].tensor == 1:
-                        self._simulate_rows(table, keep[:1], results)
-                        for i in keep[1:]:
-                            results[i] = dict(results[keep[0]], reason=f"tensor parallelism of 1, no collectives: as "
-                                                                       f"{table.loc[keep[0], 'variant']}")
+                            keep.append(row)
+                    if keep and not config.is_training and keep[0]["layout"].tensor == 1:
+                        self._simulate_rows(keep[:1], results)
+                        for row in keep[1:]:
+                            results[row["candidate"]] = dict(results[keep[0]["candidate"]], reason=(
+                                f"tensor parallelism of 1, no collectives: as {keep[0]['variant']}"))
                     else:
-                        self._simulate_rows(table, keep, results)
-                    for i in keep if not config.is_serving else ():
-                        if results[i]["stage"] == Stage.SIMULATED and results[i]["fits"]:
-                            best.add(price, results[i][self.latency_metric], results[i][self.throughput_metric],
-                                     results[i]["meets_slo"], (table.loc[i, "model"], table.loc[i, "cluster"]))
+                        self._simulate_rows(keep, results)
+                    for row in keep if not config.is_serving else ():
+                        done_row = results[row["candidate"]]
+                        if done_row["stage"] == Stage.SIMULATED and done_row["fits"]:
+                            best.add(price, done_row[self.latency_metric], done_row[self.throughput_metric],
+                                     done_row["meets_slo"], (row["model"], row["cluster"]))
                 if not streamed:
-                    resident_fit = all(results[i].get("fits", False) for i in part.index
-                                       if results[i]["stage"] == Stage.SIMULATED)
+                    resident_fit = all(results[row["candidate"]].get("fits", False) for row in part
+                                       if results[row["candidate"]]["stage"] == Stage.SIMULATED)
             if progress is not None:
                 progress(done, len(groups))
         update = pd.DataFrame.from_dict(results, orient="index")
@@ -590,10 +594,10 @@ class Planner:
         """What the plan ranks and draws as throughput: trained tokens/s, else decode tokens/s."""
         return Metric.TOKENS_PER_S if self.request.config.is_training else Metric.DECODE_TOKENS_PER_S
 
-    def _optimistic(self, row: pd.Series, cluster_rows: pd.DataFrame, results: dict[int, dict]) -> tuple[float, float]:
+    def _optimistic(self, row: dict, cluster_rows: list[dict], results: dict[int, dict]) -> tuple[float, float]:
         """The best e2e latency (s) and decode tokens/s ``row`` could reach: its compute bounds,
         tightened by its cluster's ``auto`` variant of the same strategy and memory policy if that
-        was simulated (see :meth:`run`)."""
+        was simulated (see :meth:`run`; rows are :meth:`candidates` records)."""
         w = self.request.config.workload
         if self.request.config.is_training:  # a replica's compute bound; every variant on its own
             bound = row["step_time_lower_bound_s"]
@@ -601,15 +605,15 @@ class Planner:
         e2e = row["ttft_lower_bound_s"] + (w.output_tokens - 1) * row["tpot_lower_bound_s"]
         tokens = row["tokens_upper_bound"]
         if _names_one_allreduce(row["variant_config"]):
-            for i, other in cluster_rows.iterrows():
-                done = results.get(i)
+            for other in cluster_rows:
+                done = results.get(other["candidate"])
                 if (done and done["stage"] == Stage.SIMULATED and other["strategy"] == row["strategy"]
                         and other["variant_config"].allreduce == "auto" and other["memory_policy"] == row["memory_policy"]):
                     e2e = max(e2e, done[Metric.E2E_LATENCY])
                     tokens = min(tokens, done[Metric.DECODE_TOKENS_PER_S])
         return e2e, tokens
 
-    def scenario_dict(self, row: pd.Series, name: str | None = None) -> dict:
+    def scenario_dict(self, row: pd.Series | dict, name: str | None = None) -> dict:
         """The scenario of a candidate (one variant), ready for ``hetsim simulate`` or ``measure``."""
         config = self.request.config
         variant = row["variant_config"].model_dump(exclude_none=True, exclude={"memory"})
@@ -633,34 +637,35 @@ class Planner:
             data["workload"]["slo"] = config.slo.serving().model_dump(by_alias=True)
         return data
 
-    def _simulate_rows(self, table: pd.DataFrame, index: list[int], results: dict[int, dict]) -> None:
-        """Simulate the candidates ``index`` (one cluster and layout) as one scenario, or in halves
-        where the simulator refuses so many variants at once (replicas multiply them); their results
-        into ``results``."""
-        if not index:
+    def _simulate_rows(self, rows: list[dict], results: dict[int, dict]) -> None:
+        """Simulate the candidates ``rows`` (:meth:`candidates` records of one cluster and layout)
+        as one scenario, or in halves where the simulator refuses so many variants at once
+        (replicas multiply them); their results into ``results``, by candidate number."""
+        if not rows:
             return
         config = self.request.config
-        data = self.scenario_dict(table.loc[index[0]])
-        data["variants"] = [_named_variant(table.loc[i], config.is_training) for i in index]
+        index = [row["candidate"] for row in rows]
+        data = self.scenario_dict(rows[0])
+        data["variants"] = [_named_variant(row, config.is_training) for row in rows]
         try:
             if config.is_training:
                 simulated = simulate_training(scenario_from_dict(data), profile=self.profile)
                 context = profile_context(simulated) if self.profile is not None else ""
-                for i, vr in zip(index, simulated.variants):
-                    results[i] = self._training_result(table.loc[i], vr, simulated, context)
+                for row, vr in zip(rows, simulated.variants):
+                    results[row["candidate"]] = self._training_result(row, vr, simulated, context)
                 return
             if config.is_serving:
                 served = simulate_serving(scenario_from_dict(data), profile=self.profile, rate_search=RateSearchSettings(
                     from_workload_rate=True, tolerance=config.search.rate_tolerance, horizon_s=self.rate_horizon_s))
                 context = profile_context(served) if self.profile is not None else ""
-                for i, vr in zip(index, served.variants):
-                    results[i] = self._serving_result(table.loc[i, "price_per_hour"], vr, context)
+                for row, vr in zip(rows, served.variants):
+                    results[row["candidate"]] = self._serving_result(row["price_per_hour"], vr, context)
                 return
             result = simulate(scenario_from_dict(data), profile=self.profile, expand_steps=())
         except ConfigError as error:
-            if error.field == "variants" and len(index) > 1:  # too large a job together: in halves
-                self._simulate_rows(table, index[:len(index) // 2], results)
-                self._simulate_rows(table, index[len(index) // 2:], results)
+            if error.field == "variants" and len(rows) > 1:  # too large a job together: in halves
+                self._simulate_rows(rows[:len(rows) // 2], results)
+                self._simulate_rows(rows[len(rows) // 2:], results)
                 return
             for i in index:
                 results[i] = {"stage": Stage.ERROR, "reason": str(error)}
@@ -677,7 +682,7 @@ class Planner:
                               result.topology.devices[vr.overflow.rank].name)}
 
 
-    def _training_result(self, row: pd.Series, vr, simulated, context: str) -> dict:
+    def _training_result(self, row: pd.Series | dict, vr, simulated, context: str) -> dict:
         """A training candidate's row: its step's metrics, its peak memory (with the framework
         baseline of its backend where no profile measured one) and the objectives it misses."""
         metrics = vr.metrics
@@ -795,7 +800,7 @@ def _algorithms(variant: Variant) -> str:
     return ", ".join(f"{kind}={name}" for kind, name in sorted(variant.choice().algorithms.items()))
 
 
-def _named_variant(row: pd.Series, is_training: bool = False) -> dict:
+def _named_variant(row: pd.Series | dict, is_training: bool = False) -> dict:
     if is_training:  # a training variant has no memory policy: its settings say what it holds
         return row["variant_config"].model_dump(exclude_none=True, exclude_unset=True) | {"name": f"c{row['candidate']}"}
     variant = row["variant_config"].model_dump(exclude_none=True, exclude={"memory"})
