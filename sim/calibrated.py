@@ -38,7 +38,7 @@ from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
 from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
-from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile
+from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile, noise_floor
 from sim.program import Gradient
 from sim.topology import Device, Topology
 from sim.vocabulary import PhaseKind
@@ -202,10 +202,7 @@ class CalibratedNetwork:
     * without isolated timings, by the scenario's network model scaled to the nearest one.
 
     The isolated timings are first made non-decreasing in size, each the least median measured
-    at its size or above: a larger message of the same schedule cannot take less time, and on a
-    shared machine noise only adds time, so a median above a larger size's is noise (measured
-    here: a 1 KiB reduce over 5 ms links calibrated at 54 ms, 64 KiB at 42 ms, and 2 KiB then
-    measured 40 ms). In-place timings are kept as measured: their sizes come from different
+    at its size or above (:func:`sim.profile.noise_floor`). In-place timings are kept as measured: their sizes come from different
     phases (decode, prefill) with different contention for the cores.
 
     Args:
@@ -304,7 +301,7 @@ def _size_tables(rows, statistic: str, monotone: bool) -> dict[tuple, tuple[np.n
         group = group.groupby("size_bytes", sort=True)[statistic].median()
         times = group.to_numpy(dtype=float)
         if monotone:
-            times = np.minimum.accumulate(times[::-1])[::-1]
+            times = noise_floor(times)
         tables[(str(key[0]), str(key[1]), int(key[2]), int(key[3]))] = (group.index.to_numpy(dtype=float), times)
     return tables
 
@@ -370,11 +367,11 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
         hops: dict = {}
         for context in contexts:  # a pool: each cluster's own sweep over its own links; first fit wins
             rows = profile.of(MeasurementKind.COLLECTIVE)
-            calibrated = {d.rank: reduce_s_per_byte(d) for d in context_devices(context)}
-            for key, value in fit_profile(rows[_rows_of(profile.rows, rows, context.name)], context,
-                                          calibrated).items():
-                fitted.setdefault(key, value)
             pings = profile.of(MeasurementKind.P2P)
+            calibrated = {d.rank: reduce_s_per_byte(d) for d in context_devices(context)}
+            for key, value in fit_profile(rows[_rows_of(profile.rows, rows, context.name)], context, calibrated,
+                                          pings[_rows_of(profile.rows, pings, context.name)]).items():
+                fitted.setdefault(key, value)
             for key, value in fit_hops(pings[_rows_of(profile.rows, pings, context.name)], context).items():
                 hops.setdefault(key, value)
         # one calibrated cluster's rows say how many of its ranks computed at once (a pool: every rank)
@@ -429,10 +426,15 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     point-to-point message, 0.9-1.0 ms per step of gloo's own allreduce, reduce and broadcast,
     which wait inside the library (a step of gloo's ring: a round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
     calibrated machine's cores where the scenario does not say); 0 where they do not outnumber
-    them. Where no calibrated cluster's links let it show, the gloo/tcp default
+    them. Not fitted on a calibrated cluster whose links have a delay of at least
+    :data:`sim.transport.IDENTIFIABLE_DELAY_S`: each step there holds the delay, which the ranks
+    sleep through, and priced at the fitted terms' overhead bounded by the ping-pongs'
+    (:func:`sim.transport.message_overhead_s`) it would pass for contention (h2x2_mid, 1.1 ms:
+    3.7 ms per point-to-point message, which then priced the fast clusters' TPOT +50-90%). Where
+    no calibrated cluster's links let it show, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
-    from sim.transport import (GLOO_CONTENTION_PER_EXCESS_RANK_S, Transport, busy_ranks, context_topology,
-                               steps_in_series)
+    from sim.transport import (GLOO_CONTENTION_PER_EXCESS_RANK_S, IDENTIFIABLE_DELAY_S, Transport, busy_ranks,
+                               context_topology, steps_in_series)
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
@@ -452,6 +454,8 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
         topology = context_topology(calibrated)
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
                        for b in range(topology.num_ranks) if a != b), default=0.0)
+        if delay_s >= IDENTIFIABLE_DELAY_S:
+            continue  # its steps hold the link's delay, slept through: what they show is the link's
         bound = []
         for row in rows.itertuples(index=False):
             terms = fitted.get((str(row.op), str(row.algorithm)))

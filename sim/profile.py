@@ -59,6 +59,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError, shorten
@@ -74,6 +75,15 @@ CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.OP_GAP: "mean",
            MeasurementKind.OPTIMIZER_STEP: "mean",
            MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}
 ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
+
+
+def noise_floor(times):
+    """Isolated timings of one schedule in ascending message size made non-decreasing: each the
+    least at its size or above (a numpy array, s). A larger message of the same schedule cannot
+    take less time, and on a shared machine noise only adds time, so a median above a larger
+    size's is noise (measured here: a 1 KiB reduce over 5 ms links calibrated at 54 ms, 64 KiB at
+    42 ms, and 2 KiB then measured 40 ms)."""
+    return np.minimum.accumulate(np.asarray(times, dtype=float)[::-1])[::-1]
 
 _MAX_PROFILE_BYTES = 64 << 20  # a calibrated cluster's profile is tens of KiB
 PROFILE_VERSION = 4  # 4: in-place collectives and waits per plan op, statistics over generations' means

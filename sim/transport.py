@@ -21,8 +21,13 @@ emerges), and the terms are those minimising the squared log error over the rows
 count is fitted only where the calibrated links have at least two distinct delays of at least
 :data:`IDENTIFIABLE_DELAY_S`: over one delay ``L``, ``o + k L`` is one number and any ``k`` fits
 it with its own ``o``, and below that the delay is lost in the overhead. Else the backend's
-default count is kept (:func:`default_terms`) and the overhead absorbs the rest. Never fitted on
-a target's measurements.
+default count is kept (:func:`default_terms`) and the overhead absorbs the rest; but where a
+calibrated link has such a delay, no more than the software overhead the profile's own
+ping-pongs show with the link's known delay and rate taken out (:func:`message_overhead_s`: a
+property of the backend on the host, not of the link). Left free, it absorbed the delay (fitted
+0.53-0.75 ms for gloo's allreduce over 1-3 ms links against 0.13-0.33 ms over links without delay,
+whose ping-pongs show 0.18-0.27 ms) and priced every message on a link without delay too slow.
+Never fitted on a target's measurements.
 
 Where the ranks outnumber the cores they share, a message's software overhead is CPU work of
 both its ends, and stretches like compute (:mod:`sim.cores`): by the busy ranks of its step over
@@ -49,6 +54,7 @@ from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.context import CalibrationContext, LinkClass
 from sim.network import CollectiveTiming, Links, _FlowRun, _StepClock, fluid_lower_bound_s
+from sim.profile import noise_floor
 from sim.topology import Topology, build_topology
 
 IDENTIFIABLE_DELAY_S = 1e-3
@@ -363,7 +369,7 @@ def context_topology(context: CalibrationContext) -> Topology:
 
 def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
               reduce_s_per_byte: Mapping[int, float] | None = None,
-              cores: int | None = None) -> dict[tuple[str, str], TransportTerms]:
+              cores: int | None = None, overhead_s: float | None = None) -> dict[tuple[str, str], TransportTerms]:
     """Fit :class:`TransportTerms` per (kind, algorithm) on a profile's isolated ``collective``
     rows (median times), each priced over the first ``group_size`` ranks of ``topology`` (the
     calibrated cluster); see the module docstring.
@@ -373,9 +379,12 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
         default: the backend's default terms; its latency count is kept where the links' delays
             cannot identify it.
         name: the calibrated cluster, named in each term's ``source``.
+        overhead_s: the per-message software overhead the profile's ping-pongs show
+            (:func:`message_overhead_s`, s); where given and a link has a delay of at least
+            :data:`IDENTIFIABLE_DELAY_S`, the fitted overhead is at most that.
     """
-    identifiable = _identifiable(topology)
-    counts = _LATENCY_COUNTS if identifiable else (default.latencies_per_message,)
+    capped = overhead_s is not None and _delayed(topology) >= 1
+    counts = _LATENCY_COUNTS if _delayed(topology) >= 2 else (default.latencies_per_message,)
     fitted = {}
     for (kind, algorithm), of_kind in rows.groupby(["op", "algorithm"], sort=True):
         schedules, measured = [], []
@@ -388,27 +397,46 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
                                             host_groups=topology.host_groups(group)))
             measured.append(float(row.median))
         if schedules:
-            fitted[(str(kind), str(algorithm))] = _best_terms(schedules, measured, topology, counts, reduce_s_per_byte,
-                                                              cores, f"fitted on {name}'s {len(schedules)} isolated timings"
-                                                              + ("" if identifiable else f"; latency count: the {default.source}"),
-                                                              default)
+            how = ("" if len(counts) > 1 else f"; latency count: the {default.source}") + (
+                f"; overhead at most {name}'s ping-pongs' less the link's delay" if capped else "")
+            fitted[(str(kind), str(algorithm))] = _best_terms(
+                schedules, measured, topology, counts, reduce_s_per_byte, cores,
+                f"fitted on {name}'s {len(schedules)} isolated timings{how}", default,
+                overhead_s if capped else None)
     return fitted
 
 
-def _identifiable(topology: Topology) -> bool:
-    """Whether ``topology``'s links can tell a latency count from an overhead (module docstring)."""
+def _delayed(topology: Topology) -> int:
+    """How many distinct path delays of at least :data:`IDENTIFIABLE_DELAY_S` ``topology`` has:
+    those that can tell a latency count from an overhead (module docstring)."""
     delays = {round(topology.path_latency_s(a, b), 6) for a in range(topology.num_ranks)
               for b in range(topology.num_ranks) if a != b}
-    return len({d for d in delays if d >= IDENTIFIABLE_DELAY_S}) >= 2
+    return len({d for d in delays if d >= IDENTIFIABLE_DELAY_S})
+
+
+def message_overhead_s(pings, context: CalibrationContext) -> float | None:
+    """The software overhead of one point-to-point message on the calibrated hosts (s): the
+    profile's inter-host ping-pong (half a round trip, the receiver waiting) at its smallest
+    size, floored by the larger sizes' (:func:`sim.profile.noise_floor`), less the link's one-way
+    delay and the message's wire time at the link's rate, both from ``context`` (LogP's ``o``
+    on each end: Culler et al., PPoPP 1993). None where the profile has no such ping-pong or the
+    context no inter-host link."""
+    link = next((l for l in context.links if l.link_class == LinkClass.INTER_HOST), None)
+    rows = pings[(pings["device_class"] == LinkClass.INTER_HOST.value) & (pings["size_bytes"] > 0)]
+    if link is None or rows.empty:
+        return None
+    rows = rows.sort_values("size_bytes")
+    floor_s = float(noise_floor(rows["median"])[0])
+    return max(0.0, floor_s - link.delay_s - float(rows["size_bytes"].iloc[0]) / link.rate_bytes_per_s)
 
 
 def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: Topology, counts: tuple[float, ...],
                 reduce_s_per_byte: Mapping[int, float] | None, cores: int | None, source: str,
-                default: TransportTerms) -> TransportTerms:
+                default: TransportTerms, overhead_s: float | None = None) -> TransportTerms:
     """The :class:`TransportTerms` minimising the squared log error of ``schedules`` priced over
     ``topology`` against their ``measured`` times (s): a grid over latency counts ``counts`` and
-    bandwidth efficiencies, the overhead per message solved on a fine grid for each; the
-    rendezvous (``notice_latencies``, ``sender_done_on_write``) is the backend's ``default``. A
+    bandwidth efficiencies, the overhead per message solved on a fine grid for each (up to
+    ``overhead_s`` where given); the rendezvous (``notice_latencies``, ``sender_done_on_write``) is the backend's ``default``. A
     pipeline hop is fitted and priced alike, both ends entering at once (its receiver's notice
     paid in both), so a hop costs its ping-pong."""
     log_measured = np.log(np.array(measured))
@@ -421,11 +449,13 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
             probe = np.array([price(s, topology, replace(trial, per_message_s=1e-3), reduce_s_per_byte,
                                     cores).duration_s for s in schedules])
             slope = (probe - base) / 1e-3  # messages on each schedule's critical path
-            predicted = base[None, :] + _OVERHEADS_S[:, None] * slope[None, :]
+            overheads = _OVERHEADS_S if overhead_s is None else np.append(_OVERHEADS_S[_OVERHEADS_S < overhead_s],
+                                                                          overhead_s)
+            predicted = base[None, :] + overheads[:, None] * slope[None, :]
             loss = ((np.log(np.maximum(predicted, 1e-9)) - log_measured[None, :]) ** 2).sum(axis=1)
             index = int(np.argmin(loss))
             if best is None or loss[index] < best[0] - 1e-12:
-                best = (float(loss[index]), float(_OVERHEADS_S[index]), count, float(efficiency))
+                best = (float(loss[index]), float(overheads[index]), count, float(efficiency))
     loss, overhead, count, efficiency = best
     rms = float(np.sqrt(loss / len(schedules)))
     return TransportTerms(overhead, count, efficiency, f"{source}, rms log error {rms:.2f}",
@@ -665,12 +695,14 @@ class DefaultTransportNetwork:
 
 
 def fit_profile(rows, context: CalibrationContext,
-                reduce_s_per_byte: Mapping[int, float] | None = None) -> dict[tuple[str, str], TransportTerms]:
+                reduce_s_per_byte: Mapping[int, float] | None = None, pings=None) -> dict[tuple[str, str], TransportTerms]:
     """:func:`fit_terms` over the cluster ``context`` describes, each implementation's latency
-    count and ready notice defaulting to :func:`default_terms`'s."""
+    count and ready notice defaulting to :func:`default_terms`'s; ``pings``: the profile's ``p2p``
+    rows, whose overhead (:func:`message_overhead_s`) bounds the overhead over delayed links."""
     topology = context_topology(context)
+    overhead_s = None if pings is None else message_overhead_s(pings, context)
     fitted = {}
     for (kind, algorithm), of_kind in rows.groupby(["op", "algorithm"], sort=True):
         fitted.update(fit_terms(of_kind, topology, default_terms(str(algorithm), kind=str(kind)), context.name,
-                                reduce_s_per_byte, context.cores))
+                                reduce_s_per_byte, context.cores, overhead_s))
     return fitted

@@ -101,6 +101,49 @@ def test_transport_terms_fitted_on_a_sweep_are_the_terms_that_made_it():
         assert terms.bandwidth_efficiency == pytest.approx(0.8)
 
 
+def test_over_one_delayed_link_the_fitted_overhead_is_no_more_than_the_ping_pongs_show():
+    # Issue 18: left free, the overhead absorbs what a delayed link's messages cost beyond the
+    # default latency count and prices every message on a link without delay too slow; bounded
+    # by the ping-pongs' overhead (the link's delay taken out), it transfers.
+    import pandas as pd
+
+    from sim.collectives.registry import build_schedule
+    from sim.context import CalibrationContext, Link, LinkClass
+    from sim.transport import TransportTerms, fit_terms, message_overhead_s, price
+    from sim.topology import build_topology
+    from sim.cluster_config import ClusterConfig
+
+    def hosts(latency: str):
+        return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+            {"name": "h{i}", "count": 4, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": latency},
+             "devices": {"type": "cpu", "count": 1, "memory": "4GiB"}}]}))
+
+    delayed, plain = hosts("1.5ms"), hosts("0ms")
+    context = CalibrationContext("synthetic", (("cpu", "fp32", 4),), (1, 1, 1, 1),
+                                 (Link(LinkClass.INTER_HOST, 12.5e6, 3e-3),), cores=2, backend="gloo/tcp")
+    # half round trips of o + delay + wire; the smallest size's median inflated by noise
+    pings = pd.DataFrame([{"device_class": "inter_host", "size_bytes": n,
+                           "median": 0.3e-3 + 3e-3 + n / 12.5e6 + (5e-3 if n == 1024 else 0.0)}
+                          for n in (1024, 4096, 65536)])
+    assert message_overhead_s(pings, context) == pytest.approx(0.3e-3 + (4096 - 1024) / 12.5e6)
+    truth = TransportTerms(0.3e-3, 2.5, 1.0, "")
+
+    def schedule(topology, size):
+        return build_schedule("allreduce", "recursive_doubling", (0, 1, 2, 3), size,
+                              host_groups=topology.host_groups((0, 1, 2, 3)))
+
+    rows = pd.DataFrame([{"op": "allreduce", "algorithm": "recursive_doubling", "group_size": 4, "num_hosts": 4,
+                          "size_bytes": n, "median": price(schedule(delayed, n), delayed, truth).duration_s}
+                         for n in (1024, 16384, 262144, 4194304)])
+    default = TransportTerms(0.0, 2.0, 1.0, "default")
+    (free,) = fit_terms(rows, delayed, default, "synthetic").values()
+    (bounded,) = fit_terms(rows, delayed, default, "synthetic", overhead_s=0.3e-3).values()
+    assert free.per_message_s > 1e-3 and bounded.per_message_s == pytest.approx(0.3e-3)
+    measured = price(schedule(plain, 1024), plain, truth).duration_s  # the target: no delay
+    assert price(schedule(plain, 1024), plain, free).duration_s > 2 * measured
+    assert price(schedule(plain, 1024), plain, bounded).duration_s == pytest.approx(measured, rel=0.1)
+
+
 def test_calibration_records_its_context(tmp_path):
     pytest.importorskip("torch")
     import json
