@@ -30,7 +30,8 @@ metrics, peak memory and the trace's sorts in numpy), with ``plan.csv`` byte-ide
 batch case interleaved with the code before them (commit 2569f3b), load average 1.9-3.7 from other
 sessions' work, 3 repeats each: before, median 87.8 s wall (80.6, 87.8, 101.6) and 84.2 s CPU
 (78.2, 84.2, 86.3); after, median 49.1 s wall (45.3, 49.1, 63.9) and 46.4 s CPU (44.6, 46.4,
-46.9): 1.8x. Serving (same machine, load average 0.1-1.9):
+46.9): 1.8x. Re-measured with nothing else on the machine (load average 0.7, main after the
+session's merges): median 44.2 s wall (44.9, 44.2, 36.3), 43.3 s CPU. Serving (same machine, load average 0.1-1.9):
 24 candidates (22 simulated, 1 limits, 1 memory); median over 3 repeats 26.4 s wall (26.8, 26.4,
 24.4), 25.7 s CPU; with ``--accuracy --accuracy-top 5`` the plan's maximum rates were -1.2% to
 +10.8% off the reference's (4.51 to 11.6 requests/s).
