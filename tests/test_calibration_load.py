@@ -10,7 +10,7 @@ from sim.context import LOADED_OTHER_LOAD, load_rows, load_warning, profile_cont
 from sim.profile import load_profile, with_rows
 from tests.conftest import ROOT, run_cli
 
-SHIPPED = ROOT / "validation" / "plan-check" / "profile_v2x2_bandwidth.csv"  # written before load rows existed
+SHIPPED = ROOT / "validation" / "report" / "profiles" / "v2x2_bandwidth.csv"  # written before load rows existed
 
 
 def _with_load(tmp_path, other_load: float):
