@@ -30,9 +30,11 @@ simulator charges as ``framework``) and the measured categories share.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
+
+from models.training import TrainingMemory
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,8 @@ def framework_bytes(resident_bytes: int, states: StateBytes) -> int:
 def memory_categories(resident_bytes: int, peak_bytes: int, states: StateBytes) -> dict[str, int]:
     """The step's memory by category (the :class:`models.training.TrainingMemory` field names;
     see the module): ``resident_bytes`` just before the step, ``peak_bytes`` its high-water mark."""
-    framework = framework_bytes(resident_bytes, states)
     allocated = 0 if states.gradient_views else states.gradients  # views allocate nothing
-    return {"weights": states.weights, "gradients": states.gradients, "optimizer_states": states.optimizer_states,
-            "bucket_buffers": states.bucket_buffers, "framework": framework,
-            "activations": peak_bytes - resident_bytes - allocated}
+    return asdict(TrainingMemory(
+        weights=states.weights, gradients=states.gradients, optimizer_states=states.optimizer_states,
+        activations=peak_bytes - resident_bytes - allocated, bucket_buffers=states.bucket_buffers,
+        framework=framework_bytes(resident_bytes, states)))

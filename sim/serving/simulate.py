@@ -330,10 +330,11 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     results, tables = [], []
     for variant in config.variants:
         costs: dict[tuple, IterationCost] = {}
-        servers = [ReplicaServer(costs.setdefault(shape, IterationCost(scenario.model, group, variant.choice(),
-                                                                       pricing.engine, shards)), capacity)
-                   for group, shards, capacity, shape in zip(parallel.replica_ranks, parallel.replica_shards,
-                                                             capacities, shapes)]
+        servers = []
+        for group, shards, capacity, shape in zip(parallel.replica_ranks, parallel.replica_shards, capacities, shapes):
+            if shape not in costs:  # the first replica of each shape builds the costs the others share
+                costs[shape] = IterationCost(scenario.model, group, variant.choice(), pricing.engine, shards)
+            servers.append(ReplicaServer(costs[shape], capacity))
 
         def run_at(batch: list[Request], servers: list[ReplicaServer] = servers) -> ServingRun:
             return serve_replicas(batch, servers, max_batch_tokens=workload.max_batch_tokens,
