@@ -36,6 +36,7 @@ from sim.context import profile_contexts
 from sim.program import Stream
 from sim.training.metrics import union_length_s
 from sim.profile import ISOLATED, MeasurementKind
+from sim.training.comm_thread import schedule_work
 from sim.training.simulate import simulate_training
 from sim.transport import context_topology, fit_profile, price
 from sim.vocabulary import Metric
@@ -90,6 +91,63 @@ def bucket_chains(scenarios, runs) -> pd.DataFrame:
                              "measured_busy_s": m[2], "simulated_busy_s": s[2],
                              "measured_mean_bucket_s": m[3] / m[0] if m[0] else float("nan"),
                              "simulated_mean_bucket_s": s[3] / s[0] if s[0] else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def bucket_excess(scenarios, runs) -> pd.DataFrame:
+    """Per cluster with a kept trace and case: rank 0's measured bucket allreduces of the last
+    step set against each bucket's replayed price (its allreduce op in the simulation with the
+    cluster's own profile: the calibrated isolated ``collective`` rows, interpolated at its size),
+    split into the buckets that started while the backward still computed and those that started
+    after its last gradient (without overlap, the first bucket's start; with it, the backward's
+    start in the trace plus the case's measured median ``backward_s`` per micro-batch: an
+    estimate, the trace keeps no ready times). ``excess_per_step_ms``:
+    the after-backward buckets' measured less priced time over the schedule steps rank 0 takes part
+    in (:func:`sim.training.comm_thread.schedule_work`): what each message of a queued bucket
+    costs beyond its isolated timing. Empty where no cluster kept its trace."""
+    rows = []
+    for scenario in scenarios:
+        run = runs[scenario.name]
+        if run.trace is None:
+            continue
+        simulated = simulate_training(scenario, run.profile)
+        group = tuple(replica[0] for replica in simulated.plan.replica_ranks)
+        for variant in scenario.config.variants:
+            result = simulated.variant(variant.name)
+            ops = result.trace.ops
+            ops = ops[(ops["rank"] == 0) & (ops["kind"] == OpKind.ALLREDUCE.value) & (ops["stream"] == Stream.COMM.value)
+                      & ops["name"].str.startswith("bucket")]
+            priced = {int(name[len("bucket"):-len("_allreduce")]): (end - start, size)
+                      for name, start, end, size in zip(ops["name"], ops["start_s"], ops["end_s"], ops["bytes"])}
+            trace = run.trace[(run.trace["variant"] == variant.name) & (run.trace["rank"] == 0)]
+            buckets = trace[trace["kind"] == OpKind.ALLREDUCE.value]
+            buckets = buckets[buckets["name"].str.startswith("bucket ")]
+            if buckets.empty or not priced:
+                continue
+            backward = trace[trace["kind"] == OpKind.BACKWARD.value]
+            backward_s = run.measured[(run.measured["variant"] == variant.name)
+                                      & (run.measured["metric"] == str(Metric.BACKWARD_TIME))]["value"]
+            last_gradient_s = float(backward["start_s"].max()) + float(backward_s.iloc[0]) / result.accumulation
+            if not result.settings.overlap:  # every bucket waits for the last gradient
+                last_gradient_s = float(buckets["start_s"].min())
+            during, after, steps = [], [], 0
+            for name, start, end in zip(buckets["name"], buckets["start_s"], buckets["end_s"]):
+                price_s, size = priced[int(name.split()[1])]
+                ratio = (end - start) / price_s
+                if start < last_gradient_s:
+                    during.append(ratio)
+                    continue
+                after.append((end - start, price_s))
+                schedule = build_schedule(OpKind.ALLREDUCE, result.settings.allreduce, group, int(size),
+                                          host_groups=simulated.topology.host_groups(group))
+                steps += schedule_work(schedule, group[0])[0]
+            rows.append({"cluster": scenario.name, "case": variant.name,
+                         "during_backward": len(during),
+                         "during_measured_over_priced": float(np.mean(during)) if during else float("nan"),
+                         "after_backward": len(after),
+                         "after_measured_over_priced": float(np.mean([m / p for m, p in after])) if after else float("nan"),
+                         "after_excess_s": sum(m - p for m, p in after),
+                         "excess_per_step_ms": 1e3 * sum(m - p for m, p in after) / steps if steps else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -157,6 +215,12 @@ def main() -> None:
         with pd.option_context("display.width", 200, "display.max_rows", 500):
             print("\nBucket allreduces on rank 0, last measured step against the simulation (s):")
             print(chains.round(3).to_string(index=False))
+    excess = bucket_excess(scenarios, runs)
+    if len(excess):
+        with pd.option_context("display.width", 200, "display.max_rows", 500):
+            print("\nEach measured bucket (rank 0, last step) against its replayed isolated price, started while the "
+                  "backward computed or after it:")
+            print(excess.round(3).to_string(index=False))
     if args.out is not None:
         written = write_training_validation(report, args.out, matrix.name)
         print("wrote " + ", ".join(str(p) for p in written))
