@@ -11,7 +11,9 @@ gains) and the signed error of every case per phase; where the report kept each 
 ops (``clusters/<cluster>/trace.csv``, which ``hetsim validate`` writes since session 14), also
 each case's chain of bucket allreduces on rank 0, measured against simulated
 (:func:`bucket_chains`: where a case's communication departs from the calibrated collectives
-that price it); and every calibrated collective row against the transport terms fitted on each
+that price it) and each of its buckets against its replayed isolated price, before and after the
+backward's last gradient (:func:`bucket_excess`: what a queued bucket pays per message beyond
+it, beside the TCP retransmissions measured since session 15); and every calibrated collective row against the transport terms fitted on each
 cluster's sweep (:func:`transport_rows`: whether a cluster's terms describe its own rows, and the
 other's). ``--out`` writes the report's tables (``errors.csv``, ``overlap.csv``,
 ``summary.md``, ...) there. Depends on nothing but the stored
@@ -104,7 +106,10 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
     estimate, the trace keeps no ready times). ``excess_per_step_ms``:
     the after-backward buckets' measured less priced time over the schedule steps rank 0 takes part
     in (:func:`sim.training.comm_thread.schedule_work`): what each message of a queued bucket
-    costs beyond its isolated timing. Empty where no cluster kept its trace."""
+    costs beyond its isolated timing; ``tcp_retransmitted_per_step``: the TCP segments the
+    cluster's hosts retransmitted per timed step, mean over its devices
+    (:mod:`runtime.tcp_counters`), where the report measured it. Empty where no cluster kept its
+    trace."""
     rows = []
     for scenario in scenarios:
         run = runs[scenario.name]
@@ -141,13 +146,18 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
                 schedule = build_schedule(OpKind.ALLREDUCE, result.settings.allreduce, group, int(size),
                                           host_groups=simulated.topology.host_groups(group))
                 steps += schedule_work(schedule, group[0])[0]
+            retransmitted = run.measured[(run.measured["variant"] == variant.name)
+                                         & (run.measured["metric"] == str(Metric.TCP_RETRANSMITTED_SEGMENTS))]
             rows.append({"cluster": scenario.name, "case": variant.name,
                          "during_backward": len(during),
                          "during_measured_over_priced": float(np.mean(during)) if during else float("nan"),
                          "after_backward": len(after),
                          "after_measured_over_priced": float(np.mean([m / p for m, p in after])) if after else float("nan"),
                          "after_excess_s": sum(m - p for m, p in after),
-                         "excess_per_step_ms": 1e3 * sum(m - p for m, p in after) / steps if steps else float("nan")})
+                         "excess_per_step_ms": 1e3 * sum(m - p for m, p in after) / steps if steps else float("nan"),
+                         # measured since session 15; NaN in reports measured before
+                         "tcp_retransmitted_per_step": float(retransmitted["value"].mean()) if len(retransmitted)
+                         else float("nan")})
     return pd.DataFrame(rows)
 
 

@@ -90,6 +90,9 @@ class Metric(StrEnum):
     PEAK_MEMORY_ACTIVATIONS = "peak_memory_activations_bytes"
     PEAK_MEMORY_BUCKET_BUFFERS = "peak_memory_bucket_buffers_bytes"
     PEAK_MEMORY_FRAMEWORK = "peak_memory_framework_bytes"
+    # Measured only (runtime.training.measure), never simulated: what a rank's host's TCP
+    # retransmitted per timed step (runtime.tcp_counters), evidence of losses on its links.
+    TCP_RETRANSMITTED_SEGMENTS = "tcp_retransmitted_segments_per_step"
 
     @property
     def unit(self) -> str:

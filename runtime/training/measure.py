@@ -30,7 +30,12 @@ repeats with p10 / p90 beside it (:func:`runtime.measure.summarise`):
   end of its last allreduce, plus the parameter average, which nothing overlaps;
 * ``overlap_ratio``: the share of the buckets' communication time (the union of their allreduces'
   spans) that ran while backward still computed, 1 - exposed / communication; absent where no
-  gradient is communicated (parameter averaging, one rank).
+  gradient is communicated (parameter averaging, one rank);
+* ``tcp_retransmitted_segments_per_step``, per device: the TCP segments the rank's host
+  retransmitted over the timed steps, per step (:mod:`runtime.tcp_counters`; the host's, not the
+  rank's alone, where a host runs several; absent where Linux's counters cannot be read). Not
+  simulated: whether a case's buckets ran slower than their isolated timings because TCP lost
+  packets.
 
 The trace (:mod:`sim.trace`): per rank, each micro-batch's forward and backward and the optimizer
 step on the compute stream, each bucket's allreduce (``bucket i``, its bytes) and the parameter
@@ -62,13 +67,16 @@ class RankTraining:
     (:class:`runtime.training.trainer.StepTiming`, times in s from the common start), the peak
     memory of one more step (bytes) and that step's memory by category
     (:func:`runtime.training.memory.memory_categories`, bytes by field of
-    :class:`models.training.TrainingMemory`)."""
+    :class:`models.training.TrainingMemory`); ``retransmitted_segments``: the TCP segments its
+    host's network namespace retransmitted over the timed steps (:mod:`runtime.tcp_counters`;
+    None where they cannot be read)."""
 
     rank: int
     variant: str
     steps: list
     peak_memory_bytes: int
     memory: dict[str, int]
+    retransmitted_segments: int | None = None
 
 
 def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> dict[str, float]:
@@ -159,7 +167,10 @@ def measured_training(scenario: Scenario, topology: Topology, gathered: list[lis
         trace = training_trace(measured, workload.steps)
         peaks = peak_memory_bytes(trace)
         memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} | {
-            metric: measured[r].memory[field] for metric, field in MEMORY_CATEGORIES.items()} for r in ranks}
+            metric: measured[r].memory[field] for metric, field in MEMORY_CATEGORIES.items()} | (
+            {} if measured[r].retransmitted_segments is None else
+            {Metric.TCP_RETRANSMITTED_SEGMENTS: measured[r].retransmitted_segments / len(measured[r].steps)})
+            for r in ranks}
         variants.append(MeasuredVariant(variant.name, trace, timing, np.zeros((0,), dtype=np.int64)))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory))
     return MeasuredResult(scenario, topology, ranks, tuple(variants), pd.concat(tables, ignore_index=True))
@@ -174,6 +185,7 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
 
     from runtime import memory_probe
     from runtime.device import device_of
+    from runtime.tcp_counters import retransmitted_segments
     from runtime.training.memory import memory_categories, state_bytes
     from runtime.training.ranks import training_ranks
     from runtime.training.trainer import Trainer, TrainingSetup, process_groups
@@ -194,9 +206,12 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
             trainer.step(step)
         t0 = common_start(probe.torch_device)
         timed = []
+        retransmitted = retransmitted_segments()
         for index in range(repeats * steps):
             heartbeat(f"{variant.name} step {index + 1} of {repeats * steps}")
             timed.append(_shifted(trainer.step(warmup + index), t0))
+        after = retransmitted_segments()
+        retransmitted = None if retransmitted is None or after is None else after - retransmitted
         with memory_probe.exact_allocation():
             probe.reset_peak_memory()
             resident = probe.memory_bytes()
@@ -204,7 +219,7 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
             peak = probe.peak_memory_bytes()
         categories = memory_categories(resident, peak, state_bytes(trainer))
         trainer.close()
-        out.append(RankTraining(rank, variant.name, timed, peak, categories))
+        out.append(RankTraining(rank, variant.name, timed, peak, categories, retransmitted))
         del trainer
         gc.collect()
     heartbeat("gather")
