@@ -13,10 +13,10 @@ each case's chain of bucket allreduces on rank 0, measured against simulated
 (:func:`bucket_chains`: where a case's communication departs from the calibrated collectives
 that price it) and each of its buckets against its replayed isolated price, before and after the
 backward's last gradient (:func:`bucket_excess`: what a queued bucket pays per message beyond
-it, beside the TCP retransmissions measured since session 15); and every calibrated collective row against the transport terms fitted on each
-cluster's sweep (:func:`transport_rows`: whether a cluster's terms describe its own rows, and the
-other's). ``--out`` writes the report's tables (``errors.csv``, ``overlap.csv``,
-``summary.md``, ...) there. Depends on nothing but the stored
+it, beside the TCP retransmissions measured since session 15); and every calibrated collective
+row against the transport terms fitted on each cluster's sweep (:func:`transport_rows`: whether
+a cluster's terms describe its own rows, and the other's). ``--out`` writes the report's tables
+(``errors.csv``, ``overlap.csv``, ``summary.md``, ...) there. Depends on nothing but the stored
 files, not on the machine's load. Under a minute on the project's 2-core machine.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training-quick.yaml] [--report validation/training-report] [--out DIR]``
@@ -120,8 +120,8 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
         for variant in scenario.config.variants:
             result = simulated.variant(variant.name)
             ops = result.trace.ops
-            ops = ops[(ops["rank"] == 0) & (ops["kind"] == OpKind.ALLREDUCE.value) & (ops["stream"] == Stream.COMM.value)
-                      & ops["name"].str.startswith("bucket")]
+            ops = ops[(ops["rank"] == 0) & (ops["kind"] == OpKind.ALLREDUCE.value)
+                      & (ops["stream"] == Stream.COMM.value) & ops["name"].str.startswith("bucket")]
             priced = {int(name[len("bucket"):-len("_allreduce")]): (end - start, size)
                       for name, start, end, size in zip(ops["name"], ops["start_s"], ops["end_s"], ops["bytes"])}
             trace = run.trace[(run.trace["variant"] == variant.name) & (run.trace["rank"] == 0)]
@@ -152,7 +152,8 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
                          "during_backward": len(during),
                          "during_measured_over_priced": float(np.mean(during)) if during else float("nan"),
                          "after_backward": len(after),
-                         "after_measured_over_priced": float(np.mean([m / p for m, p in after])) if after else float("nan"),
+                         "after_measured_over_priced": float(np.mean([m / p for m, p in after])) if after
+                         else float("nan"),
                          "after_excess_s": sum(m - p for m, p in after),
                          "excess_per_step_ms": 1e3 * sum(m - p for m, p in after) / steps if steps else float("nan"),
                          # measured since session 15; NaN in reports measured before
