@@ -59,6 +59,7 @@ from models.errors import ConfigError
 from models.ops import OpKind
 from sim.collectives.registry import ALGORITHMS, AUTO, build_schedule
 from sim.collectives.schedule import CommSchedule
+from sim import token_bucket
 from sim.token_bucket import TokenBuckets, bucket_lower_bound_s
 from sim.topology import Topology
 
@@ -127,7 +128,7 @@ class Links:
         self.capacity = [channel.bandwidth_bytes_per_s for channel in topology.channels]
         # Token buckets fill at the link's own rate, whatever share of it a transport's bytes get.
         self.refill = list(self.capacity)
-        self.burst = [channel.burst_bytes for channel in topology.channels]
+        self.burst = [channel.burst_bytes if token_bucket.PRICED else None for channel in topology.channels]
         if reduce_s_per_byte is None:
             self.gamma = [0.0] * topology.num_ranks
         else:

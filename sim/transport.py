@@ -55,6 +55,7 @@ from sim.collectives.schedule import CommSchedule
 from sim.context import CalibrationContext, LinkClass
 from sim.network import CollectiveTiming, Links, _FlowRun, _StepClock, fluid_lower_bound_s
 from sim.profile import noise_floor
+from sim import token_bucket
 from sim.topology import Topology, build_topology
 
 IDENTIFIABLE_DELAY_S = 1e-3
@@ -423,8 +424,8 @@ def message_overhead_s(pings, context: CalibrationContext) -> float | None:
     """The software overhead of one point-to-point message on the calibrated hosts (s): the
     profile's inter-host ping-pong (half a round trip, the receiver waiting) at its smallest
     size, floored by the larger sizes' (:func:`sim.profile.noise_floor`), less the link's one-way
-    delay and the message's wire time at the link's rate beyond its token bucket (a ping-pong's
-    message finds the bucket full: :mod:`sim.token_bucket`), all from ``context`` (LogP's ``o``
+    delay and the message's wire time at the link's rate beyond its token bucket where buckets
+    are priced (a ping-pong's message finds the bucket full: :mod:`sim.token_bucket`), all from ``context`` (LogP's ``o``
     on each end: Culler et al., PPoPP 1993). None where the profile has no such ping-pong or the
     context no inter-host link."""
     link = next((l for l in context.links if l.link_class == LinkClass.INTER_HOST), None)
@@ -433,7 +434,8 @@ def message_overhead_s(pings, context: CalibrationContext) -> float | None:
         return None
     rows = rows.sort_values("size_bytes")
     floor_s = float(noise_floor(rows["median"])[0])
-    paced_bytes = max(0.0, float(rows["size_bytes"].iloc[0]) - (link.burst_bytes or 0))
+    burst_bytes = (link.burst_bytes or 0) if token_bucket.PRICED else 0
+    paced_bytes = max(0.0, float(rows["size_bytes"].iloc[0]) - burst_bytes)
     return max(0.0, floor_s - link.delay_s - paced_bytes / link.rate_bytes_per_s)
 
 

@@ -15,6 +15,7 @@ from sim.cluster_config import ClusterConfig
 from sim.collectives.schedule import CommSchedule, Transfer
 from sim.context import (LEGACY_TESTBED_BURST_BYTES, Link, LinkClass, Verdict, compare, context_rows,
                          profile_contexts, scenario_context)
+from sim import token_bucket
 from sim.fabric import Fabric
 from sim.network import FlowNetwork, Links, fluid_lower_bound_s
 from sim.scenario import config_error_from
@@ -23,6 +24,12 @@ from sim.transport import context_topology
 
 RATE_BYTES_PER_S = 12.5e6  # 100 Mbit/s
 BURST_BYTES = 32_000
+
+
+@pytest.fixture
+def priced(monkeypatch):
+    """The fluid network prices declared buckets (off by default: sim.token_bucket.PRICED)."""
+    monkeypatch.setattr(token_bucket, "PRICED", True)
 
 
 def _cluster(burst: str | None = "32kB", hosts: int = 2, ranks: int = 1) -> ClusterConfig:
@@ -62,7 +69,7 @@ def test_the_testbed_shapes_with_the_declared_burst_at_least_two_mtus():
     assert (links.burst_bytes, links.intra_burst_bytes) == (BURST_BYTES, 131_072)
 
 
-def test_a_message_within_the_burst_after_an_idle_gap_costs_no_wire_time():
+def test_a_message_within_the_burst_after_an_idle_gap_costs_no_wire_time(priced):
     bucketed, plain = FlowNetwork(build_topology(_cluster("32kB"))), FlowNetwork(build_topology(_cluster(None)))
     assert plain.time(_messages(20_000)).duration_s == pytest.approx(20_000 / RATE_BYTES_PER_S)
     assert bucketed.time(_messages(20_000)).duration_s == pytest.approx(0.0)
@@ -70,7 +77,7 @@ def test_a_message_within_the_burst_after_an_idle_gap_costs_no_wire_time():
     assert bucketed.time(_messages(98_000)).duration_s == pytest.approx((98_000 - BURST_BYTES) / RATE_BYTES_PER_S)
 
 
-def test_back_to_back_messages_share_the_links_tokens_and_a_stream_converges_to_the_rate():
+def test_back_to_back_messages_share_the_links_tokens_and_a_stream_converges_to_the_rate(priced):
     network = FlowNetwork(build_topology(_cluster("32kB")))
     # 20 kB free, 12 kB of tokens left for the second, none refilled while the link is busy
     assert network.time(_messages(20_000, 20_000, 20_000)).duration_s == pytest.approx(
@@ -85,7 +92,7 @@ def test_back_to_back_messages_share_the_links_tokens_and_a_stream_converges_to_
     assert three_hosts.time(two).duration_s == pytest.approx((2 * 20_000 - BURST_BYTES) / RATE_BYTES_PER_S)
 
 
-def test_the_shared_fabric_refills_a_bucket_while_its_link_is_idle():
+def test_the_shared_fabric_refills_a_bucket_while_its_link_is_idle(priced):
     links = Links(build_topology(_cluster("32kB")))
     env = simpy.Environment()
     fabric = Fabric(env, links)
@@ -103,7 +110,13 @@ def test_the_shared_fabric_refills_a_bucket_while_its_link_is_idle():
     assert arrived == pytest.approx([8_000 / RATE_BYTES_PER_S] * 2)
 
 
-def test_the_fluid_lower_bound_holds_with_buckets():
+def test_unpriced_buckets_leave_the_network_as_it_was():
+    bucketed, plain = FlowNetwork(build_topology(_cluster("32kB"))), FlowNetwork(build_topology(_cluster(None)))
+    schedule = _messages(20_000, 98_000)
+    assert bucketed.time(schedule).duration_s == plain.time(schedule).duration_s
+
+
+def test_the_fluid_lower_bound_holds_with_buckets(priced):
     links = Links(build_topology(_cluster("32kB")))
     schedule = _messages(20_000, 50_000)
     assert fluid_lower_bound_s(schedule, links) <= FlowNetwork(links.topology).time(schedule).duration_s
