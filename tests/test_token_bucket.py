@@ -150,3 +150,16 @@ def test_compare_gives_the_burst_a_verdict():
     (burst,) = [t for t in other if t.term.startswith("burst")]
     assert burst.verdict == Verdict.RESCALED and "32 kB" in burst.detail
     assert not Link(LinkClass.INTER_HOST, 1.0, 0.0, None).matches(Link(LinkClass.INTER_HOST, 1.0, 0.0, 32_000))
+
+
+def test_a_fit_takes_the_burst_out_of_a_ping_pongs_overhead_where_buckets_are_priced(monkeypatch):
+    from sim.context import CalibrationContext
+    from sim.transport import message_overhead_s
+
+    link = Link(LinkClass.INTER_HOST, RATE_BYTES_PER_S, 1e-3, BURST_BYTES)
+    context = CalibrationContext("c", (("cpu", "fp32", 2),), (1, 1), (link,))
+    # 16 kB half round trip in 1.5 ms over a 1 ms link: within the burst, all of the rest is overhead
+    pings = pd.DataFrame({"device_class": ["inter_host"], "size_bytes": [16_000], "median": [1.5e-3]})
+    assert message_overhead_s(pings, context) == 0.0  # unpriced: 1.28 ms of wire time, more than the 0.5 ms left
+    monkeypatch.setattr(token_bucket, "PRICED", True)
+    assert message_overhead_s(pings, context) == pytest.approx(0.5e-3)
