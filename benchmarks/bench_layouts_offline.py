@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim import token_bucket
 from sim.outputs import write_files
 from sim.profile import load_profile
 from sim.scenario import load_scenario
@@ -150,10 +151,14 @@ def main() -> None:
                         default=ROOT / "validation" / "plan-check" / "profile_v2x2_bandwidth.csv",
                         help="the profile the plan was made with")
     parser.add_argument("--out", type=Path, default=None, help="write errors.csv and summary.md here")
+    parser.add_argument("--token-buckets", action="store_true",
+                        help="price the links' declared token buckets (sim.token_bucket.PRICED, off by default)")
     args = parser.parse_args()
+    token_bucket.PRICED = args.token_buckets
     started = time.perf_counter()
     errors = layout_errors(args.report, on_progress=lambda text: print(text, file=sys.stderr))
-    command = f"PYTHONPATH=. python benchmarks/bench_layouts_offline.py --report {args.report}"
+    command = f"PYTHONPATH=. python benchmarks/bench_layouts_offline.py --report {args.report}" + (
+        " --token-buckets" if args.token_buckets else "")
     text = summary_markdown(errors, command) + "\n" + plan_check_markdown(
         plan_check_errors(args.plan_check, args.plan_check_profile))
     print(text)

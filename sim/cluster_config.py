@@ -52,11 +52,17 @@ _NAME_PATTERN = r"^([A-Za-z0-9_.-]|\{i\})+$"
 
 
 class LinkConfig(BaseModel):
-    """A link: ``{bandwidth: 10Gbit/s, latency: 10us, shared: false}``.
+    """A link: ``{bandwidth: 10Gbit/s, latency: 10us, shared: false, burst: 32kB}``.
 
     A link is full duplex (one channel per direction, each with the full bandwidth) unless
     ``shared`` is true, in which case both directions, and for a host interconnect every device of
     the host, share one channel (shared memory, one shaped loopback, a radio medium).
+
+    ``burst`` (bytes, optional) is the depth of a token bucket pacing the link at its bandwidth,
+    as a Linux ``tbf`` qdisc shapes it (tc-tbf(8)): an idle link saves up to that many bytes'
+    worth of tokens, which a message then sends at wire speed (:mod:`sim.token_bucket`). Absent:
+    no bucket, the link's bandwidth at every instant (a NIC or a switch port). The emulated
+    testbed's links are tbf-shaped and its scenarios declare the burst it applies.
     """
 
     model_config = _STRICT
@@ -64,6 +70,12 @@ class LinkConfig(BaseModel):
     bandwidth_bytes_per_s: float = Field(alias="bandwidth")
     latency_s: float = Field(alias="latency")
     shared: StrictBool = False
+    burst_bytes: int | None = Field(None, alias="burst")
+
+    @field_validator("burst_bytes", mode="before")
+    @classmethod
+    def _parse_burst(cls, value: object) -> int | None:
+        return None if value is None else parse_size(value)
 
     @field_validator("bandwidth_bytes_per_s", mode="before")
     @classmethod

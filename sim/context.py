@@ -2,7 +2,9 @@
 
 A profile's ``context`` rows (:mod:`sim.profile`) record the cluster its timings come from: the
 device types and dtype the ranks computed in, the ranks per host of the calibrated group, the
-cores those ranks shared, each link class's rate and one-way delay, the communication backend and
+cores those ranks shared, each link class's rate, one-way delay and token-bucket burst (None: no
+bucket; a profile written before bursts were recorded ran on the emulated testbed, whose every
+link then had a tbf bucket: :data:`LEGACY_TESTBED_BURST_BYTES`), the communication backend and
 transport, and the torch version. :func:`compare` sets them against a scenario, term by term:
 
 * ``same``: carries over unchanged (compute of the same device type and dtype; a network whose
@@ -45,7 +47,7 @@ class ContextTerm(str, Enum):
     DEVICE = "device"  # device_class: device type; dtype; {"ranks": n}
     HOSTS = "hosts"  # {"ranks_per_host": [..]} of the calibrated group, in host order
     CORES = "cores"  # {"cores": n}: the CPU cores the ranks shared
-    LINK = "link"  # device_class: link class; {"rate_bytes_per_s": r, "delay_s": d}
+    LINK = "link"  # device_class: link class; {"rate_bytes_per_s": r, "delay_s": d, "burst_bytes": b or null}
     BACKEND = "backend"  # {"backend": "gloo", "transport": "tcp"}
     TORCH = "torch"  # {"version": "2.13.0"}
     LOAD = "load"  # {"cpu_steal": f, "other_load": f}: shares of the machine's CPU time over the calibration
@@ -58,6 +60,12 @@ class LinkClass(str, Enum):
     INTER_HOST = "inter_host"
 
 
+# The tbf buckets of the emulated testbed before links declared a burst (runtime.testbed.shaping
+# then applied max(32 kB, two MTUs): 32 kB between hosts, MTU 9000; 2 x 65536 bytes on lo): what a
+# profile whose link rows lack "burst_bytes" was calibrated with. Every such profile is the testbed's.
+LEGACY_TESTBED_BURST_BYTES = {LinkClass.INTER_HOST: 32_000, LinkClass.INTRA_HOST: 131_072}
+
+
 class Verdict(str, Enum):
     """How a term of a scenario is priced from a profile (:func:`compare`)."""
 
@@ -68,18 +76,27 @@ class Verdict(str, Enum):
 
 @dataclass(frozen=True)
 class Link:
-    """A class of point-to-point path: its bottleneck rate (bytes/s) and one-way delay (s)."""
+    """A class of point-to-point path: its bottleneck rate (bytes/s), one-way delay (s) and the
+    token-bucket depth of its bottleneck (bytes, None: no bucket; :mod:`sim.token_bucket`)."""
 
     link_class: LinkClass
     rate_bytes_per_s: float
     delay_s: float
+    burst_bytes: int | None = None
 
     def matches(self, other: Link) -> bool:
-        return (self.link_class == other.link_class
+        return (self.link_class == other.link_class and self.same_burst(other)
                 and _close(self.rate_bytes_per_s, other.rate_bytes_per_s) and _close(self.delay_s, other.delay_s))
 
+    def same_burst(self, other: Link) -> bool:
+        """Both without a bucket, or buckets within :data:`RELATIVE_TOLERANCE`."""
+        if self.burst_bytes is None or other.burst_bytes is None:
+            return self.burst_bytes is None and other.burst_bytes is None
+        return _close(self.burst_bytes, other.burst_bytes)
+
     def describe(self) -> str:
-        return f"{self.link_class.value} {self.rate_bytes_per_s * 8 / 1e6:g} Mbit/s, {self.delay_s * 1e3:g} ms"
+        return (f"{self.link_class.value} {self.rate_bytes_per_s * 8 / 1e6:g} Mbit/s, {self.delay_s * 1e3:g} ms"
+                + ("" if self.burst_bytes is None else f", burst {self.burst_bytes / 1e3:g} kB"))
 
 
 def _close(a: float, b: float) -> bool:
@@ -134,7 +151,8 @@ def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtyp
                      pipelined: bool = False) -> CalibrationContext:
     """The context of ``ranks`` of ``topology`` computing in ``dtype``: devices, ranks per host and
     every distinct link class between two of the ranks (rate: the path's narrowest channel;
-    delay: the sum of its channels' latencies, :meth:`sim.topology.Topology.path_latency_s`);
+    delay: the sum of its channels' latencies, :meth:`sim.topology.Topology.path_latency_s`;
+    burst: the narrowest channel's bucket, :meth:`sim.topology.Topology.path_burst_bytes`);
     ``layout``, ``pipelined``: see :class:`CalibrationContext`."""
     counts: dict[tuple[str, str], int] = {}
     for rank in ranks:
@@ -147,7 +165,8 @@ def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtyp
                 continue
             same_host = topology.devices[a].host == topology.devices[b].host
             link = Link(LinkClass.INTRA_HOST if same_host else LinkClass.INTER_HOST,
-                        topology.path_bandwidth_bytes_per_s(a, b), topology.path_latency_s(a, b))
+                        topology.path_bandwidth_bytes_per_s(a, b), topology.path_latency_s(a, b),
+                        topology.path_burst_bytes(a, b))
             if not any(link.matches(known) for known in links):
                 links.append(link)
     links.sort(key=lambda l: (l.link_class.value, l.rate_bytes_per_s, l.delay_s))
@@ -169,7 +188,8 @@ def context_rows(context: CalibrationContext) -> list[dict]:
 
     rows = [row(ContextTerm.DEVICE, {"ranks": n}, device, dtype) for device, dtype, n in context.devices]
     rows.append(row(ContextTerm.HOSTS, {"ranks_per_host": list(context.ranks_per_host)}))
-    rows += [row(ContextTerm.LINK, {"rate_bytes_per_s": l.rate_bytes_per_s, "delay_s": l.delay_s}, l.link_class.value)
+    rows += [row(ContextTerm.LINK, {"rate_bytes_per_s": l.rate_bytes_per_s, "delay_s": l.delay_s,
+                                    "burst_bytes": l.burst_bytes}, l.link_class.value)
              for l in context.links]
     if context.cores is not None:
         rows.append(row(ContextTerm.CORES, {"cores": context.cores}))
@@ -194,7 +214,9 @@ def load_rows(name: str, cpu_steal: float, other_load: float) -> list[dict]:
 
 def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
     """The contexts recorded in a profile's rows, one per calibrated cluster (a pooled profile
-    holds several), by name; empty for a profile without context rows."""
+    holds several), by name; empty for a profile without context rows. A link row without
+    ``burst_bytes`` (a profile written before bursts were recorded) gets the bucket the emulated
+    testbed applied then (:data:`LEGACY_TESTBED_BURST_BYTES`)."""
     contexts = []
     for name, of_name in rows[rows["measurement"] == MeasurementKind.CONTEXT].groupby("call", sort=True):
         devices, links = [], []
@@ -205,8 +227,10 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
             if term is ContextTerm.DEVICE:
                 devices.append((str(row.device_class), str(row.dtype), int(value["ranks"])))
             elif term is ContextTerm.LINK:
-                links.append(Link(LinkClass(row.device_class), float(value["rate_bytes_per_s"]),
-                                  float(value["delay_s"])))
+                link_class = LinkClass(row.device_class)
+                burst = value["burst_bytes"] if "burst_bytes" in value else LEGACY_TESTBED_BURST_BYTES[link_class]
+                links.append(Link(link_class, float(value["rate_bytes_per_s"]), float(value["delay_s"]),
+                                  None if burst is None else int(burst)))
             elif term is ContextTerm.HOSTS:
                 fields["ranks_per_host"] = tuple(int(n) for n in value["ranks_per_host"])
             elif term is ContextTerm.CORES:
@@ -288,6 +312,7 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
         out.append(TermComparison(f"link {link.describe()}", Verdict.RESCALED,
                                   ("within the calibrated range" if seen else "outside every calibrated link")
                                   + ": transport terms fitted on the profile's collectives, priced over this link"))
+        out.append(_burst_term(link, [l for l in calibrated_links if l.link_class == link.link_class], names))
     shapes = sorted({c.ranks_per_host for c in contexts})
     if target.ranks_per_host not in shapes:
         out.append(TermComparison(f"group of {list(target.ranks_per_host)} ranks per host", Verdict.RESCALED,
@@ -299,6 +324,20 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
     out.append(TermComparison("in-place collective timings", Verdict.NOT_APPLICABLE,
                               f"measured on another network ({names}): not replayed"))
     return tuple(out)
+
+
+def _burst_term(link: Link, calibrated: list[Link], names: str) -> TermComparison:
+    """The verdict on ``link``'s token bucket against the ``calibrated`` links of its class:
+    ``same`` where one of them had that bucket (or none, as it has none), else ``rescaled``: the
+    bucket model prices it, as it took the calibrated links' buckets out of the fitted terms."""
+    bucket = "no bucket" if link.burst_bytes is None else f"{link.burst_bytes / 1e3:g} kB"
+    term = f"burst of {link.link_class.value} link ({bucket})"
+    if any(link.same_burst(known) for known in calibrated):
+        return TermComparison(term, Verdict.SAME, f"as calibrated on {names}")
+    known = sorted({"none" if l.burst_bytes is None else f"{l.burst_bytes / 1e3:g} kB" for l in calibrated})
+    return TermComparison(term, Verdict.RESCALED,
+                          f"calibrated with {', '.join(known) or 'no such link'}: token buckets priced by "
+                          "sim.token_bucket, taken out of the terms fitted on the profile")
 
 
 def core_contention(contexts: tuple[CalibrationContext, ...], target: CalibrationContext,

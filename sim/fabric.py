@@ -59,6 +59,7 @@ class Fabric:
         self._updated_s = 0.0
         self._generation = 0
         self._next_flow = 0
+        self._buckets = links.buckets()  # full at the segment's start (:mod:`sim.token_bucket`)
 
     def transfer(self, route: Route, size_bytes: float) -> simpy.Event:
         """An event that succeeds when ``size_bytes`` issued now over ``route`` have arrived."""
@@ -97,6 +98,8 @@ class Fabric:
             on_arrival()
             return
         self._advance()
+        if self._buckets:  # what the links' buckets let through at once
+            size_bytes -= self._buckets.start(self.links.channels_of[route_id], size_bytes, self.env.now)
         self._flows[self._next_flow] = [float(size_bytes), route_id, on_arrival]
         self._next_flow += 1
         self._reshare()
@@ -127,7 +130,11 @@ class Fabric:
         rates = self._rates
         arrived_s = _ARRIVED_REL * max(1.0, self.env.now)
         finished = [f for f, flow in self._flows.items() if flow[0] / rates[f] <= arrived_s]
-        arrivals = [self._flows.pop(f)[2] for f in finished]
+        ended = [self._flows.pop(f) for f in finished]
+        if self._buckets:
+            for flow in ended:
+                self._buckets.end(self.links.channels_of[flow[1]], self.env.now)
+        arrivals = [flow[2] for flow in ended]
         self._reshare()
         for on_arrival in arrivals:
             on_arrival()

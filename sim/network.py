@@ -59,6 +59,8 @@ from models.errors import ConfigError
 from models.ops import OpKind
 from sim.collectives.registry import ALGORITHMS, AUTO, build_schedule
 from sim.collectives.schedule import CommSchedule
+from sim import token_bucket
+from sim.token_bucket import TokenBuckets, bucket_lower_bound_s
 from sim.topology import Topology
 
 
@@ -124,6 +126,9 @@ class Links:
         self.topology = topology
         self.index = {channel.name: i for i, channel in enumerate(topology.channels)}
         self.capacity = [channel.bandwidth_bytes_per_s for channel in topology.channels]
+        # Token buckets fill at the link's own rate, whatever share of it a transport's bytes get.
+        self.refill = list(self.capacity)
+        self.burst = [channel.burst_bytes if token_bucket.PRICED else None for channel in topology.channels]
         if reduce_s_per_byte is None:
             self.gamma = [0.0] * topology.num_ranks
         else:
@@ -180,6 +185,11 @@ class Links:
             self._caps[key] = len(self.capacity)
             self.capacity.append(capacity_bytes_per_s)
         return self._caps[key]
+
+    def buckets(self) -> TokenBuckets:
+        """Full token buckets of the channels declaring a burst, for one fluid run from t = 0
+        (:mod:`sim.token_bucket`)."""
+        return TokenBuckets(self.burst, self.refill, self.capacity)
 
     def rates(self, mix: tuple[int, ...]) -> dict[int, float]:
         """Max-min fair rate (bytes/s) per route id of the flows ``mix`` (route ids, sorted, one
@@ -414,7 +424,8 @@ def fluid_lower_bound_s(schedule: CommSchedule, links: Links) -> float:
     """A duration the fluid model cannot beat for ``schedule`` over ``links`` (s), in
     O(transfers x path length): the larger of the schedule's critical path of route latencies
     alone and the busiest channel's bytes over its capacity (max-min rates never exceed a
-    channel's capacity)."""
+    channel's capacity), less what its token bucket can let through
+    (:func:`sim.token_bucket.bucket_lower_bound_s`)."""
     clock = _StepClock(schedule)
     carried: dict[int, int] = {}
     for k, step in enumerate(schedule.steps):
@@ -428,7 +439,10 @@ def fluid_lower_bound_s(schedule: CommSchedule, links: Links) -> float:
             done[t.src] = max(done.get(t.src, 0.0), end)
             done[t.dst] = max(done.get(t.dst, 0.0), end)
         clock.leave(k, done)
-    busiest = max((size / links.capacity[channel] for channel, size in carried.items()), default=0.0)
+    burst, refill = links.burst, links.refill
+    busiest = max((bucket_lower_bound_s(size, burst[channel] if channel < len(burst) else None,
+                                        links.capacity[channel], refill[channel] if channel < len(refill) else 0.0)
+                   for channel, size in carried.items()), default=0.0)
     return max(max(clock.finish().values(), default=0.0), busiest)
 
 
@@ -491,6 +505,7 @@ class _FlowRun(_ScheduleRun):
         self.on_route: dict[int, set[int]] = {}  # route id -> its flowing transfers (never empty)
         self.route_rate: dict[int, float] = {}  # route id -> rate of each of its flows, bytes/s
         self.starting: list[int] = []  # transfers whose bytes start flowing now
+        self.buckets = links.buckets()
 
     def run(self) -> CollectiveTiming:
         self._begin()
@@ -509,6 +524,8 @@ class _FlowRun(_ScheduleRun):
                     ended.append(f)
             ended.sort()
             for f in ended:
+                if self.buckets:
+                    self.buckets.end(self.route[f].channels, self.now)
                 route_id = self.route[f].id
                 del self.mix[bisect.bisect_left(self.mix, route_id)]
                 flows = self.on_route[route_id]
@@ -548,7 +565,10 @@ class _FlowRun(_ScheduleRun):
         for f in self.starting:
             route_id = route[f].id
             on_route.setdefault(route_id, set()).add(f)
-            end[f] = finish = now + self.transfers[f].size_bytes / by_route[route_id]
+            size = self.transfers[f].size_bytes
+            if self.buckets:  # what the links' buckets let through at once
+                size -= self.buckets.start(route[f].channels, size, now)
+            end[f] = finish = now + size / by_route[route_id]
             heapq.heappush(ends, (finish, f))
         self.starting = []
 

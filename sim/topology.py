@@ -43,11 +43,14 @@ class Channel:
             ``"gw3.uplink:up"``, ``"host0.bus"``.
         bandwidth_bytes_per_s: capacity of this channel, bytes/s.
         latency_s: one-way latency added once per message crossing it, seconds.
+        burst_bytes: depth of the token bucket pacing it (bytes), None for none
+            (:attr:`sim.cluster_config.LinkConfig.burst_bytes`, :mod:`sim.token_bucket`).
     """
 
     name: str
     bandwidth_bytes_per_s: float
     latency_s: float
+    burst_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ class Topology:
     Built by :func:`build_topology`; treat it as immutable. ``graph`` is a ``networkx.Graph`` whose
     nodes are devices (``kind="device"``, ``rank``), host buses (``kind="host"``, only for hosts
     with an interconnect) and switches (``kind="switch"``), and whose edges carry
-    ``bandwidth_bytes_per_s``, ``latency_s``, ``kind`` (``"interconnect"``, ``"nic"``,
+    ``bandwidth_bytes_per_s``, ``latency_s``, ``burst_bytes``, ``kind`` (``"interconnect"``, ``"nic"``,
     ``"uplink"``) and ``channels`` (names of the channels of that link). It is a tree except that,
     with ``nic_per_device``, a device hangs both from its host bus and from its switch.
     """
@@ -166,6 +169,11 @@ class Topology:
         """Bottleneck bandwidth from ``src`` to ``dst``: the smallest on the path, bytes/s."""
         return min(channel.bandwidth_bytes_per_s for channel in self.path(src, dst))
 
+    def path_burst_bytes(self, src: int, dst: int) -> int | None:
+        """The token-bucket depth of the path's narrowest channel (bytes; the first of equals),
+        None where that channel has no bucket: what paces a message from ``src`` to ``dst``."""
+        return min(self.path(src, dst), key=lambda channel: channel.bandwidth_bytes_per_s).burst_bytes
+
     def _device(self, rank: int) -> Device:
         if not 0 <= rank < len(self.devices):
             raise ValueError(f"rank {rank} out of range: the topology has {len(self.devices)} ranks")
@@ -196,11 +204,11 @@ class Topology:
 def _link_channels(name: str, link: LinkConfig) -> tuple[Channel, Channel]:
     """The (up, down) channels of a link; the same channel twice when the link is shared."""
     if link.shared:
-        channel = Channel(name, link.bandwidth_bytes_per_s, link.latency_s)
+        channel = Channel(name, link.bandwidth_bytes_per_s, link.latency_s, link.burst_bytes)
         return channel, channel
     return (
-        Channel(f"{name}:up", link.bandwidth_bytes_per_s, link.latency_s),
-        Channel(f"{name}:down", link.bandwidth_bytes_per_s, link.latency_s),
+        Channel(f"{name}:up", link.bandwidth_bytes_per_s, link.latency_s, link.burst_bytes),
+        Channel(f"{name}:down", link.bandwidth_bytes_per_s, link.latency_s, link.burst_bytes),
     )
 
 
@@ -224,6 +232,7 @@ def _add_link(
         kind=kind,
         bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
         latency_s=link.latency_s,
+        burst_bytes=link.burst_bytes,
         channels=tuple(dict.fromkeys(channel.name for channel in channels)),
     )
 
@@ -342,7 +351,8 @@ class _Builder:
         storage = ()
         if entry.storage is not None:
             # Reads only flow from storage into memory: one channel, shared by the host's devices.
-            storage = (Channel(f"{host}.storage", entry.storage.bandwidth_bytes_per_s, entry.storage.latency_s),)
+            storage = (Channel(f"{host}.storage", entry.storage.bandwidth_bytes_per_s, entry.storage.latency_s,
+                                entry.storage.burst_bytes),)
             self.register(*storage)
         for name, group in zip(names, groups):
             host_link = ()

@@ -55,6 +55,7 @@ from sim.collectives.schedule import CommSchedule
 from sim.context import CalibrationContext, LinkClass
 from sim.network import CollectiveTiming, Links, _FlowRun, _StepClock, fluid_lower_bound_s
 from sim.profile import noise_floor
+from sim import token_bucket
 from sim.topology import Topology, build_topology
 
 IDENTIFIABLE_DELAY_S = 1e-3
@@ -233,8 +234,11 @@ class _TransportRun(_FlowRun):
 
     def _start(self, transfer: int) -> None:
         route = self.route[transfer]
-        wire_s = self.transfers[transfer].size_bytes / min((self.links.capacity[c] for c in route.channels),
-                                                           default=math.inf)
+        # Bytes the links' buckets hold now would go at once (:mod:`sim.token_bucket`).
+        size = self.transfers[transfer].size_bytes
+        if self.buckets:
+            size = max(0.0, size - self.buckets.available_bytes(route.channels, self.now))
+        wire_s = size / min((self.links.capacity[c] for c in route.channels), default=math.inf)
         leaves = max(self.now, self.notice_at[transfer])
         self._push(max(leaves + route.latency_s + self.extra_s[transfer],
                        self.now + self.floor[transfer] - wire_s - self.in_flight_s[transfer]),
@@ -347,7 +351,8 @@ def context_topology(context: CalibrationContext) -> Topology:
     """A cluster with the calibrated group's shape and links: hosts holding ``ranks_per_host``
     ranks of the first device type under one switch, the inter-host link's delay split over the
     two NICs, the intra-host link as a shared bus (as the shipped scenarios describe the
-    emulated hosts). Where the context has several links of a class, the first (slowest) one."""
+    emulated hosts), each with the link's token bucket, so that a fit over it takes the buckets
+    out of the terms (:mod:`sim.token_bucket`). Where the context has several links of a class, the first (slowest) one."""
     def first(link_class: LinkClass):
         return next((l for l in context.links if l.link_class == link_class), None)
 
@@ -359,10 +364,11 @@ def context_topology(context: CalibrationContext) -> Topology:
         bus_s = intra.delay_s if ranks > 1 and intra is not None else 0.0
         host = {"name": f"h{index}", "parent": "sw", "devices": {"type": device, "count": ranks, "memory": "1TiB"},
                 "nic": {"bandwidth": f"{inter.rate_bytes_per_s if inter else 1e12}B/s",
-                        "latency": f"{max(0.0, inter.delay_s / 2 - bus_s) if inter else 0.0}s"}}
+                        "latency": f"{max(0.0, inter.delay_s / 2 - bus_s) if inter else 0.0}s",
+                        "burst": inter.burst_bytes if inter else None}}
         if ranks > 1 and intra is not None:
             host["interconnect"] = {"bandwidth": f"{intra.rate_bytes_per_s}B/s", "latency": f"{intra.delay_s}s",
-                                    "shared": True}
+                                    "shared": True, "burst": intra.burst_bytes}
         hosts.append(host)
     return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": hosts}))
 
@@ -418,7 +424,8 @@ def message_overhead_s(pings, context: CalibrationContext) -> float | None:
     """The software overhead of one point-to-point message on the calibrated hosts (s): the
     profile's inter-host ping-pong (half a round trip, the receiver waiting) at its smallest
     size, floored by the larger sizes' (:func:`sim.profile.noise_floor`), less the link's one-way
-    delay and the message's wire time at the link's rate, both from ``context`` (LogP's ``o``
+    delay and the message's wire time at the link's rate beyond its token bucket where buckets
+    are priced (a ping-pong's message finds the bucket full: :mod:`sim.token_bucket`), all from ``context`` (LogP's ``o``
     on each end: Culler et al., PPoPP 1993). None where the profile has no such ping-pong or the
     context no inter-host link."""
     link = next((l for l in context.links if l.link_class == LinkClass.INTER_HOST), None)
@@ -427,7 +434,9 @@ def message_overhead_s(pings, context: CalibrationContext) -> float | None:
         return None
     rows = rows.sort_values("size_bytes")
     floor_s = float(noise_floor(rows["median"])[0])
-    return max(0.0, floor_s - link.delay_s - float(rows["size_bytes"].iloc[0]) / link.rate_bytes_per_s)
+    burst_bytes = (link.burst_bytes or 0) if token_bucket.PRICED else 0
+    paced_bytes = max(0.0, float(rows["size_bytes"].iloc[0]) - burst_bytes)
+    return max(0.0, floor_s - link.delay_s - paced_bytes / link.rate_bytes_per_s)
 
 
 def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: Topology, counts: tuple[float, ...],

@@ -152,7 +152,7 @@ def test_simulate_with_another_clusters_profile_says_what_came_from_where(tmp_pa
     assert code == 0
     text = " ".join(stdout.split())
     assert "compute on cpu fp32: same (measured on v4x1_latency)" in text
-    assert "link inter_host 200 Mbit/s, 3 ms: rescaled" in text
+    assert "link inter_host 200 Mbit/s, 3 ms, burst 32 kB: rescaled" in text
     assert "not replayed" in text and "same-cluster mode" not in text
     own = ROOT / "validation" / "holdout-report" / "profiles" / "h3x1_delay.csv"
     code, stdout, _ = _run(["simulate", str(scenario), "--profile", str(own), "--out", str(tmp_path / "b")], capsys)

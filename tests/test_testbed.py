@@ -34,12 +34,13 @@ PORT = 5000  # inside the testbed's own namespaces, so no other process can hold
 
 
 def two_by_two(nic_latency: str = "5ms") -> ClusterConfig:
-    """2 hosts x 2 devices under one switch: 100 Mbit/s NICs (5 ms latency unless told), 800 Mbit/s inside."""
+    """2 hosts x 2 devices under one switch: 100 Mbit/s NICs (5 ms latency unless told), 800 Mbit/s inside,
+    the tbf buckets the shipped testbed scenarios declare."""
     return ClusterConfig.model_validate({
         "switches": [{"name": "sw"}],
         "hosts": [{"name": "h{i}", "count": 2, "parent": "sw",
-                   "nic": {"bandwidth": "100Mbit/s", "latency": nic_latency},
-                   "interconnect": {"bandwidth": "800Mbit/s", "latency": "2us"},
+                   "nic": {"bandwidth": "100Mbit/s", "latency": nic_latency, "burst": "32kB"},
+                   "interconnect": {"bandwidth": "800Mbit/s", "latency": "2us", "burst": "128KiB"},
                    "devices": {"type": "cpu", "count": 2}}],
     })
 

@@ -258,15 +258,16 @@ class Testbed:
         # retransmits (measured here; Linux Documentation/networking/scaling.rst on RPS).
         write_sysfs(namespace, f"/sys/class/net/{INTERFACE}/queues/rx-0/rps_cpus", "1")
         if math.isfinite(links.uplink_bytes_per_s):
-            shape_egress(namespace, INTERFACE, links.uplink_bytes_per_s, INTER_HOST_MTU_BYTES)
+            shape_egress(namespace, INTERFACE, links.uplink_bytes_per_s, INTER_HOST_MTU_BYTES, links.burst_bytes)
         if math.isfinite(links.downlink_bytes_per_s):
             if self.injects_delay:
-                shape_ingress(namespace, INTERFACE, links.downlink_bytes_per_s, INTER_HOST_MTU_BYTES)
+                shape_ingress(namespace, INTERFACE, links.downlink_bytes_per_s, INTER_HOST_MTU_BYTES,
+                              links.burst_bytes)
             else:
                 shape_egress(self.switch_namespace, _bridge_port(index), links.downlink_bytes_per_s,
-                             INTER_HOST_MTU_BYTES)
+                             INTER_HOST_MTU_BYTES, links.burst_bytes)
         if links.intra_bytes_per_s is not None:
-            shape_egress(namespace, "lo", links.intra_bytes_per_s, LOOPBACK_MTU_BYTES)
+            shape_egress(namespace, "lo", links.intra_bytes_per_s, LOOPBACK_MTU_BYTES, links.intra_burst_bytes)
 
     def _namespaces_present(self) -> list[str]:
         try:

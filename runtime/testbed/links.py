@@ -19,6 +19,9 @@ Derivation (a host stands for all of its devices, which share its namespace and 
   directions (measured here, see :mod:`runtime.testbed`), which is exact for one transfer at a time and an
   approximation for concurrent ones, except with a ``shared`` interconnect, where it is exact.
   Intra-host latency (microseconds) is not emulated.
+- **Bursts**: every shaped device is a tbf (:mod:`runtime.testbed.shaping`) whose bucket is the
+  declared ``burst`` of the link that sets its rate (the narrowest on the way, the interconnect's
+  for ``lo``); None where that link declares none.
 - Links marked ``shared`` (one channel for both directions) are emulated full duplex; hosts with
   ``nic_per_device`` are emulated with one NIC of the per-device bandwidth (one address per host).
 
@@ -60,6 +63,9 @@ class HostLinks:
         one_way_delay_s: latency from its devices up to the root switch, seconds.
         intra_bytes_per_s: rate shared by the traffic between its own devices (``lo``), bytes/s;
             None for a host with one device.
+        burst_bytes: the declared token-bucket depth of the link setting the inter-host rate
+            (bytes), None where it declares none.
+        intra_burst_bytes: the same for ``lo`` (the interconnect's), None where none.
     """
 
     host: str
@@ -69,6 +75,8 @@ class HostLinks:
     downlink_bytes_per_s: float
     one_way_delay_s: float
     intra_bytes_per_s: float | None
+    burst_bytes: int | None = None
+    intra_burst_bytes: int | None = None
 
 
 def scenario_prefix(scenario_name: str) -> str:
@@ -114,7 +122,8 @@ def host_links(topology: Topology, prefix: str) -> dict[str, HostLinks]:
     for index, host in enumerate(topology.hosts):
         ranks = topology.ranks_of_host(host)
         route = _route_to_root(topology, ranks[0])
-        rate = min((data["bandwidth_bytes_per_s"] for data in route), default=math.inf)
+        narrowest = min(route, key=lambda data: data["bandwidth_bytes_per_s"], default=None)
+        rate = math.inf if narrowest is None else narrowest["bandwidth_bytes_per_s"]
         links[host] = HostLinks(
             host=host,
             namespace=f"{prefix}-{host}",
@@ -123,6 +132,8 @@ def host_links(topology: Topology, prefix: str) -> dict[str, HostLinks]:
             downlink_bytes_per_s=rate,
             one_way_delay_s=sum(data["latency_s"] for data in route),
             intra_bytes_per_s=topology.path_bandwidth_bytes_per_s(ranks[0], ranks[1]) if len(ranks) > 1 else None,
+            burst_bytes=None if narrowest is None else narrowest["burst_bytes"],
+            intra_burst_bytes=topology.path_burst_bytes(ranks[0], ranks[1]) if len(ranks) > 1 else None,
         )
     return links
 

@@ -2,8 +2,13 @@
 
 Settings measured on this machine (see :mod:`runtime.testbed`): MTU 9000 on the inter-host devices and
 a tbf burst of 32 kB give 0.98-0.99 of 100-200 Mbit/s; with MTU 1500 and small bursts rates
-undershoot. tbf drops outright a packet larger than its burst, so the burst is at least two
-MTUs: 128 KiB on ``lo`` (MTU 65536; with 32 kB, transfers over ``lo`` stall, measured here).
+undershoot. The burst is the scenario's (a link's ``burst``, :class:`sim.cluster_config.LinkConfig`;
+the shipped testbed scenarios declare 32 kB between hosts and 128 KiB on ``lo``), so that the
+simulator prices the bucket the testbed applies (:mod:`sim.token_bucket`). tbf drops outright a
+packet larger than its burst, so the burst is at least two MTUs (:data:`MIN_BURST_MTUS`), also
+where the link declares none or less: 18 kB between hosts, 128 KiB on ``lo`` (MTU 65536; with
+32 kB, transfers over ``lo`` stall, measured here). Before links declared a burst, every tbf
+here had max(32 kB, two MTUs): the profiles calibrated then ran with those (:mod:`sim.context`).
 The queue holds at most 50 ms of traffic at the rate before tbf drops; TCP still kept 100-200
 Mbit/s links 0.99 busy at a 100 ms RTT (measured here, no drops).
 
@@ -20,24 +25,36 @@ from typing import Any
 
 from runtime.testbed.netns import ip, tc
 
-BURST_BYTES = 32_000
+MIN_BURST_MTUS = 2
 QUEUE_LATENCY_S = 0.050
 
 
-def tbf_args(rate_bytes_per_s: float, mtu_bytes: int) -> list[str]:
-    """``tc`` arguments of a tbf at ``rate_bytes_per_s`` for packets up to ``mtu_bytes``."""
-    burst = max(BURST_BYTES, 2 * mtu_bytes)
+def burst_applied_bytes(burst_bytes: int | None, mtu_bytes: int) -> int:
+    """The tbf bucket (bytes) for a link declaring ``burst_bytes`` (None: none) over devices of
+    ``mtu_bytes``: the declared one, at least :data:`MIN_BURST_MTUS` MTUs (module docstring)."""
+    return max(burst_bytes or 0, MIN_BURST_MTUS * mtu_bytes)
+
+
+def tbf_args(rate_bytes_per_s: float, mtu_bytes: int, burst_bytes: int | None) -> list[str]:
+    """``tc`` arguments of a tbf at ``rate_bytes_per_s`` for packets up to ``mtu_bytes``, its
+    bucket ``burst_bytes`` deep as :func:`burst_applied_bytes` applies it."""
+    burst = burst_applied_bytes(burst_bytes, mtu_bytes)
     return ["tbf", "rate", f"{round(rate_bytes_per_s * 8)}bit", "burst", str(burst),
             "latency", f"{round(QUEUE_LATENCY_S * 1e6)}us"]
 
 
-def shape_egress(namespace: str, device: str, rate_bytes_per_s: float, mtu_bytes: int) -> None:
-    """Limit what ``device`` of ``namespace`` sends to ``rate_bytes_per_s``. Raises TestbedError."""
-    tc("qdisc", "add", "dev", device, "root", *tbf_args(rate_bytes_per_s, mtu_bytes), namespace=namespace)
+def shape_egress(namespace: str, device: str, rate_bytes_per_s: float, mtu_bytes: int,
+                 burst_bytes: int | None) -> None:
+    """Limit what ``device`` of ``namespace`` sends to ``rate_bytes_per_s``, with a bucket of
+    ``burst_bytes`` (:func:`tbf_args`). Raises TestbedError."""
+    tc("qdisc", "add", "dev", device, "root", *tbf_args(rate_bytes_per_s, mtu_bytes, burst_bytes),
+       namespace=namespace)
 
 
-def shape_ingress(namespace: str, device: str, rate_bytes_per_s: float, mtu_bytes: int) -> str:
-    """Limit what ``device`` of ``namespace`` receives to ``rate_bytes_per_s``, through an ifb.
+def shape_ingress(namespace: str, device: str, rate_bytes_per_s: float, mtu_bytes: int,
+                  burst_bytes: int | None) -> str:
+    """Limit what ``device`` of ``namespace`` receives to ``rate_bytes_per_s``, through an ifb,
+    with a bucket of ``burst_bytes`` (:func:`tbf_args`).
 
     Returns the ifb's name, ``<device>-down``. Raises TestbedError.
     """
@@ -48,7 +65,7 @@ def shape_ingress(namespace: str, device: str, rate_bytes_per_s: float, mtu_byte
     # u32 matching everything: this kernel has no matchall classifier.
     tc("filter", "add", "dev", device, "parent", "ffff:", "protocol", "all", "u32", "match", "u32", "0", "0",
        "action", "mirred", "egress", "redirect", "dev", ifb, namespace=namespace)
-    shape_egress(namespace, ifb, rate_bytes_per_s, mtu_bytes)
+    shape_egress(namespace, ifb, rate_bytes_per_s, mtu_bytes, burst_bytes)
     return ifb
 
 
