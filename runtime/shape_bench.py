@@ -38,7 +38,8 @@ from sim.vocabulary import MeasurementKind
 SHAPE_REPEATS = 15  # timed calls per op and shape, after WARMUP_CALLS untimed ones
 WARMUP_CALLS = 3
 METHOD = ("one op at a time in one process, the other ranks asleep in a barrier (contention-free), "
-          "rank 0's shard at this tensor-parallel width; statistics over calls")
+          "rank 0's shard at this tensor-parallel width; the calling thread's CPU time on a CPU (preemptions "
+          "by other processes left out), else the synchronised host clock; statistics over calls")
 
 
 def bench_widths(spec, ranks: int) -> tuple[int, ...]:
@@ -84,6 +85,11 @@ def _time_layer(model: RankModel, batch: int, new: int, start: int) -> dict[OpKi
     :data:`WARMUP_CALLS` + :data:`SHAPE_REPEATS` times on ``new`` tokens from position ``start``;
     the timed calls' durations (s) per op kind."""
     sync = device_of(model.device).synchronize
+    # On a CPU, the calling thread's CPU time: what the op costs a core of its own even where other
+    # processes preempt it (a shared machine's scheduler hands out slices of milliseconds, so the
+    # wall time of an op longer than a slice holds whatever else ran; torch runs single-threaded
+    # in the ranks, runtime.launch). On an accelerator, the host clock around a synchronised call.
+    clock = time.thread_time if model.device.type == "cpu" else time.perf_counter
     tokens = torch.zeros((batch, new), dtype=torch.long, device=model.device)
     h = torch.randn(batch, new, model.spec.hidden_size, device=model.device).to(model.dtype)
     x = model.norm(h, 0, NormSite.ATTENTION)
@@ -104,9 +110,9 @@ def _time_layer(model: RankModel, batch: int, new: int, start: int) -> dict[OpKi
         for index in range(WARMUP_CALLS + SHAPE_REPEATS):
             for kind, call in calls.items():  # interleaved: every op samples the same stretch of time
                 sync()
-                began = time.perf_counter()
+                began = clock()
                 call()
                 sync()
                 if index >= WARMUP_CALLS:
-                    times[kind].append(time.perf_counter() - began)
+                    times[kind].append(clock() - began)
     return times

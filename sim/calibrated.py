@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from models.accounting import layer_op_costs
+from models.accounting import head_op_costs, layer_op_costs
 from models.ops import OpKind
 from models.spec import ModelSpec
 from sim.collectives.registry import LIBRARY, build_schedule
@@ -79,8 +79,8 @@ class CalibratedCompute:
         scale: factor on every compute op and gap (core contention other than calibrated:
             :func:`sim.context.core_contention`: calibrated compute at a core of its own), but
             those of ``solo_kinds``; an op priced by its shape takes it on its gap only.
-        model: the model the profile's ``compute_isolated`` rows ran (the scenario's); None: those
-            rows are not used.
+        model: the scenario's model: the profile's ``compute_isolated`` rows of its ops (FLOPs
+            alike) price them; None: those rows are not used.
         by_shape: price forward ops by their shape from the ``compute_isolated`` rows where the
             profile has them (outside same-cluster mode; :func:`calibrated_network` says which).
         phase_scales: the factor on the ``compute`` rows of a calibrated ``new_tokens`` (1: a decode
@@ -138,15 +138,17 @@ class CalibratedCompute:
         for row in self.profile.of(MeasurementKind.COMPUTE_ISOLATED).itertuples(index=False):
             if self.model is None:
                 break
-            new, context, width = int(row.new_tokens), int(row.context_tokens), int(row.group_size)
-            if OpKind(row.op) in _LAYER_KINDS:
-                cost = layer_op_costs(self.model, tp_degree=width, batch_size=int(row.batch_size), new_tokens=new,
-                                      context_tokens=context)[OpKind(row.op)]
-            else:
-                cost = None  # not sharded: one width
+            new, context, width, kind = int(row.new_tokens), int(row.context_tokens), int(row.group_size), OpKind(row.op)
+            batch = int(row.batch_size)
+            costs = {**head_op_costs(self.model, batch_size=batch, new_tokens=new),
+                     **layer_op_costs(self.model, tp_degree=width, batch_size=batch, new_tokens=new,
+                                      context_tokens=context)}
+            if kind not in costs or not np.isclose(costs[kind].flops, row.flops, rtol=1e-9, atol=0.0):
+                continue  # another model's op: its shard width cannot be read
             x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
             key = (row.device_class, row.dtype, row.op, _regime(new))
-            shapes.setdefault(key, {}).setdefault(self._width(OpKind(row.op), cost, new, context), []).append(
+            width_share = self._width(kind, costs[kind] if kind in _LAYER_KINDS else None, new, context)
+            shapes.setdefault(key, {}).setdefault(width_share, []).append(
                 (x, float(getattr(row, CHARGED[MeasurementKind.COMPUTE_ISOLATED]))))
         for key, widths in shapes.items():
             self._shapes[key] = {}

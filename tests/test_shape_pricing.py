@@ -86,6 +86,10 @@ def test_without_isolated_rows_or_in_a_replay_the_in_place_rows_price_as_before(
     assert replay.duration_s(op, DEVICE) == pytest.approx(0.5 * RATE[1] * ROOFLINE.roofline_s(op, DEVICE), rel=1e-9)
     old = _compute(in_place)
     assert old.duration_s(op, DEVICE) == replay.duration_s(op, DEVICE)
+    # rows timed with another model's shapes say nothing of this one's widths
+    other = CalibratedCompute(Profile(profile_frame(_rows() + in_place)), ROOFLINE, model=get_model("qwen2.5-0.5b"),
+                              by_shape=True, scale=0.5)
+    assert other.duration_s(op, DEVICE) == replay.duration_s(op, DEVICE)
 
 
 def test_a_shipped_profile_simulates_as_its_report_recorded():
