@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from models.accounting import head_op_costs, layer_op_costs
+from models.errors import ConfigError
 from models.ops import OpKind
 from models.spec import ModelSpec
 from sim.collectives.registry import LIBRARY, build_schedule
@@ -140,9 +141,12 @@ class CalibratedCompute:
                 break
             new, context, width, kind = int(row.new_tokens), int(row.context_tokens), int(row.group_size), OpKind(row.op)
             batch = int(row.batch_size)
-            costs = {**head_op_costs(self.model, batch_size=batch, new_tokens=new),
-                     **layer_op_costs(self.model, tp_degree=width, batch_size=batch, new_tokens=new,
-                                      context_tokens=context)}
+            try:
+                costs = {**head_op_costs(self.model, batch_size=batch, new_tokens=new),
+                         **layer_op_costs(self.model, tp_degree=width, batch_size=batch, new_tokens=new,
+                                          context_tokens=context)}
+            except ConfigError:  # a width this model cannot split into: another model's row
+                continue
             if kind not in costs or not np.isclose(costs[kind].flops, row.flops, rtol=1e-9, atol=0.0):
                 continue  # another model's op: its shard width cannot be read
             x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
