@@ -499,6 +499,9 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     concurrency = cached[3] if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
                                                              concurrency)
+    if len(profile.of(MeasurementKind.COMPUTE_ISOLATED)):
+        contention += ("; the forward ops the profile timed alone by shard shape (compute_isolated) at that time, "
+                       "no factor: processor sharing only")
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
     network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     if any(floor_s > 0 for floor_s, _ in floors.values()):
