@@ -17,6 +17,9 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
 * ``collective``: every algorithm the registry knows for each kind (and ``library``), in
   isolation over the scenario's tensor-parallel group, at 1 KiB x 4^k up to 64 MiB
   (:class:`runtime.comm_timing.CollectiveSweep`), in rounds that take turns with the generations'.
+* ``compute_isolated``: the model's compute ops at each tensor-parallel width up to the group's,
+  timed alone on the first rank while the others wait (:mod:`runtime.shape_bench`): what an op
+  of another shard shape costs on a core of its own.
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
 * ``context``: what all this was measured on (:mod:`sim.context`): device types, ranks per host,
@@ -46,8 +49,9 @@ from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_rows, stats
 from runtime.device import device_of
 from runtime.executor import Executor
+from runtime.shape_bench import shape_rows
 from runtime.weights import prompt_tokens
-from runtime.worker import common_start, rank_model
+from runtime.worker import TORCH_DTYPES, common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
 from runtime.cpu_steal import load_during
 from sim.context import context_rows, load_rows, scenario_context
@@ -70,7 +74,8 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     ``repeats`` rounds, each one calibration generation per strategy and prompt
     (:class:`CalibrationGenerations`) and one call of every case of the collective sweep
     (:class:`runtime.comm_timing.CollectiveSweep`), after a warm-up round of generations; then
-    the point-to-point ping-pongs. ``held_out_sizes``: collective sizes timed in the sweep's
+    the point-to-point ping-pongs; then the ``compute_isolated`` rows, on the first rank alone.
+    ``held_out_sizes``: collective sizes timed in the sweep's
     rounds as ``collective_held_out`` rows."""
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
     parallel = ParallelPlan.of(scenario, topology)
@@ -94,6 +99,13 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
         generations.round(index + 1, timed=True)
         sweep.round(f"round {index + 1} of {repeats}")
     rows = sweep.rows() + p2p_rows(ranks, topology, rank, repeats, heartbeat)
+    # The ops at every shard width, on a core of their own: the other ranks wait, asleep, meanwhile.
+    if rank == ranks[0]:
+        heartbeat("timing the compute ops at each shard width, alone")
+        rows += shape_rows(scenario.model, device_class=generations.device_class, batch_size=generations.batch,
+                           prompts=CALIBRATION_PROMPTS, max_tokens=CALIBRATION_MAX_TOKENS, ranks=len(ranks),
+                           dtype=TORCH_DTYPES[scenario.model.dtype], device=model.device)
+    dist.barrier()
     return gather_profile(generations, framework_bytes, rows)
 
 

@@ -16,6 +16,16 @@
   interpolation bends it upwards between a latency-bound and a bandwidth-bound point (measured
   here: +15% at 384 KiB between 256 KiB and 1 MiB on the 5 ms clusters).
 
+* Outside same-cluster mode, a forward op of a kind the profile timed alone (``compute_isolated``
+  rows, :mod:`runtime.shape_bench`: the op of each shard width on a core of its own) is priced by
+  its shape instead (:meth:`CalibratedCompute._by_shape`): a GEMM's time per FLOP depends on its
+  shape (cache fit, arithmetic intensity: the roofline, Williams, Waterman and Patterson, CACM
+  2009), so times timed in place at one shard width, scaled by FLOPs, misprice another (measured
+  here: GPT-2's whole ``mlp_up`` at 32 prompt tokens took 3.1 times its 4-way shard in place,
+  which FLOPs and 4 ranks on 2 cores put at 2.0). Per-operator profiles by shape, as Vidur's
+  (Agrawal et al., MLSys 2024, arXiv 2405.05187). Those times hold no contention: the target's
+  comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor.
+
 Outside the measured range a query is priced from the nearest measurement scaled by the
 uncalibrated model's ratio (roofline, or the scenario's network model), and recorded in
 ``extrapolated`` so the output can say which predictions rest on it. Tables are built once;
@@ -32,7 +42,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from models.accounting import head_op_costs, layer_op_costs
+from models.errors import ConfigError
 from models.ops import OpKind
+from models.spec import ModelSpec
 from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
@@ -66,7 +79,11 @@ class CalibratedCompute:
             (set per training variant; None: roofline).
         scale: factor on every compute op and gap (core contention other than calibrated:
             :func:`sim.context.core_contention`: calibrated compute at a core of its own), but
-            those of ``solo_kinds``.
+            those of ``solo_kinds``; an op priced by its shape takes it on its gap only.
+        model: the scenario's model: the profile's ``compute_isolated`` rows of its ops (FLOPs
+            alike) price them; None: those rows are not used.
+        by_shape: price forward ops by their shape from the ``compute_isolated`` rows where the
+            profile has them (outside same-cluster mode; :func:`calibrated_network` says which).
         phase_scales: the factor on the ``compute`` rows of a calibrated ``new_tokens`` (1: a decode
             step) where it differs from ``scale`` (:func:`sim.context.core_contention`): an op
             priced among rows of several takes theirs interpolated along the same axis.
@@ -85,9 +102,13 @@ class CalibratedCompute:
     phase_scales: dict[int, float] = field(default_factory=dict)
     solo_kinds: frozenset[str] = frozenset()
     optimizer: str | None = None
+    model: ModelSpec | None = None
+    by_shape: bool = False
     extrapolated: set[str] = field(default_factory=set)
     calibrated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _shapes: dict[tuple, dict[float, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict, repr=False)
+    _widths: dict[tuple, float] = field(default_factory=dict, repr=False)
     _new_tokens: dict[tuple, np.ndarray] = field(default_factory=dict, repr=False)  # per table point
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
@@ -114,6 +135,30 @@ class CalibratedCompute:
                 self._new_tokens[key] = np.array([new_tokens[key][v] for v in xs])
         for row in self.profile.of(MeasurementKind.OP_GAP).itertuples(index=False):
             self._gap_s[row.device_class] = float(getattr(row, CHARGED[MeasurementKind.OP_GAP]))
+        shapes: dict[tuple, dict[float, list[tuple[float, float]]]] = {}
+        for row in self.profile.of(MeasurementKind.COMPUTE_ISOLATED).itertuples(index=False):
+            if self.model is None:
+                break
+            new, context, width, kind = int(row.new_tokens), int(row.context_tokens), int(row.group_size), OpKind(row.op)
+            batch = int(row.batch_size)
+            try:
+                costs = {**head_op_costs(self.model, batch_size=batch, new_tokens=new),
+                         **layer_op_costs(self.model, tp_degree=width, batch_size=batch, new_tokens=new,
+                                          context_tokens=context)}
+            except ConfigError:  # a width this model cannot split into: another model's row
+                continue
+            if kind not in costs or not np.isclose(costs[kind].flops, row.flops, rtol=1e-9, atol=0.0):
+                continue  # another model's op: its shard width cannot be read
+            x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
+            key = (row.device_class, row.dtype, row.op, _regime(new))
+            width_share = self._width(kind, costs[kind] if kind in _LAYER_KINDS else None, new, context)
+            shapes.setdefault(key, {}).setdefault(width_share, []).append(
+                (x, float(getattr(row, CHARGED[MeasurementKind.COMPUTE_ISOLATED]))))
+        for key, widths in shapes.items():
+            self._shapes[key] = {}
+            for width, values in sorted(widths.items()):
+                xs = np.array(sorted({x for x, _ in values}))
+                self._shapes[key][width] = (xs, np.array([np.median([y for x, y in values if x == v]) for v in xs]))
 
     def gap_s(self, device: Device) -> float:
         """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
@@ -130,9 +175,75 @@ class CalibratedCompute:
                self.optimizer if op.kind == OpKind.OPTIMIZER_STEP else None)
         cached = self._cache.get(key)
         if cached is None:
-            price_s, scale = self._price(op, device)
-            cached = self._cache[key] = (price_s + self.gap_s(device)) * (1.0 if solo else scale)
+            alone_s = self._by_shape(op, device) if self.by_shape and self._shapes else None
+            if alone_s is not None:  # no contention in it: the engine's processor sharing adds the target's
+                cached = self._cache[key] = alone_s + self.gap_s(device) * (1.0 if solo else self.scale)
+            else:
+                price_s, scale = self._price(op, device)
+                cached = self._cache[key] = (price_s + self.gap_s(device)) * (1.0 if solo else scale)
         return cached
+
+    def _width(self, kind: OpKind, cost, new_tokens: int, context_tokens: int) -> float:
+        """An op's shard width: its share of the whole layer's op (a projection's weights; for
+        attention, its FLOPs over one sequence's of all heads, so sequences times heads, which
+        the kernel batches alike); 1 for an op that is not sharded (``cost`` None)."""
+        if cost is None:
+            return 1.0
+        whole_key = (kind, new_tokens if kind == OpKind.ATTENTION else 0, context_tokens if kind == OpKind.ATTENTION else 0)
+        whole = self._widths.get(whole_key)
+        if whole is None:
+            full = layer_op_costs(self.model, tp_degree=1, batch_size=1, new_tokens=max(1, whole_key[1]),
+                                  context_tokens=max(1, whole_key[2]))[kind]
+            whole = self._widths[whole_key] = full.flops if kind == OpKind.ATTENTION else full.weight_bytes
+        return round((cost.flops if kind == OpKind.ATTENTION else cost.weight_bytes) / whole, 9)
+
+    def _by_shape(self, op: Op, device: Device) -> float | None:
+        """A forward op's time on a core of its own from the ``compute_isolated`` rows of its kind
+        and regime (s), None where the profile has none. The op's time per roofline second
+        (its efficiency) is read at each measured shard width from that width's rows at the
+        op's token shape, its roofline scaled to the width (FLOPs, traffic, both in proportion
+        to a shard's width), and interpolated linearly in width between the two measured widths
+        around the op's; beyond the measured widths, the nearest one's, and beyond a width's
+        measured tokens, its nearest row's (FLOPs scaling; both flagged in ``extrapolated``)."""
+        if op.gradient is not None or op.kind == OpKind.OPTIMIZER_STEP or op.cost is None:
+            return None
+        name = device.spec.name
+        tables = self._shapes.get((name, self.fallback.dtype, str(op.kind), _regime(op.shape[0])))
+        if tables is None:
+            return None
+        new, context = op.shape
+        width = self._width(op.kind, op.cost if op.kind in _LAYER_KINDS else None, new, context)
+        x = self.fallback.roofline_s(op, device)
+        label = f"{op.kind} ({_regime(new)}) on {name}"
+        widths = sorted(tables)
+        outside = []
+
+        def efficiency(at: float) -> float:
+            xs, ys = tables[at]
+            scaled = x * at / width
+            if xs[0] <= scaled <= xs[-1]:
+                return float(np.interp(scaled, xs, ys)) / scaled
+            outside.append("tokens")
+            edge = 0 if scaled < xs[0] else -1
+            return float(ys[edge] / xs[edge])
+
+        if x <= 0:
+            return None
+        near = [w for w in widths if abs(w - width) <= 1e-6 * width]
+        if near:
+            rate = efficiency(near[0])
+        elif widths[0] < width < widths[-1]:
+            above = next(w for w in widths if w > width)
+            below = max(w for w in widths if w < width)
+            share = (width - below) / (above - below)
+            rate = (1 - share) * efficiency(below) + share * efficiency(above)
+        else:
+            outside.append("shard width")
+            rate = efficiency(widths[0] if width < widths[0] else widths[-1])
+        self.calibrated.add(f"{label}: timed alone by shape")
+        for what in dict.fromkeys(outside):
+            self.extrapolated.add(f"{label}: outside the {what} timed alone, FLOPs scaling")
+        return rate * x
 
     def reduce_s_per_byte(self, device: Device) -> float:
         return self.fallback.reduce_s_per_byte(device)
@@ -167,6 +278,10 @@ class CalibratedCompute:
         edge = 0 if x < xs[0] else -1
         self.extrapolated.add(f"{label} on {name}: outside the calibrated shapes")
         return (float(ys[edge] * x / xs[edge]) if xs[edge] > 0 else float(ys[edge])), scale
+
+
+_LAYER_KINDS = frozenset({OpKind.QKV_PROJ, OpKind.ATTENTION, OpKind.OUT_PROJ, OpKind.MLP_UP, OpKind.MLP_DOWN})
+"""The op kinds a tensor-parallel split shards (a decoder layer's but its norms)."""
 
 
 def _peak(device_class: str, dtype: str) -> float:
@@ -384,6 +499,9 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     concurrency = cached[3] if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
                                                              concurrency)
+    if len(profile.of(MeasurementKind.COMPUTE_ISOLATED)):
+        contention += ("; the forward ops the profile timed alone by shard shape (compute_isolated) at that time, "
+                       "no factor: processor sharing only")
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
     network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     if any(floor_s > 0 for floor_s, _ in floors.values()):

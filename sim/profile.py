@@ -10,6 +10,10 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     together, as in a real run): ``device_class`` (the device type), ``op`` (an op kind),
     ``group_size`` (tensor-parallel degree), ``batch_size``, ``new_tokens``, ``context_tokens``,
     ``dtype``, ``flops`` and ``traffic_bytes`` of the op;
+  * ``compute_isolated``: one compute op of the model alone on a core (the other ranks asleep):
+    rank 0's shard at tensor-parallel width ``group_size``, with the same columns as ``compute``
+    (:mod:`runtime.shape_bench`); what prices a target's ops by their shape outside same-cluster
+    mode (:class:`sim.calibrated.CalibratedCompute`);
   * ``op_gap``: time between the end of one op and the start of the next on a rank (dispatch and
     bookkeeping of the framework), per ``device_class``;
   * ``collective``: a collective ``op`` (allreduce, reduce, broadcast) by ``algorithm`` over
@@ -69,8 +73,10 @@ from sim.vocabulary import MeasurementKind
 # The profile statistic charged, per kind of measurement a run repeats in every step: compute ops
 # and gaps are pooled over ranks, layers and repeats, and their mean is what a sum of them adds
 # up to; in-place collectives and waits are per-generation means already (runtime.comm_timing),
-# and their median over generations is what a median TTFT or TPOT is made of.
-CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.OP_GAP: "mean",
+# and their median over generations is what a median TTFT or TPOT is made of. An op timed alone
+# is charged its median, as an isolated microbenchmark is: the target's contention is the
+# simulation's processor sharing, not the noise of the calibrating machine.
+CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.COMPUTE_ISOLATED: "median", MeasurementKind.OP_GAP: "mean",
            MeasurementKind.BACKWARD_INPUT: "mean", MeasurementKind.BACKWARD_WEIGHT: "mean",
            MeasurementKind.OPTIMIZER_STEP: "mean",
            MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}

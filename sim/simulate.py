@@ -207,7 +207,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     choice, cores = None, ()
     if profile is not None:
         gamma = compute.reduce_s_per_byte
-        compute = CalibratedCompute(profile, compute)
+        compute = CalibratedCompute(profile, compute, model=scenario.model)
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype,
                                                      cores=config.cluster.cores, layout=layout,
@@ -215,6 +215,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)
+        compute.by_shape = not choice.same_cluster  # a replay keeps the ops as timed in place
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         # Ranks outnumbering the cores they share take turns on them (sim.cores), and their
         # messages pay the gloo/tcp contention defaults (sim.transport.DefaultTransportNetwork).

@@ -127,6 +127,7 @@ class MeasurementKind(StrEnum):
     defines each)."""
 
     COMPUTE = "compute"
+    COMPUTE_ISOLATED = "compute_isolated"
     OP_GAP = "op_gap"
     COLLECTIVE = "collective"
     COLLECTIVE_HELD_OUT = "collective_held_out"

@@ -84,6 +84,8 @@ def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
     assert code == 0, err
     (context,) = profile_contexts(load_profile(profile).rows)
     assert 0 <= context.cpu_steal <= 1 and 0 <= context.other_load <= 1
+    # the ops timed alone at each width the 2 ranks take (runtime.shape_bench)
+    assert set(load_profile(profile).of("compute_isolated")["group_size"]) == {1, 2}
     assert f"other processes {context.other_load:.1%}" in " ".join(out.split())
 
 

@@ -1,0 +1,118 @@
+"""The ``compute_isolated`` rows of a calibration: the model's compute ops at several shard widths,
+timed one at a time in one process while the other ranks wait, asleep, in a barrier.
+
+Compute timed in place (``compute`` rows) holds two things at once: the contention of the ranks
+sharing the cores, and the efficiency of the op's shape. A GEMM's time per FLOP depends on its
+shape (its weights' fit in cache, its arithmetic intensity: the roofline, Williams, Waterman and
+Patterson, CACM 52(4), 2009), so the in-place times of a 4-way shard do not say what the whole op
+costs (measured here, 32 prompt tokens, one process: a 768 x 3072 linear took 1.31 times the time
+of its four 768 x 768 shards together). These rows time the op of each shape itself, on a core of
+its own, as Vidur profiles each operator per shape (Agrawal et al., MLSys 2024, arXiv 2405.05187),
+so that a target's contention comes only from the simulation's processor sharing
+(:mod:`sim.cores`) and its ops from the shape it runs (:class:`sim.calibrated.CalibratedCompute`).
+
+What is timed, on the group's first rank, with the scenario's model, dtype and batch: for every
+tensor-parallel width ``k`` from 1 to the calibrated ranks that splits the model evenly
+(:func:`models.shards.check_tensor_parallel`), rank 0's shard of one decoder layer
+(``layernorm``, ``qkv_proj``, ``attention``, ``out_proj``, ``mlp_up``, ``mlp_down``), and at width 1
+the master's ``embedding`` and ``lm_head``; each at every calibration prompt as a prefill (``p``
+new tokens over ``p``) and as one decode step after it (1 over ``p + 1``). A few seconds in all.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from models.accounting import head_op_costs, layer_op_costs
+from models.errors import ConfigError
+from models.ops import OpKind
+from models.shards import check_tensor_parallel
+from runtime.comm_timing import stats
+from runtime.device import device_of
+from runtime.model import RankModel
+from sim.program import NormSite, Stage
+from sim.vocabulary import MeasurementKind
+
+SHAPE_REPEATS = 15  # timed calls per op and shape, after WARMUP_CALLS untimed ones
+WARMUP_CALLS = 3
+METHOD = ("one op at a time in one process, the other ranks asleep in a barrier (contention-free), "
+          "rank 0's shard at this tensor-parallel width; the calling thread's CPU time on a CPU (preemptions "
+          "by other processes left out), else the synchronised host clock; statistics over calls")
+
+
+def bench_widths(spec, ranks: int) -> tuple[int, ...]:
+    """The tensor-parallel widths 1..``ranks`` that split ``spec`` evenly."""
+    widths = []
+    for k in range(1, ranks + 1):
+        try:
+            check_tensor_parallel(spec, k)
+        except ConfigError:
+            continue
+        widths.append(k)
+    return tuple(widths)
+
+
+def shape_rows(spec, *, device_class: str, batch_size: int, prompts: tuple[int, ...], max_tokens: int,
+               ranks: int, dtype: torch.dtype, device: torch.device) -> list[dict]:
+    """The ``compute_isolated`` profile rows (see the module docstring): one per op kind, width and
+    shape, its statistics over :data:`SHAPE_REPEATS` calls (s)."""
+    rows = []
+    for width in bench_widths(spec, ranks):
+        model = RankModel(spec, width, 0, seed=0, batch_size=batch_size, max_tokens=max_tokens, device=device,
+                          dtype=dtype, stage=Stage(0, 1, embeds=width == 1, heads=width == 1))
+        for prompt in prompts:
+            for new, start in ((prompt, 0), (1, prompt)):
+                times = _time_layer(model, batch_size, new, start)
+                costs = layer_op_costs(spec, tp_degree=width, batch_size=batch_size, new_tokens=new,
+                                       context_tokens=start + new, shard=model.shard)
+                if width == 1:
+                    costs.update({k: v for k, v in head_op_costs(spec, batch_size=batch_size, new_tokens=new).items()
+                                  if k != OpKind.LAYERNORM})
+                for kind, values in times.items():
+                    cost = costs[kind]
+                    rows.append({"measurement": MeasurementKind.COMPUTE_ISOLATED, "device_class": device_class,
+                                 "op": str(kind), "group_size": width, "batch_size": batch_size, "new_tokens": new,
+                                 "context_tokens": start + new, "dtype": spec.dtype, "flops": cost.flops,
+                                 "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
+                                 "method": METHOD, **stats(values)})
+    return rows
+
+
+def _time_layer(model: RankModel, batch: int, new: int, start: int) -> dict[OpKind, list[float]]:
+    """Each op of layer 0 (and, on a model that embeds, the embedding and LM head) called
+    :data:`WARMUP_CALLS` + :data:`SHAPE_REPEATS` times on ``new`` tokens from position ``start``;
+    the timed calls' durations (s) per op kind."""
+    sync = device_of(model.device).synchronize
+    # On a CPU, the calling thread's CPU time: what the op costs a core of its own even where other
+    # processes preempt it (a shared machine's scheduler hands out slices of milliseconds, so the
+    # wall time of an op longer than a slice holds whatever else ran; torch runs single-threaded
+    # in the ranks, runtime.launch). On an accelerator, the host clock around a synchronised call.
+    clock = time.thread_time if model.device.type == "cpu" else time.perf_counter
+    tokens = torch.zeros((batch, new), dtype=torch.long, device=model.device)
+    h = torch.randn(batch, new, model.spec.hidden_size, device=model.device).to(model.dtype)
+    x = model.norm(h, 0, NormSite.ATTENTION)
+    q, k, v = model.qkv_proj(x, 0)
+    o = model.attention(q, k, v, 0, start)
+    a = model.mlp_up(x, 0)
+    calls = {OpKind.LAYERNORM: lambda: model.norm(h, 0, NormSite.ATTENTION),
+             OpKind.QKV_PROJ: lambda: model.qkv_proj(x, 0),
+             OpKind.ATTENTION: lambda: model.attention(q, k, v, 0, start),
+             OpKind.OUT_PROJ: lambda: model.out_proj(o, 0),
+             OpKind.MLP_UP: lambda: model.mlp_up(x, 0),
+             OpKind.MLP_DOWN: lambda: model.mlp_down(a, 0)}
+    if model.stage.embeds:
+        calls[OpKind.EMBEDDING] = lambda: model.embedding(tokens, start)
+        calls[OpKind.LM_HEAD] = lambda: model.lm_head(x[:, -1])
+    times: dict[OpKind, list[float]] = {kind: [] for kind in calls}
+    with torch.inference_mode():
+        for index in range(WARMUP_CALLS + SHAPE_REPEATS):
+            for kind, call in calls.items():  # interleaved: every op samples the same stretch of time
+                sync()
+                began = clock()
+                call()
+                sync()
+                if index >= WARMUP_CALLS:
+                    times[kind].append(clock() - began)
+    return times
