@@ -158,7 +158,8 @@ def report_markdown(table: pd.DataFrame, not_represented: list[dict[str, str]], 
     lines = ["# hetsim against published measurements (predictions, no calibration)", "",
              "Every figure is a **prediction**: the scenarios of `validation/published/` simulated without a "
              "calibration profile, datasheet devices and the documented default transports. Nothing was tuned to "
-             "these numbers. Error = simulated / published - 1.", "", f"Reproduce: `{command}`", "",
+             "these numbers. Error = simulated / published - 1. Why the large errors are what they are: "
+             "`diagnosis.md` (by hand; re-read it after a model change).", "", f"Reproduce: `{command}`", "",
              "| case | system | metric | published | hetsim | error | dominant term of the simulated step |",
              "|---|---|---|---|---|---|---|"]
     for row in table.itertuples():
