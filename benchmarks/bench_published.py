@@ -30,8 +30,9 @@ def main() -> None:
     try:
         cases, not_represented = load_cases(args.cases)
         table = compare(cases)
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    except ConfigError as error:  # bad input: one line naming the field, exit code 2 as hetsim's
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     command = "PYTHONPATH=. python benchmarks/bench_published.py"
     text = report_markdown(table, not_represented, command)
     written = write_files(args.out, {"published.csv": table.to_csv(index=False, lineterminator="\n"),

@@ -52,6 +52,14 @@ def test_a_bad_case_is_refused_naming_its_field(tmp_path, override, field):
     assert str(error.value).startswith(field)
 
 
+def test_a_bad_not_represented_entry_is_refused(tmp_path):
+    path = _write_cases(tmp_path)
+    path.write_text(path.read_text() + "not_represented:\n  - {source: x}\n")
+    with pytest.raises(ConfigError) as error:
+        load_cases(path)
+    assert str(error.value).startswith("not_represented[0]")
+
+
 def test_an_unknown_variant_is_refused_naming_the_known_ones(tmp_path):
     cases, _ = load_cases(_write_cases(tmp_path, variant="tp9"))
     with pytest.raises(ConfigError, match="tp1"):

@@ -58,12 +58,15 @@ def load_cases(path: Path = CASES_FILE) -> tuple[list[Case], list[dict[str, str]
     """The cases of ``path`` and its ``not_represented`` entries (``source``, ``why``).
 
     Raises:
-        ConfigError: a missing or unknown field, a metric not in :data:`STEP_OF_METRIC`, a
-            published value that is not a positive number, a scenario file that does not exist.
+        ConfigError: a missing or unknown field (of a case or a ``not_represented`` entry), a
+            metric not in :data:`STEP_OF_METRIC`, a published value that is not a positive number,
+            a scenario file that does not exist.
     """
     data = load_yaml(path, "cases")
-    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
+    if not isinstance(data, dict):
         raise ConfigError("cases", f"a mapping with a list 'cases' is required (got {type(data).__name__})")
+    if not isinstance(data.get("cases"), list):
+        raise ConfigError("cases", f"a list is required (got {type(data.get('cases')).__name__})")
     cases = []
     for index, entry in enumerate(data["cases"]):
         where = f"cases[{index}]"
@@ -83,6 +86,11 @@ def load_cases(path: Path = CASES_FILE) -> tuple[list[Case], list[dict[str, str]
                           published_text=str(entry["published_text"]), system=str(entry["system"]),
                           source=" ".join(str(entry["source"]).split()), reading=str(entry["reading"])))
     missing = data.get("not_represented", [])
+    if not isinstance(missing, list):
+        raise ConfigError("not_represented", f"a list is required (got {type(missing).__name__})")
+    for index, entry in enumerate(missing):
+        if not isinstance(entry, dict) or set(entry) != {"source", "why"}:
+            raise ConfigError(f"not_represented[{index}]", f"fields must be exactly source, why (got {entry!r})")
     return cases, [{"source": str(m["source"]), "why": str(m["why"])} for m in missing]
 
 
