@@ -1,0 +1,185 @@
+"""hetsim against published measurements (issues 18 item 5, 19, 20): clusters nobody calibrated.
+
+``validation/published/cases.yaml`` lists published figures (TPI-LLM on its Klonet testbed,
+LMDeploy and MLC LLM on A100s), each with the scenario of ``validation/published/`` that
+represents its cluster, the variant, the metric (:class:`sim.vocabulary.Metric`, SI units), the
+published value and exactly where it is printed. Each scenario is simulated once, WITHOUT a
+calibration profile, so every figure here is a **prediction**; its error is
+``simulated / published - 1``. Nothing is fitted to these numbers: they are a held-out check.
+
+What dominates the simulated step is :func:`sim.bottleneck.step_breakdown` of the step the metric
+is about (the prefill for TTFT, the first decode step for TPOT and decode tokens/s), averaged over
+the variant's devices; a memory figure names the device whose peak it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from models.errors import ConfigError
+from models.input_files import load_yaml
+from sim.bottleneck import step_breakdown
+from sim.outputs import device_names
+from sim.plan import WeightPolicy
+from sim.scenario import load_scenario
+from sim.simulate import SimulationResult, VariantResult, simulate
+from sim.vocabulary import Metric
+
+CASES_FILE = Path(__file__).resolve().parent / "published" / "cases.yaml"
+CASE_FIELDS = ("id", "scenario", "variant", "metric", "published", "published_text", "system", "source",
+               "reading")
+# The metrics a published figure can be compared on, and the step whose terms explain each
+# (0: the prefill, 1: the first decode step; None: not a step).
+STEP_OF_METRIC = {Metric.TTFT: 0, Metric.TPOT: 1, Metric.DECODE_TOKENS_PER_S: 1, Metric.MAX_PEAK_MEMORY: None}
+CSV_COLUMNS = ["id", "system", "scenario", "variant", "setup", "metric", "published", "published_text",
+               "simulated", "error", "kind", "dominant", "breakdown", "source", "reading"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One published figure: ``published`` in the SI unit of ``metric``."""
+
+    id: str
+    scenario: Path
+    variant: str
+    metric: Metric
+    published: float
+    published_text: str
+    system: str
+    source: str
+    reading: str
+
+
+def load_cases(path: Path = CASES_FILE) -> tuple[list[Case], list[dict[str, str]]]:
+    """The cases of ``path`` and its ``not_represented`` entries (``source``, ``why``).
+
+    Raises:
+        ConfigError: a missing or unknown field (of a case or a ``not_represented`` entry), a
+            metric not in :data:`STEP_OF_METRIC`, a published value that is not a positive number,
+            a scenario file that does not exist.
+    """
+    data = load_yaml(path, "cases")
+    if not isinstance(data, dict):
+        raise ConfigError("cases", f"a mapping with a list 'cases' is required (got {type(data).__name__})")
+    if not isinstance(data.get("cases"), list):
+        raise ConfigError("cases", f"a list is required (got {type(data.get('cases')).__name__})")
+    cases = []
+    for index, entry in enumerate(data["cases"]):
+        where = f"cases[{index}]"
+        if not isinstance(entry, dict) or set(entry) != set(CASE_FIELDS):
+            keys = sorted(entry) if isinstance(entry, dict) else entry
+            raise ConfigError(where, f"fields must be exactly {', '.join(CASE_FIELDS)} (got {keys!r})")
+        if entry["metric"] not in {m.value for m in STEP_OF_METRIC}:
+            raise ConfigError(f"{where}.metric", f"one of {', '.join(STEP_OF_METRIC)} (got {entry['metric']!r})")
+        value = entry["published"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{where}.published", f"a positive number is required (got {value!r})")
+        scenario = path.parent / str(entry["scenario"])
+        if not scenario.is_file():
+            raise ConfigError(f"{where}.scenario", f"no such file (got {str(entry['scenario'])!r})")
+        cases.append(Case(id=str(entry["id"]), scenario=scenario, variant=str(entry["variant"]),
+                          metric=Metric(entry["metric"]), published=float(value),
+                          published_text=str(entry["published_text"]), system=str(entry["system"]),
+                          source=" ".join(str(entry["source"]).split()), reading=str(entry["reading"])))
+    missing = data.get("not_represented", [])
+    if not isinstance(missing, list):
+        raise ConfigError("not_represented", f"a list is required (got {type(missing).__name__})")
+    for index, entry in enumerate(missing):
+        if not isinstance(entry, dict) or set(entry) != {"source", "why"}:
+            raise ConfigError(f"not_represented[{index}]", f"fields must be exactly source, why (got {entry!r})")
+    return cases, [{"source": str(m["source"]), "why": str(m["why"])} for m in missing]
+
+
+def simulated_value(result: SimulationResult, vr: VariantResult, metric: Metric) -> float:
+    """``metric`` of variant ``vr``: its timing metric, or the largest peak over its devices (bytes)."""
+    if metric == Metric.MAX_PEAK_MEMORY:
+        return float(max(vr.peak_bytes.values()))
+    return float(vr.timing[metric])
+
+
+def dominant_terms(result: SimulationResult, vr: VariantResult, metric: Metric) -> tuple[str, str]:
+    """(the largest term with its share, every term's share) of the step ``metric`` is about; for
+    a memory figure, the device holding the peak."""
+    step = STEP_OF_METRIC[metric]
+    if step is None:
+        names = device_names(result.topology, sorted(vr.peak_bytes))
+        rank = max(vr.peak_bytes, key=vr.peak_bytes.get)
+        return f"peak on {names[rank]}", ""
+    terms = step_breakdown(result, vr, step)
+    total = sum(terms.values())
+    shares = sorted(((seconds / total, term) for term, seconds in terms.items()), reverse=True)
+    label = "decode step" if step else "prefill"
+    breakdown = ", ".join(f"{term.value} {100 * share:.0f}%" for share, term in shares)
+    return f"{shares[0][1].value} ({100 * shares[0][0]:.0f}% of the {label})", breakdown
+
+
+def setup_line(result: SimulationResult, vr: VariantResult) -> str:
+    """Model, dtype, layout, devices and workload of one variant, in a few words."""
+    scenario = result.scenario
+    workload = scenario.config.workload
+    devices = device_names(result.topology, vr.layout.ranks)
+    kinds = sorted({result.topology.devices[r].spec.name for r in vr.layout.ranks})
+    memory = vr.variant.memory or scenario.config.memory
+    streamed = "" if memory.policy == WeightPolicy.RESIDENT else f", weights {memory.policy.value} {memory.window}"
+    return (f"{scenario.model.name} {scenario.model.dtype}, TP {vr.layout.tensor} x PP {vr.layout.pipeline} over "
+            f"{len(devices)} x {'/'.join(kinds)}{streamed}; batch {workload.batch_size}, prompt "
+            f"{workload.prompt_tokens}, output {workload.output_tokens}")
+
+
+def compare(cases: list[Case]) -> pd.DataFrame:
+    """One row per case (:data:`CSV_COLUMNS`), each scenario simulated once without a profile."""
+    results: dict[Path, SimulationResult] = {}
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        if case.scenario not in results:
+            results[case.scenario] = simulate(load_scenario(case.scenario))
+        result = results[case.scenario]
+        names = [v.variant.name for v in result.variants]
+        if case.variant not in names:
+            raise ConfigError(f"cases[{case.id}].variant", f"one of {', '.join(names)} (got {case.variant!r})")
+        vr = result.variant(case.variant)
+        simulated = simulated_value(result, vr, case.metric)
+        dominant, breakdown = dominant_terms(result, vr, case.metric)
+        rows.append({"id": case.id, "system": case.system, "scenario": case.scenario.name,
+                     "variant": case.variant, "setup": setup_line(result, vr), "metric": case.metric.value,
+                     "published": case.published, "published_text": case.published_text,
+                     "simulated": simulated, "error": simulated / case.published - 1, "kind": "prediction",
+                     "dominant": dominant, "breakdown": breakdown, "source": case.source,
+                     "reading": case.reading})
+    return pd.DataFrame(rows, columns=CSV_COLUMNS)
+
+
+def _shown(value: float, metric: str) -> str:
+    if metric == Metric.MAX_PEAK_MEMORY:
+        return f"{value / 1e9:.2f} GB"
+    if metric == Metric.DECODE_TOKENS_PER_S:
+        return f"{value:.1f} tok/s"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def report_markdown(table: pd.DataFrame, not_represented: list[dict[str, str]], command: str) -> str:
+    """The report: the comparison table, each case's setup, terms and source, what was left out."""
+    lines = ["# hetsim against published measurements (predictions, no calibration)", "",
+             "Every figure is a **prediction**: the scenarios of `validation/published/` simulated without a "
+             "calibration profile, datasheet devices and the documented default transports. Nothing was tuned to "
+             "these numbers. Error = simulated / published - 1. Why the large errors are what they are: "
+             "`diagnosis.md` (by hand; re-read it after a model change).", "", f"Reproduce: `{command}`", "",
+             "| case | system | metric | published | hetsim | error | dominant term of the simulated step |",
+             "|---|---|---|---|---|---|---|"]
+    for row in table.itertuples():
+        lines.append(f"| {row.id} | {row.system} | {row.metric} | {row.published_text} | "
+                     f"{_shown(row.simulated, row.metric)} | {100 * row.error:+.0f}% | {row.dominant} |")
+    lines += ["", "## Cases", ""]
+    for row in table.itertuples():
+        lines += [f"### {row.id}", "", f"- setup: {row.setup} (`validation/published/{row.scenario}`, variant "
+                  f"`{row.variant}`)", f"- source: {row.source}", f"- reading: {row.reading}"]
+        if row.breakdown:
+            lines.append(f"- simulated step, share per term (mean over devices): {row.breakdown}")
+        lines.append("")
+    lines += ["## Published figures not represented", ""]
+    lines += [f"- {m['source']}: {m['why']}" for m in not_represented]
+    return "\n".join(lines) + "\n"
