@@ -10,7 +10,7 @@ ends at one **stage**, cheapest test first:
 1. ``layout``: the simulator refuses the layout (:class:`sim.parallel.ParallelPlan`: the degrees
    cannot shard the model; :func:`sim.replicas.split_batch`: fewer sequences than replicas;
    :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline;
-   :func:`sim.serving.simulate.check_serving_layout`: a pipeline serving a request load), or a
+   :func:`sim.serving.simulate.check_serving_layout`: a layout a server does not run), or a
    device lacks the dtype;
 2. ``limits``: more devices than ``limits.max_devices`` or a price above ``limits.budget_per_hour``;
 3. ``memory``: a lower bound of some rank's peak exceeds its capacity: its framework baseline
@@ -33,12 +33,13 @@ ends at one **stage**, cheapest test first:
    surviving variants, so they share the topology and the collective pricer.
 
 A **serving** plan (``workload: {kind: serving, ...}``) tries the same layouts (replicas share the
-request rate, each serving rate / R behind a round-robin balancer; a pipeline is a ``layout`` row
-whose reason says the serving simulator runs none) and prunes with the same stages, read for a
+request rate, each serving rate / R behind a round-robin balancer; a pipeline keeps an iteration
+in flight per stage, :mod:`sim.serving.scheduler`) and prunes with the same stages, read for a
 load of requests: ``memory`` when the KV cache left beside the weights (at the workload's
 ``memory_utilization``, as :func:`sim.serving.simulate.kv_capacity_tokens` sizes it) cannot hold
 the longest request alone, which the serving simulator would refuse; ``bound`` when a single
-request's TPOT lower bound (one sequence decoding at the shortest prompt, on the slowest replica) misses the objective:
+request's TPOT lower bound (one sequence decoding at the shortest prompt, on the slowest replica, through
+every stage of a pipeline) misses the objective:
 every decode iteration of a loaded server costs at least that pass. It has no TTFT bound (a prompt
 split into chunks may beat the whole prompt's roofline) and no ``dominated`` stage (no closed-form
 bound of a maximum rate): every survivor is simulated by :func:`sim.serving.simulate.simulate_serving`,
@@ -80,9 +81,9 @@ from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
 from sim.planning import training
 from sim.planning.catalog import Catalog, price_text
-from sim.planning.layouts import InferenceLayout, inference_layouts, rank_needs_bytes
+from sim.planning.layouts import InferenceLayout, inference_layouts
 from sim.planning.plan_config import PlanRequest
-from sim.parallel import ParallelPlan
+from sim.parallel import ParallelPlan, rank_needs_bytes
 from sim.pipeline import PipelinePlan
 from sim.plan import Plan
 from sim.program import Stage as ProgramStage
@@ -284,7 +285,7 @@ class Planner:
         """A rank of ``layout`` on devices of types ``devices`` (rank order) whose lower bound of peak memory exceeds its capacity (a serving plan's: its share
         ``memory_utilization``, with the KV cache of the longest request), described; '' if none.
         Every rank of the layout is checked: a pipeline stage holds its layers' weights and KV
-        cache (:func:`sim.planning.layouts.rank_needs_bytes`), a replica its share of the batch."""
+        cache (:func:`sim.parallel.rank_needs_bytes`), a replica its share of the batch."""
         config = self.request.config
         w = config.workload
         spec, policy = self.request.models[model_index], config.search.memory[policy_index].to_policy()
