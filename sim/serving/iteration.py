@@ -55,6 +55,7 @@ class IterationCost:
         # Only a pipeline stage passes a stage (as sim.plan._lowered): a strategy that knows no pipeline still lowers.
         self._stage = {} if stage is None else {"stage": stage}
         self._passes: dict[tuple[int, int, int], float] = {}
+        self._smallest: float | None = None  # the smallest pass, D(1, 1)
 
     def _pass_s(self, batch: int, new_tokens: int, context: int) -> float:
         key = (batch, new_tokens, context)
@@ -89,7 +90,9 @@ class IterationCost:
     def iteration_s(self, decodes: int, mean_context: float, chunks: list[tuple[int, int]]) -> float:
         """One iteration: ``decodes`` decode tokens at ``mean_context``, plus prefill ``chunks``
         (``(new_tokens, context_end)`` each), by the marginal composition of the module docstring."""
-        smallest = self.decode_s(1, 1)
+        if self._smallest is None:
+            self._smallest = self.decode_s(1, 1)
+        smallest = self._smallest
         total = self.decode_s(decodes, mean_context) if decodes else smallest
         return total + sum(self.prefill_s(n, k) - smallest for n, k in chunks)
 
@@ -122,7 +125,11 @@ class ServerCost:
 
     def stage_s(self, decodes: int, mean_context: float, chunks: list[tuple[int, int]]) -> list[float]:
         """Each stage's part (s) of one iteration (:meth:`IterationCost.iteration_s`)."""
-        return [stage.iteration_s(decodes, mean_context, chunks) for stage in self.stages]
+        if len(self.stages) == 1:
+            return [self.stages[0].iteration_s(decodes, mean_context, chunks)]
+        times: dict[int, float] = {}  # alike stages share one cost: priced once
+        return [times[id(stage)] if id(stage) in times else
+                times.setdefault(id(stage), stage.iteration_s(decodes, mean_context, chunks)) for stage in self.stages]
 
     def hop_s(self, stage: int, tokens: int, sequences: int) -> float:
         """The message (s) ``stage`` sends after its part of an iteration of ``tokens`` tokens over

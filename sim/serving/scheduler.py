@@ -74,6 +74,7 @@ class _Running:
     prefilled: int = 0
     generated: int = 0
     first_token_s: float = 0.0
+    in_flight: bool = False  # in an iteration not yet back at the first stage
 
     @property
     def context(self) -> int:
@@ -128,7 +129,6 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
     waiting: deque[Request] = deque()
     running: list[_Running] = []
     in_flight: deque[_Batch] = deque()  # in launch order, which is also the order they return in
-    busy_ids: set[int] = set()  # ids of the requests in an iteration in flight
     served: list[ServedRequest] = []
     stage_free = [0.0] * stages  # when each stage ends its last iteration (s)
     link_free = [0.0] * stages  # when each stage's outgoing messages are all delivered (s)
@@ -144,9 +144,10 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
                 r.prefilled += n
                 if r.prefilled == r.request.prompt_tokens:
                     r.generated, r.first_token_s = 1, batch.sampled_s
-            busy_ids.difference_update(id(r) for r in batch.decoding)
-            busy_ids.difference_update(id(r) for r, _ in batch.chunks)
-            for r in [r for r in running if r.generated == r.request.output_tokens]:
+            members = batch.decoding + [r for r, _ in batch.chunks]
+            for r in members:
+                r.in_flight = False
+            for r in [r for r in members if r.generated == r.request.output_tokens]:
                 running.remove(r)
                 kv_used -= r.request.prompt_tokens + r.request.output_tokens
                 served.append(ServedRequest(r.request, r.first_token_s, batch.sampled_s))
@@ -156,7 +157,7 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
             waiting.append(requests[next_arrival])
             next_arrival += 1
         if len(in_flight) < stages and stage_free[0] <= now:
-            batch = _next_batch(running, waiting, busy_ids, max_batch_tokens, max_num_seqs, kv_capacity_tokens - kv_used)
+            batch = _next_batch(running, waiting, max_batch_tokens, max_num_seqs, kv_capacity_tokens - kv_used)
             if batch is not None:
                 decoding, chunks, admitted = batch
                 kv_used += sum(r.request.prompt_tokens + r.request.output_tokens for r in admitted)
@@ -174,8 +175,10 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
                     link_free[s] = max(stage_free[s], link_free[s]) + cost.hop_s(s, tokens, sequences)
                     ready = link_free[s]
                 in_flight.append(_Batch(decoding, chunks, stage_free[-1], ready))
-                busy_ids.update(id(r) for r in decoding)
-                busy_ids.update(id(r) for r, _ in chunks)
+                for r in decoding:
+                    r.in_flight = True
+                for r, _ in chunks:
+                    r.in_flight = True
                 iterations += 1
                 batch_tokens.append(tokens)
                 continue
@@ -189,13 +192,13 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
     return ServingRun(served, iterations, max(stage_busy), max_running, kv_capacity_tokens, batch_tokens)
 
 
-def _next_batch(running: list[_Running], waiting: deque[Request], busy_ids: set[int], max_batch_tokens: int,
-                max_num_seqs: int, kv_free_tokens: int):
+def _next_batch(running: list[_Running], waiting: deque[Request], max_batch_tokens: int, max_num_seqs: int,
+                kv_free_tokens: int):
     """The next iteration's decodes, prefill chunks and newly admitted requests (see the module
     docstring), from the running requests not already in an iteration in flight and the waiting
     ones (admitted into ``running``); None when it would be empty."""
     budget = max_batch_tokens
-    free = [r for r in running if id(r) not in busy_ids] if busy_ids else running
+    free = [r for r in running if not r.in_flight]
     decoding = [r for r in free if r.prefilled == r.request.prompt_tokens][:budget]
     budget -= len(decoding)
     chunks: list[tuple[_Running, int]] = []
