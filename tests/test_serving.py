@@ -13,7 +13,7 @@ from models.errors import ConfigError
 from sim.scenario import scenario_from_dict
 from sim.serving.requests import Request, poisson_arrivals, workload_requests
 from sim.serving.scheduler import serve
-from sim.serving.simulate import cost_per_million_tokens, meets_slo, simulate_serving
+from sim.serving.simulate import cost_per_million_tokens, meets_slo, pipeline_bottleneck, simulate_serving
 from sim.simulate import simulate
 from sim.vocabulary import Metric, unit_of
 
@@ -203,17 +203,23 @@ class _FixedStages:
         return self._hop_s[stage]
 
 
-def _iterations_per_s(cost, requests) -> float:
+def _saturated(cost, requests):
     run = serve(requests, cost, max_batch_tokens=100, max_num_seqs=200, kv_capacity_tokens=1 << 20)
-    return run.iterations / max(s.finish_s for s in run.served)
+    return run, run.iterations / max(s.finish_s for s in run.served)
 
 
 def test_a_saturated_pipeline_runs_an_iteration_per_slowest_stage_and_a_lone_request_relays():
     pipeline = _FixedStages([0.010, 0.006], [0.001, 0.0005])  # a trip of 17.5 ms, the slowest stage 10 ms
     # 200 requests at once, 100 per iteration (the token budget): two batches keep both stages busy
     flood = [Request(i, 0.0, 1, 100) for i in range(200)]
-    assert 95.0 < _iterations_per_s(pipeline, flood) <= 100.0  # ~ 1 / 10 ms
-    assert _iterations_per_s(_FixedStages([0.0175], [0.0]), flood) == pytest.approx(1 / 0.0175, rel=0.01)
+    run, rate = _saturated(pipeline, flood)
+    assert 95.0 < rate <= 100.0  # ~ 1 / 10 ms
+    assert re.fullmatch(r"stage 1 of 2, busy (99|100)%", pipeline_bottleneck(run))
+    one, rate = _saturated(_FixedStages([0.0175], [0.0]), flood)
+    assert rate == pytest.approx(1 / 0.0175, rel=0.01) and pipeline_bottleneck(one) == ""
+    # a slow link: with one iteration in flight per stage, two per trip of 28.5 ms, the link the busiest
+    run, rate = _saturated(_FixedStages([0.010, 0.006], [0.012, 0.0005]), flood)
+    assert rate == pytest.approx(2 / 0.0285, rel=0.02) and pipeline_bottleneck(run).startswith("link from stage 1 to 2")
     # alone, every token relays through both stages and both messages
     alone = serve([Request(0, 1.0, 16, 9)], pipeline, max_batch_tokens=100, max_num_seqs=200,
                   kv_capacity_tokens=1 << 20).served[0]

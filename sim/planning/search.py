@@ -92,7 +92,7 @@ from sim.replicas import split_batch
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
 from sim.serving.simulate import (RateSearchSettings, ServingVariantResult, check_serving_layout,
-                                  cost_per_million_tokens, simulate_serving)
+                                  cost_per_million_tokens, pipeline_bottleneck, simulate_serving)
 from sim.simulate import simulate
 from sim.training.simulate import simulate_training
 from sim.strategies import StrategyChoice
@@ -703,7 +703,8 @@ class Planner:
 
     def _serving_result(self, price_per_hour: float, vr: ServingVariantResult, context: str) -> dict:
         """A serving candidate's row: its metrics at the target rate, its maximum rate and $/Mtok
-        there; it meets the objectives iff the maximum rate is at least the target; ``context``:
+        there, a pipeline's busiest part there (:func:`sim.serving.simulate.pipeline_bottleneck`);
+        it meets the objectives iff the maximum rate is at least the target; ``context``:
         how a profile priced it (:func:`sim.context.profile_context`)."""
         config = self.request.config
         slo, target = config.slo.serving(), config.workload.rate_per_s
@@ -718,7 +719,8 @@ class Planner:
                 SLO_TPOT: at_target[Metric.TPOT.percentile(slo.percentile)],
                 Metric.MAX_REQUEST_RATE: rate, Metric.OUTPUT_TOKENS_PER_S: tokens_per_s,
                 COST_PER_MILLION_TOKENS: cost_per_million_tokens(price_per_hour, tokens_per_s),
-                "rate_search_runs": vr.search.runs}
+                "rate_search_runs": vr.search.runs,
+                "server_bottleneck": pipeline_bottleneck(vr.search.run) if vr.search.run is not None else ""}
 
 
 def serving_misses(metrics: dict, slo: ServingSLO) -> list[str]:

@@ -92,6 +92,10 @@ class ServingRun:
     max_running: int = 0
     kv_capacity_tokens: int = 0
     batch_tokens: list[int] = field(default_factory=list)
+    stage_busy_s: tuple[float, ...] = ()
+    """Each stage's compute over the run (s)."""
+    link_busy_s: tuple[float, ...] = ()
+    """The messages each stage sent over the run (s; 0 with a single stage)."""
 
 
 @dataclass
@@ -132,7 +136,7 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
     served: list[ServedRequest] = []
     stage_free = [0.0] * stages  # when each stage ends its last iteration (s)
     link_free = [0.0] * stages  # when each stage's outgoing messages are all delivered (s)
-    stage_busy = [0.0] * stages
+    stage_busy, link_busy = [0.0] * stages, [0.0] * stages
     now, iterations, kv_used, next_arrival, max_running = 0.0, 0, 0, 0, 0
     batch_tokens: list[int] = []
     while True:
@@ -172,7 +176,9 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
                 for s, part in enumerate(parts):
                     stage_free[s] = max(ready, stage_free[s]) + part
                     stage_busy[s] += part
-                    link_free[s] = max(stage_free[s], link_free[s]) + cost.hop_s(s, tokens, sequences)
+                    hop = cost.hop_s(s, tokens, sequences)
+                    link_busy[s] += hop
+                    link_free[s] = max(stage_free[s], link_free[s]) + hop
                     ready = link_free[s]
                 in_flight.append(_Batch(decoding, chunks, stage_free[-1], ready))
                 for r in decoding:
@@ -189,7 +195,8 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
             events.append(stage_free[0])
         now = min(events)
     served.sort(key=lambda s: s.request.index)
-    return ServingRun(served, iterations, max(stage_busy), max_running, kv_capacity_tokens, batch_tokens)
+    return ServingRun(served, iterations, max(stage_busy), max_running, kv_capacity_tokens, batch_tokens,
+                      tuple(stage_busy), tuple(link_busy))
 
 
 def _next_batch(running: list[_Running], waiting: deque[Request], max_batch_tokens: int, max_num_seqs: int,

@@ -51,13 +51,14 @@ _MAX_DOUBLINGS = 40
 @dataclass(frozen=True)
 class RateSearch:
     """The highest request rate meeting the SLO: ``rate_per_s`` (0 when even an unloaded server
-    misses it), the metrics of the run at that rate, how many runs the search took, and the
-    metrics of its first run (at the start rate)."""
+    misses it), the metrics of the run at that rate, how many runs the search took, the metrics of
+    its first run (at the start rate), and the run at that rate (None at rate 0)."""
 
     rate_per_s: float
     metrics: dict[str, float]
     runs: int
     start_metrics: dict[str, float] = field(default_factory=dict)
+    run: ServingRun | None = None
 
 
 @dataclass(frozen=True)
@@ -242,42 +243,43 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
                                                "server's queue shows in TTFT only (got tpot alone)")
     runs = 0
 
-    def trial(rate: float) -> tuple[bool, dict[str, float]]:
+    def trial(rate: float) -> tuple[bool, tuple[float, dict[str, float], ServingRun]]:
         nonlocal runs
         runs += 1
         count = min(MAX_REQUESTS, max(len(requests), math.ceil(rate * horizon_s)))
-        metrics = slo_metrics(run_at(at_rate(requests, rate, seed, count)), slo)
-        return meets_slo(metrics, slo), metrics
+        run = run_at(at_rate(requests, rate, seed, count))
+        metrics = slo_metrics(run, slo)
+        return meets_slo(metrics, slo), (rate, metrics, run)
 
     if start_rate_per_s is None:
         alone = run_at([Request(0, 0.0, requests[0].prompt_tokens, requests[0].output_tokens)]).served[0].e2e_s
         start_rate_per_s = 1.0 / alone
     rate = start_rate_per_s
-    ok, metrics = trial(rate)
-    start_metrics = metrics
-    best: tuple[float, dict[str, float]] = (rate, metrics) if ok else (0.0, {})
+    ok, tried = trial(rate)
+    start_metrics = tried[1]
+    best: tuple[float, dict[str, float], ServingRun | None] = tried if ok else (0.0, {}, None)
     lo, hi = (rate, None) if ok else (0.0, rate)
     for _ in range(_MAX_DOUBLINGS):
         if hi is not None:
             break
         rate *= 2
-        ok, metrics = trial(rate)
+        ok, tried = trial(rate)
         if ok:
-            lo, best = rate, (rate, metrics)
+            lo, best = rate, tried
         else:
             hi = rate
     if hi is None:
-        return RateSearch(best[0], best[1], runs, start_metrics)
+        return RateSearch(best[0], best[1], runs, start_metrics, best[2])
     for _ in range(_SEARCH_STEPS):
         if tolerance and hi - lo <= tolerance * lo:
             break
         mid = (lo + hi) / 2
-        ok, metrics = trial(mid)
+        ok, tried = trial(mid)
         if ok:
-            lo, best = mid, (mid, metrics)
+            lo, best = mid, tried
         else:
             hi = mid
-    return RateSearch(best[0], best[1], runs, start_metrics)
+    return RateSearch(best[0], best[1], runs, start_metrics, best[2])
 
 
 @dataclass(frozen=True)
@@ -357,6 +359,21 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     return ServingResult(scenario, topology, ranks, tuple(results), pd.concat(tables, ignore_index=True),
                          calibrated=profile is not None, layout=parallel.label, network=pricing.choice,
                          extrapolated=extrapolated)
+
+
+def pipeline_bottleneck(run: ServingRun) -> str:
+    """A pipeline's busiest part over ``run``: the stage (its compute) or the link after a stage
+    (its messages) busy the longest, with its share of the run's span (first arrival to last
+    token), e.g. ``stage 2 of 2, busy 97%``; '' for a single stage. Under load the busiest part
+    sets the rate of iterations (:mod:`sim.serving.scheduler`)."""
+    stages = len(run.stage_busy_s)
+    if stages < 2:
+        return ""
+    span = max(s.finish_s for s in run.served) - min(s.request.arrival_s for s in run.served)
+    parts = [(busy, f"stage {s + 1} of {stages}") for s, busy in enumerate(run.stage_busy_s)]
+    parts += [(busy, f"link from stage {s + 1} to {(s + 1) % stages + 1}") for s, busy in enumerate(run.link_busy_s)]
+    busy, name = max(parts, key=lambda part: part[0])  # the first of equals: stages before links
+    return f"{name}, busy {100 * busy / span:.0f}%"
 
 
 def cost_per_million_tokens(price_per_hour: float, output_tokens_per_s: float) -> float:
