@@ -19,7 +19,9 @@ vLLM V1's scheduler finds no new token to schedule for it until then), with its 
 ``max_num_seqs`` and the KV cache bound the requests running over all of them. An iteration passes
 the stages in order; each stage runs one iteration at a time, in launch order, then sends its
 residual stream on to the next stage over its link, one message at a time; the last stage sends
-the sampled tokens back to the first. A token comes out when the last stage samples it; its
+the sampled tokens back to the first (a message holds its link for its whole priced time, latency
+included: an upper bound where messages could overlap on the wire; links of different stages, and
+a stage's messages and its group's collectives, do not slow each other). A token comes out when the last stage samples it; its
 request can go on once it is back at the first stage. Under load every stage is busy on a
 different iteration, so the server runs an iteration per slowest stage (or slowest link); alone, a
 request relays through every stage and link per token (llama.cpp RPC, prima.cpp). One stage is
