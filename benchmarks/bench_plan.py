@@ -34,7 +34,12 @@ sessions' work, 3 repeats each: before, median 87.8 s wall (80.6, 87.8, 101.6) a
 session's merges): median 44.2 s wall (44.9, 44.2, 36.3), 43.3 s CPU. Serving (same machine, load average 0.1-1.9):
 24 candidates (22 simulated, 1 limits, 1 memory); median over 3 repeats 26.4 s wall (26.8, 26.4,
 24.4), 25.7 s CPU; with ``--accuracy --accuracy-top 5`` the plan's maximum rates were -1.2% to
-+10.8% off the reference's (4.51 to 11.6 requests/s).
++10.8% off the reference's (4.51 to 11.6 requests/s). With pipelines served (an iteration in flight
+per stage, session 15), the serving plan simulates its 26 pipeline candidates too: 58 simulated
+of 64 (was 32 simulated, 28 refused as layouts), CPU 84.5 s before and 194.5 s after, one repeat
+each, interleaved, load average 5.8-6.2 from other sessions' work (wall 327.8 and 340.5 s); the
+batch case does not serve and stays as it was (CPU 53.0 and 60.6 s before, 53.6 and 52.2 s after,
+same load, 38,040 candidates, the same pick).
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py [--case serving] [--repeats 3] [--accuracy]``
 """

@@ -363,13 +363,17 @@ class Engine:
         ``fabric`` (a pipeline's hop between stages): the event of its arrival at ``dst``. Priced
         as a one-transfer schedule by the network model (its transport terms included), on the
         fabric like a contending collective: its priced time, plus what sharing links costs."""
-        schedule = CommSchedule(OpKind.SEND, P2P, (src, dst), None, size_bytes,
-                                ((Transfer(src, dst, size_bytes, False),),))
+        schedule = _message(src, dst, size_bytes)
         extra = self._extra_s.get(schedule)
         if extra is None:
             priced, idle = self.pricer.network.time(schedule), self._idle_fluid.time(schedule)
             extra = self._extra_s[schedule] = {r: priced.finish_s.get(r, 0.0) - idle.finish_s[r] for r in (src, dst)}
         return fabric.collective(schedule, extra)[dst]
+
+    def message_s(self, src: int, dst: int, size_bytes: int) -> float:
+        """The time (s) a lone point-to-point message of ``size_bytes`` takes from rank ``src`` to
+        ``dst`` on an otherwise idle network: :meth:`send`'s price without a fabric to share."""
+        return self.pricer.network.time(_message(src, dst, size_bytes)).finish_s[dst]
 
     def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]],
                 arrivals: dict[int, float] | None = None) -> CollectiveTiming:
@@ -378,6 +382,11 @@ class Engine:
         algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, arrivals)
         algorithms[op.call] = (c.kind.value, algorithm)
         return timing
+
+
+def _message(src: int, dst: int, size_bytes: int) -> CommSchedule:
+    """A point-to-point message as the network models price it: a one-transfer schedule."""
+    return CommSchedule(OpKind.SEND, P2P, (src, dst), None, size_bytes, ((Transfer(src, dst, size_bytes, False),),))
 
 
 def _arrival(offset_s: float, index: int) -> float:

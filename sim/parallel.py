@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from models.accounting import layer_block_weight_bytes, stage_weight_bytes
+from models.accounting import kv_cache_bytes_per_token, layer_block_weight_bytes, stage_weight_bytes
 from models.errors import ConfigError
 from models.shards import TensorShard, tensor_shards
 from models.spec import ModelSpec
@@ -394,3 +394,28 @@ def _device_lists(lists: list[list[str]], devices: tuple[str, ...], tensor: int 
                 raise ConfigError(f"parallel.stages[{s}]", f"device {name} is in two stages' lists (got {name!r})")
             placement.append(devices.index(name))
     return tuple(placement)
+
+
+def rank_needs_bytes(spec: ModelSpec, parallel: ParallelPlan, batches: tuple[int, ...],
+                     kv_tokens_per_sequence: int) -> dict[int, tuple[int, int]]:
+    """Each rank's resident weights and KV cache (bytes) when the run holds ``kv_tokens_per_sequence``
+    tokens of each sequence: replica i serving ``batches[i]`` sequences; a pipeline stage's ranks
+    hold only its layers' weights (the first stage's master the embeddings, the last's the final
+    norm and LM head, :func:`models.accounting.stage_weight_bytes`) and KV cache, for every
+    sequence of the batch. The simulator allocates the same (:class:`sim.plan.Plan`)."""
+    needs = {}
+    per_layer_kv = {}
+    last = parallel.pipeline - 1
+    for replica, (ranks, shards, batch) in enumerate(zip(parallel.replica_ranks, parallel.replica_shards, batches)):
+        for s, layers in enumerate(parallel.stages):
+            group = ranks[s * parallel.tensor:(s + 1) * parallel.tensor]
+            for i, rank in enumerate(group):
+                shard = None if shards is None else shards[i]
+                master = i == 0
+                weights = stage_weight_bytes(spec, parallel.tensor, layers, embeds=master and s == 0,
+                                             heads=master and s == last, shard=shard)
+                key = (shard, parallel.tensor)
+                if key not in per_layer_kv:
+                    per_layer_kv[key] = kv_cache_bytes_per_token(spec, parallel.tensor, shard=shard) // spec.num_layers
+                needs[rank] = (weights, per_layer_kv[key] * layers * batch * kv_tokens_per_sequence)
+    return needs

@@ -30,6 +30,20 @@ TOKEN_BYTES = 8
 """Bytes of one sampled token id sent back from the last stage (torch.long)."""
 
 
+def pipeline_stages(parallel: ParallelPlan) -> tuple[Stage, ...]:
+    """The part of the model each stage of ``parallel`` runs: its layers; the first stage embeds,
+    the last normalises and samples."""
+    last = parallel.pipeline - 1
+    return tuple(Stage(first, layers, embeds=s == 0, heads=s == last)
+                 for s, (first, layers) in enumerate(zip(parallel.stage_first_layers, parallel.stages)))
+
+
+def hidden_bytes(model: ModelSpec, tokens: int) -> int:
+    """Bytes of the residual stream of ``tokens`` tokens that a stage sends the next: [tokens,
+    hidden] in the model's dtype."""
+    return tokens * model.hidden_size * model.dtype_bytes
+
+
 @dataclass(frozen=True, slots=True)
 class Hop:
     """A point-to-point message between two stage masters: ``size_bytes`` from ``src`` to ``dst``
@@ -84,10 +98,8 @@ class PipelinePlan:
         if count > batch_size:
             raise ConfigError("parallel.micro_batches", f"more micro-batches than the batch's {batch_size} "
                                                         f"sequences (got {count})")
-        last = parallel.pipeline - 1
-        stages = tuple(Stage(first, layers, embeds=s == 0, heads=s == last) for s, (first, layers)
-                       in enumerate(zip(parallel.stage_first_layers, parallel.stages)))
-        return cls(parallel.model, parallel.stage_ranks, stages, even_stages(batch_size, count), prompt_tokens,
+        return cls(parallel.model, parallel.stage_ranks, pipeline_stages(parallel), even_stages(batch_size, count),
+                   prompt_tokens,
                    output_tokens, strategy, runtime_memory_bytes or {})
 
     @property
@@ -142,6 +154,5 @@ class PipelinePlan:
         size = self.micro_batches[micro_batch]
         src = self.stage_ranks[stage][0]
         if stage + 1 < len(self.stages):
-            return Hop(src, self.stage_ranks[stage + 1][0], size * new_tokens * self.model.hidden_size
-                       * self.model.dtype_bytes)
+            return Hop(src, self.stage_ranks[stage + 1][0], hidden_bytes(self.model, size * new_tokens))
         return Hop(src, self.master, size * TOKEN_BYTES, tokens=True)

@@ -153,18 +153,29 @@ def test_a_trace_gives_the_request_lengths_and_a_row_beyond_the_context_is_refus
     assert error.value.field == "workload.trace" and "line 3" in error.value.message
 
 
-def test_a_serving_plan_searches_replicas_and_names_why_a_pipeline_cannot_serve():
+def test_a_serving_plan_searches_replicas_and_pipelines():
     search = SERVING["search"] | {"devices": ["rtx_4090"], "devices_per_host": [1], "hosts": [1, 2],
                                   "networks": ["eth10g"], "rate_horizon": "20s"}
     result = plan(plan_from_dict(SERVING | {"search": search}))
     table = result.table.set_index("parallel")
     assert set(table.index) == {"TP=1", "TP=2", "PP=2", "TP=1 x 2 replicas"}
-    assert table.loc["PP=2", "stage"] == Stage.LAYOUT
-    assert table.loc["PP=2", "reason"].startswith("the serving simulator runs no pipeline")
-    one, two = table.loc["TP=1", Metric.MAX_REQUEST_RATE], table.loc["TP=1 x 2 replicas", Metric.MAX_REQUEST_RATE]
+    assert (table["stage"] == Stage.SIMULATED).all()
+    rate = table[Metric.MAX_REQUEST_RATE]
+    one, two = rate["TP=1"], rate["TP=1 x 2 replicas"]
     # each replica serves half the rate: together about twice one device's, a little more as round
     # robin hands each replica every other arrival (gaps less variable than a Poisson stream's, so
     # shorter queues), to the search's tolerance; and more than both devices in one group over the network
     assert 1.7 * one < two < 2.5 * one
-    assert two > table.loc["TP=2", Metric.MAX_REQUEST_RATE]
+    assert two > rate["TP=2"]
+    # two devices as a pipeline keep an iteration in flight on each: more than one device, less
+    # than two replicas (every token also crosses the network twice); and more than tensor
+    # parallelism, which crosses it every layer
+    assert one < rate["PP=2"] < two and rate["PP=2"] > rate["TP=2"]
     assert result.pick["parallel"] in ("TP=1", "TP=1 x 2 replicas")
+
+
+def test_the_shipped_serving_plan_lists_pipelines_among_its_candidates():
+    table = Planner(load_plan("scenarios/plan_serving_llama31_8b.yaml")).candidates()
+    pipelines = table[table["parallel"].str.contains("PP=")]
+    assert not pipelines.empty and (pipelines["stage"] != Stage.LAYOUT).all()
+    assert (pipelines["stage"] == Stage.SIMULATED).any()

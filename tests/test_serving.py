@@ -11,8 +11,9 @@ import yaml
 
 from models.errors import ConfigError
 from sim.scenario import scenario_from_dict
-from sim.serving.requests import poisson_arrivals, workload_requests
-from sim.serving.simulate import cost_per_million_tokens, meets_slo, simulate_serving
+from sim.serving.requests import Request, poisson_arrivals, workload_requests
+from sim.serving.scheduler import serve
+from sim.serving.simulate import cost_per_million_tokens, meets_slo, pipeline_bottleneck, simulate_serving
 from sim.simulate import simulate
 from sim.vocabulary import Metric, unit_of
 
@@ -188,6 +189,70 @@ def test_an_uneven_split_serves_as_the_inference_simulator_prices_it():
     assert served.run.kv_capacity_tokens < even.run.kv_capacity_tokens
 
 
-def test_a_pipeline_is_refused_in_one_line_naming_the_field():
-    with pytest.raises(ConfigError, match="^parallel.pipeline: the serving simulator runs no pipeline"):
-        simulate_serving(_layout({"tensor": 1, "pipeline": 2}, slo=None))
+class _FixedStages:
+    """A server whose stages take fixed times per iteration whatever its batch (s), each followed
+    by a message of a fixed time: the scheduler's view of a pipeline (sim.serving.iteration.ServerCost)."""
+
+    def __init__(self, stage_s: list[float], hop_s: list[float]):
+        self.stages, self._stage_s, self._hop_s = tuple(stage_s), stage_s, hop_s
+
+    def stage_s(self, decodes, mean_context, chunks):
+        return list(self._stage_s)
+
+    def hop_s(self, stage, tokens, sequences):
+        return self._hop_s[stage]
+
+
+def _saturated(cost, requests):
+    run = serve(requests, cost, max_batch_tokens=100, max_num_seqs=200, kv_capacity_tokens=1 << 20)
+    return run, run.iterations / max(s.finish_s for s in run.served)
+
+
+def test_a_saturated_pipeline_runs_an_iteration_per_slowest_stage_and_a_lone_request_relays():
+    pipeline = _FixedStages([0.010, 0.006], [0.001, 0.0005])  # a trip of 17.5 ms, the slowest stage 10 ms
+    # 200 requests at once, 100 per iteration (the token budget): two batches keep both stages busy
+    flood = [Request(i, 0.0, 1, 100) for i in range(200)]
+    run, rate = _saturated(pipeline, flood)
+    assert 95.0 < rate <= 100.0  # ~ 1 / 10 ms
+    assert re.fullmatch(r"stage 1 of 2, busy (99|100)%", pipeline_bottleneck(run))
+    one, rate = _saturated(_FixedStages([0.0175], [0.0]), flood)
+    assert rate == pytest.approx(1 / 0.0175, rel=0.01) and pipeline_bottleneck(one) == ""
+    # a slow link: with one iteration in flight per stage, two per trip of 28.5 ms, the link the busiest
+    run, rate = _saturated(_FixedStages([0.010, 0.006], [0.012, 0.0005]), flood)
+    assert rate == pytest.approx(2 / 0.0285, rel=0.02) and pipeline_bottleneck(run).startswith("link from stage 1 to 2")
+    # alone, every token relays through both stages and both messages
+    alone = serve([Request(0, 1.0, 16, 9)], pipeline, max_batch_tokens=100, max_num_seqs=200,
+                  kv_capacity_tokens=1 << 20).served[0]
+    assert alone.ttft_s == pytest.approx(0.010 + 0.001 + 0.006)  # sampled on the last stage
+    assert alone.tpot_s == pytest.approx(0.0175)
+
+
+def test_an_unloaded_request_in_a_pipeline_takes_the_inference_simulators_relay():
+    pipeline = {"tensor": 1, "pipeline": 2}
+    served = simulate_serving(_layout(pipeline, requests=1, slo=None)).variants[0]
+    document = _document()
+    document["workload"] = {"batch_size": 1, "prompt_tokens": 256, "output_tokens": 32}
+    document["parallel"], document["variants"] = pipeline, document["variants"][1:]
+    batch = simulate(scenario_from_dict(document)).variants[0]  # sim.pipeline_run: one micro-batch relays
+    assert served.metrics[Metric.TTFT] == pytest.approx(batch.timing[Metric.TTFT], rel=1e-9)
+    assert served.metrics[Metric.TPOT] == pytest.approx(batch.timing[Metric.TPOT], rel=1e-6)
+
+
+def test_under_load_two_hosts_as_a_pipeline_serve_more_and_queue_less_than_one_or_a_tensor_group():
+    def run(parallel: dict, rate: float):
+        return simulate_serving(_layout(parallel, rate_per_s=rate, requests=120, slo=None)).variants[0].metrics
+
+    p90 = Metric.TTFT.percentile(90)
+    pipeline = [run({"tensor": 1, "pipeline": 2}, rate) for rate in (1.0, 16.0, 64.0)]
+    assert pipeline[0][p90] < pipeline[1][p90] < pipeline[2][p90]  # queueing grows with the load
+    one, tensor = run({"tensor": 1}, 16.0), run({"tensor": 2}, 16.0)
+    # each host runs half the layers of every iteration, two iterations in flight; tensor
+    # parallelism crosses the 1 Gbit/s link every layer
+    assert pipeline[1][p90] < one[p90] < tensor[p90]
+    assert pipeline[2][Metric.OUTPUT_TOKENS_PER_S] > 1.5 * run({"tensor": 1}, 64.0)[Metric.OUTPUT_TOKENS_PER_S]
+
+
+def test_a_pipeline_stage_holds_only_its_layers_so_more_tokens_fit():
+    one = simulate_serving(_layout({"tensor": 1}, requests=1, slo=None)).variants[0]
+    two = simulate_serving(_layout({"tensor": 1, "pipeline": 2}, requests=1, slo=None)).variants[0]
+    assert two.run.kv_capacity_tokens > 1.9 * one.run.kv_capacity_tokens

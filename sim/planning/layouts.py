@@ -20,15 +20,14 @@ left idle would be paid for and unused):
 A layout is a candidate only where the simulator accepts it: :class:`sim.parallel.ParallelPlan`
 checks the degrees against the model (heads, layers) and :func:`sim.replicas.split_batch` the
 batch against the replicas, :func:`sim.serving.simulate.check_serving_layout` a request load
-against the layout (the serving simulator runs no pipeline); the rules live there only. A serving
-plan tries the same layouts as a batch plan.
+against the layout; the rules live there only. A serving plan tries the same layouts as a batch
+plan (a pipeline serves with an iteration in flight per stage, :mod:`sim.serving.scheduler`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.accounting import kv_cache_bytes_per_token, stage_weight_bytes
 from models.spec import ModelSpec
 from sim.parallel import ParallelPlan, ShareBasis, layout_label, share_weights
 from sim.topology import Device
@@ -89,28 +88,3 @@ def inference_layouts(hosts: int, per_host: int, *, uneven: bool) -> list[Infere
     if hosts > 1:
         layouts.append(InferenceLayout(per_host, replicas=hosts))
     return layouts
-
-
-def rank_needs_bytes(spec: ModelSpec, parallel: ParallelPlan, batches: tuple[int, ...],
-                     kv_tokens_per_sequence: int) -> dict[int, tuple[int, int]]:
-    """Each rank's resident weights and KV cache (bytes) when the run holds ``kv_tokens_per_sequence``
-    tokens of each sequence: replica i serving ``batches[i]`` sequences; a pipeline stage's ranks
-    hold only its layers' weights (the first stage's master the embeddings, the last's the final
-    norm and LM head, :func:`models.accounting.stage_weight_bytes`) and KV cache, for every
-    sequence of the batch. The simulator allocates the same (:class:`sim.plan.Plan`)."""
-    needs = {}
-    per_layer_kv = {}
-    last = parallel.pipeline - 1
-    for replica, (ranks, shards, batch) in enumerate(zip(parallel.replica_ranks, parallel.replica_shards, batches)):
-        for s, layers in enumerate(parallel.stages):
-            group = ranks[s * parallel.tensor:(s + 1) * parallel.tensor]
-            for i, rank in enumerate(group):
-                shard = None if shards is None else shards[i]
-                master = i == 0
-                weights = stage_weight_bytes(spec, parallel.tensor, layers, embeds=master and s == 0,
-                                             heads=master and s == last, shard=shard)
-                key = (shard, parallel.tensor)
-                if key not in per_layer_kv:
-                    per_layer_kv[key] = kv_cache_bytes_per_token(spec, parallel.tensor, shard=shard) // spec.num_layers
-                needs[rank] = (weights, per_layer_kv[key] * layers * batch * kv_tokens_per_sequence)
-    return needs

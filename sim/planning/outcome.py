@@ -16,9 +16,10 @@
 A **serving** plan (:mod:`sim.planning.search`) meets the objectives where a configuration's
 maximum request rate reaches the target. Its pick is the cheapest such (ties: the higher maximum
 rate); the top 10 go by the same rule, then those that miss, the highest maximum rate first; its
-one frontier is price per hour against maximum request rate (``pareto_rate``). It names no
-bottleneck: a loaded server's iterations mix prefill chunks and decodes, which no single step
-shows.
+one frontier is price per hour against maximum request rate (``pareto_rate``). Its bottleneck is
+a pipeline's busiest stage or link at the maximum rate
+(:func:`sim.serving.simulate.pipeline_bottleneck`); a single group's is left empty: a loaded
+server's iterations mix prefill chunks and decodes, which no single step shows.
 
 A **training** plan reads the optimizer step's time for latency and trained tokens/s for
 throughput (its frontiers, ranking and ties alike); each top configuration's bottleneck is the
@@ -212,10 +213,11 @@ def serving_recommendation(request: PlanRequest, table: pd.DataFrame, pick: pd.S
         return (f"No configuration within the limits sustains {goal}; the closest is {row['cluster']} running "
                 f"{_layout(row)}, at ${price_text(row['price_per_hour'])}/h, whose maximum rate is "
                 f"{row[Metric.MAX_REQUEST_RATE]:.3g} requests/s.")
+    why = f"; its busiest part there is {pick['bottleneck']}" if pick.get("bottleneck") else ""
     return (f"Use {pick['cluster']} for {pick['model']}, running {_layout(pick)}: at ${price_text(pick['price_per_hour'])}/h "
             f"it is the cheapest of the {int(table['meets_slo'].sum())} configurations that sustain {goal} "
             f"(maximum {pick[Metric.MAX_REQUEST_RATE]:.3g} requests/s, "
-            f"${pick[COST_PER_MILLION_TOKENS]:.3g} per million output tokens there).")
+            f"${pick[COST_PER_MILLION_TOKENS]:.3g} per million output tokens there{why}).")
 
 
 def _none_simulated(table: pd.DataFrame) -> str:
@@ -275,9 +277,11 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
                                                       table.loc[fits, throughput], larger_is_better=True)
     table["rank"] = ranking(table, serving=serving, latency=latency)
     table["bottleneck"], table["prefill_bottleneck"] = "", ""
-    if request.config.is_training and "step_bottleneck" in table:  # the step's own terms name it: no re-simulation
-        ranked = table["rank"] > 0
-        table.loc[ranked, "bottleneck"] = table.loc[ranked, "step_bottleneck"]
+    # a training step's own terms, a serving pipeline's busiest part name it: no re-simulation
+    for own in ("step_bottleneck", "server_bottleneck"):
+        if own in table:
+            ranked = table["rank"] > 0
+            table.loc[ranked, "bottleneck"] = table.loc[ranked, own].fillna("")
     decode_step = 1 if serving or request.config.is_training or request.config.workload.output_tokens > 1 else 0
     for i in table.index[table["rank"] > 0] if not (serving or request.config.is_training) else ():
         scenario = scenario_from_dict(planner.scenario_dict(table.loc[i]))
@@ -295,7 +299,7 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
         scenario["description"] = f"hetsim plan {request.name}: {chosen['cluster']}, {_layout(chosen)}"
         scenario["variants"][0]["name"] = chosen["variant"]
     public = [c for c in table.columns if c not in ("shape", "variant_config", "memory_config", "model_index", "layout",
-                                                    "step_bottleneck", "tokens_upper_bound")]
+                                                    "step_bottleneck", "server_bottleneck", "tokens_upper_bound")]
     notes = []
     if profile is not None:
         outside = table[(table["rank"] > 0) & table["profile_context"].str.startswith("outside")]

@@ -10,7 +10,7 @@ ends at one **stage**, cheapest test first:
 1. ``layout``: the simulator refuses the layout (:class:`sim.parallel.ParallelPlan`: the degrees
    cannot shard the model; :func:`sim.replicas.split_batch`: fewer sequences than replicas;
    :func:`sim.scenario.check_pipeline_policy`: streamed weights in a pipeline;
-   :func:`sim.serving.simulate.check_serving_layout`: a pipeline serving a request load), or a
+   :func:`sim.serving.simulate.check_serving_layout`: a layout a server does not run), or a
    device lacks the dtype;
 2. ``limits``: more devices than ``limits.max_devices`` or a price above ``limits.budget_per_hour``;
 3. ``memory``: a lower bound of some rank's peak exceeds its capacity: its framework baseline
@@ -33,12 +33,13 @@ ends at one **stage**, cheapest test first:
    surviving variants, so they share the topology and the collective pricer.
 
 A **serving** plan (``workload: {kind: serving, ...}``) tries the same layouts (replicas share the
-request rate, each serving rate / R behind a round-robin balancer; a pipeline is a ``layout`` row
-whose reason says the serving simulator runs none) and prunes with the same stages, read for a
+request rate, each serving rate / R behind a round-robin balancer; a pipeline keeps an iteration
+in flight per stage, :mod:`sim.serving.scheduler`) and prunes with the same stages, read for a
 load of requests: ``memory`` when the KV cache left beside the weights (at the workload's
 ``memory_utilization``, as :func:`sim.serving.simulate.kv_capacity_tokens` sizes it) cannot hold
 the longest request alone, which the serving simulator would refuse; ``bound`` when a single
-request's TPOT lower bound (one sequence decoding at the shortest prompt, on the slowest replica) misses the objective:
+request's TPOT lower bound (one sequence decoding at the shortest prompt, on the slowest replica, through
+every stage of a pipeline) misses the objective:
 every decode iteration of a loaded server costs at least that pass. It has no TTFT bound (a prompt
 split into chunks may beat the whole prompt's roofline) and no ``dominated`` stage (no closed-form
 bound of a maximum rate): every survivor is simulated by :func:`sim.serving.simulate.simulate_serving`,
@@ -80,9 +81,9 @@ from sim.devices import DEVICES
 from sim.framework import default_runtime_memory
 from sim.planning import training
 from sim.planning.catalog import Catalog, price_text
-from sim.planning.layouts import InferenceLayout, inference_layouts, rank_needs_bytes
+from sim.planning.layouts import InferenceLayout, inference_layouts
 from sim.planning.plan_config import PlanRequest
-from sim.parallel import ParallelPlan
+from sim.parallel import ParallelPlan, rank_needs_bytes
 from sim.pipeline import PipelinePlan
 from sim.plan import Plan
 from sim.program import Stage as ProgramStage
@@ -91,7 +92,7 @@ from sim.replicas import split_batch
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
 from sim.serving.simulate import (RateSearchSettings, ServingVariantResult, check_serving_layout,
-                                  cost_per_million_tokens, simulate_serving)
+                                  cost_per_million_tokens, pipeline_bottleneck, simulate_serving)
 from sim.simulate import simulate
 from sim.training.simulate import simulate_training
 from sim.strategies import StrategyChoice
@@ -284,7 +285,7 @@ class Planner:
         """A rank of ``layout`` on devices of types ``devices`` (rank order) whose lower bound of peak memory exceeds its capacity (a serving plan's: its share
         ``memory_utilization``, with the KV cache of the longest request), described; '' if none.
         Every rank of the layout is checked: a pipeline stage holds its layers' weights and KV
-        cache (:func:`sim.planning.layouts.rank_needs_bytes`), a replica its share of the batch."""
+        cache (:func:`sim.parallel.rank_needs_bytes`), a replica its share of the batch."""
         config = self.request.config
         w = config.workload
         spec, policy = self.request.models[model_index], config.search.memory[policy_index].to_policy()
@@ -702,7 +703,8 @@ class Planner:
 
     def _serving_result(self, price_per_hour: float, vr: ServingVariantResult, context: str) -> dict:
         """A serving candidate's row: its metrics at the target rate, its maximum rate and $/Mtok
-        there; it meets the objectives iff the maximum rate is at least the target; ``context``:
+        there, a pipeline's busiest part there (:func:`sim.serving.simulate.pipeline_bottleneck`);
+        it meets the objectives iff the maximum rate is at least the target; ``context``:
         how a profile priced it (:func:`sim.context.profile_context`)."""
         config = self.request.config
         slo, target = config.slo.serving(), config.workload.rate_per_s
@@ -717,7 +719,8 @@ class Planner:
                 SLO_TPOT: at_target[Metric.TPOT.percentile(slo.percentile)],
                 Metric.MAX_REQUEST_RATE: rate, Metric.OUTPUT_TOKENS_PER_S: tokens_per_s,
                 COST_PER_MILLION_TOKENS: cost_per_million_tokens(price_per_hour, tokens_per_s),
-                "rate_search_runs": vr.search.runs}
+                "rate_search_runs": vr.search.runs,
+                "server_bottleneck": pipeline_bottleneck(vr.search.run) if vr.search.run is not None else ""}
 
 
 def serving_misses(metrics: dict, slo: ServingSLO) -> list[str]:

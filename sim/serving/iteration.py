@@ -27,6 +27,8 @@ import math
 from models.shards import TensorShard
 from models.spec import ModelSpec
 from sim.engine import Engine
+from sim.pipeline import TOKEN_BYTES, hidden_bytes
+from sim.program import Stage
 from sim.strategies import StrategyChoice
 from sim.vocabulary import PhaseKind
 
@@ -44,12 +46,16 @@ class IterationCost:
         engine: the engine pricing passes on the scenario's cluster.
         shards: each rank's slice of the layers when the split is uneven (:mod:`models.shards`, in
             the order of ``ranks``); None: even.
+        stage: a pipeline stage's part of the model (:class:`sim.program.Stage`); None: all of it.
     """
 
     def __init__(self, model: ModelSpec, ranks: tuple[int, ...], choice: StrategyChoice, engine: Engine,
-                 shards: tuple[TensorShard, ...] | None = None):
+                 shards: tuple[TensorShard, ...] | None = None, stage: Stage | None = None):
         self.model, self.ranks, self.choice, self.engine, self.shards = model, ranks, choice, engine, shards
+        # Only a pipeline stage passes a stage (as sim.plan._lowered): a strategy that knows no pipeline still lowers.
+        self._stage = {} if stage is None else {"stage": stage}
         self._passes: dict[tuple[int, int, int], float] = {}
+        self._smallest: float | None = None  # the smallest pass, D(1, 1)
 
     def _pass_s(self, batch: int, new_tokens: int, context: int) -> float:
         key = (batch, new_tokens, context)
@@ -57,7 +63,7 @@ class IterationCost:
             # A one-token pass is a decode step whatever its context; the lowering prices both alike.
             kind, step = (PhaseKind.DECODE, 1) if new_tokens == 1 else (PhaseKind.PREFILL, 0)
             phase = self.choice.implementation.lower(self.model, batch, self.ranks, self.choice.algorithms, kind, step,
-                                                     new_tokens, context, shards=self.shards)
+                                                     new_tokens, context, shards=self.shards, **self._stage)
             self._passes[key] = sum(seg.repeat * self.engine.run_segment(seg).duration_s for seg in phase.segments)
         return self._passes[key]
 
@@ -84,7 +90,9 @@ class IterationCost:
     def iteration_s(self, decodes: int, mean_context: float, chunks: list[tuple[int, int]]) -> float:
         """One iteration: ``decodes`` decode tokens at ``mean_context``, plus prefill ``chunks``
         (``(new_tokens, context_end)`` each), by the marginal composition of the module docstring."""
-        smallest = self.decode_s(1, 1)
+        if self._smallest is None:
+            self._smallest = self.decode_s(1, 1)
+        smallest = self._smallest
         total = self.decode_s(decodes, mean_context) if decodes else smallest
         return total + sum(self.prefill_s(n, k) - smallest for n, k in chunks)
 
@@ -92,6 +100,49 @@ class IterationCost:
     def passes_simulated(self) -> int:
         """How many distinct forward passes were simulated (grid points)."""
         return len(self._passes)
+
+
+class ServerCost:
+    """What one server's iterations cost: each pipeline stage's part (one stage: a tensor-parallel
+    group running the whole model) and the messages between stages.
+
+    A stage's part of an iteration is its :class:`IterationCost` (its layers, on its group). After
+    its part, stage s's master sends the residual stream of every token of the iteration to stage
+    s + 1's master, and the last stage's master sends the sampled token of every sequence back to
+    the first stage's master (:meth:`sim.pipeline.PipelinePlan.hop_on`), each message priced alone
+    by the network model (:meth:`sim.engine.Engine.message_s`) and cached by size.
+
+    Args:
+        model: the model served.
+        stages: each stage's iteration costs, in order.
+        masters: each stage's master (topology rank), in order.
+        engine: the engine pricing the messages.
+    """
+
+    def __init__(self, model: ModelSpec, stages: tuple[IterationCost, ...], masters: tuple[int, ...], engine: Engine):
+        self.model, self.stages, self.masters, self.engine = model, stages, masters, engine
+        self._hops: dict[tuple[int, int], float] = {}
+
+    def stage_s(self, decodes: int, mean_context: float, chunks: list[tuple[int, int]]) -> list[float]:
+        """Each stage's part (s) of one iteration (:meth:`IterationCost.iteration_s`)."""
+        if len(self.stages) == 1:
+            return [self.stages[0].iteration_s(decodes, mean_context, chunks)]
+        times: dict[int, float] = {}  # alike stages share one cost: priced once
+        return [times[id(stage)] if id(stage) in times else
+                times.setdefault(id(stage), stage.iteration_s(decodes, mean_context, chunks)) for stage in self.stages]
+
+    def hop_s(self, stage: int, tokens: int, sequences: int) -> float:
+        """The message (s) ``stage`` sends after its part of an iteration of ``tokens`` tokens over
+        ``sequences`` sequences: their residual stream to the next stage, or from the last stage
+        their sampled tokens to the first; 0 with a single stage."""
+        if len(self.stages) == 1:
+            return 0.0
+        last = stage == len(self.stages) - 1
+        size = sequences * TOKEN_BYTES if last else hidden_bytes(self.model, tokens)
+        key = (stage, size)
+        if key not in self._hops:
+            self._hops[key] = self.engine.message_s(self.masters[stage], self.masters[0 if last else stage + 1], size)
+        return self._hops[key]
 
 
 def _bracket(x: float, step: int) -> tuple[int, int, float]:

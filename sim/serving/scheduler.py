@@ -9,6 +9,24 @@ This is vLLM V1's policy (``vllm/v1/core/sched/scheduler.py``: running requests 
 waiting ones, one token budget shared by decode and prefill). A request's first token comes out of
 the iteration that completes its prompt; each later iteration gives it one more token.
 
+A pipeline of S stages (:class:`sim.serving.iteration.ServerCost`) keeps up to S iterations in
+flight, each its own batch: vLLM V1's batch queue (``vllm/v1/engine/core.py``,
+``step_with_batch_queue``, as many batches in flight as the executor's ``max_concurrent_batches``,
+the pipeline's size), the serving counterpart of GPipe's micro-batches (Huang et al. 2019, arXiv
+1811.06965). A new iteration starts once the first stage is free and fewer than S are in flight,
+from the requests in none (a request waits for its token to come back before it can go on, as
+vLLM V1's scheduler finds no new token to schedule for it until then), with its own token budget;
+``max_num_seqs`` and the KV cache bound the requests running over all of them. An iteration passes
+the stages in order; each stage runs one iteration at a time, in launch order, then sends its
+residual stream on to the next stage over its link, one message at a time; the last stage sends
+the sampled tokens back to the first (a message holds its link for its whole priced time, latency
+included: an upper bound where messages could overlap on the wire; links of different stages, and
+a stage's messages and its group's collectives, do not slow each other). A token comes out when the last stage samples it; its
+request can go on once it is back at the first stage. Under load every stage is busy on a
+different iteration, so the server runs an iteration per slowest stage (or slowest link); alone, a
+request relays through every stage and link per token (llama.cpp RPC, prima.cpp). One stage is
+the plain loop: one iteration at a time.
+
 Memory: a request is admitted only when the KV cache can hold its whole prompt and output, so
 nothing is ever preempted. vLLM allocates KV blocks as tokens come and preempts (recomputes) when
 it runs out; reserving ahead admits fewer requests only when memory is the bottleneck.
@@ -20,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from models.errors import ConfigError
-from sim.serving.iteration import IterationCost
+from sim.serving.iteration import ServerCost
 from sim.serving.requests import Request
 
 
@@ -58,6 +76,7 @@ class _Running:
     prefilled: int = 0
     generated: int = 0
     first_token_s: float = 0.0
+    in_flight: bool = False  # in an iteration not yet back at the first stage
 
     @property
     def context(self) -> int:
@@ -67,7 +86,7 @@ class _Running:
 @dataclass
 class ServingRun:
     """The outcome of serving a list of requests: every request's times, the iterations run and
-    the busy time of the servers (s)."""
+    the busy time of the servers (s; a pipeline's: its busiest stage's compute)."""
 
     served: list[ServedRequest]
     iterations: int
@@ -75,17 +94,32 @@ class ServingRun:
     max_running: int = 0
     kv_capacity_tokens: int = 0
     batch_tokens: list[int] = field(default_factory=list)
+    stage_busy_s: tuple[float, ...] = ()
+    """Each stage's compute over the run (s)."""
+    link_busy_s: tuple[float, ...] = ()
+    """The messages each stage sent over the run (s; 0 with a single stage)."""
 
 
-def serve(requests: list[Request], cost: IterationCost, *, max_batch_tokens: int, max_num_seqs: int,
+@dataclass
+class _Batch:
+    """An iteration in flight: its requests, the tokens it returns to the first stage at
+    ``return_s``, and when its last stage sampled them (``sampled_s``)."""
+
+    decoding: list[_Running]
+    chunks: list[tuple[_Running, int]]
+    sampled_s: float
+    return_s: float
+
+
+def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, max_num_seqs: int,
           kv_capacity_tokens: int) -> ServingRun:
     """Serve ``requests`` (in arrival order) by continuous batching; see the module docstring.
 
     Args:
         requests: arrival times (s) and lengths (tokens).
-        cost: iteration times of the variant.
+        cost: iteration times of the variant, stage by stage, and the messages between stages.
         max_batch_tokens: tokens one iteration may process (decode tokens plus prefill chunks).
-        max_num_seqs: requests running at once.
+        max_num_seqs: requests running at once (over every iteration in flight).
         kv_capacity_tokens: tokens the KV cache holds (on the fullest rank).
 
     Raises:
@@ -97,53 +131,101 @@ def serve(requests: list[Request], cost: IterationCost, *, max_batch_tokens: int
         raise ConfigError("workload", f"request {worst.index} needs {worst.prompt_tokens + worst.output_tokens} tokens "
                                       f"of KV cache, but the memory left beside the weights holds "
                                       f"{kv_capacity_tokens} (got {worst.prompt_tokens} + {worst.output_tokens})")
+    stages = len(cost.stages)
     waiting: deque[Request] = deque()
     running: list[_Running] = []
+    in_flight: deque[_Batch] = deque()  # in launch order, which is also the order they return in
     served: list[ServedRequest] = []
-    now, busy, iterations, kv_used, next_arrival, max_running = 0.0, 0.0, 0, 0, 0, 0
+    stage_free = [0.0] * stages  # when each stage ends its last iteration (s)
+    link_free = [0.0] * stages  # when each stage's outgoing messages are all delivered (s)
+    stage_busy, link_busy = [0.0] * stages, [0.0] * stages
+    now, iterations, kv_used, next_arrival, max_running = 0.0, 0, 0, 0, 0
     batch_tokens: list[int] = []
-    while len(served) < len(requests):
+    while True:
+        while in_flight and in_flight[0].return_s <= now:
+            batch = in_flight.popleft()
+            for r in batch.decoding:
+                r.generated += 1
+            for r, n in batch.chunks:
+                r.prefilled += n
+                if r.prefilled == r.request.prompt_tokens:
+                    r.generated, r.first_token_s = 1, batch.sampled_s
+            members = batch.decoding + [r for r, _ in batch.chunks]
+            for r in members:
+                r.in_flight = False
+            for r in [r for r in members if r.generated == r.request.output_tokens]:
+                running.remove(r)
+                kv_used -= r.request.prompt_tokens + r.request.output_tokens
+                served.append(ServedRequest(r.request, r.first_token_s, batch.sampled_s))
+        if len(served) == len(requests):
+            break
         while next_arrival < len(requests) and requests[next_arrival].arrival_s <= now:
             waiting.append(requests[next_arrival])
             next_arrival += 1
-        if not running and not waiting:
-            now = requests[next_arrival].arrival_s
-            continue
-        budget = max_batch_tokens
-        decoding = [r for r in running if r.prefilled == r.request.prompt_tokens][:budget]
-        budget -= len(decoding)
-        chunks: list[tuple[_Running, int]] = []
-        for r in running:
-            if budget and r.prefilled < r.request.prompt_tokens:
-                n = min(r.request.prompt_tokens - r.prefilled, budget)
-                chunks.append((r, n))
-                budget -= n
-        while waiting and budget and len(running) < max_num_seqs:
-            need = waiting[0].prompt_tokens + waiting[0].output_tokens
-            if kv_used + need > kv_capacity_tokens:
-                break
-            admitted = _Running(waiting.popleft())
-            kv_used += need
-            running.append(admitted)
-            n = min(admitted.request.prompt_tokens, budget)
-            chunks.append((admitted, n))
-            budget -= n
-        max_running = max(max_running, len(running))
-        mean_context = sum(r.context for r in decoding) / len(decoding) if decoding else 0.0
-        duration = cost.iteration_s(len(decoding), mean_context, [(n, r.prefilled + n) for r, n in chunks])
-        now += duration
-        busy += duration
-        iterations += 1
-        batch_tokens.append(max_batch_tokens - budget)
-        for r in decoding:
-            r.generated += 1
-        for r, n in chunks:
-            r.prefilled += n
-            if r.prefilled == r.request.prompt_tokens:
-                r.generated, r.first_token_s = 1, now
-        for r in [r for r in running if r.generated == r.request.output_tokens]:
-            running.remove(r)
-            kv_used -= r.request.prompt_tokens + r.request.output_tokens
-            served.append(ServedRequest(r.request, r.first_token_s, now))
+        if len(in_flight) < stages and stage_free[0] <= now:
+            batch = _next_batch(running, waiting, max_batch_tokens, max_num_seqs, kv_capacity_tokens - kv_used)
+            if batch is not None:
+                decoding, chunks, admitted = batch
+                kv_used += sum(r.request.prompt_tokens + r.request.output_tokens for r in admitted)
+                max_running = max(max_running, len(running))
+                mean_context = sum(r.context for r in decoding) / len(decoding) if decoding else 0.0
+                parts = cost.stage_s(len(decoding), mean_context, [(n, r.prefilled + n) for r, n in chunks])
+                tokens, sequences = len(decoding) + sum(n for _, n in chunks), len(decoding) + len(chunks)
+                # The stages run iterations in launch order, each one at a time; a stage's messages
+                # leave in that order over its link to the next (vLLM V1's batch queue keeps up to one
+                # iteration in flight per stage: vllm/v1/engine/core.py, step_with_batch_queue).
+                ready = now
+                for s, part in enumerate(parts):
+                    stage_free[s] = max(ready, stage_free[s]) + part
+                    stage_busy[s] += part
+                    hop = cost.hop_s(s, tokens, sequences)
+                    link_busy[s] += hop
+                    link_free[s] = max(stage_free[s], link_free[s]) + hop
+                    ready = link_free[s]
+                in_flight.append(_Batch(decoding, chunks, stage_free[-1], ready))
+                for r in decoding:
+                    r.in_flight = True
+                for r, _ in chunks:
+                    r.in_flight = True
+                iterations += 1
+                batch_tokens.append(tokens)
+                continue
+        events = [in_flight[0].return_s] if in_flight else []
+        if next_arrival < len(requests):
+            events.append(requests[next_arrival].arrival_s)
+        if stage_free[0] > now and len(in_flight) < stages:
+            events.append(stage_free[0])
+        now = min(events)
     served.sort(key=lambda s: s.request.index)
-    return ServingRun(served, iterations, busy, max_running, kv_capacity_tokens, batch_tokens)
+    return ServingRun(served, iterations, max(stage_busy), max_running, kv_capacity_tokens, batch_tokens,
+                      tuple(stage_busy), tuple(link_busy))
+
+
+def _next_batch(running: list[_Running], waiting: deque[Request], max_batch_tokens: int, max_num_seqs: int,
+                kv_free_tokens: int):
+    """The next iteration's decodes, prefill chunks and newly admitted requests (see the module
+    docstring), from the running requests not already in an iteration in flight and the waiting
+    ones (admitted into ``running``); None when it would be empty."""
+    budget = max_batch_tokens
+    free = [r for r in running if not r.in_flight]
+    decoding = [r for r in free if r.prefilled == r.request.prompt_tokens][:budget]
+    budget -= len(decoding)
+    chunks: list[tuple[_Running, int]] = []
+    for r in free:
+        if budget and r.prefilled < r.request.prompt_tokens:
+            n = min(r.request.prompt_tokens - r.prefilled, budget)
+            chunks.append((r, n))
+            budget -= n
+    admitted = []
+    while waiting and budget and len(running) < max_num_seqs:
+        need = waiting[0].prompt_tokens + waiting[0].output_tokens
+        if need > kv_free_tokens:
+            break
+        kv_free_tokens -= need
+        r = _Running(waiting.popleft())
+        admitted.append(r)
+        running.append(r)
+        n = min(r.request.prompt_tokens, budget)
+        chunks.append((r, n))
+        budget -= n
+    return (decoding, chunks, admitted) if decoding or chunks else None

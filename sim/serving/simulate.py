@@ -15,9 +15,9 @@ behind a round-robin load balancer (nginx's default, ``ngx_http_upstream_module`
 distributed between the servers using a weighted round-robin balancing method", all weights
 equal): request i goes to replica i mod R, so at an offered rate r each replica serves r / R, and
 each runs its own continuous batching in its own memory (:func:`serve_replicas`). The metrics are
-over every request of every replica. A pipeline is refused: a pipeline server keeps several
-batches in flight, one per stage (vLLM's virtual engines), which this scheduler of one batch at a
-time does not model.
+over every request of every replica. A pipeline of tensor-parallel groups (``parallel.pipeline``)
+is one server keeping an iteration in flight per stage (:mod:`sim.serving.scheduler`), each stage
+holding its layers' weights and KV cache.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from models.accounting import kv_cache_bytes_per_token, rank_weight_bytes
 from models.errors import ConfigError
-from models.shards import TensorShard
 from sim.metrics import result_rows
-from sim.parallel import ParallelPlan
-from sim.pipeline_run import group_shape
+from sim.parallel import ParallelPlan, rank_needs_bytes
+from sim.pipeline import pipeline_stages
+from sim.pipeline_run import AlikeGroups, group_shape
 from sim.profile import Profile
 from sim.scenario import Scenario, Variant
 from sim.serving.config import MAX_REQUESTS, ServingSLO, ServingWorkload
-from sim.serving.iteration import IterationCost
+from sim.serving.iteration import IterationCost, ServerCost
 from sim.serving.requests import Request, at_rate, workload_requests
 from sim.serving.scheduler import ServingRun, serve
 from sim.simulate import build_pricing
@@ -52,13 +51,14 @@ _MAX_DOUBLINGS = 40
 @dataclass(frozen=True)
 class RateSearch:
     """The highest request rate meeting the SLO: ``rate_per_s`` (0 when even an unloaded server
-    misses it), the metrics of the run at that rate, how many runs the search took, and the
-    metrics of its first run (at the start rate)."""
+    misses it), the metrics of the run at that rate, how many runs the search took, the metrics of
+    its first run (at the start rate), and the run at that rate (None at rate 0)."""
 
     rate_per_s: float
     metrics: dict[str, float]
     runs: int
     start_metrics: dict[str, float] = field(default_factory=dict)
+    run: ServingRun | None = None
 
 
 @dataclass(frozen=True)
@@ -94,56 +94,50 @@ class ServingResult:
         return next(v for v in self.variants if v.variant.name == name)
 
 
-def kv_capacity_tokens(scenario: Scenario, topology: Topology, ranks: tuple[int, ...], utilization: float,
-                       runtime_memory: dict[int, int] | None = None,
-                       shards: tuple[TensorShard, ...] | None = None) -> int:
-    """Tokens the KV cache of one tensor-parallel group holds: per rank, ``utilization`` x capacity
-    less the weight shard and the runtime's own memory, over the rank's KV bytes per token; the
-    smallest over ranks (vLLM sizes its cache the same way from ``gpu_memory_utilization``,
-    ``vllm/v1/worker/gpu_worker.py``). ``shards``: each rank's slice when the split is uneven (its
-    weights and KV heads are its own, :mod:`models.shards`); None: even.
+def kv_capacity_tokens(scenario: Scenario, topology: Topology, parallel: ParallelPlan, utilization: float,
+                       runtime_memory: dict[int, int] | None = None) -> list[int]:
+    """Tokens the KV cache of each replica holds: per rank, ``utilization`` x capacity less its
+    weights and the runtime's own memory, over the rank's KV bytes per token; the smallest over
+    the replica's ranks (vLLM sizes its cache the same way from ``gpu_memory_utilization``,
+    ``vllm/v1/worker/gpu_worker.py``). A rank's weights and KV heads are its shard's where the split
+    is uneven (:mod:`models.shards`), its stage's layers' in a pipeline
+    (:func:`sim.parallel.rank_needs_bytes`).
 
     Raises:
         ConfigError: on ``workload.memory_utilization`` when the weights leave no room for a token.
     """
-    model, tp = scenario.model, len(ranks)
-    shard = dict(zip(ranks, shards)) if shards is not None else {}
-    per_token = {r: kv_cache_bytes_per_token(model, tp, shard=shard.get(r)) for r in ranks}
-    free = {r: utilization * topology.devices[r].memory_capacity_bytes
-            - rank_weight_bytes(model, tp, is_master=r == ranks[0], shard=shard.get(r))
-            - (runtime_memory or {}).get(r, 0) for r in ranks}
-    tokens = {r: free[r] // per_token[r] for r in ranks}
-    tightest = min(tokens, key=tokens.get)
-    if tokens[tightest] < 1:
-        raise ConfigError("workload.memory_utilization",
-                          f"{topology.devices[tightest].name}'s weights leave no memory for the KV cache at "
-                          f"{utilization:g} of its {topology.devices[tightest].memory_capacity_bytes / 2**30:.1f} GiB "
-                          f"(got {utilization:g})")
-    return int(tokens[tightest])
+    needs = rank_needs_bytes(scenario.model, parallel, (1,) * len(parallel.replica_ranks), 1)
+    capacities = []
+    for ranks in parallel.replica_ranks:
+        tokens = {r: (utilization * topology.devices[r].memory_capacity_bytes - needs[r][0]
+                      - (runtime_memory or {}).get(r, 0)) // needs[r][1] for r in ranks}
+        tightest = min(tokens, key=tokens.get)
+        if tokens[tightest] < 1:
+            device = topology.devices[tightest]
+            raise ConfigError("workload.memory_utilization",
+                              f"{device.name}'s weights leave no memory for the KV cache at {utilization:g} of its "
+                              f"{device.memory_capacity_bytes / 2**30:.1f} GiB (got {utilization:g})")
+        capacities.append(int(tokens[tightest]))
+    return capacities
 
 
 def check_serving_layout(parallel: ParallelPlan) -> None:
     """Whether the serving simulator runs ``parallel`` (see the module docstring).
 
     Raises:
-        ConfigError: on ``parallel.pipeline`` for a pipeline; on ``variants`` where variants set
-            layouts of their own (a server runs one layout).
+        ConfigError: on ``variants`` where variants set layouts of their own (a server runs one
+            layout).
     """
     if parallel.variant_layouts:
         raise ConfigError("variants", "serving variants with their own parallel layouts is not supported; give the "
                                       "layout in the scenario's parallel section")
-    if parallel.pipeline > 1:
-        raise ConfigError("parallel.pipeline", f"the serving simulator runs no pipeline: a pipeline server keeps a "
-                                               f"batch in flight per stage (vLLM's virtual engines), which its "
-                                               f"scheduler of one batch at a time does not model; serve with "
-                                               f"tensor parallelism or replicas (got {parallel.pipeline})")
 
 
 @dataclass(frozen=True)
 class ReplicaServer:
     """One replica's server: its iteration costs and the tokens its KV cache holds."""
 
-    cost: IterationCost
+    cost: ServerCost
     kv_capacity_tokens: int
 
 
@@ -249,42 +243,43 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
                                                "server's queue shows in TTFT only (got tpot alone)")
     runs = 0
 
-    def trial(rate: float) -> tuple[bool, dict[str, float]]:
+    def trial(rate: float) -> tuple[bool, tuple[float, dict[str, float], ServingRun]]:
         nonlocal runs
         runs += 1
         count = min(MAX_REQUESTS, max(len(requests), math.ceil(rate * horizon_s)))
-        metrics = slo_metrics(run_at(at_rate(requests, rate, seed, count)), slo)
-        return meets_slo(metrics, slo), metrics
+        run = run_at(at_rate(requests, rate, seed, count))
+        metrics = slo_metrics(run, slo)
+        return meets_slo(metrics, slo), (rate, metrics, run)
 
     if start_rate_per_s is None:
         alone = run_at([Request(0, 0.0, requests[0].prompt_tokens, requests[0].output_tokens)]).served[0].e2e_s
         start_rate_per_s = 1.0 / alone
     rate = start_rate_per_s
-    ok, metrics = trial(rate)
-    start_metrics = metrics
-    best: tuple[float, dict[str, float]] = (rate, metrics) if ok else (0.0, {})
+    ok, tried = trial(rate)
+    start_metrics = tried[1]
+    best: tuple[float, dict[str, float], ServingRun | None] = tried if ok else (0.0, {}, None)
     lo, hi = (rate, None) if ok else (0.0, rate)
     for _ in range(_MAX_DOUBLINGS):
         if hi is not None:
             break
         rate *= 2
-        ok, metrics = trial(rate)
+        ok, tried = trial(rate)
         if ok:
-            lo, best = rate, (rate, metrics)
+            lo, best = rate, tried
         else:
             hi = rate
     if hi is None:
-        return RateSearch(best[0], best[1], runs, start_metrics)
+        return RateSearch(best[0], best[1], runs, start_metrics, best[2])
     for _ in range(_SEARCH_STEPS):
         if tolerance and hi - lo <= tolerance * lo:
             break
         mid = (lo + hi) / 2
-        ok, metrics = trial(mid)
+        ok, tried = trial(mid)
         if ok:
-            lo, best = mid, (mid, metrics)
+            lo, best = mid, tried
         else:
             hi = mid
-    return RateSearch(best[0], best[1], runs, start_metrics)
+    return RateSearch(best[0], best[1], runs, start_metrics, best[2])
 
 
 @dataclass(frozen=True)
@@ -318,23 +313,33 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     check_serving_layout(parallel)
     ranks = parallel.ranks
     pricing = build_pricing(scenario, topology, ranks, profile, context_group=parallel.replica_ranks[0],
-                            layout=parallel.uncalibrated_layout)
+                            layout=parallel.uncalibrated_layout, pipelined=parallel.pipeline > 1)
+    if parallel.pipeline > 1:  # alike stages: their collectives priced once (as sim.simulate.simulate does)
+        pricing.engine.pricer = AlikeGroups(pricing.engine.pricer, topology, pricing.engine.links)
     base_dir = scenario.source_path.parent if scenario.source_path else None
     requests = workload_requests(workload, scenario.model, *(() if base_dir is None else (base_dir,)))
-    capacities = [kv_capacity_tokens(scenario, topology, group, workload.memory_utilization, pricing.runtime_memory,
-                                     shards) for group, shards in zip(parallel.replica_ranks, parallel.replica_shards)]
-    # Replicas laid out alike (sim.pipeline_run.group_shape) with the same shards price every pass
-    # alike: they share one replica's iteration costs, each pass simulated once.
-    shapes = [(group_shape(topology, pricing.engine.links, group), shards)
-              for group, shards in zip(parallel.replica_ranks, parallel.replica_shards)]
+    capacities = kv_capacity_tokens(scenario, topology, parallel, workload.memory_utilization, pricing.runtime_memory)
+    # Groups laid out alike (sim.pipeline_run.group_shape) running the same part of the model with
+    # the same shards price every pass alike (replicas; a pipeline's middle stages): they share
+    # one group's iteration costs, each pass simulated once.
+    if parallel.pipeline > 1:  # one copy: sim.parallel refuses replicas of a pipeline
+        groups = [tuple(zip(parallel.stage_ranks, pipeline_stages(parallel)))]
+    else:
+        groups = [((ranks, None),) for ranks in parallel.replica_ranks]
+    parts = [[(group, (group_shape(topology, pricing.engine.links, group), shards,
+                       stage and (stage.num_layers, stage.embeds, stage.heads)), stage) for group, stage in server]
+             for server, shards in zip(groups, parallel.replica_shards)]
     results, tables = [], []
     for variant in config.variants:
         costs: dict[tuple, IterationCost] = {}
         servers = []
-        for group, shards, capacity, shape in zip(parallel.replica_ranks, parallel.replica_shards, capacities, shapes):
-            if shape not in costs:  # the first replica of each shape builds the costs the others share
-                costs[shape] = IterationCost(scenario.model, group, variant.choice(), pricing.engine, shards)
-            servers.append(ReplicaServer(costs[shape], capacity))
+        for replica, shards, capacity in zip(parts, parallel.replica_shards, capacities):
+            for group, key, stage in replica:
+                if key not in costs:  # the first group of each shape builds the costs the others share
+                    costs[key] = IterationCost(scenario.model, group, variant.choice(), pricing.engine, shards, stage)
+            cost = ServerCost(scenario.model, tuple(costs[key] for _, key, _ in replica),
+                              tuple(group[0] for group, _, _ in replica), pricing.engine)
+            servers.append(ReplicaServer(cost, capacity))
 
         def run_at(batch: list[Request], servers: list[ReplicaServer] = servers) -> ServingRun:
             return serve_replicas(batch, servers, max_batch_tokens=workload.max_batch_tokens,
@@ -354,6 +359,21 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     return ServingResult(scenario, topology, ranks, tuple(results), pd.concat(tables, ignore_index=True),
                          calibrated=profile is not None, layout=parallel.label, network=pricing.choice,
                          extrapolated=extrapolated)
+
+
+def pipeline_bottleneck(run: ServingRun) -> str:
+    """A pipeline's busiest part over ``run``: the stage (its compute) or the link after a stage
+    (its messages) busy the longest, with its share of the run's span (first arrival to last
+    token), e.g. ``stage 2 of 2, busy 97%``; '' for a single stage. Under load the busiest part
+    sets the rate of iterations (:mod:`sim.serving.scheduler`)."""
+    stages = len(run.stage_busy_s)
+    if stages < 2:
+        return ""
+    span = max(s.finish_s for s in run.served) - min(s.request.arrival_s for s in run.served)
+    parts = [(busy, f"stage {s + 1} of {stages}") for s, busy in enumerate(run.stage_busy_s)]
+    parts += [(busy, f"link from stage {s + 1} to {(s + 1) % stages + 1}") for s, busy in enumerate(run.link_busy_s)]
+    busy, name = max(parts, key=lambda part: part[0])  # the first of equals: stages before links
+    return f"{name}, busy {100 * busy / span:.0f}%"
 
 
 def cost_per_million_tokens(price_per_hour: float, output_tokens_per_s: float) -> float:

@@ -58,6 +58,8 @@ def _top_columns(result: PlanResult) -> dict[str, list[str]]:
         columns |= {"max req/s": [f"{r:.3g}" for r in top[Metric.MAX_REQUEST_RATE]],
                     "$/Mtok": [f"{c:.3g}" for c in top[COST_PER_MILLION_TOKENS]],
                     f"TTFT p{q} ms": [_ms(v) for v in top[SLO_TTFT]], f"TPOT p{q} ms": [_ms(v) for v in top[SLO_TPOT]]}
+        if top["bottleneck"].astype(bool).any():  # a pipeline's busiest part at its maximum rate
+            columns["bottleneck"] = list(top["bottleneck"])
     else:
         columns |= {"TTFT ms": [_ms(v) for v in top[Metric.TTFT]], "TPOT ms": [_ms(v) for v in top[Metric.TPOT]],
                     "tokens/s": [f"{v:.0f}" for v in top[Metric.DECODE_TOKENS_PER_S]],
