@@ -108,8 +108,9 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
     in (:func:`sim.training.comm_thread.schedule_work`): what each message of a queued bucket
     costs beyond its isolated timing; ``tcp_retransmitted_per_step``: the TCP segments the
     cluster's hosts retransmitted per timed step, mean over its devices
-    (:mod:`runtime.tcp_counters`), where the report measured it. Empty where no cluster kept its
-    trace."""
+    (:mod:`runtime.tcp_counters`), and ``tbf_dropped_per_step``: the packets their tbf queues
+    dropped per timed step (:func:`runtime.testbed.shaping.dropped_packets`), mean over its
+    devices, where the report measured them. Empty where no cluster kept its trace."""
     rows = []
     for scenario in scenarios:
         run = runs[scenario.name]
@@ -146,8 +147,9 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
                 schedule = build_schedule(OpKind.ALLREDUCE, result.settings.allreduce, group, int(size),
                                           host_groups=simulated.topology.host_groups(group))
                 steps += schedule_work(schedule, group[0])[0]
-            retransmitted = run.measured[(run.measured["variant"] == variant.name)
-                                         & (run.measured["metric"] == str(Metric.TCP_RETRANSMITTED_SEGMENTS))]
+            case = run.measured[run.measured["variant"] == variant.name]
+            retransmitted = case[case["metric"] == str(Metric.TCP_RETRANSMITTED_SEGMENTS)]
+            dropped = case[case["metric"] == str(Metric.DROPPED_PACKETS)]
             rows.append({"cluster": scenario.name, "case": variant.name,
                          "during_backward": len(during),
                          "during_measured_over_priced": float(np.mean(during)) if during else float("nan"),
@@ -158,7 +160,8 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
                          "excess_per_step_ms": 1e3 * sum(m - p for m, p in after) / steps if steps else float("nan"),
                          # measured since session 15; NaN in reports measured before
                          "tcp_retransmitted_per_step": float(retransmitted["value"].mean()) if len(retransmitted)
-                         else float("nan")})
+                         else float("nan"),
+                         "tbf_dropped_per_step": float(dropped["value"].mean()) if len(dropped) else float("nan")})
     return pd.DataFrame(rows)
 
 

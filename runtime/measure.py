@@ -7,7 +7,10 @@ for streamed weights per step, then summarised over repeats: the metric itself i
 (``ttft_s``), with ``ttft_p10_s`` / ``ttft_p90_s`` beside the timing metrics
 (:meth:`sim.vocabulary.Metric.percentile`), so a simulated and a measured run of one scenario join
 on (scenario, variant, metric, device). Per device: ``peak_memory_bytes`` (the process's
-high-water mark on CPU, max CUDA memory allocated on GPU).
+high-water mark on CPU, max CUDA memory allocated on GPU) and, in the testbed,
+``dropped_packets_per_step`` (the packets its host's tbf queues dropped during the timed
+generations, per timed step: measured only, a case measured with losses the testbed's queues made;
+:func:`runtime.testbed.shaping.dropped_packets`).
 """
 
 from __future__ import annotations
@@ -133,7 +136,10 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
             rounds = tuple(Trace(op_table(r for rank_rounds in kept for r in rank_rounds[index]), repeat.steps,
                                  repeat.memory) for index, repeat in enumerate(per_repeat))
         peaks = peak_memory_bytes(trace)
-        memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} for r in ranks}
+        memory_by_device = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} | (
+            {} if measured[r].dropped_packets is None or not measured[r].step_start_s.size else
+            {Metric.DROPPED_PACKETS: measured[r].dropped_packets / measured[r].step_start_s.size})
+            for r in ranks}
         tokens = lead.tokens if len(groups) == 1 else np.concatenate([measured[g[0]].tokens for g in groups], axis=1)
         variants.append(MeasuredVariant(variant.name, trace, timing, tokens, rounds))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory_by_device))

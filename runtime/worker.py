@@ -31,6 +31,7 @@ from runtime.executor import Executor
 from runtime.model import RankModel
 from runtime.pacing import LoaderLink, Pacer
 from runtime.pipeline import PipelineExecutor, stage_model, stage_process_groups
+from runtime.testbed.shaping import dropped_packets
 from runtime.weights import block_names, prompt_tokens
 from sim.parallel import ParallelPlan
 from sim.replicas import replica_batch_scenario
@@ -52,7 +53,9 @@ class RankMeasurement:
     ``memory_samples``: (time_s, bytes) after each step: times of the last repeat, bytes of that generation;
     ``stall_s``: [repeats, steps] time the rank's ops waited for weight loads (s);
     ``round_records``: op records of every timed repeat, in order, where the rounds kept them
-    (:class:`MeasurementRounds`' ``keep_rounds``); empty otherwise.
+    (:class:`MeasurementRounds`' ``keep_rounds``); empty otherwise;
+    ``dropped_packets``: the packets the tbf queues of the rank's host dropped during the timed
+    generations (:func:`runtime.testbed.shaping.dropped_packets`; None outside the testbed).
     """
 
     rank: int
@@ -65,6 +68,7 @@ class RankMeasurement:
     memory_samples: list[tuple[float, int]]
     stall_s: np.ndarray
     round_records: tuple[list[TraceEvent], ...] = ()
+    dropped_packets: int | None = None
 
 
 def rank_model(scenario: Scenario, ranks: tuple[int, ...], rank: int, *, seed: int, max_tokens: int,
@@ -147,7 +151,8 @@ class MeasurementRounds:
                     executor = Executor(case.plan(variant, ranks, shards=shards), model, comm, rank, loader=loader,
                                         memory_probe=self._device.memory_bytes)
                 self.executors[index, variant.name] = executor
-        self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": [], "rounds": []}
+        self.kept = {key: {"starts": [], "ends": [], "stalls": [], "tokens": [], "records": [], "rounds": [],
+                           "dropped": []}
                      for key in self.executors}
 
     def _generate(self, key: tuple[int, str], label: str, t0: float | None = None):
@@ -163,12 +168,16 @@ class MeasurementRounds:
         Returns, per case, its slowest generation's wall time on this rank (s)."""
         slowest_s = [0.0] * len(self.cases)
         for key in self.executors:
+            dropped_before = dropped_packets() if timed else None  # a tc call, outside the timed generation
             began = time.perf_counter()
             generation = self._generate(key, label, t0=None if timed else began)
             slowest_s[key[0]] = max(slowest_s[key[0]], time.perf_counter() - began)
             if not timed:
                 continue
             kept = self.kept[key]
+            dropped_after = dropped_packets()
+            kept["dropped"].append(None if dropped_before is None or dropped_after is None
+                                   else dropped_after - dropped_before)
             kept["starts"].append(generation.step_start_s)
             kept["ends"].append(generation.step_end_s)
             kept["stalls"].append(generation.stall_s)
@@ -200,7 +209,8 @@ class MeasurementRounds:
             out[key[0]].append(RankMeasurement(
                 self.rank, key[1], np.array(kept["starts"]), np.array(kept["ends"]), kept["records"],
                 np.array(kept["tokens"]) if kept["tokens"] else np.zeros((0,), dtype=np.int64),
-                peak, samples, np.array(kept["stalls"]), tuple(kept["rounds"])))
+                peak, samples, np.array(kept["stalls"]), tuple(kept["rounds"]),
+                sum(kept["dropped"]) if kept["dropped"] and None not in kept["dropped"] else None))
         return out
 
 

@@ -93,6 +93,10 @@ class Metric(StrEnum):
     # Measured only (runtime.training.measure), never simulated: what a rank's host's TCP
     # retransmitted per timed step (runtime.tcp_counters), evidence of losses on its links.
     TCP_RETRANSMITTED_SEGMENTS = "tcp_retransmitted_segments_per_step"
+    # Measured only, in the testbed: the packets its host's tbf queues dropped per timed step
+    # (runtime.testbed.shaping.dropped_packets); non-zero marks a measurement the testbed's
+    # queues made lossy.
+    DROPPED_PACKETS = "dropped_packets_per_step"
 
     @property
     def unit(self) -> str:

@@ -572,3 +572,24 @@ def test_measured_result_keeps_a_trace_of_every_timed_repeat_where_the_ranks_kep
     assert [float(t.ops["end_s"].max()) for t in kept.rounds] == pytest.approx([0.01, 0.02, 0.03])
     alone = measured_result(scenario, topology, [[rank_measurement(r, False)] for r in (0, 1)]).variants[0]
     assert alone.rounds == () and len(alone.trace.ops) == 2
+
+
+def test_measured_result_reports_each_device_s_tbf_drops_per_step_where_they_were_counted():
+    pytest.importorskip("torch")
+    from runtime.measure import measured_result
+    from runtime.worker import RankMeasurement
+    from sim.trace import TraceEvent
+
+    scenario = make_scenario(cluster=cluster(1, 2), variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}])
+    topology = build_topology(scenario.config.cluster)
+    starts = np.tile([0.0, 1.0], (3, 1))  # 3 timed repeats of 2 steps
+
+    def rank_measurement(rank: int, dropped: int | None) -> RankMeasurement:
+        event = TraceEvent(rank, "compute", "mlp_up", "mlp_up", "decode", 1, 0, 0.0, 0.01, 0.0, 1.0)
+        return RankMeasurement(rank, "rlb", starts, starts + 0.5, [event], np.zeros((3, 1, 2)), 0, [],
+                               np.zeros((3, 2)), dropped_packets=dropped)
+
+    rows = measured_result(scenario, topology, [[rank_measurement(0, 12)], [rank_measurement(1, None)]]).results
+    dropped = rows[rows["metric"] == "dropped_packets_per_step"].set_index("device")["value"]
+    devices = [d.name for d in topology.devices]
+    assert dropped.to_dict() == {devices[0]: 2.0}  # 12 drops over 6 timed steps; none counted outside a testbed

@@ -55,6 +55,9 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     measured = measured_result(scenario, topology, run.measurements[0]).results
     assert run.rounds == {"measurement": 3, "calibration": 3}
     assert 0 <= run.measurement_cpu_steal < 1 and 0 <= run.calibration_cpu_steal < 1
+    # Every device's host queues counted, so that a measurement made with losses shows it.
+    dropped = measured[measured["metric"] == "dropped_packets_per_step"]
+    assert len(dropped) == 3 * len(topology.devices) and (dropped["value"] >= 0).all()
 
     # The three parts take turns: after the warm-ups, each round measures every variant, generates
     # with every calibration strategy and runs the sweep once, every other round in reverse order.

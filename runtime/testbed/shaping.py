@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from runtime.testbed.errors import TestbedError
 from runtime.testbed.netns import ip, tc
 
 MIN_BURST_MTUS = 2
@@ -69,14 +70,24 @@ def shape_ingress(namespace: str, device: str, rate_bytes_per_s: float, mtu_byte
     return ifb
 
 
-def tbf_in_force(namespace: str) -> dict[str, dict[str, Any]]:
-    """The root tbf of each device of ``namespace``, from ``tc -s qdisc``, by device name.
+def tbf_in_force(namespace: str | None = None) -> dict[str, dict[str, Any]]:
+    """The root tbf of each device of ``namespace`` (None: the calling thread's own), from
+    ``tc -s qdisc``, by device name (:func:`parse_tbf`).
 
-    Each entry: ``rate_bytes_per_s``, ``burst_bytes``, ``sent_bytes``, ``sent_packets``,
-    ``dropped_packets``, ``backlog_bytes``. Devices without a root tbf are left out.
     Raises TestbedError if ``tc`` fails (e.g. no such namespace).
     """
-    qdiscs = json.loads(tc("-j", "-s", "qdisc", "show", namespace=namespace) or "[]")
+    return parse_tbf(tc("-j", "-s", "qdisc", "show", namespace=namespace))
+
+
+def parse_tbf(qdiscs_json: str) -> dict[str, dict[str, Any]]:
+    """The root tbf of each device in ``tc -j -s qdisc show``'s output, by device name.
+
+    Each entry: ``rate_bytes_per_s``, ``burst_bytes``, ``sent_bytes``, ``sent_packets``,
+    ``dropped_packets`` (what the tbf dropped because its queue was full: ``qdisc_drop`` in
+    ``tbf_enqueue``, ``net/sched/sch_tbf.c``), ``backlog_bytes``. Devices without a root tbf are
+    left out.
+    """
+    qdiscs = json.loads(qdiscs_json or "[]")
     return {
         qdisc["dev"]: {
             "rate_bytes_per_s": float(qdisc["options"]["rate"]),
@@ -89,3 +100,14 @@ def tbf_in_force(namespace: str) -> dict[str, dict[str, Any]]:
         for qdisc in qdiscs
         if qdisc["kind"] == "tbf" and qdisc.get("root")
     }
+
+
+def dropped_packets() -> int | None:
+    """The packets every root tbf of the calling thread's network namespace has dropped since it
+    was added (a count): a rank's host's links in the testbed (uplink, downlink ifb, ``lo``).
+    None where there is no tbf (outside the testbed) or ``tc`` cannot be run."""
+    try:
+        shaped = tbf_in_force()
+    except (TestbedError, OSError):
+        return None
+    return sum(entry["dropped_packets"] for entry in shaped.values()) if shaped else None

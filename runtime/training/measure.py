@@ -35,7 +35,11 @@ repeats with p10 / p90 beside it (:func:`runtime.measure.summarise`):
   retransmitted over the timed steps, per step (:mod:`runtime.tcp_counters`; the host's, not the
   rank's alone, where a host runs several; absent where Linux's counters cannot be read). Not
   simulated: whether a case's buckets ran slower than their isolated timings because TCP lost
-  packets.
+  packets;
+* ``dropped_packets_per_step``, per device, in the testbed: the packets the tbf queues of the
+  rank's host (uplink, downlink, ``lo``) dropped over the timed steps, per step
+  (:func:`runtime.testbed.shaping.dropped_packets`). Not simulated: a case measured with drops
+  carries a loss the testbed's queues made.
 
 The trace (:mod:`sim.trace`): per rank, each micro-batch's forward and backward and the optimizer
 step on the compute stream, each bucket's allreduce (``bucket i``, its bytes) and the parameter
@@ -69,7 +73,9 @@ class RankTraining:
     (:func:`runtime.training.memory.memory_categories`, bytes by field of
     :class:`models.training.TrainingMemory`); ``retransmitted_segments``: the TCP segments its
     host's network namespace retransmitted over the timed steps (:mod:`runtime.tcp_counters`;
-    None where they cannot be read)."""
+    None where they cannot be read); ``dropped_packets``: the packets its host's tbf queues dropped
+    over the timed steps (:func:`runtime.testbed.shaping.dropped_packets`; None outside the
+    testbed)."""
 
     rank: int
     variant: str
@@ -77,6 +83,7 @@ class RankTraining:
     peak_memory_bytes: int
     memory: dict[str, int]
     retransmitted_segments: int | None = None
+    dropped_packets: int | None = None
 
 
 def step_metrics(steps: list, global_batch_size: int, sequence_length: int) -> dict[str, float]:
@@ -169,7 +176,9 @@ def measured_training(scenario: Scenario, topology: Topology, gathered: list[lis
         memory = {topology.devices[r].name: {Metric.PEAK_MEMORY: peaks[r]} | {
             metric: measured[r].memory[field] for metric, field in MEMORY_CATEGORIES.items()} | (
             {} if measured[r].retransmitted_segments is None else
-            {Metric.TCP_RETRANSMITTED_SEGMENTS: measured[r].retransmitted_segments / len(measured[r].steps)})
+            {Metric.TCP_RETRANSMITTED_SEGMENTS: measured[r].retransmitted_segments / len(measured[r].steps)}) | (
+            {} if measured[r].dropped_packets is None else
+            {Metric.DROPPED_PACKETS: measured[r].dropped_packets / len(measured[r].steps)})
             for r in ranks}
         variants.append(MeasuredVariant(variant.name, trace, timing, np.zeros((0,), dtype=np.int64)))
         tables.append(result_rows(scenario.name, variant.name, "measured", timing, memory))
@@ -186,6 +195,7 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
     from runtime import memory_probe
     from runtime.device import device_of
     from runtime.tcp_counters import retransmitted_segments
+    from runtime.testbed.shaping import dropped_packets
     from runtime.training.memory import memory_categories, state_bytes
     from runtime.training.ranks import training_ranks
     from runtime.training.trainer import Trainer, TrainingSetup, process_groups
@@ -206,12 +216,14 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
             trainer.step(step)
         t0 = common_start(probe.torch_device)
         timed = []
-        retransmitted = retransmitted_segments()
+        retransmitted, dropped = retransmitted_segments(), dropped_packets()
         for index in range(repeats * steps):
             heartbeat(f"{variant.name} step {index + 1} of {repeats * steps}")
             timed.append(_shifted(trainer.step(warmup + index), t0))
         after = retransmitted_segments()
         retransmitted = None if retransmitted is None or after is None else after - retransmitted
+        dropped_after = dropped_packets()
+        dropped = None if dropped is None or dropped_after is None else dropped_after - dropped
         with memory_probe.exact_allocation():
             probe.reset_peak_memory()
             resident = probe.memory_bytes()
@@ -219,7 +231,7 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
             peak = probe.peak_memory_bytes()
         categories = memory_categories(resident, peak, state_bytes(trainer))
         trainer.close()
-        out.append(RankTraining(rank, variant.name, timed, peak, categories, retransmitted))
+        out.append(RankTraining(rank, variant.name, timed, peak, categories, retransmitted, dropped))
         del trainer
         gc.collect()
     heartbeat("gather")
