@@ -572,3 +572,31 @@ def test_measured_result_keeps_a_trace_of_every_timed_repeat_where_the_ranks_kep
     assert [float(t.ops["end_s"].max()) for t in kept.rounds] == pytest.approx([0.01, 0.02, 0.03])
     alone = measured_result(scenario, topology, [[rank_measurement(r, False)] for r in (0, 1)]).variants[0]
     assert alone.rounds == () and len(alone.trace.ops) == 2
+
+
+def test_measured_ttft_runs_from_the_prefill_start_not_the_clock_sync():
+    """Rank 0 reads the common start before broadcasting it and starts its prefill once that
+    broadcast returns (on the delayed testbed link, 11 ms for some variants and 1 ms for others):
+    a measured TTFT counts from the first rank's prefill start, as the simulator's does, so the
+    harness's sync lands in no variant's TTFT; the traces keep the common start."""
+    pytest.importorskip("torch")
+    from runtime.measure import measured_result
+    from runtime.worker import RankMeasurement
+
+    scenario = make_scenario(cluster=cluster(1, 2), variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}],
+                             workload={"batch_size": 1, "prompt_tokens": 8, "output_tokens": 2})
+    topology = build_topology(scenario.config.cluster)
+    synced_s = np.array([[0.011], [0.001], [0.024]])  # rank 0's prefill start, per repeat
+    prefill_s, decode_s, late_s = 0.100, 0.050, 0.005  # rank 1 hears the start a link latency later
+
+    def rank_measurement(rank: int) -> RankMeasurement:
+        starts = synced_s + np.array([0.0, prefill_s]) + (late_s if rank else 0.0) * np.array([1.0, 0.0])
+        ends = synced_s + np.array([prefill_s, prefill_s + decode_s])
+        return RankMeasurement(rank, "rlb", starts, ends, [], np.zeros((3, 1, 2)), 0, [], np.zeros((3, 2)))
+
+    measured = measured_result(scenario, topology, [[rank_measurement(r)] for r in (0, 1)])
+    values = measured.results.set_index("metric")["value"]
+    assert values["ttft_s"] == pytest.approx(prefill_s) and values["ttft_p90_s"] == pytest.approx(prefill_s)
+    assert values["tpot_s"] == pytest.approx(decode_s)
+    assert values["e2e_latency_s"] == pytest.approx(prefill_s + decode_s)
+    assert float(measured.variants[0].trace.steps["start_s"].iloc[0]) == pytest.approx(0.024)  # the last repeat's

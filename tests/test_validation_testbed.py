@@ -20,13 +20,13 @@ TINY_GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2, "vo
 
 def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     from runtime.interleaved import launch_interleaved
-    from runtime.measure import measured_result
+    from runtime.measure import measured_result, repeat_timings
     from runtime.testbed import Testbed
     from sim.profile import Profile
     from sim.simulate import simulate
     from sim.topology import build_topology
     from tests.conftest import make_scenario
-    from validation.validate import case_errors, ranking_agreement
+    from validation.validate import RANKING_THRESHOLD, case_errors, ranking_agreement
 
     (tmp_path / "tiny.config.json").write_text(json.dumps(TINY_GPT2))
     scenario = make_scenario(
@@ -102,9 +102,23 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]
     assert len(timing) == 6
     assert np.median(np.abs(timing.error)) < 0.30, timing.to_string()
-    # Only clear differences: on a shared 2-core machine pairs near the 10% line flip run to run.
+    # Only clear differences: the medians over rounds more than 25% apart, and every round (one
+    # generation of each variant, back to back) ordering the pair the same way by more than the
+    # ranking's 10% line. On a shared 2-core machine pairs near the 10% line flip run to run, and
+    # slow stretches can land on one variant in some rounds only: one CI run in five measured
+    # allreduce_library's TTFT 39% below reduce_ln_bcast's, a near tie here (3% in TTFT, 8% in TPOT
+    # over quiet rounds), since both combine a sub-layer in one gloo reduce or allreduce, each four
+    # one-way latencies of this link (22 ms timed alone).
     ranking = ranking_agreement(errors)
+    rounds = {case.name: repeat_timings([per_rank[v] for per_rank in run.measurements[0]], 0, 1)
+              for v, case in enumerate(scenario.config.variants)}
+
+    def every_round(pair) -> bool:
+        return all(faster[pair.metric] < (1 - RANKING_THRESHOLD) * slower[pair.metric]
+                   for faster, slower in zip(rounds[pair.faster], rounds[pair.slower]))
+
     clear = ranking[ranking.measured_difference > 0.25]
+    clear = clear[np.array([every_round(pair) for pair in clear.itertuples()], dtype=bool)]
     assert len(clear) >= 2 and clear.simulator_agrees.all(), ranking.to_string()
 
 
