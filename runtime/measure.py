@@ -97,9 +97,9 @@ def prefill_start_s(measured: list[RankMeasurement]) -> np.ndarray:
     The common start (:func:`runtime.worker.common_start`) is rank 0's clock reading before it
     broadcasts that reading, so rank 0 begins its prefill only once the broadcast returns: gloo's
     root waits for the receiver's ready notice. On the 2-host testbed at 2.5 ms per NIC that took
-    11 ms (two one-way latencies) before reduce_ln_bcast's and allreduce_ln star's prefills and
-    under 1 ms before allreduce_ln library's, up to 24 ms under load. That wait is the harness's,
-    not the generation's; the simulator starts every rank at 0.
+    11 ms (two one-way latencies) or under 1 ms by the generation before, up to 24 ms under load:
+    in rounds of three variants, the middle one's TTFT was 10 ms shorter for it in every round.
+    That wait is the harness's, not the generation's; the simulator starts every rank at 0.
 
     Args:
         measured: one measurement per rank of one variant (every rank of a replica or pipeline).

@@ -576,7 +576,7 @@ def test_measured_result_keeps_a_trace_of_every_timed_repeat_where_the_ranks_kep
 
 def test_measured_ttft_runs_from_the_prefill_start_not_the_clock_sync():
     """Rank 0 reads the common start before broadcasting it and starts its prefill once that
-    broadcast returns (on the delayed testbed link, 11 ms for some variants and 1 ms for others):
+    broadcast returns (on the delayed testbed link 11 ms or under 1 ms, by the generation before):
     a measured TTFT counts from the first rank's prefill start, as the simulator's does, so the
     harness's sync lands in no variant's TTFT; the traces keep the common start."""
     pytest.importorskip("torch")
