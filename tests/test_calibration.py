@@ -593,3 +593,31 @@ def test_measured_result_reports_each_device_s_tbf_drops_per_step_where_they_wer
     dropped = rows[rows["metric"] == "dropped_packets_per_step"].set_index("device")["value"]
     devices = [d.name for d in topology.devices]
     assert dropped.to_dict() == {devices[0]: 2.0}  # 12 drops over 6 timed steps; none counted outside a testbed
+
+
+def test_measured_ttft_runs_from_the_prefill_start_not_the_clock_sync():
+    """Rank 0 reads the common start before broadcasting it and starts its prefill once that
+    broadcast returns (on the delayed testbed link 11 ms or under 1 ms, by the generation before):
+    a measured TTFT counts from the first rank's prefill start, as the simulator's does, so the
+    harness's sync lands in no variant's TTFT; the traces keep the common start."""
+    pytest.importorskip("torch")
+    from runtime.measure import measured_result
+    from runtime.worker import RankMeasurement
+
+    scenario = make_scenario(cluster=cluster(1, 2), variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}],
+                             workload={"batch_size": 1, "prompt_tokens": 8, "output_tokens": 2})
+    topology = build_topology(scenario.config.cluster)
+    synced_s = np.array([[0.011], [0.001], [0.024]])  # rank 0's prefill start, per repeat
+    prefill_s, decode_s, late_s = 0.100, 0.050, 0.005  # rank 1 hears the start a link latency later
+
+    def rank_measurement(rank: int) -> RankMeasurement:
+        starts = synced_s + np.array([0.0, prefill_s]) + (late_s if rank else 0.0) * np.array([1.0, 0.0])
+        ends = synced_s + np.array([prefill_s, prefill_s + decode_s])
+        return RankMeasurement(rank, "rlb", starts, ends, [], np.zeros((3, 1, 2)), 0, [], np.zeros((3, 2)))
+
+    measured = measured_result(scenario, topology, [[rank_measurement(r)] for r in (0, 1)])
+    values = measured.results.set_index("metric")["value"]
+    assert values["ttft_s"] == pytest.approx(prefill_s) and values["ttft_p90_s"] == pytest.approx(prefill_s)
+    assert values["tpot_s"] == pytest.approx(decode_s)
+    assert values["e2e_latency_s"] == pytest.approx(prefill_s + decode_s)
+    assert float(measured.variants[0].trace.steps["start_s"].iloc[0]) == pytest.approx(0.024)  # the last repeat's

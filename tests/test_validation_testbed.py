@@ -18,19 +18,20 @@ TINY_GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2, "vo
              "n_inner": None, "torch_dtype": "float32"}
 
 
-def test_calibrated_simulation_predicts_the_testbed(tmp_path):
-    from runtime.interleaved import launch_interleaved
-    from runtime.measure import measured_result
-    from runtime.testbed import Testbed
-    from sim.profile import Profile
-    from sim.simulate import simulate
-    from sim.topology import build_topology
-    from tests.conftest import make_scenario
-    from validation.validate import case_errors, ranking_agreement
+# The calibrated validation's launch, as `hetsim validate` runs one (benchmarks/repeat_testbed_validation.py
+# repeats it to measure how often the ranking assertion fails).
+LAUNCH = {"testbed": True, "repeats": 3, "warmup": 1, "min_timed_s": 0.0, "calibration_repeats": 3, "max_call_s": 0.2,
+          "held_out_sizes": (6144,)}
 
-    (tmp_path / "tiny.config.json").write_text(json.dumps(TINY_GPT2))
-    scenario = make_scenario(
-        name="suite_validation", model=str(tmp_path / "tiny.config.json"), dtype="fp32",
+
+def validation_scenario(directory):
+    """The latency-bound case: tiny GPT-2 over two 1-rank hosts at 100 Mbit/s and 2.5 ms per NIC,
+    three ways to combine partial sums; its model config written into ``directory``."""
+    from tests.conftest import make_scenario
+
+    (directory / "tiny.config.json").write_text(json.dumps(TINY_GPT2))
+    return make_scenario(
+        name="suite_validation", model=str(directory / "tiny.config.json"), dtype="fp32",
         cluster={"switches": [{"name": "sw"}], "hosts": [{
             "name": "n{i}", "count": 2, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": "2.5ms"},
             "devices": {"type": "cpu", "count": 1}}]},
@@ -38,6 +39,44 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
         variants=[{"name": "reduce_ln_bcast", "strategy": "reduce_ln_bcast", "reduce": "library", "broadcast": "library"},
                   {"name": "allreduce_library", "strategy": "allreduce_ln", "allreduce": "library", "broadcast": "library"},
                   {"name": "allreduce_star", "strategy": "allreduce_ln", "allreduce": "star", "broadcast": "library"}])
+
+
+def clear_pairs(scenario, gathered, errors):
+    """The ranking's pairs (:func:`validation.validate.ranking_agreement`) that the measurement
+    separates clearly: the medians over rounds more than 25% apart, and every round (one generation
+    of each variant, back to back) ordering the pair the same way by more than the ranking's 10%
+    line. ``gathered``: the case's measurements, ``[rank][variant]``.
+
+    On a shared 2-core machine pairs near the 10% line flip run to run, and slow stretches can land
+    on one variant in some rounds only: one CI run in five measured allreduce_library's TTFT 39%
+    below reduce_ln_bcast's, a near tie here (3% in TTFT, 8% in TPOT over quiet rounds), since both
+    combine a sub-layer in one gloo reduce or allreduce, each four one-way latencies of this link
+    (22 ms timed alone)."""
+    from runtime.measure import repeat_timings
+    from validation.validate import RANKING_THRESHOLD, ranking_agreement
+
+    ranking = ranking_agreement(errors)
+    rounds = {case.name: repeat_timings([per_rank[v] for per_rank in gathered], 0, 1)
+              for v, case in enumerate(scenario.config.variants)}
+
+    def every_round(pair) -> bool:
+        return all(faster[pair.metric] < (1 - RANKING_THRESHOLD) * slower[pair.metric]
+                   for faster, slower in zip(rounds[pair.faster], rounds[pair.slower]))
+
+    clear = ranking[ranking.measured_difference > 0.25]
+    return ranking, clear[np.array([every_round(pair) for pair in clear.itertuples()], dtype=bool)]
+
+
+def test_calibrated_simulation_predicts_the_testbed(tmp_path):
+    from runtime.interleaved import launch_interleaved
+    from runtime.measure import measured_result
+    from runtime.testbed import Testbed
+    from sim.profile import Profile
+    from sim.simulate import simulate
+    from sim.topology import build_topology
+    from validation.validate import case_errors
+
+    scenario = validation_scenario(tmp_path)
     topology = build_topology(scenario.config.cluster)
     bed = Testbed(scenario.name, topology)
     bed.down()
@@ -46,8 +85,7 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     try:
         # Calibrated and measured as `hetsim validate` does: interleaved in rounds of one launch, so
         # a slow stretch of the shared machine falls on calibration and measurement alike.
-        run = launch_interleaved(scenario, [scenario], testbed=True, repeats=3, warmup=1, min_timed_s=0.0,
-                                 calibration_repeats=3, max_call_s=0.2, held_out_sizes=(6144,),
+        run = launch_interleaved(scenario, [scenario], **LAUNCH,
                                  on_beat=lambda rank, label: beats.append(label) if rank == 0 else None)
     finally:
         bed.down()
@@ -105,9 +143,8 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
     timing = errors[errors.metric.isin(["ttft_s", "tpot_s"])]
     assert len(timing) == 6
     assert np.median(np.abs(timing.error)) < 0.30, timing.to_string()
-    # Only clear differences: on a shared 2-core machine pairs near the 10% line flip run to run.
-    ranking = ranking_agreement(errors)
-    clear = ranking[ranking.measured_difference > 0.25]
+    # Only clear differences (see clear_pairs).
+    ranking, clear = clear_pairs(scenario, run.measurements[0], errors)
     assert len(clear) >= 2 and clear.simulator_agrees.all(), ranking.to_string()
 
 
