@@ -59,6 +59,7 @@ import numpy as np
 import simpy
 
 from models.ops import OpKind
+from sim.bucket_clock import BucketClock, delayed
 from sim.collectives.schedule import CommSchedule, Transfer
 from sim.cores import CorePool, ProcessorSharing
 from sim.cost import ComputeModel
@@ -102,6 +103,7 @@ class Engine:
         self.links = Links(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
         self._idle_fluid = FlowNetwork(topology, links=self.links)
         self._extra_s: dict[tuple, dict[int, float]] = {}
+        self._drained: dict[tuple, tuple[dict[int, float], dict[int, float]]] = {}  # BucketClock's cache
         self._footprints: dict[tuple, frozenset[int]] = {}
 
     def run_segment(self, segment: Segment) -> SegmentResult:
@@ -130,6 +132,7 @@ class Engine:
         now = dict.fromkeys(programs, 0.0)
         waiting: dict[int, list[tuple[int, int]]] = {}  # call -> [(rank, op index)] arrived
         runnable = sorted(programs)
+        clock = self._bucket_clock()
         while runnable:
             released = []
             for rank in runnable:
@@ -150,6 +153,7 @@ class Engine:
                     if len(arrived) == _members(op, programs):
                         start = max(starts[r][j] for r, j in arrived)
                         timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j in arrived})
+                        timing = self._after_buckets(clock, op, algorithms, timing, start)
                         first = op.collective.group[0]
                         for r, j in arrived:
                             if timing.wait_s and r != first:
@@ -181,6 +185,7 @@ class Engine:
         arrivals: dict[int, list[tuple[int, int, tuple[int, Stream]]]] = {}  # call -> [(rank, op, stream)]
         arrived: set[tuple[int, int]] = set()
         work = deque(queues)
+        clock = self._bucket_clock()
 
         def finish(rank: int, i: int, key: tuple[int, Stream], end: float) -> None:
             ends[rank][i] = stream_end[key] = end
@@ -220,6 +225,7 @@ class Engine:
                     break
                 start = max(starts[r][j] for r, j, _ in members)
                 timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j, _ in members})
+                timing = self._after_buckets(clock, op, algorithms, timing, start)
                 first = op.collective.group[0]
                 for r, j, stream in members:
                     if timing.wait_s and r != first:
@@ -238,6 +244,7 @@ class Engine:
         servers = [ProcessorSharing(env, pool) for pool in pools]
         cpu = {rank: server for server in servers for rank in server.pool.ranks}
         calls: dict[int, list] = {}
+        clock = self._bucket_clock()
         for rank in sorted(segment.programs):
             program = segment.programs[rank]
             if all(op.after is None for op in program):
@@ -250,11 +257,11 @@ class Engine:
             for indices in groups:
                 if indices:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
-                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank)))
+                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank), clock))
         env.run()
 
     def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
-                segment_programs, cpu=None):
+                segment_programs, cpu=None, clock=None):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -279,6 +286,8 @@ class Engine:
                     entry[4] = self._timing(op, algorithms, {r: _arrival(t - env.now, j) for r, (t, j) in entry[3].items()})
                     if on_fabric:
                         entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], entry[4])
+                    else:  # the fabric follows its own channels' buckets
+                        entry[4] = self._after_buckets(clock, op, algorithms, entry[4], env.now)
                     entry[1].succeed(env.now)
                 start = yield entry[1]
                 timing = entry[4]
@@ -344,6 +353,23 @@ class Engine:
             footprint = self._footprints[key] = frozenset(
                 channel for t in schedule.transfers() for channel in self.links.get(t.src, t.dst).channels)
         return footprint
+
+    def _bucket_clock(self) -> BucketClock:
+        """The token buckets of a segment's links for its collectives that keep their priced timing."""
+        return BucketClock(self.links, self._idle_fluid, self._drained)
+
+    def _after_buckets(self, clock: BucketClock | None, op: Op, algorithms: dict[int, tuple[str, str]],
+                       timing: CollectiveTiming, start_s: float) -> CollectiveTiming:
+        """``op``'s priced ``timing``, started at ``start_s`` (s), delayed by the tokens its links'
+        buckets miss then (:mod:`sim.bucket_clock`); ``clock`` follows the call's use of them."""
+        if not clock:
+            return timing
+        c = op.collective
+        key = (c.kind, algorithms[op.call][1], c.group, c.size_bytes, c.root)
+        delay, left = clock.delays(key, self.pricer.schedule(*key), self.footprint(op), start_s)
+        timing = delayed(timing, delay)
+        clock.used(left, start_s + timing.duration_s)
+        return timing
 
     def _on_fabric(self, fabric: Fabric, op: Op, algorithm: str, timing: CollectiveTiming):
         """Start collective ``op`` on the fabric now; per rank, the event releasing it."""

@@ -27,7 +27,7 @@ The fluid model's version, where :data:`PRICED` (:class:`TokenBuckets`, one per 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # Whether the fluid network prices declared buckets (read when a :class:`sim.network.Links` is
 # built, and by the ping-pong overhead of a fit, :func:`sim.transport.message_overhead_s`; the
@@ -56,14 +56,19 @@ class TokenBuckets:
         refill_bytes_per_s: per channel id, the rate its bucket fills at (bytes/s).
         capacity: per channel id, what a flow's bytes get of it (bytes/s): which is a route's
             narrowest channel.
+        tokens_bytes: per channel id, the tokens its bucket holds at t = 0 (bytes, at most its
+            depth); a bucketed channel missing here starts full (a run on a network idle long enough).
     """
 
     def __init__(self, depth_bytes: Sequence[int | None], refill_bytes_per_s: Sequence[float],
-                 capacity: Sequence[float]):
+                 capacity: Sequence[float], tokens_bytes: Mapping[int, float] | None = None):
         self.depth = {c: float(d) for c, d in enumerate(depth_bytes) if d}
         self.refill = refill_bytes_per_s
         self.capacity = capacity
-        self.tokens = dict(self.depth)  # full at the start: the run starts on an idle network
+        self.tokens = dict(self.depth)
+        for c, held in (tokens_bytes or {}).items():
+            if c in self.depth:
+                self.tokens[c] = min(self.depth[c], max(0.0, float(held)))
         self.idle_since: dict[int, float | None] = dict.fromkeys(self.depth, 0.0)  # None while crossed
         self.flows = dict.fromkeys(self.depth, 0)
 
@@ -76,7 +81,8 @@ class TokenBuckets:
             return []
         return [c for c in channels if c in self.depth]
 
-    def _filled(self, channel: int, now_s: float) -> float:
+    def filled(self, channel: int, now_s: float) -> float:
+        """The tokens (bytes) bucketed ``channel`` holds at ``now_s`` (s), refilled since its last flow."""
         since = self.idle_since[channel]
         if since is None:
             return self.tokens[channel]
@@ -85,16 +91,16 @@ class TokenBuckets:
     def available_bytes(self, channels: Sequence[int], now_s: float) -> float:
         """The bytes a flow starting at ``now_s`` (s) over ``channels`` would send at once."""
         paced = self._paced(channels)
-        return min((self._filled(c, now_s) for c in paced), default=0.0)
+        return min((self.filled(c, now_s) for c in paced), default=0.0)
 
     def start(self, channels: Sequence[int], size_bytes: float, now_s: float) -> float:
         """A flow of ``size_bytes`` starts over ``channels`` at ``now_s`` (s): the bytes it sends
         at once, taken from every bucket it crosses. Call :meth:`end` when it ends."""
         paced = self._paced(channels)
-        burst = min(size_bytes, min((self._filled(c, now_s) for c in paced), default=0.0))
+        burst = min(size_bytes, min((self.filled(c, now_s) for c in paced), default=0.0))
         for c in channels:
             if c in self.depth:
-                self.tokens[c] = self._filled(c, now_s) - (burst if c in paced else 0.0)
+                self.tokens[c] = self.filled(c, now_s) - (burst if c in paced else 0.0)
                 self.idle_since[c] = None
                 self.flows[c] += 1
         return burst
