@@ -16,7 +16,10 @@ The drained runs are cached per schedule and bucket level, the level rounded dow
 most ``depth / LEVELS`` bytes at the rate more): a segment's calls repeat a few levels, so the
 cache keeps the engine's per-call cost O(1).
 
-Segments start with full buckets (each segment's clock starts at 0 on an idle network).
+A segment starts with full buckets, except a repeated one (a decode step's layers): its
+instances run back to back, so the engine prices it from the buckets its own end leaves
+(:meth:`sim.engine.Engine.run_segment`). The fabric's transfers (:class:`sim.fabric.Fabric`) draw
+on the same buckets.
 """
 
 from __future__ import annotations
@@ -39,12 +42,21 @@ class BucketClock:
         fluid: the fluid model pricing a schedule from given bucket levels (over ``links``).
         cache: drained runs shared across segments: (schedule key, levels) -> (per rank delay
             (s), tokens left per channel (bytes)).
+        tokens_bytes: per channel id, the tokens its bucket holds at t = 0 (bytes); full where absent.
     """
 
-    def __init__(self, links: Links, fluid: FlowNetwork, cache: dict):
-        self.buckets = links.buckets()
+    def __init__(self, links: Links, fluid: FlowNetwork, cache: dict, tokens_bytes: dict[int, float] | None = None):
+        self.buckets = links.buckets(tokens_bytes)
         self.fluid = fluid
         self.cache = cache
+
+    def full(self) -> dict[int, float]:
+        """Every bucketed channel's depth (bytes)."""
+        return self.buckets.depth
+
+    def left_at(self, end_s: float) -> dict[int, float]:
+        """The tokens (bytes) every bucketed channel holds at ``end_s`` (s), nothing crossing it then."""
+        return {c: self.buckets.filled(c, end_s) for c in self.buckets.depth}
 
     def __bool__(self) -> bool:
         return bool(self.buckets)

@@ -114,16 +114,24 @@ class Engine:
         shared = self._fabric_groups(segment)
         pools = tuple(pool for pool in self.cores if pool.oversubscribed(segment.programs))
         ops = [op for program in segment.programs.values() for op in program]
-        if shared or pools or any(op.load is not None for op in ops):
-            self._run_events(segment, shared, starts, ends, algorithms, pools)
-        elif all(op.after is None for op in ops):
-            self._run_in_order(segment, starts, ends, algorithms)
-        else:
-            self._run_dag(segment, starts, ends, algorithms)
-        duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
+        clock = self._bucket_clock()
+        for _ in range(2):
+            if shared or pools or any(op.load is not None for op in ops):
+                self._run_events(segment, shared, starts, ends, algorithms, clock, pools)
+            elif all(op.after is None for op in ops):
+                self._run_in_order(segment, starts, ends, algorithms, clock)
+            else:
+                self._run_dag(segment, starts, ends, algorithms, clock)
+            duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
+            left = clock.left_at(duration)
+            if segment.repeat == 1 or left == clock.full():
+                break
+            # A repeated segment's instances run back to back: the one simulated is priced with
+            # the buckets the one before it leaves (its own end state), not full ones.
+            clock = self._bucket_clock(left)
         return SegmentResult(starts, ends, duration, algorithms)
 
-    def _run_in_order(self, segment: Segment, starts, ends, algorithms) -> None:
+    def _run_in_order(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
         """The simpy run of a segment whose programs run in order and whose collectives keep their
         priced timings, without simpy: each rank runs until a collective, the last arrival starts
         it. The arithmetic is simpy's (an event at ``now + delay``), so the times are the same bits."""
@@ -132,7 +140,6 @@ class Engine:
         now = dict.fromkeys(programs, 0.0)
         waiting: dict[int, list[tuple[int, int]]] = {}  # call -> [(rank, op index)] arrived
         runnable = sorted(programs)
-        clock = self._bucket_clock()
         while runnable:
             released = []
             for rank in runnable:
@@ -166,7 +173,7 @@ class Engine:
                     position[rank] = i
             runnable = sorted(set(released))
 
-    def _run_dag(self, segment: Segment, starts, ends, algorithms) -> None:
+    def _run_dag(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
         """The simpy run of a segment whose ops wait for other streams' ops (``Op.after``) but
         whose collectives keep their priced timings and which loads nothing, without simpy: each
         stream runs until an op whose dependencies are not done or a collective whose group has
@@ -185,7 +192,6 @@ class Engine:
         arrivals: dict[int, list[tuple[int, int, tuple[int, Stream]]]] = {}  # call -> [(rank, op, stream)]
         arrived: set[tuple[int, int]] = set()
         work = deque(queues)
-        clock = self._bucket_clock()
 
         def finish(rank: int, i: int, key: tuple[int, Stream], end: float) -> None:
             ends[rank][i] = stream_end[key] = end
@@ -235,16 +241,16 @@ class Engine:
                     if stream != key:
                         work.append(stream)
 
-    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms,
+    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms, clock: BucketClock,
                     pools: tuple[CorePool, ...] = ()) -> None:
         """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers, the compute
-        of the ranks of ``pools`` on their processor-sharing servers."""
+        of the ranks of ``pools`` on their processor-sharing servers; the fabric's channels and
+        the others' share ``clock``'s buckets."""
         env = simpy.Environment()
-        fabric = Fabric(env, self.links, self.load_rate_cap)
+        fabric = Fabric(env, self.links, self.load_rate_cap, clock.buckets)
         servers = [ProcessorSharing(env, pool) for pool in pools]
         cpu = {rank: server for server in servers for rank in server.pool.ranks}
         calls: dict[int, list] = {}
-        clock = self._bucket_clock()
         for rank in sorted(segment.programs):
             program = segment.programs[rank]
             if all(op.after is None for op in program):
@@ -354,9 +360,10 @@ class Engine:
                 channel for t in schedule.transfers() for channel in self.links.get(t.src, t.dst).channels)
         return footprint
 
-    def _bucket_clock(self) -> BucketClock:
-        """The token buckets of a segment's links for its collectives that keep their priced timing."""
-        return BucketClock(self.links, self._idle_fluid, self._drained)
+    def _bucket_clock(self, tokens_bytes: dict[int, float] | None = None) -> BucketClock:
+        """The token buckets of a segment's links, holding ``tokens_bytes`` (per channel id,
+        bytes; full where absent) at its start."""
+        return BucketClock(self.links, self._idle_fluid, self._drained, tokens_bytes)
 
     def _after_buckets(self, clock: BucketClock | None, op: Op, algorithms: dict[int, tuple[str, str]],
                        timing: CollectiveTiming, start_s: float) -> CollectiveTiming:
