@@ -10,8 +10,10 @@ of its path and only the rest at the rate: after an idle gap long enough to fill
 alone, a long stream converges to the rate.
 
 The fluid model's version, where :data:`PRICED` (:class:`TokenBuckets`, one per run of the fluid network: a
-:class:`sim.network.FlowNetwork` pricing on an idle network starts with full buckets, a
-:class:`sim.fabric.Fabric` keeps its own through a segment):
+:class:`sim.network.FlowNetwork` pricing on an idle network starts with full buckets; the
+engine follows one through each segment, :mod:`sim.bucket_clock`, shared by its
+:class:`sim.fabric.Fabric` and by the collectives that keep their priced timing, which it
+delays by the tokens their links miss at their start):
 
 * tokens are the link's (its channel's), not a flow's: flows crossing a channel draw on one bucket;
 * a channel's bucket fills at the channel's bandwidth (not a transport's efficiency-scaled share)
