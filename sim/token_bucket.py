@@ -34,18 +34,21 @@ from collections.abc import Mapping, Sequence
 # Whether the fluid network prices declared buckets (read when a :class:`sim.network.Links` is
 # built, and by the ping-pong overhead of a fit, :func:`sim.transport.message_overhead_s`; the
 # offline benchmarks' ``--token-buckets`` sets it). Off, because on the shipped transfer figure it
-# does not help (benchmarks/bench_transfer_offline.py, the 6 shipped clusters, another cluster's
-# profile, prediction: |error| median/p90 5.8/15.7% -> 5.5/18.0%, TTFT's median bias +3.8% ->
-# -3.9%, the one-rank-per-host clusters' prefills 4-9% too fast; uncalibrated 5.3/15.2% ->
-# 6.5/21.5%, its gloo defaults fitted without buckets). It helps elsewhere: with the 3 clusters
-# of validation/transfer-new.yaml as targets (held out) 9.9/32.6% -> 6.9/30.9%; layouts
-# (bench_layouts_offline.py, new layouts, prediction) TTFT 13.7/32.8% -> 8.6/30.9%, tp3_uneven's
-# TTFT +80/+18/+34/+14% -> +38/+2/+32/+3%; and the transport fits over bucketed links explain the
-# sweeps better (rms log error of the bandwidth clusters' broadcasts and ping-pongs 0.37-0.66 ->
-# 0.07-0.14). Likely missing: a cached collective is priced on an idle network, so with full
-# buckets however soon after the last one it runs, and a burst leaves at what the testbed's 2
-# cores carry (runtime.testbed.links: links above 500 Mbit/s are not emulated faithfully), not at
-# once. A link's burst is declared and recorded either way.
+# does not help (benchmarks/bench_transfer_offline.py --also validation/transfer-new.yaml
+# validation/transfer-new-report, prediction, |error| median/p90 off -> on: the 6 shipped
+# clusters with another shipped cluster's profile 5.8/15.7% -> 5.5/18.0%, TTFT's median bias
+# +3.8% -> -3.9%; uncalibrated 5.3/15.2% -> 6.3/21.4%, its gloo defaults fitted without
+# buckets). It helps elsewhere: the 3 clusters of validation/transfer-new.yaml as targets (held
+# out) 9.9/32.6% -> 6.7/30.9%; layouts (bench_layouts_offline.py, new layouts, prediction) TTFT
+# 13.7/32.8% -> 6.7/30.5%, TPOT 8.0/29.9% -> 6.4/27.6%; and the transport fits over bucketed
+# links explain the sweeps better (rms log error of the bandwidth clusters' broadcasts and
+# ping-pongs 0.37-0.66 -> 0.07-0.14). Following the buckets' state through a segment
+# (:mod:`sim.bucket_clock`) moved the transfer figures by at most 0.2 points: the compute
+# between two collectives (milliseconds) refills a 32 kB bucket at 100 Mbit/s (2.6 ms), and a
+# schedule's own steps already drain it. What is left, with buckets on, is TTFT about 9 points
+# lower on every shipped target; not priced: a burst leaves at what the testbed's 2 cores carry
+# (runtime.testbed.links: about 500 Mbit/s), not at once. A link's burst is declared and
+# recorded either way.
 PRICED = False
 
 
