@@ -182,18 +182,21 @@ class _Waits:
         return 0.0
 
 
+def _allreduce(call: int) -> Op:
+    return Op(OpKind.ALLREDUCE, f"allreduce{call}", Stream.COMM,
+              collective=Collective(OpKind.ALLREDUCE, "ring", (0, 1), 40_000), call=call)
+
+
+def _engine(gap_s: float) -> Engine:
+    topology = build_topology(_cluster("32kB"))
+    return Engine(topology, _Waits(gap_s), CollectivePricer(FlowNetwork(topology), topology))
+
+
 def _two_allreduces(gap_s: float) -> list[float]:
     """The durations (s) of two 40 kB ring allreduces between the two hosts of :func:`_cluster`,
     ``gap_s`` of compute apart, as the engine runs them (their priced timing kept)."""
-    topology = build_topology(_cluster("32kB"))
-    engine = Engine(topology, _Waits(gap_s), CollectivePricer(FlowNetwork(topology), topology))
-
-    def allreduce(call: int) -> Op:
-        return Op(OpKind.ALLREDUCE, f"allreduce{call}", Stream.COMM,
-                  collective=Collective(OpKind.ALLREDUCE, "ring", (0, 1), 40_000), call=call)
-
-    program = (allreduce(0), Op(OpKind.MLP_UP, "mlp_up", Stream.COMPUTE), allreduce(1))
-    result = engine.run_segment(Segment("two", {0: program, 1: program}))
+    program = (_allreduce(0), Op(OpKind.MLP_UP, "mlp_up", Stream.COMPUTE), _allreduce(1))
+    result = _engine(gap_s).run_segment(Segment("two", {0: program, 1: program}))
     return [float(result.ends[0][i] - result.starts[0][i]) for i in (0, 2)]
 
 
@@ -206,6 +209,15 @@ def test_a_collective_right_after_another_finds_the_buckets_it_left(priced):
     # a gap long enough to refill the bucket (32 kB at 100 Mbit/s: 2.6 ms) prices both alike
     rested = _two_allreduces(0.01)
     assert rested == pytest.approx([first, first])
+
+
+def test_a_repeated_segment_is_priced_with_the_buckets_its_previous_instance_left(priced):
+    program = (_allreduce(0),)
+    once = _engine(0.0).run_segment(Segment("layer", {0: program, 1: program})).duration_s
+    repeated = _engine(0.0).run_segment(Segment("layer", {0: program, 1: program}, repeat=12)).duration_s
+    assert once == pytest.approx(8_000 / RATE_BYTES_PER_S)
+    # back to back, each instance after the first finds the buckets the one before emptied
+    assert repeated == pytest.approx(40_000 / RATE_BYTES_PER_S, rel=1 / 32)
 
 
 def test_a_testbed_profile_records_the_buckets_the_testbed_applied():
