@@ -54,6 +54,7 @@ from runtime.weights import prompt_tokens
 from runtime.worker import TORCH_DTYPES, common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
 from runtime.cpu_steal import load_during
+from runtime.testbed.cluster import applied_context
 from sim.context import context_rows, load_rows, scenario_context
 from sim.parallel import ParallelPlan
 from sim.plan import Plan
@@ -68,7 +69,7 @@ CALIBRATION_MAX_TOKENS = max(CALIBRATION_PROMPTS) + CALIBRATION_OUTPUT_TOKENS  #
 
 def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: float,
                    heartbeat: Callable[[str], None], used_only: bool = False,
-                   held_out_sizes: tuple[int, ...] = ()) -> list[dict] | None:
+                   held_out_sizes: tuple[int, ...] = (), testbed: bool = False) -> list[dict] | None:
     """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere.
 
     ``repeats`` rounds, each one calibration generation per strategy and prompt
@@ -76,7 +77,8 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     (:class:`runtime.comm_timing.CollectiveSweep`), after a warm-up round of generations; then
     the point-to-point ping-pongs; then the ``compute_isolated`` rows, on the first rank alone.
     ``held_out_sizes``: collective sizes timed in the sweep's
-    rounds as ``collective_held_out`` rows."""
+    rounds as ``collective_held_out`` rows; ``testbed``: the rank runs on the emulated testbed,
+    whose links' buckets the profile's context records (:func:`runtime.testbed.cluster.applied_context`)."""
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
     parallel = ParallelPlan.of(scenario, topology)
     ranks = parallel.tensor_ranks
@@ -106,10 +108,11 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
                            prompts=CALIBRATION_PROMPTS, max_tokens=CALIBRATION_MAX_TOKENS, ranks=len(ranks),
                            dtype=TORCH_DTYPES[scenario.model.dtype], device=model.device)
     dist.barrier()
-    return gather_profile(generations, framework_bytes, rows)
+    return gather_profile(generations, framework_bytes, rows, testbed)
 
 
-def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict]):
+def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict],
+                   testbed: bool = False):
     """Gather every rank's calibration rows on the group's first rank and fold them into the
     profile table (:func:`sim.profile.profile_frame`); None on the other ranks.
 
@@ -117,6 +120,7 @@ def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, 
         generations: this rank's calibration generations, their rounds done.
         framework_bytes: this rank's memory beyond its model (:meth:`CalibrationGenerations.framework_bytes`).
         rows: this rank's other rows (the collective sweep's and p2p, on the first rank).
+        testbed: whether the ranks ran on the emulated testbed (its links' applied buckets recorded).
     """
     ranks = generations.ranks
     samples = [None] * len(ranks)
@@ -139,9 +143,10 @@ def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, 
     merged += [row for row in gathered[0][0] if row.get("measurement") == MeasurementKind.MEMORY_BASELINE]
     merged += in_place_rows([span for _, part in gathered for span in part], len(ranks),
                             len(generations.topology.host_groups(ranks)), master=ranks[0])
-    merged += context_rows(scenario_context(
-        generations.scenario_name, generations.topology, ranks, generations.dtype,
-        cores=len(os.sched_getaffinity(0)), backend=backend_context(), torch_version=torch.__version__))
+    context = scenario_context(generations.scenario_name, generations.topology, ranks, generations.dtype,
+                               cores=len(os.sched_getaffinity(0)), backend=backend_context(),
+                               torch_version=torch.__version__)
+    merged += context_rows(applied_context(context) if testbed else context)
     return _merge_compute(merged)
 
 
@@ -319,7 +324,7 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     def body(topology, rank: int, heartbeat) -> object:
         torch.manual_seed(0)
         return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat,
-                              used_only=used_only, held_out_sizes=held_out_sizes)
+                              used_only=used_only, held_out_sizes=held_out_sizes, testbed=testbed)
 
     profile, spent = load_during(lambda: launch_scenario(scenario, body, testbed=testbed,
                                                          hang_timeout_s=hang_timeout_s, on_beat=on_beat))

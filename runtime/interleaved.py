@@ -80,7 +80,8 @@ def spread(count: int, rounds: int) -> set[int]:
 
 def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: int, *, repeats: int, warmup: int,
                      min_timed_s: float, calibration_repeats: int, max_call_s: float, used_only: bool,
-                     held_out_sizes: tuple[int, ...], heartbeat: Callable[[str], None], seed: int = 0):
+                     held_out_sizes: tuple[int, ...], heartbeat: Callable[[str], None], seed: int = 0,
+                     testbed: bool = False):
     """This rank's part of an interleaved launch (see the module docstring); rank 0 returns the
     :class:`InterleavedResult`, the others None.
 
@@ -90,6 +91,7 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         repeats, warmup, min_timed_s: the measured rounds, as :func:`runtime.worker.run_rank` counts them.
         calibration_repeats: rounds of the calibration generations and of the collective sweep.
         max_call_s, used_only, held_out_sizes: the collective sweep's, as :func:`runtime.calibrate.calibrate_rank`'s.
+        testbed: the rank runs on the emulated testbed (:func:`runtime.calibrate.gather_profile`).
     """
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings
     device = torch.device("cpu")
@@ -140,7 +142,7 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
                     else:
                         sweep.round(f"round {done} of {calibration_repeats}")
         rows = sweep.rows() + p2p_rows(ranks, topology, rank, calibration_repeats, heartbeat)
-        profile = gather_profile(generations, framework_bytes, rows)
+        profile = gather_profile(generations, framework_bytes, rows, testbed)
         mine = measured.measurements(memory=False)
         heartbeat("gather")
         gathered = [None] * len(ranks) if rank == ranks[0] else None
@@ -173,6 +175,6 @@ def launch_interleaved(scenario: Scenario, cases: list[Scenario], *, testbed: bo
         return interleaved_rank(scenario, cases, topology, rank, repeats=repeats, warmup=warmup,
                                 min_timed_s=min_timed_s, calibration_repeats=calibration_repeats,
                                 max_call_s=max_call_s, used_only=used_only, held_out_sizes=tuple(held_out_sizes),
-                                heartbeat=heartbeat)
+                                heartbeat=heartbeat, testbed=testbed)
 
     return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)

@@ -59,6 +59,7 @@ import numpy as np
 import simpy
 
 from models.ops import OpKind
+from sim.bucket_clock import BucketClock, delayed
 from sim.collectives.schedule import CommSchedule, Transfer
 from sim.cores import CorePool, ProcessorSharing
 from sim.cost import ComputeModel
@@ -102,6 +103,7 @@ class Engine:
         self.links = Links(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
         self._idle_fluid = FlowNetwork(topology, links=self.links)
         self._extra_s: dict[tuple, dict[int, float]] = {}
+        self._drained: dict[tuple, tuple[dict[int, float], dict[int, float]]] = {}  # BucketClock's cache
         self._footprints: dict[tuple, frozenset[int]] = {}
 
     def run_segment(self, segment: Segment) -> SegmentResult:
@@ -112,16 +114,24 @@ class Engine:
         shared = self._fabric_groups(segment)
         pools = tuple(pool for pool in self.cores if pool.oversubscribed(segment.programs))
         ops = [op for program in segment.programs.values() for op in program]
-        if shared or pools or any(op.load is not None for op in ops):
-            self._run_events(segment, shared, starts, ends, algorithms, pools)
-        elif all(op.after is None for op in ops):
-            self._run_in_order(segment, starts, ends, algorithms)
-        else:
-            self._run_dag(segment, starts, ends, algorithms)
-        duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
+        clock = self._bucket_clock()
+        for _ in range(2):
+            if shared or pools or any(op.load is not None for op in ops):
+                self._run_events(segment, shared, starts, ends, algorithms, clock, pools)
+            elif all(op.after is None for op in ops):
+                self._run_in_order(segment, starts, ends, algorithms, clock)
+            else:
+                self._run_dag(segment, starts, ends, algorithms, clock)
+            duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
+            left = clock.left_at(duration)
+            if segment.repeat == 1 or left == clock.full():
+                break
+            # A repeated segment's instances run back to back: the one simulated is priced with
+            # the buckets the one before it leaves (its own end state), not full ones.
+            clock = self._bucket_clock(left)
         return SegmentResult(starts, ends, duration, algorithms)
 
-    def _run_in_order(self, segment: Segment, starts, ends, algorithms) -> None:
+    def _run_in_order(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
         """The simpy run of a segment whose programs run in order and whose collectives keep their
         priced timings, without simpy: each rank runs until a collective, the last arrival starts
         it. The arithmetic is simpy's (an event at ``now + delay``), so the times are the same bits."""
@@ -150,6 +160,7 @@ class Engine:
                     if len(arrived) == _members(op, programs):
                         start = max(starts[r][j] for r, j in arrived)
                         timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j in arrived})
+                        timing = self._after_buckets(clock, op, algorithms, timing, start)
                         first = op.collective.group[0]
                         for r, j in arrived:
                             if timing.wait_s and r != first:
@@ -162,7 +173,7 @@ class Engine:
                     position[rank] = i
             runnable = sorted(set(released))
 
-    def _run_dag(self, segment: Segment, starts, ends, algorithms) -> None:
+    def _run_dag(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
         """The simpy run of a segment whose ops wait for other streams' ops (``Op.after``) but
         whose collectives keep their priced timings and which loads nothing, without simpy: each
         stream runs until an op whose dependencies are not done or a collective whose group has
@@ -220,6 +231,7 @@ class Engine:
                     break
                 start = max(starts[r][j] for r, j, _ in members)
                 timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j, _ in members})
+                timing = self._after_buckets(clock, op, algorithms, timing, start)
                 first = op.collective.group[0]
                 for r, j, stream in members:
                     if timing.wait_s and r != first:
@@ -229,12 +241,13 @@ class Engine:
                     if stream != key:
                         work.append(stream)
 
-    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms,
+    def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms, clock: BucketClock,
                     pools: tuple[CorePool, ...] = ()) -> None:
         """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers, the compute
-        of the ranks of ``pools`` on their processor-sharing servers."""
+        of the ranks of ``pools`` on their processor-sharing servers; the fabric's channels and
+        the others' share ``clock``'s buckets."""
         env = simpy.Environment()
-        fabric = Fabric(env, self.links, self.load_rate_cap)
+        fabric = Fabric(env, self.links, self.load_rate_cap, clock.buckets)
         servers = [ProcessorSharing(env, pool) for pool in pools]
         cpu = {rank: server for server in servers for rank in server.pool.ranks}
         calls: dict[int, list] = {}
@@ -250,11 +263,11 @@ class Engine:
             for indices in groups:
                 if indices:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
-                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank)))
+                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank), clock))
         env.run()
 
     def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
-                segment_programs, cpu=None):
+                segment_programs, cpu=None, clock=None):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -279,6 +292,8 @@ class Engine:
                     entry[4] = self._timing(op, algorithms, {r: _arrival(t - env.now, j) for r, (t, j) in entry[3].items()})
                     if on_fabric:
                         entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], entry[4])
+                    else:  # the fabric follows its own channels' buckets
+                        entry[4] = self._after_buckets(clock, op, algorithms, entry[4], env.now)
                     entry[1].succeed(env.now)
                 start = yield entry[1]
                 timing = entry[4]
@@ -344,6 +359,24 @@ class Engine:
             footprint = self._footprints[key] = frozenset(
                 channel for t in schedule.transfers() for channel in self.links.get(t.src, t.dst).channels)
         return footprint
+
+    def _bucket_clock(self, tokens_bytes: dict[int, float] | None = None) -> BucketClock:
+        """The token buckets of a segment's links, holding ``tokens_bytes`` (per channel id,
+        bytes; full where absent) at its start."""
+        return BucketClock(self.links, self._idle_fluid, self._drained, tokens_bytes)
+
+    def _after_buckets(self, clock: BucketClock | None, op: Op, algorithms: dict[int, tuple[str, str]],
+                       timing: CollectiveTiming, start_s: float) -> CollectiveTiming:
+        """``op``'s priced ``timing``, started at ``start_s`` (s), delayed by the tokens its links'
+        buckets miss then (:mod:`sim.bucket_clock`); ``clock`` follows the call's use of them."""
+        if not clock:
+            return timing
+        c = op.collective
+        key = (c.kind, algorithms[op.call][1], c.group, c.size_bytes, c.root)
+        delay, left = clock.delays(key, self.pricer.schedule(*key), self.footprint(op), start_s)
+        timing = delayed(timing, delay)
+        clock.used(left, start_s + timing.duration_s)
+        return timing
 
     def _on_fabric(self, fabric: Fabric, op: Op, algorithm: str, timing: CollectiveTiming):
         """Start collective ``op`` on the fabric now; per rank, the event releasing it."""

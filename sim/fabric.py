@@ -32,6 +32,7 @@ import simpy
 
 from sim.collectives.schedule import CommSchedule
 from sim.network import Links, Route, _ScheduleRun
+from sim.token_bucket import TokenBuckets
 
 # A flow whose remaining time at its rate is below this share of the clock has arrived (rounding
 # of the byte counts). Relative: at a simulated time of hours (a 1 bit/s link) a float's rounding
@@ -47,10 +48,12 @@ class Fabric:
         links: routes, capacities, gamma and the rate-solution cache, shared across segments.
         load_rate_cap: ``load_rate_cap(rank)``: a calibrated ceiling on the rate of a weight load
             to ``rank`` (bytes/s), or None for none.
+        buckets: the links' token buckets, at the segment's start (default: full).
     """
 
     def __init__(self, env: simpy.Environment, links: Links,
-                 load_rate_cap: Callable[[int], float | None] = lambda rank: None):
+                 load_rate_cap: Callable[[int], float | None] = lambda rank: None,
+                 buckets: TokenBuckets | None = None):
         self.env = env
         self.links = links
         self.load_rate_cap = load_rate_cap
@@ -59,7 +62,8 @@ class Fabric:
         self._updated_s = 0.0
         self._generation = 0
         self._next_flow = 0
-        self._buckets = links.buckets()  # full at the segment's start (:mod:`sim.token_bucket`)
+        # Full at the segment's start unless given (:mod:`sim.token_bucket`, :mod:`sim.bucket_clock`).
+        self._buckets = buckets if buckets is not None else links.buckets()
 
     def transfer(self, route: Route, size_bytes: float) -> simpy.Event:
         """An event that succeeds when ``size_bytes`` issued now over ``route`` have arrived."""

@@ -186,10 +186,11 @@ class Links:
             self.capacity.append(capacity_bytes_per_s)
         return self._caps[key]
 
-    def buckets(self) -> TokenBuckets:
-        """Full token buckets of the channels declaring a burst, for one fluid run from t = 0
-        (:mod:`sim.token_bucket`)."""
-        return TokenBuckets(self.burst, self.refill, self.capacity)
+    def buckets(self, tokens_bytes: Mapping[int, float] | None = None) -> TokenBuckets:
+        """The token buckets of the channels declaring a burst, for one fluid run from t = 0
+        (:mod:`sim.token_bucket`): holding ``tokens_bytes`` (per channel id, bytes) there, full
+        where it says nothing."""
+        return TokenBuckets(self.burst, self.refill, self.capacity, tokens_bytes)
 
     def rates(self, mix: tuple[int, ...]) -> dict[int, float]:
         """Max-min fair rate (bytes/s) per route id of the flows ``mix`` (route ids, sorted, one
@@ -414,6 +415,15 @@ class FlowNetwork:
         """The timing of ``schedule``. ``call`` is ignored."""
         return _FlowRun(schedule, self.links).run()
 
+    def time_from(self, schedule: CommSchedule, tokens_bytes: Mapping[int, float]
+                  ) -> tuple[CollectiveTiming, dict[int, float]]:
+        """The timing of ``schedule`` on links whose buckets hold ``tokens_bytes`` (per channel
+        id, bytes; full where it says nothing) at its start, and the tokens (bytes) every
+        bucketed channel holds when its last rank is done (:mod:`sim.token_bucket`)."""
+        run = _FlowRun(schedule, self.links, tokens_bytes)
+        timing = run.run()
+        return timing, {c: run.buckets.filled(c, timing.duration_s) for c in run.buckets.depth}
+
     def lower_bound_s(self, schedule: CommSchedule) -> float:
         """A duration :meth:`time` cannot beat (s): :func:`fluid_lower_bound_s`. The pricer skips
         the schedules of ``auto`` whose bound exceeds the best time found."""
@@ -495,7 +505,7 @@ class _FlowRun(_ScheduleRun):
 
     _LATENCY_OVER, _REDUCED, _DELIVERED = 0, 1, 2
 
-    def __init__(self, schedule: CommSchedule, links: Links):
+    def __init__(self, schedule: CommSchedule, links: Links, tokens_bytes: Mapping[int, float] | None = None):
         super().__init__(schedule, links)
         self.events: list[tuple[float, int, int, int]] = []  # (time, sequence, kind, transfer id)
         self.sequence = 0
@@ -505,7 +515,7 @@ class _FlowRun(_ScheduleRun):
         self.on_route: dict[int, set[int]] = {}  # route id -> its flowing transfers (never empty)
         self.route_rate: dict[int, float] = {}  # route id -> rate of each of its flows, bytes/s
         self.starting: list[int] = []  # transfers whose bytes start flowing now
-        self.buckets = links.buckets()
+        self.buckets = links.buckets(tokens_bytes)
 
     def run(self) -> CollectiveTiming:
         self._begin()

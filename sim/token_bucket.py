@@ -10,8 +10,10 @@ of its path and only the rest at the rate: after an idle gap long enough to fill
 alone, a long stream converges to the rate.
 
 The fluid model's version, where :data:`PRICED` (:class:`TokenBuckets`, one per run of the fluid network: a
-:class:`sim.network.FlowNetwork` pricing on an idle network starts with full buckets, a
-:class:`sim.fabric.Fabric` keeps its own through a segment):
+:class:`sim.network.FlowNetwork` pricing on an idle network starts with full buckets; the
+engine follows one through each segment, :mod:`sim.bucket_clock`, shared by its
+:class:`sim.fabric.Fabric` and by the collectives that keep their priced timing, which it
+delays by the tokens their links miss at their start):
 
 * tokens are the link's (its channel's), not a flow's: flows crossing a channel draw on one bucket;
 * a channel's bucket fills at the channel's bandwidth (not a transport's efficiency-scaled share)
@@ -27,23 +29,28 @@ The fluid model's version, where :data:`PRICED` (:class:`TokenBuckets`, one per 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # Whether the fluid network prices declared buckets (read when a :class:`sim.network.Links` is
 # built, and by the ping-pong overhead of a fit, :func:`sim.transport.message_overhead_s`; the
 # offline benchmarks' ``--token-buckets`` sets it). Off, because on the shipped transfer figure it
-# does not help (benchmarks/bench_transfer_offline.py, the 6 shipped clusters, another cluster's
-# profile, prediction: |error| median/p90 5.8/15.7% -> 5.5/18.0%, TTFT's median bias +3.8% ->
-# -3.9%, the one-rank-per-host clusters' prefills 4-9% too fast; uncalibrated 5.3/15.2% ->
-# 6.5/21.5%, its gloo defaults fitted without buckets). It helps elsewhere: with the 3 clusters
-# of validation/transfer-new.yaml as targets (held out) 9.9/32.6% -> 6.9/30.9%; layouts
-# (bench_layouts_offline.py, new layouts, prediction) TTFT 13.7/32.8% -> 8.6/30.9%, tp3_uneven's
-# TTFT +80/+18/+34/+14% -> +38/+2/+32/+3%; and the transport fits over bucketed links explain the
-# sweeps better (rms log error of the bandwidth clusters' broadcasts and ping-pongs 0.37-0.66 ->
-# 0.07-0.14). Likely missing: a cached collective is priced on an idle network, so with full
-# buckets however soon after the last one it runs, and a burst leaves at what the testbed's 2
-# cores carry (runtime.testbed.links: links above 500 Mbit/s are not emulated faithfully), not at
-# once. A link's burst is declared and recorded either way.
+# does not help (benchmarks/bench_transfer_offline.py --also validation/transfer-new.yaml
+# validation/transfer-new-report, prediction, |error| median/p90 off -> on: the 6 shipped
+# clusters with another shipped cluster's profile 5.8/15.7% -> 5.5/18.0%, TTFT's median bias
+# +3.8% -> -3.9%; uncalibrated 5.3/15.2% -> 6.3/21.4%, its gloo defaults fitted without
+# buckets). It helps elsewhere: the 3 clusters of validation/transfer-new.yaml as targets (held
+# out) 9.9/32.6% -> 6.7/30.9%; layouts (bench_layouts_offline.py, new layouts, prediction) TTFT
+# 13.7/32.8% -> 6.7/30.5%, TPOT 8.0/29.9% -> 6.4/27.6%; and the transport fits over bucketed
+# links explain the sweeps better (rms log error of the bandwidth clusters' broadcasts and
+# ping-pongs 0.37-0.66 -> 0.07-0.14). Following the buckets' state through a segment
+# (:mod:`sim.bucket_clock`) moved the transfer figures by at most 0.2 points: the compute
+# between two collectives (milliseconds) refills a 32 kB bucket at 100 Mbit/s (2.6 ms), and a
+# schedule's own steps already drain it. What is left, with buckets on, is TTFT about 9 points
+# lower on every shipped target; not priced: a burst leaves at what the testbed's 2 cores carry
+# (runtime.testbed.links: about 500 Mbit/s), not at once; tried offline (a burst taking
+# burst / 62.5 MB/s in the fluid run, not kept: a testbed limit, and not better everywhere):
+# shipped other 5.4/16.7%, uncalibrated 5.0/18.5%, held out 6.7/29.8%, but layouts TTFT
+# 11.7/37.6%. A link's burst is declared and recorded either way.
 PRICED = False
 
 
@@ -56,14 +63,19 @@ class TokenBuckets:
         refill_bytes_per_s: per channel id, the rate its bucket fills at (bytes/s).
         capacity: per channel id, what a flow's bytes get of it (bytes/s): which is a route's
             narrowest channel.
+        tokens_bytes: per channel id, the tokens its bucket holds at t = 0 (bytes, at most its
+            depth); a bucketed channel missing here starts full (a run on a network idle long enough).
     """
 
     def __init__(self, depth_bytes: Sequence[int | None], refill_bytes_per_s: Sequence[float],
-                 capacity: Sequence[float]):
+                 capacity: Sequence[float], tokens_bytes: Mapping[int, float] | None = None):
         self.depth = {c: float(d) for c, d in enumerate(depth_bytes) if d}
         self.refill = refill_bytes_per_s
         self.capacity = capacity
-        self.tokens = dict(self.depth)  # full at the start: the run starts on an idle network
+        self.tokens = dict(self.depth)
+        for c, held in (tokens_bytes or {}).items():
+            if c in self.depth:
+                self.tokens[c] = min(self.depth[c], max(0.0, float(held)))
         self.idle_since: dict[int, float | None] = dict.fromkeys(self.depth, 0.0)  # None while crossed
         self.flows = dict.fromkeys(self.depth, 0)
 
@@ -76,7 +88,8 @@ class TokenBuckets:
             return []
         return [c for c in channels if c in self.depth]
 
-    def _filled(self, channel: int, now_s: float) -> float:
+    def filled(self, channel: int, now_s: float) -> float:
+        """The tokens (bytes) bucketed ``channel`` holds at ``now_s`` (s), refilled since its last flow."""
         since = self.idle_since[channel]
         if since is None:
             return self.tokens[channel]
@@ -85,16 +98,16 @@ class TokenBuckets:
     def available_bytes(self, channels: Sequence[int], now_s: float) -> float:
         """The bytes a flow starting at ``now_s`` (s) over ``channels`` would send at once."""
         paced = self._paced(channels)
-        return min((self._filled(c, now_s) for c in paced), default=0.0)
+        return min((self.filled(c, now_s) for c in paced), default=0.0)
 
     def start(self, channels: Sequence[int], size_bytes: float, now_s: float) -> float:
         """A flow of ``size_bytes`` starts over ``channels`` at ``now_s`` (s): the bytes it sends
         at once, taken from every bucket it crosses. Call :meth:`end` when it ends."""
         paced = self._paced(channels)
-        burst = min(size_bytes, min((self._filled(c, now_s) for c in paced), default=0.0))
+        burst = min(size_bytes, min((self.filled(c, now_s) for c in paced), default=0.0))
         for c in channels:
             if c in self.depth:
-                self.tokens[c] = self._filled(c, now_s) - (burst if c in paced else 0.0)
+                self.tokens[c] = self.filled(c, now_s) - (burst if c in paced else 0.0)
                 self.idle_since[c] = None
                 self.flows[c] += 1
         return burst

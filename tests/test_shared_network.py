@@ -206,8 +206,8 @@ def test_segments_computed_without_simpy_match_the_simpy_run_bit_for_bit():
             for segment in plan.phase(step).segments:
                 starts, ends, simpy_starts, simpy_ends = (
                     {r: np.zeros(len(p)) for r, p in segment.programs.items()} for _ in range(4))
-                engine._run_in_order(segment, starts, ends, {})
-                engine._run_events(segment, frozenset(), simpy_starts, simpy_ends, {})
+                engine._run_in_order(segment, starts, ends, {}, engine._bucket_clock())
+                engine._run_events(segment, frozenset(), simpy_starts, simpy_ends, {}, engine._bucket_clock())
                 for rank in segment.programs:
                     assert np.array_equal(starts[rank], simpy_starts[rank])
                     assert np.array_equal(ends[rank], simpy_ends[rank])

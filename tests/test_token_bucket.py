@@ -9,6 +9,7 @@ import simpy
 from pydantic import ValidationError
 
 from models.ops import OpKind
+from runtime.testbed.cluster import applied_context
 from runtime.testbed.links import host_links
 from runtime.testbed.shaping import tbf_args
 from sim.cluster_config import ClusterConfig
@@ -16,8 +17,10 @@ from sim.collectives.schedule import CommSchedule, Transfer
 from sim.context import (LEGACY_TESTBED_BURST_BYTES, Link, LinkClass, Verdict, compare, context_rows,
                          profile_contexts, scenario_context)
 from sim import token_bucket
+from sim.engine import Engine
 from sim.fabric import Fabric
-from sim.network import FlowNetwork, Links, fluid_lower_bound_s
+from sim.network import CollectivePricer, FlowNetwork, Links, fluid_lower_bound_s
+from sim.plan import Collective, Op, Segment, Stream
 from sim.scenario import config_error_from
 from sim.topology import build_topology
 from sim.transport import context_topology
@@ -163,3 +166,65 @@ def test_a_fit_takes_the_burst_out_of_a_ping_pongs_overhead_where_buckets_are_pr
     assert message_overhead_s(pings, context) == 0.0  # unpriced: 1.28 ms of wire time, more than the 0.5 ms left
     monkeypatch.setattr(token_bucket, "PRICED", True)
     assert message_overhead_s(pings, context) == pytest.approx(0.5e-3)
+
+
+class _Waits:
+    """Compute ops that take ``gap_s`` each and free reductions: the links' idle time between
+    collectives is set by the test."""
+
+    def __init__(self, gap_s: float):
+        self.gap_s = gap_s
+
+    def duration_s(self, op, device):
+        return self.gap_s
+
+    def reduce_s_per_byte(self, device):
+        return 0.0
+
+
+def _allreduce(call: int) -> Op:
+    return Op(OpKind.ALLREDUCE, f"allreduce{call}", Stream.COMM,
+              collective=Collective(OpKind.ALLREDUCE, "ring", (0, 1), 40_000), call=call)
+
+
+def _engine(gap_s: float) -> Engine:
+    topology = build_topology(_cluster("32kB"))
+    return Engine(topology, _Waits(gap_s), CollectivePricer(FlowNetwork(topology), topology))
+
+
+def _two_allreduces(gap_s: float) -> list[float]:
+    """The durations (s) of two 40 kB ring allreduces between the two hosts of :func:`_cluster`,
+    ``gap_s`` of compute apart, as the engine runs them (their priced timing kept)."""
+    program = (_allreduce(0), Op(OpKind.MLP_UP, "mlp_up", Stream.COMPUTE), _allreduce(1))
+    result = _engine(gap_s).run_segment(Segment("two", {0: program, 1: program}))
+    return [float(result.ends[0][i] - result.starts[0][i]) for i in (0, 2)]
+
+
+def test_a_collective_right_after_another_finds_the_buckets_it_left(priced):
+    # each direction's 40 kB: 32 kB from the full bucket, 8 kB at the rate; the second call, with
+    # no idle time between, finds the bucket empty and sends all at the rate
+    first, second = _two_allreduces(0.0)
+    assert first == pytest.approx(8_000 / RATE_BYTES_PER_S)
+    assert second == pytest.approx(40_000 / RATE_BYTES_PER_S, rel=1 / 32)  # levels of 1/32 of the depth
+    # a gap long enough to refill the bucket (32 kB at 100 Mbit/s: 2.6 ms) prices both alike
+    rested = _two_allreduces(0.01)
+    assert rested == pytest.approx([first, first])
+
+
+def test_a_repeated_segment_is_priced_with_the_buckets_its_previous_instance_left(priced):
+    program = (_allreduce(0),)
+    once = _engine(0.0).run_segment(Segment("layer", {0: program, 1: program})).duration_s
+    repeated = _engine(0.0).run_segment(Segment("layer", {0: program, 1: program}, repeat=12)).duration_s
+    assert once == pytest.approx(8_000 / RATE_BYTES_PER_S)
+    # back to back, each instance after the first finds the buckets the one before emptied
+    assert repeated == pytest.approx(40_000 / RATE_BYTES_PER_S, rel=1 / 32)
+
+
+def test_a_testbed_profile_records_the_buckets_the_testbed_applied():
+    topology = build_topology(_cluster(None, ranks=2))  # no burst declared between hosts
+    context = applied_context(scenario_context("c", topology, (0, 1, 2, 3), "fp32"))
+    bursts = {link.link_class: link.burst_bytes for link in context.links}
+    # tbf's two MTUs: eth0's 9000 B, lo's 65536 B (the interconnect declares 128 KiB, more than that)
+    assert bursts == {LinkClass.INTER_HOST: 18_000, LinkClass.INTRA_HOST: 131_072}
+    declared = applied_context(scenario_context("c", build_topology(_cluster("32kB")), (0, 1), "fp32"))
+    assert [link.burst_bytes for link in declared.links] == [BURST_BYTES]

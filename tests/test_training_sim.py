@@ -227,9 +227,10 @@ def test_the_engine_runs_a_training_step_without_simpy_to_the_same_bits():
     assert any(op.after is not None for op in segment.programs[0])
     walked, simulated = ({r: (np.zeros(len(p)), np.zeros(len(p))) for r, p in segment.programs.items()}
                          for _ in range(2))
-    engine._run_dag(segment, {r: v[0] for r, v in walked.items()}, {r: v[1] for r, v in walked.items()}, {})
+    engine._run_dag(segment, {r: v[0] for r, v in walked.items()}, {r: v[1] for r, v in walked.items()}, {},
+                    engine._bucket_clock())
     engine._run_events(segment, frozenset(), {r: v[0] for r, v in simulated.items()},
-                       {r: v[1] for r, v in simulated.items()}, {})
+                       {r: v[1] for r, v in simulated.items()}, {}, engine._bucket_clock())
     for rank in segment.programs:
         assert np.array_equal(walked[rank][0], simulated[rank][0]) and np.array_equal(walked[rank][1], simulated[rank][1])
     assert max(v[1].max() for v in walked.values()) > 0

@@ -38,7 +38,7 @@ import json
 import math
 import re
 import subprocess
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,8 @@ from runtime.testbed.errors import TestbedError
 from runtime.testbed.links import (SUBNET_PREFIX_LENGTH, HostLinks, capacity_warnings, host_links,
                                    pair_delays_s, scenario_prefix)
 from runtime.testbed.netns import ip, list_namespaces, require_privileges, write_sysfs
-from runtime.testbed.shaping import shape_egress, shape_ingress, tbf_in_force
+from runtime.testbed.shaping import burst_applied_bytes, shape_egress, shape_ingress, tbf_in_force
+from sim.context import CalibrationContext, LinkClass
 
 if TYPE_CHECKING:
     from sim.topology import Topology
@@ -62,6 +63,17 @@ LOOPBACK_MTU_BYTES = 65536
 # package docstring) would miss the configured value by more than leaving the delay out does: a
 # veth path measures tens of microseconds here.
 UNDELAYED_MAX_S = 0.2e-3
+
+
+def applied_context(context: CalibrationContext) -> CalibrationContext:
+    """``context`` (its links' declared bursts) as calibrated on the testbed: each link with the
+    tbf bucket the testbed applies to it (:func:`runtime.testbed.shaping.burst_applied_bytes`:
+    at least two MTUs, so 18 kB between hosts, 128 KiB on ``lo``, where a link declares none or
+    less), since that is what the profile's timings ran through (:mod:`sim.token_bucket`)."""
+    mtu = {LinkClass.INTER_HOST: INTER_HOST_MTU_BYTES, LinkClass.INTRA_HOST: LOOPBACK_MTU_BYTES}
+    return replace(context, links=tuple(replace(link, burst_bytes=burst_applied_bytes(link.burst_bytes,
+                                                                                     mtu[link.link_class]))
+                                        for link in context.links))
 
 
 class Testbed:

@@ -80,6 +80,7 @@ from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
 from sim.collectives.registry import LIBRARY
 from runtime.cpu_steal import load_during
+from runtime.testbed.cluster import applied_context
 from sim.context import context_rows, load_rows, scenario_context
 from sim.framework import Backend, backend_of
 from sim.profile import profile_frame, with_rows
@@ -353,12 +354,14 @@ def framework_after_steps(setup: TrainingSetup, rank: int, topology, groups, dev
 
 
 def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, device: torch.device,
-                            max_call_s: float = 1.0, heartbeat: Callable[[str], None] = lambda label: None):
+                            max_call_s: float = 1.0, heartbeat: Callable[[str], None] = lambda label: None,
+                            testbed: bool = False):
     """Time forward and backward per op, the optimizer steps, the buckets' collectives and
     (with tensor parallelism) the tensor-parallel allreduce on this rank; every rank's rows
     folded into the profile (:func:`sim.profile.profile_frame`) on rank 0, None elsewhere. Needs
     the default process group over every rank of the layout
-    (:func:`runtime.training.ranks.training_ranks`)."""
+    (:func:`runtime.training.ranks.training_ranks`). ``testbed``: the rank runs on the emulated
+    testbed, whose links' buckets the context records (:func:`runtime.testbed.cluster.applied_context`)."""
     layout = training_ranks(scenario, topology)
     group = layout.data_group(rank)
     setups = [TrainingSetup.of_ranks(scenario, v, layout) for v in scenario.config.variants]
@@ -405,9 +408,9 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
         for row in part:
             pooled[tuple(row.get(k) for k in _KEYS)] += row["times"]
     merged = [{**{k: v for k, v in zip(_KEYS, key) if v is not None}, **stats(times)} for key, times in pooled.items()]
-    merged += sweep_rows + context_rows(scenario_context(
-        scenario.name, topology, layout.ranks, "fp32", cores=len(os.sched_getaffinity(0)),
-        backend=backend_context(), torch_version=torch.__version__))
+    context = scenario_context(scenario.name, topology, layout.ranks, "fp32", cores=len(os.sched_getaffinity(0)),
+                               backend=backend_context(), torch_version=torch.__version__)
+    merged += sweep_rows + context_rows(applied_context(context) if testbed else context)
     return profile_frame(merged)
 
 
@@ -437,7 +440,7 @@ def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max
 
     def body(rank: int, heartbeat):
         return calibrate_training_rank(scenario, topology, rank, repeats=repeats, device=torch.device("cpu"),
-                                       max_call_s=max_call_s, heartbeat=heartbeat)
+                                       max_call_s=max_call_s, heartbeat=heartbeat, testbed=testbed)
 
     gathered, spent = load_during(lambda: launch(body, len(layout.ranks), placements=placements,
                                                  hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat))
