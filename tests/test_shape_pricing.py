@@ -13,7 +13,7 @@ from models.ops import OpKind
 from sim.calibrated import CalibratedCompute
 from sim.cost import RooflineCompute
 from sim.plan import Op, Stream
-from sim.profile import Profile, load_profile, profile_frame, with_rows
+from sim.profile import Profile, load_profile, profile_frame
 from sim.scenario import load_scenario
 from sim.simulate import simulate
 from sim.cluster_config import ClusterConfig
@@ -93,7 +93,7 @@ def test_without_isolated_rows_or_in_a_replay_the_in_place_rows_price_as_before(
 
 
 def test_a_shipped_profile_simulates_as_its_report_recorded():
-    """The plan check's pick, priced with its profile (no isolated rows), as the check predicted it."""
+    """The plan check's pick, priced with its profile (isolated rows: by shape), as the check predicted it."""
     scenario = load_scenario(ROOT / "validation/plan-check-report/scenarios/c0.yaml")
     profile = load_profile(ROOT / "validation/plan-check/profile_v2x2_bandwidth.csv")
     recorded = pd.read_csv(ROOT / "validation/plan-check-report/candidates.csv").set_index("candidate").loc[0]
@@ -101,9 +101,9 @@ def test_a_shipped_profile_simulates_as_its_report_recorded():
     values = results[results["device"].isna() | (results["device"] == "")].set_index("metric")["value"]
     assert values["ttft_s"] == recorded["predicted_ttft_s"]
     assert values["tpot_s"] == recorded["predicted_tpot_s"]
-    # the same profile with isolated rows prices the pick from them instead
-    shaped = Profile(with_rows(profile.rows, _rows()))
-    results = simulate(scenario, profile=shaped, expand_steps=()).results
+    # the same profile without its isolated rows prices the pick as older profiles do: differently
+    older = Profile(profile.rows[profile.rows["measurement"] != MeasurementKind.COMPUTE_ISOLATED])
+    results = simulate(scenario, profile=older, expand_steps=()).results
     values = results[results["device"].isna() | (results["device"] == "")].set_index("metric")["value"]
     assert values["ttft_s"] != recorded["predicted_ttft_s"]
 
