@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from runtime import clock  # noqa: E402
 from runtime.launch import launch  # noqa: E402
-from tests.conftest import ROOT, cluster, make_scenario, tiny_model_config  # noqa: E402
+from tests.conftest import ROOT, tiny_model_config  # noqa: E402
 
 SKEW_S = {0: 0.0, 1: 100.0, 2: -50.0}  # each rank's monotonic clock, less rank 0's
 

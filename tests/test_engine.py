@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from models.accounting import kv_cache_bytes_per_token
-from sim.plan import MemoryCategory, Plan, StrategyChoice
+from sim.plan import MemoryCategory
 from sim.simulate import simulate
-from sim.timeline import _Runner, simulate_run
+from sim.timeline import _Runner
 from tests.conftest import cluster, make_scenario
 
 

@@ -1,7 +1,6 @@
 """Serving load (sim/serving): requests arriving over time, continuous batching under a token
 budget, latency percentiles over requests and the highest rate meeting an SLO."""
 
-import copy
 import re
 import math
 from pathlib import Path

@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from models.errors import ConfigError
 from sim.grid import combinations, grid_points, load_grid, point_key
 from sim.metrics import RESULT_COLUMNS
 from sim.scenario import scenario_from_dict
@@ -87,7 +86,7 @@ def test_the_key_is_the_content_the_version_and_the_profile(tmp_path):
     ({"axes": {"model": ["gpt2"]}, "filters": []}, "filters"),
     ({"axes": {"model": ["gpt2"]}, "exclude": [{}]}, "exclude[0]"),
     ({"axes": {"model": ["gpt2"]}, "exclude": [{"model": "gpt2"}]}, "exclude"),
-    ({"axes": {f"workload.batch_size": list(range(1, 400)), "workload.output_tokens": list(range(1, 400))}}, "axes"),
+    ({"axes": {"workload.batch_size": list(range(1, 400)), "workload.output_tokens": list(range(1, 400))}}, "axes"),
 ])
 def test_a_malformed_grid_is_one_line_naming_the_field_and_nothing_is_written(tmp_path, capsys, grid, field):
     scenario, grid_path = _files(tmp_path, grid)

@@ -8,7 +8,6 @@ from sim.profile import MeasurementKind, Profile, profile_frame
 from sim.program import Gradient
 from sim.training.lower import StepShape, lower_step
 from sim.training.simulate import simulate_training
-from sim.training_config import TrainingSettings
 from sim.vocabulary import Metric
 from tests.conftest import run_cli
 from tests.test_training_sim import _scenario
