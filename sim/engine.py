@@ -104,6 +104,8 @@ class Engine:
         self._idle_fluid = FlowNetwork(topology, links=self.links)
         self._extra_s: dict[tuple, dict[int, float]] = {}
         self._drained: dict[tuple, tuple[dict[int, float], dict[int, float]]] = {}  # BucketClock's cache
+        # Without a priced bucket a clock holds no state: one serves every segment (the hot path).
+        self._unbucketed = None if any(self.links.burst) else BucketClock(self.links, self._idle_fluid, self._drained)
         self._footprints: dict[tuple, frozenset[int]] = {}
 
     def run_segment(self, segment: Segment) -> SegmentResult:
@@ -363,6 +365,8 @@ class Engine:
     def _bucket_clock(self, tokens_bytes: dict[int, float] | None = None) -> BucketClock:
         """The token buckets of a segment's links, holding ``tokens_bytes`` (per channel id,
         bytes; full where absent) at its start."""
+        if self._unbucketed is not None:
+            return self._unbucketed
         return BucketClock(self.links, self._idle_fluid, self._drained, tokens_bytes)
 
     def _after_buckets(self, clock: BucketClock | None, op: Op, algorithms: dict[int, tuple[str, str]],
