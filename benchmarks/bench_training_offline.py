@@ -106,9 +106,9 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
     estimate, the trace keeps no ready times). ``excess_per_step_ms``:
     the after-backward buckets' measured less priced time over the schedule steps rank 0 takes part
     in (:func:`sim.training.comm_thread.schedule_work`): what each message of a queued bucket
-    costs beyond its isolated timing; ``tcp_retransmitted_per_step``: the TCP segments the
+    costs beyond its isolated timing; ``tcp_retransmitted_segments_per_step``: the TCP segments the
     cluster's hosts retransmitted per timed step, mean over its devices
-    (:mod:`runtime.tcp_counters`), and ``tbf_dropped_per_step``: the packets their tbf queues
+    (:mod:`runtime.tcp_counters`), and ``dropped_packets_per_step``: the packets their tbf queues
     dropped per timed step (:func:`runtime.testbed.shaping.dropped_packets`), mean over its
     devices, where the report measured them. Empty where no cluster kept its trace."""
     rows = []
@@ -148,8 +148,6 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
                                           host_groups=simulated.topology.host_groups(group))
                 steps += schedule_work(schedule, group[0])[0]
             case = run.measured[run.measured["variant"] == variant.name]
-            retransmitted = case[case["metric"] == str(Metric.TCP_RETRANSMITTED_SEGMENTS)]
-            dropped = case[case["metric"] == str(Metric.DROPPED_PACKETS)]
             rows.append({"cluster": scenario.name, "case": variant.name,
                          "during_backward": len(during),
                          "during_measured_over_priced": float(np.mean(during)) if during else float("nan"),
@@ -158,10 +156,9 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
                          else float("nan"),
                          "after_excess_s": sum(m - p for m, p in after),
                          "excess_per_step_ms": 1e3 * sum(m - p for m, p in after) / steps if steps else float("nan"),
-                         # measured since session 15; NaN in reports measured before
-                         "tcp_retransmitted_per_step": float(retransmitted["value"].mean()) if len(retransmitted)
-                         else float("nan"),
-                         "tbf_dropped_per_step": float(dropped["value"].mean()) if len(dropped) else float("nan")})
+                         # measured since session 15 (mean over the devices); NaN in reports measured before
+                         **{str(metric): float(case[case["metric"] == str(metric)]["value"].mean())
+                            for metric in (Metric.TCP_RETRANSMITTED_SEGMENTS, Metric.DROPPED_PACKETS)}})
     return pd.DataFrame(rows)
 
 
