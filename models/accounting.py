@@ -25,6 +25,11 @@ _NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7}  # RMS: square, sum, scale, gain; L
 _ACTIVATION_FLOPS = {"gated": 5, "plain": 9}  # SiLU (4) times the up projection (1); tanh-GELU (9)
 _SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide (the 1/sqrt(head_dim) scale folded into QK^T)
 _SOFTMAX_STATISTIC_BYTES = 4  # a fused kernel's fp32 logsumexp per query row (see layer_op_costs)
+_FP32_BYTES = 4
+# Query-sized tensors live during attention: the rotated query, its copy in the kernel's head-major
+# layout and the output (measured on an H100 in bf16, SDPA and eager alike: 3.0 query sizes
+# beyond the scores or statistics, validation/gpu-report).
+_QUERY_COPIES = 3
 
 
 @dataclass(frozen=True)
@@ -149,12 +154,14 @@ def layer_op_costs(
     - QKV_PROJ: (T, h) @ (h, (q + 2k) d), column-parallel.
     - ATTENTION: QK^T and AV over the causal (query, key) pairs of q heads, softmax; reads q and
       the cached K, V of the context, writes the output (T, q d) and appends the new K, V. Its
-      workspace is the output plus what the kernel (``spec.attention``) holds: ``sdpa``, a fused
+      workspace is three query-sized tensors (the rotated query, its copy in the kernel's
+      layout, the output) plus what the kernel (``spec.attention``) holds: ``sdpa``, a fused
       kernel, keeps one fp32 softmax statistic per query row (batch, q, new_tokens) and never
       the scores (FlashAttention, Dao et al. 2022, arXiv 2205.14135, Algorithm 1: O(N) extra
       memory; PyTorch ``torch.nn.functional.scaled_dot_product_attention``, whose flash and
       memory-efficient backends return only a logsumexp); ``eager`` materialises the score
-      matrix (batch, q, new_tokens, context_tokens) in the model's dtype.
+      matrix (batch, q, new_tokens, context_tokens) in the model's dtype and soft-maxes it in
+      fp32, its fp32 copy and probabilities live with it (:func:`_eager_bytes_per_score`).
     - OUT_PROJ: (T, q d) @ (q d, h), row-parallel: a partial sum of (T, h) for the reduction.
     - MLP_UP: (T, h) @ (h, 2i) for gate and up then SiLU-gating (gated), or (T, h) @ (h, i) then
       GELU (plain); writes (T, i); its workspace holds the projections and the output.
@@ -341,7 +348,7 @@ def _attention_cost(
     scores = batch_size * q_heads * pairs
     query_bytes = batch_size * new_tokens * q_heads * d * b  # the output has the same shape
     if spec.attention == "eager":
-        held_bytes = batch_size * q_heads * new_tokens * context_tokens * b
+        held_bytes = batch_size * q_heads * new_tokens * context_tokens * _eager_bytes_per_score(b)
     else:
         held_bytes = batch_size * q_heads * new_tokens * _SOFTMAX_STATISTIC_BYTES
     return OpCost(
@@ -349,5 +356,14 @@ def _attention_cost(
         bytes_read=query_bytes + batch_size * context_tokens * 2 * kv_width * b,
         bytes_written=query_bytes + batch_size * new_tokens * 2 * kv_width * b,
         weight_bytes=0,
-        workspace_bytes=held_bytes + query_bytes,
+        workspace_bytes=held_bytes + _QUERY_COPIES * query_bytes,
     )
+
+
+def _eager_bytes_per_score(dtype_bytes: int) -> int:
+    """Bytes live per score element while eager attention soft-maxes: the scores in the model's
+    dtype, then (below fp32) their fp32 copy and the fp32 probabilities, as the runtime's kernel
+    and transformers' ``eager_attention_forward`` soft-max in fp32 (the masked scores' copy is
+    freed by then); in fp32 the upcast is the masked copy itself, so scores, masked scores and
+    probabilities. Measured on an H100 in bf16: 10.0 bytes per score (validation/gpu-report)."""
+    return dtype_bytes + 2 * _FP32_BYTES if dtype_bytes < _FP32_BYTES else 3 * _FP32_BYTES

@@ -463,7 +463,12 @@ def layer_activation_bytes(
     intermediates (plain: the GELU input and the down projection's input, 2 sbi e; gated: gate,
     SiLU output, up and their product, 4 sbi e, as PyTorch's autograd saves them), the attention
     probabilities (as^2 b e; with dropout also its mask and output) and, with dropout, the masks
-    after attention and MLP (2 sbh). Tensor parallelism splits all but the first group and the
+    after attention and MLP (2 sbh). The probabilities are an ``eager`` kernel's (``spec.attention``):
+    a fused one (``sdpa``, FlashAttention) saves one fp32 logsumexp per query row (4 asb) instead
+    and recomputes them in backward (Dao et al. 2022, arXiv 2205.14135, section 3.1), as
+    selective recomputation would; measured on an H100 (validation/gpu-report), TinyLlama-1.1B
+    at 8 x 1024 tokens held 19.0 GB of activations, against 26.2 GB counted with the
+    probabilities (the rest of the gap: autocast keeps the residual stream and norms in fp32). Tensor parallelism splits all but the first group and the
     residual-dropout masks; ``sequence_parallel`` splits those too. ``selective`` drops the
     as^2 b terms; ``full`` keeps only the layer's input, 2sbh for 2-byte elements, split only
     under sequence parallelism. For GPT-style layers (LayerNorm, plain MLP of 4h, as many KV
@@ -487,8 +492,11 @@ def layer_activation_bytes(
     kv_width = kv_heads_per_rank(spec, t) * spec.head_dim
     intermediates = (4 if spec.mlp == "gated" else 2) * spec.intermediate_size // t
     split = tokens * (2 * q_width + 2 * kv_width + intermediates) * e
-    if recompute is Recompute.NONE:
-        squares = layout.micro_batch_size * spec.num_attention_heads // t * layout.sequence_length**2
+    rows = layout.micro_batch_size * spec.num_attention_heads // t * layout.sequence_length
+    if spec.attention != "eager":  # a fused kernel saves one fp32 logsumexp per query row
+        split += rows * _FP32_BYTES
+    elif recompute is Recompute.NONE:
+        squares = rows * layout.sequence_length
         split += squares * (2 * e + mask if layout.dropout else e)
     return replicated / sp_split + split
 

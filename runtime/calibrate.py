@@ -49,7 +49,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_rows, stats
 from runtime.device import device_of
 from runtime.executor import Executor
-from runtime.shape_bench import shape_rows
+from runtime.shape_bench import ceiling_rows, shape_rows
 from runtime.weights import prompt_tokens
 from runtime.worker import TORCH_DTYPES, common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
@@ -69,7 +69,8 @@ CALIBRATION_MAX_TOKENS = max(CALIBRATION_PROMPTS) + CALIBRATION_OUTPUT_TOKENS  #
 
 def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: float,
                    heartbeat: Callable[[str], None], used_only: bool = False,
-                   held_out_sizes: tuple[int, ...] = (), testbed: bool = False) -> list[dict] | None:
+                   held_out_sizes: tuple[int, ...] = (), testbed: bool = False,
+                   device: torch.device = torch.device("cpu")) -> list[dict] | None:
     """Run every microbenchmark on this rank; returns all profile rows on rank 0, None elsewhere.
 
     ``repeats`` rounds, each one calibration generation per strategy and prompt
@@ -78,13 +79,14 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     the point-to-point ping-pongs; then the ``compute_isolated`` rows, on the first rank alone.
     ``held_out_sizes``: collective sizes timed in the sweep's
     rounds as ``collective_held_out`` rows; ``testbed``: the rank runs on the emulated testbed,
-    whose links' buckets the profile's context records (:func:`runtime.testbed.cluster.applied_context`)."""
+    whose links' buckets the profile's context records (:func:`runtime.testbed.cluster.applied_context`);
+    ``device``: where the rank's model runs (``cuda:N`` on a GPU, whose process group is NCCL's)."""
     memory_probe.configure_allocator(exact=False)  # the measured runs' malloc settings (run_rank)
     parallel = ParallelPlan.of(scenario, topology)
     ranks = parallel.tensor_ranks
     comm = Communicator(rank, topology.host_groups)
     model, store = rank_model(scenario, tuple(ranks), rank, seed=0, max_tokens=CALIBRATION_MAX_TOKENS,
-                              device=torch.device("cpu"), shards=parallel.shards)
+                              device=device, shards=parallel.shards)
     # A model built from block files (when the scenario streams) is loaded whole before timing.
     generations = CalibrationGenerations(scenario, ranks, topology, rank, comm, model,
                                          BlockLoader(store, model.device) if store is not None else None, heartbeat,
@@ -107,6 +109,9 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
         rows += shape_rows(scenario.model, device_class=generations.device_class, batch_size=generations.batch,
                            prompts=CALIBRATION_PROMPTS, max_tokens=CALIBRATION_MAX_TOKENS, ranks=len(ranks),
                            dtype=TORCH_DTYPES[scenario.model.dtype], device=model.device)
+        if model.device.type == "cuda":
+            rows += ceiling_rows(generations.device_class, scenario.model.dtype, TORCH_DTYPES[scenario.model.dtype],
+                                 model.device)
     dist.barrier()
     return gather_profile(generations, framework_bytes, rows, testbed)
 

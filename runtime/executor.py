@@ -14,7 +14,10 @@ maps each op to the rank's model shard (:class:`runtime.model.RankModel`) or to 
 
 Each op is timed with the host clock (after a device synchronisation on GPU) and recorded in the
 trace schema of :mod:`sim.trace` (a :class:`sim.trace.TraceEvent` each), so a measured and a
-simulated run compare op by op.
+simulated run compare op by op. An executor that records no ops (``record_ops=False``) waits for
+the device only at the end of each step, so that a GPU runs the kernels the host queued ahead, as a
+framework does when no one times its ops (a step's time is then the host clock after a device
+synchronisation).
 
 Weight streaming: a plan whose memory policy streams has one unrolled segment per phase, each op
 carrying its ``layer``, followed by ``weight_load`` ops of the loader stream. Those run on a
@@ -120,6 +123,7 @@ class Executor:
             out.step_start_s.append(time.perf_counter() - t0)
             out.stall_s.append(0.0)
             state = self.run_pass(phase, tokens, start_pos, t0, out)
+            self._sync()  # a GPU's queued kernels belong to the step
             out.step_end_s.append(time.perf_counter() - t0)
             out.memory_bytes.append(self.memory_probe())
             if self.is_master:
@@ -154,12 +158,14 @@ class Executor:
             for instance in range(segment.repeat):
                 layer = None if layer0 is None else layer0 + instance
                 for op in program:
+                    if not self.record_ops:  # no op's time is wanted: a GPU queues the step's kernels ahead
+                        self._execute(op, layer)
+                        continue
                     start = time.perf_counter()
                     self._execute(op, layer)
                     self._sync()
                     end = time.perf_counter()
-                    if self.record_ops:
-                        out.records.append(self._record(op, phase, start - t0, end - t0, layer))
+                    out.records.append(self._record(op, phase, start - t0, end - t0, layer))
 
     def _run_streamed(self, phase: Phase, t0: float, out: Generation) -> None:
         """Run a streaming phase: the loader ops on a thread, the others here, in program order,

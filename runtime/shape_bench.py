@@ -17,6 +17,13 @@ tensor-parallel width ``k`` from 1 to the calibrated ranks that splits the model
 (``layernorm``, ``qkv_proj``, ``attention``, ``out_proj``, ``mlp_up``, ``mlp_down``), and at width 1
 the master's ``embedding`` and ``lm_head``; each at every calibration prompt as a prefill (``p``
 new tokens over ``p``) and as one decode step after it (1 over ``p + 1``). A few seconds in all.
+
+On a CUDA device each call is also split in two, as ``compute_device`` and ``host_issue`` rows: a
+GPU runs the kernels its host queued ahead, so a step costs the host's queuing and the device's
+kernels overlapped, not their sum (PyTorch, "CUDA semantics: asynchronous execution"). The device
+time is read with CUDA events while the stream is held busy by a spin kernel
+(``torch.cuda._sleep``) until the host has queued the whole op, so it holds no wait for the host;
+the host time is the call's return, without waiting for the device.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ def shape_rows(spec, *, device_class: str, batch_size: int, prompts: tuple[int, 
                           dtype=dtype, stage=Stage(0, 1, embeds=width == 1, heads=width == 1))
         for prompt in prompts:
             for new, start in ((prompt, 0), (1, prompt)):
-                times = _time_layer(model, batch_size, new, start)
+                times, split = _time_layer(model, batch_size, new, start)
                 costs = layer_op_costs(spec, tp_degree=width, batch_size=batch_size, new_tokens=new,
                                        context_tokens=start + new, shard=model.shard)
                 if width == 1:
@@ -72,18 +79,23 @@ def shape_rows(spec, *, device_class: str, batch_size: int, prompts: tuple[int, 
                                   if k != OpKind.LAYERNORM})
                 for kind, values in times.items():
                     cost = costs[kind]
-                    rows.append({"measurement": MeasurementKind.COMPUTE_ISOLATED, "device_class": device_class,
-                                 "op": str(kind), "group_size": width, "batch_size": batch_size, "new_tokens": new,
-                                 "context_tokens": start + new, "dtype": spec.dtype, "flops": cost.flops,
-                                 "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
-                                 "method": METHOD, **stats(values)})
+                    shape = {"device_class": device_class, "op": str(kind), "group_size": width,
+                             "batch_size": batch_size, "new_tokens": new, "context_tokens": start + new,
+                             "dtype": spec.dtype, "flops": cost.flops,
+                             "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s"}
+                    rows.append({"measurement": MeasurementKind.COMPUTE_ISOLATED, **shape, "method": METHOD,
+                                 **stats(values)})
+                    for measurement, (method, parts) in split.items():
+                        rows.append({"measurement": measurement, **shape, "method": method, **stats(parts[kind])})
     return rows
 
 
-def _time_layer(model: RankModel, batch: int, new: int, start: int) -> dict[OpKind, list[float]]:
+def _time_layer(model: RankModel, batch: int, new: int, start: int
+                ) -> tuple[dict[OpKind, list[float]], dict[MeasurementKind, tuple[str, dict[OpKind, list[float]]]]]:
     """Each op of layer 0 (and, on a model that embeds, the embedding and LM head) called
     :data:`WARMUP_CALLS` + :data:`SHAPE_REPEATS` times on ``new`` tokens from position ``start``;
-    the timed calls' durations (s) per op kind."""
+    the timed calls' durations (s) per op kind, and on CUDA the device and host parts of each
+    call by measurement kind (with their method); empty elsewhere."""
     sync = device_of(model.device).synchronize
     # On a CPU, the calling thread's CPU time: what the op costs a core of its own even where other
     # processes preempt it (a shared machine's scheduler hands out slices of milliseconds, so the
@@ -106,6 +118,9 @@ def _time_layer(model: RankModel, batch: int, new: int, start: int) -> dict[OpKi
         calls[OpKind.EMBEDDING] = lambda: model.embedding(tokens, start)
         calls[OpKind.LM_HEAD] = lambda: model.lm_head(x[:, -1])
     times: dict[OpKind, list[float]] = {kind: [] for kind in calls}
+    cuda = model.device.type == "cuda"
+    device_s: dict[OpKind, list[float]] = {kind: [] for kind in calls}
+    host_s: dict[OpKind, list[float]] = {kind: [] for kind in calls}
     with torch.inference_mode():
         for index in range(WARMUP_CALLS + SHAPE_REPEATS):
             for kind, call in calls.items():  # interleaved: every op samples the same stretch of time
@@ -115,4 +130,80 @@ def _time_layer(model: RankModel, batch: int, new: int, start: int) -> dict[OpKi
                 sync()
                 if index >= WARMUP_CALLS:
                     times[kind].append(clock() - began)
+                if cuda:
+                    device, host = _split_call(call)
+                    if index >= WARMUP_CALLS:
+                        device_s[kind].append(device)
+                        host_s[kind].append(host)
+    if not cuda:
+        return times, {}
+    return times, {MeasurementKind.COMPUTE_DEVICE: (DEVICE_METHOD, device_s),
+                   MeasurementKind.HOST_ISSUE: (HOST_METHOD, host_s)}
+
+
+HOLD_CYCLES = 20_000_000  # the spin holding the stream while the host queues: 10 ms at 2 GHz, > 9 calls' queuing
+HOST_BURST = 8  # calls queued back to back for the host's time, as a generation queues op after op
+DEVICE_METHOD = ("the op's kernels on the device alone: CUDA events around them, queued behind a spin kernel "
+                 "(torch.cuda._sleep) so the device never waited for the host; statistics over calls")
+HOST_METHOD = (f"the host's time to queue the op's kernels: {HOST_BURST} calls queued back to back while the device "
+               "was busy (so the queue never blocked the host), per call; statistics over repeats")
+
+
+def _split_call(call) -> tuple[float, float]:
+    """(device s, host s) of ``call`` on the current CUDA stream (module docstring): one call's
+    kernels timed by CUDA events, then :data:`HOST_BURST` more calls queued back to back for the
+    host's time per call; all of them behind one spin kernel."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(HOLD_CYCLES)
+    start.record()
+    call()
+    end.record()
+    began = time.perf_counter()
+    for _ in range(HOST_BURST):
+        call()
+    host = (time.perf_counter() - began) / HOST_BURST
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3, host
+
+
+CEILING_REPEATS = 10
+MATMUL_SIZE = 8192  # square operands: large enough to run at the device's matrix rate
+COPY_BYTES = 1 << 30
+
+
+def ceiling_rows(device_class: str, dtype: str, torch_dtype: torch.dtype, device: torch.device) -> list[dict]:
+    """The ``device_ceiling`` rows of a CUDA device: a ``MATMUL_SIZE``-cubed matrix product in the
+    model's dtype (FLOP/s: 2 n^3 per product) and a ``COPY_BYTES`` device-to-device copy (bytes
+    read plus written per s), each the median of :data:`CEILING_REPEATS` CUDA-event timings after
+    warm-ups, on random data. The rates the device's large kernels reach, measured rather than
+    taken from a datasheet (the roofline's two ceilings, Williams, Waterman and Patterson, CACM
+    52(4), 2009); what prices kernels beyond the shapes timed (:mod:`sim.async_compute`)."""
+    n = MATMUL_SIZE
+    matmul_s = _event_times(lambda a, b: a @ b, *(torch.randn(n, n, device=device).to(torch_dtype) for _ in range(2)))
+    src = torch.randn(COPY_BYTES // 4, device=device)
+    copy_s = _event_times(lambda dst, src: dst.copy_(src), torch.empty_like(src), src)
+    del src
+    torch.cuda.empty_cache()
+    method = f"CUDA events, median of {CEILING_REPEATS} after 3 warm-ups, random data"
+    common = {"measurement": MeasurementKind.DEVICE_CEILING, "device_class": device_class, "dtype": dtype}
+    return [{**common, "op": "matmul", "flops": 2.0 * n**3, "unit": "FLOP/s", "method": f"{n}^3 matrix product; {method}",
+             **stats([2.0 * n**3 / t for t in matmul_s])},
+            {**common, "op": "copy", "traffic_bytes": 2.0 * COPY_BYTES, "unit": "bytes/s",
+             "method": f"{COPY_BYTES} B device-to-device copy, read plus written; {method}",
+             **stats([2.0 * COPY_BYTES / t for t in copy_s])}]
+
+
+def _event_times(call, *operands) -> list[float]:
+    """CUDA-event times (s) of :data:`CEILING_REPEATS` calls of ``call(*operands)`` after 3 warm-ups."""
+    for _ in range(3):
+        call(*operands)
+    times = []
+    for _ in range(CEILING_REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call(*operands)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
     return times

@@ -26,6 +26,12 @@
   (Agrawal et al., MLSys 2024, arXiv 2405.05187). Those times hold no contention: the target's
   comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor.
 
+* On a device whose host queues kernels ahead (CUDA: the profile has ``device_ceiling``,
+  ``compute_device`` and ``host_issue`` rows), a forward op costs the larger of its host's queuing
+  and its kernels' time, each from terms that carry to other shapes and models
+  (:mod:`sim.async_compute`), in every mode: the ops timed in place, each after a device
+  synchronisation, hold a wait for the device that an asynchronous run does not.
+
 Outside the measured range a query is priced from the nearest measurement scaled by the
 uncalibrated model's ratio (roofline, or the scenario's network model), and recorded in
 ``extrapolated`` so the output can say which predictions rest on it. Tables are built once;
@@ -46,6 +52,8 @@ from models.accounting import head_op_costs, layer_op_costs
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.spec import ModelSpec
+from sim.async_compute import AsyncCompute
+from sim.async_compute import regime as _regime
 from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
@@ -54,13 +62,8 @@ from sim.plan import Op
 from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile, noise_floor
 from sim.program import Gradient
 from sim.topology import Device, Topology
-from sim.vocabulary import PhaseKind
 
 
-
-
-def _regime(new_tokens: int) -> PhaseKind:
-    return PhaseKind.DECODE if new_tokens == 1 else PhaseKind.PREFILL
 
 
 BACKWARD_ROWS = {Gradient.INPUT: MeasurementKind.BACKWARD_INPUT, Gradient.WEIGHT: MeasurementKind.BACKWARD_WEIGHT}
@@ -112,6 +115,7 @@ class CalibratedCompute:
     _new_tokens: dict[tuple, np.ndarray] = field(default_factory=dict, repr=False)  # per table point
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
+    asynchronous: AsyncCompute | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         rows = self.profile.of(MeasurementKind.COMPUTE)
@@ -135,6 +139,7 @@ class CalibratedCompute:
                 self._new_tokens[key] = np.array([new_tokens[key][v] for v in xs])
         for row in self.profile.of(MeasurementKind.OP_GAP).itertuples(index=False):
             self._gap_s[row.device_class] = float(getattr(row, CHARGED[MeasurementKind.OP_GAP]))
+        self.asynchronous = AsyncCompute(self.profile, self.fallback.dtype, dict(self._gap_s))
         shapes: dict[tuple, dict[float, list[tuple[float, float]]]] = {}
         for row in self.profile.of(MeasurementKind.COMPUTE_ISOLATED).itertuples(index=False):
             if self.model is None:
@@ -174,6 +179,10 @@ class CalibratedCompute:
         key = (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes, solo, op.gradient,
                self.optimizer if op.kind == OpKind.OPTIMIZER_STEP else None)
         cached = self._cache.get(key)
+        if cached is None and (queued_s := self.asynchronous.duration_s(op, device)) is not None:
+            self.calibrated.add(f"{op.kind} ({_regime(op.shape[0])}) on {device.spec.name}: host queuing and "
+                                f"device kernels, asynchronous")
+            cached = self._cache[key] = queued_s
         if cached is None:
             alone_s = self._by_shape(op, device) if self.by_shape and self._shapes else None
             if alone_s is not None:  # no contention in it: the engine's processor sharing adds the target's

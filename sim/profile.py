@@ -14,6 +14,14 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     rank 0's shard at tensor-parallel width ``group_size``, with the same columns as ``compute``
     (:mod:`runtime.shape_bench`); what prices a target's ops by their shape outside same-cluster
     mode (:class:`sim.calibrated.CalibratedCompute`);
+  * ``compute_device`` / ``host_issue`` (an accelerator whose host queues work ahead, CUDA): the
+    same op alone, with the same columns, split in two: the time its kernels take on the device
+    (CUDA events, the kernels queued before the device reached them, so no wait for the host is
+    in it) and the time the host takes to queue them (the call's return, without waiting for the
+    device), :mod:`runtime.shape_bench`;
+  * ``device_ceiling``: the two ceilings of such a device (op ``matmul``: a large matrix product in
+    ``dtype``, FLOP/s; op ``copy``: a large device-to-device copy, bytes read plus written per s),
+    whose ``median`` is the rate (:func:`runtime.shape_bench.ceiling_rows`);
   * ``op_gap``: time between the end of one op and the start of the next on a rank (dispatch and
     bookkeeping of the framework), per ``device_class``;
   * ``collective``: a collective ``op`` (allreduce, reduce, broadcast) by ``algorithm`` over
@@ -77,6 +85,7 @@ from sim.vocabulary import MeasurementKind
 # is charged its median, as an isolated microbenchmark is: the target's contention is the
 # simulation's processor sharing, not the noise of the calibrating machine.
 CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.COMPUTE_ISOLATED: "median", MeasurementKind.OP_GAP: "mean",
+           MeasurementKind.COMPUTE_DEVICE: "median", MeasurementKind.HOST_ISSUE: "median",
            MeasurementKind.BACKWARD_INPUT: "mean", MeasurementKind.BACKWARD_WEIGHT: "mean",
            MeasurementKind.OPTIMIZER_STEP: "mean",
            MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}

@@ -132,6 +132,9 @@ class MeasurementKind(StrEnum):
 
     COMPUTE = "compute"
     COMPUTE_ISOLATED = "compute_isolated"
+    COMPUTE_DEVICE = "compute_device"
+    HOST_ISSUE = "host_issue"
+    DEVICE_CEILING = "device_ceiling"
     OP_GAP = "op_gap"
     COLLECTIVE = "collective"
     COLLECTIVE_HELD_OUT = "collective_held_out"

@@ -271,7 +271,8 @@ def test_decode_attention_reads_the_cache_and_eager_materialises_scores():
     query = batch * spec.hidden_size // tp * 2
     assert cost.bytes_read == batch * context * per_token_cache + query
     assert cost.bytes_written == batch * per_token_cache + query
-    assert cost.workspace_bytes == batch * spec.num_attention_heads // tp * context * 2 + query
+    # bf16 scores, their fp32 copy and fp32 probabilities; three query-sized tensors
+    assert cost.workspace_bytes == batch * spec.num_attention_heads // tp * context * (2 + 4 + 4) + 3 * query
     assert cost.weight_bytes == 0
 
 
@@ -284,8 +285,8 @@ def test_fused_attention_holds_one_statistic_per_query_row_not_the_scores():
     eager = layer_op_costs(spec.with_attention("eager"), tp_degree=tp, batch_size=batch, new_tokens=prompt,
                            context_tokens=prompt)
     heads, output = spec.num_attention_heads // tp, batch * prompt * spec.hidden_size // tp * 2
-    assert sdpa[OpKind.ATTENTION].workspace_bytes == batch * heads * prompt * 4 + output
-    assert eager[OpKind.ATTENTION].workspace_bytes == batch * heads * prompt * prompt * 2 + output
+    assert sdpa[OpKind.ATTENTION].workspace_bytes == batch * heads * prompt * 4 + 3 * output
+    assert eager[OpKind.ATTENTION].workspace_bytes == batch * heads * prompt * prompt * (2 + 4 + 4) + 3 * output
     # Only memory differs: the same arithmetic and traffic price both.
     assert sdpa[OpKind.ATTENTION].flops == eager[OpKind.ATTENTION].flops
     assert sdpa[OpKind.ATTENTION].bytes_read == eager[OpKind.ATTENTION].bytes_read

@@ -46,6 +46,7 @@ def gpt_layer(name: str) -> "object":
         intermediate_size=4 * spec.hidden_size,
         num_kv_heads=spec.num_attention_heads,
         dtype="bf16",
+        attention="eager",  # the paper's kernel materialises the attention probabilities
     )
 
 
@@ -85,7 +86,7 @@ def test_activations_match_megatron_per_layer_estimators_with_the_models_own_mlp
     # compute_activation_memory_without_sp: s b h (10 + 24 / t), which assumes ffn = 4h.
     spec = dataclasses.replace(
         get_model(name), norm="layernorm", mlp="plain", dtype="bf16",
-        num_kv_heads=get_model(name).num_attention_heads,
+        num_kv_heads=get_model(name).num_attention_heads, attention="eager",
     )
     b, s, h, ffn = 2, 1024, spec.hidden_size, spec.intermediate_size
     sequence = ActivationLayout(b, s, tp_degree=t, sequence_parallel=True, dropout=True)
@@ -96,13 +97,26 @@ def test_activations_match_megatron_per_layer_estimators_with_the_models_own_mlp
 
 
 def test_gated_mlp_and_grouped_query_attention_keep_what_autograd_saves():
-    spec = get_model("llama-3.1-8b").with_dtype("bf16")
+    spec = get_model("llama-3.1-8b").with_dtype("bf16").with_attention("eager")
     b, s, h, i = 1, 256, spec.hidden_size, spec.intermediate_size
     kv = spec.num_kv_heads * spec.head_dim
     squares = b * spec.num_attention_heads * s * s
     # norm inputs, qkv and up inputs (4 sbh); q, k, v, o; gate, silu, up, product; probabilities.
     expected = 2 * (4 * s * b * h + s * b * (2 * h + 2 * kv) + 4 * s * b * i + squares)
     assert layer_activation_bytes(spec, ActivationLayout(b, s)) == expected
+
+
+def test_a_fused_attention_kernel_saves_a_logsumexp_per_row_not_the_probabilities():
+    # FlashAttention (arXiv 2205.14135) recomputes the probabilities in backward from an fp32
+    # logsumexp per query row: the s^2 term is gone, whatever the sequence length.
+    fused = get_model("llama-3.1-8b").with_dtype("bf16")
+    assert fused.attention == "sdpa"
+    eager = fused.with_attention("eager")
+    b, s = 2, 4096
+    rows = b * fused.num_attention_heads * s
+    saved_fused = layer_activation_bytes(fused, ActivationLayout(b, s))
+    assert layer_activation_bytes(eager, ActivationLayout(b, s)) - saved_fused == rows * s * 2 - rows * 4
+    assert saved_fused == layer_activation_bytes(eager, ActivationLayout(b, s), recompute="selective") + rows * 4
 
 
 @pytest.mark.parametrize("k", (1, 4, 5, 32, 100))
