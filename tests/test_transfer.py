@@ -281,6 +281,9 @@ def test_group_transport_follows_devices_and_hosts():
     assert group_transport(topology("h100_sxm", 2), (0, 1)) is Transport.NCCL_NVLINK
     assert group_transport(topology("h100_sxm", 2), (0, 2)) is Transport.NCCL_NET
     assert group_transport(topology("rtx_4090", 1), (0, 1)) is Transport.NCCL_PCIE
+    # The A100 comes as an SXM module on NVLink and as a PCIe card (the MLC LLM benchmark's).
+    assert group_transport(topology("a100_80gb", 1), (0, 1)) is Transport.NCCL_NVLINK
+    assert group_transport(topology("a100_80gb_pcie", 1), (0, 1)) is Transport.NCCL_PCIE
 
 
 def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scales_with_excess_ranks(clusters):
