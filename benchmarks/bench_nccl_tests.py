@@ -1,9 +1,9 @@
 """hetsim's uncalibrated NCCL defaults against published small-message allreduce latencies.
 
-Prices every row of ``validation/published/nccl_tests.yaml`` (nccl-tests ``all_reduce_perf`` at
+Prices every row of ``validation/published/nccl_tests/rows.yaml`` (nccl-tests ``all_reduce_perf`` at
 8-128 bytes on one host) by hetsim's uncalibrated transport defaults (predictions) and by NCCL's
 own tuning model, and writes ``nccl_tests.csv`` and ``nccl_tests.md`` under ``--out`` (default
-``validation/published``). The logic is :mod:`validation.nccl_tests_check`. A few seconds.
+``validation/published/nccl_tests``). The logic is :mod:`validation.nccl_tests_check`. A few seconds.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_nccl_tests.py [--rows FILE] [--out DIR]``
 """

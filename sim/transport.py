@@ -549,11 +549,12 @@ NCCL_RING_HOP_LATENCY_S = {
 }
 # The uncalibrated NCCL default is the Simple protocol's: ``baseLat`` per call and ``hwLat`` per
 # message, one path latency each, NCCL's collectives and point-to-point alike. Not LL, which NCCL's
-# model picks for a message of a few KiB: published nccl-tests times of 8-byte allreduces
-# (``validation/published/nccl_tests.yaml``: a DGX A100 ring of 2 to 8 GPUs) lie on 5.6 us per call
+# model picks for a message of a few KiB: published nccl-tests times of 8-byte allreduces (a DGX
+# A100 ring of 2 to 8 GPUs, ``validation/published/nccl_tests/rows.yaml``) lie on 5.6 us per call
 # + 2.0 us per ring step, where LL has 0.6 us per NVLink step and its model falls 22-55% short
 # (Simple: 50-71% over); priced by LL, a small allreduce would cost less than these defaults
-# already charge, not more (``benchmarks/bench_nccl_tests.py``, ``validation/published/nccl_tests.md``).
+# already charge, not more (``benchmarks/bench_nccl_tests.py`` writes the comparison to
+# ``validation/published/nccl_tests/nccl_tests.md``).
 NCCL_DEFAULT_PROTOCOL = NcclProtocol.SIMPLE
 
 

@@ -1,7 +1,7 @@
 """The uncalibrated NCCL transport defaults against published small-message allreduce latencies.
 
-``validation/published/nccl_tests.yaml`` lists nccl-tests ``all_reduce_perf`` times of messages of
-8 to 128 bytes on one host (latency only), each with where it is printed. Each is priced three ways:
+``validation/published/nccl_tests/rows.yaml`` lists nccl-tests ``all_reduce_perf`` times of
+messages of 8 to 128 bytes on one host (latency only), each with where it is printed. Each is priced three ways:
 
 * hetsim's uncalibrated default (:class:`sim.transport.DefaultTransportNetwork`) of the ring
   schedule, what NCCL runs (NCCL's tree on one host is a chain of as many hops), and of ``auto``
@@ -35,7 +35,7 @@ from sim.topology import build_topology
 from sim.transport import (NCCL_RING_BASE_LATENCY_S, NCCL_RING_HOP_LATENCY_S, DefaultTransportNetwork, NcclProtocol,
                            Transport, group_transport)
 
-ROWS_FILE = Path(__file__).resolve().parent / "published" / "nccl_tests.yaml"
+ROWS_FILE = Path(__file__).resolve().parent / "published" / "nccl_tests" / "rows.yaml"
 ROW_FIELDS = ("id", "gpus", "time_s", "device", "interconnect", "size_bytes", "algorithm", "source", "reading")
 NCCL_ALGORITHMS = ("ring", AUTO)  # what nccl-tests was told to run: NCCL_ALGO=Ring, or NCCL's choice
 MAX_GPUS = 64
