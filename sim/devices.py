@@ -111,6 +111,20 @@ DEVICES: dict[str, DeviceSpec] = {
             ),
         ),
         DeviceSpec(
+            name="a100_80gb_pcie",
+            description="NVIDIA A100 PCIe 80GB",
+            peak_flops_per_s={"fp32": 19.5 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
+            memory_bandwidth_bytes_per_s=1.935e12,
+            memory_capacity_bytes=80 * _GIB,
+            source=(
+                "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB PCIe column "
+                "(https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf): FP32 19.5 TFLOPS; "
+                "BF16/FP16 Tensor Core 312 TFLOPS dense (624 sparse); 80 GB HBM2e at 1,935 GB/s; "
+                "no NVLink switch: its peers are reached over PCIe (an NVLink bridge joins pairs only)"
+            ),
+        ),
+        DeviceSpec(
             name="rtx_4090",
             description="NVIDIA GeForce RTX 4090 24GB",
             peak_flops_per_s={"fp32": 82.6 * _T, "fp16": 165.2 * _T, "bf16": 165.2 * _T},

@@ -527,6 +527,43 @@ class TransportDefault:
     sender_done_on_write: bool = False
 
 
+class NcclProtocol(str, Enum):
+    """NCCL's protocols (NVIDIA/nccl ``src/device/common.h`` / ``src/graph/tuning.cc``)."""
+
+    LL = "LL"
+    LL128 = "LL128"
+    SIMPLE = "Simple"
+
+
+# NCCL's own latency model of its Ring algorithm (NVIDIA/nccl ``src/graph/tuning.cc``,
+# ``ncclTunerConstantsDefaults``, read at commit 5067397c): ``baseLatencies`` per call, by protocol,
+# and ``hwLatencies`` per ring step, by the link a step crosses (NVLINK, PCI, NET) and protocol (us).
+# ``ncclTopoTuneModel`` prices a one-node Ring allreduce of p ranks at
+# ``baseLat + 2 (p - 1) hwLat`` before its bytes; NCCL picks, per size, the algorithm and protocol
+# of the least modelled time, which for messages of a few KiB is LL.
+NCCL_RING_BASE_LATENCY_S = {NcclProtocol.LL: 6.6e-6, NcclProtocol.LL128: 14.0e-6, NcclProtocol.SIMPLE: 8.4e-6}
+NCCL_RING_HOP_LATENCY_S = {
+    Transport.NCCL_NVLINK: {NcclProtocol.LL: 0.6e-6, NcclProtocol.LL128: 1.9e-6, NcclProtocol.SIMPLE: 3.4e-6},
+    Transport.NCCL_PCIE: {NcclProtocol.LL: 1.0e-6, NcclProtocol.LL128: 2.5e-6, NcclProtocol.SIMPLE: 5.7e-6},
+    Transport.NCCL_NET: {NcclProtocol.LL: 2.7e-6, NcclProtocol.LL128: 4.0e-6, NcclProtocol.SIMPLE: 14.0e-6},
+}
+# The uncalibrated NCCL default is the Simple protocol's: ``baseLat`` per call and ``hwLat`` per
+# message, one path latency each, NCCL's collectives and point-to-point alike. Not LL, which NCCL's
+# model picks for a message of a few KiB: published nccl-tests times of 8-byte allreduces (a DGX
+# A100 ring of 2 to 8 GPUs, ``validation/published/nccl_tests/rows.yaml``) lie on 5.6 us per call
+# + 2.0 us per ring step, where LL has 0.6 us per NVLink step and its model falls 22-55% short
+# (Simple: 50-71% over); priced by LL, a small allreduce would cost less than these defaults
+# already charge, not more (``benchmarks/bench_nccl_tests.py`` writes the comparison to
+# ``validation/published/nccl_tests/nccl_tests.md``).
+NCCL_DEFAULT_PROTOCOL = NcclProtocol.SIMPLE
+
+
+def _nccl_default(transport: Transport, name: str) -> TransportDefault:
+    per_hop_s = NCCL_RING_HOP_LATENCY_S[transport][NCCL_DEFAULT_PROTOCOL]
+    return TransportDefault((per_hop_s, 1.0), (per_hop_s, 1.0), NCCL_RING_BASE_LATENCY_S[NCCL_DEFAULT_PROTOCOL],
+                            f"{name} default: NCCL tuning.cc Ring/{NCCL_DEFAULT_PROTOCOL.value}")
+
+
 # gloo over TCP: gloo's own collectives (``library``) pay one latency per message, plus the
 # receiver's ready notice for those whose messages rendezvous (:data:`RENDEZVOUS_LIBRARY_KINDS`:
 # all three, :func:`default_terms`); a point-to-point isend/irecv pays the rendezvous, two (the
@@ -535,18 +572,12 @@ class TransportDefault:
 # ``validation/holdout-report/profiles``: 2-core VM, torch 2.13.0, links of 0.05-5 ms) have
 # medians of 0.3 ms (library) and 0.5 ms (point to point) and bandwidth efficiencies of 1.0
 # (gloo's allreduce as its ring of two segments in flight, with the notice: a median of 0.29 ms).
-# NCCL: the Ring / Simple protocol's latencies of NCCL's own tuning model (NVIDIA/nccl
-# ``src/graph/tuning.cc``, ``baseLat`` 8.4 us per call and ``hwLat`` per hop: NVLink 3.4 us,
-# PCI 5.7 us, NET 14.0 us), one per message; NCCL's collectives and point-to-point alike.
 DEFAULTS: dict[Transport, TransportDefault] = {
     Transport.GLOO_TCP: TransportDefault((0.3e-3, 1.0), (0.5e-3, 2.0), 0.0,
                                          "gloo/tcp default: medians of the shipped profiles' fits", 1.0, True),
-    Transport.NCCL_NVLINK: TransportDefault((3.4e-6, 1.0), (3.4e-6, 1.0), 8.4e-6,
-                                            "nccl/nvlink default: NCCL tuning.cc Ring/Simple"),
-    Transport.NCCL_PCIE: TransportDefault((5.7e-6, 1.0), (5.7e-6, 1.0), 8.4e-6,
-                                          "nccl/pcie default: NCCL tuning.cc Ring/Simple"),
-    Transport.NCCL_NET: TransportDefault((14.0e-6, 1.0), (14.0e-6, 1.0), 8.4e-6,
-                                         "nccl/net (InfiniBand/RoCE) default: NCCL tuning.cc Ring/Simple"),
+    Transport.NCCL_NVLINK: _nccl_default(Transport.NCCL_NVLINK, "nccl/nvlink"),
+    Transport.NCCL_PCIE: _nccl_default(Transport.NCCL_PCIE, "nccl/pcie"),
+    Transport.NCCL_NET: _nccl_default(Transport.NCCL_NET, "nccl/net (InfiniBand/RoCE)"),
 }
 
 

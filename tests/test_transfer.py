@@ -281,6 +281,9 @@ def test_group_transport_follows_devices_and_hosts():
     assert group_transport(topology("h100_sxm", 2), (0, 1)) is Transport.NCCL_NVLINK
     assert group_transport(topology("h100_sxm", 2), (0, 2)) is Transport.NCCL_NET
     assert group_transport(topology("rtx_4090", 1), (0, 1)) is Transport.NCCL_PCIE
+    # The A100 comes as an SXM module on NVLink and as a PCIe card (the MLC LLM benchmark's).
+    assert group_transport(topology("a100_80gb", 1), (0, 1)) is Transport.NCCL_NVLINK
+    assert group_transport(topology("a100_80gb_pcie", 1), (0, 1)) is Transport.NCCL_PCIE
 
 
 def test_core_contention_per_message_is_fitted_where_fast_links_show_it_and_scales_with_excess_ranks(clusters):
@@ -503,3 +506,28 @@ def test_a_rank_arriving_early_at_gloos_ring_has_posted_both_of_its_first_segmen
     assert dict(together.finish_s) == pytest.approx({0: 4 * latency_s, 1: 4 * latency_s}, abs=1e-5)
     early = network.time(schedule, arrivals={0: 0.0, 1: -latency_s})
     assert dict(early.finish_s) == pytest.approx({0: 4 * latency_s, 1: 3 * latency_s}, abs=1e-5)
+
+
+@pytest.mark.parametrize("device, hop_latency_s", [("a100_80gb", 3.4e-6), ("rtx_4090", 5.7e-6)])
+def test_an_uncalibrated_nccl_ring_allreduce_of_a_few_bytes_costs_nccls_ring_simple_model(device, hop_latency_s):
+    """NVIDIA/nccl src/graph/tuning.cc prices a one-node Ring allreduce of p ranks at
+    baseLat + 2 (p - 1) hwLat: Simple's 8.4 us, and 3.4 us per NVLink step or 5.7 us per PCI step;
+    hetsim's default adds each step's path latency (here 2 links of 1 us) and the bytes (ns)."""
+    from models.ops import OpKind
+    from sim.cluster_config import ClusterConfig
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import DefaultTransportNetwork, NcclProtocol, group_transport
+    from validation.nccl_tests_check import nccl_ring_allreduce_s
+
+    def ring_s(link_latency: str):
+        topology = build_topology(ClusterConfig.model_validate({"hosts": [{
+            "name": "h", "interconnect": {"bandwidth": "32GB/s", "latency": link_latency},
+            "devices": {"type": device, "count": 4}}]}))
+        schedule = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), 8)
+        return DefaultTransportNetwork(topology).time(schedule).duration_s, group_transport(topology, (0, 1, 2, 3))
+
+    duration_s, transport = ring_s("0us")
+    assert duration_s == pytest.approx(8.4e-6 + 6 * hop_latency_s, rel=1e-3)
+    assert duration_s == pytest.approx(nccl_ring_allreduce_s(transport, NcclProtocol.SIMPLE, 4), rel=1e-3)
+    assert ring_s("1us")[0] - duration_s == pytest.approx(6 * 2e-6, rel=1e-3)
