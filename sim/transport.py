@@ -567,11 +567,12 @@ GLOO_CONTENTION_SOURCE = ("the gloo/tcp default, fitted in place on v2x2_bandwid
                           "(4 ranks on 2 cores)")
 
 
-# gloo's broadcast (gloo ``gloo/broadcast.cc``) is the binomial tree it is modelled as, message for
-# message, of unbound-buffer sends, which over TCP rendezvous as an isend/irecv does (gloo
+# gloo's broadcast (gloo ``gloo/broadcast.cc``) is the tree it is modelled as, message for message
+# (:func:`sim.collectives.gloo.gloo_broadcast`: a rank posts all its sends at once), of
+# unbound-buffer sends, which over TCP rendezvous as an isend/irecv does (gloo
 # ``gloo/transport/tcp/pair.cc``, ``sendNotifyRecvReady``): it pays the receiver's ready notice too.
 # Timed alone, every rank enters at once and the tree's first step waits for the notice: 3 one-way
-# latencies over the 2 steps of 3 or 4 ranks (15.8 ms over 5 ms links, v4x1_latency); in a run the
+# latencies over the 2 steps of 4 ranks (15.8 ms over 5 ms links, v4x1_latency); in a run the
 # receivers posted long before the root came (it computed what it sends), so the root writes at once
 # and leaves (0.3-1.4 ms in place over 3-5 ms links). Its default and fitted terms carry the notice
 # (:func:`default_terms`), and a run prices it by the ranks' arrivals.
