@@ -556,13 +556,14 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 # shipped profiles whose links are fast enough for it to show (v2x2_bandwidth, v4x1_bandwidth: 4
 # ranks on 2 cores), their mean. Point-to-point: 2.08 and 2.21 ms per message in place (1.04 and
 # 1.11 ms per rank beyond the cores); gloo's own allreduce, reduce and broadcast, which wait inside
-# one library call instead of returning to Python between messages: 0.98 and 0.94 ms per step at
-# full contention (0.49 and 0.47 ms per rank beyond the cores), where a step of gloo's ring is a
-# round of its two segments in flight (:mod:`sim.collectives.gloo`): its allreduce, reduce and
-# broadcast now cost about the same per step (0.9-1.05 ms at 3 KiB, the broadcasts 0.5-1.4 ms),
-# where steps of one segment at a time gave 0.5 ms for the ring. The default of a calibration whose
+# one library call instead of returning to Python between messages: 1.01 and 1.05 ms per step at
+# full contention (0.51 and 0.52 ms per rank beyond the cores), where a step of gloo's ring is a
+# round of its two segments in flight and gloo's broadcast's first step keeps 3 of 4 ranks busy
+# (:mod:`sim.collectives.gloo`; 0.98 and 0.94 ms with the broadcast as MPICH's binomial tree):
+# its allreduce, reduce and broadcast cost about the same per step (0.9-1.05 ms at 3 KiB, the
+# broadcasts 0.5-1.4 ms per call), where steps of one segment at a time gave 0.5 ms for the ring. The default of a calibration whose
 # links hid it, and of the uncalibrated model (:class:`DefaultTransportNetwork`).
-GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.480e-3}
+GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.515e-3}
 GLOO_CONTENTION_SOURCE = ("the gloo/tcp default, fitted in place on v2x2_bandwidth and v4x1_bandwidth "
                           "(4 ranks on 2 cores)")
 
