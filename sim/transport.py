@@ -556,24 +556,22 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 # shipped profiles whose links are fast enough for it to show (v2x2_bandwidth, v4x1_bandwidth: 4
 # ranks on 2 cores), their mean. Point-to-point: 2.08 and 2.21 ms per message in place (1.04 and
 # 1.11 ms per rank beyond the cores); gloo's own allreduce, reduce and broadcast, which wait inside
-# one library call instead of returning to Python between messages: 1.01 and 1.05 ms per step at
-# full contention (0.51 and 0.52 ms per rank beyond the cores), where a step of gloo's ring is a
-# round of its two segments in flight and gloo's broadcast's first step keeps 3 of 4 ranks busy
-# (:mod:`sim.collectives.gloo`; 0.98 and 0.94 ms with the broadcast as MPICH's binomial tree):
-# its allreduce, reduce and broadcast cost about the same per step (0.9-1.05 ms at 3 KiB, the
-# broadcasts 0.5-1.4 ms per call), where steps of one segment at a time gave 0.5 ms for the ring. The default of a calibration whose
+# one library call instead of returning to Python between messages: 0.98 and 0.94 ms per step at
+# full contention (0.49 and 0.47 ms per rank beyond the cores), where a step of gloo's ring is a
+# round of its two segments in flight (:mod:`sim.collectives.gloo`): its allreduce, reduce and
+# broadcast now cost about the same per step (0.9-1.05 ms at 3 KiB, the broadcasts 0.5-1.4 ms),
+# where steps of one segment at a time gave 0.5 ms for the ring. The default of a calibration whose
 # links hid it, and of the uncalibrated model (:class:`DefaultTransportNetwork`).
-GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.515e-3}
+GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.480e-3}
 GLOO_CONTENTION_SOURCE = ("the gloo/tcp default, fitted in place on v2x2_bandwidth and v4x1_bandwidth "
                           "(4 ranks on 2 cores)")
 
 
-# gloo's broadcast (gloo ``gloo/broadcast.cc``) is the tree it is modelled as, message for message
-# (:func:`sim.collectives.gloo.gloo_broadcast`: a rank posts all its sends at once), of
-# unbound-buffer sends, which over TCP rendezvous as an isend/irecv does (gloo
+# gloo's broadcast (gloo ``gloo/broadcast.cc``) is the binomial tree it is modelled as, message for
+# message, of unbound-buffer sends, which over TCP rendezvous as an isend/irecv does (gloo
 # ``gloo/transport/tcp/pair.cc``, ``sendNotifyRecvReady``): it pays the receiver's ready notice too.
 # Timed alone, every rank enters at once and the tree's first step waits for the notice: 3 one-way
-# latencies over the 2 steps of 4 ranks (15.8 ms over 5 ms links, v4x1_latency); in a run the
+# latencies over the 2 steps of 3 or 4 ranks (15.8 ms over 5 ms links, v4x1_latency); in a run the
 # receivers posted long before the root came (it computed what it sends), so the root writes at once
 # and leaves (0.3-1.4 ms in place over 3-5 ms links). Its default and fitted terms carry the notice
 # (:func:`default_terms`), and a run prices it by the ranks' arrivals.

@@ -162,10 +162,7 @@ def test_shipped_scenarios_without_overlapping_transfers_keep_their_results(name
     # when the scenario declared the testbed's 2 cores (cluster.cores) and its 4 ranks took turns on
     # them and paid gloo's contention defaults (TTFT 2-3% slower, TPOT 4-21%); both re-taken when CPU
     # ranks on declared cores computed at one core's peaks (sim.devices, ``one_core``): TTFT 5-13%
-    # slower, TPOT 2-11% (mem2x1_slow_storage's window1, bound by its loads, unchanged);
-    # testbed_gpt2_2x2's re-taken when gloo's broadcast became its own tree, every rank posting
-    # all its sends at once (sim.collectives.gloo): reduce_ln_bcast TTFT +19% (the prefill's
-    # payload crosses the hosts' link twice, 0 -> 2 and 1 -> 3), TPOT -1%; allreduce_library +0.8%.
+    # slower, TPOT 2-11% (mem2x1_slow_storage's window1, bound by its loads, unchanged).
     expected = pd.read_csv(ROOT / "tests" / "data" / "network_expected" / f"{name}.csv", keep_default_na=False)
     results = simulate(load_scenario(ROOT / path)).results.reset_index(drop=True)
     assert list(results.columns) == list(expected.columns) and len(results) == len(expected)

@@ -11,7 +11,7 @@ from models.ops import OpKind
 from sim.collectives.binomial import binomial_broadcast, binomial_reduce
 from sim.collectives.doubling import rabenseifner, recursive_doubling
 from sim.collectives.double_binary_tree import double_binary_tree
-from sim.collectives.gloo import gloo_allreduce, gloo_broadcast, gloo_reduce
+from sim.collectives.gloo import gloo_allreduce, gloo_reduce
 from sim.collectives.ring import ring_allreduce
 from sim.collectives.schedule import CommSchedule
 from sim.collectives.star import star_allreduce, star_broadcast, star_reduce
@@ -64,7 +64,7 @@ AUTO = "auto"
 LIBRARY_MODEL: dict[OpKind, Builder] = {
     OpKind.ALLREDUCE: _flat(gloo_allreduce),
     OpKind.REDUCE: _rooted(gloo_reduce),
-    OpKind.BROADCAST: _rooted(gloo_broadcast),
+    OpKind.BROADCAST: _rooted(binomial_broadcast),
 }
 """What stands for ``library`` in the simulator until calibration refines it: gloo's algorithms
 as PyTorch calls them (:mod:`sim.collectives.gloo`; torch 2.13.0's ``ProcessGroupGloo.cpp``)."""
