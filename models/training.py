@@ -78,10 +78,19 @@ _OPTIMIZER_MOMENTS = {Optimizer.SGD: 0, Optimizer.ADAM: 2, Optimizer.ADAMW: 2}
 class Precision(StrEnum):
     """``fp32``: everything fp32. ``bf16_mixed``: bf16 weights, activations and (by default)
     gradients, with fp32 master weights and optimizer states (Micikevicius et al. 2018,
-    arXiv 1710.03740, section 3.1)."""
+    arXiv 1710.03740, section 3.1; Megatron-LM's and DeepSpeed's layout). ``amp_bf16``: PyTorch's
+    automatic mixed precision (``torch.autocast`` to bf16 over fp32 parameters, "Automatic Mixed
+    Precision" in the PyTorch docs): fp32 weights, gradients and optimizer states, the matrix
+    products and the tensors they save in bf16, the residual stream in fp32. The reference
+    runtime trains both under autocast, so its memory is ``amp_bf16``'s (measured on an H100:
+    validation/gpu-report)."""
 
     FP32 = "fp32"
     BF16_MIXED = "bf16_mixed"
+    AMP_BF16 = "amp_bf16"
+
+
+_FP32_STATES = frozenset({Precision.FP32, Precision.AMP_BF16})  # parameters, gradients and states all fp32
 
 
 class Recompute(StrEnum):
@@ -333,17 +342,18 @@ def optimizer_step_cost(
 
 
 def gradient_bytes_per_parameter(precision: Precision | str, gradient_dtype: str | None = None) -> int:
-    """Bytes of one parameter's gradient: 4 under ``fp32``; under ``bf16_mixed`` the
+    """Bytes of one parameter's gradient: 4 under ``fp32`` and ``amp_bf16``; under ``bf16_mixed`` the
     ``gradient_dtype``'s size, bf16 (2, what DDP over a bf16 model reduces) unless ``"fp32"``
     (Megatron-LM's fp32 ``main_grad`` buffer). Raises :class:`ConfigError` on
-    ``training.gradient_dtype`` for an unknown dtype or anything but fp32 under ``fp32``.
+    ``training.gradient_dtype`` for an unknown dtype or anything but fp32 under ``fp32`` or ``amp_bf16``.
     """
     precision = parse_precision(precision)
     if gradient_dtype is None:
-        return dtype_bytes(compute_dtype(precision))
+        return _FP32_BYTES if precision in _FP32_STATES else dtype_bytes(compute_dtype(precision))
     size = dtype_bytes(gradient_dtype, "training.gradient_dtype")
-    if precision is Precision.FP32 and size != _FP32_BYTES:
-        raise ConfigError("training.gradient_dtype", f"must be fp32 under fp32 precision (got {gradient_dtype!r})")
+    if precision in _FP32_STATES and size != _FP32_BYTES:
+        raise ConfigError("training.gradient_dtype",
+                          f"must be fp32 under {precision.value} precision (got {gradient_dtype!r})")
     return size
 
 
@@ -379,7 +389,7 @@ def model_state_memory(
     """Weights, gradients, optimizer states and DDP bucket buffers of one device holding
     ``parameters`` parameters (its tensor-parallel shard), in bytes; activations and framework 0.
 
-    Per parameter: weights 4 (``fp32``) or 2 (``bf16_mixed``); gradients
+    Per parameter: weights 4 (``fp32``, ``amp_bf16``) or 2 (``bf16_mixed``); gradients
     :func:`gradient_bytes_per_parameter`; optimizer states
     :func:`optimizer_state_bytes_per_parameter`, divided by ``data_parallel`` under
     ``zero_stage=1`` (ZeRO-1, Rajbhandari et al. 2020, arXiv 1910.02054, section 5.1; torch's
@@ -410,7 +420,7 @@ def model_state_memory(
     if zero_stage == 1:
         states = states / data_parallel
     return TrainingMemory(
-        weights=parameters * dtype_bytes(compute_dtype(precision)),
+        weights=parameters * (_FP32_BYTES if precision in _FP32_STATES else dtype_bytes(compute_dtype(precision))),
         gradients=gradients,
         optimizer_states=states,
         activations=0,
@@ -452,7 +462,8 @@ class ActivationLayout:
 
 
 def layer_activation_bytes(
-    spec: ModelSpec, layout: ActivationLayout, *, recompute: Recompute | str = Recompute.NONE
+    spec: ModelSpec, layout: ActivationLayout, *, recompute: Recompute | str = Recompute.NONE,
+    autocast: bool = False,
 ) -> float:
     """Bytes one decoder layer keeps for backward on one rank, in the spec's dtype (dropout masks
     one byte per element), after Korthikanti et al. 2022 (arXiv 2205.05198, section 4.1).
@@ -468,14 +479,25 @@ def layer_activation_bytes(
     and recomputes them in backward (Dao et al. 2022, arXiv 2205.14135, section 3.1), as
     selective recomputation would; measured on an H100 (validation/gpu-report), TinyLlama-1.1B
     at 8 x 1024 tokens held 19.0 GB of activations, against 26.2 GB counted with the
-    probabilities (the rest of the gap: autocast keeps the residual stream and norms in fp32). Tensor parallelism splits all but the first group and the
+    probabilities (the rest: autocast's fp32 residual stream, ``autocast``). Tensor parallelism splits all but the first group and the
     residual-dropout masks; ``sequence_parallel`` splits those too. ``selective`` drops the
     as^2 b terms; ``full`` keeps only the layer's input, 2sbh for 2-byte elements, split only
     under sequence parallelism. For GPT-style layers (LayerNorm, plain MLP of 4h, as many KV
     heads as heads, dropout, 2 bytes) this is the paper's table 2: sbh(34 + 5as/h),
     sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh/t (34 + 5as/h) with sequence
-    parallelism too. Raises :class:`ConfigError` if ``layout.tp_degree`` cannot shard ``spec``
-    or ``recompute`` is unknown.
+    parallelism too.
+
+    ``autocast``: the layer runs under automatic mixed precision with fp32 parameters (PyTorch's
+    ``torch.autocast``, ``amp_bf16``): the residual stream stays fp32, so the norms'
+    inputs are 4-byte (and a segment's checkpointed input); an RMSNorm's gain multiplies the fp32
+    normalised tensor and saves it (as HF's ``LlamaRMSNorm`` and the runtime's ``Norm``); the linears
+    save the ``spec.dtype`` copies autocast casts their inputs to. The replicated group is then
+    sbh (2 x 4 + 2 x 4 + 2e) with RMSNorm, sbh (2 x 4 + 2e) with LayerNorm (which saves only its
+    input), instead of 4 sbh e. Measured on an H100 (validation/gpu-report), TinyLlama-1.1B at
+    8 x 1024 tokens: 19.0 GB of activations against 18.9 GB counted so (14.4 GB in bf16).
+
+    Raises :class:`ConfigError` if ``layout.tp_degree`` cannot shard ``spec`` or ``recompute`` is
+    unknown.
     """
     t = layout.tp_degree
     check_tensor_parallel(spec, t)
@@ -484,10 +506,15 @@ def layer_activation_bytes(
     tokens = layout.tokens
     h = spec.hidden_size
     sp_split = t if layout.sequence_parallel else 1
+    residual = _FP32_BYTES if autocast else e
     if recompute is Recompute.FULL:
-        return tokens * h * e / sp_split
+        return tokens * h * residual / sp_split
     mask = _DROPOUT_MASK_BYTES if layout.dropout else 0
-    replicated = 4 * tokens * h * e + 2 * tokens * h * mask
+    if autocast:
+        normalised = 2 * _FP32_BYTES if spec.norm == "rmsnorm" else 0
+        replicated = tokens * h * (2 * residual + normalised + 2 * e) + 2 * tokens * h * mask
+    else:
+        replicated = 4 * tokens * h * e + 2 * tokens * h * mask
     q_width = spec.num_attention_heads // t * spec.head_dim
     kv_width = kv_heads_per_rank(spec, t) * spec.head_dim
     intermediates = (4 if spec.mlp == "gated" else 2) * spec.intermediate_size // t
@@ -502,7 +529,8 @@ def layer_activation_bytes(
 
 
 def activation_bytes(
-    spec: ModelSpec, layout: ActivationLayout, *, checkpoint_every: int | None = None, is_master: bool = True
+    spec: ModelSpec, layout: ActivationLayout, *, checkpoint_every: int | None = None, is_master: bool = True,
+    autocast: bool = False,
 ) -> float:
     """Peak bytes of activations kept for backward on one rank for one micro-batch.
 
@@ -512,13 +540,15 @@ def activation_bytes(
     segment's min(k, L) layers' full activations (its input counted once). On the master, the
     head's: the final norm's and the LM head's inputs (2 sbh e) and the logits of every position
     (sbV e) with the fp32 log-probabilities cross-entropy saves (sbV 4). Gradients of activations,
-    transient during backward, are not counted. Raises :class:`ConfigError` as
+    transient during backward, are not counted. ``autocast``: as :func:`layer_activation_bytes`; the
+    head's final norm then also keeps its fp32 input (and, an RMSNorm, its fp32 normalised
+    tensor) beside the LM head's input copy. Raises :class:`ConfigError` as
     :func:`layer_activation_bytes` and :func:`recomputed_layer_count` do.
     """
-    full = layer_activation_bytes(spec, layout)
+    full = layer_activation_bytes(spec, layout, autocast=autocast)
     layers = spec.num_layers
     if recomputed_layer_count(layers, checkpoint_every):
-        segment_input = layer_activation_bytes(spec, layout, recompute=Recompute.FULL)
+        segment_input = layer_activation_bytes(spec, layout, recompute=Recompute.FULL, autocast=autocast)
         segments = math.ceil(layers / checkpoint_every)
         layer_total = (segments - 1) * segment_input + min(checkpoint_every, layers) * full
     else:
@@ -526,7 +556,12 @@ def activation_bytes(
     if not is_master:
         return layer_total
     e = spec.dtype_bytes
-    return layer_total + layout.tokens * (2 * spec.hidden_size * e + spec.vocab_size * (e + _FP32_BYTES))
+    if autocast:
+        normalised = _FP32_BYTES if spec.norm == "rmsnorm" else 0
+        head_inputs = spec.hidden_size * (_FP32_BYTES + normalised + e)
+    else:
+        head_inputs = 2 * spec.hidden_size * e
+    return layer_total + layout.tokens * (head_inputs + spec.vocab_size * (e + _FP32_BYTES))
 
 
 def accumulation_transient_bytes(
@@ -601,7 +636,8 @@ def training_memory(
         gradient_as_bucket_view=gradient_as_bucket_view,
     )
     compute_spec = spec.with_dtype(compute_dtype(precision))
-    activations = activation_bytes(compute_spec, layout, checkpoint_every=checkpoint_every, is_master=is_master)
+    activations = activation_bytes(compute_spec, layout, checkpoint_every=checkpoint_every, is_master=is_master,
+                                   autocast=parse_precision(precision) is Precision.AMP_BF16)
     if accumulation > 1:
         activations += accumulation_transient_bytes(compute_spec, layout, precision=precision,
                                                     gradient_dtype=gradient_dtype, is_master=is_master)

@@ -106,6 +106,21 @@ def test_gated_mlp_and_grouped_query_attention_keep_what_autograd_saves():
     assert layer_activation_bytes(spec, ActivationLayout(b, s)) == expected
 
 
+def test_autocast_keeps_the_residual_stream_and_an_rmsnorms_output_in_fp32():
+    # torch.autocast with fp32 parameters: the norms see the fp32 residual, an RMSNorm's gain saves
+    # its fp32 normalised input, the linears save their bf16 casts (sbh (8 + 8 + 4) for RMSNorm).
+    spec = get_model("tinyllama-1.1b").with_dtype("bf16")
+    layout = ActivationLayout(8, 1024)
+    sbh = 8 * 1024 * spec.hidden_size
+    plain = layer_activation_bytes(spec, layout)
+    assert layer_activation_bytes(spec, layout, autocast=True) - plain == sbh * (8 + 8 + 4) - 4 * sbh * 2
+    layernorm = dataclasses.replace(spec, norm="layernorm")
+    assert layer_activation_bytes(layernorm, layout, autocast=True) - layer_activation_bytes(layernorm, layout) == (
+        sbh * (8 + 4) - 4 * sbh * 2)
+    # A checkpointed segment keeps its fp32 input.
+    assert layer_activation_bytes(spec, layout, recompute=Recompute.FULL, autocast=True) == sbh * 4
+
+
 def test_a_fused_attention_kernel_saves_a_logsumexp_per_row_not_the_probabilities():
     # FlashAttention (arXiv 2205.14135) recomputes the probabilities in backward from an fp32
     # logsumexp per query row: the s^2 term is gone, whatever the sequence length.
@@ -246,6 +261,20 @@ def test_training_memory_puts_every_category_together_per_device():
     assert memory.activations == activation_bytes(spec.with_dtype("bf16"), layout, checkpoint_every=4, is_master=False)
     assert memory.total == sum(dataclasses.astuple(memory))
     assert training_memory(spec, layout, is_master=True, **common).total > memory.total
+
+
+def test_torch_amp_keeps_fp32_parameters_gradients_and_states_and_an_fp32_residual_stream():
+    # torch.autocast over fp32 parameters (what the runtime trains): Adam holds 4 + 4 + 8 bytes per
+    # parameter and DDP's fp32 buckets 4 more; activations as autocast saves them.
+    spec = get_model("tinyllama-1.1b")
+    layout = ActivationLayout(8, 1024)
+    memory = training_memory(spec, layout, optimizer="adamw", precision="amp_bf16")
+    params = rank_parameter_count(spec, 1, is_master=True)
+    assert (memory.weights, memory.gradients, memory.optimizer_states, memory.bucket_buffers) == (
+        4 * params, 4 * params, 8 * params, 4 * params)
+    assert memory.activations == activation_bytes(spec.with_dtype("bf16"), layout, autocast=True)
+    with pytest.raises(ConfigError, match="training.gradient_dtype.*amp_bf16"):
+        training_memory(spec, layout, optimizer="adamw", precision="amp_bf16", gradient_dtype="bf16")
 
 
 @pytest.mark.parametrize("precision, logit_bytes, gradient_bytes", [("fp32", 2 * 4, 4), ("bf16_mixed", 2 * 4 + 2, 2)])

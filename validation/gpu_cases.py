@@ -5,7 +5,8 @@
   predict other models (:data:`INFERENCE_TARGETS`, the largest Llama-3.1-8B) in bf16, prefill and
   decode, measured on the same GPU.
 * Training (data-parallel training issue): one optimizer step of a 1B-class model in bf16 mixed
-  precision with and without activation checkpointing, world size 1 over NCCL
+  precision (``amp_bf16``: torch.autocast over fp32 parameters, what the runtime runs) with and
+  without activation checkpointing, world size 1 over NCCL
   (:func:`training_scenario`), against a training calibration of a smaller model
   (:data:`TRAINING_CALIBRATION_MODEL`) and of the same model.
 * Attention memory (capacity-planning issue): the attention op's peak memory and time for the
@@ -36,6 +37,7 @@ INFERENCE_TARGETS = (
 OUTPUT_TOKENS = 32
 TRAINING_MODEL = "tinyllama-1.1b"
 TRAINING_CALIBRATION_MODEL = "qwen2.5-0.5b"
+HELDOUT_TRAINING_MODEL = "qwen2.5-0.5b"  # trained on the GPU after its step was predicted (--training-model)
 TRAINING_MICRO_BATCH = 8
 TRAINING_SEQUENCE = 1024
 TRAINING_VARIANTS = ({"name": "no_checkpointing"},
@@ -68,7 +70,7 @@ def inference_scenario(model: str, prompt_tokens: int, output_tokens: int | None
 
 
 def training_scenario(model: str = TRAINING_MODEL, steps: int = 3) -> Scenario:
-    """One GPU training ``model`` with DDP (world size 1), AdamW, bf16 mixed precision, one
+    """One GPU training ``model`` with DDP (world size 1), AdamW, bf16 autocast (``amp_bf16``), one
     micro-batch of :data:`TRAINING_MICRO_BATCH` x :data:`TRAINING_SEQUENCE` tokens per step,
     without and with activation checkpointing (:data:`TRAINING_VARIANTS`)."""
     name = f"gpu_train_{model}".replace(".", "").replace("-", "_")
@@ -78,7 +80,7 @@ def training_scenario(model: str = TRAINING_MODEL, steps: int = 3) -> Scenario:
         "workload": {"kind": "training", "global_batch_size": TRAINING_MICRO_BATCH,
                      "micro_batch_size": TRAINING_MICRO_BATCH, "sequence_length": TRAINING_SEQUENCE,
                      "steps": steps},
-        "training": {"optimizer": "adamw", "precision": "bf16_mixed", "bucket_cap_mb": 25},
+        "training": {"optimizer": "adamw", "precision": "amp_bf16", "bucket_cap_mb": 25},
         "network_model": "flow",
         "variants": list(TRAINING_VARIANTS),
     }, base_dir=Path("."))

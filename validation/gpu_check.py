@@ -197,9 +197,10 @@ def training(out: Path, device: torch.device) -> None:
     from runtime.training.calibrate import calibrate_training_rank
     from runtime.training.measure import measured_training, train_rank
     from sim.topology import build_topology
-    from validation.gpu_cases import TRAINING_CALIBRATION_MODEL, TRAINING_MODEL, training_scenario
+    from validation import gpu_cases
 
-    for model_name in dict.fromkeys((TRAINING_CALIBRATION_MODEL, TRAINING_MODEL)):
+    TRAINING_MODEL, training_scenario = gpu_cases.TRAINING_MODEL, gpu_cases.training_scenario
+    for model_name in dict.fromkeys((gpu_cases.TRAINING_CALIBRATION_MODEL, TRAINING_MODEL)):
         scenario = training_scenario(model_name)
         topology = build_topology(scenario.config.cluster)
         began = time.perf_counter()
@@ -284,11 +285,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--training-model", default=None,
+                        help="the model the training part measures (default: validation.gpu_cases.TRAINING_MODEL)")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"--parts: unknown {', '.join(unknown)} (known: {', '.join(PARTS)})")
+    if args.training_model is not None:
+        from models.catalog import get_model
+
+        import validation.gpu_cases as cases
+
+        get_model(args.training_model)  # refuses an unknown model before the GPU is touched
+        cases.TRAINING_MODEL = args.training_model
     if not torch.cuda.is_available():
         parser.error("no CUDA device: the GPU checks need one")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ as ``validation.gpu_check`` wrote them) and writes, under ``--out``:
   without activation checkpointing: step time, its parts and peak memory, measured against
   hetsim without a profile, with a training calibration of another model (prediction) and of the
   same model (**replay**);
+* ``heldout.csv``: a training step predicted before it was measured (the predictions committed first);
 * ``attention.csv``: the attention op's peak memory, SDPA and eager, against the memory model
   (:func:`models.accounting.layer_op_costs` workspace), and whether a case that ran out of memory
   was predicted to;
@@ -44,8 +45,8 @@ from sim.profile import load_profile
 from sim.simulate import simulate
 from sim.training.simulate import simulate_training
 from sim.vocabulary import MeasurementKind, Metric
-from validation.gpu_cases import (ATTENTION_MODEL, CALIBRATION_MODEL, DTYPE, TRAINING_CALIBRATION_MODEL, TRAINING_MODEL,
-                                  inference_scenario, training_scenario)
+from validation.gpu_cases import (ATTENTION_MODEL, CALIBRATION_MODEL, DTYPE, HELDOUT_TRAINING_MODEL,
+                                  TRAINING_CALIBRATION_MODEL, TRAINING_MODEL, inference_scenario, training_scenario)
 
 HERE = Path(__file__).resolve().parent / "gpu-report"
 TRAINING_METRICS = (Metric.STEP_TIME, "forward_s", "backward_s", "optimizer_s", Metric.PEAK_MEMORY,
@@ -171,6 +172,20 @@ def _value(results: pd.DataFrame, variant: str, metric: str) -> float:
     return float(rows["value"].iloc[0]) if len(rows) else float("nan")
 
 
+def heldout_training_table(measured: Path, predictions: Path) -> pd.DataFrame:
+    """Predictions written (and committed) before the training step they predict was measured
+    (``predictions``: model, variant, metric, source, kind, simulated), against that measurement
+    (``measured/heldout_training/training_results.csv``)."""
+    folder = measured / "heldout_training"
+    if not (folder / "training_results.csv").is_file() or not predictions.is_file():
+        return pd.DataFrame()
+    results = pd.read_csv(folder / "training_results.csv")
+    table = pd.read_csv(predictions)
+    table["measured"] = [_value(results, r.variant, r.metric) for r in table.itertuples()]
+    table["error"] = table["simulated"] / table["measured"] - 1
+    return table
+
+
 def attention_table(measured: Path) -> pd.DataFrame:
     """The attention op's measured peak (bytes above what was live) against the memory model's
     workspace, SDPA and eager; an out-of-memory case against the memory left on the device."""
@@ -202,7 +217,8 @@ def _pct(values) -> str:
 
 
 def summary(inference: pd.DataFrame, spread: pd.DataFrame, terms: pd.DataFrame, host_order: pd.DataFrame,
-            training: pd.DataFrame, attention: pd.DataFrame, environment: dict, calibrated_run: str) -> str:
+            training: pd.DataFrame, heldout: pd.DataFrame, attention: pd.DataFrame, environment: dict,
+            calibrated_run: str) -> str:
     """The report's markdown."""
     lines = ["# GPU checks (one H100, TP 1)", "",
              f"Device: {environment['device']}, torch {environment['torch']}, CUDA {environment['cuda']}; measured "
@@ -253,6 +269,14 @@ def summary(inference: pd.DataFrame, spread: pd.DataFrame, terms: pd.DataFrame, 
         lines.append(f"| {r.variant} | {r.metric} | {_shown(r.measured, r.metric)} | {r.source} | "
                      f"{_shown(r.simulated, r.metric)} | "
                      f"{100 * r.error:+.0f}% | {r.kind} |")
+    if len(heldout):
+        model = heldout.model.iloc[0]
+        lines += ["", f"Held out: {model} trained the same way, predicted before it was measured "
+                  "(`training_predictions_*.csv`, committed first; measured in `measured/heldout_training`):", "",
+                  "| variant | metric | measured | source | simulated | error | kind |", "|---|---|---|---|---|---|---|"]
+        for r in heldout.itertuples():
+            lines.append(f"| {r.variant} | {r.metric} | {_shown(r.measured, r.metric)} | {r.source} | "
+                         f"{_shown(r.simulated, r.metric)} | {100 * r.error:+.0f}% | {r.kind} |")
     lines += ["", "## Attention memory and time (capacity-planning issue, item 4)", "",
               f"{ATTENTION_MODEL}'s attention op alone (one layer, bf16), peak bytes above what was live before "
               "the call (`max_memory_allocated`), against the memory model's workspace.", "",
@@ -275,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run = _calibrated_run(args.measured)
     tables = {"inference": inference_table(run), "spread": spread_table(args.measured), "terms": terms_table(run),
-              "host_order": host_order_table(args.measured), "training": training_table(args.measured), "attention": attention_table(args.measured)}
+              "host_order": host_order_table(args.measured), "training": training_table(args.measured),
+              "heldout": heldout_training_table(args.measured, args.out / f"training_predictions_{HELDOUT_TRAINING_MODEL}.csv"),
+              "attention": attention_table(args.measured)}
     args.out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         table.to_csv(args.out / f"{name}.csv", index=False, lineterminator="\n", float_format="%.6g")

@@ -119,9 +119,9 @@ def make_optimizer(parameters, settings: TrainingSettings, zero: bool = False,
 
 
 def autocast(precision: Precision, device: torch.device):
-    """The forward pass's precision context: bf16 autocast under ``bf16_mixed`` (fp32 parameters,
+    """The forward pass's precision context: bf16 autocast under ``bf16_mixed`` and ``amp_bf16`` (fp32 parameters,
     gradients and optimizer states: torch's automatic mixed precision), else nothing."""
-    if precision is Precision.BF16_MIXED:
+    if precision in (Precision.BF16_MIXED, Precision.AMP_BF16):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 

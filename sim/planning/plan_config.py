@@ -316,8 +316,8 @@ def _training_config(config: PlanConfig) -> PlanConfig:
             policy, or a variant that names an inference strategy, a memory policy or a layout.
     """
     if config.dtype is not None:  # the training simulator computes in the precision's dtype, whatever dtype says
-        raise ConfigError("dtype", "a training job's dtypes are training.precision's (fp32, or bf16_mixed: bf16 "
-                                   f"compute, fp32 master weights) (got {shorten(config.dtype)})")
+        raise ConfigError("dtype", "a training job's dtypes are training.precision's (fp32; bf16_mixed: bf16 "
+                                   f"compute, fp32 master weights; amp_bf16: bf16 compute, fp32 parameters) (got {shorten(config.dtype)})")
     for name, value in (("ttft", config.slo.ttft_s), ("tpot", config.slo.tpot_s)):
         if value is not None:
             raise ConfigError(f"slo.{name}", "a training plan's objectives are step_time and tokens_per_s "
