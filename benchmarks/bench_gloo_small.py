@@ -1,0 +1,142 @@
+"""What a small gloo collective costs in a group of 2 against one of 4 (issue 20: tp2_pp2's TPOT
+predicted 26-35% fast, its stages' TP 2 groups priced from a TP 4 calibration).
+
+4 gloo processes on loopback (or a testbed host's ``lo``, see Run). In rounds over ``--repeats``,
+interleaved, rank 0 times ``--calls`` back-to-back calls of each op on ``--bytes`` (default 3 KB
+of fp32, GPT-2's hidden size: a decode step's collective) per group:
+
+* ``2``: ranks 0-1 in a group of their own, ranks 2-3 asleep in a barrier meanwhile (a pipeline's
+  other stage waiting for its input);
+* ``4``: all four ranks in one group.
+
+Ops: gloo's own ``reduce``, ``broadcast`` and ``allreduce`` (``library``), and a point-to-point
+round trip between ranks 0 and 1 (``pingpong``: half of it reported, a message's cost). A call's
+time is rank 0's, from entering to leaving it; back to back, each call starts as the one before
+ended, so the mean per call is what a chain of dependent calls pays. Prints per group and op the
+median over rounds of rank 0's median and mean per call (ms), and the CPU time other processes
+took on the machine during the rounds (``/proc/stat`` less the 4 ranks' ``/proc/<pid>/stat``), in
+cores: measured under load it is an upper bound of any difference.
+
+Run: ``PYTHONPATH=. python benchmarks/bench_gloo_small.py [--calls 200] [--repeats 7] [--bytes 3072]``
+(in a testbed host: ``ip netns exec <prefix>-n0`` in front, under ``flock /work/testbed.lock``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+GROUPS = (2, 4)
+OPS = ("reduce", "broadcast", "allreduce", "pingpong")
+WORLD = 4
+
+
+def _cpu_s(pids: list[int] | None = None) -> float:
+    """The machine's busy CPU time (s), or that of ``pids`` (every thread)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    if pids is None:
+        with open("/proc/stat") as stat:
+            fields = [float(x) for x in stat.readline().split()[1:]]
+        return (sum(fields[:8]) - fields[3] - fields[4]) / tick  # less idle, iowait
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += (float(fields[11]) + float(fields[12])) / tick  # utime, stime
+    return total
+
+
+def _call(op: str, tensor: torch.Tensor, group, rank: int) -> None:
+    if op == "reduce":
+        dist.reduce(tensor, dst=0, group=group)
+    elif op == "broadcast":
+        dist.broadcast(tensor, src=0, group=group)
+    elif op == "allreduce":
+        dist.all_reduce(tensor, group=group)
+    elif rank == 0:  # pingpong: 0 -> 1 -> 0
+        dist.send(tensor, 1)
+        dist.recv(tensor, 1)
+    else:
+        dist.recv(tensor, 0)
+        dist.send(tensor, 0)
+
+
+def _worker(rank: int, args, port: int, queue) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    groups = {2: dist.new_group([0, 1]), 4: dist.new_group(list(range(WORLD)))}
+    tensor = torch.zeros(args.bytes // 4)
+    results: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for round_index in range(args.repeats + 1):  # round 0 warms up
+        for size in GROUPS:
+            for op in OPS if size == 2 else OPS[:-1]:  # a round trip is between ranks 0 and 1 alone
+                if rank < size and not (op == "pingpong" and rank > 1):
+                    times = []
+                    for _ in range(args.calls):
+                        start = time.perf_counter()
+                        _call(op, tensor, groups[size], rank)
+                        times.append(time.perf_counter() - start)
+                    if round_index and rank == 0:
+                        scale = 0.5 if op == "pingpong" else 1.0
+                        results.setdefault((size, op), []).append(
+                            (statistics.median(times) * scale, statistics.mean(times) * scale))
+                dist.barrier()  # the others sleep here meanwhile
+    if rank == 0:
+        queue.put(results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=200, help="calls per op, group and round")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--bytes", type=int, default=3072, help="message size per rank (bytes, a multiple of 4)")
+    args = parser.parse_args(argv)
+    for name in ("calls", "repeats", "bytes"):
+        if getattr(args, name) < 1 or (name == "bytes" and args.bytes % 4):
+            print(f"--{name}: must be a positive{' multiple of 4' if name == 'bytes' else ''} (got {getattr(args, name)})",
+                  file=sys.stderr)
+            return 2
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_worker, args=(rank, args, port, queue)) for rank in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    busy0, wall0 = _cpu_s(), time.monotonic()
+    while queue.empty():  # a rank that failed leaves no result: stop instead of waiting for ever
+        if any(proc.exitcode not in (None, 0) for proc in procs):
+            for proc in procs:
+                proc.kill()
+            print("a rank failed (its error is above)", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+    results = queue.get()
+    ours = _cpu_s([p.pid for p in procs])
+    busy, wall = _cpu_s() - busy0, time.monotonic() - wall0
+    for proc in procs:
+        proc.join()
+    print(f"{os.cpu_count()} cores; {args.calls} calls of {args.bytes} B per op, group and round, {args.repeats} rounds; "
+          f"other processes took {max(0.0, busy - ours) / wall:.2f} cores, the ranks {ours / wall:.2f} "
+          f"(start-up included)")
+    print("| group | op | median per call ms | mean per call ms |")
+    print("|---|---|---|---|")
+    for (size, op), values in sorted(results.items()):
+        print(f"| {size} | {op} | {statistics.median(v[0] for v in values) * 1e3:.3f} | "
+              f"{statistics.median(v[1] for v in values) * 1e3:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
