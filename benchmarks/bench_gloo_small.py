@@ -7,7 +7,15 @@ of fp32, GPT-2's hidden size: a decode step's collective) per group:
 
 * ``2``: ranks 0-1 in a group of their own, ranks 2-3 asleep in a barrier meanwhile (a pipeline's
   other stage waiting for its input);
-* ``4``: all four ranks in one group.
+* ``4``: all four ranks in one group;
+
+and per state of the cores the ranks leave idle while they wait:
+
+* ``halting``: as they are (this VM's guest halts an idle vCPU at once: ``cpuidle_haltpoll`` with
+  ``haltpoll.guest_halt_poll_ns=0`` on its kernel command line, so a message to a rank whose core
+  went idle waits for the hypervisor to run that vCPU again);
+* ``kept busy``: a ``SCHED_IDLE`` spinner per core, which takes a core only while no rank wants it
+  and keeps it from halting (its CPU time counts as other processes' below).
 
 Ops: gloo's own ``reduce``, ``broadcast`` and ``allreduce`` (``library``), and a point-to-point
 round trip between ranks 0 and 1 (``pingpong``: half of it reported, a message's cost). A call's
@@ -16,6 +24,12 @@ ended, so the mean per call is what a chain of dependent calls pays. Prints per 
 median over rounds of rank 0's median and mean per call (ms), and the CPU time other processes
 took on the machine during the rounds (``/proc/stat`` less the 4 ranks' ``/proc/<pid>/stat``), in
 cores: measured under load it is an upper bound of any difference.
+
+Measured 2026-11-24 on the project's 2-core VM under other helpers' load (1.15-1.33 cores):
+group of 2, reduce 0.44-0.48 ms median (0.88-1.05 mean), broadcast 0.23-0.27 (0.43-0.63),
+allreduce 0.57-0.67; group of 4, reduce 4.1-4.3, broadcast 0.87-0.97, allreduce 7.3-7.5. With
+the idle cores kept busy, the group of 2's round trip fell from 0.53 to 0.13 ms per message and
+its reduce from 0.45 to 0.40 ms (one run of 5 rounds; the broadcast unchanged).
 
 Run: ``PYTHONPATH=. python benchmarks/bench_gloo_small.py [--calls 200] [--repeats 7] [--bytes 3072]``
 (in a testbed host: ``ip netns exec <prefix>-n0`` in front, under ``flock /work/testbed.lock``).
@@ -27,6 +41,7 @@ import argparse
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
 
@@ -35,6 +50,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GROUPS = (2, 4)
+CORES = ("halting", "kept busy")  # idle cores as they are, or taken by a SCHED_IDLE spinner each
+_SPINNER = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
 OPS = ("reduce", "broadcast", "allreduce", "pingpong")
 WORLD = 4
 
@@ -74,8 +91,13 @@ def _worker(rank: int, args, port: int, queue) -> None:
     torch.set_num_threads(1)
     groups = {2: dist.new_group([0, 1]), 4: dist.new_group(list(range(WORLD)))}
     tensor = torch.zeros(args.bytes // 4)
-    results: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    for round_index in range(args.repeats + 1):  # round 0 warms up
+    results: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
+    for round_index, cores in ((r, c) for r in range(args.repeats + 1) for c in CORES):  # round 0 warms up
+        spinners = []
+        if rank == 0 and cores != CORES[0]:
+            spinners = [subprocess.Popen([sys.executable, "-c", _SPINNER]) for _ in range(os.cpu_count() or 1)]
+            time.sleep(0.2)  # started and spinning
+        dist.barrier()
         for size in GROUPS:
             for op in OPS if size == 2 else OPS[:-1]:  # a round trip is between ranks 0 and 1 alone
                 if rank < size and not (op == "pingpong" and rank > 1):
@@ -86,9 +108,12 @@ def _worker(rank: int, args, port: int, queue) -> None:
                         times.append(time.perf_counter() - start)
                     if round_index and rank == 0:
                         scale = 0.5 if op == "pingpong" else 1.0
-                        results.setdefault((size, op), []).append(
+                        results.setdefault((cores, size, op), []).append(
                             (statistics.median(times) * scale, statistics.mean(times) * scale))
                 dist.barrier()  # the others sleep here meanwhile
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
     if rank == 0:
         queue.put(results)
     dist.barrier()
@@ -130,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{os.cpu_count()} cores; {args.calls} calls of {args.bytes} B per op, group and round, {args.repeats} rounds; "
           f"other processes took {max(0.0, busy - ours) / wall:.2f} cores, the ranks {ours / wall:.2f} "
           f"(start-up included)")
-    print("| group | op | median per call ms | mean per call ms |")
-    print("|---|---|---|---|")
-    for (size, op), values in sorted(results.items()):
-        print(f"| {size} | {op} | {statistics.median(v[0] for v in values) * 1e3:.3f} | "
+    print("| idle cores | group | op | median per call ms | mean per call ms |")
+    print("|---|---|---|---|---|")
+    for (cores, size, op), values in sorted(results.items(), key=lambda item: (item[0][1], item[0][2], item[0][0])):
+        print(f"| {cores} | {size} | {op} | {statistics.median(v[0] for v in values) * 1e3:.3f} | "
               f"{statistics.median(v[1] for v in values) * 1e3:.3f} |")
     return 0
 
