@@ -25,13 +25,14 @@ median over rounds of rank 0's median and mean per call (ms), and the CPU time o
 took on the machine during the rounds (``/proc/stat`` less the 4 ranks' ``/proc/<pid>/stat``), in
 cores: measured under load it is an upper bound of any difference.
 
-Measured 2026-11-24 on the project's 2-core VM under other helpers' load (1.15-1.33 cores):
-group of 2, reduce 0.44-0.48 ms median (0.88-1.05 mean), broadcast 0.23-0.27 (0.43-0.63),
-allreduce 0.57-0.67; group of 4, reduce 4.1-4.3, broadcast 0.87-0.97, allreduce 7.3-7.5. With
-the idle cores kept busy, the group of 2's round trip fell from 0.53 to 0.13 ms per message and
-its reduce from 0.45 to 0.40 ms (one run of 5 rounds; the broadcast unchanged).
+Measured 2026-11-24 on the project's 2-core VM, 0.34-1.33 cores of other load: group of 2,
+reduce 0.41-0.56 ms median (0.74-1.05 mean), broadcast 0.23-0.33 (0.43-0.63), allreduce
+0.57-0.80; group of 4, reduce 3.0-4.3, broadcast 0.64-0.97, allreduce 5.0-7.5. Keeping the idle
+cores busy took the 2-rank round trip from 0.43-0.53 to 0.13-0.16 ms per message under load, and
+left it as it was (0.16 ms) with 0.34 cores of other load. With ``--matmuls 4`` (0.6 cores of
+other load) the 2-rank reduce took 0.87 ms median, 1.31 mean (0.50 and 1.03 back to back).
 
-Run: ``PYTHONPATH=. python benchmarks/bench_gloo_small.py [--calls 200] [--repeats 7] [--bytes 3072]``
+Run: ``PYTHONPATH=. python benchmarks/bench_gloo_small.py [--calls 200] [--repeats 7] [--bytes 3072] [--matmuls 0]``
 (in a testbed host: ``ip netns exec <prefix>-n0`` in front, under ``flock /work/testbed.lock``).
 """
 
@@ -91,6 +92,7 @@ def _worker(rank: int, args, port: int, queue) -> None:
     torch.set_num_threads(1)
     groups = {2: dist.new_group([0, 1]), 4: dist.new_group(list(range(WORLD)))}
     tensor = torch.zeros(args.bytes // 4)
+    weight, row = torch.randn(768, 1152), torch.randn(1, 768)  # GPT-2's qkv_proj shard of 2, one token
     results: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     for round_index, cores in ((r, c) for r in range(args.repeats + 1) for c in CORES):  # round 0 warms up
         spinners = []
@@ -103,6 +105,8 @@ def _worker(rank: int, args, port: int, queue) -> None:
                 if rank < size and not (op == "pingpong" and rank > 1):
                     times = []
                     for _ in range(args.calls):
+                        for _ in range(args.matmuls):  # a decode step's compute between its collectives
+                            row @ weight
                         start = time.perf_counter()
                         _call(op, tensor, groups[size], rank)
                         times.append(time.perf_counter() - start)
@@ -125,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=200, help="calls per op, group and round")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds (after one warm-up round)")
     parser.add_argument("--bytes", type=int, default=3072, help="message size per rank (bytes, a multiple of 4)")
+    parser.add_argument("--matmuls", type=int, default=0,
+                        help="1 x 768 x 1152 matmuls every rank runs before each call (0: calls back to back)")
     args = parser.parse_args(argv)
+    if args.matmuls < 0:
+        print(f"--matmuls: must be 0 or more (got {args.matmuls})", file=sys.stderr)
+        return 2
     for name in ("calls", "repeats", "bytes"):
         if getattr(args, name) < 1 or (name == "bytes" and args.bytes % 4):
             print(f"--{name}: must be a positive{' multiple of 4' if name == 'bytes' else ''} (got {getattr(args, name)})",
@@ -152,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     busy, wall = _cpu_s() - busy0, time.monotonic() - wall0
     for proc in procs:
         proc.join()
-    print(f"{os.cpu_count()} cores; {args.calls} calls of {args.bytes} B per op, group and round, {args.repeats} rounds; "
+    print(f"{os.cpu_count()} cores; {args.calls} calls of {args.bytes} B per op, group and round, {args.repeats} rounds, "
+          f"{args.matmuls} matmuls before each; "
           f"other processes took {max(0.0, busy - ours) / wall:.2f} cores, the ranks {ours / wall:.2f} "
           f"(start-up included)")
     print("| idle cores | group | op | median per call ms | mean per call ms |")
