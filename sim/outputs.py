@@ -85,6 +85,34 @@ def chrome_trace(traces: Sequence[tuple[str, Trace]], device_names: Mapping[int,
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def read_chrome_trace(data: Mapping, variant: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ops and steps of variant index ``variant`` in a :func:`chrome_trace` (a simulated or a
+    measured run's ``trace.json``, parsed), times in seconds: ops with the columns
+    ``rank, stream, kind, name, phase, step, layer, start_s, end_s``, steps ``step, phase, start_s,
+    end_s`` (once, from the lowest rank's step spans).
+
+    Raises:
+        KeyError: ``data`` is not in :func:`chrome_trace`'s format.
+    """
+    streams = {tid: stream for stream, tid in _TID.items()}
+    ops, steps = [], []
+    events = [e for e in data["traceEvents"] if e.get("ph") == "X" and e["pid"] // 1000 == variant]
+    first = min((e["pid"] for e in events), default=None)
+    for event in events:
+        start_s, end_s = event["ts"] / 1e6, (event["ts"] + event["dur"]) / 1e6
+        if event["cat"] == "step":
+            if event["pid"] == first:
+                phase, step = event["name"].rsplit(" ", 1)
+                steps.append({"step": int(step), "phase": phase, "start_s": start_s, "end_s": end_s})
+            continue
+        args = event["args"]
+        ops.append({"rank": event["pid"] % 1000, "stream": str(streams[event["tid"]]), "kind": event["cat"],
+                    "name": event["name"], "phase": args["phase"], "step": int(args["step"]),
+                    "layer": int(args["layer"]), "start_s": start_s, "end_s": end_s})
+    return (pd.DataFrame(ops, columns=["rank", "stream", "kind", "name", "phase", "step", "layer", "start_s", "end_s"]),
+            pd.DataFrame(steps, columns=["step", "phase", "start_s", "end_s"]).sort_values("step", ignore_index=True))
+
+
 def device_names(topology: Topology, ranks: Sequence[int]) -> dict[int, str]:
     """Rank -> device name, for the ranks of a run."""
     return {rank: topology.devices[rank].name for rank in ranks}
