@@ -364,11 +364,13 @@ class CalibratedNetwork:
         """The timing of ``schedule``, the plan op ``call`` where given: the calibrated time for
         every rank (the profile holds the master's view of a call, not per-rank finishes), its
         calibrated wait in ``wait_s``."""
-        if len(schedule.group) == 1:
-            return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
         key = (str(schedule.kind), schedule.algorithm, len(schedule.group),
                len(self.topology.host_groups(schedule.group)))
         in_place_key = (call, *key) if (call, *key) in self._in_place else key
+        if len(schedule.group) == 1 and in_place_key not in self._in_place:
+            return CollectiveTiming(0.0, {r: 0.0 for r in schedule.group})
+        # A group of one moves nothing, but where the profile timed the call in place (a one-rank
+        # calibration: the runtime's call into its communicator) that time is the framework's.
         wait_s = self._wait_s(schedule, in_place_key)
         duration = wait_s + self._duration(schedule, key, in_place_key) + self.gap_s
         return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s)
