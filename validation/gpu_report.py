@@ -16,7 +16,7 @@ as ``validation.gpu_check`` wrote them) and writes, under ``--out``:
 * ``terms.csv``: held out, never fitted: each target's ops timed alone at its own shapes
   (``opshapes_*``) against the model's two terms, the device's kernels and the host's queuing;
 * ``host_order.csv``: the targets' host times in two orders on one machine (is queuing model-dependent?);
-* ``training.csv``: one training step (bf16 mixed, AdamW, DDP over NCCL, world size 1) with and
+* ``training.csv``: one training step (amp_bf16: bf16 autocast over fp32 parameters, AdamW, DDP over NCCL, world size 1) with and
   without activation checkpointing: step time, its parts and peak memory, measured against
   hetsim without a profile, with a training calibration of another model (prediction) and of the
   same model (**replay**);
@@ -263,7 +263,7 @@ def summary(inference: pd.DataFrame, spread: pd.DataFrame, terms: pd.DataFrame, 
         for name, group in host_order.groupby("model"):
             lines.append(f"| {name} | " + " | ".join(f"{r:.2f}" for r in group.sort_values("order").over_calibration_model)
                          + " |")
-    lines += ["", "## Training step: TinyLlama-1.1B, bf16 mixed, AdamW, micro-batch 8 x 1024 (training issue)", "",
+    lines += ["", "## Training step: TinyLlama-1.1B, amp_bf16 (bf16 autocast over fp32 parameters), AdamW, micro-batch 8 x 1024 (training issue)", "",
               "| variant | metric | measured | source | simulated | error | kind |", "|---|---|---|---|---|---|---|"]
     for r in training.itertuples():
         lines.append(f"| {r.variant} | {r.metric} | {_shown(r.measured, r.metric)} | {r.source} | "
