@@ -165,3 +165,25 @@ def test_measured_results_join_simulated_ones(tmp_path):
     spread = measured.pivot_table(index="variant", columns="metric", values="value")
     assert ((spread["ttft_p10_s"] <= spread["ttft_s"]) & (spread["ttft_s"] <= spread["ttft_p90_s"])).all()
     assert isinstance(measured, pd.DataFrame)
+
+
+def test_an_executor_that_records_no_ops_generates_the_same_tokens_and_times_its_steps(tmp_path):
+    # The GPU check's asynchronous mode: no op record and no per-op device wait, the step still timed.
+    scenario = _scenario(tmp_path, LLAMA_LIKE, 2)
+    spec, work = scenario.model, scenario.config.workload
+    topology = build_topology(scenario.config.cluster)
+
+    def body(rank, heartbeat):
+        model = RankModel(spec, 2, rank, seed=7, batch_size=work.batch_size,
+                          max_tokens=work.prompt_tokens + work.output_tokens)
+        prompt = prompt_tokens(spec, work.batch_size, work.prompt_tokens, seed=7)
+        plan = Plan(spec, (0, 1), work.batch_size, work.prompt_tokens, work.output_tokens, VARIANTS[0])
+        runs = [Executor(plan, model, Communicator(rank, topology.host_groups), rank, record_ops=record).generate(
+            prompt, time.perf_counter()) for record in (True, False)]
+        return [(torch.stack(g.tokens, 1) if rank == 0 else None, len(g.records), len(g.step_end_s),
+                 all(e > s for s, e in zip(g.step_start_s, g.step_end_s))) for g in runs]
+
+    recorded, unrecorded = launch(body, 2, hang_timeout_s=60)[0]
+    assert torch.equal(recorded[0], unrecorded[0])
+    assert recorded[1] > 0 and unrecorded[1] == 0
+    assert recorded[2] == unrecorded[2] == work.output_tokens and unrecorded[3]
