@@ -27,16 +27,28 @@ wait (``terms.csv``), its share of TTFT, and the two parts at the prefill's payl
 calibration runs and the measured runs are different generations of the same cluster, so the
 parts need not add up to the measured wait exactly.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_prefill_wait.py``
+With ``--trace``, a measured run's ``trace.json`` (``hetsim measure``: every rank's ops) is read
+instead, per variant and over its prefill's collective calls: how often each rank arrived last,
+the master's total wait, and each other rank's arrival after the master split into its later exit
+from the previous call (woken, it waits for a core before its end is stamped: in no op's time)
+and its longer compute in the block between.
+
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_prefill_wait.py [--trace out/X-measured/trace.json]``
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from models.ops import OpKind
 from sim.profile import CHARGED
+from sim.trace import COLLECTIVE_KINDS
 from sim.vocabulary import MeasurementKind, PhaseKind
 from validation.transfer import REPO_ROOT, SHIPPED, shipped_clusters
 
@@ -88,9 +100,51 @@ def wait_split(clusters) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PID_PER_VARIANT = 1000  # sim.outputs.chrome_trace: pid = 1000 x variant index + rank
+
+
+def trace_arrivals(path: Path) -> pd.DataFrame:
+    """Per variant of a measured ``trace.json``, over its prefill's collective calls (every rank
+    recorded): ``last_counts`` (rank -> calls it arrived last at), ``master_wait_ms`` (summed),
+    and over the other ranks and calls after the first, the mean ``arrival_lag_ms`` after the
+    master, its ``exit_lag_ms`` (previous call's end) and ``compute_lag_ms`` (ops between)."""
+    events = json.loads(path.read_text())["traceEvents"]
+    variants = {e["pid"] // PID_PER_VARIANT: e["args"]["name"].split(" / rank ")[0]
+                for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") != "step"
+           and e["args"].get("phase") == str(PhaseKind.PREFILL)]
+    rows = []
+    for index, variant in sorted(variants.items()):
+        calls: dict[tuple, dict[int, tuple[float, float, float]]] = {}  # call -> rank -> (start, end, compute before)
+        for rank in sorted({e["pid"] % PID_PER_VARIANT for e in ops if e["pid"] // PID_PER_VARIANT == index}):
+            compute_us = 0.0
+            for e in sorted((e for e in ops if e["pid"] == index * PID_PER_VARIANT + rank), key=lambda e: e["ts"]):
+                if e["cat"] in COLLECTIVE_KINDS:
+                    calls.setdefault((e["args"]["layer"], e["name"]), {})[rank] = (e["ts"], e["ts"] + e["dur"], compute_us)
+                    compute_us = 0.0
+                else:
+                    compute_us += e["dur"]
+        ordered = sorted((c for c in calls.values() if 0 in c and len(c) == max(map(len, calls.values()))),
+                         key=lambda c: c[0][0])
+        last = Counter(max(c, key=lambda r: c[r][0]) for c in ordered)
+        wait_us = sum(max(0.0, max(s for s, _, _ in c.values()) - c[0][0]) for c in ordered)
+        lags = np.array([(c[r][0] - c[0][0], previous[r][1] - previous[0][1], c[r][2] - c[0][2])
+                         for previous, c in zip(ordered, ordered[1:]) for r in c if r != 0]) / 1e3
+        rows.append({"variant": variant, "calls": len(ordered), "last_counts": dict(sorted(last.items())),
+                     "master_wait_ms": wait_us / 1e3, "arrival_lag_ms": lags[:, 0].mean(),
+                     "exit_lag_ms": lags[:, 1].mean(), "compute_lag_ms": lags[:, 2].mean()})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
-    table = wait_split(shipped_clusters(SHIPPED) + shipped_clusters(NEW_CLUSTERS))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=None, help="a measured trace.json to read instead")
+    args = parser.parse_args()
     pd.set_option("display.width", 200)
+    if args.trace is not None:
+        print(trace_arrivals(args.trace).round(2).to_string(index=False))
+        return
+    table = wait_split(shipped_clusters(SHIPPED) + shipped_clusters(NEW_CLUSTERS))
     print("Measured prefill wait and its two parts, per case (ms):")
     print(table.round(2).to_string(index=False))
     print("\nMedian per cluster and prompt:")
