@@ -104,7 +104,6 @@ def scheduler_slice_s(cores: int) -> float:
     """The Linux scheduler's time slice on a machine of ``cores`` CPUs (s): EEVDF's base slice,
     0.75 ms, times ``1 + ilog2(min(cores, 8))`` (the default logarithmic tunable scaling,
     ``kernel/sched/fair.c``: ``update_sysctl``, ``get_update_sysctl_factor``): 1.5 ms on 2 cores."""
-    return math.inf  # EXPERIMENT: whole turns
     return BASE_SLICE_S * (1 + int(math.log2(max(1, min(cores, SLICE_SCALING_CPUS)))))
 
 
