@@ -56,7 +56,6 @@ from sim.async_compute import AsyncCompute
 from sim.async_compute import regime as _regime
 from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
-from sim.cores import work_s
 from sim.cost import RooflineCompute
 from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
@@ -98,16 +97,12 @@ class CalibratedCompute:
             run by every rank at once, ran 1.33 times faster with 3; and the same time in every
             strategy: validation/transfer-new-report and remeasure-report ``terms.csv``,
             ``benchmarks/bench_lm_head_rows.py``).
-        slice_s: the calibrated machine's scheduler slice (s; 0: processor sharing): an op
-            shorter than a slice was timed whole, ``scale`` applying only beyond it
-            (:func:`sim.cores.work_s`).
     """
 
     profile: Profile
     fallback: RooflineCompute
     scale: float = 1.0
     phase_scales: dict[int, float] = field(default_factory=dict)
-    slice_s: float = 0.0
     solo_kinds: frozenset[str] = frozenset()
     optimizer: str | None = None
     model: ModelSpec | None = None
@@ -194,12 +189,7 @@ class CalibratedCompute:
                 cached = self._cache[key] = alone_s + self.gap_s(device) * (1.0 if solo else self.scale)
             else:
                 price_s, scale = self._price(op, device)
-                # Only a prefill's forward ops are read in slices: a decode step's ops, woken by a
-                # message every millisecond, were stretched as processor sharing stretches them
-                # (sim.cores.work_s; measured: a decode op run alone takes half its time in place).
-                prefill = op.gradient is None and op.kind != OpKind.OPTIMIZER_STEP and op.shape[0] > 1
-                cached = self._cache[key] = work_s(price_s + self.gap_s(device), 1.0 if solo else scale,
-                                                   self.slice_s if prefill else 0.0)
+                cached = self._cache[key] = (price_s + self.gap_s(device)) * (1.0 if solo else scale)
         return cached
 
     def _width(self, kind: OpKind, cost, new_tokens: int, context_tokens: int) -> float:
@@ -448,8 +438,6 @@ class NetworkChoice:
         network: the network model to price collectives with.
         same_cluster: the profile's collective timings are replayed (same-cluster mode).
         compute_scale: factor on calibrated compute for core contention (:func:`sim.context.core_contention`).
-        compute_slice_s: the calibrated machine's scheduler slice, below which a calibrated op's
-            time is its work (:func:`sim.cores.work_s`; 0: processor sharing).
         phase_scales: the factor on the compute rows of each calibrated ``new_tokens`` where the
             profile says how many ranks computed at once then (:mod:`sim.concurrency`).
         cores: the target's core pools for the engine (:mod:`sim.cores`; none: a core per rank).
@@ -464,7 +452,6 @@ class NetworkChoice:
     compute_scale: float = 1.0
     cores: tuple = ()
     phase_scales: dict = field(default_factory=dict)
-    compute_slice_s: float = 0.0
 
 
 _FITS: dict[int, tuple[Profile, dict, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms,
@@ -490,7 +477,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     computed at once in each calibrated phase (:func:`sim.context.core_contention`).
     """
     from sim.concurrency import calibrated_concurrency
-    from sim.context import calibrated_slice_s, compare, core_contention, profile_contexts, same_cluster
+    from sim.context import compare, core_contention, profile_contexts, same_cluster
     from sim.transport import TransportNetwork, default_terms, fit_hops, fit_profile
 
     contexts = profile_contexts(profile.rows)
@@ -533,8 +520,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())),
                *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())))
-    return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales,
-                         calibrated_slice_s(contexts) if pools else 0.0)
+    return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales)
 
 
 CONTENTION_BOUND = 1.5  # a message is contention-bound where it costs this much more than its wire

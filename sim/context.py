@@ -30,7 +30,7 @@ from enum import Enum
 
 import pandas as pd
 
-from sim.cores import CorePool, scheduler_slice_s
+from sim.cores import CorePool
 from sim.topology import Topology
 from sim.vocabulary import MeasurementKind
 
@@ -378,20 +378,13 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
     calibrated_ranks = sum(calibrated.ranks_per_host)
     scale = 1.0 / max(1.0, calibrated_ranks / calibrated.cores)
     phases = {int(n): 1.0 / max(1.0, k / calibrated.cores) for n, k in sorted((concurrency or {}).items())}
-    pool = CorePool(frozenset(ranks), cores, slice_s=scheduler_slice_s(cores))
+    pool = CorePool(frozenset(ranks), cores)
     per_phase = "" if not phases else " (" + ", ".join(
         f"{'decode' if n == 1 else f'prefill of {n}'} x {f:.2f}" for n, f in phases.items()) + \
         ": the ranks computing at once per calibrated phase, sim.concurrency)"
     return scale, (pool,), (f"core contention: calibrated compute x {scale:.2f} ({calibrated_ranks} ranks on "
                             f"{calibrated.cores} cores in {calibrated.name}){per_phase}, then {pool.describe()} "
                             "sharing them as the simulation runs (processor sharing)"), phases
-
-
-def calibrated_slice_s(contexts: tuple[CalibrationContext, ...]) -> float:
-    """The scheduler slice of the first calibrated machine that recorded its cores
-    (:func:`sim.cores.scheduler_slice_s`; the cores :func:`core_contention` takes), 0 where none did."""
-    known = [c.cores for c in contexts if c.cores is not None]
-    return scheduler_slice_s(known[0]) if known else 0.0
 
 
 def profile_context(result) -> str:

@@ -61,7 +61,7 @@ import simpy
 from models.ops import OpKind
 from sim.bucket_clock import BucketClock, delayed
 from sim.collectives.schedule import CommSchedule, Transfer
-from sim.cores import CorePool, core_server
+from sim.cores import CorePool, ProcessorSharing
 from sim.cost import ComputeModel
 from sim.fabric import Fabric
 from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links
@@ -250,7 +250,7 @@ class Engine:
         the others' share ``clock``'s buckets."""
         env = simpy.Environment()
         fabric = Fabric(env, self.links, self.load_rate_cap, clock.buckets)
-        servers = [core_server(env, pool) for pool in pools]
+        servers = [ProcessorSharing(env, pool) for pool in pools]
         cpu = {rank: server for server in servers for rank in server.pool.ranks}
         calls: dict[int, list] = {}
         for rank in sorted(segment.programs):
@@ -284,7 +284,7 @@ class Engine:
                 if cpu is None:
                     yield env.timeout(duration)
                 else:  # a comm thread's work is waiting for a core (sim.cores)
-                    yield cpu.wait_for_core(duration) if op.kind is OpKind.COMM_THREAD else cpu.run(duration, rank)
+                    yield cpu.wait_for_core(duration) if op.kind is OpKind.COMM_THREAD else cpu.run(duration)
             else:
                 on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None, {}, None])

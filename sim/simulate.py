@@ -214,7 +214,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                                                      pipelined=pipelined),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
-        compute.phase_scales, compute.slice_s = dict(choice.phase_scales), choice.compute_slice_s
+        compute.phase_scales = dict(choice.phase_scales)
         compute.by_shape = not choice.same_cluster  # a replay keeps the ops as timed in place
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         # Ranks outnumbering the cores they share take turns on them (sim.cores), and their

@@ -252,10 +252,6 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         if dtype not in pricings:
             # The context is the data-parallel ranks': a training calibration runs one rank each.
             pricings[dtype] = build_pricing(scenario, topology, ranks, profile, context_group=ranks, dtype=dtype)
-            # A training step's ranks share cores by processor sharing (its comm threads' model,
-            # sim.training.comm_thread; ops of tens of ms, many slices long), so its calibrated
-            # ops are read as processor sharing stretched them (sim.cores.work_s), not in slices.
-            pricings[dtype].compute.slice_s = 0.0
             if profile is not None and shared is None:
                 shared = shared_cores(profile, pricings[dtype].network, scenario_context(
                     scenario.name, topology, ranks, dtype), ranks)
