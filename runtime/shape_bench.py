@@ -180,9 +180,9 @@ def ceiling_rows(device_class: str, dtype: str, torch_dtype: torch.dtype, device
     taken from a datasheet (the roofline's two ceilings, Williams, Waterman and Patterson, CACM
     52(4), 2009); what prices kernels beyond the shapes timed (:mod:`sim.async_compute`)."""
     n = MATMUL_SIZE
-    matmul_s = _event_times(lambda a, b: a @ b, *(torch.randn(n, n, device=device).to(torch_dtype) for _ in range(2)))
+    matmul_s = event_times(lambda a, b: a @ b, *(torch.randn(n, n, device=device).to(torch_dtype) for _ in range(2)))
     src = torch.randn(COPY_BYTES // 4, device=device)
-    copy_s = _event_times(lambda dst, src: dst.copy_(src), torch.empty_like(src), src)
+    copy_s = event_times(lambda dst, src: dst.copy_(src), torch.empty_like(src), src)
     del src
     torch.cuda.empty_cache()
     method = f"CUDA events, median of {CEILING_REPEATS} after 3 warm-ups, random data"
@@ -194,12 +194,13 @@ def ceiling_rows(device_class: str, dtype: str, torch_dtype: torch.dtype, device
              **stats([2.0 * COPY_BYTES / t for t in copy_s])}]
 
 
-def _event_times(call, *operands) -> list[float]:
-    """CUDA-event times (s) of :data:`CEILING_REPEATS` calls of ``call(*operands)`` after 3 warm-ups."""
-    for _ in range(3):
+def event_times(call, *operands, repeats: int = CEILING_REPEATS, warmup: int = 3) -> list[float]:
+    """CUDA-event times (s) of ``repeats`` calls of ``call(*operands)`` on the current stream, after
+    ``warmup`` untimed ones (each call's kernels between two events, the host waiting for the last)."""
+    for _ in range(warmup):
         call(*operands)
     times = []
-    for _ in range(CEILING_REPEATS):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         call(*operands)

@@ -19,9 +19,19 @@ same cases. No torch here.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 from sim.scenario import Scenario, scenario_from_dict
+
+class TimingMode(StrEnum):
+    """How a generation was timed (``inference.csv``'s ``mode``): ``async``, no op timed, the GPU
+    running what the host queued, CUDA events per step (what the report compares); ``synced``, every
+    op timed after a device synchronisation (the runtime's traced runs)."""
+
+    ASYNC = "async"
+    SYNCED = "synced"
+
 
 DEVICE_TYPE = "h100_sxm"
 DTYPE = "bf16"

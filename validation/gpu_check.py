@@ -31,6 +31,7 @@ over repeats, random (never zero) inputs.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -45,35 +46,17 @@ import torch.distributed as dist
 PARTS = ("ceilings", "calibrate", "opshapes", "inference", "training", "attention")
 
 
-def _median_event_s(call, repeats: int, warmup: int = 3) -> float:
-    """Median seconds of ``call()`` timed by CUDA events, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
 def ceilings(out: Path, device: torch.device) -> None:
-    """``environment.json``: versions, the GPU, the bf16 matrix rate and the copy bandwidth."""
+    """``environment.json``: versions, the GPU and its two ceilings as the calibration measures them
+    (:func:`runtime.shape_bench.ceiling_rows`: a bf16 8192^3 matrix product, a 1 GiB copy)."""
+    from runtime.shape_bench import ceiling_rows
+    from validation.gpu_cases import DEVICE_TYPE, DTYPE
+
     props = torch.cuda.get_device_properties(device)
-    n = 8192
-    operands = [torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2)]
-    matmul_s = _median_event_s(lambda: operands[0] @ operands[1], repeats=20)
-    operands.clear()
-    src = torch.randn(2**30 // 2, device=device, dtype=torch.bfloat16)  # 1 GiB
-    copies = [torch.empty_like(src)]
-    copy_s = _median_event_s(lambda: copies[0].copy_(src), repeats=20)
+    rates = {row["op"]: row["median"] for row in ceiling_rows(DEVICE_TYPE, DTYPE, torch.bfloat16, device)}
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": props.name,
             "multiprocessors": props.multi_processor_count, "memory_bytes": props.total_memory,
-            "matmul_bf16_8192_flops_per_s": 2 * n**3 / matmul_s,
-            "copy_bytes_per_s": 2 * src.numel() * src.element_size() / copy_s,
+            "matmul_bf16_8192_flops_per_s": rates["matmul"], "copy_bytes_per_s": rates["copy"],
             "hostname": os.uname().nodename, "cpu_count": os.cpu_count()}
     (out / "environment.json").write_text(json.dumps(info, indent=1))
     print(json.dumps(info))
@@ -125,7 +108,7 @@ def inference(out: Path, device: torch.device, repeats: int = 7) -> None:
     from runtime.weights import prompt_tokens
     from runtime.worker import rank_model
     from sim.topology import build_topology
-    from validation.gpu_cases import INFERENCE_TARGETS, OUTPUT_TOKENS, inference_scenario
+    from validation.gpu_cases import INFERENCE_TARGETS, OUTPUT_TOKENS, TimingMode, inference_scenario
 
     rows, built = [], {}
     for model_name, prompt in INFERENCE_TARGETS:
@@ -142,8 +125,8 @@ def inference(out: Path, device: torch.device, repeats: int = 7) -> None:
         plan = scenario.plan(scenario.config.variants[0], (0,))
         comm = Communicator(0, topology.host_groups)
         tokens = prompt_tokens(scenario.model, 1, prompt, seed=0).to(device)
-        executors = {"async": Executor(plan, model, comm, 0, record_ops=False),
-                     "synced": Executor(plan, model, comm, 0, record_ops=True)}
+        executors = {TimingMode.ASYNC: Executor(plan, model, comm, 0, record_ops=False),
+                     TimingMode.SYNCED: Executor(plan, model, comm, 0, record_ops=True)}
         per_mode: dict[str, list[tuple[float, float]]] = {mode: [] for mode in executors}
         last = {}
         with torch.inference_mode():
@@ -154,7 +137,7 @@ def inference(out: Path, device: torch.device, repeats: int = 7) -> None:
                         per_mode[mode].append(events)
                         last[mode] = generation
             torch.cuda.reset_peak_memory_stats(device)
-            executors["async"].generate(tokens, time.perf_counter())
+            executors[TimingMode.ASYNC].generate(tokens, time.perf_counter())
             peak = torch.cuda.max_memory_allocated(device)
         for mode, values in per_mode.items():
             ttft = [v[0] for v in values]
@@ -165,7 +148,7 @@ def inference(out: Path, device: torch.device, repeats: int = 7) -> None:
                          "repeats": len(values), "peak_memory_bytes": peak,
                          "weight_bytes": model.weight_bytes})
             print(rows[-1])
-        records = pd.DataFrame([r._asdict() for r in last["synced"].records])
+        records = pd.DataFrame([r._asdict() for r in last[TimingMode.SYNCED].records])
         _write(out / f"ops_{model_name}_p{prompt}.csv", records)
         _write(out / "inference.csv", pd.DataFrame(rows))
 
@@ -190,17 +173,18 @@ def _generate_timed(executor, tokens: torch.Tensor):
     return generation, (steps[0], sum(steps[1:]) / max(1, len(steps) - 1))
 
 
-def training(out: Path, device: torch.device) -> None:
-    """``training_profile_<model>.csv`` for the training calibration model and the training
-    model, and ``training_results.csv``: the training scenario measured (DDP, NCCL, world 1)."""
+def training(out: Path, device: torch.device, model: str | None = None) -> None:
+    """``training_profile_<model>.csv`` for the training calibration model and the trained
+    ``model`` (default :data:`validation.gpu_cases.TRAINING_MODEL`), and ``training_results.csv``:
+    that model's training scenario measured (DDP, NCCL, world 1)."""
     from runtime.measure import write_measured_outputs
     from runtime.training.calibrate import calibrate_training_rank
     from runtime.training.measure import measured_training, train_rank
     from sim.topology import build_topology
-    from validation import gpu_cases
+    from validation.gpu_cases import TRAINING_CALIBRATION_MODEL, TRAINING_MODEL, training_scenario
 
-    TRAINING_MODEL, training_scenario = gpu_cases.TRAINING_MODEL, gpu_cases.training_scenario
-    for model_name in dict.fromkeys((gpu_cases.TRAINING_CALIBRATION_MODEL, TRAINING_MODEL)):
+    model = model or TRAINING_MODEL
+    for model_name in dict.fromkeys((TRAINING_CALIBRATION_MODEL, model)):
         scenario = training_scenario(model_name)
         topology = build_topology(scenario.config.cluster)
         began = time.perf_counter()
@@ -208,7 +192,7 @@ def training(out: Path, device: torch.device) -> None:
         _write(out / f"training_profile_{model_name}.csv", profile)
         print(f"training calibration of {model_name}: {time.perf_counter() - began:.1f} s")
         torch.cuda.empty_cache()
-    scenario = training_scenario(TRAINING_MODEL)
+    scenario = training_scenario(model)
     topology = build_topology(scenario.config.cluster)
     repeats = 3
     gathered = train_rank(scenario, topology, 0, repeats=repeats, warmup=2, seed=0, device=device, heartbeat=_log)
@@ -252,6 +236,8 @@ def attention(out: Path, device: torch.device) -> None:
 
 def _attention_case(model, batch: int, new: int, start: int, device: torch.device) -> dict:
     """Peak bytes above the live ones during one call, and the median CUDA-event time (s)."""
+    from runtime.shape_bench import event_times
+
     spec = model.spec
     d = spec.head_dim
     q = torch.randn(batch, new, spec.num_attention_heads, d, device=device, dtype=torch.bfloat16)
@@ -267,7 +253,7 @@ def _attention_case(model, batch: int, new: int, start: int, device: torch.devic
         peak = torch.cuda.max_memory_allocated(device) - before
         output_bytes = out.numel() * out.element_size()
         del out
-        seconds = _median_event_s(lambda: model.attention(q, k, v, 0, start), repeats=10)
+        seconds = statistics.median(event_times(lambda: model.attention(q, k, v, 0, start), repeats=10))
     return {"peak_bytes": peak, "output_bytes": output_bytes, "time_s": seconds}
 
 
@@ -294,11 +280,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--parts: unknown {', '.join(unknown)} (known: {', '.join(PARTS)})")
     if args.training_model is not None:
         from models.catalog import get_model
+        from models.errors import ConfigError
 
-        import validation.gpu_cases as cases
-
-        get_model(args.training_model)  # refuses an unknown model before the GPU is touched
-        cases.TRAINING_MODEL = args.training_model
+        try:
+            get_model(args.training_model)  # refused before the GPU is touched
+        except ConfigError as error:
+            parser.error(f"--training-model: {error}")
+    run = {name: globals()[name] for name in PARTS} | {
+        "training": functools.partial(training, model=args.training_model)}
     if not torch.cuda.is_available():
         parser.error("no CUDA device: the GPU checks need one")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -313,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         print(f"== {part}", flush=True)
         try:
-            globals()[part](args.out, device)
+            run[part](args.out, device)
         except Exception:  # noqa: BLE001 - one part's failure is recorded; the others still run
             failed += 1
             text = traceback.format_exc()

@@ -46,7 +46,8 @@ from sim.simulate import simulate
 from sim.training.simulate import simulate_training
 from sim.vocabulary import MeasurementKind, Metric
 from validation.gpu_cases import (ATTENTION_MODEL, CALIBRATION_MODEL, DTYPE, HELDOUT_TRAINING_MODEL,
-                                  TRAINING_CALIBRATION_MODEL, TRAINING_MODEL, inference_scenario, training_scenario)
+                                  TRAINING_CALIBRATION_MODEL, TRAINING_MODEL, TimingMode, inference_scenario,
+                                  training_scenario)
 
 HERE = Path(__file__).resolve().parent / "gpu-report"
 TRAINING_METRICS = (Metric.STEP_TIME, "forward_s", "backward_s", "optimizer_s", Metric.PEAK_MEMORY,
@@ -72,7 +73,7 @@ def inference_table(run: Path) -> pd.DataFrame:
     profile = load_profile(run / f"profile_{CALIBRATION_MODEL}.csv")
     measured = pd.read_csv(run / "inference.csv")
     rows = []
-    for case in measured[measured["mode"] == "async"].itertuples(index=False):
+    for case in measured[measured["mode"] == TimingMode.ASYNC].itertuples(index=False):
         scenario = inference_scenario(case.model, int(case.prompt_tokens), int(case.output_tokens))
         calibrated = simulate(scenario, profile=profile).variants[0].timing
         uncalibrated = simulate(scenario).variants[0].timing
@@ -91,7 +92,7 @@ def spread_table(measured: Path) -> pd.DataFrame:
     frames = []
     for run in _runs(measured):
         frame = pd.read_csv(run / "inference.csv")
-        frame = frame[frame["mode"] == "async"]
+        frame = frame[frame["mode"] == TimingMode.ASYNC]
         frames.append(frame.melt(id_vars=["model", "prompt_tokens"], value_vars=["ttft_s", "tpot_s"],
                                  var_name="metric").assign(run=run.name))
     table = pd.concat(frames).pivot_table(index=["model", "prompt_tokens", "metric"], columns="run", values="value")

@@ -34,6 +34,7 @@ from sim.network import CollectivePricer
 from sim.topology import build_topology
 from sim.transport import (NCCL_RING_BASE_LATENCY_S, NCCL_RING_HOP_LATENCY_S, DefaultTransportNetwork, NcclProtocol,
                            Transport, group_transport)
+from validation.records import positive_number, records
 
 ROWS_FILE = Path(__file__).resolve().parent / "published" / "nccl_tests" / "rows.yaml"
 ROW_FIELDS = ("id", "gpus", "time_s", "device", "interconnect", "size_bytes", "algorithm", "source", "reading")
@@ -69,20 +70,13 @@ def load_rows(path: Path = ROWS_FILE) -> list[Row]:
             bad interconnect.
     """
     data = load_yaml(path, "rows")
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise ConfigError("rows", f"a mapping with a list 'rows' is required (got {type(data).__name__})")
     rows = []
-    for index, entry in enumerate(data["rows"]):
-        where = f"rows[{index}]"
-        if not isinstance(entry, dict) or set(entry) != set(ROW_FIELDS):
-            keys = sorted(entry) if isinstance(entry, dict) else entry
-            raise ConfigError(where, f"fields must be exactly {', '.join(ROW_FIELDS)} (got {keys!r})")
-        gpus, time_s, size = entry["gpus"], entry["time_s"], entry["size_bytes"]
+    for where, entry in records(data, "rows", ROW_FIELDS):
+        gpus = entry["gpus"]
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 2 <= gpus <= MAX_GPUS:
             raise ConfigError(f"{where}.gpus", f"an integer in 2..{MAX_GPUS} is required (got {gpus!r})")
-        for field, value in (("time_s", time_s), ("size_bytes", size)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{where}.{field}", f"a positive number is required (got {value!r})")
+        time_s = positive_number(f"{where}.time_s", entry["time_s"])
+        size = positive_number(f"{where}.size_bytes", entry["size_bytes"])
         if entry["algorithm"] not in NCCL_ALGORITHMS:
             raise ConfigError(f"{where}.algorithm", f"one of {', '.join(NCCL_ALGORITHMS)} (got {entry['algorithm']!r})")
         try:

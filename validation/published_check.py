@@ -28,6 +28,7 @@ from sim.plan import WeightPolicy
 from sim.scenario import load_scenario
 from sim.simulate import SimulationResult, VariantResult, simulate
 from sim.vocabulary import Metric
+from validation.records import positive_number, records
 
 CASES_FILE = Path(__file__).resolve().parent / "published" / "cases.yaml"
 CASE_FIELDS = ("id", "scenario", "variant", "metric", "published", "published_text", "system", "source",
@@ -63,21 +64,11 @@ def load_cases(path: Path = CASES_FILE) -> tuple[list[Case], list[dict[str, str]
             a scenario file that does not exist.
     """
     data = load_yaml(path, "cases")
-    if not isinstance(data, dict):
-        raise ConfigError("cases", f"a mapping with a list 'cases' is required (got {type(data).__name__})")
-    if not isinstance(data.get("cases"), list):
-        raise ConfigError("cases", f"a list is required (got {type(data.get('cases')).__name__})")
     cases = []
-    for index, entry in enumerate(data["cases"]):
-        where = f"cases[{index}]"
-        if not isinstance(entry, dict) or set(entry) != set(CASE_FIELDS):
-            keys = sorted(entry) if isinstance(entry, dict) else entry
-            raise ConfigError(where, f"fields must be exactly {', '.join(CASE_FIELDS)} (got {keys!r})")
+    for where, entry in records(data, "cases", CASE_FIELDS):
         if entry["metric"] not in {m.value for m in STEP_OF_METRIC}:
             raise ConfigError(f"{where}.metric", f"one of {', '.join(STEP_OF_METRIC)} (got {entry['metric']!r})")
-        value = entry["published"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError(f"{where}.published", f"a positive number is required (got {value!r})")
+        value = positive_number(f"{where}.published", entry["published"])
         scenario = path.parent / str(entry["scenario"])
         if not scenario.is_file():
             raise ConfigError(f"{where}.scenario", f"no such file (got {str(entry['scenario'])!r})")
@@ -85,12 +76,8 @@ def load_cases(path: Path = CASES_FILE) -> tuple[list[Case], list[dict[str, str]
                           metric=Metric(entry["metric"]), published=float(value),
                           published_text=str(entry["published_text"]), system=str(entry["system"]),
                           source=" ".join(str(entry["source"]).split()), reading=str(entry["reading"])))
-    missing = data.get("not_represented", [])
-    if not isinstance(missing, list):
-        raise ConfigError("not_represented", f"a list is required (got {type(missing).__name__})")
-    for index, entry in enumerate(missing):
-        if not isinstance(entry, dict) or set(entry) != {"source", "why"}:
-            raise ConfigError(f"not_represented[{index}]", f"fields must be exactly source, why (got {entry!r})")
+    missing = [entry for _, entry in records({"not_represented": data.get("not_represented", [])},
+                                             "not_represented", ("source", "why"))]
     return cases, [{"source": str(m["source"]), "why": str(m["why"])} for m in missing]
 
 
