@@ -198,3 +198,19 @@ def test_the_summary_states_the_verdict_and_marks_replay_and_prediction(small):
     loaded = summary_markdown(PlanCheck(small, table, generations, verdict(table), {}, "hetsim plan-check P",
                                         "calibrated under load: other processes took 31.0%"))
     assert "- The profile was calibrated under load: other processes took 31.0%." in loaded
+
+
+def test_the_close_call_plan_prices_every_candidate_alike_and_orders_them_by_predicted_latency():
+    close = ROOT / "validation" / "plan-check" / "close_call.yaml"
+    request = load_plan(close)
+    data = request.config.model_dump(by_alias=True, exclude_none=True)
+    data["slo"].pop("percentile", None)
+    data["catalog"] = str(close.parent / "catalog_equal.yaml")
+    data["search"] = data["search"] | {"variants": data["search"]["variants"][:1], "devices_per_host": [1, 2],
+                                       "hosts": [1, 2]}
+    result = plan(plan_from_dict(data))
+    top = top_candidates(result, 5)
+    assert (top["price_per_hour"] == 0.0).all()
+    meets = top[top["meets_slo"]]
+    assert list(meets[Metric.E2E_LATENCY]) == sorted(meets[Metric.E2E_LATENCY])
+    assert result.pick["candidate"] == meets.iloc[0]["candidate"]
