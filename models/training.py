@@ -76,14 +76,14 @@ _OPTIMIZER_MOMENTS = {Optimizer.SGD: 0, Optimizer.ADAM: 2, Optimizer.ADAMW: 2}
 
 
 class Precision(StrEnum):
-    """``fp32``: everything fp32. ``bf16_mixed``: bf16 weights, activations and (by default)
-    gradients, with fp32 master weights and optimizer states (Micikevicius et al. 2018,
-    arXiv 1710.03740, section 3.1; Megatron-LM's and DeepSpeed's layout). ``amp_bf16``: PyTorch's
-    automatic mixed precision (``torch.autocast`` to bf16 over fp32 parameters, "Automatic Mixed
-    Precision" in the PyTorch docs): fp32 weights, gradients and optimizer states, the matrix
-    products and the tensors they save in bf16, the residual stream in fp32. The reference
-    runtime trains both under autocast, so its memory is ``amp_bf16``'s (measured on an H100:
-    validation/gpu-report)."""
+    """``fp32``: everything fp32. ``bf16_mixed``: bf16 weights and activations, gradients
+    accumulated and allreduced in fp32 (by default, :func:`gradient_bytes_per_parameter`), fp32
+    master weights and optimizer states (Micikevicius et al. 2018, arXiv 1710.03740, section 3.1;
+    Megatron-LM's layout; the runtime trains it so, :mod:`runtime.training.precision`).
+    ``amp_bf16``: PyTorch's automatic mixed precision (``torch.autocast`` to bf16 over fp32
+    parameters, "Automatic Mixed Precision" in the PyTorch docs): fp32 weights, gradients and
+    optimizer states, the matrix products and the tensors they save in bf16, the residual stream
+    in fp32 (measured on an H100: validation/gpu-report)."""
 
     FP32 = "fp32"
     BF16_MIXED = "bf16_mixed"
@@ -343,13 +343,16 @@ def optimizer_step_cost(
 
 def gradient_bytes_per_parameter(precision: Precision | str, gradient_dtype: str | None = None) -> int:
     """Bytes of one parameter's gradient: 4 under ``fp32`` and ``amp_bf16``; under ``bf16_mixed`` the
-    ``gradient_dtype``'s size, bf16 (2, what DDP over a bf16 model reduces) unless ``"fp32"``
-    (Megatron-LM's fp32 ``main_grad`` buffer). Raises :class:`ConfigError` on
-    ``training.gradient_dtype`` for an unknown dtype or anything but fp32 under ``fp32`` or ``amp_bf16``.
+    ``gradient_dtype``'s size, fp32 (4) unless given: Megatron-LM accumulates and allreduces a bf16
+    model's gradients in an fp32 ``main_grad`` buffer (``accumulate_allreduce_grads_in_fp32``, turned
+    on for ``--bf16`` in ``megatron/training/arguments.py``), as the runtime does
+    (:mod:`runtime.training.precision`); ``"bf16"`` is DeepSpeed's bf16 gradients. Raises
+    :class:`ConfigError` on ``training.gradient_dtype`` for an unknown dtype or anything but fp32
+    under ``fp32`` or ``amp_bf16``.
     """
     precision = parse_precision(precision)
     if gradient_dtype is None:
-        return _FP32_BYTES if precision in _FP32_STATES else dtype_bytes(compute_dtype(precision))
+        return _FP32_BYTES
     size = dtype_bytes(gradient_dtype, "training.gradient_dtype")
     if precision in _FP32_STATES and size != _FP32_BYTES:
         raise ConfigError("training.gradient_dtype",

@@ -227,8 +227,8 @@ def test_zero_1_with_bf16_gradients_is_deepspeeds_4p_plus_16p_over_n(name, gpus_
         ("sgd", "fp32", (4, 4, 0)),
         ("adam", "fp32", (4, 4, 8)),
         ("adamw", "fp32", (4, 4, 8)),
-        ("sgd", "bf16_mixed", (2, 2, 8)),  # fp32 master and fp32 gradient copy
-        ("adamw", "bf16_mixed", (2, 2, 16)),
+        ("sgd", "bf16_mixed", (2, 4, 4)),  # fp32 master; gradients in fp32 (Megatron's main_grad)
+        ("adamw", "bf16_mixed", (2, 4, 12)),
     ),
 )
 def test_model_states_per_parameter(optimizer, precision, per_parameter):
@@ -256,7 +256,7 @@ def test_training_memory_puts_every_category_together_per_device():
                   checkpoint_every=4)
     memory = training_memory(spec, layout, is_master=False, **common)
     params = rank_parameter_count(spec, 4, is_master=False)
-    assert memory.weights == 2 * params and memory.optimizer_states == 16 * params
+    assert memory.weights == 2 * params and memory.optimizer_states == 12 * params
     assert memory.framework == 500e6
     assert memory.activations == activation_bytes(spec.with_dtype("bf16"), layout, checkpoint_every=4, is_master=False)
     assert memory.total == sum(dataclasses.astuple(memory))
@@ -277,7 +277,7 @@ def test_torch_amp_keeps_fp32_parameters_gradients_and_states_and_an_fp32_residu
         training_memory(spec, layout, optimizer="adamw", precision="amp_bf16", gradient_dtype="bf16")
 
 
-@pytest.mark.parametrize("precision, logit_bytes, gradient_bytes", [("fp32", 2 * 4, 4), ("bf16_mixed", 2 * 4 + 2, 2)])
+@pytest.mark.parametrize("precision, logit_bytes, gradient_bytes", [("fp32", 2 * 4, 4), ("bf16_mixed", 2 * 4 + 2, 4)])
 def test_accumulation_adds_the_losss_gradients_and_the_heads_new_weight_gradient_on_the_master(
         precision, logit_bytes, gradient_bytes):
     """With gradients already held, a later micro-batch's backward starts with the fp32 gradients of
@@ -444,7 +444,8 @@ def test_gemm_dominated_step_is_about_three_forwards_and_four_with_recomputation
         ("adam", "fp32", None, 13, 16, 12),
         ("adamw", "fp32", None, 14, 16, 12),
         ("adam", "bf16_mixed", "fp32", 13, 16, 14),  # also writes the bf16 weights
-        ("adamw", "bf16_mixed", None, 14, 22, 18),  # bf16 grads into the fp32 copy first
+        ("adamw", "bf16_mixed", None, 14, 16, 14),  # fp32 gradients by default (Megatron's)
+        ("adamw", "bf16_mixed", "bf16", 14, 22, 18),  # bf16 grads into the fp32 copy first
     ),
 )
 def test_optimizer_step_flops_and_bytes_per_parameter(optimizer, precision, gradient_dtype, flops, read, written):
