@@ -23,6 +23,7 @@ from models.training import (
     layer_activation_bytes,
     layer_backward_costs,
     layer_step_flops,
+    loss_backward_bytes,
     model_state_memory,
     optimizer_step_cost,
     recomputed_layer_count,
@@ -435,6 +436,32 @@ def test_gemm_dominated_step_is_about_three_forwards_and_four_with_recomputation
     forward_flops = sum(c.flops for c in forward.values()) + forward[OpKind.LAYERNORM].flops
     assert layer_step_flops(spec, **common) / forward_flops == pytest.approx(3, rel=0.01)
     assert layer_step_flops(spec, recompute=True, **common) / forward_flops == pytest.approx(4, rel=0.01)
+
+
+def test_a_large_vocabularys_loss_backward_peaks_before_any_gradient_is_allocated():
+    # Qwen2.5-0.5B at 8 x 1024 tokens (152k vocabulary, 0.5B parameters), amp_bf16: the loss's
+    # backward holds 12 fp32 bytes per logit where the activations count the bf16 logits and
+    # their fp32 log-probabilities (6), and no gradient exists yet; measured on an H100 the step
+    # peaked there (validation/gpu-report).
+    spec, layout = get_model("qwen2.5-0.5b"), ActivationLayout(8, 1024)
+    compute, logits = spec.with_dtype("bf16"), 8 * 1024 * spec.vocab_size
+    head_peak = loss_backward_bytes(compute, layout, autocast=True)
+    assert head_peak == activation_bytes(compute, layout, autocast=True) + logits * (12 - 6)
+    memory = training_memory(spec, layout, optimizer="adamw", precision="amp_bf16")
+    assert memory.activations == head_peak - memory.gradients  # the categories add up to that moment
+    # Gradients that are views into the buckets are resident: nothing of the peak is theirs.
+    views = training_memory(spec, layout, optimizer="adamw", precision="amp_bf16", gradient_as_bucket_view=True)
+    assert views.activations == head_peak
+    # Checkpointed, no segment has been recomputed yet when the loss's backward runs.
+    checkpointed = loss_backward_bytes(compute, layout, checkpoint_every=1, autocast=True)
+    segment = layer_activation_bytes(compute, layout, autocast=True)
+    segment_input = layer_activation_bytes(compute, layout, recompute=Recompute.FULL, autocast=True)
+    assert checkpointed == (activation_bytes(compute, layout, checkpoint_every=1, autocast=True) + logits * 6
+                            - segment + segment_input)
+    # TinyLlama-1.1B (32k vocabulary, 1.1B parameters): its gradients outweigh the loss's transient.
+    tiny = get_model("tinyllama-1.1b")
+    assert training_memory(tiny, layout, optimizer="adamw", precision="amp_bf16").activations == activation_bytes(
+        tiny.with_dtype("bf16"), layout, autocast=True)
 
 
 @pytest.mark.parametrize(
