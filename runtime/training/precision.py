@@ -24,6 +24,11 @@ fp32 across micro-batches (Megatron's ``main_grad.add_(param.grad)``) and DDP's 
 reduce it. The optimizer steps the masters; :meth:`Bf16Copies.refresh` copies them into the bf16
 copies after the step. A DDP comm hook that upcasts a bf16 bucket was not chosen: the gradients
 would accumulate in bf16 under ``no_sync`` and the bucket would be a bf16 tensor of its own.
+
+Measured (``hetsim``'s CPU memory probe, 2 gloo ranks, a Llama of hidden 256, 2 layers, a 4096
+vocabulary, AdamW, 4 x 128 tokens per rank): weights, gradients, optimizer states and buckets
+equal :func:`models.training.training_memory`'s 2 / 4 / 12 / 4 bytes per parameter; the peak
+-2.4% of the simulator's (one micro-batch; +0.1% with two), -10% / +0.4% without the framework.
 """
 
 from __future__ import annotations
