@@ -5,11 +5,13 @@ Megatron-LM keeps the model's parameters in bf16 (``args.params_dtype = torch.bf
 ``--bf16``), and for bf16 turns on ``accumulate_allreduce_grads_in_fp32`` ("bfloat16 requires
 gradient accumulation and all-reduce to be done in fp32", ``megatron/training/arguments.py``):
 its DDP gives every parameter an fp32 ``main_grad`` in a contiguous fp32 gradient buffer
-(``grad_reduce_in_fp32``, ``megatron/core/distributed/distributed_data_parallel.py`` and
-``param_and_grad_buffer.py``) into which each backward's bf16 ``param.grad`` is added, and which
-the buckets allreduce in fp32; its mixed-precision optimizer steps fp32 master copies of the
+(``grad_dtype = torch.float if self.ddp_config.grad_reduce_in_fp32``,
+``megatron/core/distributed/distributed_data_parallel.py``; ``param_and_grad_buffer.py``) into
+which each backward's bf16 ``param.grad`` is added, and which the buckets allreduce in fp32;
+its mixed-precision optimizer steps fp32 master copies of the
 parameters and copies them back into the bf16 parameters after the step
-(``Float16OptimizerWithFloat16Params`` in ``megatron/core/optimizer/optimizer.py``).
+(``Float16OptimizerWithFloat16Params._copy_main_params_to_model_params`` in
+``megatron/core/optimizer/optimizer.py``).
 2 + 4 + 4 + 8 bytes per parameter under Adam (``megatron/training/theoretical_memory_usage.py``;
 :func:`models.training.model_state_memory`).
 
