@@ -76,14 +76,14 @@ _OPTIMIZER_MOMENTS = {Optimizer.SGD: 0, Optimizer.ADAM: 2, Optimizer.ADAMW: 2}
 
 
 class Precision(StrEnum):
-    """``fp32``: everything fp32. ``bf16_mixed``: bf16 weights, activations and (by default)
-    gradients, with fp32 master weights and optimizer states (Micikevicius et al. 2018,
-    arXiv 1710.03740, section 3.1; Megatron-LM's and DeepSpeed's layout). ``amp_bf16``: PyTorch's
-    automatic mixed precision (``torch.autocast`` to bf16 over fp32 parameters, "Automatic Mixed
-    Precision" in the PyTorch docs): fp32 weights, gradients and optimizer states, the matrix
-    products and the tensors they save in bf16, the residual stream in fp32. The reference
-    runtime trains both under autocast, so its memory is ``amp_bf16``'s (measured on an H100:
-    validation/gpu-report)."""
+    """``fp32``: everything fp32. ``bf16_mixed``: bf16 weights and activations, gradients
+    accumulated and allreduced in fp32 (by default, :func:`gradient_bytes_per_parameter`), fp32
+    master weights and optimizer states (Micikevicius et al. 2018, arXiv 1710.03740, section 3.1;
+    Megatron-LM's layout; the runtime trains it so, :mod:`runtime.training.precision`).
+    ``amp_bf16``: PyTorch's automatic mixed precision (``torch.autocast`` to bf16 over fp32
+    parameters, "Automatic Mixed Precision" in the PyTorch docs): fp32 weights, gradients and
+    optimizer states, the matrix products and the tensors they save in bf16, the residual stream
+    in fp32 (measured on an H100: validation/gpu-report)."""
 
     FP32 = "fp32"
     BF16_MIXED = "bf16_mixed"
@@ -343,13 +343,16 @@ def optimizer_step_cost(
 
 def gradient_bytes_per_parameter(precision: Precision | str, gradient_dtype: str | None = None) -> int:
     """Bytes of one parameter's gradient: 4 under ``fp32`` and ``amp_bf16``; under ``bf16_mixed`` the
-    ``gradient_dtype``'s size, bf16 (2, what DDP over a bf16 model reduces) unless ``"fp32"``
-    (Megatron-LM's fp32 ``main_grad`` buffer). Raises :class:`ConfigError` on
-    ``training.gradient_dtype`` for an unknown dtype or anything but fp32 under ``fp32`` or ``amp_bf16``.
+    ``gradient_dtype``'s size, fp32 (4) unless given: Megatron-LM accumulates and allreduces a bf16
+    model's gradients in an fp32 ``main_grad`` buffer (``accumulate_allreduce_grads_in_fp32``, turned
+    on for ``--bf16`` in ``megatron/training/arguments.py``), as the runtime does
+    (:mod:`runtime.training.precision`); ``"bf16"`` is DeepSpeed's bf16 gradients. Raises
+    :class:`ConfigError` on ``training.gradient_dtype`` for an unknown dtype or anything but fp32
+    under ``fp32`` or ``amp_bf16``.
     """
     precision = parse_precision(precision)
     if gradient_dtype is None:
-        return _FP32_BYTES if precision in _FP32_STATES else dtype_bytes(compute_dtype(precision))
+        return _FP32_BYTES
     size = dtype_bytes(gradient_dtype, "training.gradient_dtype")
     if precision in _FP32_STATES and size != _FP32_BYTES:
         raise ConfigError("training.gradient_dtype",
@@ -555,13 +558,60 @@ def activation_bytes(
         layer_total = layers * full
     if not is_master:
         return layer_total
+    return layer_total + _head_activation_bytes(spec, layout, autocast)
+
+
+def _head_activation_bytes(spec: ModelSpec, layout: ActivationLayout, autocast: bool) -> float:
+    """The head's part of :func:`activation_bytes`: the final norm's and LM head's inputs and
+    ``e + 4`` bytes per logit."""
     e = spec.dtype_bytes
     if autocast:
         normalised = _FP32_BYTES if spec.norm == "rmsnorm" else 0
         head_inputs = spec.hidden_size * (_FP32_BYTES + normalised + e)
     else:
         head_inputs = 2 * spec.hidden_size * e
-    return layer_total + layout.tokens * (head_inputs + spec.vocab_size * (e + _FP32_BYTES))
+    return layout.tokens * (head_inputs + spec.vocab_size * (e + _FP32_BYTES))
+
+
+# At the loss's backward the head holds three fp32 tensors of one element per logit: the
+# log-probabilities log_softmax saved, nll_loss_backward's gradient of them and
+# _log_softmax_backward_data's gradient of the logits (see loss_backward_bytes).
+_LOSS_BACKWARD_LOGIT_BYTES = 3 * _FP32_BYTES
+
+
+def loss_backward_bytes(
+    spec: ModelSpec, layout: ActivationLayout, *, checkpoint_every: int | None = None, autocast: bool = False,
+) -> float:
+    """Bytes of activations live on the master while the loss's backward runs, the first thing a
+    backward pass does, before any weight gradient exists: every layer's saved tensors (under
+    checkpointing only each segment's input: no segment has been recomputed yet), the head's
+    saved inputs (as :func:`activation_bytes`) and 12 bytes per logit of every position.
+
+    The loss is fp32 cross-entropy (``F.cross_entropy`` of the fp32 logits, which ATen computes
+    as ``nll_loss(log_softmax(x))``, ``cross_entropy_loss`` in ``aten/src/ATen/native/LossNLL.cpp``).
+    Autograd saves log_softmax's fp32 output (``LogSoftmaxBackward0`` keeps ``result``, which
+    ``NllLossBackward0`` keeps too, ``tools/autograd/derivatives.yaml``); nothing saves the logits
+    themselves (``ToCopyBackward0`` and the flattening view keep only sizes), so the ``e`` bytes
+    per logit :func:`activation_bytes` counts (the forward's peak, where the logits and their
+    log-probabilities coexist) are freed by then. Backward first makes ``nll_loss_backward``'s
+    fp32 gradient of the log-probabilities (``LossNLL.cpp``), then
+    ``_log_softmax_backward_data`` makes the logits' fp32 gradient from it and the saved output
+    (``aten/src/ATen/native/SoftMax.cpp``) while both are alive: 3 x 4 bytes per logit. Measured
+    with the CPU memory probe (``benchmarks/bench_loss_backward_memory.py``: one process, a tiny
+    Llama, 2.1M logits), a step's peak over the resident is what autograd saved plus 8 bytes per
+    logit to 0.4 MB in ``fp32``, ``amp_bf16`` and ``bf16_mixed`` (48.7, 44.6, 38.6 MB). Raises
+    :class:`ConfigError` as :func:`activation_bytes` does.
+    """
+    full = layer_activation_bytes(spec, layout, autocast=autocast)
+    layers = spec.num_layers
+    if recomputed_layer_count(layers, checkpoint_every):
+        segment_input = layer_activation_bytes(spec, layout, recompute=Recompute.FULL, autocast=autocast)
+        layer_total = math.ceil(layers / checkpoint_every) * segment_input
+    else:
+        layer_total = layers * full
+    head = _head_activation_bytes(spec, layout, autocast)
+    logits = layout.tokens * spec.vocab_size
+    return layer_total + head - logits * (spec.dtype_bytes + _FP32_BYTES) + logits * _LOSS_BACKWARD_LOGIT_BYTES
 
 
 def accumulation_transient_bytes(
@@ -614,6 +664,12 @@ def training_memory(
     rank's parameters (:func:`models.accounting.rank_parameter_count`), :func:`activation_bytes`
     in the precision's compute dtype (with ``accumulation`` micro-batches per step, more than
     one, plus :func:`accumulation_transient_bytes`), and ``framework_baseline_bytes`` as given.
+    The step's peak is the larger of those activations with every gradient allocated (an upper
+    bound of backward, where activations are freed as gradients are made) and, on the master,
+    the loss's backward (:func:`loss_backward_bytes`) before any gradient is allocated: the
+    activations category is then what that moment holds beyond the gradients, so that the
+    categories still add up to the peak. Measured on an H100 (validation/gpu-report), Qwen2.5-0.5B
+    (152k vocabulary) peaks there; TinyLlama-1.1B (32k) with its gradients.
     Raises :class:`ConfigError` naming the offending field (``training.framework_baseline_bytes``
     for a negative baseline, ``training.gradient_accumulation`` for fewer than 1 micro-batch).
     """
@@ -636,11 +692,20 @@ def training_memory(
         gradient_as_bucket_view=gradient_as_bucket_view,
     )
     compute_spec = spec.with_dtype(compute_dtype(precision))
+    autocast = parse_precision(precision) is Precision.AMP_BF16
     activations = activation_bytes(compute_spec, layout, checkpoint_every=checkpoint_every, is_master=is_master,
-                                   autocast=parse_precision(precision) is Precision.AMP_BF16)
+                                   autocast=autocast)
     if accumulation > 1:
         activations += accumulation_transient_bytes(compute_spec, layout, precision=precision,
                                                     gradient_dtype=gradient_dtype, is_master=is_master)
+    if is_master:
+        # The first micro-batch's loss backward runs before backward allocates any gradient (they
+        # are freed by zero_grad; views into the buckets are resident): its peak beside the
+        # resident states is loss_backward_bytes, which the categories count as activations
+        # beyond the gradients allocated later.
+        allocated = 0 if gradient_as_bucket_view else states.gradients
+        head_peak = loss_backward_bytes(compute_spec, layout, checkpoint_every=checkpoint_every, autocast=autocast)
+        activations = max(activations, head_peak - allocated)
     return TrainingMemory(
         weights=states.weights,
         gradients=states.gradients,

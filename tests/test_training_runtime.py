@@ -19,7 +19,7 @@ from runtime.launch import launch  # noqa: E402
 from runtime.training.calibrate import calibrate_training  # noqa: E402
 from runtime.training.hooks import BucketCall  # noqa: E402
 from runtime.training.measure import measure_training, step_metrics  # noqa: E402
-from runtime.training.model import DecoderLM, TensorParallel  # noqa: E402
+from runtime.training.model import DecoderLM, TensorParallel, next_token_loss  # noqa: E402
 from runtime.training.ranks import training_ranks  # noqa: E402
 from runtime.training.reference import local_sgd_reference, reference_parameters, reference_shard  # noqa: E402
 from runtime.training.trainer import StepTiming, Trainer, TrainingSetup, process_groups  # noqa: E402
@@ -140,6 +140,67 @@ def test_compressed_gradients_match_within_their_precision(tmp_path):
     assert sum(b.size_bytes for b in fp16) == sum(b.size_bytes for b in bf16) == 2 * parameters
 
 
+def test_bf16_mixed_trains_bf16_copies_of_fp32_masters_with_fp32_buckets_as_one_process(tmp_path):
+    # Megatron's bf16_mixed: every variant ends where one process stepping the same scheme on the
+    # whole batch ends, and each gradient travels once per step in fp32.
+    scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "sgd", "allreduce": "ring", "precision": "bf16_mixed",
+                                               **SMALL_BUCKETS}, [
+        {"name": "ring"},
+        {"name": "no_sync_checkpointed", "training": {"gradient_accumulation": 2, "activation_checkpointing": 1}},
+        {"name": "library_views_no_overlap", "training": {"allreduce": "library", "gradient_as_bucket_view": True,
+                                                          "overlap": False}},
+        {"name": "local_sgd", "training": {"averaging": "parameters", "averaging_period": 1}},
+    ])
+    ranks = _train(scenario)
+    layout = training_ranks(scenario, build_topology(scenario.config.cluster))
+    for index, variant in enumerate(scenario.config.variants[:3]):
+        expected = reference_parameters(TrainingSetup.of_ranks(scenario, variant, layout), STEPS, SEED)
+        for rank, per_variant in enumerate(ranks):
+            _assert_same(per_variant[index][0], expected, 1e-5, f"{variant.name} rank {rank}")
+            parameters = sum(p.numel() for p in per_variant[index][0].values())
+            assert sum(b.size_bytes for b in per_variant[index][1][-1].buckets) == 4 * parameters
+    replicas = local_sgd_reference(TrainingSetup.of_ranks(scenario, scenario.config.variants[3], layout), STEPS, SEED)
+    for rank, per_variant in enumerate(ranks):
+        _assert_same(per_variant[3][0], replicas[rank], 1e-5, f"local_sgd rank {rank}")
+
+
+def test_bf16_copies_compute_in_bf16_and_accumulate_gradients_in_fp32(tmp_path):
+    from models.catalog import load_hf_config
+    from runtime.training.precision import Bf16Copies
+
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(tiny_model_config("llama", num_layers=1)))
+    model = DecoderLM(load_hf_config(path), SEED)
+    copies = Bf16Copies(model)
+    assert copies.copy_bytes() == 2 * sum(p.numel() for p in model.parameters())
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 256, (2, 9), generator=generator) for _ in range(2)]
+
+    def backward(tokens):
+        logits = model(tokens[:, :-1])
+        assert logits.dtype == torch.bfloat16  # the kernels read the bf16 copies
+        next_token_loss(logits, tokens[:, 1:]).backward()
+
+    alone = []
+    for tokens in batches:
+        model.zero_grad(set_to_none=True)
+        backward(tokens)
+        alone.append(model.lm_head.grad.clone())
+    model.zero_grad(set_to_none=True)
+    for tokens in batches:  # two micro-batches: the second's gradient added to the first's in fp32
+        backward(tokens)
+    fp32_sum = alone[0] + alone[1]
+    assert model.lm_head.grad.dtype == torch.float32 and torch.equal(model.lm_head.grad, fp32_sum)
+    assert not torch.equal(fp32_sum, fp32_sum.to(torch.bfloat16).float())  # a bf16 sum would differ
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.001)
+    copies.refresh()  # after the step: the masters copied into the bf16 copies
+    for p in model.parameters():
+        assert p.dtype == torch.float32
+        assert p.compute_copy.dtype == torch.bfloat16 and torch.equal(p.compute_copy, p.detach().to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("allreduce", ["ring", "library"])
 def test_parameter_averaging_matches_local_sgd_in_one_process(tmp_path, allreduce):
     steps = 3
@@ -162,6 +223,7 @@ def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
         {"name": "ring"},
         {"name": "local_sgd", "training": {"averaging": "parameters", "averaging_period": 1}},
         {"name": "views", "training": {"gradient_as_bucket_view": True}},
+        {"name": "bf16_mixed", "training": {"precision": "bf16_mixed"}},
     ], steps=1)
     result = measure_training(scenario, repeats=1, warmup=1, seed=SEED)
     rows = result.results
@@ -197,6 +259,11 @@ def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
     # Gradients that are views into DDP's buckets: the buckets are the gradients, nothing beside them.
     views = rows[(rows["variant"] == "views") & (rows["device"] == "h0/dev0")].set_index("metric")["value"]
     assert views["peak_memory_gradients_bytes"] == parameters and views["peak_memory_bucket_buffers_bytes"] == 0
+    # Megatron's bf16_mixed: bf16 weights, fp32 gradients and buckets, fp32 masters beside AdamW's moments.
+    mixed = rows[(rows["variant"] == "bf16_mixed") & (rows["device"] == "h0/dev0")].set_index("metric")["value"]
+    assert mixed["peak_memory_weights_bytes"] == parameters / 2
+    assert mixed["peak_memory_gradients_bytes"] == parameters == mixed["peak_memory_bucket_buffers_bytes"]
+    assert mixed["peak_memory_optimizer_states_bytes"] == 3 * parameters
 
 
 def test_measure_runs_tensor_parallel_training_on_every_rank_of_the_layout(tmp_path):
@@ -223,6 +290,7 @@ def test_measure_runs_tensor_parallel_training_on_every_rank_of_the_layout(tmp_p
 @pytest.mark.parametrize("training, field", [
     ({"allreduce": "auto"}, "training.allreduce"),
     ({"zero": 1, "averaging": "parameters", "averaging_period": 2}, "training.zero"),
+    ({"zero": 1, "precision": "bf16_mixed"}, "training.zero"),  # its fp32 masters are not sharded
 ])
 def test_what_the_runtime_cannot_run_is_refused_naming_the_field(tmp_path, training, field):
     scenario = _scenario(tmp_path, "gpt2", 2, training, [{"name": "v"}])

@@ -119,6 +119,14 @@ def _grad(output: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tens
     return lambda: torch.autograd.grad(output, inputs, upstream, retain_graph=True)
 
 
+def timed_precision(precision: Precision) -> Precision:
+    """The precision the calibration times ``precision``'s ops and passes in, on its fp32 timed
+    model: ``bf16_mixed``'s bf16 kernels under autocast (``amp_bf16``: the same bf16 matrix
+    products; the norms and residual adds then run in fp32, where the trainer's run in bf16),
+    any other as itself."""
+    return Precision.AMP_BF16 if precision is Precision.BF16_MIXED else precision
+
+
 def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, precision: Precision,
              device: torch.device) -> dict[OpKind, tuple[Callable, Callable | None, Callable | None]]:
     """Per op kind, (forward call, input-gradient call or None, weight-gradient call or None) on
@@ -135,7 +143,7 @@ def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, prec
 
     def case(forward, inputs: list, weights: list):
         def run():
-            with autocast(precision, device):
+            with autocast(timed_precision(precision), device):
                 return forward(*inputs)
 
         out = run()
@@ -144,7 +152,7 @@ def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, prec
                 _grad(out, weights, upstream) if weights else None)
 
     x = leaf(m, t, h)
-    with autocast(precision, device):
+    with autocast(timed_precision(precision), device):
         q, k, v = (a.detach().requires_grad_() for a in layer.qkv(x))
     rotary = model.rotary(t, device)
     head = model.embed if model.lm_head is None else model.lm_head
@@ -229,7 +237,7 @@ def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repea
             model.zero_grad(set_to_none=True)
             synchronize()
             start = time.perf_counter()
-            with autocast(precision, device):
+            with autocast(timed_precision(precision), device):
                 loss = next_token_loss(model(batch[:, :-1]), batch[:, 1:])
             synchronize()
             middle = time.perf_counter()

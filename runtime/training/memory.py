@@ -5,10 +5,11 @@ from the live tensors where the runtime can count them and from the device's rea
 (:class:`runtime.device.Device`: resident set size on the CPU, the caching allocator's counters on
 CUDA) for the rest:
 
-* ``weights``: the bytes of the model's parameters (the rank's shard);
+* ``weights``: the bytes of the model's parameters (the rank's shard; under ``bf16_mixed`` their
+  bf16 copies, :mod:`runtime.training.precision`);
 * ``optimizer_states``: the tensors the optimizer keeps per parameter (``torch.optim``'s
   ``state``; the rank's shard under ``ZeroRedundancyOptimizer``, whose local optimizer is
-  ``optim``);
+  ``optim``), and under ``bf16_mixed`` the fp32 master parameters it steps;
 * ``bucket_buffers``: DDP's flat bucket buffers, the sum of the reducer's ``bucket_sizes``
   (``DistributedDataParallel._get_ddp_logging_data``, filled by ``Logger::set_comm_hook`` and the
   bucket rebuild in ``torch/csrc/distributed/c10d/logger.cpp``); 0 under
@@ -59,6 +60,9 @@ def state_bytes(trainer) -> StateBytes:
     optimizer = getattr(trainer.optimizer, "optim", trainer.optimizer)  # ZeroRedundancyOptimizer's local one
     states = sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
                  if torch.is_tensor(t) and t.dim() > 0)  # Adam's step counts are scalars of a few bytes
+    if trainer.copies is not None:  # bf16_mixed: the kernels' weights are the bf16 copies, the fp32 masters the optimizer's
+        states += weights
+        weights = trainer.copies.copy_bytes()
     logged = trainer.ddp._get_ddp_logging_data()
     buckets = sum(int(size) for size in str(logged.get("bucket_sizes", "")).split(",") if size.strip())
     if trainer.setup.settings.gradient_as_bucket_view:

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from models.shards import TensorShard
 from models.spec import ModelSpec
 from runtime.model import _rotary_table, _rotate, shard_slices
+from runtime.training.precision import compute_weight
 from runtime.weights import _stable_seed, family_of, seeded_tensor
 
 
@@ -125,9 +126,10 @@ class Norm(nn.Module):
         self.bias = _parameter(spec, seed, f"{prefix}.bias") if spec.norm == "layernorm" else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        weight = compute_weight(self.weight)
         if self.kind == "layernorm":
-            return F.layer_norm(h, self.shape, self.weight, self.bias, self.eps)
-        return F.rms_norm(h.float(), self.shape, eps=self.eps).to(h.dtype) * self.weight
+            return F.layer_norm(h, self.shape, weight, compute_weight(self.bias), self.eps)
+        return F.rms_norm(h.float(), self.shape, eps=self.eps).to(h.dtype) * weight
 
 
 class Linear(nn.Module):
@@ -142,12 +144,13 @@ class Linear(nn.Module):
         self.group, self.row_parallel = None, False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = compute_weight(self.weight), compute_weight(self.bias)
         if self.group is None:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, weight, bias)
         if not self.row_parallel:
-            return F.linear(_CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
-        out = _ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
-        return out if self.bias is None else out + self.bias
+            return F.linear(_CopyToTensorParallel.apply(x, self.group), weight, bias)
+        out = _ReduceFromTensorParallel.apply(F.linear(x, weight), self.group)
+        return out if bias is None else out + bias
 
 
 class DecoderLayer(nn.Module):
@@ -238,26 +241,29 @@ class DecoderLM(nn.Module):
         self.final_norm = Norm(spec, seed, "final_norm")
         self.lm_head = None if spec.tied_embeddings else nn.Parameter(seeded_tensor(spec, seed, "lm_head.weight"))
 
-    def rotary(self, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """cos and sin ``[t, d]`` of positions 0..t-1 (None with learned positions)."""
+    def rotary(self, t: int, device: torch.device, dtype: torch.dtype = torch.float32
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos and sin ``[t, d]`` of positions 0..t-1 in ``dtype`` (None with learned positions)."""
         if self.spec.learned_position_embeddings:
             return None
-        return _rotary_table(self.spec.head_dim, family_of(self.spec).rope_theta, t, device, torch.float32)
+        return _rotary_table(self.spec.head_dim, family_of(self.spec).rope_theta, t, device, dtype)
 
     def embedding(self, tokens: torch.LongTensor) -> torch.Tensor:
         """``[b, t, h]`` embeddings of ``tokens`` ``[b, t]`` (plus learned positions)."""
-        h = F.embedding(tokens, self.embed)
+        h = F.embedding(tokens, compute_weight(self.embed))
         if self.pos_embed is not None:
-            h = h + self.pos_embed[:tokens.shape[1]]
+            h = h + compute_weight(self.pos_embed)[:tokens.shape[1]]
         return h
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``[b, t, vocab]`` of the final-normed stream."""
-        return F.linear(self.final_norm(h), self.embed if self.lm_head is None else self.lm_head)
+        return F.linear(self.final_norm(h), compute_weight(self.embed if self.lm_head is None else self.lm_head))
 
     def forward(self, tokens: torch.LongTensor) -> torch.Tensor:
         h = self.embedding(tokens)
-        rotary = self.rotary(tokens.shape[1], tokens.device)
+        # In the stream's dtype: bf16 under bf16_mixed's bf16 weights (Megatron's default, without
+        # --rotary-position-embeddings-in-fp32), fp32 otherwise (autocast casts what it needs).
+        rotary = self.rotary(tokens.shape[1], tokens.device, h.dtype)
         if self.checkpoint_every is None:
             for layer in self.layers:
                 h = layer(h, rotary)

@@ -5,7 +5,8 @@ step on the mean loss of the whole global batch: each rank's accumulated gradien
 its rows (each micro-batch's loss scaled by 1 / k), and the allreduce averages the D means of
 equal-sized shards. :func:`reference_parameters` takes that step in one process, one forward over
 the global batch, with no DDP, no buckets, no checkpointing, no hook and an unsharded optimizer:
-whatever the variant, the same parameters must come out, up to float rounding.
+whatever the variant, the same parameters must come out, up to float rounding. Under
+``bf16_mixed`` both compute with bf16 copies of fp32 masters (:mod:`runtime.training.precision`).
 
 Parameter averaging (local SGD) is not equal to that: :func:`local_sgd_reference` keeps the D
 replicas in one process, each stepping its own optimizer on its own rows, and replaces their
@@ -22,7 +23,9 @@ from __future__ import annotations
 import torch
 
 from models.shards import tensor_shards
+from models.training import Precision
 from runtime.training.model import DecoderLM, next_token_loss, shard_parameters, training_batch
+from runtime.training.precision import Bf16Copies
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer
 
 
@@ -30,6 +33,7 @@ def reference_parameters(setup: TrainingSetup, steps: int, seed: int) -> dict[st
     """Parameters after ``steps`` optimizer steps on the whole global batch (see the module)."""
     w = setup.workload
     model = DecoderLM(setup.spec, seed)
+    copies = _copies(setup, model)
     optimizer = make_optimizer(list(model.parameters()), setup.settings)
     for step in range(steps):
         batch = training_batch(setup.spec, w.global_batch_size, w.sequence_length, seed, step)
@@ -38,6 +42,7 @@ def reference_parameters(setup: TrainingSetup, steps: int, seed: int) -> dict[st
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        _refresh(copies)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -46,6 +51,7 @@ def local_sgd_reference(setup: TrainingSetup, steps: int, seed: int) -> list[dic
     :meth:`TrainingSetup.averages_after` step (see the module), replica by replica."""
     w = setup.workload
     replicas = [DecoderLM(setup.spec, seed) for _ in setup.group]
+    copies = [_copies(setup, m) for m in replicas]
     optimizers = [make_optimizer(list(m.parameters()), setup.settings) for m in replicas]
     rows = setup.rank_rows
     for step in range(steps):
@@ -63,7 +69,19 @@ def local_sgd_reference(setup: TrainingSetup, steps: int, seed: int) -> list[dic
                     mean = torch.stack(tensors).mean(dim=0)
                     for t in tensors:
                         t.copy_(mean)
+        for c in copies:
+            _refresh(c)
     return [{name: p.detach().clone() for name, p in m.named_parameters()} for m in replicas]
+
+
+def _copies(setup: TrainingSetup, model: DecoderLM) -> Bf16Copies | None:
+    """The bf16 copies ``bf16_mixed`` computes with, as the trainer keeps them (None otherwise)."""
+    return Bf16Copies(model) if setup.settings.precision is Precision.BF16_MIXED else None
+
+
+def _refresh(copies: Bf16Copies | None) -> None:
+    if copies is not None:
+        copies.refresh()
 
 
 def reference_shard(setup: TrainingSetup, parameters: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:

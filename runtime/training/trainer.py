@@ -8,7 +8,8 @@ and refuses what the runtime does not run, naming the field. :class:`Trainer` bu
 ``gradient_as_bucket_view`` (the first bucket capped at ``first_bucket_mb`` through DDP's
 ``bucket_cap_mb_list``, whose last cap repeats; never above ``bucket_cap_mb``, since DDP's own
 ``_BucketCapacityConfig`` never makes the first bucket the larger), registers the comm hook of :mod:`runtime.training.hooks`, and runs
-optimizer steps: ``gradient_accumulation`` micro-batches each (all but the last under
+optimizer steps (under ``bf16_mixed``, DDP's parameters are fp32 masters with bf16 copies the
+kernels read: :mod:`runtime.training.precision`): ``gradient_accumulation`` micro-batches each (all but the last under
 ``no_sync()`` when ``training.no_sync``), the loss of each scaled by 1 / accumulation so that the
 accumulated gradient is the mean over the rank's rows, then the optimizer (torch.optim's, or
 ``ZeroRedundancyOptimizer`` for ``zero: 1``), then, under parameter averaging, the mean of the
@@ -41,6 +42,7 @@ from models.training import Optimizer, Precision
 from runtime.device import device_of
 from runtime.training.hooks import BucketAllreduce, BucketCall, average_parameters
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
+from runtime.training.precision import Bf16Copies
 from runtime.training.ranks import TrainingRanks
 from sim.collectives.registry import AUTO
 from sim.training_config import Averaging, TrainingSettings, TrainingWorkload, micro_batching
@@ -58,8 +60,9 @@ class TrainingSetup:
     of tensor index 0), each replica of ``tensor`` tensor-parallel ranks.
 
     Raises (from :meth:`of`): ConfigError on ``training.allreduce: auto`` (the simulator's choice,
-    which no single run makes), and on ``training.zero: 1`` with parameter averaging (ZeRO-1
-    assumes replicas that agree after every step).
+    which no single run makes), on ``training.zero: 1`` with parameter averaging (ZeRO-1
+    assumes replicas that agree after every step) and with ``bf16_mixed`` (whose fp32 masters the
+    runtime does not shard).
     """
 
     name: str
@@ -81,6 +84,12 @@ class TrainingSetup:
         if settings.zero == 1 and settings.averaging is Averaging.PARAMETERS:
             raise ConfigError("training.zero", f"variant {variant.name}: ZeRO-1 shards the optimizer of replicas "
                                                f"that average gradients, not parameters (got 1)")
+        if settings.zero == 1 and settings.precision is Precision.BF16_MIXED:
+            # The simulator shards the fp32 masters with the states (Megatron's distributed
+            # optimizer); here they are DDP's parameters, whole on every rank.
+            raise ConfigError("training.zero", f"variant {variant.name}: the runtime's bf16_mixed keeps its fp32 "
+                                               f"master weights whole on every rank; use precision amp_bf16 or "
+                                               f"zero 0 (got 1)")
         micro, accumulation = micro_batching(workload, settings, len(group))
         return cls(variant.name, scenario.model, workload, settings, group, micro, accumulation, tensor)
 
@@ -119,9 +128,10 @@ def make_optimizer(parameters, settings: TrainingSettings, zero: bool = False,
 
 
 def autocast(precision: Precision, device: torch.device):
-    """The forward pass's precision context: bf16 autocast under ``bf16_mixed`` and ``amp_bf16`` (fp32 parameters,
-    gradients and optimizer states: torch's automatic mixed precision), else nothing."""
-    if precision in (Precision.BF16_MIXED, Precision.AMP_BF16):
+    """The forward pass's precision context: bf16 autocast under ``amp_bf16`` (fp32 parameters,
+    gradients and optimizer states: torch's automatic mixed precision), else nothing (``bf16_mixed``
+    computes with bf16 weights: :mod:`runtime.training.precision`)."""
+    if precision is Precision.AMP_BF16:
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 
@@ -195,6 +205,8 @@ class Trainer:
                                     s.overlap, average=s.averaging is Averaging.GRADIENTS,
                                     process_group=self.process_group)
         self.ddp.register_comm_hook(None, self.hook.comm_hook)
+        # After DDP's broadcast of the parameters from rank 0, so every rank copies the same.
+        self.copies = Bf16Copies(model) if s.precision is Precision.BF16_MIXED else None
         self.optimizer = make_optimizer(list(self.ddp.parameters()), s, zero=s.zero == 1,
                                         process_group=self.process_group)
 
@@ -232,18 +244,25 @@ class Trainer:
         start = self._now()
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self._refresh_copies()
         timing.optimizer = (start, self._now())
         if setup.averages_after(step):
             start = self._now()
             average_parameters(list(self.ddp.parameters()), self.data_group, self.rank, s.allreduce, self.host_groups,
                                process_group=self.process_group)
+            self._refresh_copies()
             timing.averaging = (start, self._now())
         timing.end_s = timing.averaging[1] if timing.averaging else timing.optimizer[1]
         timing.buckets = self.hook.take_calls()
         return timing
 
+    def _refresh_copies(self) -> None:
+        if self.copies is not None:
+            self.copies.refresh()
+
     def parameters(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of every parameter, by name (the module's, without DDP's prefix)."""
+        """A CPU copy of every parameter, by name (the module's, without DDP's prefix; the fp32
+        masters under ``bf16_mixed``)."""
         return {name: p.detach().cpu().clone() for name, p in self.ddp.module.named_parameters()}
 
     def _now(self) -> float:
