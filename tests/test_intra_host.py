@@ -21,9 +21,9 @@ CONTEXT = CalibrationContext("synthetic", (("cpu", "fp32", 4),), (2, 2), (INTER,
 SIZES = (1024, 16384, 262144, 4194304)
 
 
-def _rows(terms: TransportTerms, group: tuple[int, ...]) -> pd.DataFrame:
+def _rows(terms: TransportTerms, group: tuple[int, ...], context: CalibrationContext = CONTEXT) -> pd.DataFrame:
     """Isolated reduce timings over ``group`` of the calibrated cluster, as ``terms`` price them."""
-    topology = context_topology(CONTEXT)
+    topology = context_topology(context)
     hosts = topology.host_groups(group)
     return pd.DataFrame([{"op": "reduce", "algorithm": "library", "group_size": len(group), "num_hosts": len(hosts),
                           "size_bytes": n, "median": price(build_schedule("reduce", "library", group, n, root=0,
@@ -60,6 +60,17 @@ def test_a_collective_inside_a_host_takes_the_intra_host_ping_pongs_overhead_not
     assert inside[("reduce", "library")].per_message_s == pytest.approx(
         message_overhead_s(pings, CONTEXT, LinkClass.INTRA_HOST)) == pytest.approx(0.3e-3)
     assert inside[("reduce", "library")].latencies_per_message == spanning[("reduce", "library")].latencies_per_message
+
+
+def test_a_spanning_overhead_above_the_intra_host_ping_pongs_still_prices_a_group_inside_a_host():
+    # Over links without delay the spanning sweep identifies the library's own overhead (0.6 ms),
+    # which a message inside a host pays too: the ping-pongs' 0.3 ms is only its floor.
+    plain = CalibrationContext("plain", (("cpu", "fp32", 4),), (2, 2), (Link(LinkClass.INTER_HOST, 12.5e6, 0.0, None),
+                                                                        INTRA), cores=2, backend="gloo/tcp")
+    rows = _rows(_terms(0.6e-3), (0, 1, 2, 3), plain)
+    spanning = fit_profile(rows, plain, pings=_pings(0.3e-3))
+    assert spanning[("reduce", "library")].per_message_s > 0.3e-3
+    assert fit_intra_host(rows, _pings(0.3e-3), plain, spanning) == {}
 
 
 def test_the_sweep_over_one_hosts_ranks_prices_a_collective_inside_a_host_and_leaves_the_spanning_fit_alone():
