@@ -64,6 +64,7 @@ def call_errors(clusters) -> pd.DataFrame:
         calls = sorted({(str(a), int(s)) for a, s in zip(in_place["algorithm"], in_place["size_bytes"])})
         topology = build_topology(target.scenario.config.cluster)
         group = tuple(range(topology.num_ranks))
+        isolated = isolated[isolated["group_size"] == len(group)]  # not the sweep over one host's ranks
         schedules = {(a, s): build_schedule(OpKind.ALLREDUCE, a, group, s, host_groups=topology.host_groups(group))
                      for a, s in calls}
         sources = [(c.name, c.profile) for c in clusters] + [

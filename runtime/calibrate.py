@@ -16,7 +16,9 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
     (:func:`runtime.comm_timing.in_place_rows`), per plan op, kind, algorithm and size.
 * ``collective``: every algorithm the registry knows for each kind (and ``library``), in
   isolation over the scenario's tensor-parallel group, at 1 KiB x 4^k up to 64 MiB
-  (:class:`runtime.comm_timing.CollectiveSweep`), in rounds that take turns with the generations'.
+  (:class:`runtime.comm_timing.CollectiveSweep`), in rounds that take turns with the generations';
+  where the group spans hosts, over the first host's ranks too (``num_hosts`` 1), which price a
+  collective inside a host (:func:`sim.transport.fit_intra_host`).
 * ``compute_isolated``: the model's compute ops at each tensor-parallel width up to the group's,
   timed alone on the first rank while the others wait (:mod:`runtime.shape_bench`): what an op
   of another shard shape costs on a core of its own.
@@ -96,7 +98,8 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     # buffers raise this process's high-water mark.
     framework_bytes = generations.framework_bytes()
     sweep = CollectiveSweep(ranks, topology, rank, comm, max_call_s, heartbeat,
-                            algorithms=used_algorithms(scenario) if used_only else None, held_out=tuple(held_out_sizes))
+                            algorithms=used_algorithms(scenario) if used_only else None, held_out=tuple(held_out_sizes),
+                            one_host=True)
     # The generations and the sweep take turns, so that both sample the same stretch of a shared
     # machine's time (hetsim validate interleaves the measured generations too: runtime.interleaved).
     for index in range(repeats):

@@ -84,11 +84,14 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
-def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead_s: float) -> list[float]:
+def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead_s: float,
+                       members: tuple[int, ...] | None = None) -> list[float]:
     """``calls`` calls of ``fn``, the i-th started by every rank at one deadline + i x ``period_s``.
+    ``members``: the ranks whose calls are timed (None: every rank); the others take part in the
+    agreement and gather only (their ``fn`` a no-op).
 
     Returns:
-        Per call, the last rank's end less the last rank's start (s), on every rank.
+        Per call, the last member's end less the last member's start (s), on every rank.
     """
     first = _agreed_deadline(lead_s)
     spans = []
@@ -101,7 +104,22 @@ def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead
     every = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(every, local)
     stacked = torch.stack(every)  # [ranks, calls, (start, end)]
+    if members is not None:
+        stacked = stacked[list(members)]
     return (stacked[:, :, 1].max(dim=0).values - stacked[:, :, 0].max(dim=0).values).tolist()
+
+
+def one_host_group(ranks, topology) -> tuple[int, ...] | None:
+    """The ranks of ``ranks`` on ``ranks[0]``'s host, where ``ranks`` span hosts and that host
+    holds at least two of them; else None: the group a calibration sweeps besides the whole one,
+    so that a profile prices a collective inside a host from calls that stayed inside one
+    (:func:`sim.transport.fit_intra_host`), not from calls that all crossed the hosts' link."""
+    ranks = tuple(ranks)
+    hosts = topology.host_groups(ranks)
+    if len(hosts) < 2:
+        return None
+    host = next(tuple(group) for group in hosts if ranks[0] in group)
+    return host if len(host) >= 2 else None
 
 
 class CollectiveSweep:
@@ -118,51 +136,84 @@ class CollectiveSweep:
         held_out: sizes timed in the same rounds but written as ``collective_held_out`` rows, which
             the simulator does not read: checks of its interpolation that sampled the same
             stretch of the machine's time as the sizes it interpolates between.
+        one_host: also sweep, in the same rounds, the ranks of ``ranks[0]``'s host
+            (:func:`one_host_group`, where ``ranks`` span hosts): rows of their group size on
+            1 host, which price collectives inside a host; the other ranks sleep in the
+            round's agreement meanwhile. ``ranks`` must then be every rank of the run (the
+            host's process group is made over the default group).
     """
 
     def __init__(self, ranks, topology, rank: int, comm, max_call_s: float, heartbeat,
                  sizes: tuple[int, ...] = SIZES_BYTES, algorithms: dict[OpKind, tuple[str, ...]] | None = None,
-                 held_out: tuple[int, ...] = ()):
+                 held_out: tuple[int, ...] = (), one_host: bool = False):
         self.ranks, self.rank, self.comm, self.heartbeat = tuple(ranks), rank, comm, heartbeat
         self.sizes, self.held_out = tuple(sizes), tuple(held_out)
-        self.hosts = len(topology.host_groups(ranks))
+        self.topology = topology
+        groups = [self.ranks]
+        host = one_host_group(self.ranks, topology) if one_host else None
+        if host is not None:
+            process_group = dist.new_group(list(host))  # every rank of the run makes it
+            comm.process_groups.setdefault(host, process_group)
+            groups.append(host)
         # How long an agreed deadline takes to reach every rank: the lead every call starts after.
         self.lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
         self.cases = []  # (call, tensor): what is timed, found by warming each up in ascending sizes
         buffers: dict[int, torch.Tensor] = {}  # one per size, shared by the algorithms
-        for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
-            for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
-                for size in sorted(set(sizes) | set(held_out)):
-                    call = Collective(kind, algorithm, self.ranks, size, ranks[0] if kind != OpKind.ALLREDUCE else None)
-                    if size not in buffers:
-                        buffers[size] = torch.empty(size // 4, dtype=torch.float32)
-                    tensor = buffers[size].fill_(1.0)
-                    heartbeat(f"warming up {kind} {algorithm} {size // 1024} KiB")
-                    try:
-                        comm.run(call, tensor)  # warm-up, and it builds the schedule
-                    except ValueError:  # e.g. two_level_rs on hosts with different numbers of ranks
-                        break
-                    self.cases.append((call, tensor))
-                    if _slowest_s(lambda: comm.run(call, tensor)) > max_call_s:
-                        break
+        for group in groups:
+            for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
+                for algorithm in (algorithms or {}).get(kind, (LIBRARY, *ALGORITHMS[kind])):
+                    for size in sorted(set(sizes) | set(held_out)):
+                        call = Collective(kind, algorithm, group, size, group[0] if kind != OpKind.ALLREDUCE else None)
+                        if size not in buffers:
+                            buffers[size] = torch.empty(size // 4, dtype=torch.float32)
+                        tensor = buffers[size].fill_(1.0)
+                        heartbeat(f"warming up {kind} {algorithm} {size // 1024} KiB over {len(group)} ranks")
+                        # warm-up, and it builds the schedule; every rank agrees whether it could
+                        # (e.g. two_level_rs on hosts with different numbers of ranks cannot)
+                        if not _everyone(self._warm(call, tensor)):
+                            break
+                        self.cases.append((call, tensor))
+                        if _slowest_s(lambda: self._run(call, tensor)) > max_call_s:
+                            break
         self.times: list[list[float]] = [[] for _ in self.cases]
+
+    def _run(self, call: Collective, tensor: torch.Tensor) -> None:
+        if self.rank in call.group:  # a rank outside the call's group sleeps in the agreement
+            self.comm.run(call, tensor)
+
+    def _warm(self, call: Collective, tensor: torch.Tensor) -> bool:
+        try:
+            self._run(call, tensor)
+        except ValueError:
+            return False
+        return True
 
     def round(self, label: str) -> None:
         """Time every case once; ``label`` ("round 2 of 5") goes into the heartbeats."""
         for (call, tensor), spans in zip(self.cases, self.times):
-            self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB, {label}")
+            self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
+                           f"ranks, {label}")
             tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
-            spans += synchronised_times(lambda: self.comm.run(call, tensor), 1, 0.0, self.lead_s)
+            spans += synchronised_times(lambda: self._run(call, tensor), 1, 0.0, self.lead_s, members=call.group)
 
     def rows(self) -> list[dict]:
-        """Profile rows of every round so far on ``ranks[0]``; an empty list elsewhere."""
+        """Profile rows of every round so far on ``ranks[0]``; an empty list elsewhere. Each row
+        records its call's group shape (``group_size``, ``num_hosts``)."""
         if self.rank != self.ranks[0]:
             return []
         return [{"measurement": MeasurementKind.COLLECTIVE_HELD_OUT if call.size_bytes in self.held_out
                  and call.size_bytes not in self.sizes else MeasurementKind.COLLECTIVE, "op": str(call.kind),
-                 "algorithm": call.algorithm, "group_size": len(self.ranks), "num_hosts": self.hosts,
+                 "algorithm": call.algorithm, "group_size": len(call.group),
+                 "num_hosts": len(self.topology.host_groups(call.group)),
                  "size_bytes": call.size_bytes, "unit": "s", "method": ISOLATED_METHOD, **stats(spans)}
                 for (call, _), spans in zip(self.cases, self.times)]
+
+
+def _everyone(ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (a collective over the default group)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 class CallSpan(NamedTuple):

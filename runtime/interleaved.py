@@ -123,7 +123,8 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
         generations.round(0, timed=False)
         framework_bytes = generations.framework_bytes()  # before the sweep's buffers exist
         sweep = CollectiveSweep(ranks, topology, rank, comm, max_call_s, heartbeat,
-                                algorithms=used_algorithms(scenario) if used_only else None, held_out=held_out_sizes)
+                                algorithms=used_algorithms(scenario) if used_only else None, held_out=held_out_sizes,
+                                one_host=True)
         counts = torch.tensor([max(timed_rounds(repeats, min_timed_s, slowest_s), calibration_repeats)],
                               dtype=torch.int64, device=device)
         dist.broadcast(counts, src=ranks[0])

@@ -456,8 +456,8 @@ class NetworkChoice:
     phase_scales: dict = field(default_factory=dict)
 
 
-_FITS: dict[int, tuple[Profile, dict, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms,
-# ranks computing at once per calibrated phase): fitting takes seconds, the estimate tens of ms
+_FITS: dict[int, tuple[Profile, dict, dict, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms,
+# ranks computing at once per calibrated phase, terms inside a host): fitting takes seconds, the estimate tens of ms
 
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
@@ -480,7 +480,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     """
     from sim.concurrency import calibrated_concurrency
     from sim.context import compare, core_contention, profile_contexts, same_cluster
-    from sim.transport import TransportNetwork, default_terms, fit_hops, fit_profile
+    from sim.transport import TransportNetwork, default_terms, fit_hops, fit_intra_host, fit_profile
 
     contexts = profile_contexts(profile.rows)
     terms = compare(contexts, target)
@@ -491,22 +491,27 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     if cached is None or cached[0] is not profile:
         fitted: dict = {}
         hops: dict = {}
+        inside: dict = {}
         for context in contexts:  # a pool: each cluster's own sweep over its own links; first fit wins
             rows = profile.of(MeasurementKind.COLLECTIVE)
+            rows = rows[_rows_of(profile.rows, rows, context.name)]
             pings = profile.of(MeasurementKind.P2P)
+            pings = pings[_rows_of(profile.rows, pings, context.name)]
             calibrated = {d.rank: reduce_s_per_byte(d) for d in context_devices(context)}
-            for key, value in fit_profile(rows[_rows_of(profile.rows, rows, context.name)], context, calibrated,
-                                          pings[_rows_of(profile.rows, pings, context.name)]).items():
+            own = fit_profile(rows, context, calibrated, pings)
+            for key, value in own.items():
                 fitted.setdefault(key, value)
-            for key, value in fit_hops(pings[_rows_of(profile.rows, pings, context.name)], context).items():
+            for key, value in fit_intra_host(rows, pings, context, own, calibrated).items():
+                inside.setdefault(key, value)
+            for key, value in fit_hops(pings, context).items():
                 hops.setdefault(key, value)
         # one calibrated cluster's rows say how many of its ranks computed at once (a pool: every rank)
         concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
-        cached = _FITS[id(profile)] = (profile, fitted, hops, concurrency)
-    fitted, hops = cached[1], cached[2]
+        cached = _FITS[id(profile)] = (profile, fitted, hops, concurrency, inside)
+    fitted, hops, inside = cached[1], cached[2], cached[4]
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
-                               gap_s, hops=hops)
+                               gap_s, hops=hops, intra_host=inside)
     concurrency = cached[3] if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
                                                              concurrency)
@@ -517,10 +522,12 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     if any(floor_s > 0 for floor_s, _ in floors.values()):
         fitted = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in fitted.items()}
-        network.terms = fitted
+        inside = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in inside.items()}
+        network.terms, network.intra_host = fitted, inside
         network.default = replace(network.default, min_message_s=floors[False][0])
     sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())),
+               *(f"{kind} {algorithm} inside a host: {t.describe()}" for (kind, algorithm), t in sorted(inside.items())),
                *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())))
     return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales)
 
