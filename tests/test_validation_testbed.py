@@ -125,7 +125,8 @@ def test_calibrated_simulation_predicts_the_testbed(tmp_path):
                                                                           if after.startswith("3 ")]
     assert len({case for case, _ in sweep}) > 3
     # A held-out size is timed in those rounds, and kept out of what the simulator interpolates.
-    assert {case for case, after in sweep if after.startswith("2 ")} >= {"allreduce star 6 KiB", "reduce library 6 KiB"}
+    assert {case for case, after in sweep if after.startswith("2 ")} >= {"allreduce star 6 KiB over 2 ranks",
+                                                                         "reduce library 6 KiB over 2 ranks"}
     held = profile.of("collective_held_out")
     assert set(held["size_bytes"]) == {6144} and len(held) == len(profile.of("collective").drop_duplicates(
         ["op", "algorithm"]))
