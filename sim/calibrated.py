@@ -631,8 +631,7 @@ def _borrowed(fitted: dict):
                           float(np.median([t.bandwidth_efficiency for t in p2p])),
                           f"the median of the {len(p2p)} point-to-point schedules fitted",
                           notice_latencies=float(np.median([t.notice_latencies for t in p2p])),
-                          sender_done_on_write=all(t.sender_done_on_write for t in p2p),
-                          send_buffer_bytes=min(t.send_buffer_bytes for t in p2p))
+                          sender_done_on_write=all(t.sender_done_on_write for t in p2p))
 
 
 def context_devices(context) -> tuple[Device, ...]:

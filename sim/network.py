@@ -503,7 +503,7 @@ class _FlowRun(_ScheduleRun):
     projected ends sit in a heap whose stale entries are skipped.
     """
 
-    _LATENCY_OVER, _REDUCED, _DELIVERED, _SENT = 0, 1, 2, 3
+    _LATENCY_OVER, _REDUCED, _DELIVERED = 0, 1, 2
 
     def __init__(self, schedule: CommSchedule, links: Links, tokens_bytes: Mapping[int, float] | None = None):
         super().__init__(schedule, links)
@@ -551,8 +551,6 @@ class _FlowRun(_ScheduleRun):
                     self._complete(self.transfers[f].dst, f)
                 elif kind == self._DELIVERED:  # a subclass's payload, in flight after its sender was done
                     self._delivered(f)
-                elif kind == self._SENT:  # a subclass's sender, done before its bytes are through
-                    self._sent(f)
                 elif self.transfers[f].size_bytes:
                     self._latency_over(f)
                 else:
@@ -596,10 +594,6 @@ class _FlowRun(_ScheduleRun):
 
     def _reduce_until(self, time_s: float, transfer: int) -> None:
         self._push(time_s, self._REDUCED, transfer)
-
-    def _sent(self, transfer: int) -> None:
-        """A ``_SENT`` event of ``transfer`` is due; only subclasses that push them define it."""
-        raise NotImplementedError
 
 
 def max_min_rates(flows_per_route: Mapping[int, int], routes: Sequence[Sequence[int]],

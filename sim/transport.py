@@ -88,10 +88,6 @@ class TransportTerms:
         sender_done_on_write: the sender is done once its payload is written, the payload's
             latencies before it arrives (a send over TCP completes when the kernel has taken
             the bytes: gloo's ``transport/tcp/pair.cc``), not on its arrival.
-        send_buffer_bytes: where the sender is done on writing, how many of its payload's bytes
-            the kernel's socket send buffer takes before they are on the wire (bytes; 0: none):
-            the sender is done once the bytes it has not yet put on the wire fit in it, the
-            receiver when the last of them arrives (:class:`_TransportRun`).
         source: where the terms come from (fitted on which rows, or a documented default).
     """
 
@@ -103,16 +99,14 @@ class TransportTerms:
     min_message_s: float = 0.0
     notice_latencies: float = 0.0
     sender_done_on_write: bool = False
-    send_buffer_bytes: int = 0
 
     def describe(self) -> str:
         call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
         if self.min_message_s:
             call += f"at least {self.min_message_s * 1e3:.2f} ms (core contention), "
         notice = f" ({self.notice_latencies:g} of them the receiver's ready notice)" if self.notice_latencies else ""
-        buffer = f", senders done with {self.send_buffer_bytes / 2**20:g} MiB unsent" if self.send_buffer_bytes else ""
         return (f"{call}{self.per_message_s * 1e3:.3g} ms + {self.latencies_per_message:g} latencies per message"
-                f"{notice}, {self.bandwidth_efficiency:.0%} of the bandwidth{buffer} ({self.source})")
+                f"{notice}, {self.bandwidth_efficiency:.0%} of the bandwidth ({self.source})")
 
 
 class _TransportLinks(Links):
@@ -213,12 +207,6 @@ class _TransportRun(_FlowRun):
     * Where the sender is done on writing its payload (``sender_done_on_write``), its bytes
       flow first and travel the payload's latencies after: the sender goes on to its next step
       that much before the receiver has them.
-    * Where the kernel's send buffer takes part of the payload (``send_buffer_bytes``), the sender
-      is done once the bytes it has not yet put on the wire fit in the buffer: at the point of its
-      flow where ``send_buffer_bytes`` are left at the flow's current rate (recomputed whenever
-      the rates change; at once for a payload that fits), the receiver once the last byte is in.
-      A gloo send completes when its last byte is written to the socket (gloo
-      ``transport/tcp/pair.cc``), which the kernel accepts while it has buffer room (tcp(7)).
     * No message takes less than its step's contention floor (:meth:`_TransportLinks.floor_s`)
       from both ends being ready to its last byte: a message whose wire time is shorter waits out
       the rest before its bytes flow (both ends scheduled onto a core).
@@ -234,9 +222,6 @@ class _TransportRun(_FlowRun):
         self.notice_s = [links.notice_s(t.dst, t.src) for t in self.transfers]
         self.notice_at = [0.0] * len(self.transfers)  # when each receiver's notice reaches its sender
         self.in_flight_s = [links.payload_latency_s(t.src, t.dst) for t in self.transfers]
-        self.buffer_bytes = links.terms.send_buffer_bytes if links.terms.sender_done_on_write else 0
-        self.release: dict[int, float] = {}  # projected time each flowing payload's sender is done
-        self.sent: set[int] = set()  # transfers whose sender is done
 
     def _enter(self, rank: int, position: int) -> None:
         # A rank that arrived early posted on arriving the receives of the steps that wait for none
@@ -259,33 +244,11 @@ class _TransportRun(_FlowRun):
                        self.now + self.floor[transfer] - wire_s - self.in_flight_s[transfer]),
                    self._LATENCY_OVER, transfer)
 
-    def _reshare(self) -> None:
-        super()._reshare()
-        if not self.buffer_bytes:
-            return
-        for f, finish in self.end.items():
-            if f not in self.sent:
-                release = max(self.now, finish - self.buffer_bytes / self.route_rate[self.route[f].id])
-                if release != self.release.get(f):
-                    self.release[f] = release
-                    self._push(release, self._SENT, f)
-
-    def _sent(self, transfer: int) -> None:
-        # Stale where the flow's rate changed since: a later release pushed its own event.
-        if transfer not in self.sent and self.release[transfer] <= self.now * (1 + 1e-12) + 1e-15:
-            self.sent.add(transfer)
-            del self.release[transfer]
-            self._complete(self.transfers[transfer].src, transfer)
-
     def _arrived(self, transfer: int) -> None:
-        if transfer not in self.sent:  # written: the sender goes on
-            self.sent.add(transfer)
-            self.release.pop(transfer, None)
-            self._complete(self.transfers[transfer].src, transfer)
-        if self.in_flight_s[transfer]:
-            self._push(self.now + self.in_flight_s[transfer], self._DELIVERED, transfer)
-        else:
-            self._delivered(transfer)
+        if not self.in_flight_s[transfer]:
+            return super()._arrived(transfer)
+        self._complete(self.transfers[transfer].src, transfer)  # written: the sender goes on
+        self._push(self.now + self.in_flight_s[transfer], self._DELIVERED, transfer)
 
 
 def price(schedule: CommSchedule, topology: Topology, terms: TransportTerms,
@@ -482,8 +445,7 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
     """The :class:`TransportTerms` minimising the squared log error of ``schedules`` priced over
     ``topology`` against their ``measured`` times (s): a grid over latency counts ``counts`` and
     bandwidth efficiencies, the overhead per message solved on a fine grid for each (up to
-    ``overhead_s`` where given); the rendezvous (``notice_latencies``, ``sender_done_on_write``, ``send_buffer_bytes``) is the backend's
-    ``default``. A
+    ``overhead_s`` where given); the rendezvous (``notice_latencies``, ``sender_done_on_write``) is the backend's ``default``. A
     pipeline hop is fitted and priced alike, both ends entering at once (its receiver's notice
     paid in both), so a hop costs its ping-pong."""
     log_measured = np.log(np.array(measured))
@@ -491,7 +453,7 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
     for count in counts:
         for efficiency in _EFFICIENCIES:
             trial = TransportTerms(0.0, count, efficiency, "", notice_latencies=min(count, default.notice_latencies),
-                                   sender_done_on_write=default.sender_done_on_write, send_buffer_bytes=default.send_buffer_bytes)
+                                   sender_done_on_write=default.sender_done_on_write)
             base = np.array([price(s, topology, trial, reduce_s_per_byte, cores).duration_s for s in schedules])
             probe = np.array([price(s, topology, replace(trial, per_message_s=1e-3), reduce_s_per_byte,
                                     cores).duration_s for s in schedules])
@@ -507,7 +469,7 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
     rms = float(np.sqrt(loss / len(schedules)))
     return TransportTerms(overhead, count, efficiency, f"{source}, rms log error {rms:.2f}",
                           notice_latencies=min(count, default.notice_latencies),
-                          sender_done_on_write=default.sender_done_on_write, send_buffer_bytes=default.send_buffer_bytes)
+                          sender_done_on_write=default.sender_done_on_write)
 
 
 def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerms]:
@@ -555,8 +517,7 @@ class TransportDefault:
     library's own collectives and for point-to-point schedules, a per-call cost, its source, and
     how many of a point-to-point message's latencies are the receiver's ready notice
     (:attr:`TransportTerms.notice_latencies`), and whether a sender is done on writing its
-    payload (:attr:`TransportTerms.sender_done_on_write`) with how much of it its socket's send
-    buffer takes (:attr:`TransportTerms.send_buffer_bytes`)."""
+    payload (:attr:`TransportTerms.sender_done_on_write`)."""
 
     library: tuple[float, float]
     point_to_point: tuple[float, float]
@@ -564,17 +525,6 @@ class TransportDefault:
     source: str
     point_to_point_notice: float = 0.0
     sender_done_on_write: bool = False
-    send_buffer_bytes: int = 0
-
-
-# A TCP socket's send buffer as Linux sizes it on a connection that has carried traffic: it starts at
-# net.ipv4.tcp_wmem's default (16 KiB) and autotuning grows it with the congestion window up to
-# tcp_wmem's max, 4 MiB (tcp(7), ``tcp_wmem``; Linux ``net/ipv4/tcp_input.c``,
-# ``tcp_sndbuf_expand``: twice the window's worth of segments), and never shrinks it but under memory
-# pressure. gloo's pairs live for the whole run and do not set SO_SNDBUF (gloo
-# ``gloo/transport/tcp/pair.cc``), so their buffers are autotuned; the testbed's hosts keep the
-# kernel's defaults (``/proc/sys/net/ipv4/tcp_wmem``: 4096 16384 4194304).
-TCP_SEND_BUFFER_BYTES = 4 * 2**20
 
 
 class NcclProtocol(str, Enum):
@@ -624,8 +574,7 @@ def _nccl_default(transport: Transport, name: str) -> TransportDefault:
 # (gloo's allreduce as its ring of two segments in flight, with the notice: a median of 0.29 ms).
 DEFAULTS: dict[Transport, TransportDefault] = {
     Transport.GLOO_TCP: TransportDefault((0.3e-3, 1.0), (0.5e-3, 2.0), 0.0,
-                                         "gloo/tcp default: medians of the shipped profiles' fits", 1.0, True,
-                                         TCP_SEND_BUFFER_BYTES),
+                                         "gloo/tcp default: medians of the shipped profiles' fits", 1.0, True),
     Transport.NCCL_NVLINK: _nccl_default(Transport.NCCL_NVLINK, "nccl/nvlink"),
     Transport.NCCL_PCIE: _nccl_default(Transport.NCCL_PCIE, "nccl/pcie"),
     Transport.NCCL_NET: _nccl_default(Transport.NCCL_NET, "nccl/net (InfiniBand/RoCE)"),
@@ -674,7 +623,7 @@ def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP, kin
     if algorithm == LIBRARY:
         latencies += notice
     return TransportTerms(overhead_s, latencies, 1.0, default.source, default.per_call_s, notice_latencies=notice,
-                          sender_done_on_write=default.sender_done_on_write, send_buffer_bytes=default.send_buffer_bytes)
+                          sender_done_on_write=default.sender_done_on_write)
 
 
 def group_transport(topology: Topology, group: tuple[int, ...]) -> Transport:

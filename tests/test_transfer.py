@@ -458,56 +458,14 @@ def test_a_receiver_that_arrived_early_has_sent_its_notice_and_a_sender_goes_on_
     assert broadcast.duration_s - broadcast.finish_s[0] == pytest.approx(latency_s, abs=1e-5)
 
 
-def test_a_broadcast_root_whose_payload_fits_its_send_buffer_is_done_before_the_leaves_receive():
-    """gloo's send completes once the kernel has taken its bytes (gloo ``transport/tcp/pair.cc``):
-    a root whose 1 MB fits its socket's send buffer goes on as soon as the receivers' notices
-    came, while each leaf waits for the bytes at 200 Mbit/s, the two payloads now sharing the
-    root's NIC; without the buffer the root waits until its last byte is on the wire."""
-    from sim.collectives.registry import build_schedule
-    from sim.transport import TransportNetwork
-
-    topology = _three_hosts()
-    latency_s = topology.path_latency_s(0, 1)
-    schedule = build_schedule("broadcast", "binomial", (0, 1, 2), 10**6, root=0)
-    buffered = TransportNetwork(topology, None, {}, _gloo_point_to_point(send_buffer_bytes=4 * 2**20)).time(schedule)
-    unbuffered = TransportNetwork(topology, None, {}, _gloo_point_to_point()).time(schedule)
-    wire_s = 10**6 / 25e6  # 200 Mbit/s
-    # the leaves posted their receives on entering: their notices are in after one latency
-    assert buffered.finish_s[0] == pytest.approx(latency_s, abs=1e-5)
-    assert unbuffered.finish_s[0] > buffered.finish_s[0] + wire_s
-    assert buffered.duration_s == pytest.approx(unbuffered.duration_s, rel=1e-9)  # 2 MB over one NIC
-    for leaf in (1, 2):
-        assert buffered.finish_s[leaf] > buffered.finish_s[0] + wire_s
-
-
-def test_a_message_beyond_the_send_buffer_holds_its_sender_until_the_rest_fits():
-    """A 4 MB send with a 1 MB buffer: its sender is done when 1 MB is left to put on the wire,
-    at the flow's rate (1 MB / 25 MB/s = 40 ms before its last byte), the receiver when all
-    4 MB are in; a send that fits is done at once."""
-    from sim.collectives.registry import build_schedule
-    from sim.transport import TransportNetwork
-
-    topology = _three_hosts()
-    buffer_bytes = 10**6
-    network = TransportNetwork(topology, None, {}, _gloo_point_to_point(send_buffer_bytes=buffer_bytes))
-    unbuffered = TransportNetwork(topology, None, {}, _gloo_point_to_point())
-    large = build_schedule("broadcast", "binomial", (0, 1), 4 * 10**6, root=0)
-    timing, reference = network.time(large), unbuffered.time(large)
-    assert timing.finish_s[0] == pytest.approx(reference.finish_s[0] - buffer_bytes / 25e6, rel=1e-9)
-    assert timing.finish_s[1] == pytest.approx(reference.finish_s[1], rel=1e-9)
-    small = network.time(build_schedule("broadcast", "binomial", (0, 1), buffer_bytes, root=0))
-    assert small.finish_s[0] == pytest.approx(topology.path_latency_s(0, 1), abs=1e-5)  # the notice only
-
-
 def test_gloo_defaults_carry_the_rendezvous_and_nccl_defaults_do_not():
     from sim.transport import Transport, default_terms
 
     point_to_point = default_terms("recursive_doubling")
     assert point_to_point.latencies_per_message == 2.0 and point_to_point.notice_latencies == 1.0
     assert point_to_point.sender_done_on_write and default_terms("library").notice_latencies == 0.0
-    assert point_to_point.send_buffer_bytes == default_terms("library", kind="broadcast").send_buffer_bytes == 4 * 2**20
     nccl = default_terms("ring", Transport.NCCL_NET)
-    assert nccl.notice_latencies == 0.0 and not nccl.sender_done_on_write and not nccl.send_buffer_bytes
+    assert nccl.notice_latencies == 0.0 and not nccl.sender_done_on_write
 
 
 def test_ranks_idle_at_a_segments_start_have_posted_the_receive_of_its_first_collective():
