@@ -80,9 +80,6 @@ class SegmentResult:
 
     ``starts[r][i]`` / ``ends[r][i]``: start and end of op ``i`` of rank ``r``'s program;
     ``algorithms[call]``: (kind, algorithm) a collective call resolved to (``auto`` becomes a name).
-    ``duration_s``: the engine's, until its last op ends; a phase's result
-    (:func:`sim.rank_clocks.run_phase_segments`), until the next instance starts (its first
-    rank's leaving).
     """
 
     starts: dict[int, np.ndarray]

@@ -1,9 +1,8 @@
 """Programs: the typed ops a rank runs, grouped into segments and forward passes.
 
 A strategy (:mod:`sim.strategies`) lowers a forward pass into a :class:`Phase`: a sequence of
-:class:`Segment` s, each a set of per-rank programs; the runtime runs a rank's program straight
-through them, and the simulator carries each rank's clock from one to the next
-(:mod:`sim.rank_clocks`). A segment that repeats (every decoder layer but the last) appears once with
+:class:`Segment` s, each a set of per-rank programs that begins with every rank idle and ends when
+the last rank is done. A segment that repeats (every decoder layer but the last) appears once with
 a repeat count, which is what lets the simulator price an 80-layer model as three segments.
 
 Ops carry their costs (FLOPs, bytes) and memory effects, never durations, and say what they do in
@@ -189,8 +188,7 @@ class Op:
 
 @dataclass(frozen=True)
 class Segment:
-    """Per-rank programs lowered and priced as a unit (a rank enters it when it left the one
-    before: :mod:`sim.rank_clocks`). ``programs[r]`` may be empty.
+    """Per-rank programs between two points where every rank is idle. ``programs[r]`` may be empty.
     ``layers``: decoder layers one instance of the segment runs (1 for a layer segment, 0 for the
     prologue and for an unrolled pass whose ops carry their own ``layer``)."""
 
