@@ -39,12 +39,10 @@ Semantics (what the tests pin down):
   (``comm_thread``: a training bucket's messages, :mod:`sim.training.comm_thread`) only waits for
   a core: nothing where one is free as it starts, else its work shares the cores like compute.
   Pools with enough cores change nothing.
-* A segment starts with every rank idle at time 0 and lasts until its last op ends, unless the
-  caller says when each rank is free to start (``ready_s``: the ranks' own clocks carried across
-  a phase's segments, :mod:`sim.rank_clocks`). Idle since before: a rank free from time 0 whose
-  first op is a collective that another rank reaches later has been waiting in it (a network
-  that prices arrivals, :class:`sim.network.CollectivePricer`, sees it arrive long before the
-  last).
+* A segment starts with every rank idle at time 0 and lasts until its last op ends. Idle since
+  before: a rank whose first op is a collective that another rank reaches later has been waiting
+  in it (a network that prices arrivals, :class:`sim.network.CollectivePricer`, sees it arrive
+  long before the last).
 * A segment whose every op waits for the previous op of its rank and whose collectives keep their
   priced timings (no loads, no contention) is computed without simpy, by simpy's arithmetic
   (an event at ``now + delay``): the same times, bit for bit, at a fraction of the cost.
@@ -55,7 +53,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 import numpy as np
 import simpy
@@ -110,11 +108,8 @@ class Engine:
         self._unbucketed = None if any(self.links.burst) else BucketClock(self.links, self._idle_fluid, self._drained)
         self._footprints: dict[tuple, frozenset[int]] = {}
 
-    def run_segment(self, segment: Segment, ready_s: Mapping[int, float] | None = None) -> SegmentResult:
-        """Simulate one instance of ``segment``; see the module docstring for the semantics.
-        ``ready_s``: per rank, when it is free to start its program, from the instance's start
-        (s, >= 0; a rank missing or None: at 0)."""
-        ready = {r: 0.0 for r in segment.programs} | {r: t for r, t in (ready_s or {}).items() if r in segment.programs}
+    def run_segment(self, segment: Segment) -> SegmentResult:
+        """Simulate one instance of ``segment``; see the module docstring for the semantics."""
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         algorithms: dict[int, tuple[str, str]] = {}
@@ -124,11 +119,11 @@ class Engine:
         clock = self._bucket_clock()
         for _ in range(2):
             if shared or pools or any(op.load is not None for op in ops):
-                self._run_events(segment, shared, starts, ends, algorithms, clock, pools, ready)
+                self._run_events(segment, shared, starts, ends, algorithms, clock, pools)
             elif all(op.after is None for op in ops):
-                self._run_in_order(segment, starts, ends, algorithms, clock, ready)
+                self._run_in_order(segment, starts, ends, algorithms, clock)
             else:
-                self._run_dag(segment, starts, ends, algorithms, clock, ready)
+                self._run_dag(segment, starts, ends, algorithms, clock)
             duration = max((float(e.max()) for e in ends.values() if len(e)), default=0.0)
             left = clock.left_at(duration)
             if segment.repeat == 1 or left == clock.full():
@@ -138,15 +133,13 @@ class Engine:
             clock = self._bucket_clock(left)
         return SegmentResult(starts, ends, duration, algorithms)
 
-    def _run_in_order(self, segment: Segment, starts, ends, algorithms, clock: BucketClock,
-                      ready: dict[int, float] | None = None) -> None:
+    def _run_in_order(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
         """The simpy run of a segment whose programs run in order and whose collectives keep their
         priced timings, without simpy: each rank runs until a collective, the last arrival starts
         it. The arithmetic is simpy's (an event at ``now + delay``), so the times are the same bits."""
         programs = segment.programs
         position = dict.fromkeys(programs, 0)
-        ready = ready or dict.fromkeys(programs, 0.0)
-        now = dict(ready)
+        now = dict.fromkeys(programs, 0.0)
         waiting: dict[int, list[tuple[int, int]]] = {}  # call -> [(rank, op index)] arrived
         runnable = sorted(programs)
         while runnable:
@@ -168,8 +161,7 @@ class Engine:
                     arrived.append((rank, i))
                     if len(arrived) == _members(op, programs):
                         start = max(starts[r][j] for r, j in arrived)
-                        timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j, ready[r])
-                                                               for r, j in arrived})
+                        timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j in arrived})
                         timing = self._after_buckets(clock, op, algorithms, timing, start)
                         first = op.collective.group[0]
                         for r, j in arrived:
@@ -183,8 +175,7 @@ class Engine:
                     position[rank] = i
             runnable = sorted(set(released))
 
-    def _run_dag(self, segment: Segment, starts, ends, algorithms, clock: BucketClock,
-                 ready: dict[int, float] | None = None) -> None:
+    def _run_dag(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
         """The simpy run of a segment whose ops wait for other streams' ops (``Op.after``) but
         whose collectives keep their priced timings and which loads nothing, without simpy: each
         stream runs until an op whose dependencies are not done or a collective whose group has
@@ -197,8 +188,7 @@ class Engine:
             for i, op in enumerate(programs[rank]):
                 queues.setdefault((rank, op.stream), []).append(i)
         position = dict.fromkeys(queues, 0)
-        ready = ready or dict.fromkeys(programs, 0.0)
-        stream_end = {key: ready[key[0]] for key in queues}
+        stream_end = dict.fromkeys(queues, 0.0)
         done = {rank: [False] * len(program) for rank, program in programs.items()}
         waiters: dict[tuple[int, int], list[tuple[int, Stream]]] = {}  # (rank, op) -> streams blocked on it
         arrivals: dict[int, list[tuple[int, int, tuple[int, Stream]]]] = {}  # call -> [(rank, op, stream)]
@@ -242,8 +232,7 @@ class Engine:
                 if len(members) < _members(op, programs):
                     break
                 start = max(starts[r][j] for r, j, _ in members)
-                timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j, ready[r])
-                                                       for r, j, _ in members})
+                timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j, _ in members})
                 timing = self._after_buckets(clock, op, algorithms, timing, start)
                 first = op.collective.group[0]
                 for r, j, stream in members:
@@ -255,7 +244,7 @@ class Engine:
                         work.append(stream)
 
     def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms, clock: BucketClock,
-                    pools: tuple[CorePool, ...] = (), ready: dict[int, float] | None = None) -> None:
+                    pools: tuple[CorePool, ...] = ()) -> None:
         """Simulate ``segment`` in simpy, on a :class:`Fabric` shared by its transfers, the compute
         of the ranks of ``pools`` on their processor-sharing servers; the fabric's channels and
         the others' share ``clock``'s buckets."""
@@ -276,15 +265,12 @@ class Engine:
             for indices in groups:
                 if indices:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
-                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank), clock,
-                                             ready.get(rank, 0.0) if ready else 0.0))
+                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank), clock))
         env.run()
 
     def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
-                segment_programs, cpu=None, clock=None, ready_s=0.0):
+                segment_programs, cpu=None, clock=None):
         device = self.topology.devices[rank]
-        if ready_s:
-            yield env.timeout(ready_s)
         for i in indices:
             op: Op = program[i]
             for dep in op.after if op.after is not None else ((i - 1,) if i else ()):
@@ -303,10 +289,9 @@ class Engine:
                 on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None, {}, None])
                 entry[0] += 1
-                entry[3][rank] = (env.now, i, ready_s)
+                entry[3][rank] = (env.now, i)
                 if entry[0] == _members(op, segment_programs):
-                    entry[4] = self._timing(op, algorithms, {r: _arrival(t - env.now, j, free_s)
-                                                             for r, (t, j, free_s) in entry[3].items()})
+                    entry[4] = self._timing(op, algorithms, {r: _arrival(t - env.now, j) for r, (t, j) in entry[3].items()})
                     if on_fabric:
                         entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], entry[4])
                     else:  # the fabric follows its own channels' buckets
@@ -441,11 +426,11 @@ def _message(src: int, dst: int, size_bytes: int) -> CommSchedule:
     return CommSchedule(OpKind.SEND, P2P, (src, dst), None, size_bytes, ((Transfer(src, dst, size_bytes, False),),))
 
 
-def _arrival(offset_s: float, index: int, ready_s: float) -> float:
+def _arrival(offset_s: float, index: int) -> float:
     """When a rank arrived at a collective, relative to the last arrival (s): ``offset_s``, or long
-    before where the collective is the rank's first op, the rank was free from the segment's
-    start (``ready_s`` 0) and another rank came later: it was idle before the segment began."""
-    return -math.inf if index == 0 and offset_s < 0 and not ready_s else offset_s
+    before where the collective is the rank's first op and another rank came later: it was idle
+    before the segment began."""
+    return -math.inf if index == 0 and offset_s < 0 else offset_s
 
 
 def _members(op: Op, programs: dict[int, tuple[Op, ...]]) -> int:

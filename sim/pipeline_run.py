@@ -43,7 +43,6 @@ from sim.fabric import Fabric
 from sim.memory import PhaseMemory, phase_memory
 from sim.pipeline import Hop, PipelinePlan
 from sim.plan import MemoryCategory, Stream
-from sim.rank_clocks import run_phase_segments, split_like
 from sim.timeline import PhaseRun, RunResult, simulate_run
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns
@@ -125,7 +124,7 @@ class PipelinePhaseRun:
             if key not in columns:
                 twin = self.twins[key]
                 if twin not in columns:
-                    phase = split_like(self.plan.stage_plan(twin[0], task.micro_batch).phase(self.step), run.phase)
+                    phase = self.plan.stage_plan(twin[0], task.micro_batch).phase(self.step)
                     ops, memory = phase_columns(PhaseRun(phase, run.results, run.duration_s, run.memory), 0.0,
                                                 dict.fromkeys(run.memory, 0.0))
                     ranks, index = np.unique(memory["rank"], return_inverse=True)
@@ -189,7 +188,9 @@ class PipelineRunner:
                     passes[key] = PhaseRun(run.phase, tuple(_relabel(res, ranks) for res in run.results),
                                            run.duration_s, {ranks[r]: mem for r, mem in run.memory.items()})
                     continue
-                phase, results, duration = run_phase_segments(self.engine, plan.stage_plan(s, j).phase(step))
+                phase = plan.stage_plan(s, j).phase(step)
+                results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
+                duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
                 # Memory of the pass alone (from nothing resident): from any start, a pass's memory is
                 # that start plus this (sim.memory.phase_memory adds every event to the start).
                 passes[key] = PhaseRun(phase, results, duration, {
@@ -205,8 +206,8 @@ class PipelineRunner:
                         peak = sum(current.values()) + alone.peak_bytes
                         peak_by_category = {c: current[c] + alone.peak_by_category[c] for c in MemoryCategory}
                     if overflow is None and peak > capacity:
-                        overflow = phase_memory(split_like(plan.stage_plan(s, j).phase(step), run.phase), run.results,
-                                                r, current, capacity, start_s).overflow
+                        overflow = phase_memory(plan.stage_plan(s, j).phase(step), run.results, r, current,
+                                                capacity, start_s).overflow
                     current = {c: current[c] + alone.end_by_category[c] for c in MemoryCategory}
                 memory[r] = PhaseMemory(peak, peak_by_category, current, overflow)
         phase_kind = PhaseKind.of_step(step)

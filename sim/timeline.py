@@ -25,7 +25,6 @@ import numpy as np
 from sim.engine import Engine, SegmentResult
 from sim.memory import Overflow, PhaseMemory, phase_memory
 from sim.plan import MemoryCategory, Phase, Plan
-from sim.rank_clocks import run_phase_segments
 from sim.topology import Topology
 from sim.vocabulary import PhaseKind
 
@@ -77,7 +76,9 @@ class _Runner:
         self.plan, self.engine, self.topology = plan, engine, topology
 
     def run_phase(self, step: int, start: dict[int, dict[MemoryCategory, int]], start_s: float) -> PhaseRun:
-        phase, results, duration = run_phase_segments(self.engine, self.plan.phase(step))
+        phase = self.plan.phase(step)
+        results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
+        duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
         memory = {r: phase_memory(phase, results, r, start[r], self.topology.devices[r].memory_capacity_bytes,
                                   start_s) for r in self.plan.ranks}
         return PhaseRun(phase, results, duration, memory)
@@ -133,10 +134,8 @@ def simulate_run(plan: Plan, engine: Engine, topology: Topology, runner=None) ->
                 intervals.append((a, b))
                 continue
             m = (a + b) // 2
-            # Steps whose ranks' clocks split a segment differently (sim.rank_clocks) have
-            # signatures of different lengths: not one linear piece.
-            if sig(a).shape == sig(b).shape == sig(m).shape and np.allclose(
-                    sig(m), sig(a) + (m - a) / (b - a) * (sig(b) - sig(a)), rtol=_RTOL, atol=1e-15):
+            chord = sig(a) + (m - a) / (b - a) * (sig(b) - sig(a))
+            if np.allclose(sig(m), chord, rtol=_RTOL, atol=1e-15):
                 intervals.append((a, b))
             else:
                 stack += [(m, b), (a, m)]

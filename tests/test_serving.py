@@ -183,10 +183,7 @@ def test_an_uneven_split_serves_as_the_inference_simulator_prices_it():
     document["parallel"], document["variants"] = uneven, document["variants"][1:]
     batch = simulate(scenario_from_dict(document)).variants[0]
     assert served.metrics[Metric.TTFT] == pytest.approx(batch.timing[Metric.TTFT], rel=1e-9)
-    # serving interpolates decode passes between contexts CONTEXT_STEP apart; the larger shard
-    # leaves each allreduce later by an amount that grows with the context up to the network's
-    # arrival horizon (sim.rank_clocks carries it into the next layer), a kink inside that step
-    assert served.metrics[Metric.TPOT] == pytest.approx(batch.timing[Metric.TPOT], rel=1e-4)
+    assert served.metrics[Metric.TPOT] == pytest.approx(batch.timing[Metric.TPOT], rel=1e-6)
     # the rank with 3 of 4 shares holds more KV heads per token: fewer tokens fit than evenly
     assert served.run.kv_capacity_tokens < even.run.kv_capacity_tokens
 

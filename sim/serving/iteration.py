@@ -29,7 +29,6 @@ from models.spec import ModelSpec
 from sim.engine import Engine
 from sim.pipeline import TOKEN_BYTES, hidden_bytes
 from sim.program import Stage
-from sim.rank_clocks import run_phase_segments
 from sim.strategies import StrategyChoice
 from sim.vocabulary import PhaseKind
 
@@ -65,7 +64,7 @@ class IterationCost:
             kind, step = (PhaseKind.DECODE, 1) if new_tokens == 1 else (PhaseKind.PREFILL, 0)
             phase = self.choice.implementation.lower(self.model, batch, self.ranks, self.choice.algorithms, kind, step,
                                                      new_tokens, context, shards=self.shards, **self._stage)
-            self._passes[key] = run_phase_segments(self.engine, phase)[2]
+            self._passes[key] = sum(seg.repeat * self.engine.run_segment(seg).duration_s for seg in phase.segments)
         return self._passes[key]
 
     def decode_s(self, batch: int, mean_context: float) -> float:
