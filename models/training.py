@@ -548,17 +548,26 @@ def activation_bytes(
     tensor) beside the LM head's input copy. Raises :class:`ConfigError` as
     :func:`layer_activation_bytes` and :func:`recomputed_layer_count` do.
     """
-    full = layer_activation_bytes(spec, layout, autocast=autocast)
-    layers = spec.num_layers
-    if recomputed_layer_count(layers, checkpoint_every):
-        segment_input = layer_activation_bytes(spec, layout, recompute=Recompute.FULL, autocast=autocast)
-        segments = math.ceil(layers / checkpoint_every)
-        layer_total = (segments - 1) * segment_input + min(checkpoint_every, layers) * full
-    else:
-        layer_total = layers * full
+    layer_total = _layers_saved_bytes(spec, layout, checkpoint_every, autocast, one_segment_recomputed=True)
     if not is_master:
         return layer_total
     return layer_total + _head_activation_bytes(spec, layout, autocast)
+
+
+def _layers_saved_bytes(spec: ModelSpec, layout: ActivationLayout, checkpoint_every: int | None, autocast: bool,
+                        *, one_segment_recomputed: bool) -> float:
+    """The layers' part of :func:`activation_bytes`: every layer's saved tensors, or under
+    checkpointing each segment's input, with one segment's min(k, L) layers' full activations in
+    its place where ``one_segment_recomputed`` (a segment's backward running)."""
+    full = layer_activation_bytes(spec, layout, autocast=autocast)
+    layers = spec.num_layers
+    if not recomputed_layer_count(layers, checkpoint_every):
+        return layers * full
+    segment_input = layer_activation_bytes(spec, layout, recompute=Recompute.FULL, autocast=autocast)
+    segments = math.ceil(layers / checkpoint_every)
+    if not one_segment_recomputed:
+        return segments * segment_input
+    return (segments - 1) * segment_input + min(checkpoint_every, layers) * full
 
 
 def _head_activation_bytes(spec: ModelSpec, layout: ActivationLayout, autocast: bool) -> float:
@@ -602,13 +611,7 @@ def loss_backward_bytes(
     logit to 0.4 MB in ``fp32``, ``amp_bf16`` and ``bf16_mixed`` (48.7, 44.6, 38.6 MB). Raises
     :class:`ConfigError` as :func:`activation_bytes` does.
     """
-    full = layer_activation_bytes(spec, layout, autocast=autocast)
-    layers = spec.num_layers
-    if recomputed_layer_count(layers, checkpoint_every):
-        segment_input = layer_activation_bytes(spec, layout, recompute=Recompute.FULL, autocast=autocast)
-        layer_total = math.ceil(layers / checkpoint_every) * segment_input
-    else:
-        layer_total = layers * full
+    layer_total = _layers_saved_bytes(spec, layout, checkpoint_every, autocast, one_segment_recomputed=False)
     head = _head_activation_bytes(spec, layout, autocast)
     logits = layout.tokens * spec.vocab_size
     return layer_total + head - logits * (spec.dtype_bytes + _FP32_BYTES) + logits * _LOSS_BACKWARD_LOGIT_BYTES

@@ -456,8 +456,21 @@ class NetworkChoice:
     phase_scales: dict = field(default_factory=dict)
 
 
-_FITS: dict[int, tuple[Profile, dict, dict, dict, dict]] = {}  # id(profile) -> (profile, fitted terms, hop terms,
-# ranks computing at once per calibrated phase, terms inside a host): fitting takes seconds, the estimate tens of ms
+@dataclass(frozen=True)
+class _Fit:
+    """What :func:`calibrated_network` fits from one profile, kept because fitting takes seconds
+    and an estimate tens of ms: per (kind, algorithm) the terms of its sweep (``terms``) and of its
+    sweep inside one host (``inside``), per link class a pipeline hop's (``hops``), and the ranks
+    computing at once per calibrated phase (``concurrency``)."""
+
+    profile: Profile
+    terms: dict
+    hops: dict
+    concurrency: dict
+    inside: dict
+
+
+_FITS: dict[int, _Fit] = {}  # by id(profile)
 
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
@@ -488,7 +501,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
         mode = "same-cluster mode: timings of this cluster's collectives replayed (in place per plan op, isolated)"
         return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s), True, terms, (mode,))
     cached = _FITS.get(id(profile))
-    if cached is None or cached[0] is not profile:
+    if cached is None or cached.profile is not profile:
         fitted: dict = {}
         hops: dict = {}
         inside: dict = {}
@@ -507,12 +520,12 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
                 hops.setdefault(key, value)
         # one calibrated cluster's rows say how many of its ranks computed at once (a pool: every rank)
         concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
-        cached = _FITS[id(profile)] = (profile, fitted, hops, concurrency, inside)
-    fitted, hops, inside = cached[1], cached[2], cached[4]
+        cached = _FITS[id(profile)] = _Fit(profile, fitted, hops, concurrency, inside)
+    fitted, hops, inside = cached.terms, cached.hops, cached.inside
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s, hops=hops, intra_host=inside)
-    concurrency = cached[3] if target.pipelined else {}
+    concurrency = cached.concurrency if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
                                                              concurrency)
     if len(profile.of(MeasurementKind.COMPUTE_ISOLATED)):
@@ -521,8 +534,10 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
     network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
     if any(floor_s > 0 for floor_s, _ in floors.values()):
-        fitted = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in fitted.items()}
-        inside = {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in inside.items()}
+        def floored(terms: dict) -> dict:
+            return {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in terms.items()}
+
+        fitted, inside = floored(fitted), floored(inside)
         network.terms, network.intra_host = fitted, inside
         network.default = replace(network.default, min_message_s=floors[False][0])
     sources = (contention, floors[False][1], floors[True][1],

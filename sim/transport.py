@@ -807,10 +807,8 @@ def fit_intra_host(rows, pings, context: CalibrationContext, fitted: Mapping[tup
     if not one_host.empty:
         topology = context_topology(context)
         for (kind, algorithm), of_kind in one_host.groupby(["op", "algorithm"], sort=True):
-            for key, value in fit_terms(of_kind, topology, default_terms(str(algorithm), kind=str(kind)),
-                                        f"{context.name} (one host's ranks)", reduce_s_per_byte,
-                                        context.cores).items():
-                terms[key] = value
+            terms.update(fit_terms(of_kind, topology, default_terms(str(algorithm), kind=str(kind)),
+                                   f"{context.name} (one host's ranks)", reduce_s_per_byte, context.cores))
     overhead_s = None if pings is None else message_overhead_s(pings, context, LinkClass.INTRA_HOST)
     if overhead_s is not None:
         for key, spanning in fitted.items():

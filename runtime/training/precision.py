@@ -38,6 +38,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.training import Precision
+
 _COPY = "compute_copy"
 
 
@@ -80,3 +82,16 @@ class Bf16Copies:
     def copy_bytes(self) -> int:
         """Bytes of the bf16 copies: the weights the kernels read."""
         return sum(getattr(p, _COPY).numel() * getattr(p, _COPY).element_size() for p in self.parameters)
+
+
+def bf16_copies(module: nn.Module, precision: Precision) -> Bf16Copies | None:
+    """The bf16 copies ``precision`` computes with: :class:`Bf16Copies` of ``module`` under
+    ``bf16_mixed``, None under any other precision (the kernels read the parameters)."""
+    return Bf16Copies(module) if precision is Precision.BF16_MIXED else None
+
+
+def refresh(copies: Bf16Copies | None) -> None:
+    """:meth:`Bf16Copies.refresh` where there are copies (after an optimizer step or a parameter
+    average); nothing otherwise."""
+    if copies is not None:
+        copies.refresh()

@@ -23,9 +23,8 @@ from __future__ import annotations
 import torch
 
 from models.shards import tensor_shards
-from models.training import Precision
 from runtime.training.model import DecoderLM, next_token_loss, shard_parameters, training_batch
-from runtime.training.precision import Bf16Copies
+from runtime.training.precision import bf16_copies, refresh
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer
 
 
@@ -33,7 +32,7 @@ def reference_parameters(setup: TrainingSetup, steps: int, seed: int) -> dict[st
     """Parameters after ``steps`` optimizer steps on the whole global batch (see the module)."""
     w = setup.workload
     model = DecoderLM(setup.spec, seed)
-    copies = _copies(setup, model)
+    copies = bf16_copies(model, setup.settings.precision)
     optimizer = make_optimizer(list(model.parameters()), setup.settings)
     for step in range(steps):
         batch = training_batch(setup.spec, w.global_batch_size, w.sequence_length, seed, step)
@@ -42,7 +41,7 @@ def reference_parameters(setup: TrainingSetup, steps: int, seed: int) -> dict[st
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        _refresh(copies)
+        refresh(copies)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -51,7 +50,7 @@ def local_sgd_reference(setup: TrainingSetup, steps: int, seed: int) -> list[dic
     :meth:`TrainingSetup.averages_after` step (see the module), replica by replica."""
     w = setup.workload
     replicas = [DecoderLM(setup.spec, seed) for _ in setup.group]
-    copies = [_copies(setup, m) for m in replicas]
+    copies = [bf16_copies(m, setup.settings.precision) for m in replicas]
     optimizers = [make_optimizer(list(m.parameters()), setup.settings) for m in replicas]
     rows = setup.rank_rows
     for step in range(steps):
@@ -70,18 +69,8 @@ def local_sgd_reference(setup: TrainingSetup, steps: int, seed: int) -> list[dic
                     for t in tensors:
                         t.copy_(mean)
         for c in copies:
-            _refresh(c)
+            refresh(c)
     return [{name: p.detach().clone() for name, p in m.named_parameters()} for m in replicas]
-
-
-def _copies(setup: TrainingSetup, model: DecoderLM) -> Bf16Copies | None:
-    """The bf16 copies ``bf16_mixed`` computes with, as the trainer keeps them (None otherwise)."""
-    return Bf16Copies(model) if setup.settings.precision is Precision.BF16_MIXED else None
-
-
-def _refresh(copies: Bf16Copies | None) -> None:
-    if copies is not None:
-        copies.refresh()
 
 
 def reference_shard(setup: TrainingSetup, parameters: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:

@@ -42,7 +42,7 @@ from models.training import Optimizer, Precision
 from runtime.device import device_of
 from runtime.training.hooks import BucketAllreduce, BucketCall, average_parameters
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
-from runtime.training.precision import Bf16Copies
+from runtime.training.precision import bf16_copies, refresh
 from runtime.training.ranks import TrainingRanks
 from sim.collectives.registry import AUTO
 from sim.training_config import Averaging, TrainingSettings, TrainingWorkload, micro_batching
@@ -206,7 +206,7 @@ class Trainer:
                                     process_group=self.process_group)
         self.ddp.register_comm_hook(None, self.hook.comm_hook)
         # After DDP's broadcast of the parameters from rank 0, so every rank copies the same.
-        self.copies = Bf16Copies(model) if s.precision is Precision.BF16_MIXED else None
+        self.copies = bf16_copies(model, s.precision)
         self.optimizer = make_optimizer(list(self.ddp.parameters()), s, zero=s.zero == 1,
                                         process_group=self.process_group)
 
@@ -244,21 +244,17 @@ class Trainer:
         start = self._now()
         self.optimizer.step()
         self.optimizer.zero_grad()
-        self._refresh_copies()
+        refresh(self.copies)
         timing.optimizer = (start, self._now())
         if setup.averages_after(step):
             start = self._now()
             average_parameters(list(self.ddp.parameters()), self.data_group, self.rank, s.allreduce, self.host_groups,
                                process_group=self.process_group)
-            self._refresh_copies()
+            refresh(self.copies)
             timing.averaging = (start, self._now())
         timing.end_s = timing.averaging[1] if timing.averaging else timing.optimizer[1]
         timing.buckets = self.hook.take_calls()
         return timing
-
-    def _refresh_copies(self) -> None:
-        if self.copies is not None:
-            self.copies.refresh()
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """A CPU copy of every parameter, by name (the module's, without DDP's prefix; the fp32
