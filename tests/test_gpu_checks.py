@@ -112,6 +112,49 @@ def test_the_training_step_replays_its_own_gpu_calibration_within_ten_percent():
     assert np.abs(peak.error).max() < 0.10
 
 
+def test_a_training_calibration_of_another_model_prices_the_targets_own_ops():
+    """Each model's H100 training step from the other's calibration (validation/gpu-report): the
+    calibration's passes set against its own model's ops, the op's per-call time kept across
+    sizes. Before, the target's passes took the calibration model's pass times whole (TinyLlama
+    from Qwen: step -24%, Qwen from TinyLlama: +36%)."""
+    from sim.training.simulate import simulate_training
+    from validation.gpu_cases import HELDOUT_TRAINING_MODEL, TRAINING_MODEL, training_scenario
+
+    for target, calibration, measured in ((TRAINING_MODEL, HELDOUT_TRAINING_MODEL, "run1"),
+                                          (HELDOUT_TRAINING_MODEL, TRAINING_MODEL, "heldout_training")):
+        profile = load_profile(MEASURED / "run1" / f"training_profile_{calibration}.csv")
+        simulated = simulate_training(training_scenario(target), profile)
+        assert any(f"timed on {calibration}" in line for line in simulated.sources)
+        results = pd.read_csv(MEASURED / measured / "training_results.csv")
+        for metric in (Metric.STEP_TIME, Metric.BACKWARD_TIME):
+            value = results[(results.variant == "no_checkpointing") & (results.metric == str(metric))].value.iloc[0]
+            assert simulated.variant("no_checkpointing").metrics[metric] == pytest.approx(value, rel=0.10)
+
+
+def test_a_training_ops_time_beyond_its_roofline_is_kept_per_call_at_another_size():
+    """A backward op timed at one size, priced at four times its work: the row's time above its
+    roofline (its call's latency) once, plus the roofline of the larger op, not four times the row."""
+    from models.accounting import OpCost
+    from sim.calibrated import CalibratedCompute
+    from sim.cost import RooflineCompute
+    from sim.plan import Op, Stream
+    from sim.program import Gradient
+    from sim.topology import build_topology
+    from validation.gpu_cases import training_scenario
+
+    roofline = RooflineCompute("bf16", 0.6, 0.8, 0.0)
+    device = build_topology(training_scenario().config.cluster).devices[0]
+    op = lambda flops: Op(OpKind.MLP_UP, "mlp_up", Stream.COMPUTE, gradient=Gradient.INPUT,  # noqa: E731
+                          cost=OpCost(flops=flops, bytes_read=0, bytes_written=0, weight_bytes=0, workspace_bytes=0))
+    small, large = op(1e11), op(4e11)
+    work_s = roofline.roofline_s(small, device)
+    row = _row(MeasurementKind.BACKWARD_INPUT, "mlp_up", 1024, work_s + 1e-4, flops=1e11)
+    compute = CalibratedCompute(_profile([row]), roofline, per_call_latency=True)
+    assert compute.duration_s(large, device) == pytest.approx(1e-4 + 4 * work_s, rel=1e-9)
+    scaled = CalibratedCompute(_profile([row]), roofline)  # FLOPs scaling, as an inference profile's rows
+    assert scaled.duration_s(large, device) == pytest.approx(4 * (work_s + 1e-4), rel=1e-9)
+
+
 def test_a_profile_of_the_gpu_check_loads_with_its_new_measurement_kinds():
     frame = pd.read_csv(MEASURED / "run3" / f"profile_{CALIBRATION_MODEL}.csv")
     kinds = set(frame.measurement)

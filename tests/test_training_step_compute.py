@@ -1,6 +1,7 @@
 """A training step's compute as it runs: ranks that outnumber their cores share them with their
 comm threads (overlap costs the backward time, every bucket's messages pay the per-message
-contention floor), a calibrated whole pass scales its ops, and one definition of ``backward_s``."""
+contention floor), a calibrated whole pass scales its ops' per-call time (a calibration of another
+model against that model's ops), and one definition of ``backward_s``."""
 
 from types import SimpleNamespace
 
@@ -89,7 +90,7 @@ def test_a_small_buckets_messages_pay_the_contention_floor_while_the_backward_co
             assert during.empty and ((threads["end_s"] - threads["start_s"]) == 0).all()
 
 
-def test_a_calibrated_whole_pass_scales_its_ops_by_the_pass_over_their_sum():
+def test_a_calibrated_whole_pass_scales_its_ops_per_call_time_to_the_pass():
     scenario = _cpu_scenario([{"name": "ddp"}])
     base = _with(_profile(scenario, _OP_S), scenario)
     plain = simulate_training(scenario, base).variants[0].metrics
@@ -98,7 +99,8 @@ def test_a_calibrated_whole_pass_scales_its_ops_by_the_pass_over_their_sum():
     result = simulate_training(scenario, passes)
     assert result.variants[0].metrics[Metric.FORWARD_TIME] == pytest.approx(3 * forward, rel=1e-6)
     assert result.variants[0].metrics[Metric.BACKWARD_TIME] == pytest.approx(1.5 * backward, rel=1e-6)
-    assert any("in-step forward pass on cpu fp32 at micro batch 1: x 3.00" in line for line in result.sources)
+    assert any("in-step forward pass on cpu fp32 at micro batch 1: x " in line and "per-call time" in line
+               for line in result.sources)
     assert any("in-step passes on cpu fp32: not calibrated" in line
                for line in simulate_training(scenario, base).sources)
 

@@ -21,6 +21,8 @@ as ``validation.gpu_check`` wrote them) and writes, under ``--out``:
   hetsim without a profile, with a training calibration of another model (prediction) and of the
   same model (**replay**);
 * ``heldout.csv``: a training step predicted before it was measured (the predictions committed first);
+* ``resimulated.csv``: that step re-simulated with today's model, from the other model's training
+  calibration (a prediction, made after the measurement) and from its own (replays);
 * ``attention.csv``: the attention op's peak memory, SDPA and eager, against the memory model
   (:func:`models.accounting.layer_op_costs` workspace), and whether a case that ran out of memory
   was predicted to;
@@ -150,12 +152,33 @@ def host_order_table(measured: Path) -> pd.DataFrame:
 def training_table(measured: Path) -> pd.DataFrame:
     """The training step measured (the run with ``training_results.csv``) against hetsim."""
     run = next(r for r in reversed(_runs(measured)) if (r / "training_results.csv").is_file())
-    measured_rows = pd.read_csv(run / "training_results.csv")
-    scenario = training_scenario()
-    sources = {"uncalibrated": (None, "prediction (no profile)"),
-               "other model's calibration": (run / f"training_profile_{TRAINING_CALIBRATION_MODEL}.csv",
-                                             "prediction (another model)"),
-               "own calibration": (run / f"training_profile_{TRAINING_MODEL}.csv", "replay")}
+    return _training_rows(training_scenario(), pd.read_csv(run / "training_results.csv"), {
+        "uncalibrated": (None, "prediction (no profile)"),
+        "other model's calibration": (run / f"training_profile_{TRAINING_CALIBRATION_MODEL}.csv",
+                                      "prediction (another model)"),
+        "own calibration": (run / f"training_profile_{TRAINING_MODEL}.csv", "replay")})
+
+
+def resimulated_heldout_table(measured: Path) -> pd.DataFrame:
+    """The held-out model's training step (``measured/heldout_training``) re-simulated with today's
+    model: from the training model's calibration (a prediction of another model, but made after
+    the measurement, so not held out) and from its own calibrations (replays)."""
+    folder = measured / "heldout_training"
+    calibrated = next((r for r in reversed(_runs(measured)) if (r / "training_results.csv").is_file()), None)
+    if not (folder / "training_results.csv").is_file() or calibrated is None:
+        return pd.DataFrame()
+    return _training_rows(training_scenario(HELDOUT_TRAINING_MODEL), pd.read_csv(folder / "training_results.csv"), {
+        f"{TRAINING_MODEL}'s training calibration ({calibrated.name})": (
+            calibrated / f"training_profile_{TRAINING_MODEL}.csv", "prediction (another model), re-simulated"),
+        f"own training calibration ({calibrated.name}, another machine)": (
+            calibrated / f"training_profile_{HELDOUT_TRAINING_MODEL}.csv", "replay (same model, another machine)"),
+        "own training calibration (same machine)": (
+            folder / f"training_profile_{HELDOUT_TRAINING_MODEL}.csv", "replay")})
+
+
+def _training_rows(scenario, measured_rows: pd.DataFrame, sources: dict) -> pd.DataFrame:
+    """Per source (name: (profile path or None, kind)), variant and metric of
+    :data:`TRAINING_METRICS`: ``scenario`` simulated with the profile against ``measured_rows``."""
     rows = []
     for source, (path, kind) in sources.items():
         simulated = simulate_training(scenario, profile=None if path is None else load_profile(path)).results
@@ -218,7 +241,8 @@ def _pct(values) -> str:
 
 
 def summary(inference: pd.DataFrame, spread: pd.DataFrame, terms: pd.DataFrame, host_order: pd.DataFrame,
-            training: pd.DataFrame, heldout: pd.DataFrame, attention: pd.DataFrame, environment: dict,
+            training: pd.DataFrame, heldout: pd.DataFrame, resimulated: pd.DataFrame, attention: pd.DataFrame,
+            environment: dict,
             calibrated_run: str) -> str:
     """The report's markdown."""
     lines = ["# GPU checks (one H100, TP 1)", "",
@@ -278,6 +302,14 @@ def summary(inference: pd.DataFrame, spread: pd.DataFrame, terms: pd.DataFrame, 
         for r in heldout.itertuples():
             lines.append(f"| {r.variant} | {r.metric} | {_shown(r.measured, r.metric)} | {r.source} | "
                          f"{_shown(r.simulated, r.metric)} | {100 * r.error:+.0f}% | {r.kind} |")
+    if len(resimulated):
+        lines += ["", f"The same measurement re-simulated with today's model (`resimulated.csv`; the training "
+                  "calibration's per-call pricing, session 18: not held out, the model was changed after this "
+                  "measurement):", "", "| variant | metric | measured | source | simulated | error | kind |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in resimulated[~resimulated.metric.str.startswith("peak_memory")].itertuples():
+            lines.append(f"| {r.variant} | {r.metric} | {_shown(r.measured, r.metric)} | {r.source} | "
+                         f"{_shown(r.simulated, r.metric)} | {100 * r.error:+.0f}% | {r.kind} |")
     lines += ["", "## Attention memory and time (capacity-planning issue, item 4)", "",
               f"{ATTENTION_MODEL}'s attention op alone (one layer, bf16), peak bytes above what was live before "
               "the call (`max_memory_allocated`), against the memory model's workspace.", "",
@@ -302,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = {"inference": inference_table(run), "spread": spread_table(args.measured), "terms": terms_table(run),
               "host_order": host_order_table(args.measured), "training": training_table(args.measured),
               "heldout": heldout_training_table(args.measured, args.out / f"training_predictions_{HELDOUT_TRAINING_MODEL}.csv"),
+              "resimulated": resimulated_heldout_table(args.measured),
               "attention": attention_table(args.measured)}
     args.out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():

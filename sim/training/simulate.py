@@ -20,8 +20,8 @@ the cluster it was measured on, its fitted transport terms and core contention e
 is listed in ``extrapolated``. Each rank's framework memory is the profile's
 ``memory_baseline`` (the backend's documented baseline without one), as the planner charges it
 (:func:`sim.framework.framework_memory`).
-A profile's whole forward and backward passes scale their ops by what a pass adds to its ops
-timed alone (:mod:`sim.training.step_compute`), and where the profile's cores are fewer than the
+A profile's whole forward and backward passes scale their ops' per-call time by what a pass does
+to it (:mod:`sim.training.step_compute`), and where the profile's cores are fewer than the
 ranks, the ranks and their comm threads share them as the step runs
 (:mod:`sim.training.comm_thread`); ``sources`` says how.
 """
@@ -54,7 +54,7 @@ from sim.simulate import Pricing, build_pricing
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
 from sim.training.comm_thread import SharedCores, core_shares, schedule_work, shared_cores
-from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors, pass_op_sums
+from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors
 from sim.training.lower import StepShape, TrainingStep, lower_step, tp_allreduce_algorithm
 from sim.training.symmetry import replicas_identical
 from sim.training.metrics import step_metrics
@@ -252,6 +252,8 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         if dtype not in pricings:
             # The context is the data-parallel ranks': a training calibration runs one rank each.
             pricings[dtype] = build_pricing(scenario, topology, ranks, profile, context_group=ranks, dtype=dtype)
+            if profile is not None:  # its rows time one op per call (sim.training.step_compute)
+                pricings[dtype].compute.per_call_latency = True
             if profile is not None and shared is None:
                 shared = shared_cores(profile, pricings[dtype].network, scenario_context(
                     scenario.name, topology, ranks, dtype), ranks)
@@ -270,10 +272,9 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         if profile is not None:
             if dtype not in factors:
                 device = topology.devices[ranks[0]]
-                tensor = calibrated_tensor(profile, plan.tensor)
-                factors[dtype], lines = pass_factors(profile, device, dtype, lambda m: pass_op_sums(
-                    scenario.model.with_dtype(dtype), settings, m, config.workload.sequence_length, ranks[0],
-                    pricing.compute, device, tensor), tensor)
+                factors[dtype], lines = pass_factors(profile, device, dtype, scenario.model.with_dtype(dtype),
+                                                     settings, config.workload.sequence_length, pricing.compute,
+                                                     ranks[0], calibrated_tensor(profile, plan.tensor))
                 step_terms += lines or [f"in-step passes on {device.spec.name} {dtype}: not calibrated (the ops' "
                                         "sum, x 1)"]
             engine.compute = StepCompute(pricing.compute, nearest_factors(factors[dtype], micro))

@@ -1,17 +1,27 @@
-"""The compute of a training step as it runs: each calibrated op, times what a whole pass adds to
-its ops timed alone, and the comm thread's work on shared cores (its messages and reductions).
+"""The compute of a training step as it runs: each calibrated op, what a whole pass does to its ops'
+per-call time, and the comm thread's work on shared cores (its messages and reductions).
 
 A training calibration times every op alone (:mod:`runtime.training.calibrate`: one op's
 forward, or the gradient of its inputs or of its weights, on layer 0 or the head), and the
 model's whole forward pass (to the loss) and backward pass without DDP, each with every
-data-parallel rank at once. A pass is more than its ops: the autograd engine schedules the
-backward's nodes and accumulates gradients, the loss is computed and differentiated, tensors are
-allocated and freed between ops. :func:`pass_factors` sets each measured pass against the sum of
-the same pass's ops as the simulator prices them (the lowered step of one micro-batch of that
-size, :func:`sim.training.lower.lower_step`, on the same profile's rows), and
-:class:`StepCompute` multiplies every forward op (and recomputation) and every backward op by
-its pass's factor: from the calibration run alone, never from a validated measurement. Where the
-profile has no whole pass at a variant's dtype, the factor is 1 and named in ``missing``.
+data-parallel rank at once. A pass is not the sum of its ops timed alone. An op timed alone is
+its work (its roofline time, :meth:`sim.cost.RooflineCompute.roofline_s`) and a per-call part
+(the call's host work, kernel launches, a device synchronisation; on a CPU, the framework's
+dispatch), which :class:`sim.calibrated.CalibratedCompute` keeps per call for a training step's
+ops at shapes it did not time (``per_call_latency``). A pass overlaps those calls with the
+kernels the host queued before them (an asynchronous device: PyTorch's "CUDA semantics") and adds
+calls no op holds (the autograd engine's nodes, the loss, residual adds, gradient accumulation):
+both per call. :func:`pass_factors` sets each measured pass, less its ops' work, against its ops'
+per-call time, summed over the ops of *the model the calibration trained*
+(:func:`calibrated_model`) as the simulator prices them (the lowered step of one micro-batch of
+that size, :func:`sim.training.lower.lower_step`, on the same profile's rows), and
+:class:`StepCompute` multiplies every forward op's (and recomputation's) and every backward op's
+per-call time by its pass's factor: from the calibration run alone, never from a validated
+measurement. A factor on the whole op would carry the work's share of one model's ops to
+another's: measured on an H100 (``validation/gpu-report``), Qwen2.5-0.5B's backward pass took
+0.47 of its ops' time alone and TinyLlama-1.1B's, whose GEMMs do four times the work, 0.70.
+Where the profile has no whole pass at a variant's dtype, or the model it trained is neither the
+scenario's nor in :data:`models.catalog.CATALOG`, the factor is 1 and the sources say so.
 
 With tensor parallelism the calibration times the passes of a rank's shard (rows whose
 ``group_size`` is the degree T, :mod:`runtime.training.calibrate`); they are set against the
@@ -23,7 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from models.errors import ConfigError
 from models.ops import OpKind
+from models.spec import ModelSpec
 from sim.plan import Op
 from sim.profile import MeasurementKind, Profile
 from sim.topology import Device
@@ -53,29 +65,64 @@ def calibrated_tensor(profile: Profile, tensor: int) -> int:
     return 1
 
 
-def pass_factors(profile: Profile, device: Device, dtype: str, op_sums,
-                 tensor: int = 1) -> tuple[dict[tuple[OpKind, int], float], list[str]]:
+def calibrated_model(model: ModelSpec, settings, micro: int, sequence: int, tensor: int,
+                     pass_flops: dict[OpKind, float]) -> ModelSpec | None:
+    """The model (in ``model``'s dtype) whose whole passes a profile's ``training_pass`` rows timed
+    at ``micro`` sequences of ``sequence`` tokens on a ``tensor``-way shard: ``model`` where the
+    rows record no FLOPs (``pass_flops`` NaN) or ``model``'s passes have their FLOPs, else the
+    catalog model (:data:`models.catalog.CATALOG`) whose do (the rows' FLOPs are
+    :func:`pass_costs` of the model the calibration trained, :mod:`runtime.training.calibrate`);
+    None where none does."""
+    from models.catalog import CATALOG
+
+    if not any(math.isfinite(flops) for flops in pass_flops.values()):
+        return model
+    for spec in (model, *(s.with_dtype(model.dtype) for s in CATALOG.values() if s.name != model.name)):
+        try:
+            costs = pass_costs(spec, settings, micro, sequence, tensor)
+        except ConfigError:  # a degree this model cannot shard into
+            continue
+        if all(not math.isfinite(flops) or (kind in costs and math.isclose(costs[kind][0], flops, rel_tol=1e-9))
+               for kind, flops in pass_flops.items()):
+            return spec
+    return None
+
+
+def pass_factors(profile: Profile, device: Device, dtype: str, model: ModelSpec, settings, sequence: int,
+                 compute, rank: int = 0, tensor: int = 1) -> tuple[dict[tuple[OpKind, int], float], list[str]]:
     """Per (pass, micro-batch size) of the profile's ``training_pass`` rows on ``device``'s type in
-    ``dtype``, timed at the ``tensor``-way shard: the measured pass over ``op_sums(micro)[pass]``,
-    the sum of its ops as priced (s); and one line per factor saying what it is. Charged with the
-    statistic of the ops (:data:`sim.profile.CHARGED`), so that the ratio is of like to like."""
+    ``dtype``, timed at the ``tensor``-way shard: the measured pass less its ops' work, over its
+    ops' per-call time (:func:`pass_op_sums` of the model the rows timed,
+    :func:`calibrated_model`, as ``compute`` prices them; see the module docstring), never below
+    0; and one line per factor saying what it is. Charged with the statistic of the ops
+    (:data:`sim.profile.CHARGED`), so that the ratio is of like to like."""
     from sim.profile import CHARGED
 
     rows = profile.of(MeasurementKind.TRAINING_PASS)
     rows = rows[(rows["device_class"] == device.spec.name) & (rows["dtype"] == dtype) & (rows["group_size"] == tensor)]
     statistic = CHARGED[MeasurementKind.COMPUTE]
     factors, lines = {}, []
+    shard = f" ({tensor}-way tensor-parallel shard)" if tensor > 1 else ""
     for micro, of_micro in rows.groupby("batch_size", sort=True):
-        sums = op_sums(int(micro))
+        micro = int(micro)
+        timed = calibrated_model(model, settings, micro, sequence, tensor,
+                                 {OpKind(row.op): float(row.flops) for row in of_micro.itertuples(index=False)})
+        if timed is None:
+            lines.append(f"in-step passes{shard} on {device.spec.name} {dtype} at micro batch {micro}: not priced, "
+                         "x 1 (timed on a model neither the scenario's nor in the catalog)")
+            continue
+        sums = pass_op_sums(timed, settings, micro, sequence, rank, compute, device, tensor)
+        on = "" if timed.name == model.name else f", timed on {timed.name}"
         for row in of_micro.itertuples(index=False):
             kind = OpKind(row.op)
-            measured, summed = float(getattr(row, statistic)), sums.get(kind, 0.0)
-            if summed > 0 and measured > 0:
-                factors[(kind, int(micro))] = measured / summed
-                shard = f" ({tensor}-way tensor-parallel shard)" if tensor > 1 else ""
-                lines.append(f"in-step {kind.value} pass{shard} on {device.spec.name} {dtype} at micro batch {int(micro)}: "
-                             f"x {measured / summed:.2f} (whole pass {measured * 1e3:.1f} ms, its ops alone "
-                             f"{summed * 1e3:.1f} ms)")
+            measured = float(getattr(row, statistic))
+            summed, work = sums.get(kind, (0.0, 0.0))
+            if summed > work and measured > 0:
+                factor = max(0.0, (measured - work) / (summed - work))
+                factors[(kind, micro)] = factor
+                lines.append(f"in-step {kind.value} pass{shard} on {device.spec.name} {dtype} at micro batch {micro}: "
+                             f"x {factor:.2f} on its ops' per-call time (whole pass {measured * 1e3:.1f} ms, its ops "
+                             f"alone {summed * 1e3:.1f} ms of which work {work * 1e3:.1f} ms{on})")
     return factors, lines
 
 
@@ -91,9 +138,10 @@ def nearest_factors(factors: dict[tuple[OpKind, int], float], micro: int) -> dic
 
 @dataclass
 class StepCompute:
-    """A compute model of a training variant's step over ``inner`` (the calibrated or roofline
-    model of every op): forward and backward ops times their pass's factor (``pass_factor``, see
-    the module docstring), and :data:`OpKind.COMM_THREAD` ops priced as a bucket's messages on
+    """A compute model of a training variant's step over ``inner`` (the calibrated model of every
+    op, :class:`sim.calibrated.CalibratedCompute`): forward and backward ops with their per-call
+    time (:func:`per_call_s`) times their pass's factor (``pass_factor``, see the module
+    docstring), and :data:`OpKind.COMM_THREAD` ops priced as a bucket's messages on
     the rank's comm thread (:mod:`sim.training.comm_thread`).
 
     A comm-thread op's ``cost.bytes_read`` is its bucket's bytes on the wire (what
@@ -118,7 +166,12 @@ class StepCompute:
                 steps, reduced_bytes = self.work(*key)
                 work_s = self._cache[key] = steps * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
             return work_s
-        return self.inner.duration_s(op, device) * self.pass_factor.get(op_pass(op), 1.0)
+        price_s = self.inner.duration_s(op, device)
+        factor = self.pass_factor.get(op_pass(op))
+        if factor is None:
+            return price_s
+        call_s = per_call_s(self.inner, op, device, price_s)
+        return price_s - call_s + factor * call_s
 
     def reduce_s_per_byte(self, device: Device) -> float:
         return self.inner.reduce_s_per_byte(device)
@@ -143,15 +196,26 @@ def pass_ops(model, settings, micro: int, sequence: int, rank: int = 0, tensor: 
                 yield kind, op, part.segment.repeat
 
 
+def per_call_s(compute, op: Op, device: Device, price_s: float) -> float:
+    """Of ``op``'s time as ``compute`` prices it (``price_s``, s), what is not its work: above its
+    roofline time (``compute.fallback``, times the contention ``scale`` the price holds); 0 for
+    an op priced below it."""
+    return max(0.0, price_s - getattr(compute, "scale", 1.0) * compute.fallback.roofline_s(op, device))
+
+
 def pass_op_sums(model, settings, micro: int, sequence: int, rank: int, compute, device: Device,
-                 tensor: int = 1) -> dict[OpKind, float]:
-    """The sum of one micro-batch's forward ops and of its backward ops (s) on ``rank`` of a
-    ``tensor``-way replica (:func:`pass_ops`), as ``compute`` prices them at one core's rate (its
-    contention ``scale`` taken out, as the calibration's passes and ops were timed alike)."""
+                 tensor: int = 1) -> dict[OpKind, tuple[float, float]]:
+    """Per pass, (the sum of one micro-batch's ops in it, s; the part of it that is their work,
+    :func:`per_call_s`, s) on ``rank`` of a ``tensor``-way replica (:func:`pass_ops`), as
+    ``compute`` prices them at one core's rate (its contention ``scale`` taken out, as the
+    calibration's passes and ops were timed alike)."""
     scale = getattr(compute, "scale", 1.0)
-    sums: dict[OpKind, float] = {}
+    sums: dict[OpKind, tuple[float, float]] = {}
     for kind, op, instances in pass_ops(model, settings, micro, sequence, rank, tensor):
-        sums[kind] = sums.get(kind, 0.0) + instances * compute.duration_s(op, device) / scale
+        price_s = compute.duration_s(op, device)
+        total_s, work_s = sums.get(kind, (0.0, 0.0))
+        sums[kind] = (total_s + instances * price_s / scale,
+                      work_s + instances * (price_s - per_call_s(compute, op, device, price_s)) / scale)
     return sums
 
 
