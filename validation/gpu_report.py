@@ -303,7 +303,7 @@ def summary(inference: pd.DataFrame, spread: pd.DataFrame, terms: pd.DataFrame, 
             lines.append(f"| {r.variant} | {r.metric} | {_shown(r.measured, r.metric)} | {r.source} | "
                          f"{_shown(r.simulated, r.metric)} | {100 * r.error:+.0f}% | {r.kind} |")
     if len(resimulated):
-        lines += ["", f"The same measurement re-simulated with today's model (`resimulated.csv`; the training "
+        lines += ["", "The same measurement re-simulated with today's model (`resimulated.csv`; the training "
                   "calibration's per-call pricing, session 18: not held out, the model was changed after this "
                   "measurement):", "", "| variant | metric | measured | source | simulated | error | kind |",
                   "|---|---|---|---|---|---|---|"]

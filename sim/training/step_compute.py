@@ -19,7 +19,8 @@ that size, :func:`sim.training.lower.lower_step`, on the same profile's rows), a
 per-call time by its pass's factor: from the calibration run alone, never from a validated
 measurement. A factor on the whole op would carry the work's share of one model's ops to
 another's: measured on an H100 (``validation/gpu-report``), Qwen2.5-0.5B's backward pass took
-0.47 of its ops' time alone and TinyLlama-1.1B's, whose GEMMs do four times the work, 0.70.
+0.47 of its ops' time alone and TinyLlama-1.1B's, whose layers' GEMMs do 2.6 to 5 times the
+work, 0.70.
 Where the profile has no whole pass at a variant's dtype, or the model it trained is neither the
 scenario's nor in :data:`models.catalog.CATALOG`, the factor is 1 and the sources say so.
 
