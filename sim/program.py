@@ -138,7 +138,8 @@ class Op:
     What the op does, typed: ``norm_site`` (a LayerNorm: which input it produces),
     ``weight_block`` (a compute op reading a decoder layer's streamed weights: which block),
     ``carries`` (a broadcast: what it hands out), ``gradient`` (a training backward op: which
-    gradient it computes; None for a forward op). ``name`` is a label only.
+    gradient it computes; None for a forward op), ``recompute`` (a training forward op run again
+    inside the backward, under activation checkpointing). ``name`` is a label only.
     """
 
     kind: OpKind
@@ -158,6 +159,7 @@ class Op:
     weight_block: BlockRef | None = None
     carries: Carries | None = None
     gradient: Gradient | None = None
+    recompute: bool = False
 
     @property
     def traffic_bytes(self) -> float:

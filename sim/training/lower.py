@@ -292,12 +292,14 @@ class _Lowering:
         sequential = phase is TrainingPhase.FORWARD  # the forward segment runs in program order
         for kind, name in ((OpKind.LAYERNORM, "attn_norm"), (OpKind.QKV_PROJ, "qkv_proj"),
                            (OpKind.ATTENTION, "attention"), (OpKind.OUT_PROJ, "out_proj")):
-            p.add(self._compute(kind, name + suffix, costs[kind], layer, sequential), phase)
+            p.add(self._compute(kind, name + suffix, costs[kind], layer, sequential,
+                                recompute=phase is TrainingPhase.RECOMPUTE), phase)
         if self.shape.tensor > 1:
             p.add(self._tp_allreduce("attn_allreduce" + suffix, replica, calls((*key, layer, 0)), layer, sequential),
                   phase)
         for kind, name in ((OpKind.LAYERNORM, "mlp_norm"), (OpKind.MLP_UP, "mlp_up"), (OpKind.MLP_DOWN, "mlp_down")):
-            p.add(self._compute(kind, name + suffix, costs[kind], layer, sequential), phase)
+            p.add(self._compute(kind, name + suffix, costs[kind], layer, sequential,
+                                recompute=phase is TrainingPhase.RECOMPUTE), phase)
         if self.shape.tensor > 1:
             p.add(self._tp_allreduce("mlp_allreduce" + suffix, replica, calls((*key, layer, 1)), layer, sequential),
                   phase)
@@ -467,9 +469,11 @@ class _Lowering:
 
     # -- op constructors -------------------------------------------------------------------
     def _compute(self, kind: OpKind, name: str, cost: OpCost, layer: int | None = None, sequential: bool = True,
-                 after: tuple[int, ...] | None = None, gradient: Gradient | None = None) -> Op:
+                 after: tuple[int, ...] | None = None, gradient: Gradient | None = None,
+                 recompute: bool = False) -> Op:
         return Op(kind, name, Stream.COMPUTE, cost=cost, layer=layer,
-                  after=None if sequential else (after if after is not None else ()), gradient=gradient)
+                  after=None if sequential else (after if after is not None else ()), gradient=gradient,
+                  recompute=recompute)
 
     def _tp_allreduce(self, name: str, replica, call: int, layer: int | None, sequential: bool,
                       after: tuple[int, ...] | None = None) -> Op:

@@ -45,7 +45,7 @@ from sim.collectives.registry import LIBRARY, known_algorithms
 from sim.context import scenario_context
 from sim.cores import CorePool
 from sim.engine import Engine, SegmentResult
-from sim.framework import backend_of
+from sim.framework import Backend, backend_of
 from sim.metrics import RESULT_COLUMNS
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
@@ -277,7 +277,9 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
                                                      ranks[0], calibrated_tensor(profile, plan.tensor))
                 step_terms += lines or [f"in-step passes on {device.spec.name} {dtype}: not calibrated (the ops' "
                                         "sum, x 1)"]
-            engine.compute = StepCompute(pricing.compute, nearest_factors(factors[dtype], micro))
+            queued = backend_of(topology.devices[ranks[0]].spec) is Backend.NCCL  # CUDA: the host queues kernels
+            engine.compute = StepCompute(pricing.compute, nearest_factors(factors[dtype], micro),
+                                         recompute_pass=OpKind.BACKWARD if queued else OpKind.FORWARD)
             if shared is not None:
                 engine.compute.message_work_s = shared.message_work_s[settings.allreduce == LIBRARY]
                 engine.compute.work = _bucket_work(engine, settings.allreduce, plan.replica_ranks)

@@ -15,9 +15,9 @@ both per call. :func:`pass_factors` sets each measured pass, less its ops' work,
 per-call time, summed over the ops of *the model the calibration trained*
 (:func:`calibrated_model`) as the simulator prices them (the lowered step of one micro-batch of
 that size, :func:`sim.training.lower.lower_step`, on the same profile's rows), and
-:class:`StepCompute` multiplies every forward op's (and recomputation's) and every backward op's
-per-call time by its pass's factor: from the calibration run alone, never from a validated
-measurement. A factor on the whole op would carry the work's share of one model's ops to
+:class:`StepCompute` multiplies every forward op's and every backward op's per-call time by its
+pass's factor (a recomputed forward op's: see ``recompute_pass``): from the calibration run
+alone, never from a validated measurement. A factor on the whole op would carry the work's share of one model's ops to
 another's: measured on an H100 (``validation/gpu-report``), Qwen2.5-0.5B's backward pass took
 0.47 of its ops' time alone and TinyLlama-1.1B's, whose layers' GEMMs do 2.6 to 5 times the
 work, 0.70.
@@ -145,6 +145,17 @@ class StepCompute:
     docstring), and :data:`OpKind.COMM_THREAD` ops priced as a bucket's messages on
     the rank's comm thread (:mod:`sim.training.comm_thread`).
 
+    ``recompute_pass``: the pass whose factor a recomputed forward op's per-call time takes.
+    :data:`OpKind.BACKWARD` on a device whose host queues kernels ahead (CUDA):
+    ``torch.utils.checkpoint`` recomputes from inside the backward, so the recomputation's calls
+    are queued while the device runs the backward's kernels and overlap as the backward's do
+    (measured on an H100, TinyLlama-1.1B checkpointing every layer: the recomputation added
+    44 ms to the backward, where priced as the forward's layers it took 63 ms; the replayed
+    backward +9% priced so, -3% priced as the backward's, ``validation/gpu-report``).
+    :data:`OpKind.FORWARD` on a CPU, whose host runs each op itself wherever it is called (as
+    the backward, the CPU training report's replayed backward went from 15.3% to 15.7% median
+    |error|, ``benchmarks/bench_training_offline.py``).
+
     A comm-thread op's ``cost.bytes_read`` is its bucket's bytes on the wire (what
     :func:`sim.training.lower.lower_step` gives it); its work (core-seconds) is, of that bucket's
     schedule on the device's rank (``work(bytes, rank)``: the steps in which it sends or
@@ -155,6 +166,7 @@ class StepCompute:
 
     inner: object
     pass_factor: dict[OpKind, float] = field(default_factory=dict)
+    recompute_pass: OpKind = OpKind.FORWARD
     message_work_s: float = 0.0
     work: object = None
     _cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
@@ -168,7 +180,7 @@ class StepCompute:
                 work_s = self._cache[key] = steps * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
             return work_s
         price_s = self.inner.duration_s(op, device)
-        factor = self.pass_factor.get(op_pass(op))
+        factor = self.pass_factor.get(self.recompute_pass if op.recompute else op_pass(op))
         if factor is None:
             return price_s
         call_s = per_call_s(self.inner, op, device, price_s)
