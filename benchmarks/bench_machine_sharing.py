@@ -26,6 +26,13 @@ took meanwhile (``/proc/stat`` busy less ours, :mod:`runtime.cpu_steal`) and ste
 Other work on the machine slows the k = 2 case most (it takes a core the processes need): runs
 under load are upper bounds of the slowdown.
 
+Measured 2026-11-24 05:59-06:03 UTC on the project's 2-vCPU VM (AMD EPYC, 32 MiB L3), under
+1.1-1.5 cores of other helpers' load, steal 0, 5 rounds: CPU ms per op for k = 1, 2, 4 ``stream``
+11.1 / 12.0 / 11.6, ``decode`` 27.3 / 29.0 / 28.2, ``compute`` 10.6 / 10.5 / 10.6 (an earlier
+3-round run: decode 27.1 / 28.2 / 28.7). Processes streaming at once keep their CPU time per op
+within 3-7%, so they do not share a memory bandwidth that one of them saturates (a GPT-2 pass on
+one core streams ~18 GB/s; its wall times there are the cores' share under that load).
+
 Run: ``PYTHONPATH=. python benchmarks/bench_machine_sharing.py [--repeats 5] [--ops 20]``
 (under ``flock /work/testbed.lock`` so no testbed measurement runs meanwhile).
 """
@@ -54,6 +61,13 @@ PROCESSES = (1, 2, 4)
 _FLOAT_BYTES = 4
 
 
+def gpt2_decode_weights() -> list[torch.Tensor]:
+    """GPT-2 small's decode weights, random: per layer (out x in features) QKV, attention out,
+    MLP up and down, then the LM head (498 MB of fp32)."""
+    layers = [torch.randn(rows, cols) for _ in range(_GPT2_LAYERS) for rows, cols in _GPT2_LAYER_SHAPES]
+    return [*layers, torch.randn(_GPT2_VOCAB, _GPT2_HIDDEN)]
+
+
 def _child(kind: str, args: argparse.Namespace, start_fd: int, out_fd: int) -> None:
     """One process: build its tensors, wait for the start byte, time the ops, write
     ``wall_ms cpu_ms`` medians per op to ``out_fd``."""
@@ -64,8 +78,7 @@ def _child(kind: str, args: argparse.Namespace, start_fd: int, out_fd: int) -> N
         a, b = torch.randn(rows, cols), torch.randn(cols)
         op = lambda: torch.mv(a, b)  # noqa: E731
     elif kind == "decode":
-        layers = [torch.randn(rows, cols) for _ in range(_GPT2_LAYERS) for rows, cols in _GPT2_LAYER_SHAPES]
-        layers.append(torch.randn(_GPT2_VOCAB, _GPT2_HIDDEN))
+        layers = gpt2_decode_weights()
         x = {cols: torch.randn(cols) for _, cols in _GPT2_LAYER_SHAPES}
 
         def op():
