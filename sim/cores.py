@@ -138,3 +138,17 @@ class ProcessorSharing:
         self._reshare()
         for event in events:
             event.succeed()
+
+
+def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ...]:
+    """The pool the ``simulated`` ranks run on when they stand for all of ``pool``'s ranks
+    (identical replicas simulated once): their share of its cores, so that each computes at the
+    rate each of all the ranks would. The pool itself where every rank is simulated; none where
+    no simulated rank is on it."""
+    mine = pool.ranks & simulated
+    if not mine:
+        return ()
+    if mine == pool.ranks:
+        return (pool,)
+    share = len(mine) / len(pool.ranks)
+    return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share),)

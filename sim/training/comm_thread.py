@@ -37,7 +37,7 @@ stretched by it (small buckets: many messages, each waiting for a core) and slow
 meanwhile (the overlap that costs compute).
 
 Where identical replicas are simulated once (:mod:`sim.training.symmetry`), the simulated
-ranks get their share of the cores (:func:`core_shares`), so that one rank standing for four
+ranks get their share of the cores (:func:`sim.cores.core_shares`), so that one rank standing for four
 on two cores runs at half a core, as each of the four does.
 """
 
@@ -70,20 +70,6 @@ def message_work_s(floor_s: float, ranks: int, cores: float) -> float:
     (s, the wait with all ``ranks`` tasks runnable on ``cores``): ``floor_s x cores / ranks``
     (processor sharing stretches a job by ``ranks / cores`` then, :mod:`sim.cores`)."""
     return floor_s * min(1.0, cores / ranks)
-
-
-def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ...]:
-    """The pool the ``simulated`` ranks run on when they stand for all of ``pool``'s ranks
-    (identical replicas simulated once): their share of its cores, so that each computes at the
-    rate each of all the ranks would. The pool itself where every rank is simulated; none where
-    no simulated rank is on it."""
-    mine = pool.ranks & simulated
-    if not mine:
-        return ()
-    if mine == pool.ranks:
-        return (pool,)
-    share = len(mine) / len(pool.ranks)
-    return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share),)
 
 
 def schedule_work(schedule, rank: int) -> tuple[int, int]:
