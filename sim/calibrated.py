@@ -595,10 +595,10 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     known = [c for c in contexts if c.cores is not None]
     cores = contention_cores(contexts, target)
     if cores is None:
-        return 0.0, f"core contention per message ({family}): none (no cores recorded)"
+        return 0.0, f"core contention per core turn ({family}): none (no cores recorded)"
     excess = max(0, sum(target.ranks_per_host) - cores)
     if excess == 0:
-        return 0.0, (f"core contention per message ({family}): none "
+        return 0.0, (f"core contention per core turn ({family}): none "
                      f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     all_rows = profile.of("collective_in_place")
     per_excess_rank, names = [], []
@@ -635,14 +635,14 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
             names.append(calibrated.name)
     if per_excess_rank:
         floor_s = float(np.median(per_excess_rank)) * excess
-        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
+        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
                          f"the calls timed in place on {', '.join(names)} "
                          f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
         floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S[library] * excess
-        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
+        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
                          f"default (the calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
-    return 0.0, (f"core contention per message ({family}): not priced (the calibrated links were too slow for "
+    return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "
                  f"it to show in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
 
 

@@ -688,7 +688,7 @@ class DefaultTransportNetwork:
     a message's software overhead stretches by its step's busy ranks over the cores
     (:meth:`_TransportLinks.stretch`), and no message costs less than the gloo/tcp contention
     floor, :data:`GLOO_CONTENTION_PER_EXCESS_RANK_S` per rank beyond the cores, scaled by its
-    step's busy ranks beyond them (:meth:`_TransportLinks.floor_s`).
+    step's core turns and busy ranks beyond them (:meth:`_TransportLinks.floor_s`).
 
     Args:
         topology: the scenario's cluster.
@@ -728,9 +728,9 @@ class DefaultTransportNetwork:
         return self.cores is not None and self.ranks > self.cores
 
     def contention_floor_s(self, algorithm: str) -> float:
-        """The least a gloo message of ``algorithm`` costs with every rank busy (s): the gloo/tcp
-        default per rank beyond the cores (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`); 0 where
-        the ranks have cores enough."""
+        """The least a gloo message of ``algorithm`` costs per core turn of its step with every
+        rank busy (s): the gloo/tcp default per rank beyond the cores
+        (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`); 0 where the ranks have cores enough."""
         if not self.contended:
             return 0.0
         return GLOO_CONTENTION_PER_EXCESS_RANK_S[algorithm == LIBRARY] * (self.ranks - self.cores)
@@ -739,7 +739,7 @@ class DefaultTransportNetwork:
         """What the contention terms are and whence, one line each; none without contention."""
         if not self.contended:
             return ()
-        return tuple(f"core contention per message ({family}): at least "
+        return tuple(f"core contention per core turn ({family}): at least "
                      f"{self.contention_floor_s(LIBRARY if library else '') * 1e3:.2f} ms with every rank busy "
                      f"({self.ranks} gloo ranks on {self.cores} cores; {GLOO_CONTENTION_SOURCE})"
                      for family, library in (("point-to-point", False), ("gloo's own collectives", True)))
