@@ -578,24 +578,28 @@ def contention_cores(contexts, target) -> int | None:
 
 
 def contention_floor(profile: Profile, contexts, target, fitted: dict, library: bool = False) -> tuple[float, str]:
-    """(the least a message costs on the target in a step that keeps every rank busy, s; a line
-    saying whence), for point-to-point schedules or (``library``) gloo's own collectives.
+    """(the least a message costs on the target per core turn of a step that keeps every rank
+    busy, s; a line saying whence), for point-to-point schedules or (``library``) gloo's own
+    collectives.
 
     Where ranks outnumber the cores, a message moves only once both its ends are scheduled, so
     on a fast link it costs a scheduling delay, not its wire time; over a slow link the ranks
     sleep and the cores are free, and so are they in a step that leaves ranks idle
     (:meth:`sim.transport._TransportLinks.floor_s` scales the floor by a step's busy ranks
-    beyond the cores). Fitted on the calibrated cluster's collectives of that family timed in
-    place at their smallest size: each call over its steps at full contention (each step
-    counted as its busy ranks beyond the cores over all ranks beyond them; of steps a rank keeps
-    in flight together, gloo's ring's, those on the critical path), where that is
-    :data:`CONTENTION_BOUND` times what the fitted transport terms give a message (else the
-    links hid it), per rank beyond the cores. For gloo's own collectives the test is against
-    the wire's latencies alone: their isolated sweep on fast links ran on the same shared cores,
-    so the fitted per-message overhead already holds the contention and would hide it.
-    Measured here with 4 ranks on 2 cores over links without delay: 2.1-2.2 ms per
-    point-to-point message, 0.9-1.0 ms per step of gloo's own allreduce, reduce and broadcast,
-    which wait inside the library (a step of gloo's ring: a round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
+    beyond the cores and by its core turns, :func:`sim.transport.step_turns`: one to enter it,
+    one per message a rank sends or receives). Fitted on the calibrated cluster's collectives
+    of that family timed in place at their smallest size: the median over the calls of each
+    call over its core turns at full contention (each step counted as its turns times its busy
+    ranks beyond the cores over all ranks beyond them; of steps a rank keeps in flight together,
+    gloo's ring's, those on the critical path), of the calls whose time per step at full
+    contention is :data:`CONTENTION_BOUND` times what the fitted transport terms give a message
+    (else the links hid it), per rank beyond the cores. For gloo's own collectives the test is
+    against the wire's latencies alone: their isolated sweep on fast links ran on the same
+    shared cores, so the fitted per-message overhead already holds the contention and would hide
+    it. Measured here with 4 ranks on 2 cores over links without delay: 0.74-0.77 ms per core
+    turn of a point-to-point schedule (2.0-2.4 ms per exchange step), 0.35 ms per turn of gloo's
+    own allreduce, reduce and broadcast, which wait inside the library (a step of gloo's ring: a
+    round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
     calibrated machine's cores where the scenario does not say); 0 where they do not outnumber
     them. Not fitted on a calibrated cluster whose links have a delay of at least
     :data:`sim.transport.IDENTIFIABLE_DELAY_S`: each step there holds the delay, which the ranks
@@ -605,16 +609,16 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     no calibrated cluster's links let it show, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_EXCESS_RANK_S, IDENTIFIABLE_DELAY_S, Transport, busy_ranks,
-                               context_topology, steps_in_series)
+                               context_topology, step_turns, steps_in_series)
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
     cores = contention_cores(contexts, target)
     if cores is None:
-        return 0.0, f"core contention per message ({family}): none (no cores recorded)"
+        return 0.0, f"core contention per core turn ({family}): none (no cores recorded)"
     excess = max(0, sum(target.ranks_per_host) - cores)
     if excess == 0:
-        return 0.0, (f"core contention per message ({family}): none "
+        return 0.0, (f"core contention per core turn ({family}): none "
                      f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     all_rows = profile.of("collective_in_place")
     per_excess_rank, names = [], []
@@ -636,27 +640,29 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
             schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
                                       root=None if row.op == "allreduce" else 0, host_groups=topology.host_groups(group))
             # steps at full contention: a step's share is its busy ranks beyond the cores
-            steps = steps_in_series(schedule, [max(0, n - calibrated.cores) / calibrated_excess
-                                               for n in busy_ranks(schedule)])
+            shares = [max(0, n - calibrated.cores) / calibrated_excess for n in busy_ranks(schedule)]
+            steps = steps_in_series(schedule, shares)
             if steps <= 0:
                 continue
-            per_message_s = float(getattr(row, CHARGED["collective_in_place"])) / steps
+            call_s = float(getattr(row, CHARGED["collective_in_place"]))
             overhead_s = 0.0 if library else terms.per_message_s
-            if per_message_s > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
-                bound.append(per_message_s)
+            if call_s / steps > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
+                # per core turn on the critical path: a step counts its share times its turns
+                bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
+                                                                 in zip(shares, step_turns(schedule))]))
         if bound:
             per_excess_rank.append(float(np.median(bound)) / calibrated_excess)
             names.append(calibrated.name)
     if per_excess_rank:
         floor_s = float(np.median(per_excess_rank)) * excess
-        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
+        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
                          f"the calls timed in place on {', '.join(names)} "
                          f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
         floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S[library] * excess
-        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
+        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
                          f"default (the calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
-    return 0.0, (f"core contention per message ({family}): not priced (the calibrated links were too slow for "
+    return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "
                  f"it to show in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
 
 

@@ -69,9 +69,10 @@ def test_on_four_ranks_and_two_cores_overlap_costs_backward_time():
 
 
 def test_a_small_buckets_messages_pay_the_contention_floor_while_the_backward_computes_only():
-    """Each bucket's ring (6 steps over 4 ranks) costs its comm thread at least the gloo/tcp
-    point-to-point floor per step (2 ranks beyond 2 cores) while the backward holds the cores,
-    and nothing once every rank waits on the wire (overlap off: the cores are free)."""
+    """Each bucket's ring (6 steps over 4 ranks, 3 core turns each: enter, send, receive) costs
+    its comm thread at least the gloo/tcp point-to-point floor per turn (2 ranks beyond 2 cores)
+    while the backward holds the cores, and nothing once every rank waits on the wire (overlap
+    off: the cores are free)."""
     variants = [{"name": "overlap", "training": {"bucket_cap_mb": 1}},
                 {"name": "after", "training": {"bucket_cap_mb": 1, "overlap": False}}]
     result = _run(variants, 2)
@@ -85,7 +86,7 @@ def test_a_small_buckets_messages_pay_the_contention_floor_while_the_backward_co
         during = threads[threads["start_s"] < compute_end - 1e-9]
         waits = during["end_s"] - during["start_s"]
         if name == "overlap":
-            assert len(during) >= 2 and waits.min() >= 6 * floor_s * (1 - 1e-9)
+            assert len(during) >= 2 and waits.min() >= 6 * 3 * floor_s * (1 - 1e-9)
         else:
             assert during.empty and ((threads["end_s"] - threads["start_s"]) == 0).all()
 
@@ -143,9 +144,10 @@ def test_a_prediction_from_another_clusters_profile_computes_as_its_replay():
         assert prediction.variants[0].metrics[metric] == pytest.approx(replay.variants[0].metrics[metric], rel=1e-9)
 
 
-def test_a_rings_comm_thread_works_each_step_and_reduces_three_quarters_of_the_bucket_on_four_ranks():
-    """Of a ring allreduce of n bytes over 4 ranks a rank's comm thread handles 6 steps and sums
-    the (p - 1) / p n bytes of its reduce-scatter half, each at the device's reduction cost."""
+def test_a_rings_comm_thread_takes_three_turns_a_step_and_reduces_three_quarters_of_the_bucket_on_four_ranks():
+    """Of a ring allreduce of n bytes over 4 ranks a rank's comm thread takes 3 core turns in each
+    of its 6 steps (enter, send, receive) and sums the (p - 1) / p n bytes of its reduce-scatter
+    half, each at the device's reduction cost."""
     from sim.collectives.registry import build_schedule
     from sim.plan import Op, Stream
     from sim.training.comm_thread import schedule_work
@@ -154,11 +156,11 @@ def test_a_rings_comm_thread_works_each_step_and_reduces_three_quarters_of_the_b
 
     size = 4 * 2**20
     schedule = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), size)
-    assert schedule_work(schedule, 2) == (6, 3 * size // 4)
+    assert schedule_work(schedule, 2) == (18, 3 * size // 4)
     gamma_s = 1e-9
     compute = StepCompute(SimpleNamespace(reduce_s_per_byte=lambda device: gamma_s), message_work_s=1e-3,
                           work=lambda size_bytes, rank: schedule_work(schedule, rank))
     op = Op(OpKind.COMM_THREAD, "bucket0_comm_thread", Stream.COMM,
             cost=OpCost(flops=0, bytes_read=size, bytes_written=0, weight_bytes=0, workspace_bytes=0))
     device = SimpleNamespace(rank=2)
-    assert compute.duration_s(op, device) == pytest.approx(6 * 1e-3 + 3 * size // 4 * gamma_s, rel=1e-12)
+    assert compute.duration_s(op, device) == pytest.approx(18 * 1e-3 + 3 * size // 4 * gamma_s, rel=1e-12)

@@ -351,7 +351,7 @@ def tensor_parallel_sources(profile: Profile, plan: ParallelPlan, topology: Topo
 
 
 def _bucket_work(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...]):
-    """``(bucket bytes, rank) -> (steps of the bucket's allreduce schedule the rank takes part in,
+    """``(bucket bytes, rank) -> (core turns of the bucket's allreduce schedule on the rank,
     bytes it reduces)``, over the rank's data-parallel group (its position in every replica),
     ``algorithm`` resolved as the engine resolves it (:func:`sim.training.comm_thread.schedule_work`)."""
     position = {rank: t for replica in replicas for t, rank in enumerate(replica)}

@@ -158,8 +158,9 @@ class StepCompute:
 
     A comm-thread op's ``cost.bytes_read`` is its bucket's bytes on the wire (what
     :func:`sim.training.lower.lower_step` gives it); its work (core-seconds) is, of that bucket's
-    schedule on the device's rank (``work(bytes, rank)``: the steps in which it sends or
-    receives, and the bytes it reduces), ``message_work_s`` per step plus the reduction of the
+    schedule on the device's rank (``work(bytes, rank)``: its core turns, one to enter each step
+    in which it sends or receives and one per message there, and the bytes it reduces),
+    ``message_work_s`` per turn plus the reduction of the
     received bytes at the device's reduction cost (``reduce_s_per_byte``, the gamma the
     collectives price a reduction with).
     """
@@ -176,8 +177,8 @@ class StepCompute:
             key = (int(op.cost.bytes_read), device.rank)
             work_s = self._cache.get(key)
             if work_s is None:
-                steps, reduced_bytes = self.work(*key)
-                work_s = self._cache[key] = steps * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
+                turns, reduced_bytes = self.work(*key)
+                work_s = self._cache[key] = turns * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
             return work_s
         price_s = self.inner.duration_s(op, device)
         factor = self.pass_factor.get(self.recompute_pass if op.recompute else op_pass(op))
