@@ -211,7 +211,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype,
                                                      cores=config.cluster.cores, layout=layout,
-                                                     pipelined=pipelined),
+                                                     pipelined=pipelined,
+                                                     model=scenario.model if config.is_training else None),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)

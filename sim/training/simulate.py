@@ -129,9 +129,12 @@ class TrainingSimulation:
 
     @property
     def sources(self) -> tuple[str, ...]:
-        """Where the calibrated prediction's network terms come from (:mod:`sim.context`), and
-        how the ranks' comm threads share the cores (:mod:`sim.training.comm_thread`), one line each."""
-        return (self.network.sources if self.network is not None else ()) + self.step_terms
+        """The scenario's terms against the profile's context and where the calibrated prediction's
+        network terms come from (:mod:`sim.context`), how the ranks' comm threads share the cores
+        (:mod:`sim.training.comm_thread`) and what each pass's factor is, one line each."""
+        if self.network is None:
+            return self.step_terms
+        return (*(term.line() for term in self.network.terms), *self.network.sources, *self.step_terms)
 
     @property
     def ranks(self) -> tuple[int, ...]:
