@@ -495,9 +495,11 @@ _FITS: dict[int, _Fit] = {}  # by id(profile)
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
                        reduce_s_per_byte: Callable[[Device], float], gap_s: float,
-                       ranks: tuple[int, ...] = ()) -> NetworkChoice:
+                       ranks: tuple[int, ...] = (), copies: int = 1) -> NetworkChoice:
     """The network model a profile gives a scenario whose context is ``target``
-    (:class:`sim.context.CalibrationContext`).
+    (:class:`sim.context.CalibrationContext`), one copy's ranks of ``copies`` replicas that
+    share the cores (:mod:`sim.replicas`; their messages' contention counts every copy's ranks:
+    :func:`contention_floor`, :meth:`sim.transport._TransportLinks.floor_s`).
 
     Where the profile records no context, or one cluster whose network is the target's, its
     timings are replayed (:class:`CalibratedNetwork`; *same-cluster mode*). Otherwise no timing
@@ -551,8 +553,10 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     if len(profile.of(MeasurementKind.COMPUTE_ISOLATED)):
         contention += ("; the forward ops the profile timed alone by shard shape (compute_isolated) at that time, "
                        "no factor: processor sharing only")
-    floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
-    network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host)
+    floors = {library: contention_floor(profile, contexts, target, fitted, library=library, copies=copies)
+              for library in (False, True)}
+    network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host) * copies
+    network.copies = copies
     if any(floor_s > 0 for floor_s, _ in floors.values()):
         def floored(terms: dict) -> dict:
             return {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in terms.items()}
@@ -577,7 +581,8 @@ def contention_cores(contexts, target) -> int | None:
     return target.cores or (known[0] if known else None)
 
 
-def contention_floor(profile: Profile, contexts, target, fitted: dict, library: bool = False) -> tuple[float, str]:
+def contention_floor(profile: Profile, contexts, target, fitted: dict, library: bool = False,
+                     copies: int = 1) -> tuple[float, str]:
     """(the least a message costs on the target per core turn of a step that keeps every rank
     busy, s; a line saying whence), for point-to-point schedules or (``library``) gloo's own
     collectives.
@@ -593,7 +598,9 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     ranks beyond the cores over all ranks beyond them; of steps a rank keeps in flight together,
     gloo's ring's, those on the critical path), of the calls whose time per step at full
     contention is :data:`CONTENTION_BOUND` times what the fitted transport terms give a message
-    (else the links hid it), per rank beyond the cores. For gloo's own collectives the test is
+    (else the links hid it), per rank beyond the cores. The target's ranks on the machine are
+    its ``copies`` replicas' (:mod:`sim.replicas`: each replica's ranks compute, and message, at
+    once with the others'). For gloo's own collectives the test is
     against the wire's latencies alone: their isolated sweep on fast links ran on the same
     shared cores, so the fitted per-message overhead already holds the contention and would hide
     it. Measured here with 4 ranks on 2 cores over links without delay: 0.74-0.77 ms per core
@@ -609,17 +616,18 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     no calibrated cluster's links let it show, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_EXCESS_RANK_S, IDENTIFIABLE_DELAY_S, Transport, busy_ranks,
-                               context_topology, step_turns, steps_in_series)
+                               context_topology, of_replicas, step_turns, steps_in_series)
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
     cores = contention_cores(contexts, target)
     if cores is None:
         return 0.0, f"core contention per core turn ({family}): none (no cores recorded)"
-    excess = max(0, sum(target.ranks_per_host) - cores)
+    machine_ranks = sum(target.ranks_per_host) * copies
+    sharing = f"{machine_ranks} ranks{of_replicas(copies)} on {cores} cores"
+    excess = max(0, machine_ranks - cores)
     if excess == 0:
-        return 0.0, (f"core contention per core turn ({family}): none "
-                     f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
+        return 0.0, f"core contention per core turn ({family}): none ({sharing})"
     all_rows = profile.of("collective_in_place")
     per_excess_rank, names = [], []
     for calibrated in known:  # a pool: each cluster's calls over its own links and cores
@@ -657,13 +665,13 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
         floor_s = float(np.median(per_excess_rank)) * excess
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
                          f"the calls timed in place on {', '.join(names)} "
-                         f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
+                         f"({sharing})")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
         floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S[library] * excess
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
-                         f"default (the calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
+                         f"default (the calibrated links hid it; {sharing})")
     return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "
-                 f"it to show in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
+                 f"it to show in place; {sharing})")
 
 
 def _borrowed(fitted: dict):

@@ -140,16 +140,17 @@ def model_network(name: str, topology: Topology, compute):
     return NETWORK_MODELS[name](topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
 
 
-def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool | None = None):
+def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool | None = None, copies: int = 1):
     """The network an uncalibrated simulation prices collectives with: for the default model,
     the flow model with each transport's documented terms
     (:class:`sim.transport.DefaultTransportNetwork`), its gloo ranks sharing ``pool``'s cores
-    where given (:func:`declared_cores`), else :func:`model_network`."""
+    where given (:func:`declared_cores`), ``copies`` replicas running each group's steps at once
+    there, else :func:`model_network`."""
     if name == DEFAULT_TRANSPORT_MODEL:
         model_network(name, topology, compute)  # the name's check
         return DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices},
                                        cores=None if pool is None else int(pool.cores),
-                                       ranks=0 if pool is None else len(pool.ranks))
+                                       ranks=0 if pool is None else len(pool.ranks), copies=copies)
     return model_network(name, topology, compute)
 
 
@@ -181,12 +182,16 @@ class Pricing:
 
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
                   profile: Profile | None = None, context_group: tuple[int, ...] | None = None,
-                  layout: str | None = None, dtype: str | None = None, pipelined: bool = False) -> Pricing:
+                  layout: str | None = None, dtype: str | None = None, pipelined: bool = False,
+                  copies: int = 1) -> Pricing:
     """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
     ``topology``: the roofline and the scenario's network model (with each transport's documented
     per-message terms for the default one), or a calibration ``profile`` compared with the
     scenario's context (:mod:`sim.calibrated`) of one copy's ranks, ``context_group`` (default
     ``ranks``), run in ``layout`` (:attr:`sim.parallel.ParallelPlan.uncalibrated_layout`).
+    ``copies``: the replicas of that group (:mod:`sim.replicas`); where ranks share cores, each
+    collective's messages contend with every copy's, which run the same steps at once
+    (:meth:`sim.transport._TransportLinks.floor_s`).
     ``dtype``: the compute dtype (default the model's; a training variant's comes from its
     precision). ``pipelined``: the layout runs pipeline stages (:class:`sim.context.CalibrationContext`).
 
@@ -213,7 +218,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                                                      cores=config.cluster.cores, layout=layout,
                                                      pipelined=pipelined,
                                                      model=scenario.model if config.is_training else None),
-                                    gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
+                                    gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks,
+                                    copies=copies)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)
         compute.by_shape = not choice.same_cluster  # a replay keeps the ops as timed in place
@@ -221,7 +227,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         # Ranks outnumbering the cores they share take turns on them (sim.cores), and their
         # messages pay the gloo/tcp contention defaults (sim.transport.DefaultTransportNetwork).
         pool = declared_cores(scenario, topology, ranks)
-        network = uncalibrated_network(config.network_model, topology, compute, pool)
+        network = uncalibrated_network(config.network_model, topology, compute, pool, copies)
         cores = () if pool is None else (pool,)
     engine = Engine(topology, compute, CollectivePricer(network, topology), cores=cores)
     return Pricing(compute, network, engine, choice, runtime_memory, cores)
@@ -291,11 +297,14 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     pricings: dict[tuple, Pricing] = {}
 
     def pricing_of(layout: ParallelPlan) -> Pricing:
-        key = (layout.replica_ranks[0], layout.uncalibrated_layout) if profile is not None else ()
+        # Replicas sharing cores contend in each other's messages: a pricing per replica count.
+        key = (layout.replicas,) + ((layout.replica_ranks[0], layout.uncalibrated_layout) if profile is not None else ())
         if key not in pricings:
             built = pricings[key] = build_pricing(scenario, topology, every_rank, profile,
-                                                  context_group=key[0] if key else parallel.replica_ranks[0],
-                                                  layout=key[1] if key else None, pipelined=layout.pipeline > 1)
+                                                  context_group=key[1] if profile is not None
+                                                  else parallel.replica_ranks[0],
+                                                  layout=key[2] if profile is not None else None,
+                                                  pipelined=layout.pipeline > 1, copies=layout.replicas)
             if any(other.pipeline > 1 for other in layouts.values()):  # alike stages: collectives priced once
                 built.engine.pricer = AlikeGroups(built.engine.pricer, topology, built.engine.links)
         return pricings[key]
@@ -369,7 +378,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         one_core = first.compute.one_core_lines(topology.devices[r].spec for r in every_rank)
         choice = NetworkChoice(network, False, (), (*one_core, *contention, *network.contention_lines(),
                                                     *sorted(network.used)))
-    others = tuple((key[1] or f"tensor {len(key[0])}", p.choice) for key, p in list(pricings.items())[1:])
+    others = tuple((key[2] or f"tensor {len(key[1])}" + (f" x {key[0]} replicas" if key[0] > 1 else ""), p.choice)
+                   for key, p in list(pricings.items())[1:]) if profile is not None else ()
     used = parallel.ranks if not parallel.variant_layouts else every_rank  # every device some variant runs on
     return SimulationResult(scenario, topology, used, tuple(variants), pd.concat(tables, ignore_index=True),
                             calibrated=profile is not None, extrapolated=extrapolated, network=choice,

@@ -120,16 +120,17 @@ class TransportTerms:
 class _TransportLinks(Links):
     """Links whose routes' latency and channels' capacity include a :class:`TransportTerms`.
 
-    ``cores``: the cores the ranks share (None: a core each); ``ranks``: how many share them.
-    A step's message costs at least ``terms.min_message_s`` per core turn the step takes a busy
-    rank, scaled by the step's busy ranks beyond the cores over all ranks beyond them
-    (:meth:`floor_s`)."""
+    ``cores``: the cores the ranks share (None: a core each); ``ranks``: how many share them,
+    every replica's (:mod:`sim.replicas`); ``copies``: the replicas among them that run the
+    priced group's steps at once, each a mirror of it (1: the group alone on the cores). A step's
+    message costs at least ``terms.min_message_s`` per core turn the step takes a busy rank,
+    scaled by the machine's busy ranks beyond the cores over all ranks beyond them (:meth:`floor_s`)."""
 
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None, terms: TransportTerms,
-                 cores: int | None = None, ranks: int = 0):
+                 cores: int | None = None, ranks: int = 0, copies: int = 1):
         super().__init__(topology, reduce_s_per_byte)
         self.terms = terms
-        self.cores, self.ranks = cores, ranks
+        self.cores, self.ranks, self.copies = cores, ranks, copies
         self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
         self._notices: dict[tuple[int, int], float] = {}
 
@@ -161,21 +162,30 @@ class _TransportLinks(Links):
 
     def stretch(self, busy_ranks: int) -> float:
         """How much longer a message's software overhead takes in a step that keeps ``busy_ranks``
-        ranks busy: processor sharing of the cores among them (:mod:`sim.cores`), 1 without cores."""
-        return 1.0 if self.cores is None else max(1.0, busy_ranks / self.cores)
+        ranks of the group busy: processor sharing of the cores among them and their ``copies``'
+        mirrors (:mod:`sim.cores`), 1 without cores."""
+        return 1.0 if self.cores is None else max(1.0, busy_ranks * self.copies / self.cores)
 
     def floor_s(self, busy_ranks: int, turns: float = 1.0) -> float:
-        """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks
-        busy, each for ``turns`` core turns (:func:`step_turns`): ``terms.min_message_s`` (a
-        turn with every rank busy) times ``turns`` times the busy ranks beyond the cores over all
-        ranks beyond them. A rank that takes no part in a step sleeps in its receive and leaves
+        """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks of
+        the group busy, each for ``turns`` core turns (:func:`step_turns`): ``terms.min_message_s``
+        (a turn with every rank busy) times ``turns`` times the machine's busy ranks beyond the
+        cores (the group's and its ``copies``' mirrors', every replica in the same step: they
+        run the same ops at once, :func:`sim.replicas.replica_pools`) over all its ranks beyond
+        them. A rank that takes no part in a step sleeps in its receive and leaves
         its core to the others (measured: a two-level tree over 2 hosts of 2 ranks on 2 cores,
         whose middle steps keep 2 ranks busy, costs 4.2-4.6 ms in place at 3 KiB, a recursive
         doubling's 2 steps of 4 busy ranks 3.9-4.1 ms); a step of one message a rank (the
         tree's gather and broadcast inside a host) takes 2 turns where an exchange takes 3."""
         if self.cores is None or not self.terms.min_message_s:
             return self.terms.min_message_s * turns if self.cores is None else 0.0
-        return self.terms.min_message_s * turns * max(0, busy_ranks - self.cores) / max(1, self.ranks - self.cores)
+        busy = busy_ranks * self.copies
+        return self.terms.min_message_s * turns * max(0, busy - self.cores) / max(1, self.ranks - self.cores)
+
+
+def of_replicas(copies: int) -> str:
+    """`` of N replicas`` where ``copies`` replicas share the cores, else ''."""
+    return f" of {copies} replicas" if copies > 1 else ""
 
 
 def busy_ranks(schedule: CommSchedule) -> list[int]:
@@ -297,7 +307,9 @@ class TransportNetwork:
         default: the terms of an implementation the profile did not time.
         gap_s: the framework's time between two ops, added to every collective.
         cores: the cores the target's ranks share (None: a core each, every message's floor
-            as its terms say); ``ranks``: how many ranks share them (:class:`_TransportLinks`).
+            as its terms say); ``ranks``: how many ranks share them, every replica's;
+            ``copies``: the replicas that run each priced group's steps at once on them
+            (:class:`_TransportLinks`).
         hops: per link class, the terms of a point-to-point message between two stages of a
             pipeline (:func:`fit_hops`); a hop over a class without them takes ``terms`` or
             ``default`` as any schedule does.
@@ -312,6 +324,7 @@ class TransportNetwork:
     gap_s: float = 0.0
     cores: int | None = None
     ranks: int = 0
+    copies: int = 1
     hops: dict[LinkClass, TransportTerms] = field(default_factory=dict)
     intra_host: dict[tuple[str, str], TransportTerms] = field(default_factory=dict)
     extrapolated: set[str] = field(default_factory=set)
@@ -364,7 +377,7 @@ class TransportNetwork:
         links = self._routes.get(terms)
         if links is None:
             links = self._routes[terms] = _TransportLinks(self.topology, self.reduce_s_per_byte, terms,
-                                                          self.cores, self.ranks)
+                                                          self.cores, self.ranks, self.copies)
         return terms, links
 
     def _inside_host(self, group: tuple[int, ...]) -> bool:
@@ -694,13 +707,16 @@ class DefaultTransportNetwork:
         topology: the scenario's cluster.
         reduce_s_per_byte: gamma of every rank (s/byte).
         cores: the cores the gloo ranks share (None: cores of their own).
-        ranks: how many gloo ranks share them.
+        ranks: how many gloo ranks share them, every replica's.
+        copies: the replicas that run each priced group's steps at once on them
+            (:meth:`_TransportLinks.floor_s`).
     """
 
     topology: Topology
     reduce_s_per_byte: Mapping[int, float] | None = None
     cores: int | None = None
     ranks: int = 0
+    copies: int = 1
     used: set[str] = field(default_factory=set)
     _networks: dict[Transport, TransportNetwork] = field(default_factory=dict, repr=False)
 
@@ -741,7 +757,8 @@ class DefaultTransportNetwork:
             return ()
         return tuple(f"core contention per core turn ({family}): at least "
                      f"{self.contention_floor_s(LIBRARY if library else '') * 1e3:.2f} ms with every rank busy "
-                     f"({self.ranks} gloo ranks on {self.cores} cores; {GLOO_CONTENTION_SOURCE})"
+                     f"({self.ranks} gloo ranks{of_replicas(self.copies)} on {self.cores} cores; "
+                     f"{GLOO_CONTENTION_SOURCE})"
                      for family, library in (("point-to-point", False), ("gloo's own collectives", True)))
 
     def _of(self, transport: Transport) -> TransportNetwork:
@@ -750,7 +767,8 @@ class DefaultTransportNetwork:
             contended = transport == Transport.GLOO_TCP and self.contended
             network = self._networks[transport] = TransportNetwork(
                 self.topology, self.reduce_s_per_byte, {}, self._terms("", transport, None),
-                cores=self.cores if contended else None, ranks=self.ranks if contended else 0)
+                cores=self.cores if contended else None, ranks=self.ranks if contended else 0,
+                copies=self.copies)
         return network
 
     def _terms(self, algorithm: str, transport: Transport, kind: str | None) -> TransportTerms:

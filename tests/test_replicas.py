@@ -167,3 +167,53 @@ def test_each_replica_gets_its_share_of_the_cores_its_mirrors_share():
     pools = (CorePool(frozenset({0}), 2.0, 0.5),)
     assert replica_pools(pools, ((0,), (1,), (2,), (3,)), (2,)) == (CorePool(frozenset({2}), 0.5, 0.125),)
     assert replica_pools((), ((0,), (1,)), (1,)) == ()
+
+
+def _tp2_replicas(replicas: int, cores: int):
+    """GPT-2 over 2 hosts of 2 CPU ranks (c94's cluster, uncalibrated), tensor-parallel 2 on each
+    host, ``replicas`` replicas of one sequence each, every rank on one machine of ``cores`` cores."""
+    data = yaml.safe_load((ROOT / "validation/plan-check-report/replicas/scenarios/c94.yaml").read_text())
+    data["cluster"]["cores"] = cores
+    data["workload"]["batch_size"] = replicas
+    data["parallel"] = {"tensor": 2, "replicas": replicas}
+    return simulate(scenario_from_dict(data, base_dir=ROOT))
+
+
+def _decode_allreduces_s(result) -> pd.Series:
+    ops = result.variants[0].trace.ops
+    ops = ops[(ops["step"] == 1) & (ops["kind"] == "allreduce")]
+    return ops["end_s"] - ops["start_s"]
+
+
+def test_a_replicas_messages_contend_with_every_replica_on_the_machines_cores():
+    from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S
+
+    # two TP-2 replicas on 2 cores: each allreduce step keeps both replicas' 2 ranks busy at once,
+    # 2 beyond the cores, for a core turn to enter it and one per message
+    shared = _decode_allreduces_s(_tp2_replicas(2, 2))
+    floor_s = 2 * 2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False]
+    assert shared.min() >= floor_s
+    # one replica's 2 ranks on the 2 cores, or two replicas on 4: no contention floor
+    assert _decode_allreduces_s(_tp2_replicas(1, 2)).max() < floor_s
+    assert _decode_allreduces_s(_tp2_replicas(2, 4)).max() < floor_s
+
+
+def test_a_groups_copies_on_its_cores_count_among_the_busy_ranks_of_its_steps():
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import TransportNetwork, TransportTerms
+
+    topology = build_topology(_tp2_replicas(1, 2).scenario.config.cluster)  # 2 hosts of 2 ranks
+    group = (0, 1)
+    schedule = build_schedule("allreduce", "recursive_doubling", group, 3072, root=None,
+                              host_groups=topology.host_groups(group))
+    floor_s = 2e-3  # per core turn with every rank busy
+    terms = TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=floor_s)
+
+    def cost(copies: int) -> float:
+        return TransportNetwork(topology, None, {}, terms, cores=2, ranks=2 * copies, copies=copies).time(
+            schedule).duration_s
+
+    # one exchange step of 3 turns (enter, send, receive): with a mirror copy all 4 ranks are busy
+    assert 3 * floor_s <= cost(2) < 3 * floor_s + 0.5e-3
+    assert cost(1) < floor_s  # the group alone: its 2 ranks have the 2 cores
