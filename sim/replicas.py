@@ -95,22 +95,28 @@ def replica_batch_scenario(scenario, replicas: int, index: int):
 
 
 def replica_pools(pools: Sequence[CorePool], replicas: Sequence[tuple[int, ...]],
-                  replica: tuple[int, ...]) -> tuple[CorePool, ...]:
+                  replica: tuple[int, ...], computing: int | None = None) -> tuple[CorePool, ...]:
     """The core pools ``replica``'s ranks compute on when the replicas of one layout (``replicas``,
-    each's ranks in the order of the first's) are simulated one at a time.
+    each's ranks in the order of the first's) are simulated one at a time, ``computing`` of them
+    (``replica`` and the first others; default all) computing at once.
 
     Replica ``i``'s rank ``t`` mirrors the first replica's rank ``t``: it is on the machine the
-    latter is on, so a pool holding some of the first replica's ranks holds every replica's
-    mirrors of them too. All of them compute the same ops at once (equal work, run together), so
-    under processor sharing (:mod:`sim.cores`) each rank runs at the rate it would with all
-    of them simulated: the replica's share of the pool's cores (:func:`sim.cores.core_shares`).
-    Exact for replicas of equal batches; where the batch splits unevenly, a smaller replica's
-    ranks leave the cores early in fact and the larger's finish a little sooner than simulated.
+    latter is on, so a pool holding some replica's rank ``t`` holds every replica's, and of its
+    ranks those of the computing replicas compute (a rank of no replica idles). All of them
+    compute the same ops at once (equal work, run together), so under processor sharing
+    (:mod:`sim.cores`) each rank runs at the rate it would with all of them simulated: the
+    replica's share of the pool's cores (:func:`sim.cores.core_shares`). Exact for replicas of
+    equal batches; where the batch splits unevenly, a smaller replica's ranks leave the cores
+    early in fact and the larger's finish a little sooner than simulated.
     """
+    computing = len(replicas) if computing is None else computing
+    busy = [replica, *[group for group in replicas if group != replica][:computing - 1]]
     shared = []
     for pool in pools:
-        mirrors = {group[t] for group in replicas for t, rank in enumerate(replicas[0]) if rank in pool.ranks}
-        machine = CorePool(pool.ranks | frozenset(mirrors), pool.cores, pool.background_cores)
+        places = [t for t in range(len(replica)) if any(group[t] in pool.ranks for group in replicas)]
+        if not places:
+            continue
+        machine = CorePool(frozenset(group[t] for group in busy for t in places), pool.cores, pool.background_cores)
         shared.extend(core_shares(machine, frozenset(replica)))
     return tuple(shared)
 

@@ -167,6 +167,10 @@ def test_each_replica_gets_its_share_of_the_cores_its_mirrors_share():
     pools = (CorePool(frozenset({0}), 2.0, 0.5),)
     assert replica_pools(pools, ((0,), (1,), (2,), (3,)), (2,)) == (CorePool(frozenset({2}), 0.5, 0.125),)
     assert replica_pools((), ((0,), (1,)), (1,)) == ()
+    # two of the four computing at once: each has half the free cores; a rank of no replica idles
+    assert replica_pools(pools, ((0,), (1,), (2,), (3,)), (2,), computing=2) == (CorePool(frozenset({2}), 1.0, 0.25),)
+    machine = (CorePool(frozenset({0, 1, 2}), 2.0),)
+    assert replica_pools(machine, ((0,), (1,)), (1,)) == (CorePool(frozenset({1}), 1.0),)
 
 
 def _tp2_replicas(replicas: int, cores: int):

@@ -15,6 +15,7 @@ from sim.serving.scheduler import serve
 from sim.serving.simulate import cost_per_million_tokens, meets_slo, pipeline_bottleneck, simulate_serving
 from sim.simulate import simulate
 from sim.vocabulary import Metric, unit_of
+from tests.conftest import ROOT
 
 DATA = Path(__file__).parent / "data"
 
@@ -255,3 +256,30 @@ def test_a_pipeline_stage_holds_only_its_layers_so_more_tokens_fit():
     one = simulate_serving(_layout({"tensor": 1}, requests=1, slo=None)).variants[0]
     two = simulate_serving(_layout({"tensor": 1, "pipeline": 2}, requests=1, slo=None)).variants[0]
     assert two.run.kv_capacity_tokens > 1.9 * one.run.kv_capacity_tokens
+
+
+def _shared_cores(replicas: int, tensor: int, **workload):
+    """GPT-2 served on 2 hosts of 2 CPU ranks whose ranks all share one machine's 2 cores (the
+    emulated cluster of validation/plan-check-report/replicas/scenarios/c94.yaml), uncalibrated."""
+    data = yaml.safe_load((ROOT / "validation/plan-check-report/replicas/scenarios/c94.yaml").read_text())
+    data["cluster"]["cores"] = 2
+    data["workload"] = {"kind": "serving", "rate_per_s": 1.0, "requests": 1, "prompt_tokens": 32,
+                        "output_tokens": 8, **workload}
+    data["parallel"] = {"tensor": tensor, "replicas": replicas}
+    data["variants"] = data["variants"][:1]
+    return simulate_serving(scenario_from_dict(data, base_dir=ROOT)).variants[0]
+
+
+def test_a_request_alone_on_replicas_sharing_cores_has_them_to_itself():
+    shared, alone = _shared_cores(2, 2), _shared_cores(1, 2)
+    assert shared.metrics[Metric.TTFT] == pytest.approx(alone.metrics[Metric.TTFT], rel=1e-9)
+    assert shared.metrics[Metric.TPOT] == pytest.approx(alone.metrics[Metric.TPOT], rel=1e-9)
+
+
+def test_loaded_replicas_sharing_cores_deliver_what_the_cores_do():
+    # four one-rank replicas on 2 cores, loaded: every rank at half a core, so no more tokens than
+    # two replicas with a core each; one request at a time still runs at a whole core
+    loaded = {"rate_per_s": 40.0, "requests": 200}
+    four, two = _shared_cores(4, 1, **loaded), _shared_cores(2, 1, **loaded)
+    assert four.metrics[Metric.OUTPUT_TOKENS_PER_S] < 1.05 * two.metrics[Metric.OUTPUT_TOKENS_PER_S]
+    assert _shared_cores(4, 1).metrics[Metric.TPOT] == pytest.approx(_shared_cores(2, 1).metrics[Metric.TPOT])

@@ -126,24 +126,71 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
         ConfigError: on ``workload``: a request whose prompt plus output does not fit the KV cache
             even alone.
     """
-    worst = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
-    if worst.prompt_tokens + worst.output_tokens > kv_capacity_tokens:
-        raise ConfigError("workload", f"request {worst.index} needs {worst.prompt_tokens + worst.output_tokens} tokens "
-                                      f"of KV cache, but the memory left beside the weights holds "
-                                      f"{kv_capacity_tokens} (got {worst.prompt_tokens} + {worst.output_tokens})")
-    stages = len(cost.stages)
-    waiting: deque[Request] = deque()
-    running: list[_Running] = []
-    in_flight: deque[_Batch] = deque()  # in launch order, which is also the order they return in
-    served: list[ServedRequest] = []
-    stage_free = [0.0] * stages  # when each stage ends its last iteration (s)
-    link_free = [0.0] * stages  # when each stage's outgoing messages are all delivered (s)
-    stage_busy, link_busy = [0.0] * stages, [0.0] * stages
-    now, iterations, kv_used, next_arrival, max_running = 0.0, 0, 0, 0, 0
-    batch_tokens: list[int] = []
+    return serve_together([requests], [(cost,)], max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
+                          kv_capacity_tokens=[kv_capacity_tokens])[0]
+
+
+def serve_together(shares: list[list[Request]], costs: list[tuple[ServerCost, ...]], *, max_batch_tokens: int,
+                   max_num_seqs: int, kv_capacity_tokens: list[int]) -> list[ServingRun]:
+    """Serve each of ``shares`` on a server of its own (as :func:`serve` does), the servers' clocks
+    run together: server i's iteration launched while k servers are in one, itself included,
+    costs ``costs[i][k - 1]`` (its last where it has fewer), the k servers sharing something (the
+    cores of one machine: :mod:`sim.serving.simulate`). An iteration keeps the cost it started
+    with when another server starts or ends one meanwhile. Servers launching at one instant count
+    each other.
+
+    Raises:
+        ConfigError: as :func:`serve`.
+    """
+    servers = [_Server(share, cost, kv) for share, cost, kv in zip(shares, costs, kv_capacity_tokens)]
+    now = 0.0
     while True:
-        while in_flight and in_flight[0].return_s <= now:
-            batch = in_flight.popleft()
+        for server in servers:
+            server.settle(now)
+        live = [server for server in servers if not server.finished]
+        if not live:
+            break
+        batches = [(server, server.next_batch(now, max_batch_tokens, max_num_seqs)) for server in live]
+        launching = [(server, batch) for server, batch in batches if batch is not None]
+        if launching:
+            busy = len(launching) + sum(server.busy(now) for server, batch in batches if batch is None)
+            for server, batch in launching:
+                server.launch(now, batch, busy)
+            continue
+        now = min(server.next_event_s(now) for server in live)
+    return [server.run() for server in servers]
+
+
+class _Server:
+    """One server's continuous batching (the module docstring), advanced by :func:`serve_together`."""
+
+    def __init__(self, requests: list[Request], costs: tuple[ServerCost, ...], kv_capacity_tokens: int):
+        if requests:
+            worst = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
+            if worst.prompt_tokens + worst.output_tokens > kv_capacity_tokens:
+                raise ConfigError("workload", f"request {worst.index} needs {worst.prompt_tokens + worst.output_tokens} "
+                                              f"tokens of KV cache, but the memory left beside the weights holds "
+                                              f"{kv_capacity_tokens} (got {worst.prompt_tokens} + {worst.output_tokens})")
+        self.requests, self.costs, self.kv_capacity_tokens = requests, costs, kv_capacity_tokens
+        stages = self.stages = len(costs[0].stages)
+        self.waiting: deque[Request] = deque()
+        self.running: list[_Running] = []
+        self.in_flight: deque[_Batch] = deque()  # in launch order, which is also the order they return in
+        self.served: list[ServedRequest] = []
+        self.stage_free = [0.0] * stages  # when each stage ends its last iteration (s)
+        self.link_free = [0.0] * stages  # when each stage's outgoing messages are all delivered (s)
+        self.stage_busy, self.link_busy = [0.0] * stages, [0.0] * stages
+        self.iterations, self.kv_used, self.next_arrival, self.max_running = 0, 0, 0, 0
+        self.batch_tokens: list[int] = []
+
+    @property
+    def finished(self) -> bool:
+        return len(self.served) == len(self.requests)
+
+    def settle(self, now: float) -> None:
+        """Take back the iterations returned by ``now`` and queue the requests arrived by then."""
+        while self.in_flight and self.in_flight[0].return_s <= now:
+            batch = self.in_flight.popleft()
             for r in batch.decoding:
                 r.generated += 1
             for r, n in batch.chunks:
@@ -154,51 +201,67 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
             for r in members:
                 r.in_flight = False
             for r in [r for r in members if r.generated == r.request.output_tokens]:
-                running.remove(r)
-                kv_used -= r.request.prompt_tokens + r.request.output_tokens
-                served.append(ServedRequest(r.request, r.first_token_s, batch.sampled_s))
-        if len(served) == len(requests):
-            break
-        while next_arrival < len(requests) and requests[next_arrival].arrival_s <= now:
-            waiting.append(requests[next_arrival])
-            next_arrival += 1
-        if len(in_flight) < stages and stage_free[0] <= now:
-            batch = _next_batch(running, waiting, max_batch_tokens, max_num_seqs, kv_capacity_tokens - kv_used)
-            if batch is not None:
-                decoding, chunks, admitted = batch
-                kv_used += sum(r.request.prompt_tokens + r.request.output_tokens for r in admitted)
-                max_running = max(max_running, len(running))
-                mean_context = sum(r.context for r in decoding) / len(decoding) if decoding else 0.0
-                parts = cost.stage_s(len(decoding), mean_context, [(n, r.prefilled + n) for r, n in chunks])
-                tokens, sequences = len(decoding) + sum(n for _, n in chunks), len(decoding) + len(chunks)
-                # The stages run iterations in launch order, each one at a time; a stage's messages
-                # leave in that order over its link to the next (vLLM V1's batch queue keeps up to one
-                # iteration in flight per stage: vllm/v1/engine/core.py, step_with_batch_queue).
-                ready = now
-                for s, part in enumerate(parts):
-                    stage_free[s] = max(ready, stage_free[s]) + part
-                    stage_busy[s] += part
-                    hop = cost.hop_s(s, tokens, sequences)
-                    link_busy[s] += hop
-                    link_free[s] = max(stage_free[s], link_free[s]) + hop
-                    ready = link_free[s]
-                in_flight.append(_Batch(decoding, chunks, stage_free[-1], ready))
-                for r in decoding:
-                    r.in_flight = True
-                for r, _ in chunks:
-                    r.in_flight = True
-                iterations += 1
-                batch_tokens.append(tokens)
-                continue
-        events = [in_flight[0].return_s] if in_flight else []
-        if next_arrival < len(requests):
-            events.append(requests[next_arrival].arrival_s)
-        if stage_free[0] > now and len(in_flight) < stages:
-            events.append(stage_free[0])
-        now = min(events)
-    served.sort(key=lambda s: s.request.index)
-    return ServingRun(served, iterations, max(stage_busy), max_running, kv_capacity_tokens, batch_tokens,
-                      tuple(stage_busy), tuple(link_busy))
+                self.running.remove(r)
+                self.kv_used -= r.request.prompt_tokens + r.request.output_tokens
+                self.served.append(ServedRequest(r.request, r.first_token_s, batch.sampled_s))
+        while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
+            self.waiting.append(self.requests[self.next_arrival])
+            self.next_arrival += 1
+
+    def busy(self, now: float) -> bool:
+        """Whether the first stage is in an iteration at ``now``."""
+        return self.stage_free[0] > now
+
+    def next_batch(self, now: float, max_batch_tokens: int, max_num_seqs: int):
+        """The iteration to launch at ``now`` (:func:`_next_batch`'s), None where none can start."""
+        if len(self.in_flight) >= self.stages or self.stage_free[0] > now:
+            return None
+        return _next_batch(self.running, self.waiting, max_batch_tokens, max_num_seqs,
+                           self.kv_capacity_tokens - self.kv_used)
+
+    def launch(self, now: float, batch, busy: int) -> None:
+        """Start ``batch`` at ``now`` with ``busy`` servers in an iteration (see :func:`serve_together`)."""
+        cost = self.costs[min(busy, len(self.costs)) - 1]
+        decoding, chunks, admitted = batch
+        self.kv_used += sum(r.request.prompt_tokens + r.request.output_tokens for r in admitted)
+        self.max_running = max(self.max_running, len(self.running))
+        mean_context = sum(r.context for r in decoding) / len(decoding) if decoding else 0.0
+        parts = cost.stage_s(len(decoding), mean_context, [(n, r.prefilled + n) for r, n in chunks])
+        tokens, sequences = len(decoding) + sum(n for _, n in chunks), len(decoding) + len(chunks)
+        # The stages run iterations in launch order, each one at a time; a stage's messages
+        # leave in that order over its link to the next (vLLM V1's batch queue keeps up to one
+        # iteration in flight per stage: vllm/v1/engine/core.py, step_with_batch_queue).
+        ready = now
+        for s, part in enumerate(parts):
+            self.stage_free[s] = max(ready, self.stage_free[s]) + part
+            self.stage_busy[s] += part
+            hop = cost.hop_s(s, tokens, sequences)
+            self.link_busy[s] += hop
+            self.link_free[s] = max(self.stage_free[s], self.link_free[s]) + hop
+            ready = self.link_free[s]
+        self.in_flight.append(_Batch(decoding, chunks, self.stage_free[-1], ready))
+        for r in decoding:
+            r.in_flight = True
+        for r, _ in chunks:
+            r.in_flight = True
+        self.iterations += 1
+        self.batch_tokens.append(tokens)
+
+    def next_event_s(self, now: float) -> float:
+        """When something next happens to the server after ``now`` (s): an iteration's return, an
+        arrival, its first stage coming free."""
+        events = [self.in_flight[0].return_s] if self.in_flight else []
+        if self.next_arrival < len(self.requests):
+            events.append(self.requests[self.next_arrival].arrival_s)
+        if self.stage_free[0] > now and len(self.in_flight) < self.stages:
+            events.append(self.stage_free[0])
+        return min(events)
+
+    def run(self) -> ServingRun:
+        """What the server did (:class:`ServingRun`)."""
+        served = sorted(self.served, key=lambda s: s.request.index)
+        return ServingRun(served, self.iterations, max(self.stage_busy), self.max_running, self.kv_capacity_tokens,
+                          self.batch_tokens, tuple(self.stage_busy), tuple(self.link_busy))
 
 
 def _next_batch(running: list[_Running], waiting: deque[Request], max_batch_tokens: int, max_num_seqs: int,

@@ -16,17 +16,22 @@ distributed between the servers using a weighted round-robin balancing method", 
 equal): request i goes to replica i mod R, so at an offered rate r each replica serves r / R, and
 each runs its own continuous batching in its own memory (:func:`serve_replicas`). The metrics are
 over every request of every replica. Replicas whose ranks share one machine's cores (the emulated
-cluster, ``cluster.cores``) are each priced on their share of them, as the inference simulator
-prices them (:func:`sim.replicas.replica_pools`), and their collectives' messages contend with
-every replica's ranks (:meth:`sim.transport._TransportLinks.floor_s`): the cost of an iteration
-with every replica in one at once. That is the loaded server, where the rate search's SLO
-percentiles are decided: exact there for replicas of equal work. Replicas are not in lockstep,
-though: where the others idle, a replica's ranks have the cores to themselves and its iteration
-is priced too slow, by up to the ratio of a rank's core share alone to it shared,
-``min(1, c / n) / min(1, c / (R n))`` for R replicas of n ranks on c cores (at most R), plus the
-messages' contention floor its idle copies do not cause. GPT-2 on 2 x 2 CPU ranks sharing 2
-cores, tensor-parallel 2 x 2 replicas, one request at a time: TTFT 234 ms against 134 ms alone,
-TPOT 126 against 50 ms (calibrated on v2x2_bandwidth; a prediction). A pipeline of tensor-parallel groups (``parallel.pipeline``)
+cluster, ``cluster.cores``) slow each other only while they compute at once, and they are not in
+lockstep: an iteration launched while k replicas are in one (itself included) is priced with k
+of them on the cores, each on its share (:func:`sim.replicas.replica_pools`, as the inference
+simulator prices its replicas, all R at once) and its collectives' messages contending with the
+k replicas' ranks (:meth:`sim.transport._TransportLinks.floor_s`); the replicas' clocks run
+together (:func:`sim.serving.scheduler.serve_together`). Exact for a request alone (k = 1) and
+for a loaded server whose replicas are all in an iteration (k = R), where the rate search's SLO
+percentiles are decided. In between, an iteration keeps the price it started with: another
+replica starting one meanwhile slows it in fact (priced too fast), one ending lets it speed up
+(priced too slow); each replica starting or ending one meanwhile is worth at most the ratio of
+a rank's core share at the two counts, ``min(1, c / (k n)) / min(1, c / ((k + 1) n))`` for
+replicas of n ranks on c cores (at most (k + 1) / k), on the iteration's compute, plus the
+contention floor of the other replica's messages. Pricing every iteration with all R replicas at
+once instead (as the inference simulator does) over-prices a lone request: GPT-2 on 2 x 2 CPU
+ranks sharing 2 cores, tensor-parallel 2 x 2 replicas, TTFT 234 against 134 ms, TPOT 126 against
+50 ms (calibrated on v2x2_bandwidth; a prediction). A pipeline of tensor-parallel groups (``parallel.pipeline``)
 is one server keeping an iteration in flight per stage (:mod:`sim.serving.scheduler`), each stage
 holding its layers' weights and KV cache.
 """
@@ -50,7 +55,7 @@ from sim.scenario import Scenario, Variant
 from sim.serving.config import MAX_REQUESTS, ServingSLO, ServingWorkload
 from sim.serving.iteration import IterationCost, ServerCost
 from sim.serving.requests import Request, at_rate, workload_requests
-from sim.serving.scheduler import ServingRun, serve
+from sim.serving.scheduler import ServingRun, serve_together
 from sim.simulate import build_pricing
 from sim.topology import Topology, build_topology
 from sim.vocabulary import Metric, WorkloadKind
@@ -147,27 +152,30 @@ def check_serving_layout(parallel: ParallelPlan) -> None:
 
 @dataclass(frozen=True)
 class ReplicaServer:
-    """One replica's server: its iteration costs and the tokens its KV cache holds."""
+    """One replica's server: its iteration costs with 1, 2, ... replicas in an iteration at once
+    (one: replicas that share nothing; :func:`sim.serving.scheduler.serve_together`) and the
+    tokens its KV cache holds."""
 
-    cost: ServerCost
+    costs: tuple[ServerCost, ...]
     kv_capacity_tokens: int
 
 
 def serve_replicas(requests: list[Request], servers: list[ReplicaServer], *, max_batch_tokens: int,
                    max_num_seqs: int) -> ServingRun:
     """Serve ``requests`` on replicas behind a round-robin balancer (request i on replica i mod R,
-    see the module docstring), each by continuous batching (:func:`sim.serving.scheduler.serve`);
-    the runs together: every request's times (in request order), iterations and busy time summed
-    over replicas, ``max_running`` the sum of the replicas' peaks (an upper bound of the requests
-    running at once), ``kv_capacity_tokens`` the replicas' total.
+    see the module docstring), each by continuous batching, their clocks together
+    (:func:`sim.serving.scheduler.serve_together`); the runs together: every request's times (in
+    request order), iterations and busy time summed over replicas, ``max_running`` the sum of the
+    replicas' peaks (an upper bound of the requests running at once), ``kv_capacity_tokens`` the
+    replicas' total.
 
     Raises:
         ConfigError: as :func:`~sim.serving.scheduler.serve`, for a request that does not fit its
             replica's KV cache.
     """
-    runs = [serve(share, server.cost, max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs,
-                  kv_capacity_tokens=server.kv_capacity_tokens)
-            for i, server in enumerate(servers) if (share := requests[i::len(servers)])]
+    runs = serve_together([requests[i::len(servers)] for i in range(len(servers))],
+                          [server.costs for server in servers], max_batch_tokens=max_batch_tokens,
+                          max_num_seqs=max_num_seqs, kv_capacity_tokens=[s.kv_capacity_tokens for s in servers])
     if len(servers) == 1:
         return runs[0]
     served = sorted((s for run in runs for s in run.served), key=lambda s: s.request.index)
@@ -324,12 +332,18 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     parallel = ParallelPlan.of(scenario, topology)
     check_serving_layout(parallel)
     ranks = parallel.ranks
-    pricing = build_pricing(scenario, topology, ranks, profile, context_group=parallel.replica_ranks[0],
-                            layout=parallel.uncalibrated_layout, pipelined=parallel.pipeline > 1,
-                            copies=parallel.replicas)
-    if parallel.replicas > 1:  # each replica on its share of the cores they share (module docstring)
-        pricing.engine.cores = tuple(pool for group in parallel.replica_ranks
-                                     for pool in replica_pools(pricing.cores, parallel.replica_ranks, group))
+    pricings = [build_pricing(scenario, topology, ranks, profile, context_group=parallel.replica_ranks[0],
+                              layout=parallel.uncalibrated_layout, pipelined=parallel.pipeline > 1)]
+    if parallel.replicas > 1 and pricings[0].cores:
+        # Replicas sharing a machine's cores: priced with 1, 2, ... of them in an iteration at
+        # once, each on its share of the cores and its messages contending with theirs (module docstring).
+        pricings += [build_pricing(scenario, topology, ranks, profile, context_group=parallel.replica_ranks[0],
+                                   layout=parallel.uncalibrated_layout, copies=busy)
+                     for busy in range(2, parallel.replicas + 1)]
+        for busy, priced in enumerate(pricings, 1):
+            priced.engine.cores = tuple(pool for group in parallel.replica_ranks for pool in
+                                        replica_pools(priced.cores, parallel.replica_ranks, group, computing=busy))
+    pricing = pricings[0]
     if parallel.pipeline > 1:  # alike stages: their collectives priced once (as sim.simulate.simulate does)
         pricing.engine.pricer = AlikeGroups(pricing.engine.pricer, topology, pricing.engine.links)
     base_dir = scenario.source_path.parent if scenario.source_path else None
@@ -350,12 +364,15 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
         costs: dict[tuple, IterationCost] = {}
         servers = []
         for replica, shards, capacity in zip(parts, parallel.replica_shards, capacities):
-            for group, key, stage in replica:
-                if key not in costs:  # the first group of each shape builds the costs the others share
-                    costs[key] = IterationCost(scenario.model, group, variant.choice(), pricing.engine, shards, stage)
-            cost = ServerCost(scenario.model, tuple(costs[key] for _, key, _ in replica),
-                              tuple(group[0] for group, _, _ in replica), pricing.engine)
-            servers.append(ReplicaServer(cost, capacity))
+            server = []
+            for busy, priced in enumerate(pricings, 1):
+                for group, key, stage in replica:
+                    if (busy, key) not in costs:  # the first group of each shape builds the costs the others share
+                        costs[busy, key] = IterationCost(scenario.model, group, variant.choice(), priced.engine,
+                                                         shards, stage)
+                server.append(ServerCost(scenario.model, tuple(costs[busy, key] for _, key, _ in replica),
+                                         tuple(group[0] for group, _, _ in replica), priced.engine))
+            servers.append(ReplicaServer(tuple(server), capacity))
 
         def run_at(batch: list[Request], servers: list[ReplicaServer] = servers) -> ServingRun:
             return serve_replicas(batch, servers, max_batch_tokens=workload.max_batch_tokens,
@@ -371,7 +388,8 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
             metrics[Metric.MAX_REQUEST_RATE] = search.rate_per_s
         results.append(ServingVariantResult(variant, run, metrics, search))
         tables.append(result_rows(config.name, variant.name, "simulated", metrics, {}))
-    extrapolated = tuple(sorted(pricing.compute.extrapolated | pricing.network.extrapolated)) if profile else ()
+    extrapolated = tuple(sorted(set().union(*(p.compute.extrapolated | p.network.extrapolated for p in pricings)))) \
+        if profile else ()
     return ServingResult(scenario, topology, ranks, tuple(results), pd.concat(tables, ignore_index=True),
                          calibrated=profile is not None, layout=parallel.label, network=pricing.choice,
                          extrapolated=extrapolated)
