@@ -8,7 +8,10 @@ tensor and call no collective together. Each is simulated on its own devices as 
 own, so two replicas whose links meet (a shared uplink) do not slow each other here. Replicas
 whose ranks share one machine's cores (the emulated cluster, ``cluster.cores``) do: each replica
 is simulated on its share of the cores (:func:`replica_pools`), as every replica's ranks compute
-at once. On the testbed four one-rank replicas on 2 cores measured TPOT 81 ms, one rank alone
+at once, and its collectives' messages wait for cores every replica's busy ranks want at once (the
+contention floor counts them: ``copies`` of :class:`sim.transport.TransportNetwork`; TP-2 x 2
+replicas on 2 cores, ``c94``: TPOT 155 ms measured, 131 predicted, 74 with one replica's ranks
+counted). On the testbed four one-rank replicas on 2 cores measured TPOT 81 ms, one rank alone
 39 ms (``validation/plan-check-report/replicas/``, ``close-call/``); their memory bandwidth is
 not shared in the simulation, and need not be: k one-thread processes streaming GPT-2's weights
 at once each take the CPU time one alone does (``benchmarks/bench_machine_sharing.py``).
