@@ -24,7 +24,10 @@
   here: GPT-2's whole ``mlp_up`` at 32 prompt tokens took 3.1 times its 4-way shard in place,
   which FLOPs and 4 ranks on 2 cores put at 2.0). Per-operator profiles by shape, as Vidur's
   (Agrawal et al., MLSys 2024, arXiv 2405.05187). Those times hold no contention: the target's
-  comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor.
+  comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor. A decode op
+  timed alone at several batch sizes is priced between them in its rows
+  (:meth:`CalibratedCompute._by_shape`): the roofline's memory-bound decode costs 2 rows as 1,
+  a CPU thread x1.89 (``benchmarks/bench_decode_rows.py``).
 
 * On a device whose host queues kernels ahead (CUDA: the profile has ``device_ceiling``,
   ``compute_device`` and ``host_issue`` rows), a forward op costs the larger of its host's queuing
