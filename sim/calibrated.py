@@ -24,7 +24,10 @@
   here: GPT-2's whole ``mlp_up`` at 32 prompt tokens took 3.1 times its 4-way shard in place,
   which FLOPs and 4 ranks on 2 cores put at 2.0). Per-operator profiles by shape, as Vidur's
   (Agrawal et al., MLSys 2024, arXiv 2405.05187). Those times hold no contention: the target's
-  comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor.
+  comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor. A decode op
+  timed alone at several batch sizes is priced between them in its rows
+  (:meth:`CalibratedCompute._by_shape`): the roofline's memory-bound decode costs 2 rows as 1,
+  a CPU thread x1.89 (``benchmarks/bench_decode_rows.py``).
 
 * On a device whose host queues kernels ahead (CUDA: the profile has ``device_ceiling``,
   ``compute_device`` and ``host_issue`` rows), a forward op costs the larger of its host's queuing
@@ -63,6 +66,7 @@ from sim.plan import Op
 from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile, noise_floor
 from sim.program import Gradient
 from sim.topology import Device, Topology
+from sim.vocabulary import PhaseKind
 
 
 
@@ -125,6 +129,8 @@ class CalibratedCompute:
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _shapes: dict[tuple, dict[float, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict, repr=False)
     _widths: dict[tuple, float] = field(default_factory=dict, repr=False)
+    # decode rows timed alone at several batch sizes: (key, width) -> (FLOPs of one row, {batch: s per roofline s})
+    _batches: dict[tuple, tuple[float, dict[int, float]]] = field(default_factory=dict, repr=False)
     _new_tokens: dict[tuple, np.ndarray] = field(default_factory=dict, repr=False)  # per table point
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
@@ -154,6 +160,7 @@ class CalibratedCompute:
             self._gap_s[row.device_class] = float(getattr(row, CHARGED[MeasurementKind.OP_GAP]))
         self.asynchronous = AsyncCompute(self.profile, self.fallback.dtype, dict(self._gap_s))
         shapes: dict[tuple, dict[float, list[tuple[float, float]]]] = {}
+        batches: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
         for row in self.profile.of(MeasurementKind.COMPUTE_ISOLATED).itertuples(index=False):
             if self.model is None:
                 break
@@ -170,13 +177,20 @@ class CalibratedCompute:
             x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
             key = (row.device_class, row.dtype, row.op, _regime(new))
             width_share = self._width(kind, costs[kind] if kind in _LAYER_KINDS else None, new, context)
-            shapes.setdefault(key, {}).setdefault(width_share, []).append(
-                (x, float(getattr(row, CHARGED[MeasurementKind.COMPUTE_ISOLATED]))))
+            time_s = float(getattr(row, CHARGED[MeasurementKind.COMPUTE_ISOLATED]))
+            shapes.setdefault(key, {}).setdefault(width_share, []).append((x, time_s))
+            if key[3] == PhaseKind.DECODE and kind != OpKind.ATTENTION and x > 0:  # attention's batch is in its width
+                batches.setdefault((key, width_share), {}).setdefault(batch, []).append((row.flops / batch, time_s / x))
         for key, widths in shapes.items():
             self._shapes[key] = {}
             for width, values in sorted(widths.items()):
                 xs = np.array(sorted({x for x, _ in values}))
                 self._shapes[key][width] = (xs, np.array([np.median([y for x, y in values if x == v]) for v in xs]))
+        for at, by_batch in batches.items():
+            if len(by_batch) > 1:  # a profile timing decode at one batch size prices as before
+                row_flops = float(np.median([f for values in by_batch.values() for f, _ in values]))
+                self._batches[at] = (row_flops, {b: float(np.median([r for _, r in values]))
+                                                 for b, values in sorted(by_batch.items())})
 
     def gap_s(self, device: Device) -> float:
         """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
@@ -226,11 +240,20 @@ class CalibratedCompute:
         op's token shape, its roofline scaled to the width (FLOPs, traffic, both in proportion
         to a shard's width), and interpolated linearly in width between the two measured widths
         around the op's; beyond the measured widths, the nearest one's, and beyond a width's
-        measured tokens, its nearest row's (FLOPs scaling; both flagged in ``extrapolated``)."""
+        measured tokens, its nearest row's (FLOPs scaling; both flagged in ``extrapolated``).
+
+        Where a width's decode rows of a kind other than attention were timed at several batch sizes
+        (:func:`runtime.shape_bench.decode_batch_sizes`), its time per roofline second is instead
+        interpolated linearly in the op's rows (its FLOPs over one row's at that width) between the
+        measured batch sizes around it, beyond them the nearest one's (flagged): the roofline prices
+        a memory-bound decode of 2 rows about as 1, which one torch CPU thread does not
+        (``benchmarks/bench_decode_rows.py``: x1.89). Attention's rows are in its width already
+        (sequences times heads)."""
         if op.gradient is not None or op.kind == OpKind.OPTIMIZER_STEP or op.cost is None:
             return None
         name = device.spec.name
-        tables = self._shapes.get((name, self.fallback.dtype, str(op.kind), _regime(op.shape[0])))
+        key = (name, self.fallback.dtype, str(op.kind), _regime(op.shape[0]))
+        tables = self._shapes.get(key)
         if tables is None:
             return None
         new, context = op.shape
@@ -241,6 +264,13 @@ class CalibratedCompute:
         outside = []
 
         def efficiency(at: float) -> float:
+            if (batched := self._batches.get((key, at))) is not None:
+                row_flops, rates = batched
+                rows = op.cost.flops * at / width / row_flops
+                sizes = list(rates)
+                if not sizes[0] * (1 - 1e-6) <= rows <= sizes[-1] * (1 + 1e-6):
+                    outside.append(f"decode batch sizes ({', '.join(map(str, sizes))})")
+                return float(np.interp(rows, sizes, list(rates.values())))
             xs, ys = tables[at]
             scaled = x * at / width
             if xs[0] <= scaled <= xs[-1]:
