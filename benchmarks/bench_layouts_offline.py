@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim import token_bucket
+from sim import cores, token_bucket
 from sim.outputs import write_files
 from sim.profile import load_profile
 from sim.scenario import load_scenario
@@ -153,8 +153,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write errors.csv and summary.md here")
     parser.add_argument("--token-buckets", action="store_true",
                         help="price the links' declared token buckets (sim.token_bucket.PRICED, off by default)")
+    parser.add_argument("--core-turns", action="store_true",
+                        help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
     args = parser.parse_args()
     token_bucket.PRICED = args.token_buckets
+    cores.SCHEDULING = cores.CoreScheduling.TURNS if args.core_turns else cores.SCHEDULING
     started = time.perf_counter()
     errors = layout_errors(args.report, on_progress=lambda text: print(text, file=sys.stderr))
     command = f"PYTHONPATH=. python benchmarks/bench_layouts_offline.py --report {args.report}" + (
