@@ -16,7 +16,7 @@ error) under ``--out`` and prints the mean error per target, prompt, phase and a
 and source (columns). Two to five minutes on the project's 2-core machine.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_allreduce_in_run.py --out DIR [--token-buckets]
-[--also MATRIX REPORT]``
+[--also MATRIX REPORT] [--core-turns]``
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ The same for a plan check (``--plan-check``, default ``validation/plan-check-rep
 simulated with the plan's profile (``--plan-check-profile``) against its measured medians
 (``candidates.csv``), labelled replay or prediction as the check labelled it.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR] [--core-turns]``
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def main() -> None:
     started = time.perf_counter()
     errors = layout_errors(args.report, on_progress=lambda text: print(text, file=sys.stderr))
     command = f"PYTHONPATH=. python benchmarks/bench_layouts_offline.py --report {args.report}" + (
-        " --token-buckets" if args.token_buckets else "")
+        " --token-buckets" if args.token_buckets else "") + (" --core-turns" if args.core_turns else "")
     text = summary_markdown(errors, command) + "\n" + plan_check_markdown(
         plan_check_errors(args.plan_check, args.plan_check_profile))
     print(text)
