@@ -283,7 +283,8 @@ class TakingTurns:
         """When a turn started at ``turn_start_s`` ends while some rank waits: the first tick
         after its slice, and not before now (a rank running alone past its slice is sent back at
         the tick after someone comes to wait)."""
-        return math.ceil(max(turn_start_s + self.slice_s, self.env.now) / self.tick_s * (1 - _DONE_REL)) * self.tick_s
+        tick_s = math.ceil(max(turn_start_s + self.slice_s, self.env.now) / self.tick_s * (1 - _DONE_REL)) * self.tick_s
+        return tick_s if tick_s > turn_start_s else tick_s + self.tick_s  # a turn that starts on a tick lasts to the next
 
     def _reschedule(self) -> None:
         self._generation += 1
@@ -312,7 +313,7 @@ class TakingTurns:
                 if self._preempt_s(job[3]) <= self.env.now * (1 + _DONE_REL):
                     del self._running[j]
                     job[3] = None
-                    self._waiting.append((self.env.now, self._had[job[0]], job[0], j))
+                    self._waiting.append((self.env.now, self._had.get(job[0], 0.0), job[0], j))
         if finished or len(self._running) < self.slots:
             self._end_of_instant()
         self._reschedule()

@@ -1,6 +1,8 @@
 """Core contention as a resource of the simulated segment (sim.cores): ranks that outnumber a
 machine's cores share them, ranks with cores enough are left exactly as they were."""
 
+from functools import partial
+
 import pytest
 import simpy
 
@@ -60,6 +62,9 @@ def test_ranks_taking_turns_hand_over_at_the_first_tick_after_their_slice():
     turns = _finish_times(2, [(0.0, work_s)] * 4, server_class=TakingTurns)
     assert turns == pytest.approx([4.5 * TICK_S, 4.5 * TICK_S, 5 * TICK_S, 5 * TICK_S])
     assert max(turns) == pytest.approx(max(_finish_times(2, [(0.0, work_s)] * 4)))
+    # no slice: a turn runs to the next tick, one that starts on a tick to the one after
+    no_slice = _finish_times(2, [(0.0, 2.5e-3)] * 4, server_class=partial(TakingTurns, tick_s=1e-3, slice_s=0.0))
+    assert no_slice == pytest.approx([4.5e-3, 4.5e-3, 5e-3, 5e-3])
 
 
 def test_a_rank_waking_while_the_cores_are_taken_waits_for_one():
