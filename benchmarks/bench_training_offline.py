@@ -38,7 +38,6 @@ from sim.context import profile_contexts
 from sim.program import Stream
 from sim.training.metrics import union_length_s
 from sim.profile import ISOLATED, MeasurementKind
-from sim.training.comm_thread import schedule_work
 from sim.training.simulate import simulate_training
 from sim.transport import context_topology, fit_profile, price
 from sim.vocabulary import Metric
@@ -105,7 +104,7 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
     start in the trace plus the case's measured median ``backward_s`` per micro-batch: an
     estimate, the trace keeps no ready times). ``excess_per_step_ms``:
     the after-backward buckets' measured less priced time over the schedule steps rank 0 takes part
-    in (:func:`sim.training.comm_thread.schedule_work`): what each message of a queued bucket
+    in: what each step of a queued bucket
     costs beyond its isolated timing; ``tcp_retransmitted_segments_per_step``: the TCP segments the
     cluster's hosts retransmitted per timed step, mean over its devices
     (:mod:`runtime.tcp_counters`), and ``dropped_packets_per_step``: the packets their tbf queues
@@ -146,7 +145,7 @@ def bucket_excess(scenarios, runs) -> pd.DataFrame:
                 after.append((end - start, price_s))
                 schedule = build_schedule(OpKind.ALLREDUCE, result.settings.allreduce, group, int(size),
                                           host_groups=simulated.topology.host_groups(group))
-                steps += schedule_work(schedule, group[0])[0]
+                steps += sum(1 for step in schedule.steps if any(group[0] in (t.src, t.dst) for t in step))
             case = run.measured[run.measured["variant"] == variant.name]
             rows.append({"cluster": scenario.name, "case": variant.name,
                          "during_backward": len(during),

@@ -108,3 +108,8 @@ class ModelSpec:
     def with_attention(self, attention: str) -> "ModelSpec":
         """The same model with another attention kernel; raises :class:`ConfigError` on an unknown one."""
         return dataclasses.replace(self, attention=attention)
+
+    def same_architecture(self, other: "ModelSpec") -> bool:
+        """Whether ``other`` is this model under any name and in any dtype: every other field equal
+        (the same ops at the same shapes, whatever a scenario or a checkpoint calls it)."""
+        return dataclasses.replace(self, name=other.name, dtype=other.dtype) == other

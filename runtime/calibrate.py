@@ -21,7 +21,9 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
   collective inside a host (:func:`sim.transport.fit_intra_host`).
 * ``compute_isolated``: the model's compute ops at each tensor-parallel width up to the group's,
   timed alone on the first rank while the others wait (:mod:`runtime.shape_bench`): what an op
-  of another shard shape costs on a core of its own.
+  of another shard shape costs on a core of its own; decode steps also at batch sizes 1, 2, 4 and
+  the powers of two up to the scenario's (:func:`runtime.shape_bench.decode_batch_sizes`), which
+  a plan's replicas run.
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
 * ``context``: what all this was measured on (:mod:`sim.context`): device types, ranks per host,

@@ -15,8 +15,16 @@ What is timed, on the group's first rank, with the scenario's model, dtype and b
 tensor-parallel width ``k`` from 1 to the calibrated ranks that splits the model evenly
 (:func:`models.shards.check_tensor_parallel`), rank 0's shard of one decoder layer
 (``layernorm``, ``qkv_proj``, ``attention``, ``out_proj``, ``mlp_up``, ``mlp_down``), and at width 1
-the master's ``embedding`` and ``lm_head``; each at every calibration prompt as a prefill (``p``
-new tokens over ``p``) and as one decode step after it (1 over ``p + 1``). A few seconds in all.
+the master's ``embedding`` and ``lm_head``; each at every calibration prompt as a prefill of the
+scenario's batch (``p`` new tokens over ``p``) and as one decode step after it (1 over ``p + 1``)
+at each batch size of :func:`decode_batch_sizes`. A few seconds in all.
+
+Decode is timed at several batch sizes because its cost per row is not the roofline's: a decode
+step's linear layers are memory-bound, so the roofline prices 2 rows about as 1, but on one torch
+CPU thread one row goes to a matrix-vector kernel and more rows to a matrix-matrix kernel that
+streams the weights more slowly at these sizes (measured here, GPT-2's decode linear layers: 2 rows
+x1.89 one row's time, 4 rows x2.44, 8 rows x2.86; ``benchmarks/bench_decode_rows.py``). A plan
+that splits a batch among replicas runs decode at batch sizes the scenario's calibration did not.
 
 On a CUDA device each call is also split in two, as ``compute_device`` and ``host_issue`` rows: a
 GPU runs the kernels its host queued ahead, so a step costs the host's queuing and the device's
@@ -61,26 +69,41 @@ def bench_widths(spec, ranks: int) -> tuple[int, ...]:
     return tuple(widths)
 
 
+DECODE_BATCHES = (1, 2, 4)  # decode batch sizes timed whatever the scenario's: replicas split a batch
+
+
+def decode_batch_sizes(batch_size: int) -> tuple[int, ...]:
+    """The batch sizes a decode step is timed at for a scenario of ``batch_size`` sequences:
+    :data:`DECODE_BATCHES`, the powers of two up to ``batch_size`` and ``batch_size`` itself, so
+    that any batch a plan splits the scenario's into lies between two timed ones (module docstring)."""
+    powers = {2**k for k in range(batch_size.bit_length()) if 2**k <= batch_size}
+    return tuple(sorted({*DECODE_BATCHES, *powers, batch_size}))
+
+
 def shape_rows(spec, *, device_class: str, batch_size: int, prompts: tuple[int, ...], max_tokens: int,
-               ranks: int, dtype: torch.dtype, device: torch.device) -> list[dict]:
-    """The ``compute_isolated`` profile rows (see the module docstring): one per op kind, width and
-    shape, its statistics over :data:`SHAPE_REPEATS` calls (s)."""
+               ranks: int, dtype: torch.dtype, device: torch.device,
+               decode_batches: tuple[int, ...] | None = None) -> list[dict]:
+    """The ``compute_isolated`` profile rows (see the module docstring): one per op kind, width,
+    batch size and shape, its statistics over :data:`SHAPE_REPEATS` calls (s). Prefill at
+    ``batch_size``; decode at ``decode_batches`` (default :func:`decode_batch_sizes`)."""
+    decode_batches = decode_batch_sizes(batch_size) if decode_batches is None else decode_batches
     rows = []
     for width in bench_widths(spec, ranks):
-        model = RankModel(spec, width, 0, seed=0, batch_size=batch_size, max_tokens=max_tokens, device=device,
-                          dtype=dtype, stage=Stage(0, 1, embeds=width == 1, heads=width == 1))
+        model = RankModel(spec, width, 0, seed=0, batch_size=max(batch_size, *decode_batches), max_tokens=max_tokens,
+                          device=device, dtype=dtype, stage=Stage(0, 1, embeds=width == 1, heads=width == 1))
         for prompt in prompts:
-            for new, start in ((prompt, 0), (1, prompt)):
-                times, split = _time_layer(model, batch_size, new, start)
-                costs = layer_op_costs(spec, tp_degree=width, batch_size=batch_size, new_tokens=new,
+            for new, start, batch in ((prompt, 0, batch_size), *((1, prompt, b) for b in decode_batches)):
+                model.rows = slice(0, batch)  # the KV-cache rows of this batch (the cache holds the largest)
+                times, split = _time_layer(model, batch, new, start)
+                costs = layer_op_costs(spec, tp_degree=width, batch_size=batch, new_tokens=new,
                                        context_tokens=start + new, shard=model.shard)
                 if width == 1:
-                    costs.update({k: v for k, v in head_op_costs(spec, batch_size=batch_size, new_tokens=new).items()
+                    costs.update({k: v for k, v in head_op_costs(spec, batch_size=batch, new_tokens=new).items()
                                   if k != OpKind.LAYERNORM})
                 for kind, values in times.items():
                     cost = costs[kind]
                     shape = {"device_class": device_class, "op": str(kind), "group_size": width,
-                             "batch_size": batch_size, "new_tokens": new, "context_tokens": start + new,
+                             "batch_size": batch, "new_tokens": new, "context_tokens": start + new,
                              "dtype": spec.dtype, "flops": cost.flops,
                              "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s"}
                     rows.append({"measurement": MeasurementKind.COMPUTE_ISOLATED, **shape, "method": METHOD,

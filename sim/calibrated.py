@@ -24,7 +24,10 @@
   here: GPT-2's whole ``mlp_up`` at 32 prompt tokens took 3.1 times its 4-way shard in place,
   which FLOPs and 4 ranks on 2 cores put at 2.0). Per-operator profiles by shape, as Vidur's
   (Agrawal et al., MLSys 2024, arXiv 2405.05187). Those times hold no contention: the target's
-  comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor.
+  comes from the engine's processor sharing alone (:mod:`sim.cores`), with no factor. A decode op
+  timed alone at several batch sizes is priced between them in its rows
+  (:meth:`CalibratedCompute._by_shape`): the roofline's memory-bound decode costs 2 rows as 1,
+  a CPU thread x1.89 (``benchmarks/bench_decode_rows.py``).
 
 * On a device whose host queues kernels ahead (CUDA: the profile has ``device_ceiling``,
   ``compute_device`` and ``host_issue`` rows), a forward op costs the larger of its host's queuing
@@ -63,6 +66,7 @@ from sim.plan import Op
 from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile, noise_floor
 from sim.program import Gradient
 from sim.topology import Device, Topology
+from sim.vocabulary import PhaseKind
 
 
 
@@ -125,6 +129,8 @@ class CalibratedCompute:
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _shapes: dict[tuple, dict[float, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict, repr=False)
     _widths: dict[tuple, float] = field(default_factory=dict, repr=False)
+    # decode rows timed alone at several batch sizes: (key, width) -> (FLOPs of one row, {batch: s per roofline s})
+    _batches: dict[tuple, tuple[float, dict[int, float]]] = field(default_factory=dict, repr=False)
     _new_tokens: dict[tuple, np.ndarray] = field(default_factory=dict, repr=False)  # per table point
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
@@ -154,6 +160,7 @@ class CalibratedCompute:
             self._gap_s[row.device_class] = float(getattr(row, CHARGED[MeasurementKind.OP_GAP]))
         self.asynchronous = AsyncCompute(self.profile, self.fallback.dtype, dict(self._gap_s))
         shapes: dict[tuple, dict[float, list[tuple[float, float]]]] = {}
+        batches: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
         for row in self.profile.of(MeasurementKind.COMPUTE_ISOLATED).itertuples(index=False):
             if self.model is None:
                 break
@@ -170,13 +177,20 @@ class CalibratedCompute:
             x = self._axis(row.flops, row.traffic_bytes, row.device_class, row.dtype)
             key = (row.device_class, row.dtype, row.op, _regime(new))
             width_share = self._width(kind, costs[kind] if kind in _LAYER_KINDS else None, new, context)
-            shapes.setdefault(key, {}).setdefault(width_share, []).append(
-                (x, float(getattr(row, CHARGED[MeasurementKind.COMPUTE_ISOLATED]))))
+            time_s = float(getattr(row, CHARGED[MeasurementKind.COMPUTE_ISOLATED]))
+            shapes.setdefault(key, {}).setdefault(width_share, []).append((x, time_s))
+            if key[3] == PhaseKind.DECODE and kind != OpKind.ATTENTION and x > 0:  # attention's batch is in its width
+                batches.setdefault((key, width_share), {}).setdefault(batch, []).append((row.flops / batch, time_s / x))
         for key, widths in shapes.items():
             self._shapes[key] = {}
             for width, values in sorted(widths.items()):
                 xs = np.array(sorted({x for x, _ in values}))
                 self._shapes[key][width] = (xs, np.array([np.median([y for x, y in values if x == v]) for v in xs]))
+        for at, by_batch in batches.items():
+            if len(by_batch) > 1:  # a profile timing decode at one batch size prices as before
+                row_flops = float(np.median([f for values in by_batch.values() for f, _ in values]))
+                self._batches[at] = (row_flops, {b: float(np.median([r for _, r in values]))
+                                                 for b, values in sorted(by_batch.items())})
 
     def gap_s(self, device: Device) -> float:
         """The framework's time between two ops on ``device`` (s); 0 if not calibrated."""
@@ -226,11 +240,20 @@ class CalibratedCompute:
         op's token shape, its roofline scaled to the width (FLOPs, traffic, both in proportion
         to a shard's width), and interpolated linearly in width between the two measured widths
         around the op's; beyond the measured widths, the nearest one's, and beyond a width's
-        measured tokens, its nearest row's (FLOPs scaling; both flagged in ``extrapolated``)."""
+        measured tokens, its nearest row's (FLOPs scaling; both flagged in ``extrapolated``).
+
+        Where a width's decode rows of a kind other than attention were timed at several batch sizes
+        (:func:`runtime.shape_bench.decode_batch_sizes`), its time per roofline second is instead
+        interpolated linearly in the op's rows (its FLOPs over one row's at that width) between the
+        measured batch sizes around it, beyond them the nearest one's (flagged): the roofline prices
+        a memory-bound decode of 2 rows about as 1, which one torch CPU thread does not
+        (``benchmarks/bench_decode_rows.py``: x1.89). Attention's rows are in its width already
+        (sequences times heads)."""
         if op.gradient is not None or op.kind == OpKind.OPTIMIZER_STEP or op.cost is None:
             return None
         name = device.spec.name
-        tables = self._shapes.get((name, self.fallback.dtype, str(op.kind), _regime(op.shape[0])))
+        key = (name, self.fallback.dtype, str(op.kind), _regime(op.shape[0]))
+        tables = self._shapes.get(key)
         if tables is None:
             return None
         new, context = op.shape
@@ -241,6 +264,13 @@ class CalibratedCompute:
         outside = []
 
         def efficiency(at: float) -> float:
+            if (batched := self._batches.get((key, at))) is not None:
+                row_flops, rates = batched
+                rows = op.cost.flops * at / width / row_flops
+                sizes = list(rates)
+                if not sizes[0] * (1 - 1e-6) <= rows <= sizes[-1] * (1 + 1e-6):
+                    outside.append(f"decode batch sizes ({', '.join(map(str, sizes))})")
+                return float(np.interp(rows, sizes, list(rates.values())))
             xs, ys = tables[at]
             scaled = x * at / width
             if xs[0] <= scaled <= xs[-1]:
@@ -578,24 +608,28 @@ def contention_cores(contexts, target) -> int | None:
 
 
 def contention_floor(profile: Profile, contexts, target, fitted: dict, library: bool = False) -> tuple[float, str]:
-    """(the least a message costs on the target in a step that keeps every rank busy, s; a line
-    saying whence), for point-to-point schedules or (``library``) gloo's own collectives.
+    """(the least a message costs on the target per core turn of a step that keeps every rank
+    busy, s; a line saying whence), for point-to-point schedules or (``library``) gloo's own
+    collectives.
 
     Where ranks outnumber the cores, a message moves only once both its ends are scheduled, so
     on a fast link it costs a scheduling delay, not its wire time; over a slow link the ranks
     sleep and the cores are free, and so are they in a step that leaves ranks idle
     (:meth:`sim.transport._TransportLinks.floor_s` scales the floor by a step's busy ranks
-    beyond the cores). Fitted on the calibrated cluster's collectives of that family timed in
-    place at their smallest size: each call over its steps at full contention (each step
-    counted as its busy ranks beyond the cores over all ranks beyond them; of steps a rank keeps
-    in flight together, gloo's ring's, those on the critical path), where that is
-    :data:`CONTENTION_BOUND` times what the fitted transport terms give a message (else the
-    links hid it), per rank beyond the cores. For gloo's own collectives the test is against
-    the wire's latencies alone: their isolated sweep on fast links ran on the same shared cores,
-    so the fitted per-message overhead already holds the contention and would hide it.
-    Measured here with 4 ranks on 2 cores over links without delay: 2.1-2.2 ms per
-    point-to-point message, 0.9-1.0 ms per step of gloo's own allreduce, reduce and broadcast,
-    which wait inside the library (a step of gloo's ring: a round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
+    beyond the cores and by its core turns, :func:`sim.transport.step_turns`: one to enter it,
+    one per message a rank sends or receives). Fitted on the calibrated cluster's collectives
+    of that family timed in place at their smallest size: the median over the calls of each
+    call over its core turns at full contention (each step counted as its turns times its busy
+    ranks beyond the cores over all ranks beyond them; of steps a rank keeps in flight together,
+    gloo's ring's, those on the critical path), of the calls whose time per step at full
+    contention is :data:`CONTENTION_BOUND` times what the fitted transport terms give a message
+    (else the links hid it), per rank beyond the cores. For gloo's own collectives the test is
+    against the wire's latencies alone: their isolated sweep on fast links ran on the same
+    shared cores, so the fitted per-message overhead already holds the contention and would hide
+    it. Measured here with 4 ranks on 2 cores over links without delay: 0.74-0.77 ms per core
+    turn of a point-to-point schedule (2.0-2.4 ms per exchange step), 0.35 ms per turn of gloo's
+    own allreduce, reduce and broadcast, which wait inside the library (a step of gloo's ring: a
+    round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
     calibrated machine's cores where the scenario does not say); 0 where they do not outnumber
     them. Not fitted on a calibrated cluster whose links have a delay of at least
     :data:`sim.transport.IDENTIFIABLE_DELAY_S`: each step there holds the delay, which the ranks
@@ -605,16 +639,16 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     no calibrated cluster's links let it show, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_EXCESS_RANK_S, IDENTIFIABLE_DELAY_S, Transport, busy_ranks,
-                               context_topology, steps_in_series)
+                               context_topology, step_turns, steps_in_series)
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
     cores = contention_cores(contexts, target)
     if cores is None:
-        return 0.0, f"core contention per message ({family}): none (no cores recorded)"
+        return 0.0, f"core contention per core turn ({family}): none (no cores recorded)"
     excess = max(0, sum(target.ranks_per_host) - cores)
     if excess == 0:
-        return 0.0, (f"core contention per message ({family}): none "
+        return 0.0, (f"core contention per core turn ({family}): none "
                      f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     all_rows = profile.of("collective_in_place")
     per_excess_rank, names = [], []
@@ -636,27 +670,29 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
             schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
                                       root=None if row.op == "allreduce" else 0, host_groups=topology.host_groups(group))
             # steps at full contention: a step's share is its busy ranks beyond the cores
-            steps = steps_in_series(schedule, [max(0, n - calibrated.cores) / calibrated_excess
-                                               for n in busy_ranks(schedule)])
+            shares = [max(0, n - calibrated.cores) / calibrated_excess for n in busy_ranks(schedule)]
+            steps = steps_in_series(schedule, shares)
             if steps <= 0:
                 continue
-            per_message_s = float(getattr(row, CHARGED["collective_in_place"])) / steps
+            call_s = float(getattr(row, CHARGED["collective_in_place"]))
             overhead_s = 0.0 if library else terms.per_message_s
-            if per_message_s > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
-                bound.append(per_message_s)
+            if call_s / steps > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
+                # per core turn on the critical path: a step counts its share times its turns
+                bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
+                                                                 in zip(shares, step_turns(schedule))]))
         if bound:
             per_excess_rank.append(float(np.median(bound)) / calibrated_excess)
             names.append(calibrated.name)
     if per_excess_rank:
         floor_s = float(np.median(per_excess_rank)) * excess
-        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
+        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
                          f"the calls timed in place on {', '.join(names)} "
                          f"({sum(target.ranks_per_host)} ranks on {cores} cores)")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
         floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S[library] * excess
-        return floor_s, (f"core contention per message ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
+        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
                          f"default (the calibrated links hid it; {sum(target.ranks_per_host)} ranks on {cores} cores)")
-    return 0.0, (f"core contention per message ({family}): not priced (the calibrated links were too slow for "
+    return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "
                  f"it to show in place; {sum(target.ranks_per_host)} ranks on {cores} cores)")
 
 

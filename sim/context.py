@@ -5,7 +5,9 @@ device types and dtype the ranks computed in, the ranks per host of the calibrat
 cores those ranks shared, each link class's rate, one-way delay and token-bucket burst (None: no
 bucket; a profile written before bursts were recorded ran on the emulated testbed, whose every
 link then had a tbf bucket: :data:`LEGACY_TESTBED_BURST_BYTES`), the communication backend and
-transport, and the torch version. :func:`compare` sets them against a scenario, term by term:
+transport, the torch version and, for a training calibration, the model it trained (every field of
+its :class:`models.spec.ModelSpec`, so that its whole passes are set against that model's ops,
+:mod:`sim.training.step_compute`). :func:`compare` sets them against a scenario, term by term:
 
 * ``same``: carries over unchanged (compute of the same device type and dtype; a network whose
   links, group shape and backend are the calibrated ones, so its in-place and isolated collective
@@ -23,6 +25,7 @@ name (so a pool of several profiles keeps each one's context apart), ``op`` = th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ from enum import Enum
 
 import pandas as pd
 
+from models.spec import ModelSpec
 from sim.cores import CorePool
 from sim.topology import Topology
 from sim.vocabulary import MeasurementKind
@@ -51,6 +55,7 @@ class ContextTerm(str, Enum):
     BACKEND = "backend"  # {"backend": "gloo", "transport": "tcp"}
     TORCH = "torch"  # {"version": "2.13.0"}
     LOAD = "load"  # {"cpu_steal": f, "other_load": f}: shares of the machine's CPU time over the calibration
+    MODEL = "model"  # device_class: the model's name; every field of its ModelSpec (a training calibration's)
 
 
 class LinkClass(str, Enum):
@@ -123,6 +128,8 @@ class CalibrationContext:
         cpu_steal, other_load: the shares of the machine's CPU time the hypervisor stole and other
             processes took while the calibration ran (:func:`runtime.cpu_steal.load_during`);
             None where unknown (a scenario, a profile written before they were recorded).
+        model: the model a training calibration trained, or a training scenario trains; None for
+            an inference one and for a profile written before it was recorded.
     """
 
     name: str
@@ -136,6 +143,7 @@ class CalibrationContext:
     pipelined: bool = False
     cpu_steal: float | None = None
     other_load: float | None = None
+    model: ModelSpec | None = None
 
     def same_network(self, other: CalibrationContext) -> bool:
         """Same group shape, backend and links (each of ``other``'s matches one of these)."""
@@ -148,12 +156,12 @@ class CalibrationContext:
 def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtype: str, *,
                      cores: int | None = None, backend: str | None = None,
                      torch_version: str | None = None, layout: str | None = None,
-                     pipelined: bool = False) -> CalibrationContext:
+                     pipelined: bool = False, model: ModelSpec | None = None) -> CalibrationContext:
     """The context of ``ranks`` of ``topology`` computing in ``dtype``: devices, ranks per host and
     every distinct link class between two of the ranks (rate: the path's narrowest channel;
     delay: the sum of its channels' latencies, :meth:`sim.topology.Topology.path_latency_s`;
     burst: the narrowest channel's bucket, :meth:`sim.topology.Topology.path_burst_bytes`);
-    ``layout``, ``pipelined``: see :class:`CalibrationContext`."""
+    ``layout``, ``pipelined``, ``model``: see :class:`CalibrationContext`."""
     counts: dict[tuple[str, str], int] = {}
     for rank in ranks:
         key = (topology.devices[rank].spec.name, dtype)
@@ -172,7 +180,7 @@ def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtyp
     links.sort(key=lambda l: (l.link_class.value, l.rate_bytes_per_s, l.delay_s))
     return CalibrationContext(name, tuple(sorted((d, t, n) for (d, t), n in counts.items())),
                               tuple(len(group) for group in topology.host_groups(ranks)), tuple(links),
-                              cores, backend, torch_version, layout, pipelined)
+                              cores, backend, torch_version, layout, pipelined, model=model)
 
 
 def _row(name: str, term: ContextTerm, value: dict, subject: str | None = None, dtype: str | None = None) -> dict:
@@ -200,6 +208,8 @@ def context_rows(context: CalibrationContext) -> list[dict]:
         rows.append(row(ContextTerm.TORCH, {"version": context.torch_version}))
     if context.cpu_steal is not None and context.other_load is not None:
         rows += load_rows(context.name, context.cpu_steal, context.other_load)
+    if context.model is not None:
+        rows.append(row(ContextTerm.MODEL, dataclasses.asdict(context.model), context.model.name))
     return rows
 
 
@@ -216,7 +226,12 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
     """The contexts recorded in a profile's rows, one per calibrated cluster (a pooled profile
     holds several), by name; empty for a profile without context rows. A link row without
     ``burst_bytes`` (a profile written before bursts were recorded) gets the bucket the emulated
-    testbed applied then (:data:`LEGACY_TESTBED_BURST_BYTES`)."""
+    testbed applied then (:data:`LEGACY_TESTBED_BURST_BYTES`).
+
+    Raises:
+        ValueError, KeyError, TypeError: a row that does not read (a model row's fields not a
+            :class:`models.spec.ModelSpec`'s: :class:`models.errors.ConfigError` naming the field).
+    """
     contexts = []
     for name, of_name in rows[rows["measurement"] == MeasurementKind.CONTEXT].groupby("call", sort=True):
         devices, links = [], []
@@ -240,6 +255,8 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
             elif term is ContextTerm.LOAD:
                 fields["cpu_steal"] = float(value["cpu_steal"])
                 fields["other_load"] = float(value["other_load"])
+            elif term is ContextTerm.MODEL:
+                fields["model"] = ModelSpec(**value)
             else:
                 fields["torch_version"] = str(value["version"])
         contexts.append(CalibrationContext(str(name), tuple(sorted(devices)), fields.pop("ranks_per_host", ()),
@@ -301,6 +318,8 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
                                   "from its rows at this layout's shapes, on cores shared as the simulation runs; "
                                   "collectives and the hops between stages by transport terms fitted on its sweep "
                                   "and ping-pongs"))
+    if target.model is not None:
+        out += _model_term(contexts, target.model)
     if same_cluster(contexts, target):
         out.append(TermComparison("network", Verdict.SAME,
                                   f"same-cluster mode: links, group shape and backend are {names}'s; its "
@@ -324,6 +343,35 @@ def compare(contexts: tuple[CalibrationContext, ...], target: CalibrationContext
     out.append(TermComparison("in-place collective timings", Verdict.NOT_APPLICABLE,
                               f"measured on another network ({names}): not replayed"))
     return tuple(out)
+
+
+def recorded_model(contexts: tuple[CalibrationContext, ...]) -> ModelSpec | None:
+    """The model the profile's training calibration trained: the one its contexts record (None
+    where none records one, a profile written before they did, or where a pool's calibrations
+    trained different models: no row says which of them it timed)."""
+    models = [c.model for c in contexts if c.model is not None]
+    return models[0] if models and all(m.same_architecture(models[0]) for m in models) else None
+
+
+def _model_term(contexts: tuple[CalibrationContext, ...], model: ModelSpec) -> list[TermComparison]:
+    """The verdict on a training scenario's ``model`` against the models the calibrations in
+    ``contexts`` trained: ``same`` (its architecture, under any name), else ``rescaled`` (each
+    whole pass's factor found on the calibration's own model's ops, applied to this model's:
+    :mod:`sim.training.step_compute`); none where no context records a model."""
+    recorded = sorted({c.model.name for c in contexts if c.model is not None})
+    if not recorded:
+        return []
+    term = f"model {model.name}"
+    trained = recorded_model(contexts)
+    if trained is None:
+        return [TermComparison(term, Verdict.RESCALED, f"calibrations of several models ({', '.join(recorded)}): "
+                                                       "the passes' factors against the one whose FLOPs match")]
+    if trained.same_architecture(model):
+        return [TermComparison(term, Verdict.SAME, f"the model the calibration trained ({trained.name}): "
+                                                   "its whole passes' factors as measured")]
+    return [TermComparison(term, Verdict.RESCALED,
+                           f"the calibration trained another model, {trained.name}: each whole pass's factor on its "
+                           f"ops' per-call time found against {trained.name}'s ops, applied to this model's")]
 
 
 def _burst_term(link: Link, calibrated: list[Link], names: str) -> TermComparison:

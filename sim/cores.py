@@ -1,4 +1,4 @@
-"""Ranks competing for a machine's CPU cores: a processor-sharing resource of the simulated segment.
+"""Ranks competing for a machine's CPU cores: a resource of the simulated segment, shared or in turns.
 
 Where more ranks run on a machine than it has cores (the emulated cluster: every emulated host's
 ranks, and the delay forwarder that carries their packets, on one 2-core virtual machine), a rank
@@ -327,3 +327,17 @@ def core_server(env: simpy.Environment, pool: CorePool,
     if (scheduling or SCHEDULING) is CoreScheduling.TURNS:
         return TakingTurns(env, pool)
     return ProcessorSharing(env, pool)
+
+
+def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ...]:
+    """The pool the ``simulated`` ranks run on when they stand for all of ``pool``'s ranks
+    (identical replicas simulated once): their share of its cores, so that each computes at the
+    rate each of all the ranks would. The pool itself where every rank is simulated; none where
+    no simulated rank is on it."""
+    mine = pool.ranks & simulated
+    if not mine:
+        return ()
+    if mine == pool.ranks:
+        return (pool,)
+    share = len(mine) / len(pool.ranks)
+    return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share),)

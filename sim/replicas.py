@@ -5,10 +5,13 @@
 (:func:`split_batch`), as a data-parallel inference deployment behind a load balancer does (e.g.
 vLLM's ``--data-parallel-size``, each engine serving its own requests). The replicas share no
 tensor and call no collective together. Each is simulated on its own devices as a run of its
-own, so two replicas whose links meet (a shared uplink) or whose ranks share one machine's cores
-and memory (the emulated cluster, ``cluster.cores``) do not slow each other here: on the testbed
-four one-rank replicas measured TPOT 81 ms where 48 ms is simulated
-(``validation/plan-check-report/replicas/``).
+own, so two replicas whose links meet (a shared uplink) do not slow each other here. Replicas
+whose ranks share one machine's cores (the emulated cluster, ``cluster.cores``) do: each replica
+is simulated on its share of the cores (:func:`replica_pools`), as every replica's ranks compute
+at once. On the testbed four one-rank replicas on 2 cores measured TPOT 81 ms, one rank alone
+39 ms (``validation/plan-check-report/replicas/``, ``close-call/``); their memory bandwidth is
+not shared in the simulation, and need not be: k one-thread processes streaming GPT-2's weights
+at once each take the CPU time one alone does (``benchmarks/bench_machine_sharing.py``).
 
 Whole-run metrics of R replicas (:func:`combined_timing`): the batch's throughput is the sum of
 the replicas' (``decode_tokens_per_s``); its latencies are the slowest replica's (``ttft_s``,
@@ -28,6 +31,7 @@ import pandas as pd
 
 from models.errors import ConfigError
 from models.shards import apportion
+from sim.cores import CorePool, core_shares
 from sim.metrics import RESULT_COLUMNS
 from sim.timeline import RunResult
 from sim.trace import Trace
@@ -88,6 +92,27 @@ def replica_batch_scenario(scenario, replicas: int, index: int):
     config = scenario.config
     workload = config.workload.model_copy(update={"batch_size": split_batch(config.workload.batch_size, replicas)[index]})
     return scenario.model_copy(update={"config": config.model_copy(update={"workload": workload})})
+
+
+def replica_pools(pools: Sequence[CorePool], replicas: Sequence[tuple[int, ...]],
+                  replica: tuple[int, ...]) -> tuple[CorePool, ...]:
+    """The core pools ``replica``'s ranks compute on when the replicas of one layout (``replicas``,
+    each's ranks in the order of the first's) are simulated one at a time.
+
+    Replica ``i``'s rank ``t`` mirrors the first replica's rank ``t``: it is on the machine the
+    latter is on, so a pool holding some of the first replica's ranks holds every replica's
+    mirrors of them too. All of them compute the same ops at once (equal work, run together), so
+    under processor sharing (:mod:`sim.cores`) each rank runs at the rate it would with all
+    of them simulated: the replica's share of the pool's cores (:func:`sim.cores.core_shares`).
+    Exact for replicas of equal batches; where the batch splits unevenly, a smaller replica's
+    ranks leave the cores early in fact and the larger's finish a little sooner than simulated.
+    """
+    shared = []
+    for pool in pools:
+        mirrors = {group[t] for group in replicas for t, rank in enumerate(replicas[0]) if rank in pool.ranks}
+        machine = CorePool(pool.ranks | frozenset(mirrors), pool.cores, pool.background_cores)
+        shared.extend(core_shares(machine, frozenset(replica)))
+    return tuple(shared)
 
 
 def combined_timing(timings: Sequence[dict[str, float]]) -> dict[str, float]:

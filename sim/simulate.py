@@ -29,7 +29,7 @@ from sim.network import NETWORK_MODELS, CollectivePricer
 from sim.parallel import ParallelPlan
 from sim.profile import Profile
 from sim.pipeline_run import AlikeGroups, simulate_pipeline_run
-from sim.replicas import ReplicaRun, combined_timing, idle_rows, replica_rows, split_batch
+from sim.replicas import ReplicaRun, combined_timing, idle_rows, replica_pools, replica_rows, split_batch
 from sim.scenario import Scenario, Variant, pipeline_plan
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
@@ -211,7 +211,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype,
                                                      cores=config.cluster.cores, layout=layout,
-                                                     pipelined=pipelined),
+                                                     pipelined=pipelined,
+                                                     model=scenario.model if config.is_training else None),
                                     gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)
@@ -312,6 +313,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         replicas = []
         for group, shards, batch in zip(layout.replica_ranks, layout.replica_shards,
                                         split_batch(workload.batch_size, layout.replicas)):
+            # Replicas on one machine share its cores: each runs on its share (sim.replicas).
+            engine.cores = replica_pools(cores, layout.replica_ranks, group) if layout.replicas > 1 else cores
             if layout.pipeline > 1:
                 try:
                     plan = pipeline_plan(scenario, variant, layout, runtime_memory)

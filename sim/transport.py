@@ -80,10 +80,12 @@ class TransportTerms:
     Attributes:
         per_message_s: software overhead per message (s).
         per_call_s: fixed cost of launching a collective (s), once per call.
-        min_message_s: the least a message costs (s), from both ends ready to its last byte,
-            where ranks outnumber the cores: both ends must be scheduled onto a core for it to
-            move, which on a fast link takes longer than the wire; a long message's transfer
-            hides it, the ranks sleeping meanwhile (:func:`sim.calibrated.contention_floor`).
+        min_message_s: the least a message costs (s) per core turn its step takes a busy rank
+            (:func:`step_turns`), from both ends ready to its last byte, where ranks outnumber
+            the cores: a rank moves its messages only while scheduled onto a core, which on a
+            fast link takes longer than the wire; a long message's transfer hides it, the
+            ranks sleeping meanwhile (:func:`sim.calibrated.contention_floor`,
+            :meth:`_TransportLinks.floor_s`).
         latencies_per_message: one-way path latencies a message costs when both ends enter
             its step at once.
         bandwidth_efficiency: the fraction of the bottleneck bandwidth a message's bytes reach.
@@ -119,8 +121,9 @@ class _TransportLinks(Links):
     """Links whose routes' latency and channels' capacity include a :class:`TransportTerms`.
 
     ``cores``: the cores the ranks share (None: a core each); ``ranks``: how many share them.
-    A step's message costs at least ``terms.min_message_s`` scaled by the step's busy ranks
-    beyond the cores over all ranks beyond them (:meth:`floor_s`)."""
+    A step's message costs at least ``terms.min_message_s`` per core turn the step takes a busy
+    rank, scaled by the step's busy ranks beyond the cores over all ranks beyond them
+    (:meth:`floor_s`)."""
 
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None, terms: TransportTerms,
                  cores: int | None = None, ranks: int = 0):
@@ -161,21 +164,37 @@ class _TransportLinks(Links):
         ranks busy: processor sharing of the cores among them (:mod:`sim.cores`), 1 without cores."""
         return 1.0 if self.cores is None else max(1.0, busy_ranks / self.cores)
 
-    def floor_s(self, busy_ranks: int) -> float:
+    def floor_s(self, busy_ranks: int, turns: float = 1.0) -> float:
         """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks
-        busy: ``terms.min_message_s`` (every rank busy) times the busy ranks beyond the cores over
-        all ranks beyond them. A rank that takes no part in a step sleeps in its receive and
-        leaves its core to the others (measured: a two-level tree over 2 hosts of 2 ranks on 2
-        cores, whose middle step keeps 2 ranks busy, costs 4.2-4.6 ms in place at 3 KiB, a
-        recursive doubling's 2 steps of 4 busy ranks 3.9-4.1 ms)."""
+        busy, each for ``turns`` core turns (:func:`step_turns`): ``terms.min_message_s`` (a
+        turn with every rank busy) times ``turns`` times the busy ranks beyond the cores over all
+        ranks beyond them. A rank that takes no part in a step sleeps in its receive and leaves
+        its core to the others (measured: a two-level tree over 2 hosts of 2 ranks on 2 cores,
+        whose middle steps keep 2 ranks busy, costs 4.2-4.6 ms in place at 3 KiB, a recursive
+        doubling's 2 steps of 4 busy ranks 3.9-4.1 ms); a step of one message a rank (the
+        tree's gather and broadcast inside a host) takes 2 turns where an exchange takes 3."""
         if self.cores is None or not self.terms.min_message_s:
-            return self.terms.min_message_s if self.cores is None else 0.0
-        return self.terms.min_message_s * max(0, busy_ranks - self.cores) / max(1, self.ranks - self.cores)
+            return self.terms.min_message_s * turns if self.cores is None else 0.0
+        return self.terms.min_message_s * turns * max(0, busy_ranks - self.cores) / max(1, self.ranks - self.cores)
 
 
 def busy_ranks(schedule: CommSchedule) -> list[int]:
     """For each step of ``schedule``, how many ranks it keeps busy (its senders and receivers)."""
     return [len({rank for t in step for rank in (t.src, t.dst)}) for step in schedule.steps]
+
+
+def step_turns(schedule: CommSchedule) -> list[float]:
+    """For each step of ``schedule``, the core turns it takes a busy rank, on average over its
+    busy ranks: one to enter the step (post its receives and sends, :func:`runtime.comm.run_schedule`)
+    and one per message it sends or receives (each waited for, ``request.wait()``); each transfer
+    is one send and one receive. An exchange step (recursive doubling, Rabenseifner, a ring) 3,
+    a gather or a broadcast 2, a binary tree's step whose inner nodes handle 3 messages and its
+    leaves 1, 3. The count was chosen on the in-place calls of v2x2_bandwidth at 3 KiB, the one
+    calibration whose calls mix both kinds of step (4 ranks on 2 cores): there a two-level tree's
+    gather and broadcast steps cost 1.3-1.5 ms against 1.9-2.4 ms for recursive doubling's and
+    Rabenseifner's exchange steps, 2 turns to 3 (a floor per step prices the tree's decode calls
+    in the transfer runs +23% there, per call; one per message alone -18%; this -4%)."""
+    return [1 + 2 * len(step) / n if n else 0.0 for step, n in zip(schedule.steps, busy_ranks(schedule))]
 
 
 def steps_in_series(schedule: CommSchedule, weights: list[float]) -> float:
@@ -213,16 +232,18 @@ class _TransportRun(_FlowRun):
     * Where the sender is done on writing its payload (``sender_done_on_write``), its bytes
       flow first and travel the payload's latencies after: the sender goes on to its next step
       that much before the receiver has them.
-    * No message takes less than its step's contention floor (:meth:`_TransportLinks.floor_s`)
-      from both ends being ready to its last byte: a message whose wire time is shorter waits out
-      the rest before its bytes flow (both ends scheduled onto a core).
+    * No message takes less than its step's contention floor (:meth:`_TransportLinks.floor_s`,
+      per core turn of the step) from both ends being ready to its last byte: a message whose
+      wire time is shorter waits out the rest before its bytes flow (both ends scheduled onto a
+      core).
     """
 
     def __init__(self, schedule: CommSchedule, links: _TransportLinks, arrivals: Mapping[int, float] | None = None):
         super().__init__(schedule, links)
         self.arrivals = arrivals or {}
         busy = busy_ranks(schedule)
-        self.floor = [links.floor_s(n) for step, n in zip(schedule.steps, busy) for _ in step]
+        self.floor = [links.floor_s(n, turns) for step, n, turns in zip(schedule.steps, busy, step_turns(schedule))
+                      for _ in step]
         self.extra_s = [links.terms.per_message_s * (links.stretch(n) - 1) for step, n in zip(schedule.steps, busy)
                         for _ in step]
         self.notice_s = [links.notice_s(t.dst, t.src) for t in self.transfers]
@@ -597,18 +618,19 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 
 
 # gloo over TCP, where ranks outnumber the cores they share: the least a message costs when every
-# rank is busy, per rank beyond the cores, keyed by "gloo's own collective" (else point-to-point)
-# (:attr:`TransportTerms.min_message_s`). Fitted by :func:`sim.calibrated.contention_floor` on the
-# shipped profiles whose links are fast enough for it to show (v2x2_bandwidth, v4x1_bandwidth: 4
-# ranks on 2 cores), their mean. Point-to-point: 2.08 and 2.21 ms per message in place (1.04 and
-# 1.11 ms per rank beyond the cores); gloo's own allreduce, reduce and broadcast, which wait inside
-# one library call instead of returning to Python between messages: 0.98 and 0.94 ms per step at
-# full contention (0.49 and 0.47 ms per rank beyond the cores), where a step of gloo's ring is a
-# round of its two segments in flight (:mod:`sim.collectives.gloo`): its allreduce, reduce and
-# broadcast now cost about the same per step (0.9-1.05 ms at 3 KiB, the broadcasts 0.5-1.4 ms),
-# where steps of one segment at a time gave 0.5 ms for the ring. The default of a calibration whose
-# links hid it, and of the uncalibrated model (:class:`DefaultTransportNetwork`).
-GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 1.07e-3, True: 0.480e-3}
+# rank is busy, per core turn of its step (:func:`step_turns`: one to enter it, one per message a
+# rank sends or receives) and per rank beyond the cores, keyed by "gloo's own collective" (else
+# point-to-point) (:attr:`TransportTerms.min_message_s`). Fitted by
+# :func:`sim.calibrated.contention_floor` on the shipped profiles whose links are fast enough for
+# it to show (v2x2_bandwidth, v4x1_bandwidth as first measured: 4 ranks on 2 cores), their mean.
+# Point-to-point: 0.77 and 0.74 ms per turn in place (0.383 and 0.369 ms per rank beyond the
+# cores; an exchange step of 3 turns 2.0-2.4 ms, a two-level tree's gather and broadcast steps of
+# 2 turns 1.3-1.5 ms); gloo's own allreduce, reduce and broadcast, which wait inside one library
+# call instead of returning to Python between messages: 0.35 ms per turn at full contention (0.175
+# ms per rank beyond the cores), where a step of gloo's ring is a round of its two segments in
+# flight (:mod:`sim.collectives.gloo`), 3 turns. The default of a calibration whose links hid it,
+# and of the uncalibrated model (:class:`DefaultTransportNetwork`).
+GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 0.376e-3, True: 0.175e-3}
 GLOO_CONTENTION_SOURCE = ("the gloo/tcp default, fitted in place on v2x2_bandwidth and v4x1_bandwidth "
                           "(4 ranks on 2 cores)")
 
@@ -666,7 +688,7 @@ class DefaultTransportNetwork:
     a message's software overhead stretches by its step's busy ranks over the cores
     (:meth:`_TransportLinks.stretch`), and no message costs less than the gloo/tcp contention
     floor, :data:`GLOO_CONTENTION_PER_EXCESS_RANK_S` per rank beyond the cores, scaled by its
-    step's busy ranks beyond them (:meth:`_TransportLinks.floor_s`).
+    step's core turns and busy ranks beyond them (:meth:`_TransportLinks.floor_s`).
 
     Args:
         topology: the scenario's cluster.
@@ -706,9 +728,9 @@ class DefaultTransportNetwork:
         return self.cores is not None and self.ranks > self.cores
 
     def contention_floor_s(self, algorithm: str) -> float:
-        """The least a gloo message of ``algorithm`` costs with every rank busy (s): the gloo/tcp
-        default per rank beyond the cores (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`); 0 where
-        the ranks have cores enough."""
+        """The least a gloo message of ``algorithm`` costs per core turn of its step with every
+        rank busy (s): the gloo/tcp default per rank beyond the cores
+        (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`); 0 where the ranks have cores enough."""
         if not self.contended:
             return 0.0
         return GLOO_CONTENTION_PER_EXCESS_RANK_S[algorithm == LIBRARY] * (self.ranks - self.cores)
@@ -717,7 +739,7 @@ class DefaultTransportNetwork:
         """What the contention terms are and whence, one line each; none without contention."""
         if not self.contended:
             return ()
-        return tuple(f"core contention per message ({family}): at least "
+        return tuple(f"core contention per core turn ({family}): at least "
                      f"{self.contention_floor_s(LIBRARY if library else '') * 1e3:.2f} ms with every rank busy "
                      f"({self.ranks} gloo ranks on {self.cores} cores; {GLOO_CONTENTION_SOURCE})"
                      for family, library in (("point-to-point", False), ("gloo's own collectives", True)))

@@ -1,12 +1,16 @@
 """A profile records the machine load its calibration ran under (issue 18 item 3): the context's
 load row is written and read back, profiles without it still load, and a profile calibrated under
-heavy load is flagged where it is used."""
+heavy load is flagged where it is used. Likewise the model a training calibration trained
+(issue 19): read back, absent from older profiles, refused in one line where it is no model."""
 
+import dataclasses
 import json
 
 import pytest
 
-from sim.context import LOADED_OTHER_LOAD, load_rows, load_warning, profile_contexts
+from models.catalog import get_model
+from models.errors import ConfigError
+from sim.context import LOADED_OTHER_LOAD, ContextTerm, load_rows, load_warning, profile_contexts
 from sim.profile import load_profile, with_rows
 from tests.conftest import ROOT, run_cli
 
@@ -110,3 +114,31 @@ def test_validates_interleaved_profile_records_its_calibration_rounds_load(tmp_p
                              calibration_repeats=1, max_call_s=0.01, used_only=True)
     (context,) = profile_contexts(run.profile)
     assert (context.cpu_steal, context.other_load) == (run.calibration_cpu_steal, run.calibration_other_load)
+
+
+def _with_model_row(tmp_path, value: dict):
+    rows = load_profile(SHIPPED).rows
+    row = {"measurement": "context", "call": "v2x2_bandwidth", "op": ContextTerm.MODEL.value,
+           "device_class": value.get("name"), "method": json.dumps(value, sort_keys=True)}
+    path = tmp_path / "profile.csv"
+    path.write_text(with_rows(rows, [row]).to_csv(index=False, lineterminator="\n"))
+    return path
+
+
+def test_the_trained_model_round_trips_through_the_profile_file_and_a_profile_without_it_has_none(tmp_path):
+    model = dataclasses.replace(get_model("tinyllama-1.1b"), name="my-llama", num_layers=3)
+    (context,) = profile_contexts(load_profile(_with_model_row(tmp_path, dataclasses.asdict(model))).rows)
+    assert context.model == model
+    (old,) = profile_contexts(load_profile(SHIPPED).rows)
+    assert old.model is None and (context.links, context.cores) == (old.links, old.cores)
+
+
+@pytest.mark.parametrize("change, named", [({"num_layers": 0}, "model.num_layers"), ({"hidden_size": None}, "hidden_size")])
+def test_a_model_row_that_is_not_a_model_is_refused_in_one_line(tmp_path, change, named):
+    value = {**dataclasses.asdict(get_model("gpt2")), **change}
+    if change.get("hidden_size", 1) is None:
+        del value["hidden_size"]  # a field missing
+    with pytest.raises(ConfigError) as error:
+        load_profile(_with_model_row(tmp_path, value))
+    assert error.value.field == "profile" and "unreadable context row" in error.value.message
+    assert named in error.value.message and "\n" not in str(error.value)

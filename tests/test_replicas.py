@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import yaml
 
 from models.errors import ConfigError
-from sim.replicas import split_batch
+from sim.cores import CorePool
+from sim.replicas import replica_pools, split_batch
 from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from tests.conftest import ROOT, scenario_dict
@@ -134,3 +136,34 @@ def test_hetsim_measure_runs_every_replica_on_its_share_of_the_batch(tmp_path, c
         prompt = prompt_tokens(scenario.model, batch, 4, seed=0)
         expected, _ = reference_generate(scenario.model, seed=0, prompt=prompt, output_tokens=3)
         assert torch.equal(torch.from_numpy(got), expected)
+
+
+def _cpu_replicas(replicas: int, cores: int):
+    """GPT-2 on ``replicas`` one-rank replicas, one sequence each, on hosts whose CPU ranks all
+    run on one machine of ``cores`` cores (the emulated cluster)."""
+    data = yaml.safe_load((ROOT / "validation/plan-check-report/replicas/scenarios/c45.yaml").read_text())
+    data["cluster"]["hosts"][0]["count"] = replicas
+    data["cluster"]["cores"] = cores
+    data["workload"]["batch_size"] = replicas
+    data["parallel"] = {"tensor": 1, "replicas": replicas}
+    return simulate(scenario_from_dict(data, base_dir=ROOT)).variants[0].timing
+
+
+def test_replicas_sharing_one_machines_cores_slow_each_other():
+    alone = _cpu_replicas(1, 1)
+    two = _cpu_replicas(2, 1)
+    # every replica's rank computes at once: each at half the one core, its decode step twice as long
+    assert two["tpot_s"] == pytest.approx(2 * alone["tpot_s"], rel=0.05)
+    assert two["decode_tokens_per_s"] == pytest.approx(alone["decode_tokens_per_s"], rel=0.05)
+
+
+def test_replicas_with_a_core_each_are_left_as_they_were():
+    alone, spread = _cpu_replicas(1, 1), _cpu_replicas(4, 4)
+    assert spread["tpot_s"] == alone["tpot_s"] and spread["ttft_s"] == alone["ttft_s"]
+
+
+def test_each_replica_gets_its_share_of_the_cores_its_mirrors_share():
+    # the calibrated pool names the first replica's rank only: its mirrors are on that machine too
+    pools = (CorePool(frozenset({0}), 2.0, 0.5),)
+    assert replica_pools(pools, ((0,), (1,), (2,), (3,)), (2,)) == (CorePool(frozenset({2}), 0.5, 0.125),)
+    assert replica_pools((), ((0,), (1,)), (1,)) == ()

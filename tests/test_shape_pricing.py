@@ -78,6 +78,65 @@ def test_a_width_between_the_measured_ones_is_interpolated_in_width():
     assert any("shard width" in line for line in compute.extrapolated)
 
 
+# Time per roofline second of a decode step's mlp_up at each batch size timed alone: more rows cost
+# more than the roofline's memory-bound time says (benchmarks/bench_decode_rows.py)
+DECODE_RATE = {1: 3.0, 2: 5.6, 4: 7.2}
+
+
+def _decode_op(batch: int, width: int = 1, context: int = 9) -> Op:
+    cost = layer_op_costs(GPT2, tp_degree=width, batch_size=batch, new_tokens=1,
+                          context_tokens=context)[OpKind.MLP_UP]
+    return Op(OpKind.MLP_UP, "mlp_up", Stream.COMPUTE, cost=cost, shape=(1, context))
+
+
+def _decode_rows(batches) -> list[dict]:
+    rows = []
+    for batch in batches:
+        for width in (1, 4):
+            for context in (9, 33):
+                op = _decode_op(batch, width, context)
+                rows.append({"measurement": MeasurementKind.COMPUTE_ISOLATED, "device_class": "cpu",
+                             "op": "mlp_up", "group_size": width, "batch_size": batch, "new_tokens": 1,
+                             "context_tokens": context, "dtype": "fp32", "flops": op.cost.flops,
+                             "traffic_bytes": op.traffic_bytes, "unit": "s", "repeats": 5, "method": "synthetic",
+                             "median": DECODE_RATE[batch] * ROOFLINE.roofline_s(op, DEVICE)})
+    return rows
+
+
+def test_a_decode_op_is_priced_from_the_rows_of_its_batch_size():
+    compute = _compute(_decode_rows((1, 2, 4)))
+    for batch in (1, 2, 4):
+        for width in (1, 4):
+            op = _decode_op(batch, width)
+            assert compute.duration_s(op, DEVICE) == pytest.approx(
+                DECODE_RATE[batch] * ROOFLINE.roofline_s(op, DEVICE), rel=1e-9)
+    # the roofline prices 2 rows about as 1 (memory-bound); the batch-2 rows do not
+    assert compute.duration_s(_decode_op(2), DEVICE) > 1.8 * compute.duration_s(_decode_op(1), DEVICE)
+    assert not compute.extrapolated
+    # between two timed batch sizes, linearly in rows
+    three = _decode_op(3)
+    assert compute.duration_s(three, DEVICE) == pytest.approx(
+        (DECODE_RATE[2] + DECODE_RATE[4]) / 2 * ROOFLINE.roofline_s(three, DEVICE), rel=1e-9)
+    assert not compute.extrapolated
+    # beyond the largest, the largest's time per roofline second, flagged
+    eight = _decode_op(8)
+    assert compute.duration_s(eight, DEVICE) == pytest.approx(DECODE_RATE[4] * ROOFLINE.roofline_s(eight, DEVICE),
+                                                              rel=1e-9)
+    assert any("decode batch sizes (1, 2, 4)" in line for line in compute.extrapolated)
+
+
+def test_a_profile_timing_decode_at_one_batch_size_prices_every_batch_as_before():
+    """Batch-1 decode rows alone: a batch-2 op is the batch-1 rows' time per roofline second
+    times its roofline (FLOPs scaling, flagged), whatever the new rows of other batch sizes do."""
+    old = _compute(_decode_rows((1,)))
+    two = _decode_op(2)
+    assert old.duration_s(two, DEVICE) == pytest.approx(DECODE_RATE[1] * ROOFLINE.roofline_s(two, DEVICE), rel=1e-9)
+    assert any("outside the tokens" in line for line in old.extrapolated)
+    new = _compute(_decode_rows((1, 2)))
+    assert new.duration_s(_decode_op(1), DEVICE) == old.duration_s(_decode_op(1), DEVICE)
+    assert new.duration_s(two, DEVICE) > 1.8 * old.duration_s(two, DEVICE)
+
+
 def test_without_isolated_rows_or_in_a_replay_the_in_place_rows_price_as_before():
     op = _op(1)
     in_place = [{**row, "measurement": MeasurementKind.COMPUTE, "mean": row["median"]}
@@ -124,7 +183,21 @@ def test_calibration_times_every_op_at_each_even_width_up_to_its_ranks():
         OpKind.EMBEDDING, OpKind.LAYERNORM, OpKind.QKV_PROJ, OpKind.ATTENTION, OpKind.OUT_PROJ, OpKind.MLP_UP,
         OpKind.MLP_DOWN, OpKind.LM_HEAD)}
     assert set(zip(rows["new_tokens"], rows["context_tokens"])) == {(4, 4), (1, 5), (8, 8), (1, 9)}
+    # prefill at the scenario's batch, decode at each of decode_batch_sizes (a plan's replicas split a batch)
+    assert set(rows[rows["new_tokens"] > 1]["batch_size"]) == {1}
+    assert set(rows[rows["new_tokens"] == 1]["batch_size"]) == {1, 2, 4}
+    head = rows[(rows["op"] == "lm_head") & (rows["new_tokens"] == 1) & (rows["context_tokens"] == 9)]
+    assert sorted(head["flops"]) == [b * head["flops"].min() for b in (1, 2, 4)]
     up = rows[(rows["op"] == "mlp_up") & (rows["group_size"] == 2) & (rows["new_tokens"] == 8)].iloc[0]
     assert up["flops"] == layer_op_costs(spec, tp_degree=2, batch_size=1, new_tokens=8,
                                          context_tokens=8)[OpKind.MLP_UP].flops
     assert (rows["median"] > 0).all() and (rows["measurement"] == MeasurementKind.COMPUTE_ISOLATED).all()
+
+
+def test_decode_is_timed_at_one_two_four_and_the_powers_of_two_up_to_the_scenario_batch():
+    pytest.importorskip("torch")
+    from runtime.shape_bench import decode_batch_sizes
+
+    assert decode_batch_sizes(1) == (1, 2, 4)
+    assert decode_batch_sizes(6) == (1, 2, 4, 6)
+    assert decode_batch_sizes(32) == (1, 2, 4, 8, 16, 32)

@@ -14,6 +14,7 @@ import yaml
 torch = pytest.importorskip("torch")
 
 from models.errors import ConfigError  # noqa: E402
+from models.ops import OpKind  # noqa: E402
 from models.shards import tensor_shards  # noqa: E402
 from runtime.launch import launch  # noqa: E402
 from runtime.training.calibrate import calibrate_training  # noqa: E402
@@ -23,9 +24,11 @@ from runtime.training.model import DecoderLM, TensorParallel, next_token_loss  #
 from runtime.training.ranks import training_ranks  # noqa: E402
 from runtime.training.reference import local_sgd_reference, reference_parameters, reference_shard  # noqa: E402
 from runtime.training.trainer import StepTiming, Trainer, TrainingSetup, process_groups  # noqa: E402
+from sim.context import profile_contexts  # noqa: E402
 from sim.profile import load_profile  # noqa: E402
 from sim.scenario import scenario_from_dict  # noqa: E402
 from sim.topology import build_topology  # noqa: E402
+from sim.training.simulate import simulate_training  # noqa: E402
 from sim.vocabulary import MeasurementKind  # noqa: E402
 from tests.conftest import ROOT, cluster, run_cli, tiny_model_config  # noqa: E402
 from validation.cli import main  # noqa: E402
@@ -201,6 +204,28 @@ def test_bf16_copies_compute_in_bf16_and_accumulate_gradients_in_fp32(tmp_path):
         assert p.compute_copy.dtype == torch.bfloat16 and torch.equal(p.compute_copy, p.detach().to(torch.bfloat16))
 
 
+def test_a_calibration_times_bf16_mixeds_ops_on_the_bf16_copies_and_then_takes_them_off(tmp_path):
+    """As the trainer runs them: bf16 inputs and kernels without autocast, each weight's gradient
+    cast to its fp32 parameter's dtype; the next precision timed on the same model reads fp32."""
+    from models.catalog import load_hf_config
+    from models.training import Precision
+    from runtime.training.calibrate import op_cases
+    from runtime.training.precision import computing_in
+
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(tiny_model_config("llama", num_layers=1)))
+    model = DecoderLM(load_hf_config(path), SEED)
+    cpu = torch.device("cpu")
+    with computing_in(model, Precision.BF16_MIXED):
+        for kind, (forward, _, weight_grad) in op_cases(model, 2, 8, Precision.BF16_MIXED, cpu).items():
+            assert forward().dtype == torch.bfloat16, kind
+            if weight_grad is not None:
+                assert all(g.dtype == torch.float32 for g in weight_grad()), kind
+    assert not any(hasattr(p, "compute_copy") for p in model.parameters())
+    forward = op_cases(model, 2, 8, Precision.FP32, cpu)[OpKind.MLP_DOWN][0]
+    assert forward().dtype == torch.float32
+
+
 @pytest.mark.parametrize("allreduce", ["ring", "library"])
 def test_parameter_averaging_matches_local_sgd_in_one_process(tmp_path, allreduce):
     steps = 3
@@ -369,7 +394,6 @@ def test_a_tensor_parallel_calibration_times_the_shard_and_both_groups_allreduce
     from models.accounting import layer_op_costs
     from models.training import layer_backward_costs
     from sim.profile import Profile
-    from sim.training.simulate import simulate_training
 
     scenario = _scenario(tmp_path, "llama", 2, {"optimizer": "sgd", "allreduce": "ring"}, [{"name": "ddp"}],
                          tensor=2)
@@ -441,6 +465,12 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     sweep = rows[rows["measurement"] == MeasurementKind.COLLECTIVE]
     assert set(sweep["op"]) == {"allreduce"} and set(sweep["algorithm"]) == {"ring"}  # the buckets' algorithm
     assert (sweep["group_size"] == 2).all() and sweep["size_bytes"].min() == 1024 and (sweep["median"] > 0).all()
+    (context,) = profile_contexts(rows)  # the model it trained, which prices its passes
+    assert context.model == scenario.model
+    simulated = simulate_training(scenario, load_profile(path))
+    assert [(t.term, t.verdict.value) for t in simulated.network.terms if t.term.startswith("model")] == [
+        (f"model {scenario.model.name}", "same")]
+    assert any("in-step backward pass on cpu bf16" in line and "timed on" not in line for line in simulated.sources)
 
 
 def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(tmp_path, capsys):

@@ -94,8 +94,10 @@ def opshapes(out: Path, device: torch.device) -> None:
         prompts.setdefault(model_name, []).append(prompt)
     for model_name, lengths in prompts.items():
         spec = replace(get_model(model_name), dtype=DTYPE, num_layers=1)
+        # decode at the targets' batch only: held-out shapes comparable with earlier runs' (batch 1)
         rows = shape_rows(spec, device_class=DEVICE_TYPE, batch_size=1, prompts=tuple(lengths),
-                          max_tokens=max(lengths) + 1, ranks=1, dtype=torch.bfloat16, device=device)
+                          max_tokens=max(lengths) + 1, ranks=1, dtype=torch.bfloat16, device=device,
+                          decode_batches=(1,))
         _write(out / f"opshapes_{model_name}.csv", pd.DataFrame(rows))
         torch.cuda.empty_cache()
         print(f"op shapes of {model_name}: {len(rows)} rows")

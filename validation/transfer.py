@@ -358,8 +358,8 @@ SHIPPED_TORCH = "2.13.0"
 def add_context(profile_path: Path, scenario: Scenario, *, cores: int | None, backend: str | None,
                 torch_version: str | None) -> None:
     """Rewrite a profile file with ``context`` rows derived from the scenario it was calibrated
-    on (replacing any it had, but keeping the load it recorded), so that it says what it was
-    measured on (:mod:`sim.context`).
+    on (replacing any it had, but keeping the load and the model it recorded), so that it says
+    what it was measured on (:mod:`sim.context`).
 
     Raises:
         ConfigError: the profile does not load.
@@ -377,8 +377,9 @@ def add_context(profile_path: Path, scenario: Scenario, *, cores: int | None, ba
     topology = build_topology(scenario.config.cluster)
     context = scenario_context(scenario.name, topology, ParallelPlan.of(scenario, topology).tensor_ranks,
                                scenario.model.dtype, cores=cores, backend=backend, torch_version=torch_version)
-    if recorded:  # the load is measured, not derived from the scenario
-        context = replace(context, cpu_steal=recorded[0].cpu_steal, other_load=recorded[0].other_load)
+    if recorded:  # the load is measured and the model what ran, not derived from the scenario
+        context = replace(context, cpu_steal=recorded[0].cpu_steal, other_load=recorded[0].other_load,
+                          model=recorded[0].model)
     # The measured rows stay byte for byte as calibration wrote them; the context rows go where
     # profile_frame's order puts them (after the compute rows).
     header, *lines = [line for line in profile_path.read_text().splitlines()

@@ -51,8 +51,13 @@ each distinct micro-batch size and precision of the scenario's variants:
   micro-batch (``b x t x h`` elements of the compute dtype, the size of every such allreduce),
   that size included.
 
-Statistics are over every rank's repeats (:func:`runtime.comm_timing.stats`). The profile also
-gets the context rows of every rank of the layout (:mod:`sim.context`).
+Ops and passes run in each variant's precision as the trainer runs them: under ``amp_bf16``
+autocast over the fp32 weights; under ``bf16_mixed`` no autocast, the kernels reading bf16
+copies of the fp32 weights and a weight's gradient cast to fp32 as it flows into the parameter
+(:func:`runtime.training.precision.computing_in`, Megatron-LM's scheme). Statistics are over every
+rank's repeats (:func:`runtime.comm_timing.stats`). The profile also gets the context rows of
+every rank of the layout and of the model it trained (:mod:`sim.context`), which the simulator
+sets the whole passes against (:func:`sim.training.step_compute.calibrated_model`).
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
 from runtime.device import device_of
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
+from runtime.training.precision import compute_weight, computing_in, stream_dtype
 from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
 from sim.collectives.registry import LIBRARY
@@ -119,31 +125,28 @@ def _grad(output: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tens
     return lambda: torch.autograd.grad(output, inputs, upstream, retain_graph=True)
 
 
-def timed_precision(precision: Precision) -> Precision:
-    """The precision the calibration times ``precision``'s ops and passes in, on its fp32 timed
-    model: ``bf16_mixed``'s bf16 kernels under autocast (``amp_bf16``: the same bf16 matrix
-    products; the norms and residual adds then run in fp32, where the trainer's run in bf16),
-    any other as itself."""
-    return Precision.AMP_BF16 if precision is Precision.BF16_MIXED else precision
-
-
 def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, precision: Precision,
              device: torch.device) -> dict[OpKind, tuple[Callable, Callable | None, Callable | None]]:
     """Per op kind, (forward call, input-gradient call or None, weight-gradient call or None) on
     ``model``'s layer 0 (whole, or a tensor-parallel shard) and head at ``[micro_batch_size,
-    sequence_length]``: the forward records autograd's graph as a training forward does; the
-    gradient calls are closures over one forward."""
+    sequence_length]``, in ``precision`` as the trainer runs it: the inputs in the activations'
+    dtype (:func:`runtime.training.precision.stream_dtype`), under its autocast; the forward
+    records autograd's graph as a training forward does; the gradient calls are closures over one
+    forward. Under ``bf16_mixed`` the calls must run inside
+    :func:`runtime.training.precision.computing_in` of ``model``: the kernels then read the bf16
+    copies, and a weight gradient is the copy's cast to the fp32 parameter's dtype, as the trainer's."""
     spec = model.spec
     m, t, h = micro_batch_size, sequence_length, spec.hidden_size
     layer = model.layers[0]
     generator = torch.Generator().manual_seed(0)
+    stream = stream_dtype(precision)
 
     def leaf(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator).to(device).requires_grad_()
+        return torch.randn(*shape, generator=generator).to(device, stream).requires_grad_()
 
     def case(forward, inputs: list, weights: list):
         def run():
-            with autocast(timed_precision(precision), device):
+            with autocast(precision, device):
                 return forward(*inputs)
 
         out = run()
@@ -152,9 +155,9 @@ def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, prec
                 _grad(out, weights, upstream) if weights else None)
 
     x = leaf(m, t, h)
-    with autocast(timed_precision(precision), device):
+    with autocast(precision, device):
         q, k, v = (a.detach().requires_grad_() for a in layer.qkv(x))
-    rotary = model.rotary(t, device)
+    rotary = model.rotary(t, device, stream)  # as DecoderLM.forward makes it
     head = model.embed if model.lm_head is None else model.lm_head
     tokens = torch.randint(0, spec.vocab_size, (m, t), generator=generator).to(device)
     return {
@@ -166,7 +169,7 @@ def op_cases(model: DecoderLM, micro_batch_size: int, sequence_length: int, prec
         OpKind.MLP_UP: case(layer.mlp_up, [x], list(layer.up_proj.parameters())),
         OpKind.MLP_DOWN: case(layer.down_proj, [leaf(m, t, layer.down_proj.weight.shape[1])],
                               list(layer.down_proj.parameters())),
-        OpKind.LM_HEAD: case(lambda a: F.linear(a, head), [x], [head]),
+        OpKind.LM_HEAD: case(lambda a: F.linear(a, compute_weight(head)), [x], [head]),
         OpKind.EMBEDDING: case(lambda: model.embedding(tokens), [],
                                [p for p in (model.embed, model.pos_embed) if p is not None]),
     }
@@ -186,7 +189,10 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
                device: torch.device, heartbeat: Callable[[str], None], model: DecoderLM) -> list[dict]:
     """This rank's forward and backward timings on ``model`` (:func:`timed_model`), one row per
     op kind, pass (forward, input gradient, weight gradient) and distinct (micro batch,
-    precision) of ``setups``, ``times`` holding its ``repeats`` timings (s)."""
+    precision) of ``setups``, ``times`` holding its ``repeats`` timings (s). Each precision's ops
+    run as the trainer runs them (:func:`op_cases`); ``amp_bf16`` and ``bf16_mixed`` both compute
+    in bf16, and the simulator prices an op by its compute dtype, so where both are a scenario's
+    their timings pool in one row."""
     synchronize = device_of(device).synchronize
     sequence = scenario.config.workload.sequence_length
     tensor = setups[0].tensor
@@ -200,20 +206,22 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
         forward = {**head_op_costs(spec, batch_size=micro * sequence, new_tokens=1),
                    **layer_op_costs(spec, tp_degree=tensor, batch_size=micro, new_tokens=sequence,
                                     context_tokens=sequence)}
-        for kind, calls in op_cases(model, micro, sequence, precision, device).items():
-            for measurement, call, cost in zip((MeasurementKind.COMPUTE, MeasurementKind.BACKWARD_INPUT,
-                                                MeasurementKind.BACKWARD_WEIGHT), calls,
-                                               (forward[kind], costs[kind].input_grad, costs[kind].weight_grad)):
-                if call is None:
-                    continue
-                rows.append({"measurement": measurement, "device_class": device_class, "op": kind.value,
-                             "group_size": tensor, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
-                             "dtype": spec.dtype, "flops": cost.flops,
-                             "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
-                             "method": ("the op's forward with autograd recording" if measurement == MeasurementKind.COMPUTE
-                                        else "torch.autograd.grad of the op's inputs or weights alone")
-                                       + f", on the training model's layer 0 or head, {_at_once(tensor)}",
-                             "times": _timed(call, repeats, synchronize)})
+        with computing_in(model, precision):
+            for kind, calls in op_cases(model, micro, sequence, precision, device).items():
+                for measurement, call, cost in zip((MeasurementKind.COMPUTE, MeasurementKind.BACKWARD_INPUT,
+                                                    MeasurementKind.BACKWARD_WEIGHT), calls,
+                                                   (forward[kind], costs[kind].input_grad, costs[kind].weight_grad)):
+                    if call is None:
+                        continue
+                    rows.append({"measurement": measurement, "device_class": device_class, "op": kind.value,
+                                 "group_size": tensor, "batch_size": micro, "new_tokens": sequence,
+                                 "context_tokens": sequence, "dtype": spec.dtype, "flops": cost.flops,
+                                 "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
+                                 "method": ("the op's forward with autograd recording"
+                                            if measurement == MeasurementKind.COMPUTE
+                                            else "torch.autograd.grad of the op's inputs or weights alone")
+                                           + f", on the training model's layer 0 or head, {_at_once(tensor)}",
+                                 "times": _timed(call, repeats, synchronize)})
     return rows
 
 
@@ -233,19 +241,20 @@ def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repea
         heartbeat(f"whole forward and backward passes at micro batch {micro}, {precision}")
         batch = training_batch(scenario.model, micro, sequence, seed=0, step=0).to(device)
         times: dict[OpKind, list[float]] = {OpKind.FORWARD: [], OpKind.BACKWARD: []}
-        for index in range(repeats + 1):
-            model.zero_grad(set_to_none=True)
-            synchronize()
-            start = time.perf_counter()
-            with autocast(timed_precision(precision), device):
-                loss = next_token_loss(model(batch[:, :-1]), batch[:, 1:])
-            synchronize()
-            middle = time.perf_counter()
-            loss.backward()
-            synchronize()
-            if index:  # the first is untimed: the allocator's and autograd's first-call costs
-                times[OpKind.FORWARD].append(middle - start)
-                times[OpKind.BACKWARD].append(time.perf_counter() - middle)
+        with computing_in(model, precision):  # as the trainer computes (runtime.training.precision)
+            for index in range(repeats + 1):
+                model.zero_grad(set_to_none=True)
+                synchronize()
+                start = time.perf_counter()
+                with autocast(precision, device):
+                    loss = next_token_loss(model(batch[:, :-1]), batch[:, 1:])
+                synchronize()
+                middle = time.perf_counter()
+                loss.backward()
+                synchronize()
+                if index:  # the first is untimed: the allocator's and autograd's first-call costs
+                    times[OpKind.FORWARD].append(middle - start)
+                    times[OpKind.BACKWARD].append(time.perf_counter() - middle)
         spec = scenario.model.with_dtype(compute_dtype(precision))
         costs = pass_costs(spec, TrainingSettings(precision=precision), micro, sequence, tensor)
         for kind, timed in times.items():
@@ -417,7 +426,7 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
             pooled[tuple(row.get(k) for k in _KEYS)] += row["times"]
     merged = [{**{k: v for k, v in zip(_KEYS, key) if v is not None}, **stats(times)} for key, times in pooled.items()]
     context = scenario_context(scenario.name, topology, layout.ranks, "fp32", cores=len(os.sched_getaffinity(0)),
-                               backend=backend_context(), torch_version=torch.__version__)
+                               backend=backend_context(), torch_version=torch.__version__, model=scenario.model)
     merged += sweep_rows + context_rows(applied_context(context) if testbed else context)
     return profile_frame(merged)
 

@@ -35,6 +35,9 @@ equal :func:`models.training.training_memory`'s 2 / 4 / 12 / 4 bytes per paramet
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 from torch import nn
 
@@ -79,6 +82,11 @@ class Bf16Copies:
             for p in self.parameters:
                 getattr(p, _COPY).copy_(p)
 
+    def remove(self) -> None:
+        """Take the copies off the parameters: the kernels read the parameters again."""
+        for p in self.parameters:
+            delattr(p, _COPY)
+
     def copy_bytes(self) -> int:
         """Bytes of the bf16 copies: the weights the kernels read."""
         return sum(getattr(p, _COPY).numel() * getattr(p, _COPY).element_size() for p in self.parameters)
@@ -95,3 +103,23 @@ def refresh(copies: Bf16Copies | None) -> None:
     average); nothing otherwise."""
     if copies is not None:
         copies.refresh()
+
+
+def stream_dtype(precision: Precision) -> torch.dtype:
+    """The dtype of the activations between a model's ops under ``precision``: bf16 under
+    ``bf16_mixed`` (what its kernels give on the bf16 copies), fp32 under any other (under
+    ``amp_bf16`` the residual stream: autocast casts to bf16 inside the ops on its list)."""
+    return torch.bfloat16 if precision is Precision.BF16_MIXED else torch.float32
+
+
+@contextmanager
+def computing_in(module: nn.Module, precision: Precision) -> Iterator[Bf16Copies | None]:
+    """Within the block, ``module``'s kernels read the weights ``precision`` computes with
+    (:func:`bf16_copies`, taken off on leaving, so that one module can be timed in several
+    precisions, :mod:`runtime.training.calibrate`); yields the copies (None: no copies)."""
+    copies = bf16_copies(module, precision)
+    try:
+        yield copies
+    finally:
+        if copies is not None:
+            copies.remove()

@@ -14,13 +14,14 @@ less. Calibrated or documented figures price it, none fitted on a training measu
   (:mod:`runtime.training.calibrate`), ``ranks / cores`` times its work on a core of its own,
   so the simulation divides its times by that factor and lets the ranks (and their comm
   threads) share the cores as they run;
-* each step of a bucket's schedule that the rank takes part in costs its comm thread the
-  per-message core-contention floor the inference transport prices
+* each core turn of a bucket's schedule on the rank (one to enter each step it takes part in,
+  one per message it sends or receives there: :func:`schedule_work`) costs its comm thread the
+  core-contention floor per turn the inference transport prices
   (:func:`sim.calibrated.contention_floor`: fitted on a calibration's in-place collectives
-  where its links let it show, else the gloo/tcp default), the wait of a message whose ends
-  must both be scheduled while every rank is busy. That floor is a wait with all ``ranks``
-  tasks runnable on ``cores``, ``ranks / cores`` times its work on a core of its own: the comm
-  thread's work per message is ``floor x cores / ranks`` core-seconds;
+  where its links let it show, else the gloo/tcp default), the wait of a rank to be scheduled
+  while every rank is busy. That floor is a wait with all ``ranks`` tasks runnable on
+  ``cores``, ``ranks / cores`` times its work on a core of its own: the comm thread's work per
+  turn is ``floor x cores / ranks`` core-seconds;
 * the bytes the rank receives to reduce (``(p - 1) / p n`` of an n-byte ring allreduce over p
   ranks) are summed on the same thread (``runtime.comm.run_schedule``'s ``add_``), at the
   device's reduction cost per byte (the gamma the collectives price, :mod:`sim.cost`).
@@ -37,7 +38,7 @@ stretched by it (small buckets: many messages, each waiting for a core) and slow
 meanwhile (the overlap that costs compute).
 
 Where identical replicas are simulated once (:mod:`sim.training.symmetry`), the simulated
-ranks get their share of the cores (:func:`core_shares`), so that one rank standing for four
+ranks get their share of the cores (:func:`sim.cores.core_shares`), so that one rank standing for four
 on two cores runs at half a core, as each of the four does.
 """
 
@@ -54,9 +55,9 @@ class SharedCores:
 
     Attributes:
         pool: every rank of the step on the machine's cores.
-        message_work_s: core-seconds of the comm thread's work per message of a schedule
-            step, for the runtime's point-to-point schedules (False) and gloo's own collectives
-            (True).
+        message_work_s: core-seconds of the comm thread's work per core turn of a schedule
+            (:func:`schedule_work`), for the runtime's point-to-point schedules (False) and
+            gloo's own collectives (True).
         sources: one line per term, whence it comes.
     """
 
@@ -66,39 +67,30 @@ class SharedCores:
 
 
 def message_work_s(floor_s: float, ranks: int, cores: float) -> float:
-    """The core-seconds one message costs a comm thread, from the contention floor ``floor_s``
+    """The core-seconds one core turn costs a comm thread, from the contention floor ``floor_s``
     (s, the wait with all ``ranks`` tasks runnable on ``cores``): ``floor_s x cores / ranks``
     (processor sharing stretches a job by ``ranks / cores`` then, :mod:`sim.cores`)."""
     return floor_s * min(1.0, cores / ranks)
 
 
-def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ...]:
-    """The pool the ``simulated`` ranks run on when they stand for all of ``pool``'s ranks
-    (identical replicas simulated once): their share of its cores, so that each computes at the
-    rate each of all the ranks would. The pool itself where every rank is simulated; none where
-    no simulated rank is on it."""
-    mine = pool.ranks & simulated
-    if not mine:
-        return ()
-    if mine == pool.ranks:
-        return (pool,)
-    share = len(mine) / len(pool.ranks)
-    return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share),)
-
-
 def schedule_work(schedule, rank: int) -> tuple[int, int]:
     """What ``schedule`` (:class:`sim.collectives.schedule.CommSchedule`) asks of ``rank``'s comm
-    thread: (the steps in which it sends or receives, the bytes it receives to reduce: the
-    transfers marked ``reduce``, :class:`sim.collectives.schedule.Transfer`; ``(p - 1) / p n``
-    for a ring allreduce of n bytes over p ranks, its reduce-scatter half)."""
-    steps = sum(1 for step in schedule.steps if any(rank in (t.src, t.dst) for t in step))
+    thread: (its core turns: in each step in which it sends or receives, one to enter the step and
+    one per message it sends or receives there, as the contention floor counts them,
+    :func:`sim.transport.step_turns`; the bytes it receives to reduce: the transfers marked
+    ``reduce``, :class:`sim.collectives.schedule.Transfer`; ``(p - 1) / p n`` for a ring allreduce
+    of n bytes over p ranks, its reduce-scatter half)."""
+    turns = 0
+    for step in schedule.steps:
+        handled = sum((t.src == rank) + (t.dst == rank) for t in step)
+        turns += 1 + handled if handled else 0
     reduced = sum(t.size_bytes for step in schedule.steps for t in step if t.reduce and t.dst == rank)
-    return steps, reduced
+    return turns, reduced
 
 
 def shared_cores(profile, network, target, ranks: tuple[int, ...]) -> SharedCores | None:
     """The cores ``ranks`` (topology rank ids) share on the target and their comm threads' work
-    per message, from a calibration ``profile``; None where the profile records no cores or the
+    per core turn, from a calibration ``profile``; None where the profile records no cores or the
     ranks do not outnumber them.
 
     Args:
@@ -119,7 +111,7 @@ def shared_cores(profile, network, target, ranks: tuple[int, ...]) -> SharedCore
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
     work = {library: message_work_s(floor_s, len(ranks), cores) for library, (floor_s, _) in floors.items()}
     pool = CorePool(frozenset(ranks), cores)
-    lines = (f"comm threads: {pool.describe()}, each bucket's messages on them at "
+    lines = (f"comm threads: {pool.describe()}, each core turn of a bucket's schedule on them at "
              f"{work[False] * 1e3:.2f} ms (point to point) / {work[True] * 1e3:.2f} ms (gloo's own) of a core each",
              *(line for _, line in floors.values()))
     return SharedCores(pool, work, lines)

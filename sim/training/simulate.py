@@ -43,7 +43,7 @@ from models.training import (ActivationLayout, TrainingMemory, compute_dtype, gr
 from sim.calibrated import NetworkChoice
 from sim.collectives.registry import LIBRARY, known_algorithms
 from sim.context import scenario_context
-from sim.cores import CorePool
+from sim.cores import CorePool, core_shares
 from sim.engine import Engine, SegmentResult
 from sim.framework import Backend, backend_of
 from sim.metrics import RESULT_COLUMNS
@@ -53,7 +53,7 @@ from sim.scenario import Scenario, Variant
 from sim.simulate import Pricing, build_pricing
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
-from sim.training.comm_thread import SharedCores, core_shares, schedule_work, shared_cores
+from sim.training.comm_thread import SharedCores, schedule_work, shared_cores
 from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors
 from sim.training.lower import StepShape, TrainingStep, lower_step, tp_allreduce_algorithm
 from sim.training.symmetry import replicas_identical
@@ -129,9 +129,12 @@ class TrainingSimulation:
 
     @property
     def sources(self) -> tuple[str, ...]:
-        """Where the calibrated prediction's network terms come from (:mod:`sim.context`), and
-        how the ranks' comm threads share the cores (:mod:`sim.training.comm_thread`), one line each."""
-        return (self.network.sources if self.network is not None else ()) + self.step_terms
+        """The scenario's terms against the profile's context and where the calibrated prediction's
+        network terms come from (:mod:`sim.context`), how the ranks' comm threads share the cores
+        (:mod:`sim.training.comm_thread`) and what each pass's factor is, one line each."""
+        if self.network is None:
+            return self.step_terms
+        return (*(term.line() for term in self.network.terms), *self.network.sources, *self.step_terms)
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -351,7 +354,7 @@ def tensor_parallel_sources(profile: Profile, plan: ParallelPlan, topology: Topo
 
 
 def _bucket_work(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...]):
-    """``(bucket bytes, rank) -> (steps of the bucket's allreduce schedule the rank takes part in,
+    """``(bucket bytes, rank) -> (core turns of the bucket's allreduce schedule on the rank,
     bytes it reduces)``, over the rank's data-parallel group (its position in every replica),
     ``algorithm`` resolved as the engine resolves it (:func:`sim.training.comm_thread.schedule_work`)."""
     position = {rank: t for replica in replicas for t, rank in enumerate(replica)}
@@ -367,7 +370,7 @@ def _bucket_work(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...]
 def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topology: Topology, workload,
                       framework: dict[int, int], pool: CorePool | None = None) -> TrainingVariantResult:
     """One variant's steps; ``pool``: the cores every rank shares (None: as the engine has them),
-    of which the simulated ranks get their share (:func:`sim.training.comm_thread.core_shares`)."""
+    of which the simulated ranks get their share (:func:`sim.cores.core_shares`)."""
     settings = shape.settings
     if settings.averaging is Averaging.PARAMETERS:
         period = settings.averaging_period

@@ -21,8 +21,10 @@ alone, never from a validated measurement. A factor on the whole op would carry 
 another's: measured on an H100 (``validation/gpu-report``), Qwen2.5-0.5B's backward pass took
 0.47 of its ops' time alone and TinyLlama-1.1B's, whose layers' GEMMs do 2.6 to 5 times the
 work, 0.70.
-Where the profile has no whole pass at a variant's dtype, or the model it trained is neither the
-scenario's nor in :data:`models.catalog.CATALOG`, the factor is 1 and the sources say so.
+Where the profile has no whole pass at a variant's dtype, or (a profile whose context does not
+record the model it trained, :class:`sim.context.ContextTerm`) the passes' FLOPs are neither the
+scenario's model's nor a model's of :data:`models.catalog.CATALOG`, the factor is 1 and the
+sources say so.
 
 With tensor parallelism the calibration times the passes of a rank's shard (rows whose
 ``group_size`` is the degree T, :mod:`runtime.training.calibrate`); they are set against the
@@ -67,15 +69,23 @@ def calibrated_tensor(profile: Profile, tensor: int) -> int:
 
 
 def calibrated_model(model: ModelSpec, settings, micro: int, sequence: int, tensor: int,
-                     pass_flops: dict[OpKind, float]) -> ModelSpec | None:
+                     pass_flops: dict[OpKind, float], recorded: ModelSpec | None = None) -> ModelSpec | None:
     """The model (in ``model``'s dtype) whose whole passes a profile's ``training_pass`` rows timed
-    at ``micro`` sequences of ``sequence`` tokens on a ``tensor``-way shard: ``model`` where the
-    rows record no FLOPs (``pass_flops`` NaN) or ``model``'s passes have their FLOPs, else the
-    catalog model (:data:`models.catalog.CATALOG`) whose do (the rows' FLOPs are
-    :func:`pass_costs` of the model the calibration trained, :mod:`runtime.training.calibrate`);
-    None where none does."""
+    at ``micro`` sequences of ``sequence`` tokens on a ``tensor``-way shard.
+
+    ``recorded``: the model the profile's context says the calibration trained
+    (:func:`sim.context.recorded_model`, written by :mod:`runtime.training.calibrate`); where
+    given, it is the answer: ``model`` where it is that architecture under any name, else it.
+
+    A profile written before its context recorded the model (``recorded`` None) is matched on
+    the rows' FLOPs, which are :func:`pass_costs` of the model the calibration trained:
+    ``model`` where the rows record no FLOPs (``pass_flops`` NaN) or ``model``'s passes have
+    their FLOPs, else the catalog model (:data:`models.catalog.CATALOG`) whose do; None where
+    none does."""
     from models.catalog import CATALOG
 
+    if recorded is not None:
+        return model if recorded.same_architecture(model) else recorded.with_dtype(model.dtype)
     if not any(math.isfinite(flops) for flops in pass_flops.values()):
         return model
     for spec in (model, *(s.with_dtype(model.dtype) for s in CATALOG.values() if s.name != model.name)):
@@ -97,8 +107,10 @@ def pass_factors(profile: Profile, device: Device, dtype: str, model: ModelSpec,
     :func:`calibrated_model`, as ``compute`` prices them; see the module docstring), never below
     0; and one line per factor saying what it is. Charged with the statistic of the ops
     (:data:`sim.profile.CHARGED`), so that the ratio is of like to like."""
+    from sim.context import profile_contexts, recorded_model
     from sim.profile import CHARGED
 
+    recorded = recorded_model(profile_contexts(profile.rows))
     rows = profile.of(MeasurementKind.TRAINING_PASS)
     rows = rows[(rows["device_class"] == device.spec.name) & (rows["dtype"] == dtype) & (rows["group_size"] == tensor)]
     statistic = CHARGED[MeasurementKind.COMPUTE]
@@ -107,10 +119,12 @@ def pass_factors(profile: Profile, device: Device, dtype: str, model: ModelSpec,
     for micro, of_micro in rows.groupby("batch_size", sort=True):
         micro = int(micro)
         timed = calibrated_model(model, settings, micro, sequence, tensor,
-                                 {OpKind(row.op): float(row.flops) for row in of_micro.itertuples(index=False)})
+                                 {OpKind(row.op): float(row.flops) for row in of_micro.itertuples(index=False)},
+                                 recorded)
         if timed is None:
             lines.append(f"in-step passes{shard} on {device.spec.name} {dtype} at micro batch {micro}: not priced, "
-                         "x 1 (timed on a model neither the scenario's nor in the catalog)")
+                         "x 1 (the profile does not record the model it trained, and its passes' FLOPs are neither "
+                         "the scenario's model's nor a catalog model's)")
             continue
         sums = pass_op_sums(timed, settings, micro, sequence, rank, compute, device, tensor)
         on = "" if timed.name == model.name else f", timed on {timed.name}"
@@ -158,8 +172,9 @@ class StepCompute:
 
     A comm-thread op's ``cost.bytes_read`` is its bucket's bytes on the wire (what
     :func:`sim.training.lower.lower_step` gives it); its work (core-seconds) is, of that bucket's
-    schedule on the device's rank (``work(bytes, rank)``: the steps in which it sends or
-    receives, and the bytes it reduces), ``message_work_s`` per step plus the reduction of the
+    schedule on the device's rank (``work(bytes, rank)``: its core turns, one to enter each step
+    in which it sends or receives and one per message there, and the bytes it reduces),
+    ``message_work_s`` per turn plus the reduction of the
     received bytes at the device's reduction cost (``reduce_s_per_byte``, the gamma the
     collectives price a reduction with).
     """
@@ -176,8 +191,8 @@ class StepCompute:
             key = (int(op.cost.bytes_read), device.rank)
             work_s = self._cache.get(key)
             if work_s is None:
-                steps, reduced_bytes = self.work(*key)
-                work_s = self._cache[key] = steps * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
+                turns, reduced_bytes = self.work(*key)
+                work_s = self._cache[key] = turns * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
             return work_s
         price_s = self.inner.duration_s(op, device)
         factor = self.pass_factor.get(self.recompute_pass if op.recompute else op_pass(op))
