@@ -190,8 +190,8 @@ class TakingTurns:
     program's end) or, while some rank waits, until the first tick (:data:`TICK_S`, from the
     segment's start) after it has run a slice (:data:`SLICE_S`) in this turn: then it goes to the
     back of the line. A rank that wakes while every core is taken waits for one (EEVDF may let a
-    woken task preempt at once, ``check_preempt_wakeup_fair``; the testbed's ranks were measured
-    waiting for the tick: validation/layouts-report/progress.md, branch sweepgap). The line is
+    woken task preempt a running one at once, ``check_preempt_wakeup_fair``; waiting is the
+    bound that makes the woken rank arrive late, which is what this model is for). The line is
     kept in order of waiting since; ranks that join it at the same instant by the core time they
     have had (the fair scheduler runs the task owed the most first: its vruntime, ``kernel/sched/fair.c``),
     then by rank id, so a run is deterministic (which of equals the kernel picks no measurement
