@@ -16,7 +16,7 @@ error) under ``--out`` and prints the mean error per target, prompt, phase and a
 and source (columns). Two to five minutes on the project's 2-core machine.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_allreduce_in_run.py --out DIR [--token-buckets]
-[--also MATRIX REPORT]``
+[--also MATRIX REPORT] [--core-turns]``
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from models.ops import OpKind
-from sim import token_bucket
+from sim import cores, token_bucket
 from sim.simulate import simulate
 from validation.matrix import with_prompt
 from validation.terms import profile_gap_s
@@ -78,8 +78,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--also", nargs=2, action="append", type=Path, default=[], metavar=("MATRIX", "REPORT"))
     parser.add_argument("--token-buckets", action="store_true")
+    parser.add_argument("--core-turns", action="store_true",
+                        help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
     args = parser.parse_args()
     token_bucket.PRICED = args.token_buckets
+    cores.SCHEDULING = cores.CoreScheduling.TURNS if args.core_turns else cores.SCHEDULING
     started = time.perf_counter()
     reports = (*SHIPPED, *(tuple(pair) for pair in args.also))
     calls = simulated_calls(shipped_clusters(reports)).merge(measured_calls(reports), on=CALL_KEYS, how="inner")

@@ -18,17 +18,18 @@ profile. Two tables locate it, both re-simulating the shipped reports (no testbe
 
 About five minutes on the project's 2-core machine.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_bucket_terms.py``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_bucket_terms.py [--core-turns]``
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
 import pandas as pd
 
-from sim import token_bucket
+from sim import cores, token_bucket
 from sim.collectives.registry import build_schedule
 from sim.context import profile_contexts
 from sim.profile import MeasurementKind
@@ -110,6 +111,10 @@ def prefill_term_contributions(clusters) -> pd.DataFrame:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--core-turns", action="store_true",
+                        help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
+    cores.SCHEDULING = cores.CoreScheduling.TURNS if parser.parse_args().core_turns else cores.SCHEDULING
     started = time.perf_counter()
     clusters = shipped_clusters(SHIPPED)
     isolated = isolated_errors(clusters)

@@ -1,4 +1,4 @@
-"""Ranks competing for a machine's CPU cores: a processor-sharing resource of the simulated segment.
+"""Ranks competing for a machine's CPU cores: a resource of the simulated segment, shared or in turns.
 
 Where more ranks run on a machine than it has cores (the emulated cluster: every emulated host's
 ranks, and the delay forwarder that carries their packets, on one 2-core virtual machine), a rank
@@ -11,6 +11,13 @@ leaves its core to the others, so a compute op's time depends on what the other 
 moment, which a constant factor on every op cannot say: the master's embedding and LM head, run
 while the other ranks wait for it, get a whole core.
 
+Processor sharing is the fluid limit. Over ops shorter than the scheduler's turn the kernel does
+something else (:class:`TakingTurns`, :data:`SCHEDULING` :attr:`CoreScheduling.TURNS`): a core
+runs one task until it blocks or until the first scheduler tick after its slice is used up, and
+a task that wakes while every core is taken waits for one. Ranks doing equal work then finish
+apart (two run, two wait) and a rank woken by a collective's end waits for a core: arrival skew
+that processor sharing, whose ranks finish together, cannot produce.
+
 :class:`CorePool` names the ranks sharing some cores and the share other processes take
 (``background_cores``: the delay forwarder, measured at 30-37% of a core while a 4-rank decode
 runs, :mod:`runtime.testbed.cluster`); :class:`ProcessorSharing` is one pool's server inside a
@@ -21,14 +28,40 @@ nothing changes, bit for bit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import partial
 
 import simpy
 
 # A job whose remaining work at its rate is below this share of the clock is done (float rounding).
 _DONE_REL = 1e-12
+
+
+class CoreScheduling(StrEnum):
+    """How a pool's ranks share its cores in the simulation: the fluid limit
+    (:class:`ProcessorSharing`) or in turns (:class:`TakingTurns`)."""
+
+    PROCESSOR_SHARING = "processor_sharing"
+    TURNS = "turns"
+
+
+SCHEDULING = CoreScheduling.PROCESSOR_SHARING
+"""The engine's core scheduling (:func:`core_server`); benchmarks switch it (``--core-turns``)."""
+
+TICK_S = 1 / 250
+"""The scheduler tick of the emulated hosts' kernel, CONFIG_HZ=250 (s): the fair scheduler checks
+whether the running task used up its slice only at a tick (``kernel/sched/fair.c``,
+``entity_tick`` -> ``update_curr`` -> ``resched_curr``; ``HRTICK``, the exact-slice timer, is off
+by default, ``kernel/sched/features.h``)."""
+
+SLICE_S = 0.75e-3 * (1 + math.floor(math.log2(2)))
+"""A task's slice on the emulated 2-core machine (s): EEVDF's base slice, 0.75 ms normalised,
+scaled by ``1 + ilog2(min(cpus, 8))`` (``sysctl_sched_base_slice`` and
+``get_update_sysctl_factor``, ``kernel/sched/fair.c``, the default ``SCHED_TUNABLESCALING_LOG``):
+1.5 ms; the kernel's default, not calibrated."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +124,9 @@ class ProcessorSharing:
         self._generation = 0
         self._next_job = 0
 
-    def run(self, work_s: float) -> simpy.Event:
-        """An event that succeeds once ``work_s`` seconds of one core's work, started now, are done."""
+    def run(self, work_s: float, rank: int = 0) -> simpy.Event:
+        """An event that succeeds once ``work_s`` seconds of one core's work, started now, are done
+        (``rank``: whose work, which sharing ignores)."""
         done = self.env.event()
         if work_s <= 0:
             done.succeed()
@@ -103,7 +137,7 @@ class ProcessorSharing:
         self._reshare()
         return done
 
-    def wait_for_core(self, work_s: float) -> simpy.Event:
+    def wait_for_core(self, work_s: float, rank: int = 0) -> simpy.Event:
         """A thread waking to be scheduled (a comm thread handling its messages,
         :mod:`sim.training.comm_thread`): done at once where the pool's jobs leave a core free,
         else a job of ``work_s`` core-seconds sharing the cores with them, as :meth:`run`."""
@@ -111,7 +145,7 @@ class ProcessorSharing:
             done = self.env.event()
             done.succeed()
             return done
-        return self.run(work_s)
+        return self.run(work_s, rank)
 
     def _advance(self) -> None:
         elapsed = self.env.now - self._updated_s
@@ -138,6 +172,161 @@ class ProcessorSharing:
         self._reshare()
         for event in events:
             event.succeed()
+
+
+# simpy runs an instant's events by priority (URGENT 0, NORMAL 1), then by when they were
+# scheduled: an event of priority 2 runs once everything else of its instant has, so a turn is
+# given out after every rank that wakes or finishes at that instant has said so.
+_END_OF_INSTANT = 2
+
+
+class TakingTurns:
+    """One :class:`CorePool` inside a segment's environment, its ranks running in turns.
+
+    ``ceil(free cores)`` ranks run at once, each at ``min(1, free cores / running)`` of a core
+    (the other processes' share spread over them, as :class:`ProcessorSharing` spreads it); the
+    others wait in line. A running rank keeps its core while it computes, op after op, until it
+    blocks (its op ends and it starts no other at that instant: a collective, a load, its
+    program's end) or, while some rank waits, until the first tick (:data:`TICK_S`, from the
+    segment's start) after it has run a slice (:data:`SLICE_S`) in this turn: then it goes to the
+    back of the line. A rank that wakes while every core is taken waits for one (EEVDF may let a
+    woken task preempt a running one at once, ``check_preempt_wakeup_fair``; waiting is the
+    bound that makes the woken rank arrive late, which is what this model is for). The line is
+    kept in order of waiting since; ranks that join it at the same instant by the core time they
+    have had (the fair scheduler runs the task owed the most first: its vruntime, ``kernel/sched/fair.c``),
+    then by rank id, so a run is deterministic (which of equals the kernel picks no measurement
+    here tells).
+
+    Args:
+        env: the segment's environment.
+        pool: the pool.
+        tick_s: the scheduler tick (s, > 0).
+        slice_s: a rank's slice (s, >= 0).
+    """
+
+    def __init__(self, env: simpy.Environment, pool: CorePool, tick_s: float = TICK_S, slice_s: float = SLICE_S):
+        self.env = env
+        self.pool = pool
+        self.tick_s = tick_s
+        self.slice_s = slice_s
+        self.slots = math.ceil(pool.free_cores)
+        self._running: dict[int, list] = {}  # job id -> [rank, remaining core-s, done, turn start s]
+        self._waiting: list[tuple[float, float, int, int]] = []  # (waiting since s, core-s had, rank, job id)
+        self._had: dict[int, float] = {}  # rank -> core-seconds it has had (the kernel's vruntime)
+        self._jobs: dict[int, list] = {}  # job id -> [rank, remaining core-s, done, turn start s or None]
+        self._held: dict[int, float] = {}  # rank whose op just ended -> its turn's start, until the instant ends
+        self._rate = 1.0
+        self._updated_s = 0.0
+        self._generation = 0
+        self._next_job = 0
+        self._dispatching = False
+
+    def run(self, work_s: float, rank: int = 0) -> simpy.Event:
+        """An event that succeeds once ``rank`` has had ``work_s`` seconds of a core's work,
+        started now: at once on a core it holds from its previous op, else after its wait."""
+        done = self.env.event()
+        if work_s <= 0:
+            done.succeed()
+            return done
+        self._advance()
+        job = self._next_job
+        self._next_job += 1
+        if rank in self._held:  # it goes on computing on the core it has
+            self._jobs[job] = [rank, float(work_s), done, self._held.pop(rank)]
+            self._running[job] = self._jobs[job]
+        else:
+            self._jobs[job] = [rank, float(work_s), done, None]
+            self._waiting.append((self.env.now, self._had.get(rank, 0.0), rank, job))
+            self._end_of_instant()
+        self._reschedule()
+        return done
+
+    def wait_for_core(self, work_s: float, rank: int = 0) -> simpy.Event:
+        """A thread waking to be scheduled (a comm thread, :mod:`sim.training.comm_thread`): done
+        at once where a core is free, else ``work_s`` core-seconds in line as :meth:`run`."""
+        if len(self._running) + len(self._held) < self.slots and not self._waiting:
+            done = self.env.event()
+            done.succeed()
+            return done
+        return self.run(work_s, rank)
+
+    def _end_of_instant(self) -> None:
+        if not self._dispatching:
+            self._dispatching = True
+            event = simpy.Event(self.env)
+            event._ok, event._value = True, None
+            event.callbacks.append(self._dispatch)
+            self.env.schedule(event, _END_OF_INSTANT)
+
+    def _dispatch(self, _event: simpy.Event) -> None:
+        """The instant's end: cores held by ranks that started nothing are free; the line's head
+        takes each free core."""
+        self._dispatching = False
+        self._advance()
+        self._held.clear()
+        self._waiting.sort()
+        while self._waiting and len(self._running) < self.slots:
+            *_, job = self._waiting.pop(0)
+            self._jobs[job][3] = self.env.now
+            self._running[job] = self._jobs[job]
+        self._reschedule()
+
+    def _advance(self) -> None:
+        elapsed = self.env.now - self._updated_s
+        if elapsed:
+            for job in self._running.values():
+                job[1] -= self._rate * elapsed
+                self._had[job[0]] = self._had.get(job[0], 0.0) + self._rate * elapsed
+        self._updated_s = self.env.now
+
+    def _preempt_s(self, turn_start_s: float) -> float:
+        """When a turn started at ``turn_start_s`` ends while some rank waits: the first tick
+        after its slice, and not before now (a rank running alone past its slice is sent back at
+        the tick after someone comes to wait)."""
+        tick_s = math.ceil(max(turn_start_s + self.slice_s, self.env.now) / self.tick_s * (1 - _DONE_REL)) * self.tick_s
+        return tick_s if tick_s > turn_start_s else tick_s + self.tick_s  # a turn that starts on a tick lasts to the next
+
+    def _reschedule(self) -> None:
+        self._generation += 1
+        if not self._running:
+            return
+        self._rate = min(1.0, self.pool.free_cores / len(self._running))
+        wake_s = self.env.now + min(max(job[1], 0.0) for job in self._running.values()) / self._rate
+        if self._waiting:
+            wake_s = min(wake_s, min(self._preempt_s(job[3]) for job in self._running.values()))
+        self.env.timeout(max(0.0, wake_s - self.env.now)).callbacks.append(partial(self._wake, self._generation))
+
+    def _wake(self, generation: int, _event: simpy.Event) -> None:
+        if generation != self._generation:
+            return  # a job arrived or left meanwhile and rescheduled
+        self._advance()
+        done_s = _DONE_REL * max(1.0, self.env.now)
+        finished = [j for j, job in self._running.items() if job[1] / self._rate <= done_s]
+        events = []
+        for j in finished:
+            rank, _, done, turn_start_s = self._jobs.pop(j)
+            del self._running[j]
+            self._held[rank] = turn_start_s
+            events.append(done)
+        if self._waiting:
+            for j, job in list(self._running.items()):
+                if self._preempt_s(job[3]) <= self.env.now * (1 + _DONE_REL):
+                    del self._running[j]
+                    job[3] = None
+                    self._waiting.append((self.env.now, self._had.get(job[0], 0.0), job[0], j))
+        if finished or len(self._running) < self.slots:
+            self._end_of_instant()
+        self._reschedule()
+        for event in events:
+            event.succeed()
+
+
+def core_server(env: simpy.Environment, pool: CorePool,
+                scheduling: CoreScheduling | None = None) -> ProcessorSharing | TakingTurns:
+    """``pool``'s server in ``env`` under ``scheduling`` (default :data:`SCHEDULING`)."""
+    if (scheduling or SCHEDULING) is CoreScheduling.TURNS:
+        return TakingTurns(env, pool)
+    return ProcessorSharing(env, pool)
 
 
 def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ...]:

@@ -33,8 +33,9 @@ Semantics (what the tests pin down):
   ``auto`` picks its algorithm on the idle network either way.
 * Core contention (:mod:`sim.cores`): where a :class:`sim.cores.CorePool` puts more of the
   segment's ranks on a machine than it has free cores, the ranks' compute ops run through the
-  pool's processor-sharing server: a compute op's duration is its work at one whole core, and it
-  stretches while more ranks compute at once than there are cores. A rank waiting in a
+  pool's server (:func:`sim.cores.core_server`: processor sharing, or in turns): a compute op's
+  duration is its work at one whole core, and it stretches while more ranks compute at once than
+  there are cores (shared), or waits for a core (in turns). A rank waiting in a
   collective does not compute and leaves its core to the others. A comm thread's op
   (``comm_thread``: a training bucket's messages, :mod:`sim.training.comm_thread`) only waits for
   a core: nothing where one is free as it starts, else its work shares the cores like compute.
@@ -61,7 +62,7 @@ import simpy
 from models.ops import OpKind
 from sim.bucket_clock import BucketClock, delayed
 from sim.collectives.schedule import CommSchedule, Transfer
-from sim.cores import CorePool, ProcessorSharing
+from sim.cores import CorePool, core_server
 from sim.cost import ComputeModel
 from sim.fabric import Fabric
 from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links
@@ -250,7 +251,7 @@ class Engine:
         the others' share ``clock``'s buckets."""
         env = simpy.Environment()
         fabric = Fabric(env, self.links, self.load_rate_cap, clock.buckets)
-        servers = [ProcessorSharing(env, pool) for pool in pools]
+        servers = [core_server(env, pool) for pool in pools]
         cpu = {rank: server for server in servers for rank in server.pool.ranks}
         calls: dict[int, list] = {}
         for rank in sorted(segment.programs):
@@ -284,7 +285,7 @@ class Engine:
                 if cpu is None:
                     yield env.timeout(duration)
                 else:  # a comm thread's work is waiting for a core (sim.cores)
-                    yield cpu.wait_for_core(duration) if op.kind is OpKind.COMM_THREAD else cpu.run(duration)
+                    yield cpu.wait_for_core(duration, rank) if op.kind is OpKind.COMM_THREAD else cpu.run(duration, rank)
             else:
                 on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None, {}, None])

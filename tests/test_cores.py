@@ -1,23 +1,28 @@
 """Core contention as a resource of the simulated segment (sim.cores): ranks that outnumber a
 machine's cores share them, ranks with cores enough are left exactly as they were."""
 
+from functools import partial
+
 import pytest
 import simpy
 
-from sim.cores import CorePool, ProcessorSharing
+from sim.cores import TICK_S, CorePool, CoreScheduling, ProcessorSharing, TakingTurns
 from sim.simulate import simulate
 from tests.conftest import cluster, make_scenario
 
 
-def _finish_times(cores: float, jobs: list[tuple[float, float]], background: float = 0.0) -> list[float]:
-    """(start s, work s) jobs on one pool; each one's finish time."""
+def _finish_times(cores: float, jobs: list[tuple[float, float | list[float]]], background: float = 0.0,
+                  server_class=ProcessorSharing) -> list[float]:
+    """(start s, work s) jobs on one pool, one rank each (a list of works: ops one after the other);
+    each rank's finish time."""
     env = simpy.Environment()
-    server = ProcessorSharing(env, CorePool(frozenset(range(len(jobs))), cores, background))
+    server = server_class(env, CorePool(frozenset(range(len(jobs))), cores, background))
     finished = [0.0] * len(jobs)
 
     def job(index, start_s, work_s):
         yield env.timeout(start_s)
-        yield server.run(work_s)
+        for op_s in work_s if isinstance(work_s, list) else [work_s]:
+            yield server.run(op_s, index)
         finished[index] = env.now
 
     for index, (start_s, work_s) in enumerate(jobs):
@@ -42,6 +47,40 @@ def test_other_processes_take_their_share_of_the_cores():
     assert _finish_times(2, [(0.0, 1.0)] * 3, background=0.5) == pytest.approx([2.0] * 3)
 
 
+def test_ranks_taking_turns_finish_equal_work_apart():
+    # two run, two wait: the ranks that waited arrive at the next collective one op later
+    assert _finish_times(2, [(0.0, 1e-3)] * 4, server_class=TakingTurns) == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3])
+    # ...also op after op: a rank going on computing keeps its core, it does not queue again
+    assert _finish_times(2, [(0.0, [0.25e-3] * 4)] * 4, server_class=TakingTurns) == pytest.approx(
+        [1e-3, 1e-3, 2e-3, 2e-3])
+
+
+def test_ranks_taking_turns_hand_over_at_the_first_tick_after_their_slice():
+    # 10 ms each: ranks 0 and 1 run to the 4 ms tick, 2 and 3 to 8 ms, ... the cores' total work
+    # is as processor sharing's, only who finishes when differs
+    work_s = 2.5 * TICK_S
+    turns = _finish_times(2, [(0.0, work_s)] * 4, server_class=TakingTurns)
+    assert turns == pytest.approx([4.5 * TICK_S, 4.5 * TICK_S, 5 * TICK_S, 5 * TICK_S])
+    assert max(turns) == pytest.approx(max(_finish_times(2, [(0.0, work_s)] * 4)))
+    # no slice: a turn runs to the next tick, one that starts on a tick to the one after
+    no_slice = _finish_times(2, [(0.0, 2.5e-3)] * 4, server_class=partial(TakingTurns, tick_s=1e-3, slice_s=0.0))
+    assert no_slice == pytest.approx([4.5e-3, 4.5e-3, 5e-3, 5e-3])
+
+
+def test_a_rank_waking_while_the_cores_are_taken_waits_for_one():
+    # ranks 0 and 1 compute 1 ms; rank 2 wakes at 0.5 ms and waits for the first to finish
+    assert _finish_times(2, [(0.0, 1e-3), (0.0, 1e-3), (0.5e-3, 1e-3)], server_class=TakingTurns) == pytest.approx(
+        [1e-3, 1e-3, 2e-3])
+    # three ranks on two cores share the turns fairly: the one waiting goes first at each tick
+    assert _finish_times(2, [(0.0, 1.0)] * 3, server_class=TakingTurns) == pytest.approx([1.5] * 3, abs=1.01 * TICK_S)
+
+
+def test_turns_spread_the_other_processes_share_over_the_running_ranks():
+    # 1.5 free cores: two ranks run at 0.75 of a core each, the third alone after them at a whole one
+    assert _finish_times(2, [(0.0, 1e-3)] * 3, background=0.5, server_class=TakingTurns) == pytest.approx(
+        [1e-3 / 0.75, 1e-3 / 0.75, 1e-3 / 0.75 + 1e-3])
+
+
 @pytest.mark.parametrize("cores, ranks, background", [(0, 2, 0.0), (2, 0, 0.0), (2, 2, 2.0)])
 def test_a_pool_without_free_cores_or_ranks_is_refused(cores, ranks, background):
     with pytest.raises(ValueError, match="core pool"):
@@ -50,7 +89,7 @@ def test_a_pool_without_free_cores_or_ranks_is_refused(cores, ranks, background)
 
 def _layer_on(cores: int | None):
     """The first decoder layer segment of a 4-rank tensor-parallel prefill, run by an engine
-    whose 4 ranks share ``cores`` cores (None: a core each), and its compute and collective time."""
+    whose 4 ranks share ``cores`` cores (None: a core each), rank 0's compute time in it and its ops."""
     from sim.cost import RooflineCompute
     from sim.engine import Engine
     from sim.network import NETWORK_MODELS, CollectivePricer
@@ -67,19 +106,35 @@ def _layer_on(cores: int | None):
     engine = Engine(result.topology, compute, pricer, cores=pools)
     ops = layer.programs[0]
     compute_s = sum(compute.duration_s(op, result.topology.devices[0]) for op in ops if op.collective is None)
-    return engine.run_segment(layer), compute_s
+    return engine.run_segment(layer), compute_s, ops
 
 
 def test_engine_stretches_compute_where_ranks_outnumber_cores():
-    alone, compute_s = _layer_on(None)
-    shared, _ = _layer_on(2)
+    alone, compute_s, _ = _layer_on(None)
+    shared, _, _ = _layer_on(2)
     # every rank computes the same ops at once: each at half a core, the collectives as before
     assert shared.duration_s == pytest.approx(alone.duration_s + compute_s, rel=1e-9)
 
 
+def test_engine_with_ranks_taking_turns_staggers_their_arrivals(monkeypatch):
+    from sim import cores
+
+    shared, _, _ = _layer_on(2)
+    monkeypatch.setattr(cores, "SCHEDULING", CoreScheduling.TURNS)
+    turns, _, ops = _layer_on(2)
+    # the layer's first op, computed by every rank: shared, the 4 ranks end it together; in
+    # turns, ranks 0 and 1 compute their block to the first collective on the 2 cores, and only
+    # then do ranks 2 and 3 get them
+    assert len({float(ends[0]) for ends in shared.ends.values()}) == 1
+    first = [float(turns.ends[rank][0]) for rank in sorted(turns.ends)]
+    assert first[0] == first[1] < first[2] == first[3]
+    block = next(i for i, op in enumerate(ops) if op.collective is not None)
+    assert first[2] == pytest.approx(float(turns.ends[0][block - 1]) + first[0], rel=1e-9)
+
+
 def test_engine_with_cores_enough_is_bit_for_bit_unchanged():
-    alone, _ = _layer_on(None)
-    enough, _ = _layer_on(4)
+    alone, _, _ = _layer_on(None)
+    enough, _, _ = _layer_on(4)
     assert enough.duration_s == alone.duration_s
     for rank in alone.ends:
         assert (enough.ends[rank] == alone.ends[rank]).all()
