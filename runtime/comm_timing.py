@@ -154,13 +154,16 @@ class CollectiveSweep:
             host's process group is made over the default group). The host's ranks wait for
             each call's deadline spinning (``busy_start`` of :func:`synchronised_times`, rows
             :data:`BUSY_START_METHOD`): asleep through the lead, a TP-2 pair's 1-64 KiB calls
-            on the quiet testbed cost 0.6-2.4 ms, 2-4 times the same pair's calls inside a
-            run (reduce 0.64-0.85 ms from the last arrival, median; broadcast 0.33-0.49 ms to
-            the receiver; ``benchmarks/bench_pair_calls.py``), with the lo's token bucket full
-            at every call either way (the lead refills its 128 KiB in 1 ms); a call in a run
-            follows compute, on cores that did not go idle (this VM halts an idle vCPU:
-            ``benchmarks/bench_gloo_small.py``). The sweep over ``ranks`` keeps sleeping: the
-            shipped transfer figures were fitted on rows timed so.
+            on the quiet testbed cost 0.6-2.4 ms (medians of 3; about 1.4 ms reduce, 1.1 ms
+            broadcast), about 2 and 3 times the same pair's calls inside a run (3 KiB: reduce
+            0.64-0.81 ms from the last arrival, broadcast 0.29-0.40 ms to the receiver,
+            medians; ``benchmarks/bench_pair_calls.py``), though lo's token bucket is full at
+            every call either way (the lead time, at least 1 ms plus two agreements, refills
+            its 128 KiB at 1 Gbit/s in 1.05 ms). A run's call follows compute, on cores that
+            did not go idle; that the sleep is what costs is a hypothesis (this VM halts an
+            idle vCPU: ``benchmarks/bench_gloo_small.py``) for a quiet re-calibration to check
+            (``validation/layouts-report/progress.md``). The sweep over ``ranks`` keeps
+            sleeping: the shipped transfer figures were fitted on rows timed so.
     """
 
     def __init__(self, ranks, topology, rank: int, comm, max_call_s: float, heartbeat,
