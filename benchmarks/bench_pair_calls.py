@@ -11,10 +11,10 @@ sweep, session 17). Offline, a few seconds; prints three tables:
 1. Per trace and phase (prefill: 96 KiB calls; decode: 3 KiB, steps but the first), the pair's
    calls in the run: reduce from the last arrival to the root's end (median, mean), the root's
    wait for the other rank (mean); broadcast from the last arrival to the receiver's end.
-2. Decode reduces over :data:`SLOW_S`: their share, and whether they end on the kernel's
+2. Decode reduces over :data:`SLOW_S`: their share, whether they end on the kernel's
    scheduler tick: the phase coherence ``|mean(exp(2 pi i t / tick))|`` of their ends, against
    their starts' and the other calls' ends (about ``1 / sqrt(n)`` for times unrelated to the
-   tick).
+   tick), and how long the other stage's ranks computed inside them (tp2_pp2).
 3. Per cluster with one-host rows, what calibration and the simulator say of the same calls: the
    sweep's medians (1 KiB to 256 KiB), its intra-host ping-pong (half a round trip, 1 KiB), and
    the price of a 2-rank call at 3 and 96 KiB with the intra-host terms fitted on those rows
@@ -48,22 +48,30 @@ CASES = ("v2x2_bandwidth_alone", "v2x2_bandwidth", "v2x2_latency_alone", "v2x2_l
 TICK_S = 4e-3  # this VM's kernel timer tick: CONFIG_HZ=250 (/boot/config-6.18.44-fc-v657)
 SLOW_S = 1.5e-3  # a 3 KiB reduce's median in the run is 0.64-0.85 ms from the last arrival
 PAIR = (0, 1)
+COLLECTIVES = ("reduce", "broadcast")
 
 
 def pair_calls(trace: dict) -> pd.DataFrame:
     """One row per collective call of a 2-rank group (ranks 2k and 2k + 1, the root the even one)
     in a measured ``trace``: ``phase, step, kind, start_last_s`` (the last arrival),
-    ``root_end_s, other_end_s, root_wait_s`` (how long the root waited for the other rank)."""
+    ``root_end_s, other_end_s, root_wait_s`` (how long the root waited for the other rank),
+    ``other_stage_compute_s`` (the other group's ranks' compute ops inside the call, summed)."""
     ops, _ = read_chrome_trace(trace)
-    calls = ops[ops["kind"].isin(["reduce", "broadcast"])].assign(group=lambda d: d["rank"] // 2)
+    ops = ops.assign(group=ops["rank"] // 2)
+    calls = ops[ops["kind"].isin(COLLECTIVES)]
+    compute = ops[~ops["kind"].isin((*COLLECTIVES, "send"))]  # a hop's send/recv is its ranks waiting
     rows = []
-    for (_, phase, step, _, _), call in calls.groupby(["group", "phase", "step", "layer", "name"]):
+    for (group, phase, step, _, _), call in calls.groupby(["group", "phase", "step", "layer", "name"]):
         if len(call) != 2:
             continue
         root, other = call[call["rank"] % 2 == 0].iloc[0], call[call["rank"] % 2 == 1].iloc[0]
-        rows.append({"phase": phase, "step": step, "kind": root["kind"], "start_last_s": call["start_s"].max(),
-                     "root_end_s": root["end_s"], "other_end_s": other["end_s"],
-                     "root_wait_s": max(0.0, other["start_s"] - root["start_s"])})
+        start, end = call["start_s"].max(), root["end_s"]
+        others = compute[(compute["group"] != group) & (compute["start_s"] < end) & (compute["end_s"] > start)]
+        rows.append({"phase": phase, "step": step, "kind": root["kind"], "start_last_s": start,
+                     "root_end_s": end, "other_end_s": other["end_s"],
+                     "root_wait_s": max(0.0, other["start_s"] - root["start_s"]),
+                     "other_stage_compute_s": float((np.minimum(others["end_s"], end)
+                                                     - np.maximum(others["start_s"], start)).sum())})
     frame = pd.DataFrame(rows)
     first_decode = frame.loc[frame["phase"] == "decode", "step"].min()
     return frame[(frame["phase"] == "prefill") | (frame["step"] > first_decode)]
@@ -123,14 +131,15 @@ def main() -> int:
                   f"{len(of)} |")
     print(f"\n2. Decode reduces over {SLOW_S * 1e3:g} ms (from the last arrival to the root's end), "
           f"and their phase coherence with the {TICK_S * 1e3:g} ms tick")
-    print("| case | reduces | slow | slow ends | slow starts | other ends | 1/sqrt(slow) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | reduces | slow | slow ends | slow starts | other ends | 1/sqrt(slow) | other stage's compute "
+          "inside slow calls ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for case, frame in calls.items():
         reduce = frame[(frame["phase"] == "decode") & (frame["kind"] == "reduce")]
         slow = reduce["root_end_s"] - reduce["start_last_s"] > SLOW_S
         print(f"| {case} | {len(reduce)} | {slow.mean():.0%} | {coherence(reduce.loc[slow, 'root_end_s']):.2f} | "
               f"{coherence(reduce.loc[slow, 'start_last_s']):.2f} | {coherence(reduce.loc[~slow, 'root_end_s']):.2f} | "
-              f"{1 / np.sqrt(max(1, slow.sum())):.2f} |")
+              f"{1 / np.sqrt(max(1, slow.sum())):.2f} | {reduce.loc[slow, 'other_stage_compute_s'].sum() * 1e3:.2f} |")
     print("\n3. Calibration's one-host sweep (2 ranks, medians, ms), its intra-host ping-pong at 1 KiB, and the "
           "simulated 2-rank call at 3 KiB, 96 KiB from the intra-host terms (buckets off / priced)")
     print("| cluster | op | sweep | ping-pong | simulated 3K, 96K: off / priced |")
