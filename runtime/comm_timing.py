@@ -47,7 +47,6 @@ SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
 P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
                    "algorithm and size; last rank's start to last rank's end")
-BUSY_START_METHOD = ISOLATED_METHOD + "; the group's ranks kept their cores busy until the deadline, as after compute"
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
 WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start, "
@@ -85,29 +84,19 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
-def _spin_until(deadline: float) -> None:
-    """Keep this rank's core busy until ``deadline`` (its ``time.perf_counter``), as compute would."""
-    while time.perf_counter() < deadline:
-        pass
-
-
 def synchronised_times(fn: Callable[[], None], calls: int, period_s: float, lead_s: float,
-                       members: tuple[int, ...] | None = None, busy_start: bool = False) -> list[float]:
+                       members: tuple[int, ...] | None = None) -> list[float]:
     """``calls`` calls of ``fn``, the i-th started by every rank at one deadline + i x ``period_s``.
     ``members``: the ranks whose calls are timed (None: every rank); the others take part in the
-    agreement and gather only (their ``fn`` a no-op). ``busy_start``: the members wait for each
-    deadline spinning, not asleep, so that a call starts on cores that were busy up to it, as a
-    run's call after compute does (:class:`CollectiveSweep`'s ``one_host`` rows say why); the
-    others sleep.
+    agreement and gather only (their ``fn`` a no-op).
 
     Returns:
         Per call, the last member's end less the last member's start (s), on every rank.
     """
     first = _agreed_deadline(lead_s)
-    wait = _spin_until if busy_start and (members is None or dist.get_rank() in members) else _sleep_until
     spans = []
     for index in range(calls):
-        wait(first + index * period_s)
+        _sleep_until(first + index * period_s)
         start = time.perf_counter()
         fn()
         spans.append((clock.to_shared(start), clock.to_shared(time.perf_counter())))
@@ -151,19 +140,16 @@ class CollectiveSweep:
             (:func:`one_host_group`, where ``ranks`` span hosts): rows of their group size on
             1 host, which price collectives inside a host; the other ranks sleep in the
             round's agreement meanwhile. ``ranks`` must then be every rank of the run (the
-            host's process group is made over the default group). The host's ranks wait for
-            each call's deadline spinning (``busy_start`` of :func:`synchronised_times`, rows
-            :data:`BUSY_START_METHOD`): asleep through the lead, a TP-2 pair's 1-64 KiB calls
-            on the quiet testbed cost 0.6-2.4 ms (medians of 3; about 1.4 ms reduce, 1.1 ms
-            broadcast), about 2 and 3 times the same pair's calls inside a run (3 KiB: reduce
-            0.64-0.81 ms from the last arrival, broadcast 0.29-0.40 ms to the receiver,
-            medians; ``benchmarks/bench_pair_calls.py``), though lo's token bucket is full at
-            every call either way (the lead time, at least 1 ms plus two agreements, refills
-            its 128 KiB at 1 Gbit/s in 1.05 ms). A run's call follows compute, on cores that
-            did not go idle; that the sleep is what costs is a hypothesis (this VM halts an
-            idle vCPU: ``benchmarks/bench_gloo_small.py``) for a quiet re-calibration to check
-            (``validation/layouts-report/progress.md``). The sweep over ``ranks`` keeps
-            sleeping: the shipped transfer figures were fitted on rows timed so.
+            host's process group is made over the default group). Asleep through the lead,
+            a TP-2 pair's 1-64 KiB calls on the quiet testbed cost 0.6-2.4 ms (medians of 3;
+            about 1.4 ms reduce, 1.1 ms broadcast), about 2 and 3 times the same pair's calls
+            inside a run (3 KiB: reduce 0.64-0.81 ms from the last arrival, broadcast
+            0.29-0.40 ms to the receiver, medians; ``benchmarks/bench_pair_calls.py``), though
+            lo's token bucket is full at every call either way (the lead time, at least 1 ms
+            plus two agreements, refills its 128 KiB at 1 Gbit/s in 1.05 ms). A run's call
+            follows compute, on cores that did not go idle; that the sleep is what costs is a
+            hypothesis (this VM halts an idle vCPU: ``benchmarks/bench_gloo_small.py``) not yet
+            checked by a quiet re-calibration (``validation/layouts-report/progress.md``).
     """
 
     def __init__(self, ranks, topology, rank: int, comm, max_call_s: float, heartbeat,
@@ -200,10 +186,6 @@ class CollectiveSweep:
                             break
         self.times: list[list[float]] = [[] for _ in self.cases]
 
-    def _busy_start(self, call: Collective) -> bool:
-        """Whether ``call`` is one of the sweep over one host's ranks (started from busy cores)."""
-        return call.group != self.ranks
-
     def _run(self, call: Collective, tensor: torch.Tensor) -> None:
         if self.rank in call.group:  # a rank outside the call's group sleeps in the agreement
             self.comm.run(call, tensor)
@@ -221,8 +203,7 @@ class CollectiveSweep:
             self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
                            f"ranks, {label}")
             tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
-            spans += synchronised_times(lambda: self._run(call, tensor), 1, 0.0, self.lead_s, members=call.group,
-                                        busy_start=self._busy_start(call))
+            spans += synchronised_times(lambda: self._run(call, tensor), 1, 0.0, self.lead_s, members=call.group)
 
     def rows(self) -> list[dict]:
         """Profile rows of every round so far on ``ranks[0]``; an empty list elsewhere. Each row
@@ -233,8 +214,7 @@ class CollectiveSweep:
                  and call.size_bytes not in self.sizes else MeasurementKind.COLLECTIVE, "op": str(call.kind),
                  "algorithm": call.algorithm, "group_size": len(call.group),
                  "num_hosts": len(self.topology.host_groups(call.group)),
-                 "size_bytes": call.size_bytes, "unit": "s",
-                 "method": BUSY_START_METHOD if self._busy_start(call) else ISOLATED_METHOD, **stats(spans)}
+                 "size_bytes": call.size_bytes, "unit": "s", "method": ISOLATED_METHOD, **stats(spans)}
                 for (call, _), spans in zip(self.cases, self.times)]
 
 
