@@ -31,7 +31,7 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
   version, and the load of the machine over the launch (hypervisor steal and other processes'
   share of its CPU time, :func:`runtime.cpu_steal.load_during`); on CPU ranks, the machine's
   aggregate memory bandwidth with 1 .. ranks one-thread processes streaming at once, after the
-  launch (:func:`runtime.stream_bandwidth.stream_bandwidth`, ~10 s for 4 ranks).
+  launch (:func:`runtime.stream_bandwidth.stream_bandwidth`, up to 3 rounds, ~12 s for 4 ranks).
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
   untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
@@ -345,5 +345,5 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     if not torch.cuda.is_available():
         # the ranks ran on this machine's CPU (runtime.device.local_device) and shared its memory
         # bandwidth: measured at 1 .. their count streams (runtime.stream_bandwidth)
-        rows += memory_rows(scenario.name, stream_bandwidth(len(ranks)))
+        rows += memory_rows(scenario.name, stream_bandwidth(len(ranks), rounds=min(3, max(1, repeats))))
     return with_rows(profile, rows)
