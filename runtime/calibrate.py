@@ -29,7 +29,9 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
 * ``context``: what all this was measured on (:mod:`sim.context`): device types, ranks per host,
   the cores the ranks share, each link class's rate and delay, backend and transport, torch
   version, and the load of the machine over the launch (hypervisor steal and other processes'
-  share of its CPU time, :func:`runtime.cpu_steal.load_during`).
+  share of its CPU time, :func:`runtime.cpu_steal.load_during`); on CPU ranks, the machine's
+  aggregate memory bandwidth with 1 .. ranks one-thread processes streaming at once, after the
+  launch (:func:`runtime.stream_bandwidth.stream_bandwidth`, up to 3 rounds, ~12 s for 4 ranks).
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
   untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
@@ -54,12 +56,13 @@ from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_ro
 from runtime.device import device_of
 from runtime.executor import Executor
 from runtime.shape_bench import ceiling_rows, shape_rows
+from runtime.stream_bandwidth import stream_bandwidth
 from runtime.weights import prompt_tokens
 from runtime.worker import TORCH_DTYPES, common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
 from runtime.cpu_steal import load_during
 from runtime.testbed.cluster import applied_context
-from sim.context import context_rows, load_rows, scenario_context
+from sim.context import context_rows, load_rows, memory_rows, scenario_context
 from sim.parallel import ParallelPlan
 from sim.plan import Plan
 from sim.profile import MeasurementKind, profile_frame, with_rows
@@ -329,7 +332,7 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     from runtime.measure import launch_scenario
     from sim.topology import build_topology
 
-    ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks  # refuses a pipeline here
+    ranks = ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks  # refuses a pipeline here
 
     def body(topology, rank: int, heartbeat) -> object:
         torch.manual_seed(0)
@@ -338,4 +341,9 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
 
     profile, spent = load_during(lambda: launch_scenario(scenario, body, testbed=testbed,
                                                          hang_timeout_s=hang_timeout_s, on_beat=on_beat))
-    return with_rows(profile, load_rows(scenario.name, spent.steal_fraction, spent.other_load))
+    rows = load_rows(scenario.name, spent.steal_fraction, spent.other_load)
+    if not torch.cuda.is_available():
+        # the ranks ran on this machine's CPU (runtime.device.local_device) and shared its memory
+        # bandwidth: measured at 1 .. their count streams (runtime.stream_bandwidth)
+        rows += memory_rows(scenario.name, stream_bandwidth(len(ranks), rounds=min(3, max(1, repeats))))
+    return with_rows(profile, rows)

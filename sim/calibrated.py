@@ -134,6 +134,7 @@ class CalibratedCompute:
     _new_tokens: dict[tuple, np.ndarray] = field(default_factory=dict, repr=False)  # per table point
     _gap_s: dict[str, float] = field(default_factory=dict, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
+    _alone: set[tuple] = field(default_factory=set, repr=False)  # cache keys of ops timed alone (timed_alone)
     asynchronous: AsyncCompute | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -214,10 +215,24 @@ class CalibratedCompute:
             alone_s = self._by_shape(op, device) if self.by_shape and self._shapes else None
             if alone_s is not None:  # no contention in it: the engine's processor sharing adds the target's
                 cached = self._cache[key] = alone_s + self.gap_s(device) * (1.0 if solo else self.scale)
+                self._alone.add(key)
             else:
                 price_s, scale = self._price(op, device)
                 cached = self._cache[key] = (price_s + self.gap_s(device)) * (1.0 if solo else scale)
+                if solo:
+                    self._alone.add(key)
         return cached
+
+    def timed_alone(self, op: Op, device: Device) -> bool:
+        """Whether ``op``'s time was measured with its process alone on the machine's memory: priced
+        by its shape (``compute_isolated``, the other ranks asleep) or a solo kind (timed while the
+        other ranks waited asleep). Ops priced from in-place rows hold the calibration's sharing of
+        the memory bandwidth already, as they hold its cores' (:func:`sim.context.core_contention`
+        divides only the latter out), so the engine does not stretch them again."""
+        self.duration_s(op, device)
+        solo = str(op.kind) in self.solo_kinds
+        return (device.spec.name, op.kind, op.shape, op.cost.flops, op.traffic_bytes, solo, op.gradient,
+                self.optimizer if op.kind == OpKind.OPTIMIZER_STEP else None) in self._alone
 
     def _width(self, kind: OpKind, cost, new_tokens: int, context_tokens: int) -> float:
         """An op's shard width: its share of the whole layer's op (a projection's weights; for

@@ -56,6 +56,7 @@ class ContextTerm(str, Enum):
     TORCH = "torch"  # {"version": "2.13.0"}
     LOAD = "load"  # {"cpu_steal": f, "other_load": f}: shares of the machine's CPU time over the calibration
     MODEL = "model"  # device_class: the model's name; every field of its ModelSpec (a training calibration's)
+    MEMORY = "memory"  # {"streams": [1, 2, ..], "stream_bytes_per_s": [..]}: the machine's aggregate bandwidth
 
 
 class LinkClass(str, Enum):
@@ -130,6 +131,9 @@ class CalibrationContext:
             None where unknown (a scenario, a profile written before they were recorded).
         model: the model a training calibration trained, or a training scenario trains; None for
             an inference one and for a profile written before it was recorded.
+        stream_bytes_per_s: the machine's aggregate memory bandwidth, (one-thread processes
+            streaming at once, bytes/s) pairs (:mod:`runtime.stream_bandwidth`); empty where not
+            measured (:class:`sim.cores.CorePool`).
     """
 
     name: str
@@ -144,6 +148,7 @@ class CalibrationContext:
     cpu_steal: float | None = None
     other_load: float | None = None
     model: ModelSpec | None = None
+    stream_bytes_per_s: tuple[tuple[int, float], ...] = ()
 
     def same_network(self, other: CalibrationContext) -> bool:
         """Same group shape, backend and links (each of ``other``'s matches one of these)."""
@@ -210,7 +215,16 @@ def context_rows(context: CalibrationContext) -> list[dict]:
         rows += load_rows(context.name, context.cpu_steal, context.other_load)
     if context.model is not None:
         rows.append(row(ContextTerm.MODEL, dataclasses.asdict(context.model), context.model.name))
+    if context.stream_bytes_per_s:
+        rows += memory_rows(context.name, context.stream_bytes_per_s)
     return rows
+
+
+def memory_rows(name: str, stream_bytes_per_s) -> list[dict]:
+    """The context row recording the aggregate memory bandwidth of the machine cluster ``name``
+    was calibrated on: (one-thread processes streaming at once, bytes/s) pairs."""
+    return [_row(name, ContextTerm.MEMORY, {"streams": [int(k) for k, _ in stream_bytes_per_s],
+                                           "stream_bytes_per_s": [float(b) for _, b in stream_bytes_per_s]})]
 
 
 def load_rows(name: str, cpu_steal: float, other_load: float) -> list[dict]:
@@ -257,6 +271,9 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
                 fields["other_load"] = float(value["other_load"])
             elif term is ContextTerm.MODEL:
                 fields["model"] = ModelSpec(**value)
+            elif term is ContextTerm.MEMORY:
+                fields["stream_bytes_per_s"] = tuple(zip((int(k) for k in value["streams"]),
+                                                         (float(b) for b in value["stream_bytes_per_s"]), strict=True))
             else:
                 fields["torch_version"] = str(value["version"])
         contexts.append(CalibrationContext(str(name), tuple(sorted(devices)), fields.pop("ranks_per_host", ()),
@@ -394,6 +411,8 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
     """How ranks sharing CPU cores are priced: (factor on calibrated compute times, the target's
     core pools for the engine's processor sharing, :mod:`sim.cores`, a line saying why, the
     factor per calibrated ``new_tokens`` where it differs by phase).
+    The pool shares the calibrated machine's memory bandwidth where the profile measured it
+    (:attr:`CalibrationContext.stream_bytes_per_s`; the target runs on that machine's cores).
 
     Compute is timed in place, with every rank of the calibrated group running: where the ranks
     that computed at once outnumbered the cores, each got ``cores / computing`` of one and its
@@ -426,7 +445,9 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
     calibrated_ranks = sum(calibrated.ranks_per_host)
     scale = 1.0 / max(1.0, calibrated_ranks / calibrated.cores)
     phases = {int(n): 1.0 / max(1.0, k / calibrated.cores) for n, k in sorted((concurrency or {}).items())}
-    pool = CorePool(frozenset(ranks), cores)
+    # the calibrated machine's bandwidth where the target runs on its cores (a machine of other cores is another)
+    memory = calibrated.stream_bytes_per_s if cores == calibrated.cores else ()
+    pool = CorePool(frozenset(ranks), cores, stream_bytes_per_s=memory)
     per_phase = "" if not phases else " (" + ", ".join(
         f"{'decode' if n == 1 else f'prefill of {n}'} x {f:.2f}" for n, f in phases.items()) + \
         ": the ranks computing at once per calibrated phase, sim.concurrency)"

@@ -24,6 +24,23 @@ runs, :mod:`runtime.testbed.cluster`); :class:`ProcessorSharing` is one pool's s
 segment's simpy environment. The engine (:mod:`sim.engine`) runs a segment's compute ops
 through it only where some pool's ranks in the segment outnumber its cores: everywhere else
 nothing changes, bit for bit.
+
+A machine's ranks share its memory bandwidth too (:attr:`CorePool.stream_bytes_per_s`, the
+aggregate bytes/s k one-thread processes streaming at once achieve, measured by a calibration:
+:mod:`runtime.stream_bandwidth`). On the 2-vCPU testbed, quiet, one process streamed 23.7 GB/s,
+two 33.7, four 40.6 (``benchmarks/bench_machine_sharing.py``): two processes streaming on the
+two cores each took 1.40 times as long. An op's time alone holds a memory part, its traffic at
+the lone process's bandwidth (at most its whole time); with ``k`` ranks computing at once that
+part stretches to the per-stream share ``B(k) / k`` and the rest of the op does not, and the op
+takes the longer of that and its core share's time (:meth:`ProcessorSharing.run`). The memory
+transfer adds to the core's other work rather than hiding under it, as in the ECM model of a
+core's time (Hager, Treibig, Habich and Wellein, Concurrency Computat.: Pract. Exper. 28(2),
+2016, arXiv 1208.2908: T = max(T_OL, T_nOL + T_data); all non-memory time taken here as
+non-overlapping). Judged on the quiet bench's ``decode`` pass (GPT-2's weights, k = 2): +10%
+(32.1 ms measured, 35.4 modelled; overlapping the parts, the larger of the two, -8%), and on
+the plan check's replicas, a prediction: two one-rank replicas of batch 2 TPOT -20.5% -> -9.1%
+(overlapping the parts left them at -20.5%: a batch-2 decode op takes twice its traffic's time
+alone). Pools without a bandwidth: cores only, bit for bit.
 """
 
 from __future__ import annotations
@@ -34,6 +51,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
 
+import numpy as np
 import simpy
 
 # A job whose remaining work at its rate is below this share of the clock is done (float rounding).
@@ -73,19 +91,33 @@ class CorePool:
         cores: its cores (> 0).
         background_cores: cores' worth of time other processes take while the ranks run (>= 0,
             less than ``cores``).
+        stream_bytes_per_s: the machine's aggregate memory bandwidth as (one-thread processes
+            streaming at once, bytes/s) pairs, counts rising from 1, bandwidths > 0; empty: not
+            known, not shared.
+        stands_for: machine ranks each of ``ranks`` stands for (>= 1; identical replicas
+            simulated once, :func:`core_shares`): ``n`` of them streaming are ``n x stands_for``
+            streams on the machine.
 
     Raises:
-        ValueError: a pool without cores or ranks, or whose background takes every core.
+        ValueError: a pool without cores or ranks, whose background takes every core, with
+            bandwidth pairs not as described or ``stands_for`` < 1.
     """
 
     ranks: frozenset[int]
     cores: float
     background_cores: float = 0.0
+    stream_bytes_per_s: tuple[tuple[int, float], ...] = ()
+    stands_for: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.ranks or not self.cores > 0 or not 0 <= self.background_cores < self.cores:
             raise ValueError(f"a core pool needs ranks, cores > 0 and 0 <= background < cores (got {len(self.ranks)} "
                              f"ranks, {self.cores} cores, {self.background_cores} background)")
+        counts = [k for k, _ in self.stream_bytes_per_s]
+        if (not all(b > 0 for _, b in self.stream_bytes_per_s) or not self.stands_for >= 1
+                or (counts and (counts[0] != 1 or any(b <= a for a, b in zip(counts, counts[1:]))))):
+            raise ValueError(f"a core pool needs bandwidths > 0 and stands_for >= 1 (got {self.stream_bytes_per_s} "
+                             f"bytes/s, stands_for {self.stands_for})")
 
     @property
     def free_cores(self) -> float:
@@ -97,18 +129,40 @@ class CorePool:
         it has free cores."""
         return len(self.ranks.intersection(ranks)) > self.free_cores
 
+    def contended(self, ranks: Iterable[int]) -> bool:
+        """Whether ``ranks`` (the ranks of a segment) contend on the pool: they outnumber its free
+        cores, or more than one stream shares its known memory bandwidth."""
+        return self.oversubscribed(ranks) or (
+            bool(self.stream_bytes_per_s) and len(self.ranks.intersection(ranks)) * self.stands_for > 1)
+
+    def memory_share(self, streaming: int) -> float:
+        """Each stream's bandwidth with ``streaming`` of the pool's ranks computing at once, over a
+        lone stream's (<= 1; 1 without a known bandwidth): ``B(n) / (n B(1))`` for the ``n =
+        streaming x stands_for`` streams on the machine, ``B`` linear between the measured counts
+        and the last measured beyond them (saturated)."""
+        curve = self.stream_bytes_per_s
+        streams = streaming * self.stands_for
+        if not curve or streams <= 1:
+            return 1.0
+        aggregate = float(np.interp(streams, [k for k, _ in curve], [b for _, b in curve]))
+        return min(1.0, aggregate / (streams * curve[0][1]))
+
     def factor(self, runnable: int) -> float:
         """How much longer an op takes with ``runnable`` ranks computing at once: ``max(1, k / c)``."""
         return max(1.0, runnable / self.free_cores)
 
     def describe(self) -> str:
         background = f", {self.background_cores:g} taken by other processes" if self.background_cores else ""
-        return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}"
+        memory = "" if not self.stream_bytes_per_s else (
+            ", memory " + ", ".join(f"{b / 1e9:.3g} GB/s at {k}" for k, b in self.stream_bytes_per_s) + " streams")
+        return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}"
 
 
 class ProcessorSharing:
     """One :class:`CorePool` inside a segment's environment: its jobs (compute ops, in seconds of
-    one whole core) share the free cores equally, rates recomputed at each arrival and departure.
+    one whole core) share the free cores equally, rates recomputed at each arrival and departure;
+    where the pool knows its memory bandwidth, a job's rate is also bounded by its memory part at
+    the per-stream share (:meth:`run`).
 
     Args:
         env: the segment's environment.
@@ -118,21 +172,24 @@ class ProcessorSharing:
     def __init__(self, env: simpy.Environment, pool: CorePool):
         self.env = env
         self.pool = pool
-        self._jobs: dict[int, list] = {}  # job id -> [remaining core-seconds, done event]
-        self._rate = 1.0
+        self._jobs: dict[int, list] = {}  # job id -> [remaining core-seconds, done event, memory part / work, rate]
         self._updated_s = 0.0
         self._generation = 0
         self._next_job = 0
 
-    def run(self, work_s: float, rank: int = 0) -> simpy.Event:
+    def run(self, work_s: float, rank: int = 0, memory_s: float = 0.0) -> simpy.Event:
         """An event that succeeds once ``work_s`` seconds of one core's work, started now, are done
-        (``rank``: whose work, which sharing ignores)."""
+        (``rank``: whose work, which sharing ignores). ``memory_s``: the part of ``work_s`` that
+        streams memory alone (s, capped at ``work_s``): while ``k`` jobs run, the job progresses at
+        the lower of its core share and the rate at which its memory part stretches to the
+        stream's share (:meth:`CorePool.memory_share`) and the rest does not, so at constant ``k``
+        it takes ``max(work_s x factor(k), work_s - memory_s + memory_s / memory_share(k))``."""
         done = self.env.event()
         if work_s <= 0:
             done.succeed()
             return done
         self._advance()
-        self._jobs[self._next_job] = [float(work_s), done]
+        self._jobs[self._next_job] = [float(work_s), done, min(1.0, max(0.0, memory_s) / work_s), 1.0]
         self._next_job += 1
         self._reshare()
         return done
@@ -151,15 +208,19 @@ class ProcessorSharing:
         elapsed = self.env.now - self._updated_s
         if elapsed:
             for job in self._jobs.values():
-                job[0] -= self._rate * elapsed
+                job[0] -= job[3] * elapsed
         self._updated_s = self.env.now
 
     def _reshare(self) -> None:
         self._generation += 1
         if not self._jobs:
             return
-        self._rate = 1.0 / self.pool.factor(len(self._jobs))
-        wait = min(max(job[0], 0.0) for job in self._jobs.values()) / self._rate
+        rate = 1.0 / self.pool.factor(len(self._jobs))
+        memory = self.pool.memory_share(len(self._jobs))
+        for job in self._jobs.values():
+            # the memory part stretched to the stream's share, the rest as alone (see run)
+            job[3] = rate if not job[2] or memory >= 1.0 else min(rate, 1.0 / ((1.0 - job[2]) + job[2] / memory))
+        wait = min(max(job[0], 0.0) / job[3] for job in self._jobs.values())
         self.env.timeout(wait).callbacks.append(partial(self._wake, self._generation))
 
     def _wake(self, generation: int, _event: simpy.Event) -> None:
@@ -167,7 +228,7 @@ class ProcessorSharing:
             return  # a job arrived or left meanwhile and rescheduled
         self._advance()
         done_s = _DONE_REL * max(1.0, self.env.now)
-        finished = [j for j, job in self._jobs.items() if job[0] / self._rate <= done_s]
+        finished = [j for j, job in self._jobs.items() if job[0] / job[3] <= done_s]
         events = [self._jobs.pop(j)[1] for j in finished]
         self._reshare()
         for event in events:
@@ -221,9 +282,11 @@ class TakingTurns:
         self._next_job = 0
         self._dispatching = False
 
-    def run(self, work_s: float, rank: int = 0) -> simpy.Event:
+    def run(self, work_s: float, rank: int = 0, memory_s: float = 0.0) -> simpy.Event:
         """An event that succeeds once ``rank`` has had ``work_s`` seconds of a core's work,
-        started now: at once on a core it holds from its previous op, else after its wait."""
+        started now: at once on a core it holds from its previous op, else after its wait.
+        ``memory_s`` is ignored: turns share the cores only (the memory bandwidth's sharing,
+        :meth:`ProcessorSharing.run`, is not modelled in turns)."""
         done = self.env.event()
         if work_s <= 0:
             done.succeed()
@@ -332,7 +395,8 @@ def core_server(env: simpy.Environment, pool: CorePool,
 def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ...]:
     """The pool the ``simulated`` ranks run on when they stand for all of ``pool``'s ranks
     (identical replicas simulated once): their share of its cores, so that each computes at the
-    rate each of all the ranks would. The pool itself where every rank is simulated; none where
+    rate each of all the ranks would, and each streams memory for all the ranks it stands for
+    (:attr:`CorePool.stands_for`). The pool itself where every rank is simulated; none where
     no simulated rank is on it."""
     mine = pool.ranks & simulated
     if not mine:
@@ -340,4 +404,7 @@ def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ..
     if mine == pool.ranks:
         return (pool,)
     share = len(mine) / len(pool.ranks)
-    return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share),)
+    # each simulated rank streams for the ranks it stands for (a pool without a bandwidth: no stream counted)
+    stands_for = pool.stands_for / share if pool.stream_bytes_per_s else pool.stands_for
+    return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share, pool.stream_bytes_per_s,
+                     stands_for),)

@@ -34,6 +34,12 @@ class ComputeModel(Protocol):
         """Seconds per byte to combine a received buffer into a local one (gamma)."""
         ...
 
+    def timed_alone(self, op: Op, device: Device) -> bool:
+        """Whether ``duration_s`` of ``op`` is its time with its process alone on the machine's
+        memory bandwidth (the engine then stretches its memory part where ranks share it,
+        :mod:`sim.cores`), not a time measured with the ranks sharing it already."""
+        ...
+
 
 @dataclass
 class RooflineCompute:
@@ -64,6 +70,10 @@ class RooflineCompute:
         if cached is None:
             cached = self._cache[key] = self.roofline_s(op, device) + self.op_overhead_s
         return cached
+
+    def timed_alone(self, op: Op, device: Device) -> bool:
+        """True: a roofline is a device's peaks, one process's alone."""
+        return True
 
     def roofline_s(self, op: Op, device: Device) -> float:
         """The roofline time of ``op`` on ``device`` without the fixed overhead (s)."""

@@ -39,7 +39,10 @@ Semantics (what the tests pin down):
   collective does not compute and leaves its core to the others. A comm thread's op
   (``comm_thread``: a training bucket's messages, :mod:`sim.training.comm_thread`) only waits for
   a core: nothing where one is free as it starts, else its work shares the cores like compute.
-  Pools with enough cores change nothing.
+  Pools with enough cores change nothing, but for a pool that knows its machine's memory
+  bandwidth (measured by the calibration): there two or more of the segment's ranks on it also
+  share that, and an op timed alone (:meth:`sim.cost.ComputeModel.timed_alone`) stretches its
+  memory part, its traffic at the lone process's bandwidth, to its share (processor sharing only).
 * A segment starts with every rank idle at time 0 and lasts until its last op ends. Idle since
   before: a rank whose first op is a collective that another rank reaches later has been waiting
   in it (a network that prices arrivals, :class:`sim.network.CollectivePricer`, sees it arrive
@@ -115,7 +118,7 @@ class Engine:
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         algorithms: dict[int, tuple[str, str]] = {}
         shared = self._fabric_groups(segment)
-        pools = tuple(pool for pool in self.cores if pool.oversubscribed(segment.programs))
+        pools = tuple(pool for pool in self.cores if pool.contended(segment.programs))
         ops = [op for program in segment.programs.values() for op in program]
         clock = self._bucket_clock()
         for _ in range(2):
@@ -269,6 +272,15 @@ class Engine:
                                              ends[rank], calls, algorithms, segment.programs, cpu.get(rank), clock))
         env.run()
 
+    def _memory_s(self, op: Op, device, pool: CorePool, duration_s: float) -> float:
+        """The part of ``op``'s ``duration_s`` that streams memory (s): its traffic at the lone
+        process's bandwidth of ``pool``'s machine, at most its whole time; 0 where the machine's
+        bandwidth is not known or the op's time was measured sharing it already
+        (:meth:`sim.cost.ComputeModel.timed_alone`)."""
+        if not pool.stream_bytes_per_s or op.cost is None or not self.compute.timed_alone(op, device):
+            return 0.0
+        return min(duration_s, op.traffic_bytes / pool.stream_bytes_per_s[0][1])
+
     def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
                 segment_programs, cpu=None, clock=None):
         device = self.topology.devices[rank]
@@ -285,7 +297,8 @@ class Engine:
                 if cpu is None:
                     yield env.timeout(duration)
                 else:  # a comm thread's work is waiting for a core (sim.cores)
-                    yield cpu.wait_for_core(duration, rank) if op.kind is OpKind.COMM_THREAD else cpu.run(duration, rank)
+                    yield cpu.wait_for_core(duration, rank) if op.kind is OpKind.COMM_THREAD else cpu.run(
+                        duration, rank, self._memory_s(op, device, cpu.pool, duration))
             else:
                 on_fabric = op.collective.group in shared
                 entry = calls.setdefault(op.call, [0, env.event(), None, {}, None])

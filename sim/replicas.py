@@ -12,9 +12,11 @@ at once, and its collectives' messages wait for cores every replica's busy ranks
 contention floor counts them: ``copies`` of :class:`sim.transport.TransportNetwork`; TP-2 x 2
 replicas on 2 cores, ``c94``: TPOT 155 ms measured, 131 predicted, 74 with one replica's ranks
 counted). On the testbed four one-rank replicas on 2 cores measured TPOT 81 ms, one rank alone
-39 ms (``validation/plan-check-report/replicas/``, ``close-call/``); their memory bandwidth is
-not shared in the simulation, and need not be: k one-thread processes streaming GPT-2's weights
-at once each take the CPU time one alone does (``benchmarks/bench_machine_sharing.py``).
+39 ms (``validation/plan-check-report/replicas/``, ``close-call/``). Where the profile measured
+the machine's memory bandwidth at k streams (:class:`sim.cores.CorePool`), a replica's ranks
+share it too: each simulated rank stands for every replica's rank at its place (``stands_for``),
+so its ops stream at the share of all of them (measured quietly, two one-thread processes
+streaming on the 2 cores each took 1.40 times as long, ``benchmarks/bench_machine_sharing.py``).
 
 Whole-run metrics of R replicas (:func:`combined_timing`): the batch's throughput is the sum of
 the replicas' (``decode_tokens_per_s``); its latencies are the slowest replica's (``ttft_s``,
@@ -119,7 +121,8 @@ def replica_pools(pools: Sequence[CorePool], replicas: Sequence[tuple[int, ...]]
         places = [t for t in range(len(replica)) if any(group[t] in pool.ranks for group in replicas)]
         if not places:
             continue
-        machine = CorePool(frozenset(group[t] for group in busy for t in places), pool.cores, pool.background_cores)
+        machine = CorePool(frozenset(group[t] for group in busy for t in places), pool.cores, pool.background_cores,
+                           pool.stream_bytes_per_s)
         shared.extend(core_shares(machine, frozenset(replica)))
     return tuple(shared)
 

@@ -214,3 +214,53 @@ def test_a_pipeline_stage_waiting_for_its_input_leaves_its_cores_to_the_stage_co
     pipelined = {"tensor": 2, "pipeline": 2}
     assert _decode_step_s(2, pipelined) == pytest.approx(_decode_step_s(4, pipelined))
     assert _decode_step_s(2, {"tensor": 4}) > 1.3 * _decode_step_s(4, {"tensor": 4})
+
+
+# The quiet testbed's stream bandwidth (benchmarks/bench_machine_sharing.py): 1, 2 and 4 processes.
+_TESTBED_MEMORY = ((1, 23.66e9), (2, 33.71e9), (4, 40.62e9))
+
+
+def _streaming_finish(ranks: int, memory_s: float, stream_bytes_per_s=_TESTBED_MEMORY) -> list[float]:
+    """``ranks`` ranks on 2 cores each running one 1 s op whose memory part alone is ``memory_s``."""
+    env = simpy.Environment()
+    server = ProcessorSharing(env, CorePool(frozenset(range(ranks)), 2.0, stream_bytes_per_s=stream_bytes_per_s))
+    finished = []
+
+    def job(index):
+        yield server.run(1.0, index, memory_s)
+        finished.append(env.now)
+
+    for index in range(ranks):
+        env.process(job(index))
+    env.run()
+    return finished
+
+
+def test_ranks_streaming_at_once_share_the_machines_memory_bandwidth():
+    # alone: its time; two on two cores: a core each, but the memory part at 33.71 / 2 GB/s a stream
+    assert _streaming_finish(1, 1.0) == pytest.approx([1.0])
+    assert _streaming_finish(2, 1.0) == pytest.approx([2 * 23.66 / 33.71] * 2)
+    # only the memory part stretches: half the op at 1.40 times as long
+    assert _streaming_finish(2, 0.5) == pytest.approx([0.5 + 0.5 * 2 * 23.66 / 33.71] * 2)
+    # four on two cores: the longer of the cores' share (2 s) and the memory's (4 x 23.66 / 40.62 s)
+    assert _streaming_finish(4, 1.0) == pytest.approx([4 * 23.66 / 40.62] * 4)
+    assert _streaming_finish(4, 0.5) == pytest.approx([2.0] * 4)
+
+
+def test_a_pool_without_a_bandwidth_shares_the_cores_only():
+    assert _streaming_finish(2, 1.0, ()) == [1.0, 1.0]
+    assert _streaming_finish(4, 1.0, ()) == _finish_times(2, [(0.0, 1.0)] * 4)
+
+
+def test_a_pool_streams_for_the_ranks_its_simulated_ranks_stand_for():
+    from sim.cores import core_shares
+
+    machine = CorePool(frozenset({0, 1}), 2.0, stream_bytes_per_s=_TESTBED_MEMORY)
+    mine = core_shares(machine, frozenset({0}))[0]
+    assert mine.memory_share(1) == machine.memory_share(2) == pytest.approx(33.71 / (2 * 23.66))
+    assert mine.contended({0}) and not CorePool(frozenset({0}), 1.0).contended({0})
+    # between measured counts the aggregate is linear, beyond the last it stays (saturated)
+    assert machine.memory_share(3) == pytest.approx((33.71 + 40.62) / 2 / (3 * 23.66))
+    assert machine.memory_share(8) == pytest.approx(40.62 / (8 * 23.66))
+    with pytest.raises(ValueError, match="bandwidths"):
+        CorePool(frozenset({0}), 2.0, stream_bytes_per_s=((2, 1e9),))

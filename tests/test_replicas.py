@@ -10,7 +10,7 @@ import yaml
 from models.errors import ConfigError
 from sim.cores import CorePool
 from sim.replicas import replica_pools, split_batch
-from sim.scenario import scenario_from_dict
+from sim.scenario import load_scenario, scenario_from_dict
 from sim.simulate import simulate
 from tests.conftest import ROOT, scenario_dict
 from tests.test_cli import _run, _write
@@ -221,3 +221,24 @@ def test_a_groups_copies_on_its_cores_count_among_the_busy_ranks_of_its_steps():
     # one exchange step of 3 turns (enter, send, receive): with a mirror copy all 4 ranks are busy
     assert 3 * floor_s <= cost(2) < 3 * floor_s + 0.5e-3
     assert cost(1) < floor_s  # the group alone: its 2 ranks have the 2 cores
+
+
+def test_replicas_on_one_machine_share_its_measured_memory_bandwidth():
+    from sim.context import ContextTerm, profile_contexts
+    from sim.profile import MeasurementKind, Profile, load_profile
+
+    profile = load_profile(ROOT / "validation/plan-check/profile_v2x2_bandwidth.csv")
+    rows = profile.rows
+    memory = (rows["measurement"] == MeasurementKind.CONTEXT) & (rows["op"] == ContextTerm.MEMORY.value)
+    assert profile_contexts(rows)[0].stream_bytes_per_s[:2] == ((1, 23.66e9), (2, 33.71e9))
+    without = Profile(rows[~memory])
+    scenario = load_scenario(ROOT / "validation/plan-check-report/replicas/scenarios/c15.yaml")  # 2 x 1 rank, 2 cores
+
+    def tpot(of):
+        return simulate(scenario, profile=of, expand_steps=()).variants[0].timing["tpot_s"]
+
+    # a core each, but both ranks stream at once: slower than the cores alone say
+    assert tpot(profile) > 1.05 * tpot(without)
+    alone = load_scenario(ROOT / "validation/plan-check-report/close-call/scenarios/c0.yaml")  # one rank
+    assert simulate(alone, profile=profile, expand_steps=()).results.equals(
+        simulate(alone, profile=without, expand_steps=()).results)

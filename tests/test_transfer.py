@@ -166,6 +166,10 @@ def test_calibration_records_its_context(tmp_path):
     (context,) = profile_contexts(profile)
     topology = build_topology(scenario.config.cluster)
     assert context.backend == "gloo/tcp" and context.cores >= 1 and context.torch_version
+    ranks = len(ParallelPlan.of(scenario, topology).tensor_ranks)
+    # the CPU ranks' machine's memory bandwidth at 1 .. ranks streams (runtime.stream_bandwidth)
+    assert [k for k, _ in context.stream_bytes_per_s] == list(range(1, ranks + 1))
+    assert all(b > 0 for _, b in context.stream_bytes_per_s)
     assert context.same_network(scenario_context(scenario.name, topology, ParallelPlan.of(scenario, topology).tensor_ranks,
                                                  "fp32"))
 

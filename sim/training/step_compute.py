@@ -186,6 +186,10 @@ class StepCompute:
     work: object = None
     _cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
+    def timed_alone(self, op: Op, device: Device) -> bool:
+        """As ``inner``'s; a comm thread's turns stream nothing the engine stretches."""
+        return op.kind is not OpKind.COMM_THREAD and self.inner.timed_alone(op, device)
+
     def duration_s(self, op: Op, device: Device) -> float:
         if op.kind is OpKind.COMM_THREAD:
             key = (int(op.cost.bytes_read), device.rank)
