@@ -20,6 +20,11 @@ llama.cpp RPC or prima.cpp with one micro-batch).
   The trace shows the last round, ending at the step's end; its first ops start before the
   step's start, overlapping the step before, as they do in a pipeline.
 
+Stages on one machine whose cores are shared (``cluster.cores``, :mod:`sim.cores`) share them
+and its memory bandwidth with the stages that compute at once: each pass is priced on its share
+of the pools (:func:`sim.replicas.replica_pools`, the stages as groups) with the stages that
+:func:`computing_stages` says run in its slot of the schedule. Elsewhere nothing changes.
+
 Contention between a hop and the stages' own collectives is not modelled (each is priced on
 its own network); hops share the fabric among themselves. Op times of a stage's pass are the
 engine's, so every quantity stays piecewise linear in the decode step, as
@@ -37,12 +42,14 @@ import pandas as pd
 import simpy
 
 from models.ops import OpKind
+from sim.cores import CorePool
 from sim.engine import Engine, SegmentResult
 from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
 from sim.memory import PhaseMemory, phase_memory
 from sim.pipeline import Hop, PipelinePlan
 from sim.plan import MemoryCategory, Stream
+from sim.replicas import replica_pools
 from sim.timeline import PhaseRun, RunResult, simulate_run
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns
@@ -52,6 +59,27 @@ _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape}
 
 DECODE_ROUNDS = 3
 """Identical rounds simulated to find a decode step's steady-state period (two for one micro-batch)."""
+
+
+def computing_stages(stage: int, micro_batch: int, stages: int, micro_batches: int, prefill: bool) -> tuple[int, ...]:
+    """The stages computing while ``stage`` runs ``micro_batch`` (``stage`` first, then the others
+    in order), in the GPipe schedule of ``stages`` equal stages and ``micro_batches`` micro-batches
+    (arXiv 1811.06965, figure 2c): a pass lasts one slot, and in a round stage ``s`` runs
+    micro-batch ``j`` in slot ``s + j``.
+
+    * Prefill, one round from idle stages: the passes of the same slot, so the pipeline fills and
+      drains (1, 2, ..., min(m, S), ..., 1 stages at once).
+    * Decode, rounds following each other around the ring: micro-batch ``j`` enters the first
+      stage again once its token is back, ``S`` slots after it entered, and not before that stage
+      has run the round's ``m`` micro-batches, so a round starts every ``max(m, S)`` slots and the
+      passes of the slots congruent modulo that period run at once: ``min(m, S)`` stages (a
+      batch-1 relay: one; ``m >= S``: all).
+
+    Hops are taken as instantaneous (they delay a slot, not who shares it)."""
+    slot = stage + micro_batch
+    period = max(stages, micro_batches)
+    at_once = (lambda t: t == slot) if prefill else (lambda t: (t - slot) % period == 0)
+    return (stage, *(s for s in range(stages) if s != stage and any(at_once(s + j) for j in range(micro_batches))))
 
 
 @dataclass(frozen=True)
@@ -71,18 +99,21 @@ class Task:
 
 @dataclass(frozen=True)
 class PipelinePhaseRun:
-    """A simulated pipeline phase: each stage's pass per micro-batch size (``passes[stage, size]``),
-    the schedule of the rounds, the phase's duration (prefill: to the last LM head; decode: the
-    steady-state period) and per-rank memory over one round."""
+    """A simulated pipeline phase: each stage's passes (``passes[stage, size, sharing]``: per
+    micro-batch size and the cores' sharing it was priced with), the pass of each stage and
+    micro-batch (``keys[stage, micro_batch]``), the schedule of the rounds, the phase's duration
+    (prefill: to the last LM head; decode: the steady-state period) and per-rank memory over one
+    round."""
 
     plan: PipelinePlan
     step: int
-    passes: dict[tuple[int, int], PhaseRun]
+    passes: dict[tuple[int, int, int], PhaseRun]
+    keys: dict[tuple[int, int], tuple[int, int, int]]
     tasks: tuple[Task, ...]
     duration_s: float
     origin_s: float
     memory: dict[int, PhaseMemory]
-    twins: dict[tuple[int, int], tuple[int, int]]  # pass -> the pass it shares (a stage laid out alike), or itself
+    twins: dict[tuple[int, int, int], tuple[int, int, int]]  # pass -> the pass it shares (a stage laid out alike), or itself
 
     def signature(self) -> np.ndarray:
         """Every simulated time of the phase as one vector (for :mod:`sim.timeline`'s linearity
@@ -113,13 +144,13 @@ class PipelinePhaseRun:
         the receiver of each hop), times from the run's start; the phase starts at ``start_s``
         with ``base_bytes`` per rank."""
         last = max(t.round for t in self.tasks)
-        columns: dict[tuple[int, int], tuple] = {}
+        columns: dict[tuple[int, int, int], tuple] = {}
         op_parts, memory_parts, hops = [], [], []
         base = dict(base_bytes)
         shift = start_s - self.origin_s
         name = PhaseKind.of_step(self.step).value
         for task in (t for t in self.tasks if t.round == last):
-            key = (task.stage, self.plan.micro_batches[task.micro_batch])
+            key = self.keys[task.stage, task.micro_batch]
             run = self.passes[key]
             if key not in columns:
                 twin = self.twins[key]
@@ -167,19 +198,28 @@ class PipelineRunner:
     def run_phase(self, step: int, start: dict[int, dict[MemoryCategory, int]], start_s: float) -> PipelinePhaseRun:
         """Phase ``step`` with ``start`` bytes resident per rank when it begins at ``start_s``."""
         plan = self.plan
-        passes: dict[tuple[int, int], PhaseRun] = {}
+        passes: dict[tuple[int, int, int], PhaseRun] = {}
         memory: dict[int, PhaseMemory] = {}
         empty = dict.fromkeys(MemoryCategory, 0)
-        alike: dict[tuple, tuple[int, int]] = {}  # what sets a pass's times -> the first pass priced
-        twins: dict[tuple[int, int], tuple[int, int]] = {}
+        alike: dict[tuple, tuple[int, int, int]] = {}  # what sets a pass's times -> the first pass priced
+        twins: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        keys: dict[tuple[int, int], tuple[int, int, int]] = {}
+        sharings: dict[tuple[CorePool, ...], int] = {}  # the pools a pass is priced on -> their number
+        cores = self.engine.cores
+        on_pools = frozenset().union(*(pool.ranks for pool in cores))
+        prefill = PhaseKind.of_step(step) == PhaseKind.PREFILL
         for s in range(len(plan.stages)):
             for j in range(len(plan.micro_batches)):
-                key = (s, plan.micro_batches[j])
+                busy = computing_stages(s, j, len(plan.stages), len(plan.micro_batches), prefill)
+                # the stages on the machines (cluster.cores: one pool) mirror each other there
+                pools = replica_pools(cores, [plan.stage_ranks[b] for b in busy if b == s
+                                              or on_pools.issuperset(plan.stage_ranks[b])], plan.stage_ranks[s])
+                key = keys[s, j] = (s, plan.micro_batches[j], sharings.setdefault(pools, len(sharings)))
                 if key in passes:
                     continue
                 stage = plan.stages[s]
                 twin = twins[key] = alike.setdefault((self._shape(s), stage.num_layers, stage.embeds, stage.heads,
-                                                      key[1]), key)
+                                                      key[1], _sharing_shape(pools, plan.stage_ranks[s])), key)
                 if twin != key:
                     # A stage whose group is laid out as an earlier one's runs the same ops in the same
                     # times: its pass is that one's, rank for rank (lowered again only for the trace).
@@ -189,7 +229,11 @@ class PipelineRunner:
                                            run.duration_s, {ranks[r]: mem for r, mem in run.memory.items()})
                     continue
                 phase = plan.stage_plan(s, j).phase(step)
-                results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
+                self.engine.cores = pools
+                try:
+                    results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
+                finally:
+                    self.engine.cores = cores
                 duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
                 # Memory of the pass alone (from nothing resident): from any start, a pass's memory is
                 # that start plus this (sim.memory.phase_memory adds every event to the start).
@@ -200,7 +244,7 @@ class PipelineRunner:
                 current, capacity = dict(start[r]), self.topology.devices[r].memory_capacity_bytes
                 peak, peak_by_category, overflow = sum(current.values()), dict(current), None
                 for j in range(len(plan.micro_batches)):
-                    run = passes[s, plan.micro_batches[j]]
+                    run = passes[keys[s, j]]
                     alone = run.memory[r]
                     if sum(current.values()) + alone.peak_bytes > peak:
                         peak = sum(current.values()) + alone.peak_bytes
@@ -214,14 +258,14 @@ class PipelineRunner:
         # One micro-batch is a relay, periodic from its second round on: two rounds give the period.
         rounds = 1 if phase_kind == PhaseKind.PREFILL else 2 if len(plan.micro_batches) == 1 else DECODE_ROUNDS
         new_tokens = plan.prompt_tokens if step == 0 else 1
-        tasks = self._schedule(passes, rounds, new_tokens)
+        tasks = self._schedule({sj: passes[key].duration_s for sj, key in keys.items()}, rounds, new_tokens)
         last_stage = len(plan.stages) - 1
         token_s = [max(t.end_s for t in tasks if t.round == r and t.stage == last_stage) for r in range(rounds)]
         if rounds == 1:
             duration, origin = token_s[0], 0.0
         else:
             duration, origin = token_s[-1] - token_s[-2], token_s[-2]
-        return PipelinePhaseRun(plan, step, passes, tasks, duration, origin, memory, twins)
+        return PipelinePhaseRun(plan, step, passes, keys, tasks, duration, origin, memory, twins)
 
     def _shape(self, stage: int) -> tuple:
         """The layout of ``stage``'s group (:func:`group_shape`), computed once per simulation."""
@@ -230,9 +274,10 @@ class PipelineRunner:
             self._shapes[ranks] = group_shape(self.topology, self.engine.links, ranks)
         return self._shapes[ranks]
 
-    def _schedule(self, passes: dict[tuple[int, int], PhaseRun], rounds: int, new_tokens: int) -> tuple[Task, ...]:
-        """``rounds`` rounds of every micro-batch through every stage, from idle stages, with hops
-        on one fabric; the first round's inputs are at hand at time 0."""
+    def _schedule(self, pass_s: dict[tuple[int, int], float], rounds: int, new_tokens: int) -> tuple[Task, ...]:
+        """``rounds`` rounds of every micro-batch through every stage (``pass_s[stage, micro_batch]``:
+        its pass's duration, s), from idle stages, with hops on one fabric; the first round's
+        inputs are at hand at time 0."""
         plan, engine = self.plan, self.engine
         stages, count = len(plan.stages), len(plan.micro_batches)
         env = simpy.Environment()
@@ -247,7 +292,7 @@ class PipelineRunner:
                 for j in range(count):
                     yield ready[r, s, j]
                     start = env.now
-                    yield env.timeout(passes[s, plan.micro_batches[j]].duration_s)
+                    yield env.timeout(pass_s[s, j])
                     end = env.now
                     hop = plan.hop_on(s, j, new_tokens)
                     if hop is None:
@@ -267,6 +312,14 @@ class PipelineRunner:
             env.process(stage(s))
         env.run()
         return tuple(sorted(tasks, key=lambda t: (t.round, t.stage, t.micro_batch)))
+
+
+def _sharing_shape(pools: tuple[CorePool, ...], ranks: tuple[int, ...]) -> tuple:
+    """``pools`` (a stage's share of the cores) with each rank named by its place in ``ranks``:
+    two stages laid out alike whose shares have one shape are priced alike."""
+    local = {r: i for i, r in enumerate(ranks)}
+    return tuple((tuple(sorted(local[r] for r in pool.ranks)), pool.cores, pool.background_cores,
+                  pool.stream_bytes_per_s, pool.stands_for) for pool in pools)
 
 
 def group_shape(topology: Topology, links: Links, ranks: tuple[int, ...]) -> tuple:

@@ -96,7 +96,7 @@ def test_prefill_follows_the_gpipe_schedule():
     result = _two_stages(batch_size=2)
     for variant in result.variants:
         prefill = variant.run.simulated[0]
-        d0, d1 = prefill.passes[0, 1].duration_s, prefill.passes[1, 1].duration_s
+        d0, d1 = prefill.passes[prefill.keys[0, 0]].duration_s, prefill.passes[prefill.keys[1, 0]].duration_s
         (h, _) = _hops(variant.trace, "prefill", "send_hidden")
         ttft = variant.timing["ttft_s"]
         assert ttft == pytest.approx(max(d0 + h + 2 * d1, 2 * d0 + h + d1), rel=1e-12)
@@ -115,7 +115,7 @@ def test_batch_one_decode_is_a_relay_through_every_stage_and_back():
     result = _two_stages(batch_size=1, output_tokens=6)
     for variant in result.variants:
         step = variant.run.simulated[1]
-        d0, d1 = step.passes[0, 1].duration_s, step.passes[1, 1].duration_s
+        d0, d1 = step.passes[step.keys[0, 0]].duration_s, step.passes[step.keys[1, 0]].duration_s
         (forward,), (back,) = _hops(variant.trace, "decode", "send_hidden"), _hops(variant.trace, "decode", "send_tokens")
         assert _first_step_s(variant) == pytest.approx(d0 + forward + d1 + back, rel=1e-12)
         assert back > 0
@@ -127,7 +127,7 @@ def test_decode_micro_batches_keep_every_stage_busy():
     result = _two_stages(batch_size=2, output_tokens=6)
     for variant in result.variants:
         step = variant.run.simulated[1]
-        d0, d1 = step.passes[0, 1].duration_s, step.passes[1, 1].duration_s
+        d0, d1 = step.passes[step.keys[0, 0]].duration_s, step.passes[step.keys[1, 0]].duration_s
         forward = _hops(variant.trace, "decode", "send_hidden")[0]
         back = _hops(variant.trace, "decode", "send_tokens")[0]
         trip = d0 + forward + d1 + back
