@@ -20,10 +20,20 @@ llama.cpp RPC or prima.cpp with one micro-batch).
   The trace shows the last round, ending at the step's end; its first ops start before the
   step's start, overlapping the step before, as they do in a pipeline.
 
-Stages on one machine whose cores are shared (``cluster.cores``, :mod:`sim.cores`) share them
-and its memory bandwidth with the stages that compute at once: each pass is priced on its share
-of the pools (:func:`sim.replicas.replica_pools`, the stages as groups) with the stages that
-:func:`computing_stages` says run in its slot of the schedule. Elsewhere nothing changes.
+Stages whose ranks share one machine's cores (``cluster.cores``, :mod:`sim.cores`) share them
+and its memory bandwidth with the stages computing at the same moment of the schedule. Each pass
+is priced with ``k`` = 1, 2, ... of those stages computing (:func:`sim.replicas.replica_pools`,
+the stages as groups, ``computing=k``: its share of the pool, memory streams included), and in
+the schedule a pass progresses at ``1 / d_k`` of its work per second, its duration ``d_k`` at
+the number ``k`` of passes running at that moment (processor sharing at the pass's grain, as
+:class:`sim.cores.ProcessorSharing` is at the op's). Where the machine's cores are not shared
+(no ``cluster.cores``, GPUs) a pass has its one duration: nothing changes. The count is the
+schedule's own: with equal stages, ``min(m, S)`` in decode's steady state (a batch-1 relay: 1)
+and the fill and drain's ramp in the prefill; with GPT-2's last stage (its LM head) 2.7 times
+the others' pass, the others idle part of each step. Judged offline on the plan check's PP-4
+candidates (4 one-rank stages, batch 4, 2 cores; a prediction): TTFT -36% -> -20%, TPOT -39% ->
+-33% (``benchmarks/bench_layouts_offline.py``). The trace shows each pass as priced alone,
+stretched evenly to the time it took shared.
 
 Contention between a hop and the stages' own collectives is not modelled (each is priced on
 its own network); hops share the fabric among themselves. Op times of a stage's pass are the
@@ -42,7 +52,7 @@ import pandas as pd
 import simpy
 
 from models.ops import OpKind
-from sim.cores import CorePool
+from sim.cores import _DONE_REL, CorePool
 from sim.engine import Engine, SegmentResult
 from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
@@ -59,27 +69,6 @@ _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape}
 
 DECODE_ROUNDS = 3
 """Identical rounds simulated to find a decode step's steady-state period (two for one micro-batch)."""
-
-
-def computing_stages(stage: int, micro_batch: int, stages: int, micro_batches: int, prefill: bool) -> tuple[int, ...]:
-    """The stages computing while ``stage`` runs ``micro_batch`` (``stage`` first, then the others
-    in order), in the GPipe schedule of ``stages`` equal stages and ``micro_batches`` micro-batches
-    (arXiv 1811.06965, figure 2c): a pass lasts one slot, and in a round stage ``s`` runs
-    micro-batch ``j`` in slot ``s + j``.
-
-    * Prefill, one round from idle stages: the passes of the same slot, so the pipeline fills and
-      drains (1, 2, ..., min(m, S), ..., 1 stages at once).
-    * Decode, rounds following each other around the ring: micro-batch ``j`` enters the first
-      stage again once its token is back, ``S`` slots after it entered, and not before that stage
-      has run the round's ``m`` micro-batches, so a round starts every ``max(m, S)`` slots and the
-      passes of the slots congruent modulo that period run at once: ``min(m, S)`` stages (a
-      batch-1 relay: one; ``m >= S``: all).
-
-    Hops are taken as instantaneous (they delay a slot, not who shares it)."""
-    slot = stage + micro_batch
-    period = max(stages, micro_batches)
-    at_once = (lambda t: t == slot) if prefill else (lambda t: (t - slot) % period == 0)
-    return (stage, *(s for s in range(stages) if s != stage and any(at_once(s + j) for j in range(micro_batches))))
 
 
 @dataclass(frozen=True)
@@ -99,16 +88,14 @@ class Task:
 
 @dataclass(frozen=True)
 class PipelinePhaseRun:
-    """A simulated pipeline phase: each stage's passes (``passes[stage, size, sharing]``: per
-    micro-batch size and the cores' sharing it was priced with), the pass of each stage and
-    micro-batch (``keys[stage, micro_batch]``), the schedule of the rounds, the phase's duration
-    (prefill: to the last LM head; decode: the steady-state period) and per-rank memory over one
-    round."""
+    """A simulated pipeline phase: each stage's passes (``passes[stage, size, computing]``: per
+    micro-batch size and how many stages sharing its machine's cores computed, 1: alone), the
+    schedule of the rounds, the phase's duration (prefill: to the last LM head; decode: the
+    steady-state period) and per-rank memory over one round."""
 
     plan: PipelinePlan
     step: int
     passes: dict[tuple[int, int, int], PhaseRun]
-    keys: dict[tuple[int, int], tuple[int, int, int]]
     tasks: tuple[Task, ...]
     duration_s: float
     origin_s: float
@@ -150,7 +137,7 @@ class PipelinePhaseRun:
         shift = start_s - self.origin_s
         name = PhaseKind.of_step(self.step).value
         for task in (t for t in self.tasks if t.round == last):
-            key = self.keys[task.stage, task.micro_batch]
+            key = (task.stage, self.plan.micro_batches[task.micro_batch], 1)
             run = self.passes[key]
             if key not in columns:
                 twin = self.twins[key]
@@ -172,8 +159,10 @@ class PipelinePhaseRun:
                                     memory | {"rank": renamed[index]}, renamed, index)
             ops, memory, ranks, index = columns[key]
             at = shift + task.start_s
-            op_parts.append(ops | {"start_s": ops["start_s"] + at, "end_s": ops["end_s"] + at})
-            memory_parts.append({"rank": memory["rank"], "time_s": memory["time_s"] + at,
+            # the pass as priced alone, stretched to the time it took sharing the cores (1 elsewhere)
+            stretch = (task.end_s - task.start_s) / run.duration_s if run.duration_s > 0 else 1.0
+            op_parts.append(ops | {"start_s": ops["start_s"] * stretch + at, "end_s": ops["end_s"] * stretch + at})
+            memory_parts.append({"rank": memory["rank"], "time_s": memory["time_s"] * stretch + at,
                                  "bytes": memory["bytes"] + np.array([base[r] for r in ranks])[index]})
             for r, mem in run.memory.items():
                 base[r] += sum(mem.end_by_category.values())
@@ -203,20 +192,19 @@ class PipelineRunner:
         empty = dict.fromkeys(MemoryCategory, 0)
         alike: dict[tuple, tuple[int, int, int]] = {}  # what sets a pass's times -> the first pass priced
         twins: dict[tuple[int, int, int], tuple[int, int, int]] = {}
-        keys: dict[tuple[int, int], tuple[int, int, int]] = {}
-        sharings: dict[tuple[CorePool, ...], int] = {}  # the pools a pass is priced on -> their number
         cores = self.engine.cores
+        stages = len(plan.stages)
         on_pools = frozenset().union(*(pool.ranks for pool in cores))
-        prefill = PhaseKind.of_step(step) == PhaseKind.PREFILL
-        for s in range(len(plan.stages)):
-            for j in range(len(plan.micro_batches)):
-                busy = computing_stages(s, j, len(plan.stages), len(plan.micro_batches), prefill)
-                # the stages on the machines (cluster.cores: one pool) mirror each other there
-                pools = replica_pools(cores, [plan.stage_ranks[b] for b in busy if b == s
-                                              or on_pools.issuperset(plan.stage_ranks[b])], plan.stage_ranks[s])
-                key = keys[s, j] = (s, plan.micro_batches[j], sharings.setdefault(pools, len(sharings)))
+        # the stages whose ranks are all on the machine (cluster.cores: one pool), where they mirror each other
+        sharing = frozenset(s for s in range(stages) if on_pools.issuperset(plan.stage_ranks[s])) if cores else frozenset()
+        for s in range(stages):
+            ring = [plan.stage_ranks[b] for b in (*range(s + 1, stages), *range(s)) if b in sharing]
+            counts = range(1, len(ring) + 2 if s in sharing else 2)  # stages computing with this one's pass
+            for j, k in ((j, k) for j in range(len(plan.micro_batches)) for k in counts):
+                key = (s, plan.micro_batches[j], k)
                 if key in passes:
                     continue
+                pools = replica_pools(cores, [plan.stage_ranks[s], *ring], plan.stage_ranks[s], computing=k)
                 stage = plan.stages[s]
                 twin = twins[key] = alike.setdefault((self._shape(s), stage.num_layers, stage.embeds, stage.heads,
                                                       key[1], _sharing_shape(pools, plan.stage_ranks[s])), key)
@@ -244,7 +232,7 @@ class PipelineRunner:
                 current, capacity = dict(start[r]), self.topology.devices[r].memory_capacity_bytes
                 peak, peak_by_category, overflow = sum(current.values()), dict(current), None
                 for j in range(len(plan.micro_batches)):
-                    run = passes[keys[s, j]]
+                    run = passes[s, plan.micro_batches[j], 1]
                     alone = run.memory[r]
                     if sum(current.values()) + alone.peak_bytes > peak:
                         peak = sum(current.values()) + alone.peak_bytes
@@ -258,14 +246,17 @@ class PipelineRunner:
         # One micro-batch is a relay, periodic from its second round on: two rounds give the period.
         rounds = 1 if phase_kind == PhaseKind.PREFILL else 2 if len(plan.micro_batches) == 1 else DECODE_ROUNDS
         new_tokens = plan.prompt_tokens if step == 0 else 1
-        tasks = self._schedule({sj: passes[key].duration_s for sj, key in keys.items()}, rounds, new_tokens)
+        pass_s = {(s, j): tuple(passes[s, plan.micro_batches[j], k].duration_s
+                                for k in range(1, (len(sharing) if s in sharing else 1) + 1))
+                  for s in range(stages) for j in range(len(plan.micro_batches))}
+        tasks = self._schedule(pass_s, sharing, rounds, new_tokens)
         last_stage = len(plan.stages) - 1
         token_s = [max(t.end_s for t in tasks if t.round == r and t.stage == last_stage) for r in range(rounds)]
         if rounds == 1:
             duration, origin = token_s[0], 0.0
         else:
             duration, origin = token_s[-1] - token_s[-2], token_s[-2]
-        return PipelinePhaseRun(plan, step, passes, keys, tasks, duration, origin, memory, twins)
+        return PipelinePhaseRun(plan, step, passes, tasks, duration, origin, memory, twins)
 
     def _shape(self, stage: int) -> tuple:
         """The layout of ``stage``'s group (:func:`group_shape`), computed once per simulation."""
@@ -274,10 +265,13 @@ class PipelineRunner:
             self._shapes[ranks] = group_shape(self.topology, self.engine.links, ranks)
         return self._shapes[ranks]
 
-    def _schedule(self, pass_s: dict[tuple[int, int], float], rounds: int, new_tokens: int) -> tuple[Task, ...]:
-        """``rounds`` rounds of every micro-batch through every stage (``pass_s[stage, micro_batch]``:
-        its pass's duration, s), from idle stages, with hops on one fabric; the first round's
-        inputs are at hand at time 0."""
+    def _schedule(self, pass_s: dict[tuple[int, int], tuple[float, ...]], sharing: frozenset[int], rounds: int,
+                  new_tokens: int) -> tuple[Task, ...]:
+        """``rounds`` rounds of every micro-batch through every stage, from idle stages, with hops
+        on one fabric; the first round's inputs are at hand at time 0. ``pass_s[stage,
+        micro_batch][k - 1]``: the pass's duration (s) with ``k`` of the ``sharing`` stages
+        computing (one duration for a stage not among them); while ``k`` of them compute, each
+        does ``1 / d_k`` of its pass per second (see the module docstring)."""
         plan, engine = self.plan, self.engine
         stages, count = len(plan.stages), len(plan.micro_batches)
         env = simpy.Environment()
@@ -286,13 +280,49 @@ class PipelineRunner:
         for j in range(count):
             ready[0, 0, j].succeed()
         tasks: list[Task] = []
+        running: dict[tuple[int, int], list] = {}  # (stage, micro-batch) -> [share of the pass left, done, rate /s]
+        clock = [0.0, 0]  # when the shares left were last updated (s), the generation of the wake-up set then
+
+        def advance() -> None:
+            for job in running.values():
+                job[0] -= job[2] * (env.now - clock[0])
+            clock[0] = env.now
+
+        def reshare() -> None:
+            clock[1] += 1
+            if not running:
+                return
+            k = sum(s in sharing for s, _ in running)
+            for (s, j), job in running.items():
+                job[2] = 1.0 / pass_s[s, j][k - 1 if s in sharing else 0]
+            wait = min(max(job[0], 0.0) / job[2] for job in running.values())
+            env.timeout(wait).callbacks.append(partial(wake, clock[1]))
+
+        def wake(generation: int, _event: simpy.Event) -> None:
+            if generation != clock[1]:
+                return  # a pass started or ended meanwhile and rescheduled
+            advance()
+            done = [sj for sj, job in running.items() if job[0] / job[2] <= _DONE_REL * max(1.0, env.now)]
+            events = [running.pop(sj)[1] for sj in done]
+            reshare()
+            for event in events:
+                event.succeed()
+
+        def compute(s: int, j: int) -> simpy.Event:
+            done = env.event()
+            if pass_s[s, j][0] <= 0:
+                return done.succeed()
+            advance()
+            running[s, j] = [1.0, done, 0.0]
+            reshare()
+            return done
 
         def stage(s: int):
             for r in range(rounds):
                 for j in range(count):
                     yield ready[r, s, j]
                     start = env.now
-                    yield env.timeout(pass_s[s, j])
+                    yield compute(s, j)
                     end = env.now
                     hop = plan.hop_on(s, j, new_tokens)
                     if hop is None:
