@@ -15,7 +15,7 @@ llama.cpp RPC or prima.cpp with one micro-batch).
   first stage starts micro-batch j of step k+1 as soon as its token of step k is back, while
   later stages still work on step k. The step's duration is the period between the last
   tokens of two consecutive rounds, simulated over :data:`DECODE_ROUNDS` identical rounds from
-  idle stages (with m <= P micro-batches of equal stages, the second round is already
+  idle stages, and where stages share cores :data:`FOLLOWING_ROUNDS` more (with m <= P micro-batches of equal stages, the second round is already
   periodic: the period is max(m x the slowest stage, one micro-batch's trip around the ring)).
   The trace shows the last round, ending at the step's end; its first ops start before the
   step's start, overlapping the step before, as they do in a pipeline.
@@ -32,7 +32,7 @@ schedule's own: with equal stages, ``min(m, S)`` in decode's steady state (a bat
 and the fill and drain's ramp in the prefill; with GPT-2's last stage (its LM head) 2.7 times
 the others' pass, the others idle part of each step. Judged offline on the plan check's PP-4
 candidates (4 one-rank stages, batch 4, 2 cores; a prediction): TTFT -36% -> -20%, TPOT -39% ->
--33% (``benchmarks/bench_layouts_offline.py``). The trace shows each pass as priced alone,
+-19% (``benchmarks/bench_layouts_offline.py``; the batch-1 relay, alone, misses -15%). The trace shows each pass as priced alone,
 stretched evenly to the time it took shared.
 
 Contention between a hop and the stages' own collectives is not modelled (each is priced on
@@ -69,6 +69,10 @@ _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape}
 
 DECODE_ROUNDS = 3
 """Identical rounds simulated to find a decode step's steady-state period (two for one micro-batch)."""
+
+FOLLOWING_ROUNDS = 1
+"""Rounds simulated after those of :data:`DECODE_ROUNDS` where stages share cores, so that the
+last measured round computes beside the next one's first passes, as in the steady state."""
 
 
 @dataclass(frozen=True)
@@ -245,18 +249,22 @@ class PipelineRunner:
         phase_kind = PhaseKind.of_step(step)
         # One micro-batch is a relay, periodic from its second round on: two rounds give the period.
         rounds = 1 if phase_kind == PhaseKind.PREFILL else 2 if len(plan.micro_batches) == 1 else DECODE_ROUNDS
+        # Stages sharing cores: the measured round's tail shares them with the next round's head, as
+        # every step but the last does (the last round simulated would have them to itself).
+        following = FOLLOWING_ROUNDS if rounds > 1 and len(sharing) > 1 else 0
         new_tokens = plan.prompt_tokens if step == 0 else 1
         pass_s = {(s, j): tuple(passes[s, plan.micro_batches[j], k].duration_s
                                 for k in range(1, (len(sharing) if s in sharing else 1) + 1))
                   for s in range(stages) for j in range(len(plan.micro_batches))}
-        tasks = self._schedule(pass_s, sharing, rounds, new_tokens)
+        tasks = self._schedule(pass_s, sharing, rounds + following, new_tokens)
         last_stage = len(plan.stages) - 1
         token_s = [max(t.end_s for t in tasks if t.round == r and t.stage == last_stage) for r in range(rounds)]
         if rounds == 1:
             duration, origin = token_s[0], 0.0
         else:
             duration, origin = token_s[-1] - token_s[-2], token_s[-2]
-        return PipelinePhaseRun(plan, step, passes, tasks, duration, origin, memory, twins)
+        return PipelinePhaseRun(plan, step, passes, tuple(t for t in tasks if t.round < rounds), duration, origin,
+                                memory, twins)
 
     def _shape(self, stage: int) -> tuple:
         """The layout of ``stage``'s group (:func:`group_shape`), computed once per simulation."""
