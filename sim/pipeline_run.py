@@ -256,7 +256,7 @@ class PipelineRunner:
         pass_s = {(s, j): tuple(passes[s, plan.micro_batches[j], k].duration_s
                                 for k in range(1, (len(sharing) if s in sharing else 1) + 1))
                   for s in range(stages) for j in range(len(plan.micro_batches))}
-        tasks = self._schedule(pass_s, sharing, rounds + following, new_tokens)
+        tasks = self._schedule(pass_s, rounds + following, new_tokens)
         last_stage = len(plan.stages) - 1
         token_s = [max(t.end_s for t in tasks if t.round == r and t.stage == last_stage) for r in range(rounds)]
         if rounds == 1:
@@ -273,12 +273,12 @@ class PipelineRunner:
             self._shapes[ranks] = group_shape(self.topology, self.engine.links, ranks)
         return self._shapes[ranks]
 
-    def _schedule(self, pass_s: dict[tuple[int, int], tuple[float, ...]], sharing: frozenset[int], rounds: int,
+    def _schedule(self, pass_s: dict[tuple[int, int], tuple[float, ...]], rounds: int,
                   new_tokens: int) -> tuple[Task, ...]:
         """``rounds`` rounds of every micro-batch through every stage, from idle stages, with hops
         on one fabric; the first round's inputs are at hand at time 0. ``pass_s[stage,
-        micro_batch][k - 1]``: the pass's duration (s) with ``k`` of the ``sharing`` stages
-        computing (one duration for a stage not among them); while ``k`` of them compute, each
+        micro_batch][k - 1]``: the pass's duration (s) with ``k`` stages sharing the cores computing
+        (one duration: a stage that shares them with no other); while ``k`` of them compute, each
         does ``1 / d_k`` of its pass per second (see the module docstring)."""
         plan, engine = self.plan, self.engine
         stages, count = len(plan.stages), len(plan.micro_batches)
@@ -288,7 +288,7 @@ class PipelineRunner:
         for j in range(count):
             ready[0, 0, j].succeed()
         tasks: list[Task] = []
-        running: dict[tuple[int, int], list] = {}  # (stage, micro-batch) -> [share of the pass left, done, rate /s]
+        running: dict[tuple[int, int], list] = {}  # sharing (stage, micro-batch) -> [share of the pass left, done, rate /s]
         clock = [0.0, 0]  # when the shares left were last updated (s), the generation of the wake-up set then
 
         def advance() -> None:
@@ -300,9 +300,8 @@ class PipelineRunner:
             clock[1] += 1
             if not running:
                 return
-            k = sum(s in sharing for s, _ in running)
             for (s, j), job in running.items():
-                job[2] = 1.0 / pass_s[s, j][k - 1 if s in sharing else 0]
+                job[2] = 1.0 / pass_s[s, j][len(running) - 1]
             wait = min(max(job[0], 0.0) / job[2] for job in running.values())
             env.timeout(wait).callbacks.append(partial(wake, clock[1]))
 
@@ -317,9 +316,9 @@ class PipelineRunner:
                 event.succeed()
 
         def compute(s: int, j: int) -> simpy.Event:
+            if len(pass_s[s, j]) == 1 or pass_s[s, j][0] <= 0:
+                return env.timeout(pass_s[s, j][0])  # nothing shared: its one duration
             done = env.event()
-            if pass_s[s, j][0] <= 0:
-                return done.succeed()
             advance()
             running[s, j] = [1.0, done, 0.0]
             reshare()
