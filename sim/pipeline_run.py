@@ -15,10 +15,25 @@ llama.cpp RPC or prima.cpp with one micro-batch).
   first stage starts micro-batch j of step k+1 as soon as its token of step k is back, while
   later stages still work on step k. The step's duration is the period between the last
   tokens of two consecutive rounds, simulated over :data:`DECODE_ROUNDS` identical rounds from
-  idle stages (with m <= P micro-batches of equal stages, the second round is already
+  idle stages, and where stages share cores :data:`FOLLOWING_ROUNDS` more (with m <= P micro-batches of equal stages, the second round is already
   periodic: the period is max(m x the slowest stage, one micro-batch's trip around the ring)).
   The trace shows the last round, ending at the step's end; its first ops start before the
   step's start, overlapping the step before, as they do in a pipeline.
+
+Stages whose ranks share one machine's cores (``cluster.cores``, :mod:`sim.cores`) share them
+and its memory bandwidth with the stages computing at the same moment of the schedule. Each pass
+is priced with ``k`` = 1, 2, ... of those stages computing (:func:`sim.replicas.replica_pools`,
+the stages as groups, ``computing=k``: its share of the pool, memory streams included), and in
+the schedule a pass progresses at ``1 / d_k`` of its work per second, its duration ``d_k`` at
+the number ``k`` of passes running at that moment (processor sharing at the pass's grain, as
+:class:`sim.cores.ProcessorSharing` is at the op's). Where the machine's cores are not shared
+(no ``cluster.cores``, GPUs) a pass has its one duration: nothing changes. The count is the
+schedule's own: with equal stages, ``min(m, S)`` in decode's steady state (a batch-1 relay: 1)
+and the fill and drain's ramp in the prefill; with GPT-2's last stage (its LM head) 2.7 times
+the others' pass, the others idle part of each step. Judged offline on the plan check's PP-4
+candidates (4 one-rank stages, batch 4, 2 cores; a prediction): TTFT -36% -> -20%, TPOT -39% ->
+-19% (``benchmarks/bench_layouts_offline.py``; the batch-1 relay, alone, misses -15%). The trace shows each pass as priced alone,
+stretched evenly to the time it took shared.
 
 Contention between a hop and the stages' own collectives is not modelled (each is priced on
 its own network); hops share the fabric among themselves. Op times of a stage's pass are the
@@ -37,12 +52,14 @@ import pandas as pd
 import simpy
 
 from models.ops import OpKind
+from sim.cores import _DONE_REL, CorePool
 from sim.engine import Engine, SegmentResult
 from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
 from sim.memory import PhaseMemory, phase_memory
 from sim.pipeline import Hop, PipelinePlan
 from sim.plan import MemoryCategory, Stream
+from sim.replicas import replica_pools
 from sim.timeline import PhaseRun, RunResult, simulate_run
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns
@@ -52,6 +69,10 @@ _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape}
 
 DECODE_ROUNDS = 3
 """Identical rounds simulated to find a decode step's steady-state period (two for one micro-batch)."""
+
+FOLLOWING_ROUNDS = 1
+"""Rounds simulated after those of :data:`DECODE_ROUNDS` where stages share cores, so that the
+last measured round computes beside the next one's first passes, as in the steady state."""
 
 
 @dataclass(frozen=True)
@@ -71,18 +92,19 @@ class Task:
 
 @dataclass(frozen=True)
 class PipelinePhaseRun:
-    """A simulated pipeline phase: each stage's pass per micro-batch size (``passes[stage, size]``),
-    the schedule of the rounds, the phase's duration (prefill: to the last LM head; decode: the
+    """A simulated pipeline phase: each stage's passes (``passes[stage, size, computing]``: per
+    micro-batch size and how many stages sharing its machine's cores computed, 1: alone), the
+    schedule of the rounds, the phase's duration (prefill: to the last LM head; decode: the
     steady-state period) and per-rank memory over one round."""
 
     plan: PipelinePlan
     step: int
-    passes: dict[tuple[int, int], PhaseRun]
+    passes: dict[tuple[int, int, int], PhaseRun]
     tasks: tuple[Task, ...]
     duration_s: float
     origin_s: float
     memory: dict[int, PhaseMemory]
-    twins: dict[tuple[int, int], tuple[int, int]]  # pass -> the pass it shares (a stage laid out alike), or itself
+    twins: dict[tuple[int, int, int], tuple[int, int, int]]  # pass -> the pass it shares (a stage laid out alike), or itself
 
     def signature(self) -> np.ndarray:
         """Every simulated time of the phase as one vector (for :mod:`sim.timeline`'s linearity
@@ -113,13 +135,13 @@ class PipelinePhaseRun:
         the receiver of each hop), times from the run's start; the phase starts at ``start_s``
         with ``base_bytes`` per rank."""
         last = max(t.round for t in self.tasks)
-        columns: dict[tuple[int, int], tuple] = {}
+        columns: dict[tuple[int, int, int], tuple] = {}
         op_parts, memory_parts, hops = [], [], []
         base = dict(base_bytes)
         shift = start_s - self.origin_s
         name = PhaseKind.of_step(self.step).value
         for task in (t for t in self.tasks if t.round == last):
-            key = (task.stage, self.plan.micro_batches[task.micro_batch])
+            key = (task.stage, self.plan.micro_batches[task.micro_batch], 1)
             run = self.passes[key]
             if key not in columns:
                 twin = self.twins[key]
@@ -141,8 +163,10 @@ class PipelinePhaseRun:
                                     memory | {"rank": renamed[index]}, renamed, index)
             ops, memory, ranks, index = columns[key]
             at = shift + task.start_s
-            op_parts.append(ops | {"start_s": ops["start_s"] + at, "end_s": ops["end_s"] + at})
-            memory_parts.append({"rank": memory["rank"], "time_s": memory["time_s"] + at,
+            # the pass as priced alone, stretched to the time it took sharing the cores (1 elsewhere)
+            stretch = (task.end_s - task.start_s) / run.duration_s if run.duration_s > 0 else 1.0
+            op_parts.append(ops | {"start_s": ops["start_s"] * stretch + at, "end_s": ops["end_s"] * stretch + at})
+            memory_parts.append({"rank": memory["rank"], "time_s": memory["time_s"] * stretch + at,
                                  "bytes": memory["bytes"] + np.array([base[r] for r in ranks])[index]})
             for r, mem in run.memory.items():
                 base[r] += sum(mem.end_by_category.values())
@@ -167,19 +191,27 @@ class PipelineRunner:
     def run_phase(self, step: int, start: dict[int, dict[MemoryCategory, int]], start_s: float) -> PipelinePhaseRun:
         """Phase ``step`` with ``start`` bytes resident per rank when it begins at ``start_s``."""
         plan = self.plan
-        passes: dict[tuple[int, int], PhaseRun] = {}
+        passes: dict[tuple[int, int, int], PhaseRun] = {}
         memory: dict[int, PhaseMemory] = {}
         empty = dict.fromkeys(MemoryCategory, 0)
-        alike: dict[tuple, tuple[int, int]] = {}  # what sets a pass's times -> the first pass priced
-        twins: dict[tuple[int, int], tuple[int, int]] = {}
-        for s in range(len(plan.stages)):
-            for j in range(len(plan.micro_batches)):
-                key = (s, plan.micro_batches[j])
+        alike: dict[tuple, tuple[int, int, int]] = {}  # what sets a pass's times -> the first pass priced
+        twins: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        cores = self.engine.cores
+        stages = len(plan.stages)
+        on_pools = frozenset().union(*(pool.ranks for pool in cores))
+        # the stages whose ranks are all on the machine (cluster.cores: one pool), where they mirror each other
+        sharing = frozenset(s for s in range(stages) if on_pools.issuperset(plan.stage_ranks[s])) if cores else frozenset()
+        for s in range(stages):
+            ring = [plan.stage_ranks[b] for b in (*range(s + 1, stages), *range(s)) if b in sharing]
+            counts = range(1, len(ring) + 2 if s in sharing else 2)  # stages computing with this one's pass
+            for j, k in ((j, k) for j in range(len(plan.micro_batches)) for k in counts):
+                key = (s, plan.micro_batches[j], k)
                 if key in passes:
                     continue
+                pools = replica_pools(cores, [plan.stage_ranks[s], *ring], plan.stage_ranks[s], computing=k)
                 stage = plan.stages[s]
                 twin = twins[key] = alike.setdefault((self._shape(s), stage.num_layers, stage.embeds, stage.heads,
-                                                      key[1]), key)
+                                                      key[1], _sharing_shape(pools, plan.stage_ranks[s])), key)
                 if twin != key:
                     # A stage whose group is laid out as an earlier one's runs the same ops in the same
                     # times: its pass is that one's, rank for rank (lowered again only for the trace).
@@ -189,7 +221,11 @@ class PipelineRunner:
                                            run.duration_s, {ranks[r]: mem for r, mem in run.memory.items()})
                     continue
                 phase = plan.stage_plan(s, j).phase(step)
-                results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
+                self.engine.cores = pools
+                try:
+                    results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
+                finally:
+                    self.engine.cores = cores
                 duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
                 # Memory of the pass alone (from nothing resident): from any start, a pass's memory is
                 # that start plus this (sim.memory.phase_memory adds every event to the start).
@@ -200,7 +236,7 @@ class PipelineRunner:
                 current, capacity = dict(start[r]), self.topology.devices[r].memory_capacity_bytes
                 peak, peak_by_category, overflow = sum(current.values()), dict(current), None
                 for j in range(len(plan.micro_batches)):
-                    run = passes[s, plan.micro_batches[j]]
+                    run = passes[s, plan.micro_batches[j], 1]
                     alone = run.memory[r]
                     if sum(current.values()) + alone.peak_bytes > peak:
                         peak = sum(current.values()) + alone.peak_bytes
@@ -213,15 +249,22 @@ class PipelineRunner:
         phase_kind = PhaseKind.of_step(step)
         # One micro-batch is a relay, periodic from its second round on: two rounds give the period.
         rounds = 1 if phase_kind == PhaseKind.PREFILL else 2 if len(plan.micro_batches) == 1 else DECODE_ROUNDS
+        # Stages sharing cores: the measured round's tail shares them with the next round's head, as
+        # every step but the last does (the last round simulated would have them to itself).
+        following = FOLLOWING_ROUNDS if rounds > 1 and len(sharing) > 1 else 0
         new_tokens = plan.prompt_tokens if step == 0 else 1
-        tasks = self._schedule(passes, rounds, new_tokens)
+        pass_s = {(s, j): tuple(passes[s, plan.micro_batches[j], k].duration_s
+                                for k in range(1, (len(sharing) if s in sharing else 1) + 1))
+                  for s in range(stages) for j in range(len(plan.micro_batches))}
+        tasks = self._schedule(pass_s, rounds + following, new_tokens)
         last_stage = len(plan.stages) - 1
         token_s = [max(t.end_s for t in tasks if t.round == r and t.stage == last_stage) for r in range(rounds)]
         if rounds == 1:
             duration, origin = token_s[0], 0.0
         else:
             duration, origin = token_s[-1] - token_s[-2], token_s[-2]
-        return PipelinePhaseRun(plan, step, passes, tasks, duration, origin, memory, twins)
+        return PipelinePhaseRun(plan, step, passes, tuple(t for t in tasks if t.round < rounds), duration, origin,
+                                memory, twins)
 
     def _shape(self, stage: int) -> tuple:
         """The layout of ``stage``'s group (:func:`group_shape`), computed once per simulation."""
@@ -230,9 +273,13 @@ class PipelineRunner:
             self._shapes[ranks] = group_shape(self.topology, self.engine.links, ranks)
         return self._shapes[ranks]
 
-    def _schedule(self, passes: dict[tuple[int, int], PhaseRun], rounds: int, new_tokens: int) -> tuple[Task, ...]:
+    def _schedule(self, pass_s: dict[tuple[int, int], tuple[float, ...]], rounds: int,
+                  new_tokens: int) -> tuple[Task, ...]:
         """``rounds`` rounds of every micro-batch through every stage, from idle stages, with hops
-        on one fabric; the first round's inputs are at hand at time 0."""
+        on one fabric; the first round's inputs are at hand at time 0. ``pass_s[stage,
+        micro_batch][k - 1]``: the pass's duration (s) with ``k`` stages sharing the cores computing
+        (one duration: a stage that shares them with no other); while ``k`` of them compute, each
+        does ``1 / d_k`` of its pass per second (see the module docstring)."""
         plan, engine = self.plan, self.engine
         stages, count = len(plan.stages), len(plan.micro_batches)
         env = simpy.Environment()
@@ -241,13 +288,48 @@ class PipelineRunner:
         for j in range(count):
             ready[0, 0, j].succeed()
         tasks: list[Task] = []
+        running: dict[tuple[int, int], list] = {}  # sharing (stage, micro-batch) -> [share of the pass left, done, rate /s]
+        clock = [0.0, 0]  # when the shares left were last updated (s), the generation of the wake-up set then
+
+        def advance() -> None:
+            for job in running.values():
+                job[0] -= job[2] * (env.now - clock[0])
+            clock[0] = env.now
+
+        def reshare() -> None:
+            clock[1] += 1
+            if not running:
+                return
+            for (s, j), job in running.items():
+                job[2] = 1.0 / pass_s[s, j][len(running) - 1]
+            wait = min(max(job[0], 0.0) / job[2] for job in running.values())
+            env.timeout(wait).callbacks.append(partial(wake, clock[1]))
+
+        def wake(generation: int, _event: simpy.Event) -> None:
+            if generation != clock[1]:
+                return  # a pass started or ended meanwhile and rescheduled
+            advance()
+            done = [sj for sj, job in running.items() if job[0] / job[2] <= _DONE_REL * max(1.0, env.now)]
+            events = [running.pop(sj)[1] for sj in done]
+            reshare()
+            for event in events:
+                event.succeed()
+
+        def compute(s: int, j: int) -> simpy.Event:
+            if len(pass_s[s, j]) == 1 or pass_s[s, j][0] <= 0:
+                return env.timeout(pass_s[s, j][0])  # nothing shared: its one duration
+            done = env.event()
+            advance()
+            running[s, j] = [1.0, done, 0.0]
+            reshare()
+            return done
 
         def stage(s: int):
             for r in range(rounds):
                 for j in range(count):
                     yield ready[r, s, j]
                     start = env.now
-                    yield env.timeout(passes[s, plan.micro_batches[j]].duration_s)
+                    yield compute(s, j)
                     end = env.now
                     hop = plan.hop_on(s, j, new_tokens)
                     if hop is None:
@@ -267,6 +349,14 @@ class PipelineRunner:
             env.process(stage(s))
         env.run()
         return tuple(sorted(tasks, key=lambda t: (t.round, t.stage, t.micro_batch)))
+
+
+def _sharing_shape(pools: tuple[CorePool, ...], ranks: tuple[int, ...]) -> tuple:
+    """``pools`` (a stage's share of the cores) with each rank named by its place in ``ranks``:
+    two stages laid out alike whose shares have one shape are priced alike."""
+    local = {r: i for i, r in enumerate(ranks)}
+    return tuple((tuple(sorted(local[r] for r in pool.ranks)), pool.cores, pool.background_cores,
+                  pool.stream_bytes_per_s, pool.stands_for) for pool in pools)
 
 
 def group_shape(topology: Topology, links: Links, ranks: tuple[int, ...]) -> tuple:

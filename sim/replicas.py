@@ -107,7 +107,8 @@ def replica_pools(pools: Sequence[CorePool], replicas: Sequence[tuple[int, ...]]
 
     Replica ``i``'s rank ``t`` mirrors the first replica's rank ``t``: it is on the machine the
     latter is on, so a pool holding some replica's rank ``t`` holds every replica's, and of its
-    ranks those of the computing replicas compute (a rank of no replica idles). All of them
+    ranks those of the computing replicas compute (a rank of no replica idles); so do a
+    pipeline's stages on one machine (:mod:`sim.pipeline_run`). All of them
     compute the same ops at once (equal work, run together), so under processor sharing
     (:mod:`sim.cores`) each rank runs at the rate it would with all of them simulated: the
     replica's share of the pool's cores (:func:`sim.cores.core_shares`). Exact for replicas of
@@ -122,7 +123,7 @@ def replica_pools(pools: Sequence[CorePool], replicas: Sequence[tuple[int, ...]]
         if not places:
             continue
         machine = CorePool(frozenset(group[t] for group in busy for t in places), pool.cores, pool.background_cores,
-                           pool.stream_bytes_per_s)
+                           pool.stream_bytes_per_s, pool.stands_for)
         shared.extend(core_shares(machine, frozenset(replica)))
     return tuple(shared)
 

@@ -1,15 +1,17 @@
 """Pipeline parallelism: the parallel plan's stages, and the simulator's GPipe schedule."""
 
 import pytest
+import yaml
 
 from models.accounting import kv_cache_bytes_per_token, stage_weight_bytes
 from models.catalog import get_model
 from models.errors import ConfigError
 from sim.parallel import ParallelPlan
 from sim.plan import MemoryCategory
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from sim.topology import build_topology
-from tests.conftest import cluster, make_scenario
+from tests.conftest import ROOT, cluster, make_scenario
 
 DEVICES = tuple(f"h{h}/dev{d}" for h in range(2) for d in range(2))
 
@@ -96,7 +98,7 @@ def test_prefill_follows_the_gpipe_schedule():
     result = _two_stages(batch_size=2)
     for variant in result.variants:
         prefill = variant.run.simulated[0]
-        d0, d1 = prefill.passes[0, 1].duration_s, prefill.passes[1, 1].duration_s
+        d0, d1 = prefill.passes[0, 1, 1].duration_s, prefill.passes[1, 1, 1].duration_s
         (h, _) = _hops(variant.trace, "prefill", "send_hidden")
         ttft = variant.timing["ttft_s"]
         assert ttft == pytest.approx(max(d0 + h + 2 * d1, 2 * d0 + h + d1), rel=1e-12)
@@ -115,7 +117,7 @@ def test_batch_one_decode_is_a_relay_through_every_stage_and_back():
     result = _two_stages(batch_size=1, output_tokens=6)
     for variant in result.variants:
         step = variant.run.simulated[1]
-        d0, d1 = step.passes[0, 1].duration_s, step.passes[1, 1].duration_s
+        d0, d1 = step.passes[0, 1, 1].duration_s, step.passes[1, 1, 1].duration_s
         (forward,), (back,) = _hops(variant.trace, "decode", "send_hidden"), _hops(variant.trace, "decode", "send_tokens")
         assert _first_step_s(variant) == pytest.approx(d0 + forward + d1 + back, rel=1e-12)
         assert back > 0
@@ -127,7 +129,7 @@ def test_decode_micro_batches_keep_every_stage_busy():
     result = _two_stages(batch_size=2, output_tokens=6)
     for variant in result.variants:
         step = variant.run.simulated[1]
-        d0, d1 = step.passes[0, 1].duration_s, step.passes[1, 1].duration_s
+        d0, d1 = step.passes[0, 1, 1].duration_s, step.passes[1, 1, 1].duration_s
         forward = _hops(variant.trace, "decode", "send_hidden")[0]
         back = _hops(variant.trace, "decode", "send_tokens")[0]
         trip = d0 + forward + d1 + back
@@ -222,3 +224,32 @@ def test_balanced_stages_move_layers_off_a_device_they_would_overflow():
     assert stage_weight_bytes(spec, 1, plan.stages[0], embeds=True, heads=False) <= 8 * 2**30
     assert stage_weight_bytes(spec, 1, plan.stages[0] + 1, embeds=True, heads=False) > 8 * 2**30
     assert plan.stages[0] > plan.stages[1]
+
+
+def _cpu_pipeline(batch_size: int, cores: int):
+    """GPT-2 over 2 one-rank stages whose CPU ranks run on one machine of ``cores`` cores (the
+    emulated cluster; 2 cores: a core each, nothing shared)."""
+    data = yaml.safe_load((ROOT / "validation/plan-check-report/replicas/scenarios/c161.yaml").read_text())
+    data["cluster"]["hosts"][0]["devices"]["count"] = 2
+    data["cluster"]["cores"] = cores
+    data["workload"]["batch_size"] = batch_size
+    data["parallel"] = {"tensor": 1, "pipeline": 2}
+    return simulate(scenario_from_dict(data, base_dir=ROOT)).variants[0]
+
+
+def test_stages_computing_at_once_on_one_machine_share_its_cores():
+    # a batch-1 relay: one stage computes at a time, each pass as priced alone
+    relay = _cpu_pipeline(1, 1)
+    passes = relay.run.simulated[1].passes
+    (forward,), (back,) = _hops(relay.trace, "decode", "send_hidden"), _hops(relay.trace, "decode", "send_tokens")
+    assert _first_step_s(relay) == pytest.approx(passes[0, 1, 1].duration_s + forward + passes[1, 1, 1].duration_s
+                                                 + back, rel=1e-12)
+    assert passes[0, 1, 2].duration_s > passes[0, 1, 1].duration_s
+    shared, own = _cpu_pipeline(2, 1), _cpu_pipeline(2, 2)
+    step = shared.run.simulated[1]
+    # two stages computing on one core: each pass at half of it (processor sharing)
+    for s in range(2):
+        assert step.passes[s, 1, 2].duration_s == pytest.approx(2 * step.passes[s, 1, 1].duration_s, rel=0.01)
+    # two micro-batches keep both stages busy part of the step: slower than a core each, faster than in turns
+    assert own.timing["tpot_s"] * 1.2 < shared.timing["tpot_s"] < 2 * own.timing["tpot_s"]
+    assert own.timing["ttft_s"] < shared.timing["ttft_s"]
