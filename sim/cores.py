@@ -158,7 +158,68 @@ class CorePool:
         return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}"
 
 
-class ProcessorSharing:
+class SharedProgress:
+    """Jobs that progress at once, each at a rate set by the jobs running beside it, recomputed
+    at every arrival and departure: the mechanism of processor sharing (Kleinrock 1976, vol. 2,
+    section 4.4) with the rates left to a subclass (:meth:`_set_rates`). Used by
+    :class:`ProcessorSharing` (a pool's compute ops) and by the pipeline's schedule
+    (:mod:`sim.pipeline_run`: whole stage passes on one machine).
+
+    Each job is ``[amount left, done event, rate (amount per second), payload]``; a job is done
+    once its amount left at its rate is below :data:`_DONE_REL` of the clock (float rounding).
+
+    Args:
+        env: the environment the jobs run in.
+    """
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self._jobs: dict[int, list] = {}
+        self._updated_s = 0.0
+        self._generation = 0
+        self._next_job = 0
+
+    def _start(self, amount: float, payload) -> simpy.Event:
+        """An event that succeeds once ``amount`` (> 0) of the job's work is done, started now."""
+        done = self.env.event()
+        self._advance()
+        self._jobs[self._next_job] = [float(amount), done, 1.0, payload]
+        self._next_job += 1
+        self._reshare()
+        return done
+
+    def _set_rates(self) -> None:
+        """Set every running job's rate (its ``[2]``) for the jobs running now."""
+        raise NotImplementedError
+
+    def _advance(self) -> None:
+        elapsed = self.env.now - self._updated_s
+        if elapsed:
+            for job in self._jobs.values():
+                job[0] -= job[2] * elapsed
+        self._updated_s = self.env.now
+
+    def _reshare(self) -> None:
+        self._generation += 1
+        if not self._jobs:
+            return
+        self._set_rates()
+        wait = min(max(job[0], 0.0) / job[2] for job in self._jobs.values())
+        self.env.timeout(wait).callbacks.append(partial(self._wake, self._generation))
+
+    def _wake(self, generation: int, _event: simpy.Event) -> None:
+        if generation != self._generation:
+            return  # a job arrived or left meanwhile and rescheduled
+        self._advance()
+        done_s = _DONE_REL * max(1.0, self.env.now)
+        finished = [j for j, job in self._jobs.items() if job[0] / job[2] <= done_s]
+        events = [self._jobs.pop(j)[1] for j in finished]
+        self._reshare()
+        for event in events:
+            event.succeed()
+
+
+class ProcessorSharing(SharedProgress):
     """One :class:`CorePool` inside a segment's environment: its jobs (compute ops, in seconds of
     one whole core) share the free cores equally, rates recomputed at each arrival and departure;
     where the pool knows its memory bandwidth, a job's rate is also bounded by its memory part at
@@ -170,12 +231,8 @@ class ProcessorSharing:
     """
 
     def __init__(self, env: simpy.Environment, pool: CorePool):
-        self.env = env
+        super().__init__(env)
         self.pool = pool
-        self._jobs: dict[int, list] = {}  # job id -> [remaining core-seconds, done event, memory part / work, rate]
-        self._updated_s = 0.0
-        self._generation = 0
-        self._next_job = 0
 
     def run(self, work_s: float, rank: int = 0, memory_s: float = 0.0) -> simpy.Event:
         """An event that succeeds once ``work_s`` seconds of one core's work, started now, are done
@@ -184,15 +241,11 @@ class ProcessorSharing:
         the lower of its core share and the rate at which its memory part stretches to the
         stream's share (:meth:`CorePool.memory_share`) and the rest does not, so at constant ``k``
         it takes ``max(work_s x factor(k), work_s - memory_s + memory_s / memory_share(k))``."""
-        done = self.env.event()
         if work_s <= 0:
+            done = self.env.event()
             done.succeed()
             return done
-        self._advance()
-        self._jobs[self._next_job] = [float(work_s), done, min(1.0, max(0.0, memory_s) / work_s), 1.0]
-        self._next_job += 1
-        self._reshare()
-        return done
+        return self._start(work_s, min(1.0, max(0.0, memory_s) / work_s))
 
     def wait_for_core(self, work_s: float, rank: int = 0) -> simpy.Event:
         """A thread waking to be scheduled (a comm thread handling its messages,
@@ -204,35 +257,12 @@ class ProcessorSharing:
             return done
         return self.run(work_s, rank)
 
-    def _advance(self) -> None:
-        elapsed = self.env.now - self._updated_s
-        if elapsed:
-            for job in self._jobs.values():
-                job[0] -= job[3] * elapsed
-        self._updated_s = self.env.now
-
-    def _reshare(self) -> None:
-        self._generation += 1
-        if not self._jobs:
-            return
+    def _set_rates(self) -> None:
         rate = 1.0 / self.pool.factor(len(self._jobs))
         memory = self.pool.memory_share(len(self._jobs))
         for job in self._jobs.values():
-            # the memory part stretched to the stream's share, the rest as alone (see run)
-            job[3] = rate if not job[2] or memory >= 1.0 else min(rate, 1.0 / ((1.0 - job[2]) + job[2] / memory))
-        wait = min(max(job[0], 0.0) / job[3] for job in self._jobs.values())
-        self.env.timeout(wait).callbacks.append(partial(self._wake, self._generation))
-
-    def _wake(self, generation: int, _event: simpy.Event) -> None:
-        if generation != self._generation:
-            return  # a job arrived or left meanwhile and rescheduled
-        self._advance()
-        done_s = _DONE_REL * max(1.0, self.env.now)
-        finished = [j for j, job in self._jobs.items() if job[0] / job[3] <= done_s]
-        events = [self._jobs.pop(j)[1] for j in finished]
-        self._reshare()
-        for event in events:
-            event.succeed()
+            # the payload: the job's memory part over its work; stretched to the stream's share, the rest as alone
+            job[2] = rate if not job[3] or memory >= 1.0 else min(rate, 1.0 / ((1.0 - job[3]) + job[3] / memory))
 
 
 # simpy runs an instant's events by priority (URGENT 0, NORMAL 1), then by when they were

@@ -52,7 +52,7 @@ import pandas as pd
 import simpy
 
 from models.ops import OpKind
-from sim.cores import _DONE_REL, CorePool
+from sim.cores import CorePool, SharedProgress
 from sim.engine import Engine, SegmentResult
 from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
@@ -288,41 +288,12 @@ class PipelineRunner:
         for j in range(count):
             ready[0, 0, j].succeed()
         tasks: list[Task] = []
-        running: dict[tuple[int, int], list] = {}  # sharing (stage, micro-batch) -> [share of the pass left, done, rate /s]
-        clock = [0.0, 0]  # when the shares left were last updated (s), the generation of the wake-up set then
-
-        def advance() -> None:
-            for job in running.values():
-                job[0] -= job[2] * (env.now - clock[0])
-            clock[0] = env.now
-
-        def reshare() -> None:
-            clock[1] += 1
-            if not running:
-                return
-            for (s, j), job in running.items():
-                job[2] = 1.0 / pass_s[s, j][len(running) - 1]
-            wait = min(max(job[0], 0.0) / job[2] for job in running.values())
-            env.timeout(wait).callbacks.append(partial(wake, clock[1]))
-
-        def wake(generation: int, _event: simpy.Event) -> None:
-            if generation != clock[1]:
-                return  # a pass started or ended meanwhile and rescheduled
-            advance()
-            done = [sj for sj, job in running.items() if job[0] / job[2] <= _DONE_REL * max(1.0, env.now)]
-            events = [running.pop(sj)[1] for sj in done]
-            reshare()
-            for event in events:
-                event.succeed()
+        passes_sharing = _PassSharing(env, pass_s)
 
         def compute(s: int, j: int) -> simpy.Event:
             if len(pass_s[s, j]) == 1 or pass_s[s, j][0] <= 0:
                 return env.timeout(pass_s[s, j][0])  # nothing shared: its one duration
-            done = env.event()
-            advance()
-            running[s, j] = [1.0, done, 0.0]
-            reshare()
-            return done
+            return passes_sharing.run((s, j))
 
         def stage(s: int):
             for r in range(rounds):
@@ -349,6 +320,24 @@ class PipelineRunner:
             env.process(stage(s))
         env.run()
         return tuple(sorted(tasks, key=lambda t: (t.round, t.stage, t.micro_batch)))
+
+
+class _PassSharing(SharedProgress):
+    """Stage passes sharing one machine's cores in a pipeline's schedule: a pass, one unit of work,
+    progresses at ``1 / d_k`` per second while ``k`` passes run (``pass_s[stage, micro_batch][k - 1]``
+    = ``d_k``, see the module docstring)."""
+
+    def __init__(self, env: simpy.Environment, pass_s: dict[tuple[int, int], tuple[float, ...]]):
+        super().__init__(env)
+        self.pass_s = pass_s
+
+    def run(self, stage_micro_batch: tuple[int, int]) -> simpy.Event:
+        """An event that succeeds once the pass of ``(stage, micro-batch)``, started now, is done."""
+        return self._start(1.0, stage_micro_batch)
+
+    def _set_rates(self) -> None:
+        for job in self._jobs.values():
+            job[2] = 1.0 / self.pass_s[job[3]][len(self._jobs) - 1]
 
 
 def _sharing_shape(pools: tuple[CorePool, ...], ranks: tuple[int, ...]) -> tuple:
