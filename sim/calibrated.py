@@ -643,7 +643,7 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     ranks beyond the cores over all ranks beyond them; of steps a rank keeps in flight together,
     gloo's ring's, those on the critical path), of the calls whose time per step at full
     contention is :data:`CONTENTION_BOUND` times what the fitted transport terms give a message
-    (else the links hid it), per rank beyond the cores. The target's ranks on the machine are
+    (else the links hid it). The target's ranks on the machine are
     its ``copies`` replicas' (:mod:`sim.replicas`: each replica's ranks compute, and message, at
     once with the others'). For gloo's own collectives the test is
     against the wire's latencies alone: their isolated sweep on fast links ran on the same
@@ -651,16 +651,18 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     it. Measured here with 4 ranks on 2 cores over links without delay: 0.74-0.77 ms per core
     turn of a point-to-point schedule (2.0-2.4 ms per exchange step), 0.35 ms per turn of gloo's
     own allreduce, reduce and broadcast, which wait inside the library (a step of gloo's ring: a
-    round of its two segments in flight). Scaled to the target's ranks beyond its cores (the
-    calibrated machine's cores where the scenario does not say); 0 where they do not outnumber
-    them. Not fitted on a calibrated cluster whose links have a delay of at least
+    round of its two segments in flight). The same on a target with any number of ranks beyond
+    its cores (the calibrated machine's cores where the scenario does not say), not scaled by
+    them: a woken rank waits for a running one to be preempted, not for every rank beyond the
+    cores (measured in place with 3 ranks on 2 cores, t3x1_bandwidth: 1.17 and 0.31 ms per turn,
+    :data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`); 0 where they do not outnumber them. Not fitted on a calibrated cluster whose links have a delay of at least
     :data:`sim.transport.IDENTIFIABLE_DELAY_S`: each step there holds the delay, which the ranks
     sleep through, and priced at the fitted terms' overhead bounded by the ping-pongs'
     (:func:`sim.transport.message_overhead_s`) it would pass for contention (h2x2_mid, 1.1 ms:
     3.7 ms per point-to-point message, which then priced the fast clusters' TPOT +50-90%). Where
     no calibrated cluster's links let it show, the gloo/tcp default
-    (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`), else 0."""
-    from sim.transport import (GLOO_CONTENTION_PER_EXCESS_RANK_S, IDENTIFIABLE_DELAY_S, Transport, busy_ranks,
+    (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`), else 0."""
+    from sim.transport import (GLOO_CONTENTION_PER_TURN_S, IDENTIFIABLE_DELAY_S, Transport, busy_ranks,
                                context_topology, of_replicas, step_turns, steps_in_series)
 
     family = "gloo's own collectives" if library else "point-to-point"
@@ -674,7 +676,7 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     if excess == 0:
         return 0.0, f"core contention per core turn ({family}): none ({sharing})"
     all_rows = profile.of("collective_in_place")
-    per_excess_rank, names = [], []
+    per_turn, names = [], []
     for calibrated in known:  # a pool: each cluster's calls over its own links and cores
         calibrated_excess = max(0, sum(calibrated.ranks_per_host) - calibrated.cores)
         rows = all_rows[_rows_of(profile.rows, all_rows, calibrated.name)]
@@ -704,15 +706,15 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                 bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
                                                                  in zip(shares, step_turns(schedule))]))
         if bound:
-            per_excess_rank.append(float(np.median(bound)) / calibrated_excess)
+            per_turn.append(float(np.median(bound)))
             names.append(calibrated.name)
-    if per_excess_rank:
-        floor_s = float(np.median(per_excess_rank)) * excess
+    if per_turn:
+        floor_s = float(np.median(per_turn))
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
                          f"the calls timed in place on {', '.join(names)} "
                          f"({sharing})")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
-        floor_s = GLOO_CONTENTION_PER_EXCESS_RANK_S[library] * excess
+        floor_s = GLOO_CONTENTION_PER_TURN_S[library]
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
                          f"default (the calibrated links hid it; {sharing})")
     return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "

@@ -197,7 +197,7 @@ class ClusterConfig(BaseModel):
     whose hosts share one machine (the emulated testbed: network namespaces on one virtual
     machine, ``cores: 2``). Where its CPU ranks outnumber them, they take turns on the cores
     (:mod:`sim.cores`) and their messages pay the contention that costs
-    (:data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`). Absent: each rank has cores of its own.
+    (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`). Absent: each rank has cores of its own.
     """
 
     model_config = _STRICT

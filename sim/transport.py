@@ -632,18 +632,23 @@ DEFAULTS: dict[Transport, TransportDefault] = {
 
 # gloo over TCP, where ranks outnumber the cores they share: the least a message costs when every
 # rank is busy, per core turn of its step (:func:`step_turns`: one to enter it, one per message a
-# rank sends or receives) and per rank beyond the cores, keyed by "gloo's own collective" (else
-# point-to-point) (:attr:`TransportTerms.min_message_s`). Fitted by
+# rank sends or receives), keyed by "gloo's own collective" (else point-to-point)
+# (:attr:`TransportTerms.min_message_s`). The same whatever the number of ranks beyond the cores:
+# a woken rank that finds the cores taken waits for the scheduler to preempt a running one (this
+# VM's slow calls end on the kernel's 4 ms timer tick, validation/layouts-report/progress.md,
+# session 18), not for each rank beyond the cores to take a turn in front of it. Measured in place:
+# 3 ranks on 2 cores (t3x1_bandwidth, one beyond) 1.17 ms per turn point-to-point and 0.31 ms for
+# gloo's own, against 0.74-0.77 and 0.34-0.51 ms with 4 (two beyond), where a floor per rank
+# beyond the cores predicts half (validation/layouts-report/progress.md, session 19). Fitted by
 # :func:`sim.calibrated.contention_floor` on the shipped profiles whose links are fast enough for
 # it to show (v2x2_bandwidth, v4x1_bandwidth as first measured: 4 ranks on 2 cores), their mean.
-# Point-to-point: 0.77 and 0.74 ms per turn in place (0.383 and 0.369 ms per rank beyond the
-# cores; an exchange step of 3 turns 2.0-2.4 ms, a two-level tree's gather and broadcast steps of
-# 2 turns 1.3-1.5 ms); gloo's own allreduce, reduce and broadcast, which wait inside one library
-# call instead of returning to Python between messages: 0.35 ms per turn at full contention (0.175
-# ms per rank beyond the cores), where a step of gloo's ring is a round of its two segments in
-# flight (:mod:`sim.collectives.gloo`), 3 turns. The default of a calibration whose links hid it,
-# and of the uncalibrated model (:class:`DefaultTransportNetwork`).
-GLOO_CONTENTION_PER_EXCESS_RANK_S = {False: 0.376e-3, True: 0.175e-3}
+# Point-to-point: 0.77 and 0.74 ms per turn in place (an exchange step of 3 turns 2.0-2.4 ms, a
+# two-level tree's gather and broadcast steps of 2 turns 1.3-1.5 ms); gloo's own allreduce, reduce
+# and broadcast, which wait inside one library call instead of returning to Python between
+# messages: 0.35 ms per turn at full contention, where a step of gloo's ring is a round of its two
+# segments in flight (:mod:`sim.collectives.gloo`), 3 turns. The default of a calibration whose
+# links hid it, and of the uncalibrated model (:class:`DefaultTransportNetwork`).
+GLOO_CONTENTION_PER_TURN_S = {False: 0.752e-3, True: 0.35e-3}
 GLOO_CONTENTION_SOURCE = ("the gloo/tcp default, fitted in place on v2x2_bandwidth and v4x1_bandwidth "
                           "(4 ranks on 2 cores)")
 
@@ -700,8 +705,8 @@ class DefaultTransportNetwork:
     messages pay what calibrated transfer charges them (:func:`sim.calibrated.calibrated_network`):
     a message's software overhead stretches by its step's busy ranks over the cores
     (:meth:`_TransportLinks.stretch`), and no message costs less than the gloo/tcp contention
-    floor, :data:`GLOO_CONTENTION_PER_EXCESS_RANK_S` per rank beyond the cores, scaled by its
-    step's core turns and busy ranks beyond them (:meth:`_TransportLinks.floor_s`).
+    floor, :data:`GLOO_CONTENTION_PER_TURN_S`, scaled by its step's core turns and busy ranks
+    beyond the cores (:meth:`_TransportLinks.floor_s`).
 
     Args:
         topology: the scenario's cluster.
@@ -745,11 +750,11 @@ class DefaultTransportNetwork:
 
     def contention_floor_s(self, algorithm: str) -> float:
         """The least a gloo message of ``algorithm`` costs per core turn of its step with every
-        rank busy (s): the gloo/tcp default per rank beyond the cores
-        (:data:`GLOO_CONTENTION_PER_EXCESS_RANK_S`); 0 where the ranks have cores enough."""
+        rank busy (s): the gloo/tcp default (:data:`GLOO_CONTENTION_PER_TURN_S`), whatever the
+        ranks beyond the cores; 0 where the ranks have cores enough."""
         if not self.contended:
             return 0.0
-        return GLOO_CONTENTION_PER_EXCESS_RANK_S[algorithm == LIBRARY] * (self.ranks - self.cores)
+        return GLOO_CONTENTION_PER_TURN_S[algorithm == LIBRARY]
 
     def contention_lines(self) -> tuple[str, ...]:
         """What the contention terms are and whence, one line each; none without contention."""

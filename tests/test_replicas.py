@@ -190,12 +190,12 @@ def _decode_allreduces_s(result) -> pd.Series:
 
 
 def test_a_replicas_messages_contend_with_every_replica_on_the_machines_cores():
-    from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S
+    from sim.transport import GLOO_CONTENTION_PER_TURN_S
 
     # two TP-2 replicas on 2 cores: each allreduce step keeps both replicas' 2 ranks busy at once,
     # 2 beyond the cores, for a core turn to enter it and one per message
     shared = _decode_allreduces_s(_tp2_replicas(2, 2))
-    floor_s = 2 * 2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False]
+    floor_s = 2 * GLOO_CONTENTION_PER_TURN_S[False]
     assert shared.min() >= floor_s
     # one replica's 2 ranks on the 2 cores, or two replicas on 4: no contention floor
     assert _decode_allreduces_s(_tp2_replicas(1, 2)).max() < floor_s

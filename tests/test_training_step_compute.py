@@ -11,7 +11,7 @@ import pytest
 from models.catalog import get_model
 from models.ops import OpKind
 from models.spec import ModelSpec
-from sim.transport import GLOO_CONTENTION_PER_EXCESS_RANK_S
+from sim.transport import GLOO_CONTENTION_PER_TURN_S
 from sim.context import Verdict, compare, context_rows, profile_context, recorded_model, scenario_context
 from sim.profile import MeasurementKind, Profile, profile_frame
 from sim.topology import build_topology
@@ -86,7 +86,7 @@ def test_a_small_buckets_messages_pay_the_contention_floor_while_the_backward_co
     variants = [{"name": "overlap", "training": {"bucket_cap_mb": 1}},
                 {"name": "after", "training": {"bucket_cap_mb": 1, "overlap": False}}]
     result = _run(variants, 2)
-    floor_s = 2 * GLOO_CONTENTION_PER_EXCESS_RANK_S[False]
+    floor_s = GLOO_CONTENTION_PER_TURN_S[False]
     for name in ("overlap", "after"):
         ops = result.variant(name).trace.ops
         ops = ops[ops["rank"] == 0]
