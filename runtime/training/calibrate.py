@@ -54,8 +54,10 @@ each distinct micro-batch size and precision of the scenario's variants:
 Ops and passes run in each variant's precision as the trainer runs them: under ``amp_bf16``
 autocast over the fp32 weights; under ``bf16_mixed`` no autocast, the kernels reading bf16
 copies of the fp32 weights and a weight's gradient cast to fp32 as it flows into the parameter
-(:func:`runtime.training.precision.computing_in`, Megatron-LM's scheme). Statistics are over every
-rank's repeats (:func:`runtime.comm_timing.stats`). The profile also gets the context rows of
+(:func:`runtime.training.precision.computing_in`, Megatron-LM's scheme). Every timed row records
+the precision it ran in (the profile's ``precision`` column), so a scenario whose variants train
+in both keeps their bf16 timings in rows apart and the simulator prices each variant from its own
+(:meth:`sim.profile.Profile.of_precision`). Statistics are over every rank's repeats (:func:`runtime.comm_timing.stats`). The profile also gets the context rows of
 every rank of the layout and of the model it trained (:mod:`sim.context`), which the simulator
 sets the whole passes against (:func:`sim.training.step_compute.calibrated_model`).
 """
@@ -99,7 +101,7 @@ OPTIMIZER_SIZES = (1 << 16, 1 << 20)
 """Parameter counts each optimizer is timed at, besides the model's own."""
 
 _KEYS = ("measurement", "device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens",
-         "size_bytes", "dtype", "flops", "traffic_bytes", "unit", "method")
+         "size_bytes", "dtype", "precision", "flops", "traffic_bytes", "unit", "method")
 
 
 def _at_once(tensor: int) -> str:
@@ -190,9 +192,9 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
     """This rank's forward and backward timings on ``model`` (:func:`timed_model`), one row per
     op kind, pass (forward, input gradient, weight gradient) and distinct (micro batch,
     precision) of ``setups``, ``times`` holding its ``repeats`` timings (s). Each precision's ops
-    run as the trainer runs them (:func:`op_cases`); ``amp_bf16`` and ``bf16_mixed`` both compute
-    in bf16, and the simulator prices an op by its compute dtype, so where both are a scenario's
-    their timings pool in one row."""
+    run as the trainer runs them (:func:`op_cases`), its rows recording it (``precision``):
+    ``amp_bf16`` and ``bf16_mixed`` both compute in bf16, their kernels apart (autocast casts the
+    fp32 weights in every op; the bf16 copies are read as they are)."""
     synchronize = device_of(device).synchronize
     sequence = scenario.config.workload.sequence_length
     tensor = setups[0].tensor
@@ -215,7 +217,8 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
                         continue
                     rows.append({"measurement": measurement, "device_class": device_class, "op": kind.value,
                                  "group_size": tensor, "batch_size": micro, "new_tokens": sequence,
-                                 "context_tokens": sequence, "dtype": spec.dtype, "flops": cost.flops,
+                                 "context_tokens": sequence, "dtype": spec.dtype, "precision": precision.value,
+                                 "flops": cost.flops,
                                  "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
                                  "method": ("the op's forward with autograd recording"
                                             if measurement == MeasurementKind.COMPUTE
@@ -260,7 +263,8 @@ def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repea
         for kind, timed in times.items():
             rows.append({"measurement": MeasurementKind.TRAINING_PASS, "device_class": device_class, "op": kind.value,
                          "group_size": tensor, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
-                         "dtype": spec.dtype, "flops": costs[kind][0], "traffic_bytes": costs[kind][1], "unit": "s",
+                         "dtype": spec.dtype, "precision": precision.value, "flops": costs[kind][0],
+                         "traffic_bytes": costs[kind][1], "unit": "s",
                          "method": "the training model's whole pass (forward to the loss, or loss.backward()) without "
                                    f"DDP, {_at_once(tensor)}", "times": timed})
     model.zero_grad(set_to_none=True)
@@ -302,6 +306,7 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, shapes: li
             what = "the model's parameter tensors" if count == parameters else "one tensor of fp32 parameters"
             rows.append({"measurement": MeasurementKind.OPTIMIZER_STEP, "device_class": device_class,
                          "op": settings.optimizer.value, "group_size": 1, "size_bytes": 4 * count, "dtype": "fp32",
+                         "precision": settings.precision.value,
                          "flops": cost.flops, "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
                          "method": f"{settings.optimizer.value} step over {what}, size_bytes in all "
                                    f"({settings.precision.value} variants), {_at_once(tensor)}",
