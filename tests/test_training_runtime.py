@@ -467,6 +467,9 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     assert own.sum() == 3
     assert steps[own]["method"].str.contains("the model's parameter tensors").all()
     assert steps[~own]["method"].str.contains("one tensor").all()
+    # bf16_mixed's step writes its bf16 copies after the masters, as the trainer's does
+    refreshed = steps["method"].str.contains("then the bf16 copies refreshed")
+    assert (refreshed == (steps["precision"] == "bf16_mixed")).all()
     sweep = rows[rows["measurement"] == MeasurementKind.COLLECTIVE]
     assert set(sweep["op"]) == {"allreduce"} and set(sweep["algorithm"]) == {"ring"}  # the buckets' algorithm
     assert (sweep["group_size"] == 2).all() and sweep["size_bytes"].min() == 1024 and (sweep["median"] > 0).all()

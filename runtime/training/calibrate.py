@@ -72,6 +72,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from models.accounting import head_op_costs, layer_op_costs
 from models.shards import tensor_shards
@@ -83,7 +84,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
 from runtime.device import device_of
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
-from runtime.training.precision import compute_weight, computing_in, stream_dtype
+from runtime.training.precision import bf16_copies, compute_weight, computing_in, refresh, stream_dtype
 from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
 from sim.collectives.registry import LIBRARY
@@ -285,7 +286,12 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, shapes: li
     :data:`runtime.memory_probe.FAST_MMAP_THRESHOLD_BYTES` or more afresh (page faults on each
     step) while it reuses smaller ones. Measured (one process, tiny GPT-2's 4.27M parameters in
     52 tensors of at most 4 MiB, AdamW): the model's tensors 56-69 ms a step, one flat tensor
-    of the same count 110-119 ms."""
+    of the same count 110-119 ms.
+
+    Under ``bf16_mixed`` each timed step also copies the fp32 masters into their bf16 copies
+    (:meth:`runtime.training.precision.Bf16Copies.refresh`), as the trainer's optimizer phase
+    does after every step and as :func:`models.training.optimizer_step_cost` counts the copy's
+    bytes written."""
     synchronize = device_of(device).synchronize
     tensor = setups[0].tensor
     parameters = sum(shape.numel() for shape in shapes)
@@ -295,12 +301,16 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, shapes: li
         for count in sorted({*OPTIMIZER_SIZES, parameters}):
             heartbeat(f"{settings.optimizer} step over {count} parameters")
             generator = torch.Generator().manual_seed(0)
-            weights = []
-            for shape in (shapes if count == parameters else [torch.Size([count])]):
-                weight = torch.zeros(shape, device=device, requires_grad=True)
-                weight.grad = torch.randn(shape, generator=generator).to(device)
-                weights.append(weight)
-            optimizer = make_optimizer(weights, settings)
+            weights = nn.ParameterList(nn.Parameter(torch.zeros(shape, device=device))
+                                       for shape in (shapes if count == parameters else [torch.Size([count])]))
+            for weight in weights:
+                weight.grad = torch.randn(weight.shape, generator=generator).to(device)
+            optimizer = make_optimizer(list(weights), settings)
+            copies = bf16_copies(weights, settings.precision)  # bf16_mixed's, which each step refreshes
+
+            def step():
+                optimizer.step()
+                refresh(copies)
             cost = optimizer_step_cost(count, optimizer=settings.optimizer, precision=settings.precision,
                                        gradient_dtype="fp32")
             what = "the model's parameter tensors" if count == parameters else "one tensor of fp32 parameters"
@@ -309,8 +319,10 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, shapes: li
                          "precision": settings.precision.value,
                          "flops": cost.flops, "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
                          "method": f"{settings.optimizer.value} step over {what}, size_bytes in all "
-                                   f"({settings.precision.value} variants), {_at_once(tensor)}",
-                         "times": _timed(optimizer.step, repeats, synchronize)})
+                                   f"({settings.precision.value} variants"
+                                   + (", then the bf16 copies refreshed" if copies is not None else "")
+                                   + f"), {_at_once(tensor)}",
+                         "times": _timed(step, repeats, synchronize)})
     return rows
 
 
