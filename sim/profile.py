@@ -61,7 +61,7 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
 (:class:`models.training.Precision`: ``amp_bf16`` autocast over the fp32 weights, ``bf16_mixed``
 kernels reading bf16 copies of them, ``fp32``), so that two precisions of one compute dtype are
 rows apart and each variant is priced from its own (:meth:`Profile.of_precision`); empty on every
-other row. Optional: a profile written before session 19 has no such column, and its rows price
+other row. Optional: a profile written before the column was added has none, and its rows price
 every precision of their dtype.
 ``median``, ``p10``, ``p90``, ``mean``: over ``repeats`` repetitions; ``method``: how it was measured.
 The simulator charges, of what a run repeats in every step, the statistic
@@ -204,7 +204,7 @@ def load_profile(path: str | Path) -> Profile:
         raise ConfigError("profile", f"unknown measurement {sorted(unknown)[0]!r}; "
                                      f"known: {', '.join(MeasurementKind)}")
     for column in OPTIONAL_COLUMNS - set(rows.columns):
-        rows.insert(PROFILE_COLUMNS.index(column), column, np.nan)
+        rows.insert(min(PROFILE_COLUMNS.index(column), len(rows.columns)), column, np.nan)
     unknown = set(rows["precision"].dropna()) - set(Precision)
     if unknown:
         raise ConfigError("profile", f"unknown precision {sorted(map(str, unknown))[0]!r}; "
