@@ -56,6 +56,13 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     under (the shares of the machine's CPU time stolen and taken by other processes), one row
     per term with its value as JSON in ``method`` (:mod:`sim.context`). A profile without them is
     taken to be of the scenario it is simulated with; one without the load row, of unknown load.
+``precision``: of a training calibration's ``compute``, ``backward_*``, ``training_pass`` and
+``optimizer_step`` rows, the training precision the op ran in as the trainer runs it
+(:class:`models.training.Precision`: ``amp_bf16`` autocast over the fp32 weights, ``bf16_mixed``
+kernels reading bf16 copies of them, ``fp32``), so that two precisions of one compute dtype are
+rows apart and each variant is priced from its own (:meth:`Profile.of_precision`); empty on every
+other row. Optional: a profile written before the column was added has none, and its rows price
+every precision of their dtype.
 ``median``, ``p10``, ``p90``, ``mean``: over ``repeats`` repetitions; ``method``: how it was measured.
 The simulator charges, of what a run repeats in every step, the statistic
 :data:`sim.calibrated.CHARGED` names: the *mean* of ``compute`` and ``op_gap`` rows, pooled
@@ -76,6 +83,7 @@ import pandas as pd
 
 from models.errors import ConfigError, shorten
 from models.input_files import read_text
+from models.training import Precision, compute_dtype
 from sim.vocabulary import MeasurementKind
 
 # The profile statistic charged, per kind of measurement a run repeats in every step: compute ops
@@ -105,9 +113,11 @@ PROFILE_VERSION = 4  # 4: in-place collectives and waits per plan op, statistics
 
 PROFILE_COLUMNS = [
     "version", "measurement", "device_class", "call", "op", "algorithm", "group_size", "num_hosts", "batch_size",
-    "new_tokens", "context_tokens", "size_bytes", "dtype", "flops", "traffic_bytes",
+    "new_tokens", "context_tokens", "size_bytes", "dtype", "precision", "flops", "traffic_bytes",
     "median", "p10", "p90", "mean", "unit", "repeats", "method",
 ]
+OPTIONAL_COLUMNS = frozenset({"precision"})
+"""Columns a profile of :data:`PROFILE_VERSION` written before they were added lacks (read as empty)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,33 @@ class Profile:
     def of(self, measurement: MeasurementKind) -> pd.DataFrame:
         """The rows of one kind of measurement."""
         return self.rows[self.rows["measurement"] == measurement]
+
+    def precisions(self) -> tuple[Precision, ...]:
+        """The training precisions the profile's rows were timed in (``precision`` column), in
+        :class:`models.training.Precision`'s order; empty for a profile that records none."""
+        if "precision" not in self.rows.columns:
+            return ()
+        recorded = set(self.rows["precision"].dropna())
+        return tuple(p for p in Precision if p.value in recorded)
+
+    def of_precision(self, precision: Precision) -> tuple[Profile, Precision | None]:
+        """The profile a variant trained in ``precision`` is priced from, and the precision whose
+        rows it holds: the rows timed in ``precision`` where the profile has them; else in the first
+        recorded precision (:meth:`precisions`) of the same compute dtype
+        (:func:`models.training.compute_dtype`: ``amp_bf16`` and ``bf16_mixed`` both compute in
+        bf16, their kernels apart: autocast casts the fp32 weights in every op, bf16 copies are
+        read as they are), which the caller must say; else (None) the profile as it is (no row
+        of the variant's compute dtype to misprice it: the roofline prices those ops). Rows that
+        record no precision (every row but a training calibration's timed ops) stay in all."""
+        recorded = self.precisions()
+        if precision in recorded:
+            chosen = precision
+        else:
+            chosen = next((p for p in recorded if compute_dtype(p) == compute_dtype(precision)), None)
+            if chosen is None:
+                return self, None
+        column = self.rows["precision"]
+        return Profile(self.rows[column.isna() | (column == chosen.value)]), chosen
 
 
 def profile_frame(rows: list[dict]) -> pd.DataFrame:
@@ -152,7 +189,7 @@ def load_profile(path: str | Path) -> Profile:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as error:
         raise ConfigError("profile", f"not a CSV profile: {shorten(str(error).splitlines()[0], quote=False)} "
                                      f"(got '{path}')") from None
-    missing = [c for c in PROFILE_COLUMNS if c not in rows.columns]
+    missing = [c for c in PROFILE_COLUMNS if c not in rows.columns and c not in OPTIONAL_COLUMNS]
     if missing:
         raise ConfigError("profile", f"missing columns {', '.join(missing)} (got '{path}')")
     try:
@@ -166,6 +203,12 @@ def load_profile(path: str | Path) -> Profile:
     if unknown:
         raise ConfigError("profile", f"unknown measurement {sorted(unknown)[0]!r}; "
                                      f"known: {', '.join(MeasurementKind)}")
+    for column in OPTIONAL_COLUMNS - set(rows.columns):
+        rows.insert(min(PROFILE_COLUMNS.index(column), len(rows.columns)), column, np.nan)
+    unknown = set(rows["precision"].dropna()) - set(Precision)
+    if unknown:
+        raise ConfigError("profile", f"unknown precision {sorted(map(str, unknown))[0]!r}; "
+                                     f"known: {', '.join(Precision)} (got '{path}')")
     from sim.context import profile_contexts
 
     try:

@@ -4,7 +4,9 @@ priced from the profile's rows, what it lacks modelled and said so, from the lib
 import pandas as pd
 import pytest
 
-from sim.profile import MeasurementKind, Profile, profile_frame
+from models.errors import ConfigError
+from models.training import compute_dtype
+from sim.profile import MeasurementKind, Profile, load_profile, profile_frame
 from sim.program import Gradient
 from sim.training.lower import StepShape, lower_step
 from sim.training.simulate import simulate_training
@@ -17,12 +19,15 @@ _ROWS = {None: MeasurementKind.COMPUTE, Gradient.INPUT: MeasurementKind.BACKWARD
          Gradient.WEIGHT: MeasurementKind.BACKWARD_WEIGHT}
 
 
-def _profile(scenario, seconds: float, training_rows: bool = True) -> Profile:
-    """A profile timing every compute op of ``scenario``'s first variant's step at ``seconds``,
-    at the op's own FLOPs and bytes (so no interpolation is needed)."""
-    settings = scenario.training_settings(scenario.config.variants[0])
+def _profile(scenario, seconds: float, training_rows: bool = True, variant: int = 0,
+             precision: bool = False) -> Profile:
+    """A profile timing every compute op of ``scenario``'s variant ``variant``'s step at ``seconds``,
+    at the op's own FLOPs and bytes (so no interpolation is needed); ``precision``: the rows record
+    the variant's precision, as a training calibration writes them."""
+    settings = scenario.training_settings(scenario.config.variants[variant])
     workload = scenario.config.workload
-    shape = StepShape(scenario.model.with_dtype("fp32"), settings, workload.micro_batch_size,
+    dtype = compute_dtype(settings.precision)
+    shape = StepShape(scenario.model.with_dtype(dtype), settings, workload.micro_batch_size,
                       workload.sequence_length, 1, ((0,), (1,)))
     rows = {}
     for part in lower_step(shape, sync_gradients=True, average_parameters=False).segments:
@@ -37,7 +42,8 @@ def _profile(scenario, seconds: float, training_rows: bool = True) -> Profile:
                 "measurement": measurement, "device_class": "cpu", "op": settings.optimizer.value if optimizer
                 else op.kind.value, "group_size": 1, "batch_size": workload.micro_batch_size,
                 "new_tokens": workload.sequence_length, "context_tokens": workload.sequence_length,
-                "dtype": "fp32", "flops": op.cost.flops, "traffic_bytes": op.traffic_bytes,
+                "dtype": "fp32" if optimizer else dtype, "flops": op.cost.flops, "traffic_bytes": op.traffic_bytes,
+                "precision": settings.precision.value if precision else None,
                 "median": seconds, "p10": seconds, "p90": seconds, "mean": seconds, "unit": "s", "repeats": 3,
                 "method": "test"}
     return Profile(profile_frame(list(rows.values())))
@@ -95,3 +101,76 @@ def test_a_tensor_parallel_step_from_a_data_parallel_profile_says_its_shard_is_s
     assert any(line.startswith("tensor-parallel allreduce library over 2 ranks on 1 hosts") and
                line.endswith("no collective rows, the network model") for line in result.sources)
     assert "mlp_up (prefill) on cpu: outside the calibrated shapes" in result.extrapolated  # the shard is smaller
+
+
+def _bf16_scenario(*extra):
+    """Variants training in both bf16 precisions (and ``extra`` ones): amp_bf16 first, bf16_mixed second."""
+    return _scenario([{"name": "amp", "training": {"precision": "amp_bf16"}},
+                      {"name": "mixed", "training": {"precision": "bf16_mixed"}}, *extra], hosts=2,
+                     training={"optimizer": "adamw"})
+
+
+def _joined(*profiles: Profile) -> Profile:
+    return Profile(profile_frame([row for p in profiles for row in p.rows.to_dict("records")]))
+
+
+def test_a_profile_timing_amp_bf16_and_bf16_mixed_keeps_them_apart_and_prices_each_variant_from_its_own():
+    scenario = _bf16_scenario()
+    amp, mixed = _profile(scenario, 1e-4, variant=0, precision=True), _profile(scenario, 3e-4, variant=1, precision=True)
+    both = _joined(amp, mixed)
+    assert both.precisions() == ("bf16_mixed", "amp_bf16")
+    result = simulate_training(scenario, both)
+    # autocast's ops took a third of the bf16 copies' in the profile, and so they do in the step
+    assert result.variant("mixed").metrics[Metric.FORWARD_TIME] == pytest.approx(
+        3 * result.variant("amp").metrics[Metric.FORWARD_TIME], rel=1e-9)
+    # each variant as a profile of its own precision alone prices it: the other's rows are not in it
+    for name, own in (("amp", amp), ("mixed", mixed)):
+        alone = simulate_training(scenario, own).variant(name).metrics
+        for metric in (Metric.FORWARD_TIME, Metric.BACKWARD_TIME, Metric.OPTIMIZER_TIME):
+            assert result.variant(name).metrics[metric] == pytest.approx(alone[metric], rel=1e-9), (name, metric)
+    assert not any("the profile times no" in line or "records no precision" in line for line in result.sources)
+    # the rows pooled as one precision (what a profile that records none does) price both alike
+    pooled = simulate_training(scenario, Profile(both.rows.drop(columns="precision")))
+    assert pooled.variant("mixed").metrics[Metric.FORWARD_TIME] == pytest.approx(
+        pooled.variant("amp").metrics[Metric.FORWARD_TIME], rel=1e-9)
+
+
+def test_a_precision_the_profile_did_not_time_is_priced_from_the_other_bf16_rows_and_hetsim_simulate_says_so(
+        tmp_path, capsys):
+    import yaml
+
+    scenario = _bf16_scenario({"name": "fp32", "training": {"precision": "fp32"}})
+    amp = _profile(scenario, 1e-4, variant=0, precision=True)
+    result = simulate_training(scenario, amp)
+    assert result.variant("mixed").metrics[Metric.FORWARD_TIME] == pytest.approx(
+        result.variant("amp").metrics[Metric.FORWARD_TIME], rel=1e-9)
+    fallback = ("bf16_mixed variants (bf16 copies of fp32 weights): the profile times no bf16_mixed ops; priced from "
+                "its amp_bf16 rows (autocast over fp32 weights), the same compute dtype bf16")
+    roofline = ("fp32 variants (fp32 weights): the profile times no fp32 training ops (it times amp_bf16): the "
+                "roofline prices their forward and backward ops")
+    assert fallback in result.sources and roofline in result.sources
+    assert result.variant("fp32").metrics[Metric.FORWARD_TIME] == pytest.approx(
+        simulate_training(scenario).variant("fp32").metrics[Metric.FORWARD_TIME], rel=1e-9)
+    path, profile = tmp_path / "train.yaml", tmp_path / "profile.csv"
+    path.write_text(yaml.safe_dump(scenario.config.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    profile.write_text(amp.rows.to_csv(index=False))
+    code, out, _ = run_cli(main, ["simulate", str(path), "--profile", str(profile), "--out", str(tmp_path / "out")],
+                           capsys)
+    assert code == 0 and fallback in " ".join(out.split())
+
+
+def test_a_profile_written_before_rows_recorded_their_precision_loads_and_says_it_prices_both_alike(tmp_path):
+    scenario = _bf16_scenario()
+    path = tmp_path / "old.csv"
+    path.write_text(_profile(scenario, 1e-4).rows.drop(columns="precision").to_csv(index=False))
+    old = load_profile(path)
+    assert old.rows["precision"].isna().all() and old.precisions() == ()
+    result = simulate_training(scenario, old)
+    assert ("amp_bf16 and bf16_mixed variants: the profile records no precision (written before profiles did); its "
+            "bf16 rows price them alike") in result.sources
+    frame = _profile(scenario, 1e-4, precision=True).rows
+    frame["precision"] = "fp8"
+    frame.to_csv(path, index=False)
+    with pytest.raises(ConfigError, match="unknown precision 'fp8'; known: fp32, bf16_mixed, amp_bf16") as caught:
+        load_profile(path)
+    assert caught.value.field == "profile"

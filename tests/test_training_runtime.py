@@ -433,6 +433,7 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "sgd"}, [
         {"name": "fp32"},
         {"name": "adamw_bf16", "training": {"optimizer": "adamw", "precision": "bf16_mixed"}},
+        {"name": "amp", "training": {"precision": "amp_bf16"}},
     ])
     profile = calibrate_training(scenario, repeats=1, max_call_s=0.05)
     path = tmp_path / "profile.csv"
@@ -449,19 +450,26 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     for measurement, expected in [(MeasurementKind.COMPUTE, kinds),
                                   (MeasurementKind.BACKWARD_INPUT, kinds - {"embedding"}),
                                   (MeasurementKind.BACKWARD_WEIGHT, kinds - {"attention"})]:
-        for dtype in ("fp32", "bf16"):
-            of = timed[(timed["measurement"] == measurement) & (timed["dtype"] == dtype)]
-            assert set(of["op"]) == expected, (measurement, dtype)
+        # each precision's rows apart: autocast's and the bf16 copies' bf16 timings do not pool
+        for precision, dtype in (("fp32", "fp32"), ("bf16_mixed", "bf16"), ("amp_bf16", "bf16")):
+            of = timed[(timed["measurement"] == measurement) & (timed["precision"] == precision)]
+            assert set(of["op"]) == expected and set(of["dtype"]) == {dtype}, (measurement, precision)
+            assert len(of) == len(expected)
     passes = timed[timed["measurement"] == MeasurementKind.TRAINING_PASS]  # whole passes, without DDP
-    assert sorted(zip(passes["op"], passes["dtype"])) == [("backward", "bf16"), ("backward", "fp32"),
-                                                          ("forward", "bf16"), ("forward", "fp32")]
+    assert sorted(zip(passes["op"], passes["precision"])) == [
+        (kind, precision) for kind in ("backward", "forward") for precision in ("amp_bf16", "bf16_mixed", "fp32")]
     steps = timed[timed["measurement"] == MeasurementKind.OPTIMIZER_STEP]
-    assert set(steps["op"]) == {"sgd", "adamw"} and len(steps) == 6  # 2^16, 2^20 and the model's parameters
+    # 2^16, 2^20 and the model's parameters per (optimizer, precision) of the variants
+    assert sorted(set(zip(steps["op"], steps["precision"]))) == [("adamw", "bf16_mixed"), ("sgd", "amp_bf16"),
+                                                                 ("sgd", "fp32")] and len(steps) == 9
     # the model's count is timed over the model's own tensors, as its step loops over them
     own = ~steps["size_bytes"].isin([4 << 16, 4 << 20])
-    assert own.sum() == 2
+    assert own.sum() == 3
     assert steps[own]["method"].str.contains("the model's parameter tensors").all()
     assert steps[~own]["method"].str.contains("one tensor").all()
+    # bf16_mixed's step writes its bf16 copies after the masters, as the trainer's does
+    refreshed = steps["method"].str.contains("then the bf16 copies refreshed")
+    assert (refreshed == (steps["precision"] == "bf16_mixed")).all()
     sweep = rows[rows["measurement"] == MeasurementKind.COLLECTIVE]
     assert set(sweep["op"]) == {"allreduce"} and set(sweep["algorithm"]) == {"ring"}  # the buckets' algorithm
     assert (sweep["group_size"] == 2).all() and sweep["size_bytes"].min() == 1024 and (sweep["median"] > 0).all()
@@ -471,6 +479,10 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     assert [(t.term, t.verdict.value) for t in simulated.network.terms if t.term.startswith("model")] == [
         (f"model {scenario.model.name}", "same")]
     assert any("in-step backward pass on cpu bf16" in line and "timed on" not in line for line in simulated.sources)
+    for precision in ("amp_bf16", "bf16_mixed"):  # each bf16 variant's passes from its own rows
+        assert any(line.startswith("in-step backward pass on cpu bf16") and line.endswith(f"({precision} rows)")
+                   for line in simulated.sources), precision
+    assert not any("the profile times no" in line for line in simulated.sources)
 
 
 def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(tmp_path, capsys):

@@ -386,7 +386,9 @@ def add_context(profile_path: Path, scenario: Scenario, *, cores: int | None, ba
                       if line.split(",")[1:2] != [MeasurementKind.CONTEXT]]
     kinds = [line.split(",")[1] for line in lines]
     at = sum(kind <= MeasurementKind.CONTEXT for kind in kinds)
-    added = profile_frame(context_rows(context)).to_csv(index=False, header=False, lineterminator="\n").splitlines()
+    # In the file's own columns: one written before an optional column (sim.profile.OPTIONAL_COLUMNS) lacks it.
+    added = profile_frame(context_rows(context))[header.split(",")].to_csv(
+        index=False, header=False, lineterminator="\n").splitlines()
     write_atomic(profile_path, "\n".join([header, *lines[:at], *added, *lines[at:]]) + "\n")
 
 

@@ -54,8 +54,10 @@ each distinct micro-batch size and precision of the scenario's variants:
 Ops and passes run in each variant's precision as the trainer runs them: under ``amp_bf16``
 autocast over the fp32 weights; under ``bf16_mixed`` no autocast, the kernels reading bf16
 copies of the fp32 weights and a weight's gradient cast to fp32 as it flows into the parameter
-(:func:`runtime.training.precision.computing_in`, Megatron-LM's scheme). Statistics are over every
-rank's repeats (:func:`runtime.comm_timing.stats`). The profile also gets the context rows of
+(:func:`runtime.training.precision.computing_in`, Megatron-LM's scheme). Every timed row records
+the precision it ran in (the profile's ``precision`` column), so a scenario whose variants train
+in both keeps their bf16 timings in rows apart and the simulator prices each variant from its own
+(:meth:`sim.profile.Profile.of_precision`). Statistics are over every rank's repeats (:func:`runtime.comm_timing.stats`). The profile also gets the context rows of
 every rank of the layout and of the model it trained (:mod:`sim.context`), which the simulator
 sets the whole passes against (:func:`sim.training.step_compute.calibrated_model`).
 """
@@ -70,6 +72,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from models.accounting import head_op_costs, layer_op_costs
 from models.shards import tensor_shards
@@ -81,7 +84,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
 from runtime.device import device_of
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
-from runtime.training.precision import compute_weight, computing_in, stream_dtype
+from runtime.training.precision import bf16_copies, compute_weight, computing_in, refresh, stream_dtype
 from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
 from sim.collectives.registry import LIBRARY
@@ -99,7 +102,7 @@ OPTIMIZER_SIZES = (1 << 16, 1 << 20)
 """Parameter counts each optimizer is timed at, besides the model's own."""
 
 _KEYS = ("measurement", "device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens",
-         "size_bytes", "dtype", "flops", "traffic_bytes", "unit", "method")
+         "size_bytes", "dtype", "precision", "flops", "traffic_bytes", "unit", "method")
 
 
 def _at_once(tensor: int) -> str:
@@ -190,9 +193,9 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
     """This rank's forward and backward timings on ``model`` (:func:`timed_model`), one row per
     op kind, pass (forward, input gradient, weight gradient) and distinct (micro batch,
     precision) of ``setups``, ``times`` holding its ``repeats`` timings (s). Each precision's ops
-    run as the trainer runs them (:func:`op_cases`); ``amp_bf16`` and ``bf16_mixed`` both compute
-    in bf16, and the simulator prices an op by its compute dtype, so where both are a scenario's
-    their timings pool in one row."""
+    run as the trainer runs them (:func:`op_cases`), its rows recording it (``precision``):
+    ``amp_bf16`` and ``bf16_mixed`` both compute in bf16, their kernels apart (autocast casts the
+    fp32 weights in every op; the bf16 copies are read as they are)."""
     synchronize = device_of(device).synchronize
     sequence = scenario.config.workload.sequence_length
     tensor = setups[0].tensor
@@ -215,7 +218,8 @@ def op_timings(scenario, setups: list[TrainingSetup], device_class: str, repeats
                         continue
                     rows.append({"measurement": measurement, "device_class": device_class, "op": kind.value,
                                  "group_size": tensor, "batch_size": micro, "new_tokens": sequence,
-                                 "context_tokens": sequence, "dtype": spec.dtype, "flops": cost.flops,
+                                 "context_tokens": sequence, "dtype": spec.dtype, "precision": precision.value,
+                                 "flops": cost.flops,
                                  "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
                                  "method": ("the op's forward with autograd recording"
                                             if measurement == MeasurementKind.COMPUTE
@@ -260,7 +264,8 @@ def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repea
         for kind, timed in times.items():
             rows.append({"measurement": MeasurementKind.TRAINING_PASS, "device_class": device_class, "op": kind.value,
                          "group_size": tensor, "batch_size": micro, "new_tokens": sequence, "context_tokens": sequence,
-                         "dtype": spec.dtype, "flops": costs[kind][0], "traffic_bytes": costs[kind][1], "unit": "s",
+                         "dtype": spec.dtype, "precision": precision.value, "flops": costs[kind][0],
+                         "traffic_bytes": costs[kind][1], "unit": "s",
                          "method": "the training model's whole pass (forward to the loss, or loss.backward()) without "
                                    f"DDP, {_at_once(tensor)}", "times": timed})
     model.zero_grad(set_to_none=True)
@@ -281,7 +286,12 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, shapes: li
     :data:`runtime.memory_probe.FAST_MMAP_THRESHOLD_BYTES` or more afresh (page faults on each
     step) while it reuses smaller ones. Measured (one process, tiny GPT-2's 4.27M parameters in
     52 tensors of at most 4 MiB, AdamW): the model's tensors 56-69 ms a step, one flat tensor
-    of the same count 110-119 ms."""
+    of the same count 110-119 ms.
+
+    Under ``bf16_mixed`` each timed step also copies the fp32 masters into their bf16 copies
+    (:meth:`runtime.training.precision.Bf16Copies.refresh`), as the trainer's optimizer phase
+    does after every step and as :func:`models.training.optimizer_step_cost` counts the copy's
+    bytes written."""
     synchronize = device_of(device).synchronize
     tensor = setups[0].tensor
     parameters = sum(shape.numel() for shape in shapes)
@@ -291,21 +301,28 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, shapes: li
         for count in sorted({*OPTIMIZER_SIZES, parameters}):
             heartbeat(f"{settings.optimizer} step over {count} parameters")
             generator = torch.Generator().manual_seed(0)
-            weights = []
-            for shape in (shapes if count == parameters else [torch.Size([count])]):
-                weight = torch.zeros(shape, device=device, requires_grad=True)
-                weight.grad = torch.randn(shape, generator=generator).to(device)
-                weights.append(weight)
-            optimizer = make_optimizer(weights, settings)
+            weights = nn.ParameterList(nn.Parameter(torch.zeros(shape, device=device))
+                                       for shape in (shapes if count == parameters else [torch.Size([count])]))
+            for weight in weights:
+                weight.grad = torch.randn(weight.shape, generator=generator).to(device)
+            optimizer = make_optimizer(list(weights), settings)
+            copies = bf16_copies(weights, settings.precision)  # bf16_mixed's, which each step refreshes
+
+            def step():
+                optimizer.step()
+                refresh(copies)
             cost = optimizer_step_cost(count, optimizer=settings.optimizer, precision=settings.precision,
                                        gradient_dtype="fp32")
             what = "the model's parameter tensors" if count == parameters else "one tensor of fp32 parameters"
             rows.append({"measurement": MeasurementKind.OPTIMIZER_STEP, "device_class": device_class,
                          "op": settings.optimizer.value, "group_size": 1, "size_bytes": 4 * count, "dtype": "fp32",
+                         "precision": settings.precision.value,
                          "flops": cost.flops, "traffic_bytes": cost.bytes_read + cost.bytes_written, "unit": "s",
                          "method": f"{settings.optimizer.value} step over {what}, size_bytes in all "
-                                   f"({settings.precision.value} variants), {_at_once(tensor)}",
-                         "times": _timed(optimizer.step, repeats, synchronize)})
+                                   f"({settings.precision.value} variants"
+                                   + (", then the bf16 copies refreshed" if copies is not None else "")
+                                   + f"), {_at_once(tensor)}",
+                         "times": _timed(step, repeats, synchronize)})
     return rows
 
 

@@ -23,7 +23,10 @@ is listed in ``extrapolated``. Each rank's framework memory is the profile's
 A profile's whole forward and backward passes scale their ops' per-call time by what a pass does
 to it (:mod:`sim.training.step_compute`), and where the profile's cores are fewer than the
 ranks, the ranks and their comm threads share them as the step runs
-(:mod:`sim.training.comm_thread`); ``sources`` says how.
+(:mod:`sim.training.comm_thread`); ``sources`` says how. A variant is priced from the profile's rows
+of its own training precision (``amp_bf16`` and ``bf16_mixed`` both compute in bf16, their kernels
+apart), else from another precision's of its compute dtype, which ``sources`` says
+(:meth:`sim.profile.Profile.of_precision`, :func:`precision_source`).
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ import pandas as pd
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.accounting import rank_parameter_count
-from models.training import (ActivationLayout, TrainingMemory, compute_dtype, gradient_bytes_per_parameter,
-                             training_memory)
+from models.training import (ActivationLayout, Precision, TrainingMemory, compute_dtype,
+                             gradient_bytes_per_parameter, training_memory)
 from sim.calibrated import NetworkChoice
 from sim.collectives.registry import LIBRARY, known_algorithms
 from sim.context import scenario_context
@@ -241,29 +244,38 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
     plan = ParallelPlan.of(scenario, topology)
     check_training_job_size(scenario, plan, topology)
     ranks = tuple(rank for replica in plan.replica_ranks for rank in replica)
-    pricings: dict[str, Pricing] = {}
+    # Keyed by (compute dtype, the precision whose rows price it): amp_bf16 and bf16_mixed compute
+    # in bf16 with kernels apart, each priced from its own rows (sim.profile.Profile.of_precision).
+    pricings: dict[tuple[str, Precision | None], Pricing] = {}
     shared: SharedCores | None = None
-    factors: dict[str, dict] = {}  # dtype -> (pass, micro batch) -> in-step factor (sim.training.step_compute)
+    factors: dict[tuple[str, Precision | None], dict] = {}  # -> (pass, micro batch) -> in-step factor (step_compute)
     step_terms: list[str] = []
     variants, tables = [], []
+    precisions = tuple(dict.fromkeys(scenario.training_settings(v).precision for v in config.variants))
     for index, variant in enumerate(config.variants):
         where = f"variants[{index}]"
         settings = scenario.training_settings(variant)
         dtype = compute_dtype(settings.precision)
         for rank in ranks:
             topology.devices[rank].spec.peak_flops(dtype, field=f"{where}.training.precision")
-        if dtype not in pricings:
+        rows, timed_in = (None, None) if profile is None else profile.of_precision(settings.precision)
+        key = (dtype, timed_in)
+        if key not in pricings:
             # The context is the data-parallel ranks': a training calibration runs one rank each.
-            pricings[dtype] = build_pricing(scenario, topology, ranks, profile, context_group=ranks, dtype=dtype)
+            pricings[key] = build_pricing(scenario, topology, ranks, rows, context_group=ranks, dtype=dtype)
             if profile is not None:  # its rows time one op per call (sim.training.step_compute)
-                pricings[dtype].compute.per_call_latency = True
+                pricings[key].compute.per_call_latency = True
             if profile is not None and shared is None:
-                shared = shared_cores(profile, pricings[dtype].network, scenario_context(
+                shared = shared_cores(profile, pricings[key].network, scenario_context(
                     scenario.name, topology, ranks, dtype), ranks)
-            if shared is not None and pricings[dtype].choice.same_cluster:
+            if shared is not None and pricings[key].choice.same_cluster:
                 # Replayed op times hold every rank computing at once (sim.training.comm_thread).
-                pricings[dtype].compute.scale = min(1.0, shared.pool.cores / len(ranks))
-        pricing = pricings[dtype]
+                pricings[key].compute.scale = min(1.0, shared.pool.cores / len(ranks))
+        if profile is not None:
+            line = precision_source(profile, settings.precision, timed_in, precisions)
+            if line is not None and line not in step_terms:
+                step_terms.append(line)
+        pricing = pricings[key]
         engine = pricing.engine
         if profile is not None:
             pricing.compute.optimizer = settings.optimizer.value
@@ -273,15 +285,16 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
             field = error.field if error.field.startswith("workload") else f"{where}.{error.field}"
             raise ConfigError(field, error.message) from None
         if profile is not None:
-            if dtype not in factors:
+            if key not in factors:
                 device = topology.devices[ranks[0]]
-                factors[dtype], lines = pass_factors(profile, device, dtype, scenario.model.with_dtype(dtype),
-                                                     settings, config.workload.sequence_length, pricing.compute,
-                                                     ranks[0], calibrated_tensor(profile, plan.tensor))
-                step_terms += lines or [f"in-step passes on {device.spec.name} {dtype}: not calibrated (the ops' "
-                                        "sum, x 1)"]
+                factors[key], lines = pass_factors(rows, device, dtype, scenario.model.with_dtype(dtype),
+                                                   settings, config.workload.sequence_length, pricing.compute,
+                                                   ranks[0], calibrated_tensor(rows, plan.tensor))
+                timed = "" if timed_in is None else f" ({timed_in.value} rows)"
+                step_terms += [line + timed for line in lines] or [
+                    f"in-step passes on {device.spec.name} {dtype}{timed}: not calibrated (the ops' sum, x 1)"]
             queued = backend_of(topology.devices[ranks[0]].spec) is Backend.NCCL  # CUDA: the host queues kernels
-            engine.compute = StepCompute(pricing.compute, nearest_factors(factors[dtype], micro),
+            engine.compute = StepCompute(pricing.compute, nearest_factors(factors[key], micro),
                                          recompute_pass=OpKind.BACKWARD if queued else OpKind.FORWARD)
             if shared is not None:
                 engine.compute.message_work_s = shared.message_work_s[settings.allreduce == LIBRARY]
@@ -292,7 +305,7 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
                                                    f"allreduces; known: {', '.join(known_algorithms(OpKind.ALLREDUCE))} "
                                                    f"(got {tp_algorithm!r})")
         if profile is not None and plan.tensor > 1:
-            step_terms += [line for line in tensor_parallel_sources(profile, plan, topology, tp_algorithm, micro,
+            step_terms += [line for line in tensor_parallel_sources(rows, plan, topology, tp_algorithm, micro,
                                                                      config.workload.sequence_length,
                                                                      scenario.model.with_dtype(dtype))
                            if line not in step_terms]
@@ -323,6 +336,36 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
                               calibrated_terms=tuple(sorted(calibrated)), extrapolated=tuple(sorted(extrapolated)),
                               network=next(iter(pricings.values())).choice,
                               step_terms=(*(shared.sources if shared is not None else ()), *step_terms))
+
+
+_KERNELS = {Precision.FP32: "fp32 weights", Precision.AMP_BF16: "autocast over fp32 weights",
+            Precision.BF16_MIXED: "bf16 copies of fp32 weights"}
+"""What a precision's kernels compute on, as the runtime trains it (:mod:`runtime.training.precision`)."""
+
+
+def precision_source(profile: Profile, precision: Precision, timed_in: Precision | None,
+                     precisions: tuple[Precision, ...]) -> str | None:
+    """The line saying which rows price the ``precision`` variants of a scenario whose variants
+    train in ``precisions``, where they are not their own: ``timed_in`` (what
+    :meth:`sim.profile.Profile.of_precision` chose) another precision's, none (the roofline), or a
+    profile that records no precision pricing two precisions of one compute dtype alike. None
+    where the variants are priced from their own rows, or the profile's rows, recording no
+    precision, price only this precision of their dtype."""
+    kernels = f"{precision.value} variants ({_KERNELS[precision]})"
+    recorded = profile.precisions()
+    if timed_in is precision:
+        return None
+    if timed_in is not None:
+        return (f"{kernels}: the profile times no {precision.value} ops; priced from its {timed_in.value} rows "
+                f"({_KERNELS[timed_in]}), the same compute dtype {compute_dtype(precision)}")
+    if recorded:
+        return (f"{kernels}: the profile times no {compute_dtype(precision)} training ops (it times "
+                f"{', '.join(p.value for p in recorded)}): the roofline prices their forward and backward ops")
+    alike = [p for p in precisions if compute_dtype(p) == compute_dtype(precision)]
+    if len(alike) > 1:
+        return (f"{' and '.join(p.value for p in alike)} variants: the profile records no precision (written "
+                f"before profiles did); its {compute_dtype(precision)} rows price them alike")
+    return None
 
 
 def tensor_parallel_sources(profile: Profile, plan: ParallelPlan, topology: Topology, algorithm: str, micro: int,
