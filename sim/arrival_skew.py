@@ -13,8 +13,9 @@ arrive is the latest of those lags and sets when the call starts; the group's fi
 master, whose steps TTFT and TPOT time) waits from its own arrival to it.
 
 Model: each rank ``j``'s arrival lags the fair-share arrival by ``L_j``, independent and uniform
-on ``[0, a_j]``, ``a_j = k x (1 - c / n) x B_j``, ``B_j`` the rank's block (from its previous
-collective's end to its arrival, s) and ``k`` one coefficient per machine. The master's expected
+on ``[0, a_j]``, ``a_j = k x (1 - c / n) x min(B_j, T)``, ``B_j`` the rank's block (from its
+previous collective's end to its arrival, s), ``T`` a scheduler turn (:data:`TURN_S`: a rank
+ahead of a lagging one keeps its core for a turn at most) and ``k`` one coefficient per machine. The master's expected
 wait is ``E[max_j L_j] - E[L_0]``, the expected maximum of independent uniforms (order
 statistics: H. A. David and H. N. Nagaraja, "Order Statistics", 3rd ed., Wiley 2003, section
 2.1: for ``m`` equal ranges ``a`` it is ``a m / (m + 1)``), so the term is deterministic and
@@ -36,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from models.ops import OpKind
+from sim.cores import SLICE_S, TICK_S
 from sim.network import CollectiveTiming
 from sim.profile import CHARGED
 from sim.vocabulary import MeasurementKind
@@ -45,8 +47,17 @@ UNROOTED = frozenset({str(OpKind.ALLREDUCE)})
 held back by a payload still arriving (a broadcast's leaves wait for it: section "branch
 prefillwait", the first layer's wait)."""
 
-DEFAULT_LAG_PER_BLOCK = 0.0
-"""The coefficient ``k`` where no calibration of the machine fits one (the uncalibrated model)."""
+TURN_S = SLICE_S + TICK_S / 2
+"""The longest a lagging rank waits for a core, on average (s): a rank running ahead of it keeps
+its core until the first scheduler tick after its slice (:class:`sim.cores.TakingTurns`; ticks
+fall anywhere in the slice's last tick period, so half a tick past the slice on average,
+``kernel/sched/fair.c``): a block longer than that lags no more than a turn does."""
+
+DEFAULT_LAG_PER_BLOCK = 6.57
+"""The coefficient ``k`` where no calibration of the machine fits one (the uncalibrated model, a
+calibration whose rows do not say): the median of :func:`fit_lag_per_block` on the shipped
+v2x2_bandwidth and v4x1_bandwidth profiles (7.52 and 5.62; 4 gloo ranks on 2 cores, the clusters
+the gloo/tcp contention floor's default is fitted on, :data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`)."""
 
 
 def off_core_share(ranks: int, free_cores: float) -> float:
@@ -69,6 +80,12 @@ def expected_lead_s(lag_ranges_s: Sequence[float], first: int = 0) -> float:
             (power + 1) * float(np.prod(open_ranges)))
         below = upper
     return max(0.0, expected_max - max(0.0, lag_ranges_s[first]) / 2) if ranges else 0.0
+
+
+def lagging_block_s(block_s: float) -> float:
+    """The part of a block (s) over which a rank's arrival lag ranges: the block, at most a turn
+    (:data:`TURN_S`)."""
+    return min(max(0.0, block_s), TURN_S)
 
 
 def waited(timing: CollectiveTiming, lag_s: float) -> CollectiveTiming:
@@ -107,5 +124,5 @@ def fit_lag_per_block(rows: pd.DataFrame, ranks: int, cores: float) -> float | N
         # per algorithm the least of its calls: the first layer's call also waits for the
         # embedding broadcast's leaves (section "branch prefillwait"), every block's does not
         wait_s = wait_s.groupby(level="algorithm").min()
-        ratios.extend(float(w) / (unit * block_s) for w in wait_s)
+        ratios.extend(float(w) / (unit * lagging_block_s(block_s)) for w in wait_s)
     return float(np.median(ratios)) if ratios else None

@@ -455,9 +455,7 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
         ": the ranks computing at once per calibrated phase, sim.concurrency)"
     return scale, (pool,), (f"core contention: calibrated compute x {scale:.2f} ({calibrated_ranks} ranks on "
                             f"{calibrated.cores} cores in {calibrated.name}){per_phase}, then {pool.describe()} "
-                            "sharing them as the simulation runs (processor sharing)"
-                            + (f", prefill arrival lags {lag_per_block:.2f} x the off-core share of a block "
-                               "(sim.arrival_skew)" if lag_per_block else "")), phases
+                            "sharing them as the simulation runs (processor sharing)"), phases
 
 
 def profile_context(result) -> str:

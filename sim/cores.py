@@ -161,7 +161,8 @@ class CorePool:
         background = f", {self.background_cores:g} taken by other processes" if self.background_cores else ""
         memory = "" if not self.stream_bytes_per_s else (
             ", memory " + ", ".join(f"{b / 1e9:.3g} GB/s at {k}" for k, b in self.stream_bytes_per_s) + " streams")
-        return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}"
+        lag = f", prefill arrival lags {self.lag_per_block:.2f} (sim.arrival_skew)" if self.lag_per_block else ""
+        return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}{lag}"
 
 
 class SharedProgress:

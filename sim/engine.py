@@ -68,7 +68,7 @@ import numpy as np
 import simpy
 
 from models.ops import OpKind
-from sim.arrival_skew import expected_lead_s, off_core_share, waited
+from sim.arrival_skew import expected_lead_s, lagging_block_s, off_core_share, waited
 from sim.bucket_clock import BucketClock, delayed
 from sim.collectives.schedule import CommSchedule, Transfer
 from sim.cores import CorePool, core_server
@@ -467,14 +467,15 @@ def _expected_lag_s(op: Op, before: Op, arrivals: dict[int, tuple[float, int]], 
                     lags: dict[int, float]) -> float:
     """How much later than the simulated last arrival the last rank of ``op``'s group arrives, on
     average, as its first rank sees it (s; :func:`sim.arrival_skew.expected_lead_s`): each rank's
-    lag ranges over ``lags[rank]`` (0 off a lagging pool) times its block, from when it left its
+    lag ranges over ``lags[rank]`` (0 off a lagging pool) times its block (at most a turn,
+    :func:`sim.arrival_skew.lagging_block_s`), from when it left its
     previous collective (``released``, s) to its arrival (``arrivals``: rank -> (s, op index)).
     Prefill blocks only (``before``, the op before the call, of more than one new token,
     ``Op.shape``; see :mod:`sim.arrival_skew`)."""
     if before.shape[0] <= 1:
         return 0.0
     group = [r for r in op.collective.group if r in arrivals]
-    ranges = [lags.get(r, 0.0) * max(0.0, arrivals[r][0] - released[r]) for r in group]
+    ranges = [lags.get(r, 0.0) * lagging_block_s(arrivals[r][0] - released[r]) for r in group]
     return expected_lead_s(ranges, 0) if group and group[0] == op.collective.group[0] else 0.0
 
 
