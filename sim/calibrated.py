@@ -621,13 +621,21 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
 def lag_per_block(profile: Profile, contexts) -> float:
     """The ranks' arrival lag coefficient on shared cores (:mod:`sim.arrival_skew`): the median
     of :func:`sim.arrival_skew.fit_lag_per_block` over the calibrated clusters that record their
-    cores (a pool: each cluster's rows, ranks and cores), else
-    :data:`sim.arrival_skew.DEFAULT_LAG_PER_BLOCK`."""
+    cores (a pool: each cluster's rows, ranks and cores) and whose links have a delay below
+    :data:`sim.transport.IDENTIFIABLE_DELAY_S`, else :data:`sim.arrival_skew.DEFAULT_LAG_PER_BLOCK`.
+    Over delayed links the ranks leave a call apart by the wire (a schedule's ranks finish at
+    different steps, which the pricing gives them already) and sleep through the delay, so the
+    master's wait there is not the cores' alone (as for :func:`contention_floor`)."""
     from sim.arrival_skew import DEFAULT_LAG_PER_BLOCK, fit_lag_per_block
+    from sim.transport import IDENTIFIABLE_DELAY_S, context_topology
 
     fits = []
     for context in contexts:
         if context.cores is None:
+            continue
+        topology = context_topology(context)
+        if max((topology.path_latency_s(a, b) for a in range(topology.num_ranks) for b in range(topology.num_ranks)
+                if a != b), default=0.0) >= IDENTIFIABLE_DELAY_S:
             continue
         rows = profile.rows[_rows_of(profile.rows, profile.rows, context.name)] if len(contexts) > 1 else profile.rows
         fit = fit_lag_per_block(rows, sum(context.ranks_per_host), context.cores)
