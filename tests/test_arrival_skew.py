@@ -48,7 +48,14 @@ def _layer(lag_per_block: float, phase: int):
     return engine.run_segment(segment), segment
 
 
-def test_a_prefills_calls_start_the_expected_lead_after_the_last_fair_share_arrival():
+@pytest.fixture
+def priced(monkeypatch):
+    from sim import arrival_skew
+
+    monkeypatch.setattr(arrival_skew, "PRICED", True)
+
+
+def test_a_prefills_calls_start_the_expected_lead_after_the_last_fair_share_arrival(priced):
     plain, segment = _layer(0.0, 0)
     lagged, _ = _layer(2.0, 0)
     ops = segment.programs[0]
@@ -63,10 +70,18 @@ def test_a_prefills_calls_start_the_expected_lead_after_the_last_fair_share_arri
     assert lagged.duration_s > plain.duration_s + lead_s
 
 
-def test_a_decode_step_keeps_its_fair_share_arrivals():
+def test_a_decode_step_keeps_its_fair_share_arrivals(priced):
     plain, _ = _layer(0.0, 1)
     lagged, _ = _layer(2.0, 1)
     assert lagged.duration_s == plain.duration_s
+
+
+def test_without_the_option_a_lagging_pool_changes_nothing():
+    plain, _ = _layer(0.0, 0)
+    lagged, _ = _layer(2.0, 0)
+    assert lagged.duration_s == plain.duration_s
+    for rank in plain.ends:
+        assert (lagged.ends[rank] == plain.ends[rank]).all()
 
 
 def test_the_fitted_coefficient_gives_back_the_calibrated_wait_per_call(root):
