@@ -526,13 +526,15 @@ class _Fit:
     """What :func:`calibrated_network` fits from one profile, kept because fitting takes seconds
     and an estimate tens of ms: per (kind, algorithm) the terms of its sweep (``terms``) and of its
     sweep inside one host (``inside``), per link class a pipeline hop's (``hops``), and the ranks
-    computing at once per calibrated phase (``concurrency``)."""
+    computing at once per calibrated phase (``concurrency``), and the ranks' arrival lag per block
+    on shared cores (``lag_per_block``, :mod:`sim.arrival_skew`)."""
 
     profile: Profile
     terms: dict
     hops: dict
     concurrency: dict
     inside: dict
+    lag_per_block: float
 
 
 _FITS: dict[int, _Fit] = {}  # by id(profile)
@@ -587,14 +589,14 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
                 hops.setdefault(key, value)
         # one calibrated cluster's rows say how many of its ranks computed at once (a pool: every rank)
         concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
-        cached = _FITS[id(profile)] = _Fit(profile, fitted, hops, concurrency, inside)
+        cached = _FITS[id(profile)] = _Fit(profile, fitted, hops, concurrency, inside, lag_per_block(profile, contexts))
     fitted, hops, inside = cached.terms, cached.hops, cached.inside
     gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s, hops=hops, intra_host=inside)
     concurrency = cached.concurrency if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
-                                                             concurrency)
+                                                             concurrency, cached.lag_per_block)
     if len(profile.of(MeasurementKind.COMPUTE_ISOLATED)):
         contention += ("; the forward ops the profile timed alone by shard shape (compute_isolated) at that time, "
                        "no factor: processor sharing only")
@@ -614,6 +616,32 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
                *(f"{kind} {algorithm} inside a host: {t.describe()}" for (kind, algorithm), t in sorted(inside.items())),
                *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())))
     return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales)
+
+
+def lag_per_block(profile: Profile, contexts) -> float:
+    """The ranks' arrival lag coefficient on shared cores (:mod:`sim.arrival_skew`): the median
+    of :func:`sim.arrival_skew.fit_lag_per_block` over the calibrated clusters that record their
+    cores (a pool: each cluster's rows, ranks and cores) and whose links have a delay below
+    :data:`sim.transport.IDENTIFIABLE_DELAY_S`, else :data:`sim.arrival_skew.DEFAULT_LAG_PER_BLOCK`.
+    Over delayed links the ranks leave a call apart by the wire (a schedule's ranks finish at
+    different steps, which the pricing gives them already) and sleep through the delay, so the
+    master's wait there is not the cores' alone (as for :func:`contention_floor`)."""
+    from sim.arrival_skew import DEFAULT_LAG_PER_BLOCK, fit_lag_per_block
+    from sim.transport import IDENTIFIABLE_DELAY_S, context_topology
+
+    fits = []
+    for context in contexts:
+        if context.cores is None:
+            continue
+        topology = context_topology(context)
+        if max((topology.path_latency_s(a, b) for a in range(topology.num_ranks) for b in range(topology.num_ranks)
+                if a != b), default=0.0) >= IDENTIFIABLE_DELAY_S:
+            continue
+        rows = profile.rows[_rows_of(profile.rows, profile.rows, context.name)] if len(contexts) > 1 else profile.rows
+        fit = fit_lag_per_block(rows, sum(context.ranks_per_host), context.cores)
+        if fit is not None:
+            fits.append(fit)
+    return float(np.median(fits)) if fits else DEFAULT_LAG_PER_BLOCK
 
 
 CONTENTION_BOUND = 1.5  # a message is contention-bound where it costs this much more than its wire

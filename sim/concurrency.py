@@ -60,14 +60,14 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
         rows: the rows of one calibrated cluster's profile (:attr:`sim.profile.Profile.rows`).
         ranks: the ranks of its calibrated group.
     """
-    wait_statistic, compute_statistic = CHARGED[MeasurementKind.COLLECTIVE_WAIT], CHARGED[MeasurementKind.COMPUTE]
+    wait_statistic = CHARGED[MeasurementKind.COLLECTIVE_WAIT]
     compute = rows[rows["measurement"] == MeasurementKind.COMPUTE]
     waits = rows[rows["measurement"] == MeasurementKind.COLLECTIVE_WAIT]
     phases = sorted(int(n) for n in compute["new_tokens"].dropna().unique())
     every = compute[compute["op"] == str(EVERY_RANK_KIND)]
     if waits.empty or every.empty or ranks <= 1:
         return {n: float(ranks) for n in phases}
-    per_layer = every["repeats"].max()  # ranks x layers x generations of one shape
+    blocks = block_compute_s(rows)
     one_token = waits["size_bytes"].min()
     calls = ["algorithm", "call", "op"]
     base = waits[waits["size_bytes"] == one_token].groupby(calls)[wait_statistic].median()
@@ -76,10 +76,7 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
         if new_tokens == 1:
             out[new_tokens] = float(ranks)
             continue
-        shapes = compute[compute["new_tokens"] == new_tokens]
-        common = shapes[shapes["repeats"] >= per_layer]
-        layer_s = float((common[compute_statistic] * common["repeats"] / per_layer).sum()) / max(
-            1, shapes["context_tokens"].nunique())
+        segment_s = blocks.get(new_tokens, 0.0)
         at_size = waits[waits["size_bytes"] == one_token * new_tokens].groupby(calls)[wait_statistic].median()
         growth = at_size - base.reindex(at_size.index).fillna(0.0)
         kinds = growth.index.get_level_values("op")
@@ -87,10 +84,33 @@ def calibrated_concurrency(rows: pd.DataFrame, ranks: int) -> dict[int, float]:
         growth = growth.where(rooted, 0.0)  # an allreduce leaves no rank ahead of the others
         family = pd.MultiIndex.from_arrays([growth.index.get_level_values("algorithm"), rooted])
         spread_s = growth.groupby(family).max().median() if len(growth) else float("nan")
-        if not layer_s > 0 or pd.isna(spread_s):
+        if not segment_s > 0 or pd.isna(spread_s):
             out[new_tokens] = float(ranks)
             continue
-        segment_s = layer_s / BLOCKS_PER_LAYER
         overlap = max(0.0, 1.0 - max(0.0, float(spread_s)) / (2 * segment_s))
         out[new_tokens] = 1.0 + (ranks - 1) * overlap
+    return out
+
+
+def block_compute_s(rows: pd.DataFrame) -> dict[int, float]:
+    """Per calibrated ``new_tokens``, one rank's compute between two collectives (s, ``s`` of the
+    module docstring): the per-layer compute of the op kinds every rank runs, at the charged
+    statistic, over :data:`BLOCKS_PER_LAYER`; {} where the rows time no :data:`EVERY_RANK_KIND`.
+
+    Args:
+        rows: the rows of one calibrated cluster's profile (:attr:`sim.profile.Profile.rows`).
+    """
+    statistic = CHARGED[MeasurementKind.COMPUTE]
+    compute = rows[rows["measurement"] == MeasurementKind.COMPUTE]
+    every = compute[compute["op"] == str(EVERY_RANK_KIND)]
+    if every.empty:
+        return {}
+    per_layer = every["repeats"].max()  # ranks x layers x generations of one shape
+    out = {}
+    for new_tokens in sorted(int(n) for n in compute["new_tokens"].dropna().unique()):
+        shapes = compute[compute["new_tokens"] == new_tokens]
+        common = shapes[shapes["repeats"] >= per_layer]
+        layer_s = float((common[statistic] * common["repeats"] / per_layer).sum()) / max(
+            1, shapes["context_tokens"].nunique())
+        out[new_tokens] = layer_s / BLOCKS_PER_LAYER
     return out

@@ -406,8 +406,8 @@ def _burst_term(link: Link, calibrated: list[Link], names: str) -> TermCompariso
 
 
 def core_contention(contexts: tuple[CalibrationContext, ...], target: CalibrationContext,
-                    ranks: tuple[int, ...], concurrency: dict[int, float] | None = None
-                    ) -> tuple[float, tuple[CorePool, ...], str, dict[int, float]]:
+                    ranks: tuple[int, ...], concurrency: dict[int, float] | None = None,
+                    lag_per_block: float = 0.0) -> tuple[float, tuple[CorePool, ...], str, dict[int, float]]:
     """How ranks sharing CPU cores are priced: (factor on calibrated compute times, the target's
     core pools for the engine's processor sharing, :mod:`sim.cores`, a line saying why, the
     factor per calibrated ``new_tokens`` where it differs by phase).
@@ -436,6 +436,8 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
 
     Args:
         ranks: the target's ranks (topology rank ids) that run the plan.
+        lag_per_block: the pool's arrival lag coefficient (:mod:`sim.arrival_skew`, fitted on
+            the calibration).
     """
     known = [c for c in contexts if c.cores is not None]
     if not known or same_cluster(contexts, target):
@@ -447,7 +449,7 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
     phases = {int(n): 1.0 / max(1.0, k / calibrated.cores) for n, k in sorted((concurrency or {}).items())}
     # the calibrated machine's bandwidth where the target runs on its cores (a machine of other cores is another)
     memory = calibrated.stream_bytes_per_s if cores == calibrated.cores else ()
-    pool = CorePool(frozenset(ranks), cores, stream_bytes_per_s=memory)
+    pool = CorePool(frozenset(ranks), cores, stream_bytes_per_s=memory, lag_per_block=lag_per_block)
     per_phase = "" if not phases else " (" + ", ".join(
         f"{'decode' if n == 1 else f'prefill of {n}'} x {f:.2f}" for n, f in phases.items()) + \
         ": the ranks computing at once per calibrated phase, sim.concurrency)"

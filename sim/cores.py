@@ -97,10 +97,13 @@ class CorePool:
         stands_for: machine ranks each of ``ranks`` stands for (>= 1; identical replicas
             simulated once, :func:`core_shares`): ``n`` of them streaming are ``n x stands_for``
             streams on the machine.
+        lag_per_block: the machine's coefficient of the ranks' arrival lags at a collective
+            (>= 0, :mod:`sim.arrival_skew`: fitted on its calibration's prefill waits; 0: the
+            ranks arrive as processor sharing runs them).
 
     Raises:
         ValueError: a pool without cores or ranks, whose background takes every core, with
-            bandwidth pairs not as described or ``stands_for`` < 1.
+            bandwidth pairs not as described, ``stands_for`` < 1 or ``lag_per_block`` < 0.
     """
 
     ranks: frozenset[int]
@@ -108,6 +111,7 @@ class CorePool:
     background_cores: float = 0.0
     stream_bytes_per_s: tuple[tuple[int, float], ...] = ()
     stands_for: float = 1.0
+    lag_per_block: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.ranks or not self.cores > 0 or not 0 <= self.background_cores < self.cores:
@@ -115,9 +119,11 @@ class CorePool:
                              f"ranks, {self.cores} cores, {self.background_cores} background)")
         counts = [k for k, _ in self.stream_bytes_per_s]
         if (not all(b > 0 for _, b in self.stream_bytes_per_s) or not self.stands_for >= 1
+                or not self.lag_per_block >= 0
                 or (counts and (counts[0] != 1 or any(b <= a for a, b in zip(counts, counts[1:]))))):
-            raise ValueError(f"a core pool needs bandwidths > 0 and stands_for >= 1 (got {self.stream_bytes_per_s} "
-                             f"bytes/s, stands_for {self.stands_for})")
+            raise ValueError(f"a core pool needs bandwidths > 0, stands_for >= 1 and lag_per_block >= 0 (got "
+                             f"{self.stream_bytes_per_s} bytes/s, stands_for {self.stands_for}, lag_per_block "
+                             f"{self.lag_per_block})")
 
     @property
     def free_cores(self) -> float:
@@ -155,7 +161,8 @@ class CorePool:
         background = f", {self.background_cores:g} taken by other processes" if self.background_cores else ""
         memory = "" if not self.stream_bytes_per_s else (
             ", memory " + ", ".join(f"{b / 1e9:.3g} GB/s at {k}" for k, b in self.stream_bytes_per_s) + " streams")
-        return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}"
+        lag = f", prefill arrival lags {self.lag_per_block:.2f} (sim.arrival_skew)" if self.lag_per_block else ""
+        return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}{lag}"
 
 
 class SharedProgress:
@@ -437,4 +444,4 @@ def core_shares(pool: CorePool, simulated: frozenset[int]) -> tuple[CorePool, ..
     # each simulated rank streams for the ranks it stands for (a pool without a bandwidth: no stream counted)
     stands_for = pool.stands_for / share if pool.stream_bytes_per_s else pool.stands_for
     return (CorePool(frozenset(mine), pool.cores * share, pool.background_cores * share, pool.stream_bytes_per_s,
-                     stands_for),)
+                     stands_for, pool.lag_per_block),)

@@ -43,6 +43,12 @@ Semantics (what the tests pin down):
   bandwidth (measured by the calibration): there two or more of the segment's ranks on it also
   share that, and an op timed alone (:meth:`sim.cost.ComputeModel.timed_alone`) stretches its
   memory part, its traffic at the lone process's bandwidth, to its share (processor sharing only).
+  Where a pool has an arrival lag coefficient (:attr:`sim.cores.CorePool.lag_per_block`) and
+  :data:`sim.arrival_skew.PRICED` is on (off by default), a
+  prefill's collective whose ranks share its cores, priced in closed form, starts later than the
+  simulated last arrival by the expected lead of the last rank's lag over the first rank's
+  (:mod:`sim.arrival_skew`; each rank's lag ranges over the coefficient times its off-core share
+  times its block since its previous collective): the first rank waits that long (``wait_s``).
 * A segment starts with every rank idle at time 0 and lasts until its last op ends. Idle since
   before: a rank whose first op is a collective that another rank reaches later has been waiting
   in it (a network that prices arrivals, :class:`sim.network.CollectivePricer`, sees it arrive
@@ -63,6 +69,8 @@ import numpy as np
 import simpy
 
 from models.ops import OpKind
+from sim import arrival_skew
+from sim.arrival_skew import expected_lead_s, lagging_block_s, off_core_share, waited
 from sim.bucket_clock import BucketClock, delayed
 from sim.collectives.schedule import CommSchedule, Transfer
 from sim.cores import CorePool, core_server
@@ -256,6 +264,11 @@ class Engine:
         fabric = Fabric(env, self.links, self.load_rate_cap, clock.buckets)
         servers = [core_server(env, pool) for pool in pools]
         cpu = {rank: server for server in servers for rank in server.pool.ranks}
+        # each rank's arrival lag per second of its block (sim.arrival_skew), where its pool has one
+        lags = {rank: pool.lag_per_block * off_core_share(len(pool.ranks.intersection(segment.programs)),
+                                                          pool.free_cores)
+                for pool in pools if pool.lag_per_block and arrival_skew.PRICED for rank in pool.ranks}
+        released = dict.fromkeys(segment.programs, 0.0)  # when each rank left its last collective (s)
         calls: dict[int, list] = {}
         for rank in sorted(segment.programs):
             program = segment.programs[rank]
@@ -269,7 +282,8 @@ class Engine:
             for indices in groups:
                 if indices:
                     env.process(self._stream(env, fabric, shared, rank, program, indices, done, starts[rank],
-                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank), clock))
+                                             ends[rank], calls, algorithms, segment.programs, cpu.get(rank), clock,
+                                             lags, released))
         env.run()
 
     def _memory_s(self, op: Op, device, pool: CorePool, duration_s: float) -> float:
@@ -282,7 +296,7 @@ class Engine:
         return min(duration_s, op.traffic_bytes / pool.stream_bytes_per_s[0][1])
 
     def _stream(self, env, fabric, shared, rank, program, indices, done, starts, ends, calls, algorithms,
-                segment_programs, cpu=None, clock=None):
+                segment_programs, cpu=None, clock=None, lags=None, released=None):
         device = self.topology.devices[rank]
         for i in indices:
             op: Op = program[i]
@@ -309,7 +323,9 @@ class Engine:
                     if on_fabric:
                         entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], entry[4])
                     else:  # the fabric follows its own channels' buckets
-                        entry[4] = self._after_buckets(clock, op, algorithms, entry[4], env.now)
+                        lag_s = _expected_lag_s(op, program[i - 1] if i else op, entry[3], released,
+                                                lags) if lags else 0.0
+                        entry[4] = waited(self._after_buckets(clock, op, algorithms, entry[4], env.now + lag_s), lag_s)
                     entry[1].succeed(env.now)
                 start = yield entry[1]
                 timing = entry[4]
@@ -319,6 +335,8 @@ class Engine:
                     yield entry[2][rank]
                 else:
                     yield env.timeout(start + timing.finish_s.get(rank, 0.0) - env.now)
+                if released is not None:
+                    released[rank] = env.now
             ends[i] = env.now
             done[i].succeed()
 
@@ -445,6 +463,22 @@ def _arrival(offset_s: float, index: int) -> float:
     before where the collective is the rank's first op and another rank came later: it was idle
     before the segment began."""
     return -math.inf if index == 0 and offset_s < 0 else offset_s
+
+
+def _expected_lag_s(op: Op, before: Op, arrivals: dict[int, tuple[float, int]], released: dict[int, float],
+                    lags: dict[int, float]) -> float:
+    """How much later than the simulated last arrival the last rank of ``op``'s group arrives, on
+    average, as its first rank sees it (s; :func:`sim.arrival_skew.expected_lead_s`): each rank's
+    lag ranges over ``lags[rank]`` (0 off a lagging pool) times its block (at most a turn,
+    :func:`sim.arrival_skew.lagging_block_s`), from when it left its
+    previous collective (``released``, s) to its arrival (``arrivals``: rank -> (s, op index)).
+    Prefill blocks only (``before``, the op before the call, of more than one new token,
+    ``Op.shape``; see :mod:`sim.arrival_skew`)."""
+    if before.shape[0] <= 1:
+        return 0.0
+    group = [r for r in op.collective.group if r in arrivals]
+    ranges = [lags.get(r, 0.0) * lagging_block_s(arrivals[r][0] - released[r]) for r in group]
+    return expected_lead_s(ranges, 0) if group and group[0] == op.collective.group[0] else 0.0
 
 
 def _members(op: Op, programs: dict[int, tuple[Op, ...]]) -> int:

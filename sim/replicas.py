@@ -123,7 +123,7 @@ def replica_pools(pools: Sequence[CorePool], replicas: Sequence[tuple[int, ...]]
         if not places:
             continue
         machine = CorePool(frozenset(group[t] for group in busy for t in places), pool.cores, pool.background_cores,
-                           pool.stream_bytes_per_s, pool.stands_for)
+                           pool.stream_bytes_per_s, pool.stands_for, pool.lag_per_block)
         shared.extend(core_shares(machine, frozenset(replica)))
     return tuple(shared)
 

@@ -18,6 +18,7 @@ from sim.budget import check_job_size
 from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
 from sim.context import scenario_context
 from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork, Transport, group_transport
+from sim.arrival_skew import DEFAULT_LAG_PER_BLOCK
 from sim.cores import CorePool
 from sim.cost import RooflineCompute
 from sim.engine import Engine
@@ -157,12 +158,13 @@ def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool 
 def declared_cores(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]) -> CorePool | None:
     """The cores the scenario's gloo (CPU) ``ranks`` share, as a pool for the engine
     (:mod:`sim.cores`), where the cluster declares them (``cluster.cores``) and those ranks
-    outnumber them; None elsewhere (ranks with cores of their own: nothing changes)."""
+    outnumber them, their prefill arrival lags the default's (:data:`sim.arrival_skew.DEFAULT_LAG_PER_BLOCK`);
+    None elsewhere (ranks with cores of their own: nothing changes)."""
     cores = scenario.config.cluster.cores
     gloo = frozenset(r for r in ranks if group_transport(topology, (r,)) is Transport.GLOO_TCP)
     if cores is None or len(gloo) <= cores:
         return None
-    return CorePool(gloo, cores)
+    return CorePool(gloo, cores, lag_per_block=DEFAULT_LAG_PER_BLOCK)
 
 
 @dataclass(frozen=True)
