@@ -73,8 +73,15 @@ def describe(factor: float) -> str:
     apart); ``machine speed at calibration not recorded`` where it is NaN."""
     if math.isnan(factor):
         return "machine speed at calibration not recorded"
+    cell = speed_cell(factor)
+    return f"machine {cell} {'as' if cell == 'as fast' else 'than'} at calibration"
+
+
+def speed_cell(factor: float) -> str:
+    """``factor`` (:func:`slowdown`) as a table cell: ``x1.22 slower``, ``x1.05 faster``,
+    ``as fast`` (within half a percent), ``-`` where it is NaN."""
+    if math.isnan(factor):
+        return "-"
     if abs(factor - 1) < 0.005:
-        return "machine as fast as at calibration"
-    if factor > 1:
-        return f"machine x{factor:.2f} slower than at calibration"
-    return f"machine x{1 / factor:.2f} faster than at calibration"
+        return "as fast"
+    return f"x{factor:.2f} slower" if factor > 1 else f"x{1 / factor:.2f} faster"

@@ -47,7 +47,7 @@ import pandas as pd
 import yaml
 
 from sim.context import calibrated_speed, load_warning, profile_contexts
-from sim.machine_speed import describe, rescaled_profile, slowdown
+from sim.machine_speed import describe, rescaled_profile, slowdown, speed_cell
 from sim.planning.outcome import PlanResult, ranking
 from sim.planning.plan_config import PlanRequest
 from sim.planning.search import Planner, Stage, slo_miss
@@ -387,7 +387,7 @@ def summary_markdown(check: PlanCheck) -> str:
             f"{_ms(row.predicted_tpot_s)} / {_ms(row.measured_tpot_s)} ({_ms(row.measured_tpot_p10_s)}-"
             f"{_ms(row.measured_tpot_p90_s)}) | {_pct(row.tpot_error)} | "
             f"{'meets' if row.meets_slo_predicted else 'misses'} / {'meets' if row.meets_slo_measured else 'misses'} | "
-            f"{row.cpu_steal:.1%} | {row.other_load:.1%} | {_factor(row.machine_slowdown)} | "
+            f"{row.cpu_steal:.1%} | {row.other_load:.1%} | {speed_cell(row.machine_slowdown)} | "
             f"{_pct_or_blank(row.ttft_error_compute_rescaled)} / {_pct_or_blank(row.tpot_error_compute_rescaled)} |")
     lines += ["", "Source: `replay` where the profile was calibrated on that very cluster (its timings are "
               "replayed), `prediction` elsewhere. Prices are notional (validation/plan-check/catalog.yaml). "
@@ -398,13 +398,6 @@ def summary_markdown(check: PlanCheck) -> str:
               "prediction re-simulated with the profile's compute times multiplied by that factor; it uses a "
               "timing made while measuring, so it is a diagnosis of the machine's stretch, not a prediction.", ""]
     return "\n".join(lines)
-
-
-def _factor(value: float) -> str:
-    """A machine slowdown as the table writes it: ``x1.22 slower``, ``x1.05 faster``, ``as fast``, ``-``: unknown."""
-    if math.isnan(value):
-        return "-"
-    return describe(value).replace("machine ", "").replace(" than at calibration", "").replace(" as at calibration", "")
 
 
 def _pct_or_blank(value: float) -> str:
@@ -424,7 +417,7 @@ def _speed_lines(table: pd.DataFrame) -> list[str]:
     again = np.abs(pd.concat([known["ttft_error_compute_rescaled"], known["tpot_error_compute_rescaled"]]))
     return [f"- Machine speed while measuring, against the calibration (reference op set): "
             f"{describe(float(np.median(factors)))} (median over candidates; "
-            f"{_factor(float(factors.min()))} .. {_factor(float(factors.max()))}). With the profile's compute "
+            f"{speed_cell(float(factors.min()))} .. {speed_cell(float(factors.max()))}). With the profile's compute "
             f"rescaled by each candidate's factor, median / max |error| {np.median(again):.1%} / {np.max(again):.1%} "
             f"(raw {np.median(raw):.1%} / {np.max(raw):.1%}): a diagnosis using a timing made while measuring, "
             "not a prediction."]
