@@ -1,5 +1,5 @@
 """The machine's speed now: a fixed reference op set (:class:`sim.machine_speed.ReferenceOp`) timed
-in this process on one torch thread, as a rank computes (``runtime/launch.py`` gives each one).
+on one torch thread, as a rank computes (``runtime/launch.py`` gives each one).
 
 * ``matmul``: GPT-2 small's MLP-up linear layer over a 128-token prompt at batch 1,
   ``(128 x 768) @ (768 x 3072)`` in fp32, 0.6 GFLOP on 9 MiB of weights: a prefill's
@@ -7,15 +7,18 @@ in this process on one torch thread, as a rank computes (``runtime/launch.py`` g
 * ``stream``: a matvec over 64 MiB of fp32 weights, twice the testbed's 32 MiB L3: a decode
   step's memory-bound pass over its weights.
 
-Each op is timed ``repeats`` times, the two in turns, after one untimed call each; its figure is
-the median (a shared machine only ever adds time, and a median ignores a stray slice). The
-inputs are drawn from a seeded generator, so every run computes the same numbers. About 0.4 s
-for the default 15 repeats on the testbed's VM (well under the 2 s budget of issue 18).
+In a forked child, each op is timed ``repeats`` times, the two in turns, after one untimed call
+each; its figure is the median (a shared machine only ever adds time, and a median ignores a
+stray slice). The inputs are drawn from a seeded generator, so every run computes the same
+numbers. About 0.4 s for the default 15 repeats on the testbed's VM when quiet (under 2 s, the
+budget of issue 18, when loaded).
 :func:`timed_around` times the set before and after a launch, and pools both.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -44,30 +47,48 @@ def _ops() -> dict[ReferenceOp, Callable[[], object]]:
     return {ReferenceOp.MATMUL: lambda: torch.mm(x, w), ReferenceOp.STREAM: lambda: torch.mv(a, v)}
 
 
+def _time_ops(repeats: int) -> dict[str, list[float]]:
+    """The timing itself, in this process (see :func:`reference_samples`)."""
+    torch.set_num_threads(1)
+    ops = _ops()
+    for op in ops.values():  # untimed: first-touch page faults, the kernels' dispatch caches
+        op()
+    samples: dict[str, list[float]] = {op.value: [] for op in ops}
+    for _ in range(repeats):
+        for name, op in ops.items():
+            start = time.perf_counter()
+            op()
+            samples[name.value].append(time.perf_counter() - start)
+    return samples
+
+
 def reference_samples(repeats: int = REPEATS) -> dict[str, list[float]]:
-    """``repeats`` wall times (s) of each reference op, on one torch thread (this process's
-    thread count is restored after).
+    """``repeats`` wall times (s) of each reference op, on one torch thread, in a forked child:
+    this process's thread settings stay as they are, and it runs no torch op before it forks the
+    ranks of a launch (an OpenMP pool is not safe to fork; ``runtime.stream_bandwidth`` times
+    its rounds in children too).
 
     Raises:
         ValueError: ``repeats`` below 1.
+        RuntimeError: the child died before reporting its times.
     """
     if repeats < 1:
         raise ValueError(f"reference timing needs repeats >= 1 (got {repeats})")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        ops = _ops()
-        for op in ops.values():  # untimed: first-touch page faults, the kernels' dispatch caches
-            op()
-        samples: dict[str, list[float]] = {op.value: [] for op in ops}
-        for _ in range(repeats):
-            for name, op in ops.items():
-                start = time.perf_counter()
-                op()
-                samples[name.value].append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
-    return samples
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            os.write(write_fd, json.dumps(_time_ops(repeats)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    if not text:
+        raise RuntimeError("the reference timing's process died before reporting its times")
+    return json.loads(text)
 
 
 def medians(samples: dict[str, list[float]]) -> dict[str, float]:
