@@ -34,7 +34,7 @@ import pandas as pd
 
 from sim import arrival_skew, cores, token_bucket
 from sim.outputs import write_files
-from sim.profile import load_profile
+from sim.profile import Profile, load_profile
 from sim.scenario import load_scenario
 from sim.simulate import simulate
 from sim.vocabulary import Metric
@@ -77,14 +77,13 @@ def layout_errors(report: Path, on_progress=lambda text: None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def plan_check_errors(report: Path, profile_path: Path) -> pd.DataFrame:
-    """Every candidate of a plan-check ``report`` re-simulated with the profile at ``profile_path``;
-    columns :data:`COLUMNS` (``variant``: ``c<candidate>``; ``kind``: the check's source label).
+def plan_check_errors(report: Path, profile: Profile) -> pd.DataFrame:
+    """Every candidate of a plan-check ``report`` re-simulated with ``profile``; columns
+    :data:`COLUMNS` (``variant``: ``c<candidate>``; ``kind``: the check's source label).
 
     Raises:
-        ConfigError: a scenario or profile that does not load.
+        ConfigError: a scenario that does not load.
     """
-    profile = load_profile(profile_path)
     rows = []
     for row in pd.read_csv(report / "candidates.csv").itertuples(index=False):
         scenario = load_scenario(report / "scenarios" / f"c{row.candidate}.yaml")
@@ -168,7 +167,7 @@ def main() -> None:
         " --token-buckets" if args.token_buckets else "") + (" --core-turns" if args.core_turns else "") + (
         " --arrival-lags" if args.arrival_lags else "")
     text = summary_markdown(errors, command) + "\n" + plan_check_markdown(
-        plan_check_errors(args.plan_check, args.plan_check_profile))
+        plan_check_errors(args.plan_check, load_profile(args.plan_check_profile)))
     print(text)
     if args.out is not None:
         written = write_files(args.out, {"errors.csv": errors.to_csv(index=False, lineterminator="\n"),

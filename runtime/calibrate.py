@@ -31,7 +31,10 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
   version, and the load of the machine over the launch (hypervisor steal and other processes'
   share of its CPU time, :func:`runtime.cpu_steal.load_during`); on CPU ranks, the machine's
   aggregate memory bandwidth with 1 .. ranks one-thread processes streaming at once, after the
-  launch (:func:`runtime.stream_bandwidth.stream_bandwidth`, up to 3 rounds, ~12 s for 4 ranks).
+  launch (:func:`runtime.stream_bandwidth.stream_bandwidth`, up to 3 rounds, ~12 s for 4 ranks);
+  and the machine's speed: a fixed reference op set timed just before and just after the launch
+  (:func:`runtime.reference_timing.timed_around`, under 1 s), against which a later measurement's
+  own timing tells how much faster or slower the machine ran then (:mod:`sim.machine_speed`).
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
   untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
@@ -61,8 +64,9 @@ from runtime.weights import prompt_tokens
 from runtime.worker import TORCH_DTYPES, common_start, rank_model
 from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
 from runtime.cpu_steal import load_during
+from runtime.reference_timing import medians, timed_around
 from runtime.testbed.cluster import applied_context
-from sim.context import context_rows, load_rows, memory_rows, scenario_context
+from sim.context import context_rows, load_rows, memory_rows, scenario_context, speed_rows
 from sim.parallel import ParallelPlan
 from sim.plan import Plan
 from sim.profile import MeasurementKind, profile_frame, with_rows
@@ -322,7 +326,8 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     ``held_out_sizes``: see :func:`calibrate_rank`.
 
     Returns:
-        The profile table (:func:`sim.profile.profile_frame`), with the load the launch ran under.
+        The profile table (:func:`sim.profile.profile_frame`), with the load the launch ran under
+        and the machine's speed around it.
 
     Raises:
         ConfigError: invalid scenario, or testbed not up.
@@ -339,9 +344,10 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         return calibrate_rank(scenario, topology, rank, repeats=repeats, max_call_s=max_call_s, heartbeat=heartbeat,
                               used_only=used_only, held_out_sizes=held_out_sizes, testbed=testbed)
 
-    profile, spent = load_during(lambda: launch_scenario(scenario, body, testbed=testbed,
-                                                         hang_timeout_s=hang_timeout_s, on_beat=on_beat))
-    rows = load_rows(scenario.name, spent.steal_fraction, spent.other_load)
+    (profile, spent), reference = timed_around(lambda: load_during(lambda: launch_scenario(
+        scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)))
+    rows = load_rows(scenario.name, spent.steal_fraction, spent.other_load) + speed_rows(scenario.name,
+                                                                                         medians(reference))
     if not torch.cuda.is_available():
         # the ranks ran on this machine's CPU (runtime.device.local_device) and shared its memory
         # bandwidth: measured at 1 .. their count streams (runtime.stream_bandwidth)

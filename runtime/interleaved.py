@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -41,8 +41,9 @@ from runtime.calibrate import CALIBRATION_MAX_TOKENS, CalibrationGenerations, ga
 from runtime.comm import Communicator
 from runtime.comm_timing import CollectiveSweep, p2p_rows
 from runtime.cpu_steal import ZERO, cpu_sample
+from runtime.reference_timing import medians, timed_around
 from runtime.worker import MeasurementRounds, RankMeasurement, paced_loader, rank_model, timed_rounds
-from sim.context import load_rows
+from sim.context import load_rows, speed_rows
 from sim.parallel import ParallelPlan
 from sim.profile import with_rows
 from sim.scenario import Scenario
@@ -55,7 +56,10 @@ class InterleavedResult:
     ``rounds`` of each part (``measurement``, ``calibration``) and the machine's CPU time during
     the measured generations and during the calibration (:mod:`runtime.cpu_steal`): the share
     the hypervisor stole (``measurement_cpu_steal``, ``calibration_cpu_steal``) and the share
-    other processes on the machine took (``measurement_other_load``, ``calibration_other_load``)."""
+    other processes on the machine took (``measurement_other_load``, ``calibration_other_load``);
+    ``reference_s``: the machine's speed around the launch (the reference op set's median times,
+    s by op, :mod:`runtime.reference_timing`), which the profile's ``speed`` context row records
+    too: the calibration and the measurement share it, as they share the launch."""
 
     profile: pd.DataFrame
     measurements: list[list[list[RankMeasurement]]]
@@ -64,6 +68,7 @@ class InterleavedResult:
     calibration_cpu_steal: float
     measurement_other_load: float = float("nan")
     calibration_other_load: float = float("nan")
+    reference_s: dict[str, float] = field(default_factory=dict)
 
 
 def spread(count: int, rounds: int) -> set[int]:
@@ -163,7 +168,8 @@ def launch_interleaved(scenario: Scenario, cases: list[Scenario], *, testbed: bo
                        min_timed_s: float, calibration_repeats: int, max_call_s: float = 1.0, used_only: bool = False,
                        held_out_sizes: tuple[int, ...] = (), hang_timeout_s: float = 300.0,
                        on_beat: Callable[[int, str], None] | None = None) -> InterleavedResult:
-    """Run :func:`interleaved_rank` in forked ranks (in the testbed's namespaces if ``testbed``).
+    """Run :func:`interleaved_rank` in forked ranks (in the testbed's namespaces if ``testbed``),
+    the reference op set timed before and after (:func:`runtime.reference_timing.timed_around`).
 
     Raises:
         ConfigError: ``testbed`` while the scenario's testbed is not up.
@@ -178,4 +184,7 @@ def launch_interleaved(scenario: Scenario, cases: list[Scenario], *, testbed: bo
                                 max_call_s=max_call_s, used_only=used_only, held_out_sizes=tuple(held_out_sizes),
                                 heartbeat=heartbeat, testbed=testbed)
 
-    return launch_scenario(scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)
+    run, samples = timed_around(lambda: launch_scenario(scenario, body, testbed=testbed,
+                                                        hang_timeout_s=hang_timeout_s, on_beat=on_beat))
+    reference = medians(samples)
+    return replace(run, profile=with_rows(run.profile, speed_rows(scenario.name, reference)), reference_s=reference)

@@ -57,6 +57,7 @@ class ContextTerm(str, Enum):
     LOAD = "load"  # {"cpu_steal": f, "other_load": f}: shares of the machine's CPU time over the calibration
     MODEL = "model"  # device_class: the model's name; every field of its ModelSpec (a training calibration's)
     MEMORY = "memory"  # {"streams": [1, 2, ..], "stream_bytes_per_s": [..]}: the machine's aggregate bandwidth
+    SPEED = "speed"  # {"ops": [..], "seconds": [..]}: the reference op set's median times around the calibration
 
 
 class LinkClass(str, Enum):
@@ -134,6 +135,9 @@ class CalibrationContext:
         stream_bytes_per_s: the machine's aggregate memory bandwidth, (one-thread processes
             streaming at once, bytes/s) pairs (:mod:`runtime.stream_bandwidth`); empty where not
             measured (:class:`sim.cores.CorePool`).
+        reference_s: the machine's speed around the calibration, (reference op, median s) pairs
+            (:mod:`sim.machine_speed`, timed by :mod:`runtime.reference_timing`); empty where not
+            recorded (a scenario, a profile written before it was). No simulation reads it.
     """
 
     name: str
@@ -149,6 +153,7 @@ class CalibrationContext:
     other_load: float | None = None
     model: ModelSpec | None = None
     stream_bytes_per_s: tuple[tuple[int, float], ...] = ()
+    reference_s: tuple[tuple[str, float], ...] = ()
 
     def same_network(self, other: CalibrationContext) -> bool:
         """Same group shape, backend and links (each of ``other``'s matches one of these)."""
@@ -217,7 +222,18 @@ def context_rows(context: CalibrationContext) -> list[dict]:
         rows.append(row(ContextTerm.MODEL, dataclasses.asdict(context.model), context.model.name))
     if context.stream_bytes_per_s:
         rows += memory_rows(context.name, context.stream_bytes_per_s)
+    if context.reference_s:
+        rows += speed_rows(context.name, dict(context.reference_s))
     return rows
+
+
+def speed_rows(name: str, reference_s: dict[str, float]) -> list[dict]:
+    """The context row recording how fast the machine cluster ``name`` was calibrated on ran the
+    reference op set (:mod:`sim.machine_speed`): each op's median time (s); none where empty."""
+    if not reference_s:
+        return []
+    ops = sorted(reference_s)
+    return [_row(name, ContextTerm.SPEED, {"ops": ops, "seconds": [float(reference_s[op]) for op in ops]})]
 
 
 def memory_rows(name: str, stream_bytes_per_s) -> list[dict]:
@@ -271,6 +287,9 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
                 fields["other_load"] = float(value["other_load"])
             elif term is ContextTerm.MODEL:
                 fields["model"] = ModelSpec(**value)
+            elif term is ContextTerm.SPEED:
+                fields["reference_s"] = tuple(zip((str(op) for op in value["ops"]),
+                                                  (float(t) for t in value["seconds"]), strict=True))
             elif term is ContextTerm.MEMORY:
                 fields["stream_bytes_per_s"] = tuple(zip((int(k) for k in value["streams"]),
                                                          (float(b) for b in value["stream_bytes_per_s"]), strict=True))
@@ -281,6 +300,14 @@ def profile_contexts(rows: pd.DataFrame) -> tuple[CalibrationContext, ...]:
                                                                               l.rate_bytes_per_s, l.delay_s))),
                                            **fields))
     return tuple(contexts)
+
+
+def calibrated_speed(contexts: tuple[CalibrationContext, ...]) -> dict[str, float]:
+    """The reference op set's median times (s, by op) recorded with the profile's calibration
+    (:attr:`CalibrationContext.reference_s`); empty where none recorded them, or where a pool's
+    calibrations recorded different ones (no row says which of them priced a run)."""
+    recorded = {c.reference_s for c in contexts if c.reference_s}
+    return dict(recorded.pop()) if len(recorded) == 1 else {}
 
 
 def load_warning(contexts: tuple[CalibrationContext, ...]) -> str:

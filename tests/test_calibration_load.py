@@ -91,6 +91,10 @@ def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
     # the ops timed alone at each width the 2 ranks take (runtime.shape_bench)
     assert set(load_profile(profile).of("compute_isolated")["group_size"]) == {1, 2}
     assert f"other processes {context.other_load:.1%}" in " ".join(out.split())
+    # the machine's speed around the launch: every reference op, timed (sim.machine_speed)
+    assert {op for op, _ in context.reference_s} == {"matmul", "stream"}
+    assert all(seconds > 0 for _, seconds in context.reference_s)
+    assert "machine speed (reference op set, median): matmul" in " ".join(out.split())
 
 
 def test_rewriting_a_profiles_context_keeps_its_recorded_load(tmp_path):
@@ -114,6 +118,8 @@ def test_validates_interleaved_profile_records_its_calibration_rounds_load(tmp_p
                              calibration_repeats=1, max_call_s=0.01, used_only=True)
     (context,) = profile_contexts(run.profile)
     assert (context.cpu_steal, context.other_load) == (run.calibration_cpu_steal, run.calibration_other_load)
+    # one launch calibrated and measured: the profile records the reference timing made around it
+    assert dict(context.reference_s) == run.reference_s and set(run.reference_s) == {"matmul", "stream"}
 
 
 def _with_model_row(tmp_path, value: dict):

@@ -124,6 +124,13 @@ def test_the_summary_splits_the_calibrated_layout_from_the_predicted_ones():
     text = "\n".join(_layouts_markdown(pd.DataFrame(rows)))
     assert "| calibrated layout (replay) | ttft_s | 1 | 2.0% |" in text
     assert "| new layout (prediction) | tpot_s | 2 | 20.0% |" in text
+    assert "| 10.0% | - | - |" in text  # a report written before the machine's speed was timed
+    timed = pd.DataFrame(rows).assign(machine_slowdown=[1.0, 1.0, 1.25, 1.25, 0.8, 0.8],
+                                      error_compute_rescaled=[0.02, 0.02, -0.1, -0.1, 0.05, 0.05])
+    text = "\n".join(_layouts_markdown(timed))
+    assert "| pp4 | no | tpot_s | 700.0 | 1000.0 | -30.0% | 1.0% | 0.0% | 10.0% | x1.25 slower | -10.0% |" in text
+    assert "| tp4 | yes | ttft_s | 1020.0 | 1000.0 | +2.0% | 1.0% | 0.0% | 10.0% | as fast | +2.0% |" in text
+    assert "x1.25 faster" in text and "not a prediction" in text
     assert _layouts_markdown(pd.DataFrame(rows).drop(columns="layout_seen")) == []
 
 

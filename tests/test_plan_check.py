@@ -200,6 +200,35 @@ def test_the_summary_states_the_verdict_and_marks_replay_and_prediction(small):
     assert "- The profile was calibrated under load: other processes took 31.0%." in loaded
 
 
+def test_the_machine_slowdown_and_the_errors_with_compute_rescaled_come_from_the_given_timings(small):
+    """The measurement's reference timing against the calibration's gives each candidate's factor
+    (geometric mean over the ops both timed); the rescaled predictions give a second error column
+    beside the raw one, which stays as it was; a candidate without a timing has neither."""
+    from validation.plan_check import PlanCheck, summary_markdown
+
+    runs = _runs({7: (0.05, 0.060), 3: (0.06, 0.062), 9: (0.09, 0.08), 1: (0.2, 0.15)})
+    runs[7] = CandidateRuns(runs[7].generations, 0.01, 0.02, {"matmul": 0.0121, "stream": 0.0040})
+    runs[3] = CandidateRuns(runs[3].generations, 0.01, 0.02, {"matmul": 0.0100, "stream": 0.0025})
+    calibrated = {"matmul": 0.0100, "stream": 0.0025}
+    rescaled = {7: {Metric.TTFT: 0.055, Metric.TPOT: 0.066}, 3: {Metric.TTFT: 0.08, Metric.TPOT: 0.050}}
+    table = measured_table(TOP, runs, _Slo, SOURCES, calibrated, rescaled).set_index("candidate")
+    assert table.loc[7, "machine_slowdown"] == pytest.approx((1.21 * 1.6) ** 0.5)
+    assert table.loc[3, "machine_slowdown"] == pytest.approx(1.0)
+    assert table.loc[7, "tpot_error"] == pytest.approx(0.0)  # the raw error is not replaced
+    assert table.loc[7, "tpot_error_compute_rescaled"] == pytest.approx(0.066 / 0.060 - 1)
+    assert table.loc[7, "ttft_error_compute_rescaled"] == pytest.approx(0.055 / 0.05 - 1)
+    assert pd.isna(table.loc[9, "machine_slowdown"]) and pd.isna(table.loc[9, "tpot_error_compute_rescaled"])
+    plain = measured_table(TOP, runs, _Slo, SOURCES)  # a profile without the reference timing
+    assert plain["machine_slowdown"].isna().all() and plain["tpot_error"].tolist() == table["tpot_error"].tolist()
+    table = table.reset_index()[measured_table(TOP, runs, _Slo, SOURCES).columns]
+    generations = pd.concat([r.generations for r in runs.values()], ignore_index=True)
+    text = summary_markdown(PlanCheck(small, table, generations, verdict(table), {}, "hetsim plan-check P"))
+    assert "machine x1.20 slower than at calibration (median over candidates; as fast .. x1.39 slower)" in text
+    assert "| x1.39 slower | +10.0% / +10.0% |" in text and "not a prediction" in text
+    text = summary_markdown(PlanCheck(small, plain, generations, verdict(plain), {}, "hetsim plan-check P"))
+    assert "Machine speed against the calibration: not known" in text
+
+
 def test_the_close_call_plan_prices_every_candidate_alike_and_orders_them_by_predicted_latency():
     close = ROOT / "validation" / "plan-check" / "close_call.yaml"
     request = load_plan(close)

@@ -475,6 +475,7 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     assert (sweep["group_size"] == 2).all() and sweep["size_bytes"].min() == 1024 and (sweep["median"] > 0).all()
     (context,) = profile_contexts(rows)  # the model it trained, which prices its passes
     assert context.model == scenario.model
+    assert {op for op, _ in context.reference_s} == {"matmul", "stream"}  # the machine's speed around it
     simulated = simulate_training(scenario, load_profile(path))
     assert [(t.term, t.verdict.value) for t in simulated.network.terms if t.term.startswith("model")] == [
         (f"model {scenario.model.name}", "same")]

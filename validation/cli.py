@@ -68,14 +68,18 @@ def _warn_loaded(profile, console: Console) -> None:
 
 
 def _calibration_load(profile) -> str:
-    """The load a fresh profile table's calibration ran under, for ``hetsim calibrate``'s summary."""
+    """The load a fresh profile table's calibration ran under and the machine's speed around it
+    (:mod:`runtime.reference_timing`), for ``hetsim calibrate``'s summary."""
     from sim.context import profile_contexts
 
-    contexts = [c for c in profile_contexts(profile) if c.other_load is not None]
-    if not contexts:
-        return "machine load not recorded (/proc/stat unreadable)"
-    return "; ".join(f"machine load over the calibration: steal {c.cpu_steal:.1%}, other processes "
-                     f"{c.other_load:.1%} of its CPU time" for c in contexts)
+    contexts = profile_contexts(profile)
+    loaded = [c for c in contexts if c.other_load is not None]
+    parts = [f"machine load over the calibration: steal {c.cpu_steal:.1%}, other processes {c.other_load:.1%} "
+             "of its CPU time" for c in loaded] or ["machine load not recorded (/proc/stat unreadable)"]
+    parts += ["machine speed (reference op set, median): " + ", ".join(f"{op} {seconds * 1e3:.2f} ms"
+                                                                      for op, seconds in c.reference_s)
+              for c in contexts if c.reference_s]
+    return "; ".join(parts)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

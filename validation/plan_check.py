@@ -24,7 +24,13 @@ every candidate once (a testbed built, one launch of ``warmup`` + ``repeats`` ge
 testbed removed), in plan order on even rounds and reversed on odd ones, so that a slow stretch
 of a shared machine falls on several candidates. A candidate's figure is the median over all its
 timed generations of all rounds, with p10 / p90. While each launch runs, the share of CPU time the
-hypervisor stole and the share other processes took are recorded (:mod:`runtime.cpu_steal`).
+hypervisor stole and the share other processes took are recorded (:mod:`runtime.cpu_steal`), and
+around it the machine's speed (a reference op set, :mod:`runtime.reference_timing`): against the
+one the profile recorded at calibration, :func:`sim.machine_speed.slowdown` says how much slower
+the machine ran while measuring (``machine_slowdown``), and the errors are given a second time with
+the profile's compute rescaled by it (``ttft_error_compute_rescaled``, ``tpot_error_compute_rescaled``):
+a diagnosis of how much of an error is the machine's stretch, not a prediction (it uses a timing
+made while measuring). The raw errors are the check's.
 Where ``HETSIM_TESTBED_LOCK`` names a file, each round holds a ``flock`` on it (:func:`testbed_turn`),
 so that other runs using the testbed take turns with this one between rounds.
 """
@@ -33,14 +39,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from sim.context import load_warning, profile_contexts
+from sim.context import calibrated_speed, load_warning, profile_contexts
+from sim.machine_speed import describe, rescaled_profile, slowdown, speed_cell
 from sim.planning.outcome import PlanResult, ranking
 from sim.planning.plan_config import PlanRequest
 from sim.planning.search import Planner, Stage, slo_miss
@@ -58,7 +65,8 @@ CANDIDATE_COLUMNS = ["plan_rank", "measured_rank", "candidate", "cluster", "vari
                      "profile_context", "predicted_ttft_s", "measured_ttft_s", "measured_ttft_p10_s",
                      "measured_ttft_p90_s", "ttft_error", "predicted_tpot_s", "measured_tpot_s", "measured_tpot_p10_s",
                      "measured_tpot_p90_s", "tpot_error", "meets_slo_predicted", "meets_slo_measured",
-                     "slo_miss_measured", "repeats", "cpu_steal", "other_load"]
+                     "slo_miss_measured", "repeats", "cpu_steal", "other_load", "machine_slowdown",
+                     "ttft_error_compute_rescaled", "tpot_error_compute_rescaled"]
 
 
 def top_candidates(result: PlanResult, n: int = TOP_CHECKED) -> pd.DataFrame:
@@ -82,6 +90,25 @@ def candidate_scenarios(request: PlanRequest, profile: Profile | None, top: pd.D
             for c in top["candidate"]}
 
 
+def rescaled_predictions(scenarios: dict[int, Scenario], profile: Profile | None,
+                         factors: dict[int, float]) -> dict[int, dict[str, float]]:
+    """Each candidate's predicted TTFT and TPOT (s, by :class:`sim.vocabulary.Metric`) simulated
+    with the profile's compute rescaled by its machine slowdown (:func:`sim.machine_speed.rescaled_profile`),
+    as the planner simulates it (one variant, no expanded steps); none where there is no profile
+    or the slowdown is unknown (NaN)."""
+    from sim.simulate import simulate
+
+    if profile is None:
+        return {}
+    out = {}
+    for c, factor in factors.items():
+        if math.isnan(factor):
+            continue
+        timing = simulate(scenarios[c], profile=rescaled_profile(profile, factor), expand_steps=()).variants[0].timing
+        out[c] = {metric: float(timing[metric]) for metric in CHECKED}
+    return out
+
+
 def replayed(scenario: Scenario, profile: Profile | None) -> bool:
     """Whether the profile was calibrated on this very cluster (same-cluster mode: its collective
     timings are replayed, :mod:`sim.context`), so a figure of it is a replay, not a prediction."""
@@ -96,12 +123,15 @@ def replayed(scenario: Scenario, profile: Profile | None) -> bool:
 @dataclass(frozen=True)
 class CandidateRuns:
     """What one candidate measured over every round: one row per timed generation (``round``,
-    ``repeat`` and the run metrics of :func:`sim.metrics.run_metrics`), and the CPU time others
-    took while its launches ran (fractions of the machine's, :mod:`runtime.cpu_steal`)."""
+    ``repeat`` and the run metrics of :func:`sim.metrics.run_metrics`), the CPU time others
+    took while its launches ran (fractions of the machine's, :mod:`runtime.cpu_steal`) and the
+    machine's speed around them (the reference op set's median times, s by op,
+    :mod:`runtime.reference_timing`; empty where not timed)."""
 
     generations: pd.DataFrame
     cpu_steal: float
     other_load: float
+    reference_s: dict[str, float] = field(default_factory=dict)
 
     def median(self, metric: str) -> float:
         return float(np.median(self.generations[metric]))
@@ -110,11 +140,17 @@ class CandidateRuns:
         return float(np.percentile(self.generations[metric], q))
 
 
-def measured_table(top: pd.DataFrame, runs: dict[int, CandidateRuns], slo, sources: dict[int, str]) -> pd.DataFrame:
+def measured_table(top: pd.DataFrame, runs: dict[int, CandidateRuns], slo, sources: dict[int, str],
+                   calibrated_s: dict[str, float] | None = None,
+                   rescaled: dict[int, dict[str, float]] | None = None) -> pd.DataFrame:
     """Predicted against measured per candidate (:data:`CANDIDATE_COLUMNS`), in plan order.
 
     ``measured_rank``: the plan's ranking rule applied to the measured values
     (:func:`sim.planning.outcome.ranking`). ``sources``: ``replay`` or ``prediction`` per candidate.
+    ``machine_slowdown``: the candidate's reference timing against ``calibrated_s``, the profile's
+    (:func:`sim.machine_speed.slowdown`; NaN where either is missing); ``*_error_compute_rescaled``:
+    ``rescaled`` (the predictions with compute rescaled by it, :func:`rescaled_predictions`) against
+    the measured values, NaN for a candidate it lacks.
     """
     measured = top.copy()
     for metric in MEASURED:
@@ -132,13 +168,16 @@ def measured_table(top: pd.DataFrame, runs: dict[int, CandidateRuns], slo, sourc
                "profile_context": row["profile_context"], "meets_slo_predicted": bool(row["meets_slo"]),
                "meets_slo_measured": bool(measured.loc[i, "meets_slo"]),
                "slo_miss_measured": measured.loc[i, "slo_miss"], "repeats": len(run.generations),
-               "cpu_steal": run.cpu_steal, "other_load": run.other_load}
+               "cpu_steal": run.cpu_steal, "other_load": run.other_load,
+               "machine_slowdown": slowdown(calibrated_s or {}, run.reference_s)}
         for metric, short in CHECKED.items():
             value = run.median(metric)
+            again = (rescaled or {}).get(c, {}).get(metric, math.nan)
             out |= {f"predicted_{short}_s": float(row[metric]), f"measured_{short}_s": value,
                     f"measured_{short}_p10_s": run.percentile(metric, 10),
                     f"measured_{short}_p90_s": run.percentile(metric, 90),
-                    f"{short}_error": float(row[metric]) / value - 1 if value > 0 else math.nan}
+                    f"{short}_error": float(row[metric]) / value - 1 if value > 0 else math.nan,
+                    f"{short}_error_compute_rescaled": again / value - 1 if value > 0 else math.nan}
         rows.append(out)
     return pd.DataFrame(rows, columns=CANDIDATE_COLUMNS)
 
@@ -201,6 +240,7 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
     """
     from runtime.cpu_steal import ZERO, load_during
     from runtime.measure import launch_measurement, repeat_timings
+    from runtime.reference_timing import medians, pooled, timed_around
     from sim.parallel import ParallelPlan
     from sim.topology import build_topology
     from validation.memory_fit import check_memory_fits
@@ -209,6 +249,7 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
         check_memory_fits(scenario, allow_overcommit=False)
     generations: dict[int, list[dict]] = {c: [] for c in scenarios}
     spent = {c: ZERO for c in scenarios}
+    reference: dict[int, dict[str, list[float]]] = {c: {} for c in scenarios}
     order = list(scenarios)
     for round_index in range(rounds):
         with testbed_turn():  # a round is a few minutes: others' runs get their turns between rounds
@@ -225,19 +266,20 @@ def measure_candidates(scenarios: dict[int, Scenario], *, rounds: int, repeats: 
                     bed.down()  # a previous crash may have left it behind
                     bed.up(owned=True)
                 try:
-                    gathered, span = load_during(lambda: launch_measurement(scenario, repeats=repeats, warmup=warmup,
-                                                                            testbed=testbed))
+                    (gathered, span), samples = timed_around(lambda: load_during(lambda: launch_measurement(
+                        scenario, repeats=repeats, warmup=warmup, testbed=testbed)))
                 finally:
                     if bed is not None:
                         bed.down()
                 spent[c] = spent[c] + span
+                reference[c] = pooled(reference[c], samples)
                 master = ParallelPlan.of(scenario, topology).stage_ranks[-1][0]
                 per_rank = [ranks[0] for ranks in gathered]  # one variant per candidate scenario
                 timings = repeat_timings(per_rank, master, scenario.config.workload.batch_size)
                 generations[c] += [{"candidate": c, "round": round_index, "repeat": i,
                                     **{m: t[m] for m in MEASURED}} for i, t in enumerate(timings)]
-    return {c: CandidateRuns(pd.DataFrame(generations[c]), spent[c].steal_fraction, spent[c].other_load)
-            for c in scenarios}
+    return {c: CandidateRuns(pd.DataFrame(generations[c]), spent[c].steal_fraction, spent[c].other_load,
+                             medians(reference[c])) for c in scenarios}
 
 
 @dataclass(frozen=True)
@@ -271,7 +313,10 @@ def check_plan(plan: PlanResult, profile: Profile | None, *, n: int = TOP_CHECKE
     sources = {c: REPLAY if replayed(s, profile) else PREDICTION for c, s in scenarios.items()}
     runs = measure_candidates(scenarios, rounds=rounds, repeats=repeats, warmup=warmup, testbed=testbed,
                               on_progress=on_progress)
-    table = measured_table(top, runs, plan.request.config.slo, sources)
+    calibrated_s = {} if profile is None else calibrated_speed(profile_contexts(profile.rows))
+    factors = {c: slowdown(calibrated_s, run.reference_s) for c, run in runs.items()}
+    table = measured_table(top, runs, plan.request.config.slo, sources, calibrated_s,
+                           rescaled_predictions(scenarios, profile, factors))
     generations = pd.concat([r.generations for r in runs.values()], ignore_index=True)
     loaded = "" if profile is None else load_warning(profile_contexts(profile.rows))
     return PlanCheck(plan, table, generations, verdict(table), dicts, command, loaded)
@@ -329,9 +374,11 @@ def summary_markdown(check: PlanCheck) -> str:
                      f"{np.median(errors):.1%} / {np.max(errors):.1%}.")
     if check.profile_load:
         lines.append(f"- The profile was {check.profile_load}.")
+    lines += _speed_lines(table)
     lines += ["", "| plan rank | measured rank | candidate | cluster | layout | $/h | source | TTFT ms predicted / "
               "measured (p10-p90) | error | TPOT ms predicted / measured (p10-p90) | error | SLO predicted / measured "
-              "| steal | other load |", "|" + "---|" * 14]
+              "| steal | other load | machine vs calibration | TTFT / TPOT error, compute rescaled (diagnosis) |",
+              "|" + "---|" * 16]
     for row in table.itertuples(index=False):
         lines.append(
             f"| {row.plan_rank} | {row.measured_rank or '-'} | {row.candidate} | {row.cluster} | {row.variant} | "
@@ -340,12 +387,40 @@ def summary_markdown(check: PlanCheck) -> str:
             f"{_ms(row.predicted_tpot_s)} / {_ms(row.measured_tpot_s)} ({_ms(row.measured_tpot_p10_s)}-"
             f"{_ms(row.measured_tpot_p90_s)}) | {_pct(row.tpot_error)} | "
             f"{'meets' if row.meets_slo_predicted else 'misses'} / {'meets' if row.meets_slo_measured else 'misses'} | "
-            f"{row.cpu_steal:.1%} | {row.other_load:.1%} |")
+            f"{row.cpu_steal:.1%} | {row.other_load:.1%} | {speed_cell(row.machine_slowdown)} | "
+            f"{_pct_or_blank(row.ttft_error_compute_rescaled)} / {_pct_or_blank(row.tpot_error_compute_rescaled)} |")
     lines += ["", "Source: `replay` where the profile was calibrated on that very cluster (its timings are "
               "replayed), `prediction` elsewhere. Prices are notional (validation/plan-check/catalog.yaml). "
               "steal: CPU time the hypervisor took; other load: CPU time other processes took, both while the "
-              "candidate's launches ran.", ""]
+              "candidate's launches ran. Machine vs calibration: a reference op set (a GPT-2 matmul and a "
+              "memory-bound matvec, one thread) timed around the candidate's launches against its timing "
+              "around the profile's calibration (runtime.reference_timing). Error, compute rescaled: the "
+              "prediction re-simulated with the profile's compute times multiplied by that factor; it uses a "
+              "timing made while measuring, so it is a diagnosis of the machine's stretch, not a prediction.", ""]
     return "\n".join(lines)
+
+
+def _pct_or_blank(value: float) -> str:
+    return "-" if math.isnan(value) else _pct(value)
+
+
+def _speed_lines(table: pd.DataFrame) -> list[str]:
+    """The machine's speed while measuring against the calibration's, and the errors with compute
+    rescaled by it (a diagnosis, beside the raw errors); one line saying it is unknown where the
+    profile or the measurement did not time the reference op set."""
+    known = table[table["machine_slowdown"].notna()]
+    if known.empty:
+        return ["- Machine speed against the calibration: not known (the profile records no reference timing, "
+                "or none was made while measuring): no error with compute rescaled."]
+    factors = known["machine_slowdown"]
+    raw = np.abs(pd.concat([known["ttft_error"], known["tpot_error"]]))
+    again = np.abs(pd.concat([known["ttft_error_compute_rescaled"], known["tpot_error_compute_rescaled"]]))
+    return [f"- Machine speed while measuring, against the calibration (reference op set): "
+            f"{describe(float(np.median(factors)))} (median over candidates; "
+            f"{speed_cell(float(factors.min()))} .. {speed_cell(float(factors.max()))}). With the profile's compute "
+            f"rescaled by each candidate's factor, median / max |error| {np.median(again):.1%} / {np.max(again):.1%} "
+            f"(raw {np.median(raw):.1%} / {np.max(raw):.1%}): a diagnosis using a timing made while measuring, "
+            "not a prediction."]
 
 
 def _objectives(slo) -> str:

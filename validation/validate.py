@@ -12,6 +12,14 @@ step's time goes (:func:`validation.terms.term_errors`), and the held-out collec
 the calibrated network model's interpolation (:func:`collective_errors`). The testbed goes down
 whatever happens.
 
+Each launch also times a reference op set around it (:mod:`runtime.reference_timing`): the
+interleaved launch's timing goes into its profile (a ``speed`` context row), and a layout measured
+in a launch of its own is set against it (``machine_slowdown``, :func:`sim.machine_speed.slowdown`;
+1 for the interleaved cases, whose calibration and measurement share one launch), with its error
+again with the profile's compute rescaled by that factor (``error_compute_rescaled``): a diagnosis
+of the machine's stretch between the launches, not a prediction (it uses a timing made while
+measuring). The raw ``error`` is the report's.
+
 Errors are signed, ``simulated / measured - 1``. The report gives, per metric, the median and p90
 of |error| over cases; whether the simulator orders each pair of variants as the measurement does
 where the measured difference exceeds 10%; and the seed's claim: allreduce_ln with its best
@@ -33,6 +41,8 @@ import numpy as np
 import pandas as pd
 
 from models.ops import OpKind
+from sim.context import calibrated_speed, profile_contexts
+from sim.machine_speed import rescaled_profile, slowdown
 from sim.parallel import ParallelPlan
 from sim.profile import MeasurementKind, Profile
 from sim.scenario import Scenario
@@ -305,25 +315,46 @@ def testbed_turn() -> Iterator[None]:
     time.sleep(LOCK_TURN_S)
 
 
+def with_rescaled_errors(errors: pd.DataFrame, case: Scenario, profile: Profile, factor: float, measured,
+                         simulate) -> pd.DataFrame:
+    """``errors`` (:func:`case_errors` of ``case``) with ``machine_slowdown`` = ``factor`` and
+    ``error_compute_rescaled``: the simulation with the profile's compute times multiplied by
+    ``factor`` (:func:`sim.machine_speed.rescaled_profile`) against the same ``measured`` results;
+    the error as it is where the factor is 1 (nothing to rescale), NaN where it is unknown."""
+    errors = errors.assign(machine_slowdown=factor)
+    if np.isnan(factor):
+        return errors.assign(error_compute_rescaled=np.nan)
+    if factor == 1.0:
+        return errors.assign(error_compute_rescaled=errors["error"])
+    again = case_errors(case.name, case.config.workload.prompt_tokens,
+                        simulate(case, profile=rescaled_profile(profile, factor)).results, measured)
+    again = again[["variant", "metric", "device", "error"]].rename(columns={"error": "error_compute_rescaled"})
+    return errors.merge(again, on=["variant", "metric", "device"], how="left")
+
+
 def layout_errors(case: Scenario, topology, profile: Profile, matrix: Matrix, simulate) -> pd.DataFrame:
     """One layout of a layouts matrix (``case``: one variant in a layout the profile did not
     measure) measured in a launch of its own on the cluster calibrated just before, against its
     prediction from that profile: :func:`case_errors` with the split half, ``layout_seen`` false,
-    and the machine's CPU shares over the launch (``cpu_steal``; ``other_load``: busy time less
-    this process's and its children's, the ranks, :func:`runtime.cpu_steal.load_during`)."""
+    the machine's CPU shares over the launch (``cpu_steal``; ``other_load``: busy time less
+    this process's and its children's, the ranks, :func:`runtime.cpu_steal.load_during`), and its
+    speed against the calibration's (:func:`with_rescaled_errors`)."""
     from runtime.cpu_steal import load_during
     from runtime.measure import launch_measurement, measured_result
+    from runtime.reference_timing import medians, timed_around
 
-    gathered, spent = load_during(lambda: launch_measurement(
-        case, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed, min_timed_s=matrix.min_timed_s))
+    (gathered, spent), reference = timed_around(lambda: load_during(lambda: launch_measurement(
+        case, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed, min_timed_s=matrix.min_timed_s)))
     measured = measured_result(case, topology, gathered)
     simulated = simulate(case, profile=profile)
     prompt = case.config.workload.prompt_tokens
-    return (case_errors(case.name, prompt, simulated.results, measured.results)
-            .merge(split_halves(case, gathered), on=["variant", "metric"], how="left")
-            .assign(repeats=len(gathered[0][0].step_start_s), cpu_steal=spent.steal_fraction,
-                    other_load=spent.other_load,
-                    layout_seen=False))
+    factor = slowdown(calibrated_speed(profile_contexts(profile.rows)), medians(reference))
+    errors = (case_errors(case.name, prompt, simulated.results, measured.results)
+              .merge(split_halves(case, gathered), on=["variant", "metric"], how="left")
+              .assign(repeats=len(gathered[0][0].step_start_s), cpu_steal=spent.steal_fraction,
+                      other_load=spent.other_load,
+                      layout_seen=False))
+    return with_rescaled_errors(errors, case, profile, factor, measured.results, simulate)
 
 
 def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
@@ -397,7 +428,7 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                 simulated = simulate(case, profile=profile)
                 gathered = with_memory(timed, memory[prompt])
                 measured = measured_result(case, topology, gathered)
-                errors.append(case_errors(scenario.name, prompt, simulated.results, measured.results)
+                case_table = (case_errors(scenario.name, prompt, simulated.results, measured.results)
                               .merge(split_halves(case, gathered), on=["variant", "metric"], how="left")
                               .assign(repeats=run.rounds["measurement"],
                                       calibration_rounds=run.rounds["calibration"],
@@ -405,6 +436,10 @@ def validate(matrix: Matrix, scenarios: list[Scenario], out_dir: Path,
                                       calibration_cpu_steal=run.calibration_cpu_steal,
                                       other_load=run.measurement_other_load,
                                       calibration_other_load=run.calibration_other_load))
+                # one launch calibrated and measured: its reference timing is both (factor 1)
+                errors.append(with_rescaled_errors(case_table, case, profile,
+                                                   slowdown(run.reference_s, run.reference_s),
+                                                   measured.results, simulate))
                 regimes.append(memory_regimes(scenario.name, prompt, simulated.results, measured.results))
                 in_run.append(in_run_errors(scenario.name, prompt, simulated, measured))
                 terms.append(term_errors(scenario.name, prompt, simulated, measured, gap_s))

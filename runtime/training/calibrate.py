@@ -89,8 +89,9 @@ from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
 from sim.collectives.registry import LIBRARY
 from runtime.cpu_steal import load_during
+from runtime.reference_timing import medians, timed_around
 from runtime.testbed.cluster import applied_context
-from sim.context import context_rows, load_rows, scenario_context
+from sim.context import context_rows, load_rows, scenario_context, speed_rows
 from sim.framework import Backend, backend_of
 from sim.profile import profile_frame, with_rows
 from sim.training.lower import tp_allreduce_algorithm
@@ -456,7 +457,8 @@ def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max
 
     Returns:
         The profile table (:func:`sim.profile.profile_frame`), with the load the launch ran
-        under (:func:`runtime.cpu_steal.load_during`).
+        under (:func:`runtime.cpu_steal.load_during`) and the machine's speed around it
+        (:func:`runtime.reference_timing.timed_around`).
 
     Raises:
         ConfigError: what :class:`runtime.training.trainer.TrainingSetup` refuses; testbed not up.
@@ -476,6 +478,8 @@ def calibrate_training(scenario, *, testbed: bool = False, repeats: int = 5, max
         return calibrate_training_rank(scenario, topology, rank, repeats=repeats, device=torch.device("cpu"),
                                        max_call_s=max_call_s, heartbeat=heartbeat, testbed=testbed)
 
-    gathered, spent = load_during(lambda: launch(body, len(layout.ranks), placements=placements,
-                                                 hang_timeout_s=hang_timeout_s, enter_namespace=enter, on_beat=on_beat))
-    return with_rows(gathered[0], load_rows(scenario.name, spent.steal_fraction, spent.other_load))
+    (gathered, spent), reference = timed_around(lambda: load_during(lambda: launch(
+        body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s, enter_namespace=enter,
+        on_beat=on_beat)))
+    return with_rows(gathered[0], load_rows(scenario.name, spent.steal_fraction, spent.other_load)
+                     + speed_rows(scenario.name, medians(reference)))

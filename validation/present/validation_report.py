@@ -8,6 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from sim.machine_speed import speed_cell
 from sim.outputs import write_files
 from sim.vocabulary import Metric
 from validation.terms import PHASE_METRIC, term_behind, term_summary
@@ -96,11 +97,20 @@ def _layouts_markdown(errors: pd.DataFrame) -> list[str]:
                      f"{len(group)} | {magnitude.median():.1%} | {magnitude.quantile(0.9):.1%} | "
                      f"{group['error'].median():+.1%} |")
     lines += ["", "| scenario | prompt | layout | profile measured it | metric | simulated ms | measured ms | error | "
-                  "split half | steal | other load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "split half | steal | other load | machine vs calibration | error, compute rescaled (diagnosis) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in timing.itertuples(index=False):
+        rescaled = getattr(row, "error_compute_rescaled", float("nan"))
         lines.append(f"| {row.scenario} | {row.prompt_tokens} | {row.variant} | {'yes' if row.layout_seen else 'no'} | "
                      f"{row.metric} | {row.simulated * 1e3:.1f} | {row.measured * 1e3:.1f} | {row.error:+.1%} | "
-                     f"{row.split_half:.1%} | {row.cpu_steal:.1%} | {row.other_load:.1%} |")
+                     f"{row.split_half:.1%} | {row.cpu_steal:.1%} | {row.other_load:.1%} | "
+                     f"{speed_cell(getattr(row, 'machine_slowdown', float('nan')))} | "
+                     f"{'-' if pd.isna(rescaled) else f'{rescaled:+.1%}'} |")
+    lines += ["", "Machine vs calibration: a reference op set (runtime.reference_timing) timed around the layout's "
+                  "launch against its timing around the calibrating launch (the calibrated layout shares that "
+                  "launch: as fast). Error, compute rescaled: the simulation with the profile's compute times "
+                  "multiplied by that factor; it uses a timing made while measuring, so it is a diagnosis of the "
+                  "machine's stretch, not a prediction."]
     return lines
 
 
