@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 
 from runtime.cpu_steal import cpu_sample, own_ticks
 from runtime.reference_timing import medians, reference_samples
+from sim.machine_speed import ReferenceOp
 from validation.validate import testbed_turn
 
 
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between the starts of two timings")
     args = parser.parse_args()
     seen: dict[str, list[float]] = {}
-    print("| UTC | " + " | ".join(f"{op} ms" for op in ("matmul", "stream")) + " | took s | steal | other load |")
+    print("| UTC | " + " | ".join(f"{op} ms" for op in ReferenceOp) + " | took s | steal | other load |")
     print("|---|---|---|---|---|---|")
     for index in range(args.samples):
         start = time.monotonic()
@@ -43,7 +44,7 @@ def main() -> None:
         other = max(0, span.busy - (own_ticks() - ours)) / span.total if span.total else float("nan")
         for op, seconds in times.items():
             seen.setdefault(op, []).append(seconds)
-        print(f"| {datetime.now(timezone.utc):%H:%M:%S} | " + " | ".join(f"{times[op] * 1e3:.2f}" for op in sorted(times))
+        print(f"| {datetime.now(timezone.utc):%H:%M:%S} | " + " | ".join(f"{times[op] * 1e3:.2f}" for op in ReferenceOp)
               + f" | {took:.2f} | {span.steal_fraction:.1%} | {other:.1%} |", flush=True)
         if index + 1 < args.samples:
             time.sleep(max(0.0, args.interval - (time.monotonic() - start)))

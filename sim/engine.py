@@ -268,7 +268,8 @@ class Engine:
         lags = {rank: pool.lag_per_block * off_core_share(len(pool.ranks.intersection(segment.programs)),
                                                           pool.free_cores)
                 for pool in pools if pool.lag_per_block and arrival_skew.PRICED for rank in pool.ranks}
-        released = dict.fromkeys(segment.programs, 0.0)  # when each rank left its last collective (s)
+        # when each rank left its last collective (s): kept only where lags are priced
+        released = dict.fromkeys(segment.programs, 0.0) if lags else None
         calls: dict[int, list] = {}
         for rank in sorted(segment.programs):
             program = segment.programs[rank]

@@ -70,6 +70,26 @@ def make_scenario(**overrides) -> Scenario:
     return scenario_from_dict(scenario_dict(**overrides), base_dir=ROOT)
 
 
+def four_rank_layer(pools: tuple = ()):
+    """A 4-rank tensor-parallel ring-allreduce generation on one host (alpha-beta network, roofline
+    compute) and an engine over its topology whose ranks share ``pools`` (``sim.cores.CorePool``;
+    empty: a core each). Returns ``(result, compute, engine)``; a decoder layer is
+    ``result.variants[0].run.simulated[phase].phase.segments[1]``."""
+    from sim.cost import RooflineCompute
+    from sim.engine import Engine
+    from sim.network import NETWORK_MODELS, CollectivePricer
+    from sim.simulate import simulate
+
+    result = simulate(make_scenario(cluster=cluster(4, 1), network_model="alpha_beta",
+                                    variants=[{"name": "ar", "strategy": "allreduce_ln", "allreduce": "ring"}]))
+    config = result.scenario.config
+    compute = RooflineCompute(result.scenario.model.dtype, config.compute.flops_efficiency,
+                              config.compute.memory_efficiency, config.compute.op_overhead_s)
+    pricer = CollectivePricer(NETWORK_MODELS["alpha_beta"](
+        result.topology, {d.rank: compute.reduce_s_per_byte(d) for d in result.topology.devices}), result.topology)
+    return result, compute, Engine(result.topology, compute, pricer, cores=pools)
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

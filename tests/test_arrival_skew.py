@@ -7,8 +7,7 @@ import pytest
 from sim.arrival_skew import expected_lead_s, fit_lag_per_block, off_core_share
 from sim.concurrency import block_compute_s
 from sim.cores import CorePool
-from sim.simulate import simulate
-from tests.conftest import cluster, make_scenario
+from tests.conftest import four_rank_layer
 
 
 def test_the_expected_lead_is_the_expected_maximum_of_uniform_lags_less_the_first_ranks_own():
@@ -31,19 +30,7 @@ def test_more_ranks_beyond_the_cores_lag_more():
 def _layer(lag_per_block: float, phase: int):
     """A decoder layer of a 4-rank tensor-parallel generation (``phase`` 0: the prefill's, 1: a
     decode step's) run on 2 shared cores whose arrival lag coefficient is ``lag_per_block``."""
-    from sim.cost import RooflineCompute
-    from sim.engine import Engine
-    from sim.network import NETWORK_MODELS, CollectivePricer
-
-    result = simulate(make_scenario(cluster=cluster(4, 1), network_model="alpha_beta",
-                                    variants=[{"name": "ar", "strategy": "allreduce_ln", "allreduce": "ring"}]))
-    config = result.scenario.config
-    compute = RooflineCompute(result.scenario.model.dtype, config.compute.flops_efficiency,
-                              config.compute.memory_efficiency, config.compute.op_overhead_s)
-    pricer = CollectivePricer(NETWORK_MODELS["alpha_beta"](
-        result.topology, {d.rank: compute.reduce_s_per_byte(d) for d in result.topology.devices}), result.topology)
-    engine = Engine(result.topology, compute, pricer, cores=(CorePool(frozenset(range(4)), 2,
-                                                                      lag_per_block=lag_per_block),))
+    result, _, engine = four_rank_layer((CorePool(frozenset(range(4)), 2, lag_per_block=lag_per_block),))
     segment = result.variants[0].run.simulated[phase].phase.segments[1]  # a decoder layer
     return engine.run_segment(segment), segment
 

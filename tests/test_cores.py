@@ -8,7 +8,7 @@ import simpy
 
 from sim.cores import TICK_S, CorePool, CoreScheduling, ProcessorSharing, TakingTurns
 from sim.simulate import simulate
-from tests.conftest import cluster, make_scenario
+from tests.conftest import cluster, four_rank_layer, make_scenario
 
 
 def _finish_times(cores: float, jobs: list[tuple[float, float | list[float]]], background: float = 0.0,
@@ -90,20 +90,9 @@ def test_a_pool_without_free_cores_or_ranks_is_refused(cores, ranks, background)
 def _layer_on(cores: int | None):
     """The first decoder layer segment of a 4-rank tensor-parallel prefill, run by an engine
     whose 4 ranks share ``cores`` cores (None: a core each), rank 0's compute time in it and its ops."""
-    from sim.cost import RooflineCompute
-    from sim.engine import Engine
-    from sim.network import NETWORK_MODELS, CollectivePricer
-
-    result = simulate(make_scenario(cluster=cluster(4, 1), network_model="alpha_beta",
-                                    variants=[{"name": "ar", "strategy": "allreduce_ln", "allreduce": "ring"}]))
-    config = result.scenario.config
-    compute = RooflineCompute(result.scenario.model.dtype, config.compute.flops_efficiency,
-                              config.compute.memory_efficiency, config.compute.op_overhead_s)
-    pricer = CollectivePricer(NETWORK_MODELS["alpha_beta"](
-        result.topology, {d.rank: compute.reduce_s_per_byte(d) for d in result.topology.devices}), result.topology)
     pools = () if cores is None else (CorePool(frozenset(range(4)), cores),)
+    result, compute, engine = four_rank_layer(pools)
     layer = result.variants[0].run.simulated[0].phase.segments[1]
-    engine = Engine(result.topology, compute, pricer, cores=pools)
     ops = layer.programs[0]
     compute_s = sum(compute.duration_s(op, result.topology.devices[0]) for op in ops if op.collective is None)
     return engine.run_segment(layer), compute_s, ops
