@@ -111,14 +111,21 @@ def test_a_saved_report_re_simulates_offline_with_the_measured_buckets_kept(tmp_
         load_report_clusters(scenarios, tmp_path / "elsewhere")
 
 
-def test_hetsim_validate_writes_the_training_report_from_saved_clusters(tmp_path, capsys):
-    matrix = _matrix(tmp_path)
+def test_hetsim_validate_writes_the_training_report_and_its_transfer_figure_from_saved_clusters(tmp_path, capsys):
+    matrix = _matrix(tmp_path, transfer=True)
     _, scenarios = load_training_matrix(matrix)
     _calibrated_and_measured(tmp_path, scenarios, {})
     code, out, err = run_cli(main, ["validate", str(matrix), "--out", str(tmp_path / "out")], capsys)
     assert code == 0, err
     assert "Training validation" in out and "replay" in out and "prediction" in out
-    for name in ("errors.csv", "ranking.csv", "overlap.csv", "summary.csv", "load.csv", "summary.md"):
+    assert "Calibration transfer: training matrix t" in out
+    for name in ("errors.csv", "ranking.csv", "overlap.csv", "summary.csv", "load.csv", "summary.md",
+                 "transfer/transfer.csv", "transfer/errors.csv", "transfer/summary.md", "transfer/report.html"):
         assert (tmp_path / "out" / name).is_file()
     errors = pd.read_csv(tmp_path / "out" / "errors.csv")
     assert {"case", "cluster", "metric", "measured", "simulated", "error", "calibrated_on"} <= set(errors.columns)
+    assert set(errors["calibrated_on"]) == {*CLUSTERS, "pooled", "none"}
+    modes = set(pd.read_csv(tmp_path / "out" / "summary.csv")["mode"])
+    assert modes == {"replay", "prediction", "prediction (pooled)", "uncalibrated"}
+    summary = (tmp_path / "out" / "transfer" / "summary.md").read_text()
+    assert f"Regenerate: `hetsim validate {matrix} --out {tmp_path / 'out'}`" in summary

@@ -22,6 +22,12 @@ A training matrix file (``validation/training.yaml`` is the full one)::
       activation_checkpointing: [null, 1]
     variants:                     # cases besides the grid, each overriding ``training``
       - {name: no_overlap, training: {overlap: false}}
+    transfer: false               # also predict every cluster from the others pooled and from no profile
+
+With ``transfer: true`` the report also holds the calibration-transfer figure as the transfer
+issue defines it (:mod:`validation.training_transfer`, written under ``transfer/``): every
+cluster predicted from every other cluster's profile alone, from the profiles of all clusters but
+it pooled (leave-one-out) and from none, per (source, target) pair.
 
 A case is one variant on one cluster. Per cluster, the calibration
 (:func:`runtime.training.calibrate.calibrate_training`: forward and backward per op, the optimizer
@@ -35,10 +41,12 @@ under the output directory is not run again
 
 Errors are signed, ``simulated / measured - 1``, per case, metric and ``calibrated_on`` (the
 cluster whose profile priced it: the case's own cluster is a replay of its calibration, another
-one a prediction). The report gives the median and p90 |error| of the step time, peak memory
-error, whether the simulator orders each pair of cases of a cluster as the measurement does
-where the measured step times differ by more than 10%, and the overlap gain (step time without
-overlap over with, the case and its partner equal in every other setting) measured and simulated.
+one a prediction; with ``transfer``, also :data:`validation.transfer.POOLED` and
+:data:`validation.transfer.NO_PROFILE`). The report gives, per mode (:data:`MODES`), the median
+and p90 |error| of the step time, peak memory error, whether the simulator orders each pair of
+cases of a cluster as the measurement does where the measured step times differ by more than
+10%, and the overlap gain (step time without overlap over with, the case and its partner equal
+in every other setting) measured and simulated.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from sim.training.simulate import MEMORY_CATEGORIES
 from sim.vocabulary import Metric
 from validation.limits import MAX_REPEATS, MAX_TIMED_S
 from validation.matrix import read_matrix_file
+from validation.transfer import PAIR_KINDS, kind_of_pair, transfer_sources
 
 RANKING_THRESHOLD = 0.10
 CHECKED_METRICS = (Metric.STEP_TIME, Metric.FORWARD_TIME, Metric.BACKWARD_TIME, Metric.OPTIMIZER_TIME,
@@ -74,6 +83,10 @@ RANKING_COLUMNS = ["cluster", "calibrated_on", "replay", "faster", "slower", "me
                    "right"]
 OVERLAP_COLUMNS = ["cluster", "calibrated_on", "replay", "case", "partner", "measured_gain", "simulated_gain",
                    "difference_points"]
+MODES = dict(zip(PAIR_KINDS, ("replay", "prediction", "prediction (pooled)", "uncalibrated"), strict=True))
+"""The summary's mode per kind of (profile, cluster) pair (:func:`validation.transfer.kind_of_pair`):
+a replay of the cluster's own calibration, a prediction from another cluster's, from all other
+clusters' pooled, or from no profile (the uncalibrated models)."""
 _SHORT = {"bucket_cap_mb": "bucket", "gradient_accumulation": "acc", "activation_checkpointing": "ckpt"}
 
 
@@ -94,6 +107,7 @@ class TrainingMatrix(BaseModel):
     training: dict = {}
     grid: dict[str, list] = {}
     variants: list[dict] = []
+    transfer: bool = False
 
 
 def is_training_matrix(path: str | Path) -> bool:
@@ -290,20 +304,28 @@ def overlap_gains(scenario: Scenario, errors: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=OVERLAP_COLUMNS)
 
 
+def _modes(table: pd.DataFrame) -> pd.Series:
+    """Each row's mode (:data:`MODES`) from its ``calibrated_on`` and ``cluster``."""
+    return pd.Series([MODES[kind_of_pair(source, target)] for source, target
+                      in zip(table["calibrated_on"], table["cluster"])], index=table.index, dtype=object)
+
+
 def summarise(errors: pd.DataFrame, rank: pd.DataFrame, overlap: pd.DataFrame) -> pd.DataFrame:
-    """Replay (own cluster's profile) and prediction (another's) apart: median and p90 |error| per
-    metric, pairs ranked right of those compared, and the largest overlap-gain difference."""
+    """Per mode (:data:`MODES`: replay with the cluster's own profile, prediction with another's,
+    and with the transfer figure the others pooled and none): median and p90 |error| per metric,
+    pairs ranked right of those compared, and the largest overlap-gain difference."""
     rows = []
-    for replay, label in ((True, "replay"), (False, "prediction")):
-        of = errors[errors["replay"] == replay].dropna(subset=["error"])
+    error_modes, rank_modes, overlap_modes = _modes(errors), _modes(rank), _modes(overlap)
+    for label in MODES.values():
+        of = errors[error_modes == label].dropna(subset=["error"])
         for metric, group in of.groupby("metric", sort=True):
             magnitude = group["error"].abs()
             rows.append((label, metric, len(group), float(magnitude.median()), float(magnitude.quantile(0.9)),
                          float(magnitude.max())))
-        pairs = rank[rank["replay"] == replay]
+        pairs = rank[rank_modes == label]
         if len(pairs):
             rows.append((label, "ranking_right", len(pairs), float(pairs["right"].mean()), np.nan, np.nan))
-        gains = overlap[overlap["replay"] == replay]
+        gains = overlap[overlap_modes == label]
         if len(gains):
             rows.append((label, "overlap_gain_points", len(gains), float(gains["difference_points"].abs().median()),
                          np.nan, float(gains["difference_points"].abs().max())))
@@ -332,7 +354,7 @@ def validate_training(matrix: TrainingMatrix, scenarios: list[Scenario], out_dir
             run = run_cluster(matrix, scenario, on_progress)
             _save_cluster(out_dir, run)
         runs[scenario.name] = run
-    return compare_clusters(scenarios, runs, on_progress)
+    return compare_clusters(scenarios, runs, on_progress, transfer=matrix.transfer)
 
 
 def load_report_clusters(scenarios: list[Scenario], report_dir: Path) -> dict[str, ClusterRun]:
@@ -353,11 +375,14 @@ def load_report_clusters(scenarios: list[Scenario], report_dir: Path) -> dict[st
 
 
 def compare_clusters(scenarios: list[Scenario], runs: dict[str, ClusterRun],
-                     on_progress: Callable[[str], None] = lambda text: None) -> TrainingValidationReport:
+                     on_progress: Callable[[str], None] = lambda text: None, *,
+                     transfer: bool = False) -> TrainingValidationReport:
     """Every cluster's cases simulated with every cluster's profile (``runs``, by cluster name)
     against its measurement: the report's tables, no testbed (what :func:`validate_training` does
     once every cluster has run; an offline re-simulation of a saved report,
-    ``benchmarks/bench_training_offline.py``).
+    ``benchmarks/bench_training_offline.py``). With ``transfer``, also with the profiles of every
+    cluster but it pooled and with none (:func:`validation.transfer.transfer_sources`, the
+    inference transfer's sources).
 
     Raises:
         ConfigError: a case the simulator refuses, naming its field.
@@ -365,10 +390,11 @@ def compare_clusters(scenarios: list[Scenario], runs: dict[str, ClusterRun],
     from sim.training.simulate import simulate_training
 
     errors = []
+    profiles = {name: run.profile for name, run in runs.items()}
     for scenario in scenarios:
-        for source, run in runs.items():
+        for source, profile in transfer_sources(scenario.name, profiles, pooled=transfer, none=transfer):
             on_progress(f"simulating {scenario.name} with {source}'s profile")
-            simulated = simulate_training(scenario, run.profile)
+            simulated = simulate_training(scenario, profile)
             errors.append(case_errors(scenario.name, source, simulated.results, runs[scenario.name].measured))
     error_table = pd.concat(errors, ignore_index=True)
     overlap_table = pd.concat([overlap_gains(s, error_table) for s in scenarios], ignore_index=True)
@@ -379,10 +405,14 @@ def compare_clusters(scenarios: list[Scenario], runs: dict[str, ClusterRun],
 
 
 def summary_markdown(report: TrainingValidationReport, name: str) -> str:
-    """summary.md: the figures against the issue's targets, replay and prediction apart."""
+    """summary.md: the figures against the issue's targets, per mode (:data:`MODES`)."""
+    transfer = set(report.summary["mode"]) - {MODES["same"], MODES["other"]}
     lines = [f"# Training validation: {name}", "",
              "Errors are simulated / measured - 1. *replay*: a cluster's cases simulated with its own "
-             "calibration; *prediction*: with another cluster's (not calibrated on it).", "",
+             "calibration; *prediction*: with another cluster's (not calibrated on it)"
+             + ("; *prediction (pooled)*: with the calibrations of every cluster but it together; *uncalibrated*: "
+                "with no profile. The transfer figure per (source, target) pair is in `transfer/`." if transfer
+                else "."), "",
              "| mode | metric | cases | median abs | p90 abs | max abs |", "|---|---|---|---|---|---|"]
     for row in report.summary.itertuples(index=False):
         if row.metric == "ranking_right":
@@ -411,12 +441,20 @@ def summary_markdown(report: TrainingValidationReport, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_training_validation(report: TrainingValidationReport, out_dir: Path, name: str) -> list[Path]:
-    """errors.csv, ranking.csv, overlap.csv, summary.csv, load.csv and summary.md under ``out_dir``."""
+def write_training_validation(report: TrainingValidationReport, out_dir: Path, name: str,
+                              transfer_command: str | None = None) -> list[Path]:
+    """errors.csv, ranking.csv, overlap.csv, summary.csv, load.csv and summary.md under ``out_dir``;
+    with ``transfer_command`` (the command that regenerates them, for a report made with the
+    transfer's sources: :func:`compare_clusters` with ``transfer``), the transfer figure under
+    ``out_dir/transfer`` too (:func:`validation.training_transfer.write_training_transfer`)."""
     from sim.outputs import write_files
+    from validation.training_transfer import write_training_transfer
 
     tables = {"errors.csv": report.errors, "ranking.csv": report.ranking, "overlap.csv": report.overlap,
               "summary.csv": report.summary, "load.csv": report.load}
     files = {name_: table.to_csv(index=False, lineterminator="\n") for name_, table in tables.items()}
     files["summary.md"] = summary_markdown(report, name)
-    return write_files(out_dir, files)
+    written = write_files(out_dir, files)
+    if transfer_command is not None:
+        written += write_training_transfer(report.errors, report.ranking, out_dir / "transfer", name, transfer_command)
+    return written
