@@ -35,9 +35,13 @@ step, the buckets' allreduce over the data-parallel group) runs once, then the m
 (:func:`runtime.training.measure.measure_training`), each in a launch of its own inside the
 cluster's testbed, with the share of the machine the hypervisor stole and other processes took
 recorded; the measured ops of each case's last repeat (every bucket's allreduce on every rank) are
-saved beside them (``clusters/<cluster>/trace.csv``). A cluster already calibrated and measured
-under the output directory is not run again
-(a matrix can be run over several sessions, each holding the testbed for one cluster's time).
+saved beside them (``clusters/<cluster>/trace.csv``), with what was measured (the model, the
+workload and each case's settings, ``cases.json``). A cluster already calibrated and measured
+under the output directory (its ``load.json``, written last, is there) is not run again, so a run
+stopped between clusters resumes at the next one (a matrix can be run over several sessions, each
+holding the testbed for one cluster's time; a cluster stopped inside is run again from its
+calibration); a saved cluster measured for other cases (another matrix's) is refused, naming it,
+before any rank starts.
 
 Errors are signed, ``simulated / measured - 1``, per case, metric and ``calibrated_on`` (the
 cluster whose profile priced it: the case's own cluster is a replay of its calibration, another
@@ -161,6 +165,7 @@ class ClusterRun:
     the machine's load while each ran (shares of all CPU time) and the measured ops of each
     case's last repeat on every rank (``trace``: the trace's ops table with a ``variant``
     column; each bucket's allreduce apart, which the results fold into the step's phases; None
+    for a run saved without it) and what was measured (``cases``: :func:`measured_cases`; None
     for a run saved without it)."""
 
     name: str
@@ -168,6 +173,40 @@ class ClusterRun:
     measured: pd.DataFrame
     load: dict[str, float]
     trace: pd.DataFrame | None = None
+    cases: dict | None = None
+
+
+def measured_cases(scenario: Scenario) -> dict:
+    """What a cluster's measurement measured, as JSON values: the model, the workload and every
+    case's training settings by name (saved beside it, so that a run resumed into a directory
+    never mixes another matrix's measurements with this one's)."""
+    config = scenario.config
+    return json.loads(json.dumps({
+        "model": scenario.model.name, "workload": config.workload.model_dump(mode="json"),
+        "cases": {v.name: scenario.training_settings(v).model_dump(mode="json") for v in config.variants}}))
+
+
+def check_saved_cases(run: ClusterRun, scenario: Scenario, report_dir: Path) -> None:
+    """Refuse a saved cluster measured for other cases than ``scenario``'s (:func:`measured_cases`;
+    a run saved before they were kept: its measured case names).
+
+    Raises:
+        ConfigError: naming the cluster's directory and the cases that differ.
+    """
+    expected = measured_cases(scenario)
+    if run.cases is not None:
+        saved = run.cases
+        if saved["model"] != expected["model"] or saved["workload"] != expected["workload"]:
+            differing = ["the model or workload"]
+        else:
+            differing = sorted(name for name in set(saved["cases"]) | set(expected["cases"])
+                               if saved["cases"].get(name) != expected["cases"].get(name))
+    else:
+        differing = sorted(set(run.measured["variant"]) ^ set(expected["cases"]))
+    if differing:
+        raise ConfigError("report", f"cluster {run.name} saved under {report_dir / 'clusters' / run.name} was measured "
+                                    f"for other cases than the matrix's ({', '.join(differing)}); give --out another "
+                                    f"directory or remove that one")
 
 
 @dataclass(frozen=True)
@@ -188,53 +227,62 @@ def _or_nan(share: float | None) -> float:
 
 def run_cluster(matrix: TrainingMatrix, scenario: Scenario, on_progress: Callable[[str], None]) -> ClusterRun:
     """Calibrate and measure one cluster (inside its testbed if the matrix says so; the testbed
-    goes down whatever happens)."""
+    goes down whatever happens), holding the testbed lock where ``HETSIM_TESTBED_LOCK`` names one
+    (:func:`validation.validate.testbed_turn`: runs sharing the machine take turns by cluster)."""
     from runtime.cpu_steal import load_during
     from runtime.training.calibrate import calibrate_training
     from runtime.training.measure import measure_training
     from sim.context import profile_contexts
     from sim.topology import build_topology
+    from validation.validate import testbed_turn
 
-    bed = None
-    if matrix.testbed:
-        from runtime.testbed import Testbed, require_privileges
+    with testbed_turn():  # the whole cluster: its testbed, calibration and measurement
+        bed = None
+        if matrix.testbed:
+            from runtime.testbed import Testbed, require_privileges
 
-        require_privileges()
-        bed = Testbed(scenario.name, build_topology(scenario.config.cluster))
-        bed.down()  # a previous crash may have left it behind
-        bed.up(owned=True)
-    try:
-        on_progress(f"{scenario.name}: calibrating")
-        beat = lambda rank, label: on_progress(f"{scenario.name}: calibrating: {label}") if rank == 0 else None
-        profile = calibrate_training(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
-                                     max_call_s=matrix.max_call_s, on_beat=beat)
-        on_progress(f"{scenario.name}: measuring {len(scenario.config.variants)} cases")
-        measured, spent = load_during(lambda: measure_training(
-            scenario, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed))
-    finally:
-        if bed is not None:
-            bed.down()
+            require_privileges()
+            bed = Testbed(scenario.name, build_topology(scenario.config.cluster))
+            bed.down()  # a previous crash may have left it behind
+            bed.up(owned=True)
+        try:
+            on_progress(f"{scenario.name}: calibrating")
+            beat = lambda rank, label: on_progress(f"{scenario.name}: calibrating: {label}") if rank == 0 else None
+            profile = calibrate_training(scenario, testbed=matrix.testbed, repeats=matrix.calibration_repeats,
+                                         max_call_s=matrix.max_call_s, on_beat=beat)
+            on_progress(f"{scenario.name}: measuring {len(scenario.config.variants)} cases")
+            measured, spent = load_during(lambda: measure_training(
+                scenario, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed))
+        finally:
+            if bed is not None:
+                bed.down()
     trace = pd.concat([v.trace.ops.assign(variant=v.name) for v in measured.variants], ignore_index=True)
     calibrated = profile_contexts(profile)[0]  # calibrate_training records the load its launch ran under
     return ClusterRun(scenario.name, Profile(profile), measured.results,
                       {"cpu_steal": spent.steal_fraction, "other_load": spent.other_load,
                        "calibration_cpu_steal": _or_nan(calibrated.cpu_steal),
-                       "calibration_other_load": _or_nan(calibrated.other_load)}, trace)
+                       "calibration_other_load": _or_nan(calibrated.other_load)}, trace, measured_cases(scenario))
 
 
 def _cluster_files(out_dir: Path, name: str) -> dict[str, Path]:
     base = out_dir / "clusters" / name
     return {"profile": base / "profile.csv", "measured": base / "measured.csv", "load": base / "load.json",
-            "trace": base / "trace.csv"}
+            "trace": base / "trace.csv", "cases": base / "cases.json"}
 
 
-def _load_cluster(out_dir: Path, name: str) -> ClusterRun | None:
-    files = _cluster_files(out_dir, name)
+def _load_cluster(out_dir: Path, scenario: Scenario) -> ClusterRun | None:
+    """The cluster of ``scenario`` saved under ``out_dir`` (None where it is not, or only in
+    part: a run interrupted inside it); refused where measured for other cases
+    (:func:`check_saved_cases`)."""
+    files = _cluster_files(out_dir, scenario.name)
     if not all(files[key].is_file() for key in ("profile", "measured", "load")):
         return None
     trace = pd.read_csv(files["trace"]) if files["trace"].is_file() else None
-    return ClusterRun(name, load_profile(files["profile"]), pd.read_csv(files["measured"]),
-                      json.loads(files["load"].read_text()), trace)
+    cases = json.loads(files["cases"].read_text()) if files["cases"].is_file() else None
+    run = ClusterRun(scenario.name, load_profile(files["profile"]), pd.read_csv(files["measured"]),
+                     json.loads(files["load"].read_text()), trace, cases)
+    check_saved_cases(run, scenario, out_dir)
+    return run
 
 
 def _save_cluster(out_dir: Path, run: ClusterRun) -> None:
@@ -247,6 +295,8 @@ def _save_cluster(out_dir: Path, run: ClusterRun) -> None:
         write_atomic(files["measured"], run.measured.to_csv(index=False, lineterminator="\n"))
         if run.trace is not None:
             write_atomic(files["trace"], run.trace.to_csv(index=False, lineterminator="\n"))
+        if run.cases is not None:
+            write_atomic(files["cases"], json.dumps(run.cases, indent=1, sort_keys=True) + "\n")
         write_atomic(files["load"], json.dumps(run.load, indent=1) + "\n")
 
 
@@ -340,16 +390,18 @@ def validate_training(matrix: TrainingMatrix, scenarios: list[Scenario], out_dir
     are simulated with every cluster's profile.
 
     Raises:
-        ConfigError: a case that does not fit in memory, testbed prerequisites missing.
+        ConfigError: a case that does not fit in memory, a cluster saved under ``out_dir`` measured
+            for other cases (:func:`check_saved_cases`), testbed prerequisites missing.
         runtime.errors.LaunchError: a rank failed, died or hung.
     """
     from validation.memory_fit import check_memory_fits
 
     for scenario in scenarios:  # before any rank starts or any testbed is built
         check_memory_fits(scenario, allow_overcommit=allow_overcommit)
+    saved = {scenario.name: _load_cluster(out_dir, scenario) for scenario in scenarios}
     runs = {}
     for scenario in scenarios:
-        run = _load_cluster(out_dir, scenario.name)
+        run = saved[scenario.name]
         if run is None:
             run = run_cluster(matrix, scenario, on_progress)
             _save_cluster(out_dir, run)
@@ -362,11 +414,12 @@ def load_report_clusters(scenarios: list[Scenario], report_dir: Path) -> dict[st
     ``report_dir/clusters`` (what :func:`validate_training` wrote), by cluster name.
 
     Raises:
-        ConfigError: a cluster of the matrix without its saved files (naming the directory).
+        ConfigError: a cluster of the matrix without its saved files (naming the directory), or
+            measured for other cases (:func:`check_saved_cases`).
     """
     runs = {}
     for scenario in scenarios:
-        run = _load_cluster(report_dir, scenario.name)
+        run = _load_cluster(report_dir, scenario)
         if run is None:
             raise ConfigError("report", f"no saved calibration and measurement of cluster {scenario.name} "
                                         f"(got {report_dir / 'clusters' / scenario.name})")
