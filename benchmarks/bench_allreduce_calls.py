@@ -41,7 +41,7 @@ from sim.collectives.registry import build_schedule
 from sim.simulate import build_pricing
 from sim.topology import build_topology
 from sim.vocabulary import MeasurementKind
-from validation.transfer import NO_PROFILE, POOLED, SHIPPED, kind_of_pair, pooled_profile, shipped_clusters
+from validation.transfer import SHIPPED, kind_of_pair, shipped_clusters, transfer_sources
 
 ISOLATED_KINDS = (MeasurementKind.COLLECTIVE, MeasurementKind.COLLECTIVE_HELD_OUT)
 
@@ -67,9 +67,7 @@ def call_errors(clusters) -> pd.DataFrame:
         isolated = isolated[isolated["group_size"] == len(group)]  # not the sweep over one host's ranks
         schedules = {(a, s): build_schedule(OpKind.ALLREDUCE, a, group, s, host_groups=topology.host_groups(group))
                      for a, s in calls}
-        sources = [(c.name, c.profile) for c in clusters] + [
-            (NO_PROFILE, None), (POOLED, pooled_profile([c.profile for c in clusters if c.name != target.name]))]
-        for source, profile in sources:
+        for source, profile in transfer_sources(target.name, {c.name: c.profile for c in clusters}):
             network = build_pricing(target.scenario, topology, group, profile).network
             for (algorithm, size_bytes), schedule in schedules.items():
                 timing = network.time(schedule)

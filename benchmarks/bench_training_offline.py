@@ -5,7 +5,9 @@ simulated with every cluster's shipped profile, against its shipped measurement;
 ``REPORT/clusters/<cluster>/`` (``profile.csv``, ``measured.csv``, ``load.json``); here they are
 read back and compared as the validation compares them
 (:func:`validation.training_validation.compare_clusters`): a cluster's cases with its own
-profile are a **replay**, with another cluster's a **prediction** (the transfer figure). Prints
+profile are a **replay**, with another cluster's a **prediction**; where the matrix says
+``transfer: true``, also with the others' pooled and with none, and the transfer figure per
+(source, target) pair (:mod:`validation.training_transfer`; ``--out`` writes it under ``transfer/``). Prints
 the summary table (median, p90 and max |error| per mode and metric, the ranking, the overlap
 gains) and the signed error of every case per phase; where the report kept each case's measured
 ops (``clusters/<cluster>/trace.csv``, which ``hetsim validate`` writes since session 14), also
@@ -41,6 +43,7 @@ from sim.profile import ISOLATED, MeasurementKind
 from sim.training.simulate import simulate_training
 from sim.transport import context_topology, fit_profile, price
 from sim.vocabulary import Metric
+from validation.training_transfer import summary_markdown as training_transfer_summary, transfer_cases
 from validation.training_validation import (compare_clusters, load_report_clusters, load_training_matrix,
                                             summary_markdown, write_training_validation)
 
@@ -203,11 +206,16 @@ def main() -> None:
                         help="the report directory whose clusters/ hold the saved profiles and measurements")
     parser.add_argument("--out", type=Path, default=None, help="write the re-simulated report's tables here")
     args = parser.parse_args()
+    command = ("PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py "
+               f"--matrix {args.matrix} --report {args.report}" + (f" --out {args.out}" if args.out else ""))
     started = time.perf_counter()
     matrix, scenarios = load_training_matrix(args.matrix)
     runs = load_report_clusters(scenarios, args.report)
-    report = compare_clusters(scenarios, runs, on_progress=lambda text: print(text, file=sys.stderr))
+    report = compare_clusters(scenarios, runs, on_progress=lambda text: print(text, file=sys.stderr),
+                              transfer=matrix.transfer)
     print(summary_markdown(report, matrix.name))
+    if matrix.transfer:
+        print(training_transfer_summary(transfer_cases(report.errors), report.ranking, matrix.name, command))
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print("Signed errors per case (%, simulated / measured - 1):")
         print(signed_table(report.errors).to_string())
@@ -232,7 +240,8 @@ def main() -> None:
                   "backward computed or after it:")
             print(excess.round(3).to_string(index=False))
     if args.out is not None:
-        written = write_training_validation(report, args.out, matrix.name)
+        written = write_training_validation(report, args.out, matrix.name,
+                                            transfer_command=command if matrix.transfer else None)
         print("wrote " + ", ".join(str(p) for p in written))
     print(f"{time.perf_counter() - started:.0f} s")
 

@@ -14,7 +14,7 @@ from tests.conftest import ROOT, run_cli
 from tests.test_training_calibrated import _profile
 from validation.cli import main
 from validation.training_validation import (ClusterRun, _save_cluster, compare_clusters, load_report_clusters,
-                                            load_training_matrix, validate_training)
+                                            load_training_matrix, measured_cases, validate_training)
 
 CLUSTERS = ["v2x2_bandwidth", "v4x1_latency"]
 
@@ -111,14 +111,40 @@ def test_a_saved_report_re_simulates_offline_with_the_measured_buckets_kept(tmp_
         load_report_clusters(scenarios, tmp_path / "elsewhere")
 
 
-def test_hetsim_validate_writes_the_training_report_from_saved_clusters(tmp_path, capsys):
-    matrix = _matrix(tmp_path)
+def test_hetsim_validate_writes_the_training_report_and_its_transfer_figure_from_saved_clusters(tmp_path, capsys):
+    matrix = _matrix(tmp_path, transfer=True)
     _, scenarios = load_training_matrix(matrix)
     _calibrated_and_measured(tmp_path, scenarios, {})
     code, out, err = run_cli(main, ["validate", str(matrix), "--out", str(tmp_path / "out")], capsys)
     assert code == 0, err
     assert "Training validation" in out and "replay" in out and "prediction" in out
-    for name in ("errors.csv", "ranking.csv", "overlap.csv", "summary.csv", "load.csv", "summary.md"):
+    assert "Calibration transfer: training matrix t" in out
+    for name in ("errors.csv", "ranking.csv", "overlap.csv", "summary.csv", "load.csv", "summary.md",
+                 "transfer/transfer.csv", "transfer/errors.csv", "transfer/summary.md", "transfer/report.html"):
         assert (tmp_path / "out" / name).is_file()
     errors = pd.read_csv(tmp_path / "out" / "errors.csv")
     assert {"case", "cluster", "metric", "measured", "simulated", "error", "calibrated_on"} <= set(errors.columns)
+    assert set(errors["calibrated_on"]) == {*CLUSTERS, "pooled", "none"}
+    modes = set(pd.read_csv(tmp_path / "out" / "summary.csv")["mode"])
+    assert modes == {"replay", "prediction", "prediction (pooled)", "uncalibrated"}
+    summary = (tmp_path / "out" / "transfer" / "summary.md").read_text()
+    assert f"Regenerate: `hetsim validate {matrix} --out {tmp_path / 'out'}`" in summary
+
+
+def test_a_run_resumed_into_a_directory_of_another_matrix_is_refused_before_any_rank_starts(tmp_path):
+    matrix, scenarios = load_training_matrix(_matrix(tmp_path))
+    _calibrated_and_measured(tmp_path, scenarios, {})
+    out = tmp_path / "out"
+    # saved before what was measured was kept: the case names tell
+    other, others = load_training_matrix(_matrix(tmp_path, grid={"bucket_cap_mb": [1, 5]}))
+    with pytest.raises(ConfigError, match=f"cluster {CLUSTERS[0]} saved under .* was measured for other cases than "
+                                          "the matrix's \\(bucket1, bucket1_ckpt1, bucket1_ckptoff, bucket25_ckpt1, "
+                                          "bucket25_ckptoff, bucket5\\); give --out another directory"):
+        validate_training(other, others, out)
+    # saved with them: a case of the same name and other settings is refused too
+    for scenario in scenarios:
+        (out / "clusters" / scenario.name / "cases.json").write_text(json.dumps(measured_cases(scenario)))
+    assert set(load_report_clusters(scenarios, out)) == set(CLUSTERS)
+    changed = _matrix(tmp_path, variants=[{"name": "no_overlap", "training": {"bucket_cap_mb": 25, "overlap": False}}])
+    with pytest.raises(ConfigError, match="was measured for other cases than the matrix's \\(no_overlap\\)"):
+        load_report_clusters(load_training_matrix(changed)[1], out)

@@ -504,9 +504,12 @@ def _validate_training(matrix: Path, out_dir: Path, allow_overcommit: bool) -> N
     with console.status("validating training") as status:
         report = validate_training(loaded, scenarios, out_dir, on_progress=lambda text: status.update(text),
                                    allow_overcommit=allow_overcommit)
+    command = f"hetsim validate {matrix} --out {out_dir}" if loaded.transfer else None
     with interrupt.deferred():
-        written = write_training_validation(report, out_dir, loaded.name)
+        written = write_training_validation(report, out_dir, loaded.name, transfer_command=command)
     console.print(summary_markdown(report, loaded.name))
+    if loaded.transfer:
+        console.print((out_dir / "transfer" / "summary.md").read_text())
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 

@@ -23,7 +23,7 @@ that the terms add up to the error).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,6 +127,23 @@ def pooled_profile(profiles: Sequence[Profile]) -> Profile:
     return Profile(pd.concat([p.rows for p in profiles], ignore_index=True))
 
 
+def transfer_sources(target: str, profiles: Mapping[str, Profile], *, pooled: bool = True,
+                     none: bool = True) -> list[tuple[str, Profile | None]]:
+    """The profiles a ``target`` cluster is predicted from, by source name: every cluster's own
+    (``profiles``, by cluster name, in their order; the target's is the diagonal), then
+    (``none``) :data:`NO_PROFILE` and (``pooled``) :data:`POOLED`, the profiles of every cluster
+    but the target concatenated (:func:`pooled_profile`; left out where no other cluster has
+    one). The one list of sources of the inference transfer (:func:`transfer_errors`) and the
+    training one (:func:`validation.training_validation.compare_clusters`)."""
+    sources: list[tuple[str, Profile | None]] = list(profiles.items())
+    if none:
+        sources.append((NO_PROFILE, None))
+    others = [profile for name, profile in profiles.items() if name != target]
+    if pooled and others:
+        sources.append((POOLED, pooled_profile(others)))
+    return sources
+
+
 def transfer_errors(clusters: Sequence[Cluster], *, pooled: bool = True,
                     simulate_case: Callable | None = None,
                     on_progress: Callable[[str], None] = lambda text: None) -> pd.DataFrame:
@@ -147,11 +164,9 @@ def transfer_errors(clusters: Sequence[Cluster], *, pooled: bool = True,
 
         simulate_case = lambda scenario, profile: simulate(scenario, profile=profile)  # noqa: E731
     rows = []
+    profiles = {c.name: c.profile for c in clusters}
     for target in clusters:
-        sources: list[tuple[str, Profile | None]] = [(c.name, c.profile) for c in clusters]
-        sources.append((NO_PROFILE, None))
-        if pooled:
-            sources.append((POOLED, pooled_profile([c.profile for c in clusters if c.name != target.name])))
+        sources = transfer_sources(target.name, profiles, pooled=pooled)
         for prompt, measured in target.measured.groupby("prompt_tokens", sort=True):
             case = with_prompt(target.scenario, int(prompt))
             measured_terms = None if target.terms is None else target.terms[target.terms["prompt_tokens"] == prompt]
@@ -214,17 +229,24 @@ def transfer_table(errors: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
+PAIR_KINDS = ("same", "other", POOLED, NO_PROFILE)
+"""The kinds of (source, target) pair (:func:`kind_of_pair`), in the order the reports give them."""
+
+
 def kind_of_pair(source: str, target: str) -> str:
-    """``same`` (the diagonal), ``none``, ``pooled`` or ``other`` (true transfer)."""
+    """``same`` (the diagonal), ``none``, ``pooled`` or ``other`` (true transfer): one of
+    :data:`PAIR_KINDS`."""
     if source == target:
         return "same"
     return source if source in (NO_PROFILE, POOLED) else "other"
 
 
-def overall_table(errors: pd.DataFrame, matrix_clusters: Sequence[str] = ()) -> pd.DataFrame:
-    """Per kind of pair (:func:`kind_of_pair`) and metric (TTFT, TPOT, both): cases, median and
-    p90 |error|, median signed error; over every cluster (``scope`` all) and, where
-    ``matrix_clusters`` names some, over the pairs among them alone (``scope`` matrix)."""
+def overall_table(errors: pd.DataFrame, matrix_clusters: Sequence[str] = (),
+                  metrics: Sequence[str] = TRANSFER_METRICS, both: bool = True) -> pd.DataFrame:
+    """Per kind of pair (:func:`kind_of_pair`) and metric (each of ``metrics``, then, with
+    ``both``, all of them together: TTFT and TPOT by default): cases, median and p90 |error|,
+    median signed error; over every cluster (``scope`` all) and, where ``matrix_clusters``
+    names some, over the pairs among them alone (``scope`` matrix)."""
     kinds = errors.assign(kind=[kind_of_pair(s, t) for s, t in zip(errors["source"], errors["target"])])
     scopes = [("all", kinds)]
     if matrix_clusters:
@@ -233,12 +255,15 @@ def overall_table(errors: pd.DataFrame, matrix_clusters: Sequence[str] = ()) -> 
         scopes.append(("matrix", kinds[among]))
     rows = []
     for scope, table in scopes:
-        for kind in ("same", "other", POOLED, NO_PROFILE):
+        for kind in PAIR_KINDS:
             of_kind = table[table["kind"] == kind]
             if of_kind.empty:
                 continue
-            for metric in (*TRANSFER_METRICS, "both"):
-                chosen = of_kind if metric == "both" else of_kind[of_kind["metric"] == metric]
+            for metric in (*metrics, *(("both",) if both else ())):
+                chosen = of_kind[of_kind["metric"].isin(metrics)] if metric == "both" \
+                    else of_kind[of_kind["metric"] == metric]
+                if chosen.empty:
+                    continue
                 rows.append({"scope": scope, "pairs": kind, "metric": metric, **_stats(chosen["error"])})
     return pd.DataFrame(rows, columns=OVERALL_COLUMNS)
 
@@ -280,6 +305,40 @@ def matrix_table(errors: pd.DataFrame) -> pd.DataFrame:
     return table.reindex(index=list(dict.fromkeys(errors["target"])), columns=order + extra)
 
 
+def overall_lines(overall: pd.DataFrame) -> list[str]:
+    """An :func:`overall_table` as a markdown table (without its ``scope`` column where the
+    table has none)."""
+    scoped = "scope" in overall.columns
+    header = [*(("scope",) if scoped else ()), "pairs", "metric", "cases", "median abs error", "p90 abs error",
+              "median signed error"]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for row in overall.itertuples(index=False):
+        cells = [*((row.scope,) if scoped else ()), row.pairs, row.metric, row.cases, f"{row.median_abs_error:.1%}",
+                 f"{row.p90_abs_error:.1%}", f"{row.median_signed_error:+.1%}"]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return lines
+
+
+def behind_lines(errors: pd.DataFrame) -> list[str]:
+    """:func:`behind_table` of ``errors`` as a markdown table."""
+    lines = ["| pairs | term | cases | median contribution | median error |", "|---|---|---|---|---|"]
+    for row in behind_table(errors).itertuples(index=False):
+        lines.append(f"| {row.pairs} | {row.term} | {row.cases} | {row.median_contribution:+.1%} | "
+                     f"{row.median_error:+.1%} |")
+    return lines
+
+
+def matrix_lines(errors: pd.DataFrame, what: str) -> list[str]:
+    """:func:`matrix_table` of ``errors`` as a markdown table, headed by a line naming ``what``
+    its median |error| is of."""
+    table = matrix_table(errors)
+    lines = [f"Median |error| {what} per target (rows) and source profile (columns):", "",
+             "| target | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
+    for target, values in table.iterrows():
+        lines.append(f"| {target} | " + " | ".join("" if np.isnan(v) else f"{v:.1%}" for v in values) + " |")
+    return lines
+
+
 def machine_lines(clusters: Sequence[Cluster]) -> list[str]:
     """One line per cluster: the share of the machine's CPU time others took while it was
     measured and calibrated (:attr:`Cluster.machine`), or that its report did not record it."""
@@ -306,12 +365,7 @@ def summary_markdown(errors: pd.DataFrame, command: str, matrix_clusters: Sequen
              "cluster's profile (true transfer); `pooled` = the profiles of all clusters but the target; "
              f"`none` = no profile. Scope `all`: the {errors['target'].nunique()} clusters; `matrix`: the "
              f"{len(matrix_clusters)} clusters of `validation/matrix.yaml` among themselves (the issue's 240 "
-             "off-diagonal cases).", "",
-             "| scope | pairs | metric | cases | median abs error | p90 abs error | median signed error |",
-             "|---|---|---|---|---|---|---|"]
-    for row in overall_table(errors, matrix_clusters).itertuples(index=False):
-        lines.append(f"| {row.scope} | {row.pairs} | {row.metric} | {row.cases} | {row.median_abs_error:.1%} | "
-                     f"{row.p90_abs_error:.1%} | {row.median_signed_error:+.1%} |")
+             "off-diagonal cases).", "", *overall_lines(overall_table(errors, matrix_clusters))]
     lines += ["", "Strategy ranking: of the variant pairs of a target whose measured TTFT or TPOT differ by more "
               "than 10%, those the prediction orders as measured:", ""]
     lines += [f"- {row.pairs}: {row.agreeing} of {row.compared}" for row in ranking_table(errors).itertuples()]
@@ -319,15 +373,8 @@ def summary_markdown(errors: pd.DataFrame, command: str, matrix_clusters: Sequen
               "in `errors.csv`): of the simulated run's split of the metric against the target's measured split "
               "(its report's `terms.csv`; `other` the rest of the measured median, so that a case's terms add up "
               "to its error), the term contributing most in the error's direction. Per kind of pair:", "",
-              "| pairs | term | cases | median contribution | median error |", "|---|---|---|---|---|"]
-    for row in behind_table(errors).itertuples(index=False):
-        lines.append(f"| {row.pairs} | {row.term} | {row.cases} | {row.median_contribution:+.1%} | "
-                     f"{row.median_error:+.1%} |")
-    table = matrix_table(errors)
-    lines += ["", "Median |error| (TTFT and TPOT) per target (rows) and source profile (columns):", "",
-              "| target | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
-    for target, values in table.iterrows():
-        lines.append(f"| {target} | " + " | ".join("" if np.isnan(v) else f"{v:.1%}" for v in values) + " |")
+              *behind_lines(errors)]
+    lines += ["", *matrix_lines(errors, "(TTFT and TPOT)")]
     if clusters:
         lines += ["", "The machine's CPU time others took while each cluster was measured and calibrated (its report's "
                   "`errors.csv`; reports made before the load probe record steal alone):", "", *machine_lines(clusters)]

@@ -106,7 +106,8 @@ def pass_factors(profile: Profile, device: Device, dtype: str, model: ModelSpec,
     ops' per-call time (:func:`pass_op_sums` of the model the rows timed,
     :func:`calibrated_model`, as ``compute`` prices them; see the module docstring), never below
     0; and one line per factor saying what it is. Charged with the statistic of the ops
-    (:data:`sim.profile.CHARGED`), so that the ratio is of like to like."""
+    (:data:`sim.profile.CHARGED`), so that the ratio is of like to like; a pooled profile
+    (several calibrations' rows concatenated) charges the median of its passes' times."""
     from sim.context import profile_contexts, recorded_model
     from sim.profile import CHARGED
 
@@ -128,16 +129,19 @@ def pass_factors(profile: Profile, device: Device, dtype: str, model: ModelSpec,
             continue
         sums = pass_op_sums(timed, settings, micro, sequence, rank, compute, device, tensor)
         on = "" if timed.name == model.name else f", timed on {timed.name}"
-        for row in of_micro.itertuples(index=False):
-            kind = OpKind(row.op)
-            measured = float(getattr(row, statistic))
+        # A pooled profile (several calibrations) holds a row of each pass per calibration: the
+        # median of their times, as its ops' rows are pooled (sim.calibrated.CalibratedCompute).
+        for op, of_op in of_micro.groupby("op", sort=True):
+            kind = OpKind(op)
+            measured = float(of_op[statistic].median())
+            pooled = f", the median of {len(of_op)} calibrations' passes" if len(of_op) > 1 else ""
             summed, work = sums.get(kind, (0.0, 0.0))
             if summed > work and measured > 0:
                 factor = max(0.0, (measured - work) / (summed - work))
                 factors[(kind, micro)] = factor
                 lines.append(f"in-step {kind.value} pass{shard} on {device.spec.name} {dtype} at micro batch {micro}: "
-                             f"x {factor:.2f} on its ops' per-call time (whole pass {measured * 1e3:.1f} ms, its ops "
-                             f"alone {summed * 1e3:.1f} ms of which work {work * 1e3:.1f} ms{on})")
+                             f"x {factor:.2f} on its ops' per-call time (whole pass {measured * 1e3:.1f} ms{pooled}, "
+                             f"its ops alone {summed * 1e3:.1f} ms of which work {work * 1e3:.1f} ms{on})")
     return factors, lines
 
 
