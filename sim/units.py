@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 import math
 import re
+import statistics
+from collections.abc import Iterable
 
 import pint
 
@@ -192,6 +194,17 @@ def significant(value: float, digits: int = 3) -> str:
         return ""
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(value)))) if value else 0
     return f"{value:.{decimals}f}"
+
+
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"))
+
+
+def time_unit(values_s: Iterable[float]) -> tuple[float, str]:
+    """(seconds per unit, unit name) of the unit that shows the median of the finite positive
+    ``values_s`` (seconds) as at least 1: a column or an axis of durations in one unit."""
+    finite = [v for v in values_s if isinstance(v, int | float) and math.isfinite(v) and v > 0]
+    median = statistics.median(finite) if finite else 1.0
+    return next(((size, name) for size, name in _TIME_UNITS if median >= size), _TIME_UNITS[-1])
 
 
 def duration_text(seconds: float) -> str:

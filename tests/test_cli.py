@@ -131,6 +131,7 @@ def test_memory_sweep_writes_tables_csv_and_report(tmp_path, capsys):
     code, stdout, _ = _run(["simulate", str(_write(tmp_path, data)), "--out", str(out)], capsys)
     assert code == 0
     assert "gpt2" in stdout and "window 2" in stdout and "4 devices" in stdout
+    assert "For gpt2 use resident on 1 device (" in stdout  # the sentence: the fastest that fits
     sweep = pd.read_csv(out / "sweep.csv")
     assert len(sweep) == 4 and sweep["fits"].all()
     assert "plotly" in (out / "memory_report.html").read_text()

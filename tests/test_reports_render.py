@@ -1,5 +1,10 @@
 """The HTML reports render in a real browser: each opened in headless Chromium, every plotly figure
-must have drawn its traces, and every axis must carry a title (the unit is in it).
+must have drawn its traces, and every axis must carry a title (the unit is in it); every report
+opens with the sentence saying what to use and why.
+
+The reports: simulate's (inference, layouts compared, training, serving), plan's (inference,
+serving, training), a scenario sweep's memory_report.html and a grid sweep's report.html, each of
+a small scenario so that the browser, not the simulation, takes the time.
 
 Chromium is the Debian package (``/usr/bin/chromium``), which ``.ci/run`` installs; without it the
 test is skipped on a developer's machine and fails in CI (``CI`` set).
@@ -11,15 +16,23 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from sim.planning.outcome import plan
 from sim.planning.plan_config import plan_from_dict
-from sim.scenario import load_scenario
+from sim.scenario import load_scenario, scenario_from_dict
+from sim.serving.simulate import simulate_serving
 from sim.simulate import simulate
-from tests.conftest import ROOT, make_scenario
+from sim.sweep import run_sweep
+from sim.training.simulate import simulate_training
+from tests.conftest import ROOT, make_scenario, run_cli, scenario_dict
 from tests.test_planner import SMALL
+from validation.cli import main
 from validation.present.plan_report import report_html as plan_html
+from validation.present.serving import serving_html
 from validation.present.simulate_report import report_html as simulate_html
+from validation.present.sweep_report import sweep_html
+from validation.present.training_report import training_report_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and not os.environ.get("CI"):
@@ -37,7 +50,8 @@ def _rendered(path) -> str:
 
 def _check_every_figure(html_text: str, tmp_path) -> int:
     figures = re.findall(r'<div id="(figure-\d+)"', html_text)
-    assert figures
+    assert figures and len(re.findall(r'<div id="', html_text)) == len(figures)  # no figure escapes the check
+    assert re.search(r"<p class='answer'>(Use|No|For) ", html_text), "the page does not open with its answer"
     page = tmp_path / "report.html"
     page.write_text(html_text)
     dom = _rendered(page)
@@ -83,3 +97,39 @@ def test_the_training_plan_report_renders_every_figure(tmp_path):
     page = plan_html(result)
     assert "time of one optimizer step (s, log scale)" in page and "trained tokens per second (tokens" in page
     assert _check_every_figure(page, tmp_path) == 3
+
+
+def test_the_training_simulate_report_renders_every_figure(tmp_path):
+    result = simulate_training(load_scenario(ROOT / "tests" / "data" / "training_small.yaml"))
+    page = training_report_html(result)
+    assert "<p class='answer'>Use base: the shortest optimizer step of the 3 variants that fit" in page
+    assert _check_every_figure(page, tmp_path) == 3  # step terms, the baseline's (and fastest's) timeline, memory
+
+
+def test_the_serving_simulate_report_renders_every_figure(tmp_path):
+    result = simulate_serving(load_scenario(ROOT / "tests" / "data" / "serving_small.yaml"))
+    page = serving_html(result)
+    assert "<p class='answer'>Use allreduce_ring: it sustains " in page and "max rate req/s" in page
+    assert _check_every_figure(page, tmp_path) == 1
+
+
+def test_the_memory_sweep_report_renders_every_figure(tmp_path):
+    data = scenario_dict(variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}])
+    data["cluster"]["hosts"][0]["storage"] = {"bandwidth": "1GB/s", "latency": "50us"}
+    data["sweep"] = {"models": ["gpt2"], "devices": [1, 4],
+                     "memory": [{"policy": "resident"}, {"policy": "sliding_window", "window": 2}]}
+    page = sweep_html("test", "", run_sweep(scenario_from_dict(data, base_dir=ROOT)))
+    assert "<p class='answer'>For gpt2 use " in page
+    assert _check_every_figure(page, tmp_path) == 1
+
+
+def test_the_grid_sweep_report_renders_every_figure(tmp_path, capsys):
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario_dict()))
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump({"axes": {"parallel.tensor": [2, 4],
+                                                                 "workload.batch_size": [1, 2]}}))
+    code, _, err = run_cli(main, ["sweep", str(tmp_path / "scenario.yaml"), "--grid", str(tmp_path / "grid.yaml"),
+                                  "--out", str(tmp_path / "out"), "--workers", "1"], capsys)
+    assert code == 0, err
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<p class='answer'>Use parallel.tensor = " in page
+    assert _check_every_figure(page, tmp_path) == 4  # TTFT, TPOT, decode tokens/s, peak memory against each axis

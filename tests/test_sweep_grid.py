@@ -120,7 +120,10 @@ def test_sweep_writes_the_tidy_table_with_the_axes_and_a_row_per_refused_point(t
         expected.astype({"value": float}).fillna("").reset_index(drop=True))
     text = " ".join(stdout.split())
     assert "TPOT ms" in text and "10 points: 10 simulated now (2 local workers), 0 from" in text
-    assert "lowest TPOT that fits: parallel.tensor = " in text
+    assert "Use parallel.tensor = " in text and " the lowest TPOT of the 18 of 22 point-variants that fit (TPOT " \
+        in text
+    page = (out / "report.html").read_text()  # from the store's rows: a figure per metric, the verdict on top
+    assert page.count('<div id="figure-') == 4 and "<p class='answer'>Use parallel.tensor = " in page
     # A rerun computes nothing and writes the same files.
     before = (out / "results.csv").read_bytes()
     code, stdout, _ = _run(["sweep", scenario, "--grid", grid_path, "--out", out, "--workers", 2], capsys)
@@ -284,7 +287,9 @@ def test_a_scenarios_sweep_section_takes_config_paths_and_the_profile(tmp_path, 
 def test_the_terminal_table_shows_tpot_in_ms_and_past_forty_rows_the_fastest_that_fit():
     from rich.console import Console
 
-    from validation.present.sweep_table import best_line, grid_table
+    from sim.vocabulary import WorkloadKind
+    from validation.present.grid_report import grid_verdict
+    from validation.present.sweep_table import grid_table
 
     rows = []
     for batch in range(1, 51):
@@ -302,8 +307,11 @@ def test_the_terminal_table_shows_tpot_in_ms_and_past_forty_rows_the_fastest_tha
     body = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
     assert body == [str(b) for b in range(49, 9, -1)]  # batch 50 does not fit
     assert "45.1 " in text  # batch 49: 0.0451 s as 45.1 ms
-    assert best_line(tidy, ["workload.batch_size"]).startswith(
-        "lowest TPOT that fits: workload.batch_size = 49, variant rlb: 45.1 ms per token, TTFT 200 ms (49 of 50")
+    # The verdict: the lowest TPOT that fits, and why: at batch 1 the best is 10% slower.
+    assert grid_verdict(tidy, ["workload.batch_size"], WorkloadKind.INFERENCE) == (
+        "Use workload.batch_size = 49 with variant rlb: the lowest TPOT of the 49 of 50 point-variants that fit "
+        "(TPOT 45.1 ms, TTFT 200 ms, decode throughput 22.2 tok/s, max peak memory per device 1.00 GiB); "
+        "workload.batch_size matters most: the best that fits with workload.batch_size = 1 is 49.9 ms (+11%).")
 
 
 def test_the_shipped_grid_expands_over_its_scenario_without_a_refused_point():
@@ -338,17 +346,21 @@ def test_an_out_directory_whose_store_is_not_a_sweep_store_is_one_line(tmp_path,
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sweep.sqlite"]
 
 
-@pytest.mark.parametrize("data, axes, metric", [
-    ("training_small.yaml", {"training.bucket_cap_mb": [1, 25], "workload.micro_batch_size": [1, 2]}, "step_time_s"),
-    ("serving_small.yaml", {"workload.rate_per_s": [1, 4]}, "ttft_p90_s"),
+@pytest.mark.parametrize("data, axes, metric, verdict", [
+    ("training_small.yaml", {"training.bucket_cap_mb": [1, 25], "workload.micro_batch_size": [1, 2]}, "step_time_s",
+     "the lowest step time of the 12 of 12 point-variants that fit (step time "),
+    ("serving_small.yaml", {"workload.rate_per_s": [1, 4]}, "ttft_p90_s",
+     "the lowest p90 TTFT of the 4 of 4 point-variants that fit (p90 TTFT "),
 ])
-def test_training_and_serving_scenarios_sweep_like_any_other(tmp_path, capsys, data, axes, metric):
+def test_training_and_serving_scenarios_sweep_like_any_other(tmp_path, capsys, data, axes, metric, verdict):
     document = yaml.safe_load((ROOT / "tests" / "data" / data).read_text())
     document["workload"].pop("slo", None)  # keep the serving points short: no rate search
     scenario, grid_path = _files(tmp_path, {"axes": axes}, document)
     out = tmp_path / "out"
-    code, _, err = _run(["sweep", scenario, "--grid", grid_path, "--out", out, "--workers", 1], capsys)
+    code, stdout, err = _run(["sweep", scenario, "--grid", grid_path, "--out", out, "--workers", 1], capsys)
     assert code == 0, err
+    text = " ".join(stdout.split())
+    assert verdict in text and (metric != "step_time_s" or "; its step is bound by " in text), text
     table = pd.read_csv(out / "results.csv", keep_default_na=False, na_values=[""])
     assert table["error"].isna().all()  # no point refused
     values = table[table["metric"] == metric].groupby(list(axes))["value"].first()

@@ -196,12 +196,13 @@ def test_hetsim_simulate_writes_the_training_report(tmp_path, capsys):
     out = tmp_path / "out"
     main(["simulate", str(path), "--out", str(out)])
     stdout = capsys.readouterr().out
-    assert "step ms" in stdout and "b1" in stdout
+    assert "step s" in stdout and "b1" in stdout and "Use base: the shortest optimizer step of the 3" in stdout
     results = pd.read_csv(out / "results.csv")
     assert (results["source"] == "simulated").all() and set(results["variant"]) == {"base", "b1", "acc"}
     trace = json.loads((out / "trace.json").read_text())
     assert any(e.get("cat") == "allreduce" and e["tid"] == 2 for e in trace["traceEvents"])
-    assert "Step time per variant" in (out / "report.html").read_text()
+    page = (out / "report.html").read_text()
+    assert "Step time per variant" in page and "<p class='answer'>Use base: " in page
 
 
 def test_the_engine_runs_a_training_step_without_simpy_to_the_same_bits():

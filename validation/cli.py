@@ -228,7 +228,7 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
 
     from sim.outputs import results_csv, write_files
     from sim.sweep import run_sweep, sweep_points
-    from validation.present.sweep_report import sweep_html
+    from validation.present.sweep_report import memory_verdict, sweep_html
     from validation.present.tables import sweep_tables
     from validation.sweep_runner import LocalExecutor, default_workers
 
@@ -248,8 +248,9 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
                   + ("" if profile is None else f"; calibrated by the profile, "
                      f"{table['profile_context'].str.startswith('outside').sum()} of {int(table['feasible'].sum())} "
                      f"points outside its calibration context (profile_context in sweep.csv)"))
+    console.print(escape(memory_verdict(table)))
     written = write_files(out_dir, {"sweep.csv": results_csv(table),
-                                    "memory_report.html": sweep_html(scenario.config.description or scenario.name,
+                                    "memory_report.html": sweep_html(scenario.name, scenario.config.description,
                                                                      table)})
     console.print("wrote " + ", ".join(str(p) for p in written))
 

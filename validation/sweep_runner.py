@@ -242,15 +242,18 @@ def parquet_bytes(table: pd.DataFrame) -> bytes:
     return buffer.getvalue()
 
 
-def write_grid_outputs(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """``results.csv`` and ``results.parquet`` of a sweep, each written atomically."""
-    return write_files(out_dir, {"results.csv": results_csv(table), "results.parquet": parquet_bytes(table)})
+def write_grid_outputs(table: pd.DataFrame, out_dir: Path, report: str) -> list[Path]:
+    """``results.csv``, ``results.parquet`` and ``report.html`` (the page ``report``) of a sweep,
+    each written atomically."""
+    return write_files(out_dir, {"results.csv": results_csv(table), "results.parquet": parquet_bytes(table),
+                                 "report.html": report})
 
 
 def sweep_command(scenario_path: Path, grid_path: Path, out_dir: Path, *, profile_path: Path | None,
                   workers: int, scheduler: str | None, console) -> None:
     """``hetsim sweep``: validate the grid's points, compute the missing ones with a progress bar,
-    print the table, write results.csv and results.parquet beside the store in ``out_dir``.
+    print the table and the verdict, write results.csv, results.parquet and report.html
+    (:mod:`validation.present.grid_report`, from the store's rows) beside the store in ``out_dir``.
 
     Raises:
         ConfigError: a bad scenario, grid, profile, ``--out`` or ``--scheduler``.
@@ -259,6 +262,7 @@ def sweep_command(scenario_path: Path, grid_path: Path, out_dir: Path, *, profil
 
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
+    from rich.markup import escape
     from rich.text import Text
 
     from models.input_files import load_yaml
@@ -266,7 +270,8 @@ def sweep_command(scenario_path: Path, grid_path: Path, out_dir: Path, *, profil
     from sim.profile import load_profile
     from sim.scenario import load_scenario
     from sim.sweep_store import STORE_NAME
-    from validation.present.sweep_table import best_line, grid_table
+    from validation.present.grid_report import grid_html, grid_verdict
+    from validation.present.sweep_table import grid_table
 
     class RateColumn(ProgressColumn):
         def render(self, task) -> Text:
@@ -292,9 +297,10 @@ def sweep_command(scenario_path: Path, grid_path: Path, out_dir: Path, *, profil
                        on_done=lambda point, outcome: progress.advance(task))
         outcomes = store.outcomes(p.key for p in points if p.scenario is not None)
     table = tidy_table(points, outcomes)
-    axes = list(grid.axes)
-    console.print(grid_table(table, axes, f"{base.name} swept over {', '.join(axes)}"))
-    console.print(best_line(table, axes))
+    axes, kind = list(grid.axes), base.config.workload_kind
+    title = f"{base.name} swept over {', '.join(axes)}"
+    console.print(grid_table(table, axes, title, kind))
+    console.print(escape(grid_verdict(table, axes, kind)))
     where = f"Dask at {scheduler}" if scheduler else f"{workers} local worker{'s' * (workers > 1)}"
     console.print(f"{len(points)} points: {run.computed} simulated now ({where}), {run.reused} from "
                   f"{out_dir / STORE_NAME}, {run.invalid} refused by the scenario schema"
@@ -303,5 +309,5 @@ def sweep_command(scenario_path: Path, grid_path: Path, out_dir: Path, *, profil
                      f"outside its calibration context (profile_context in results.csv)"
                      if profile_path else "; uncalibrated"))
     with interrupt.deferred():
-        written = write_grid_outputs(table, out_dir)
+        written = write_grid_outputs(table, out_dir, grid_html(table, axes, kind, title))
     console.print("wrote " + ", ".join(str(p) for p in written))

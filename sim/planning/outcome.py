@@ -23,7 +23,7 @@ server's iterations mix prefill chunks and decodes, which no single step shows.
 
 A **training** plan reads the optimizer step's time for latency and trained tokens/s for
 throughput (its frontiers, ranking and ties alike); each top configuration's bottleneck is the
-term that takes most of its simulated step (:func:`sim.planning.training.bottleneck`: forward or
+term that takes most of its simulated step (:func:`sim.training.metrics.bottleneck`: forward or
 backward compute, recomputation, the optimizer, or gradient communication no compute hides).
 """
 

@@ -94,6 +94,7 @@ from sim.serving.config import ServingSLO
 from sim.serving.simulate import (RateSearchSettings, ServingVariantResult, check_serving_layout,
                                   cost_per_million_tokens, pipeline_bottleneck, simulate_serving)
 from sim.simulate import simulate
+from sim.training.metrics import bottleneck
 from sim.training.simulate import simulate_training
 from sim.strategies import StrategyChoice
 from sim.topology import Device
@@ -699,7 +700,7 @@ class Planner:
                 "slo_miss": miss, "profile_context": context, Metric.MAX_PEAK_MEMORY: float(max(peak.values())),
                 **{m: metrics[m] for m in (Metric.STEP_TIME, Metric.TOKENS_PER_S, Metric.SAMPLES_PER_S,
                                            Metric.EXPOSED_COMMUNICATION)},
-                "step_bottleneck": training.bottleneck(metrics)}
+                "step_bottleneck": bottleneck(metrics)}
 
     def _serving_result(self, price_per_hour: float, vr: ServingVariantResult, context: str) -> dict:
         """A serving candidate's row: its metrics at the target rate, its maximum rate and $/Mtok

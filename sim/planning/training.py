@@ -35,7 +35,6 @@ The search's stages (:mod:`sim.planning.search`) read, for a training candidate:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -59,10 +58,6 @@ TRAINING_COLUMNS = ["parallel", Metric.STEP_TIME, Metric.TOKENS_PER_S, Metric.SA
 """A training plan's columns beyond the plan's own: the layout (``TP=2 x DP=4``), the simulated
 step time (s), trained tokens/s and samples/s, the communication no compute hides (s), and the
 step-time lower bound (s)."""
-STEP_TERMS = {Metric.FORWARD_TIME: "forward compute", Metric.BACKWARD_TIME: "backward compute",
-              Metric.RECOMPUTE_TIME: "recomputation", Metric.OPTIMIZER_TIME: "the optimizer step",
-              Metric.EXPOSED_COMMUNICATION: "gradient communication"}
-"""The terms of a training step that may bound it (the metric and how the planner names it)."""
 
 
 @dataclass(frozen=True)
@@ -194,10 +189,3 @@ def misses(step_time_s: float, tokens_per_s: float, slo, *, bound: bool = False)
         out.append(f"{at_most}{tokens_per_s:.3g} tokens/s < {slo.tokens_per_s:.3g}")
     return "; ".join(out)
 
-
-def bottleneck(metrics: dict[str, float]) -> str:
-    """The term that takes most of a simulated step (:data:`STEP_TERMS`) and its share, as
-    ``backward compute (61% of the step)``."""
-    step = metrics[Metric.STEP_TIME]
-    term, seconds = max(((STEP_TERMS[m], metrics.get(m, 0.0)) for m in STEP_TERMS), key=lambda item: item[1])
-    return f"{term} ({100 * seconds / step:.0f}% of the step)" if step > 0 and math.isfinite(seconds) else ""

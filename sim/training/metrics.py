@@ -19,10 +19,16 @@
   (that is ``exposed_communication_s``). The runtime measures the same span
   (:func:`runtime.training.measure.step_metrics`: to the last bucket's ready time, DDP's hook
   being called once the bucket's last gradient is computed).
+
+The terms of a step (:data:`STEP_TERMS`, :func:`step_terms`): forward, backward less its
+recomputation, recomputation and optimizer compute on the busiest rank, and the exposed
+communication; they add up to about the step (the exposed communication is the rank where it is
+largest, not always the busiest). :func:`bottleneck` names the largest.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,6 +40,28 @@ from sim.vocabulary import Metric, TrainingPhase
 _PHASE_METRICS = {TrainingPhase.FORWARD: Metric.FORWARD_TIME, TrainingPhase.RECOMPUTE: Metric.RECOMPUTE_TIME,
                   TrainingPhase.OPTIMIZER: Metric.OPTIMIZER_TIME}
 _BACKWARD_PHASES = (TrainingPhase.BACKWARD, TrainingPhase.RECOMPUTE)
+STEP_TERMS = {Metric.FORWARD_TIME: "forward compute", Metric.BACKWARD_TIME: "backward compute",
+              Metric.RECOMPUTE_TIME: "recomputation", Metric.OPTIMIZER_TIME: "the optimizer step",
+              Metric.EXPOSED_COMMUNICATION: "gradient communication"}
+"""The terms of a training step (see the module docstring) and how reports name them."""
+
+
+def step_terms(metrics: dict[str, float]) -> dict[Metric, float]:
+    """Seconds of each of :data:`STEP_TERMS` in a step of ``metrics`` (:func:`step_metrics`), the
+    backward less the recomputation it holds, so that no second is counted twice."""
+    terms = {metric: metrics.get(metric, 0.0) for metric in STEP_TERMS}
+    terms[Metric.BACKWARD_TIME] -= terms[Metric.RECOMPUTE_TIME]
+    return terms
+
+
+def bottleneck(metrics: dict[str, float]) -> str:
+    """The term that takes most of a step (:func:`step_terms`) and its share of the step time, as
+    ``backward compute (61% of the step)``; '' where the step time is not positive."""
+    step = metrics[Metric.STEP_TIME]
+    metric, seconds = max(step_terms(metrics).items(), key=lambda item: item[1])
+    if not (step > 0 and math.isfinite(seconds)):
+        return ""
+    return f"{STEP_TERMS[metric]} ({100 * seconds / step:.0f}% of the step)"
 
 
 def union_length_s(starts: np.ndarray, ends: np.ndarray) -> float:

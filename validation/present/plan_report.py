@@ -29,6 +29,7 @@ from sim.planning.search import COST_PER_MILLION_TOKENS, SLO_TPOT, SLO_TTFT, Sta
 from sim.units import duration_text
 from sim.vocabulary import Metric
 from validation.present.colors import category_colors
+from validation.present.page import answer, report_page
 
 _GIB = 2**30
 PICK_FILE = "pick.yaml"
@@ -186,13 +187,7 @@ def report_html(result: PlanResult) -> str:
     if not (config.is_serving or config.is_training):
         shown.insert(len(shown.columns) - 1, "prefill bottleneck", list(result.top["prefill_bottleneck"]))
     parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>hetsim plan: {html.escape(config.name)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
-        "td,th{padding:4px 10px;text-align:left} th{border-bottom:1px solid #888} "
-        ".answer{font-size:1.2em;background:#fff7d6;padding:0.6em;border-left:4px solid gold}</style></head><body>",
-        f"<h1>hetsim plan: {html.escape(config.name)}</h1>",
-        f"<p class='answer'>{html.escape(result.recommendation)}</p>",
+        answer(result.recommendation),
         f"<p>{html.escape(config.description)}</p>",
         f"<p>{workload}; {len(result.table)} candidate configurations searched in "
         f"{result.elapsed_s:.1f} s. Prices: {html.escape(result.request.catalog.currency)} per hour, catalog as of "
@@ -202,10 +197,7 @@ def report_html(result: PlanResult) -> str:
     if result.notes:
         parts.append("<h2>Outside the profile's context</h2><ul>"
                      + "".join(f"<li>{html.escape(n)}</li>" for n in result.notes) + "</ul>")
-    for i, fig in enumerate(figures):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}"))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return report_page(f"hetsim plan: {config.name}", parts, figures)
 
 
 def write_plan_outputs(result: PlanResult, out_dir: Path) -> list[Path]:

@@ -27,7 +27,8 @@ from sim.simulate import SimulationResult, VariantResult
 from sim.units import duration_text
 from sim.vocabulary import Metric, PhaseKind
 from validation.present.layout import idle_warnings, layout_label, layout_lines
-from validation.present.colors import category_colors, op_kind_color, term_color
+from validation.present.colors import CAPACITY_LINE, category_colors, op_kind_color, term_color
+from validation.present.page import answer, priced_by, report_page
 from validation.present.tables import change_column, summary_table
 
 _GIB = 2**30
@@ -106,7 +107,7 @@ def _memory_peak_figure(result: SimulationResult) -> go.Figure:
         fig.add_trace(go.Bar(x=[d.name for d in devices], y=[v.peak_bytes.get(d.rank, 0) / _GIB for d in devices],
                              name=v.variant.name, marker_color=colors[v.variant.name]))
     fig.add_trace(go.Scatter(x=[d.name for d in devices], y=[d.memory_capacity_bytes / _GIB for d in devices],
-                             mode="markers+lines", name="capacity", line={"dash": "dash", "color": "black"}))
+                             mode="markers+lines", name="capacity", line=CAPACITY_LINE))
     fig.update_layout(title="Peak memory per device", barmode="group", height=420, yaxis_title="peak memory (GiB)",
                       xaxis_title="device")
     return fig
@@ -184,23 +185,17 @@ def report_html(result: SimulationResult) -> str:
                  f"{html.escape(v.overflow.describe(result.topology.devices[v.overflow.rank].name))}</li>"
                  for v in result.variants if v.overflow is not None]
     parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>hetsim: {html.escape(config.name)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
-        "td,th{padding:4px 10px;text-align:right;white-space:nowrap} th{border-bottom:1px solid #888} "
-        ".answer{font-size:1.2em;background:#fff7d6;padding:0.6em;border-left:4px solid gold}</style></head><body>",
-        f"<h1>hetsim simulate: {html.escape(config.name)}</h1>",
         *([] if comparison is None else [
             "<div class='answer'><b>Layouts compared</b> (the term: where the runner-up's devices spend more time, "
             "mean over its devices, prefill or first decode step):<ul>"
             + "".join(f"<li>{html.escape(line)}</li>" for line in comparison.sentences()) + "</ul></div>"]),
-        f"<p class='answer'>{html.escape(recommendation(result))}</p>",
+        answer(recommendation(result)),
         f"<p>{html.escape(config.description)}</p>",
         f"<p>Model {html.escape(result.scenario.model.name)} ({html.escape(result.scenario.model.dtype)}), "
         f"{html.escape(layout_label(result))}, batch {config.workload.batch_size}, "
         f"prompt {config.workload.prompt_tokens} tokens, {config.workload.output_tokens} output tokens, "
         f"network model {html.escape(config.network_model)}, "
-        f"{'calibrated from a profile' if result.calibrated else 'roofline compute and datasheet links (uncalibrated)'}. "
+        f"{priced_by(result.calibrated)}. "
         f"Baseline: {html.escape(result.scenario.baseline)}.</p>",
         *(f"<p>{html.escape(line)}</p>" for line in [*layout_lines(result), *idle_warnings(result)]),
         _summary_html(result, compared),
@@ -210,10 +205,7 @@ def report_html(result: SimulationResult) -> str:
                      + "".join(f"<li>{html.escape(line)}</li>" for line in result.extrapolated) + "</ul>")
     if overflows:
         parts.append("<h2>Out of memory</h2><ul>" + "".join(overflows) + "</ul>")
-    for i, fig in enumerate(figures):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}"))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return report_page(f"hetsim simulate: {config.name}", parts, figures)
 
 
 def write_outputs(result: SimulationResult, out_dir: Path) -> list[Path]:
