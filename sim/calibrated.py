@@ -438,7 +438,10 @@ class CalibratedNetwork:
         # calibration: the runtime's call into its communicator) that time is the framework's.
         wait_s = self._wait_s(schedule, in_place_key)
         duration = wait_s + self._duration(schedule, key, in_place_key) + self.gap_s
-        return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s)
+        # timed in place, or isolated plus the in-place overhead at the nearest size: either way the
+        # bursts its links' buckets gave the call in the run are in it (sim.bucket_clock)
+        in_place = in_place_key in self._in_place and schedule.size_bytes > 0
+        return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s, in_place)
 
     def _wait_s(self, schedule: CommSchedule, key: tuple) -> float:
         table = self._wait.get(key)
