@@ -605,7 +605,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
                        "no factor: processor sharing only")
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library, copies=copies)
               for library in (False, True)}
-    network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host) * copies
+    network.cores = contention_cores(contexts, target)
     network.copies = copies
     if any(floor_s > 0 for floor_s, _ in floors.values()):
         def floored(terms: dict) -> dict:

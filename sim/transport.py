@@ -120,17 +120,17 @@ class TransportTerms:
 class _TransportLinks(Links):
     """Links whose routes' latency and channels' capacity include a :class:`TransportTerms`.
 
-    ``cores``: the cores the ranks share (None: a core each); ``ranks``: how many share them,
-    every replica's (:mod:`sim.replicas`); ``copies``: the replicas among them that run the
-    priced group's steps at once, each a mirror of it (1: the group alone on the cores). A step's
+    ``cores``: the cores the ranks share (None: a core each); ``copies``: the replicas sharing
+    them that run the priced group's steps at once, each a mirror of it (1: the group alone on the
+    cores; :mod:`sim.replicas`). A step's
     message costs at least ``terms.min_message_s`` per core turn the step takes a busy rank where
     the machine's busy ranks outnumber its cores (:meth:`floor_s`)."""
 
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None, terms: TransportTerms,
-                 cores: int | None = None, ranks: int = 0, copies: int = 1):
+                 cores: int | None = None, copies: int = 1):
         super().__init__(topology, reduce_s_per_byte)
         self.terms = terms
-        self.cores, self.ranks, self.copies = cores, ranks, copies
+        self.cores, self.copies = cores, copies
         self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
         self._notices: dict[tuple[int, int], float] = {}
 
@@ -301,8 +301,7 @@ def price(schedule: CommSchedule, topology: Topology, terms: TransportTerms,
           reduce_s_per_byte: Mapping[int, float] | None = None, cores: int | None = None) -> CollectiveTiming:
     """``schedule`` priced by the flow model with ``terms`` on every message, its ranks sharing
     ``cores`` (None: a core each)."""
-    return _TransportRun(schedule, _TransportLinks(topology, reduce_s_per_byte, terms, cores,
-                                                   len(schedule.group))).run()
+    return _TransportRun(schedule, _TransportLinks(topology, reduce_s_per_byte, terms, cores)).run()
 
 
 @dataclass
@@ -316,9 +315,8 @@ class TransportNetwork:
         default: the terms of an implementation the profile did not time.
         gap_s: the framework's time between two ops, added to every collective.
         cores: the cores the target's ranks share (None: a core each, every message's floor
-            as its terms say); ``ranks``: how many ranks share them, every replica's;
-            ``copies``: the replicas that run each priced group's steps at once on them
-            (:class:`_TransportLinks`).
+            as its terms say); ``copies``: the replicas that run each priced group's steps at
+            once on them (:class:`_TransportLinks`).
         hops: per link class, the terms of a point-to-point message between two stages of a
             pipeline (:func:`fit_hops`); a hop over a class without them takes ``terms`` or
             ``default`` as any schedule does.
@@ -332,7 +330,6 @@ class TransportNetwork:
     default: TransportTerms
     gap_s: float = 0.0
     cores: int | None = None
-    ranks: int = 0
     copies: int = 1
     hops: dict[LinkClass, TransportTerms] = field(default_factory=dict)
     intra_host: dict[tuple[str, str], TransportTerms] = field(default_factory=dict)
@@ -386,7 +383,7 @@ class TransportNetwork:
         links = self._routes.get(terms)
         if links is None:
             links = self._routes[terms] = _TransportLinks(self.topology, self.reduce_s_per_byte, terms,
-                                                          self.cores, self.ranks, self.copies)
+                                                          self.cores, self.copies)
         return terms, links
 
     def _inside_host(self, group: tuple[int, ...]) -> bool:
@@ -781,8 +778,7 @@ class DefaultTransportNetwork:
             contended = transport == Transport.GLOO_TCP and self.contended
             network = self._networks[transport] = TransportNetwork(
                 self.topology, self.reduce_s_per_byte, {}, self._terms("", transport, None),
-                cores=self.cores if contended else None, ranks=self.ranks if contended else 0,
-                copies=self.copies)
+                cores=self.cores if contended else None, copies=self.copies)
         return network
 
     def _terms(self, algorithm: str, transport: Transport, kind: str | None) -> TransportTerms:
