@@ -19,7 +19,7 @@ The same for a plan check (``--plan-check``, default ``validation/plan-check-rep
 simulated with the plan's profile (``--plan-check-profile``) against its measured medians
 (``candidates.csv``), labelled replay or prediction as the check labelled it.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR] [--core-turns] [--arrival-lags]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR] [--token-buckets] [--arrival-lags] [--gloo-tree] [--core-turns]``
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim import arrival_skew, cores, token_bucket
 from sim.outputs import write_files
 from sim.profile import Profile, load_profile
 from sim.scenario import load_scenario
 from sim.simulate import simulate
 from sim.vocabulary import Metric
 from validation.matrix import load_matrix, with_layout
+from validation.pricing_options import add_pricing_options, apply_pricing_options
 from validation.validate import ranking_agreement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,22 +150,12 @@ def main() -> None:
                         default=ROOT / "validation" / "plan-check" / "profile_v2x2_bandwidth.csv",
                         help="the profile the plan was made with")
     parser.add_argument("--out", type=Path, default=None, help="write errors.csv and summary.md here")
-    parser.add_argument("--token-buckets", action="store_true",
-                        help="price the links' declared token buckets (sim.token_bucket.PRICED, off by default)")
-    parser.add_argument("--arrival-lags", action="store_true",
-                        help="the master's expected wait for the last rank on shared cores in a prefill "
-                             "(sim.arrival_skew.PRICED, off by default)")
-    parser.add_argument("--core-turns", action="store_true",
-                        help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
+    add_pricing_options(parser)
     args = parser.parse_args()
-    token_bucket.PRICED = args.token_buckets
-    arrival_skew.PRICED = args.arrival_lags
-    cores.SCHEDULING = cores.CoreScheduling.TURNS if args.core_turns else cores.SCHEDULING
+    flags = apply_pricing_options(args)
     started = time.perf_counter()
     errors = layout_errors(args.report, on_progress=lambda text: print(text, file=sys.stderr))
-    command = f"PYTHONPATH=. python benchmarks/bench_layouts_offline.py --report {args.report}" + (
-        " --token-buckets" if args.token_buckets else "") + (" --core-turns" if args.core_turns else "") + (
-        " --arrival-lags" if args.arrival_lags else "")
+    command = " ".join(["PYTHONPATH=. python benchmarks/bench_layouts_offline.py --report", str(args.report), *flags])
     text = summary_markdown(errors, command) + "\n" + plan_check_markdown(
         plan_check_errors(args.plan_check, load_profile(args.plan_check_profile)))
     print(text)

@@ -6,7 +6,7 @@ their measured medians; no testbed. About a minute on the project's 2-core machi
 ``errors.csv``, ``transfer.csv``, ``overall.csv``, ``summary.md`` and ``report.html`` (the source x
 target heat map). ``--also MATRIX REPORT`` adds the clusters of another validation run.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report] [--core-turns] [--arrival-lags]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report] [--token-buckets] [--arrival-lags] [--gloo-tree] [--core-turns]``
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from sim import arrival_skew, cores, token_bucket
 from sim.outputs import write_files
 from validation.present.transfer_report import transfer_html
+from validation.pricing_options import add_pricing_options, apply_pricing_options
 from validation.transfer import (SHIPPED, matrix_cluster_names, overall_table, shipped_clusters, transfer_errors,
                                  write_transfer_report)
 
@@ -32,27 +32,17 @@ def main() -> None:
     parser.add_argument("--also", nargs=2, action="append", type=Path, default=[], metavar=("MATRIX", "REPORT"),
                         help="a further validation report (its matrix file and output directory) whose clusters "
                              "join the shipped ones, as sources and targets")
-    parser.add_argument("--token-buckets", action="store_true",
-                        help="price the links' declared token buckets (sim.token_bucket.PRICED, off by default)")
-    parser.add_argument("--arrival-lags", action="store_true",
-                        help="the master's expected wait for the last rank on shared cores in a prefill "
-                             "(sim.arrival_skew.PRICED, off by default)")
-    parser.add_argument("--core-turns", action="store_true",
-                        help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
+    add_pricing_options(parser)
     args = parser.parse_args()
-    token_bucket.PRICED = args.token_buckets
-    arrival_skew.PRICED = args.arrival_lags
-    cores.SCHEDULING = cores.CoreScheduling.TURNS if args.core_turns else cores.SCHEDULING
+    flags = apply_pricing_options(args)
     started = time.perf_counter()
     reports = (*SHIPPED, *(tuple(pair) for pair in args.also))
     clusters = shipped_clusters(reports)
     errors = transfer_errors(clusters, on_progress=lambda text: print(text, file=sys.stderr))
     matrix = matrix_cluster_names()
-    command = COMMAND if not args.also and not args.token_buckets and not args.core_turns and not args.arrival_lags \
-        else " ".join(
+    command = COMMAND if not args.also and not flags else " ".join(
         ["PYTHONPATH=. python benchmarks/bench_transfer_offline.py", "--out", str(args.out),
-         *(f"--also {m} {r}" for m, r in args.also), *(["--token-buckets"] if args.token_buckets else []),
-         *(["--core-turns"] if args.core_turns else []), *(["--arrival-lags"] if args.arrival_lags else [])])
+         *(f"--also {m} {r}" for m, r in args.also), *flags])
     written = write_transfer_report(errors, args.out, command, matrix, clusters)
     written += write_files(args.out, {"report.html": transfer_html(errors)})
     print(overall_table(errors, matrix).to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -14,7 +14,7 @@ over the calls (ms) of:
 * ``end1``, ``end2``: ranks 1 and 2's ends from the root's start (a broadcast: when each
   receiver had the payload).
 
-Offline, a few seconds. Run: ``PYTHONPATH=. python benchmarks/bench_uneven_calls.py [--token-buckets]``
+Offline, a few seconds. Run: ``PYTHONPATH=. python benchmarks/bench_uneven_calls.py [--token-buckets] [--gloo-tree]``
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim import token_bucket
 from sim.outputs import read_chrome_trace
 from sim.profile import load_profile
 from sim.scenario import load_scenario
 from sim.simulate import simulate
+from validation.pricing_options import add_pricing_options, apply_pricing_options
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "validation" / "layouts-report" / "tp3-traces-s19"
@@ -68,10 +68,8 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--token-buckets", action="store_true",
-                        help="price the links' declared token buckets (sim.token_bucket.PRICED)")
-    args = parser.parse_args()
-    token_bucket.PRICED = args.token_buckets
+    add_pricing_options(parser, ("--token-buckets", "--gloo-tree"))
+    apply_pricing_options(parser.parse_args())
     pd.set_option("display.width", 200)
     for cluster in CLUSTERS:
         with gzip.open(TRACES / f"trace_{cluster}.json.gz", "rt") as handle:

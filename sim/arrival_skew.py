@@ -32,6 +32,7 @@ of the progress notes: adding it there priced TPOT high).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -101,8 +102,8 @@ def waited(timing: CollectiveTiming, lag_s: float) -> CollectiveTiming:
     arrival: every rank done that much later, the first rank's wait (``wait_s``) that much longer."""
     if lag_s <= 0:
         return timing
-    return CollectiveTiming(timing.duration_s + lag_s, {r: t + lag_s for r, t in timing.finish_s.items()},
-                            timing.wait_s + lag_s)
+    return replace(timing, duration_s=timing.duration_s + lag_s,
+                   finish_s={r: t + lag_s for r, t in timing.finish_s.items()}, wait_s=timing.wait_s + lag_s)
 
 
 def fit_lag_per_block(rows: pd.DataFrame, ranks: int, cores: float) -> float | None:

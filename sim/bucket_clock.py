@@ -9,7 +9,13 @@ it left, refilled at the channel's rate since (``min(depth, left + rate * idle_s
 ``tbf_dequeue`` in Linux's ``net/sched/sch_tbf.c`` accrues tokens); the call is delayed, per rank,
 by what the fluid model (:class:`sim.network.FlowNetwork`) says those missing tokens cost
 (its finish from the drained buckets less its finish from full ones), and leaves the channels
-holding what that fluid run leaves them, from the call's end on.
+holding what that fluid run leaves them, from the call's end on. A call whose timing was measured
+in place on the cluster it prices (a same-cluster replay, :attr:`sim.network.CollectiveTiming.in_place`)
+is not delayed: the run it was timed in had the same calls before it over the same links, so the
+tokens it found, and the bursts it got or missed, are in its measured time already; delaying it
+again counted the missing tokens twice (validation/layouts-report/progress.md, session 20: the
+tp4 replay on v2x2_bandwidth +17-23% TTFT with gloo's broadcast tree). It still drains the buckets
+it crosses, as the fluid model says, for the calls after it that are priced.
 
 The drained runs are cached per schedule and bucket level, the level rounded down to
 ``1 / LEVELS`` of each bucket's depth (a bucket holding a little less than it does costs at
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable
+from dataclasses import replace
 
 from sim.collectives.schedule import CommSchedule
 from sim.network import CollectiveTiming, FlowNetwork, Links
@@ -92,8 +99,10 @@ class BucketClock:
 
 
 def delayed(timing: CollectiveTiming, delay_s: dict[int, float]) -> CollectiveTiming:
-    """``timing`` with each rank's finish later by ``delay_s[rank]`` (s; none where absent)."""
-    if not any(delay_s.values()):
+    """``timing`` with each rank's finish later by ``delay_s[rank]`` (s; none where absent); a
+    timing measured in place (:attr:`sim.network.CollectiveTiming.in_place`) unchanged: the
+    tokens its run found are in it already."""
+    if timing.in_place or not any(delay_s.values()):
         return timing
     finish = {rank: t + delay_s.get(rank, 0.0) for rank, t in timing.finish_s.items()}
-    return CollectiveTiming(max(finish.values(), default=0.0), finish, timing.wait_s)
+    return replace(timing, duration_s=max(finish.values(), default=0.0), finish_s=finish)

@@ -438,7 +438,10 @@ class CalibratedNetwork:
         # calibration: the runtime's call into its communicator) that time is the framework's.
         wait_s = self._wait_s(schedule, in_place_key)
         duration = wait_s + self._duration(schedule, key, in_place_key) + self.gap_s
-        return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s)
+        # timed in place, or isolated plus the in-place overhead at the nearest size: either way the
+        # bursts its links' buckets gave the call in the run are in it (sim.bucket_clock)
+        in_place = in_place_key in self._in_place and schedule.size_bytes > 0
+        return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s, in_place)
 
     def _wait_s(self, schedule: CommSchedule, key: tuple) -> float:
         table = self._wait.get(key)
@@ -602,7 +605,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
                        "no factor: processor sharing only")
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library, copies=copies)
               for library in (False, True)}
-    network.cores, network.ranks = contention_cores(contexts, target), sum(target.ranks_per_host) * copies
+    network.cores = contention_cores(contexts, target)
     network.copies = copies
     if any(floor_s > 0 for floor_s, _ in floors.values()):
         def floored(terms: dict) -> dict:
@@ -662,16 +665,15 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
 
     Where ranks outnumber the cores, a message moves only once both its ends are scheduled, so
     on a fast link it costs a scheduling delay, not its wire time; over a slow link the ranks
-    sleep and the cores are free, and so are they in a step that leaves ranks idle
-    (:meth:`sim.transport._TransportLinks.floor_s` scales the floor by a step's busy ranks
-    beyond the cores and by its core turns, :func:`sim.transport.step_turns`: one to enter it,
-    one per message a rank sends or receives). Fitted on the calibrated cluster's collectives
-    of that family timed in place at their smallest size: the median over the calls of each
-    call over its core turns at full contention (each step counted as its turns times its busy
-    ranks beyond the cores over all ranks beyond them; of steps a rank keeps in flight together,
-    gloo's ring's, those on the critical path), of the calls whose time per step at full
-    contention is :data:`CONTENTION_BOUND` times what the fitted transport terms give a message
-    (else the links hid it). The target's ranks on the machine are
+    sleep and the cores are free, and so are they in a step that leaves no more ranks busy
+    than there are cores (:meth:`sim.transport._TransportLinks.floor_s` charges the floor per core
+    turn of a step whose busy ranks outnumber the cores, :func:`sim.transport.step_turns`: one
+    to enter it, one per message a rank sends or receives). Fitted on the calibrated cluster's
+    collectives of that family timed in place at their smallest size: the median over the calls
+    of each call over its core turns in contending steps (of steps a rank keeps in flight
+    together, gloo's ring's, those on the critical path), of the calls whose time per
+    contending step is :data:`CONTENTION_BOUND` times what the fitted transport terms give a
+    message (else the links hid it). The target's ranks on the machine are
     its ``copies`` replicas' (:mod:`sim.replicas`: each replica's ranks compute, and message, at
     once with the others'). For gloo's own collectives the test is
     against the wire's latencies alone: their isolated sweep on fast links ran on the same
@@ -722,8 +724,8 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                 continue
             schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
                                       root=None if row.op == "allreduce" else 0, host_groups=topology.host_groups(group))
-            # steps at full contention: a step's share is its busy ranks beyond the cores
-            shares = [max(0, n - calibrated.cores) / calibrated_excess for n in busy_ranks(schedule)]
+            # the steps that contend: those whose busy ranks outnumber the cores
+            shares = [float(n > calibrated.cores) for n in busy_ranks(schedule)]
             steps = steps_in_series(schedule, shares)
             if steps <= 0:
                 continue

@@ -322,7 +322,7 @@ class Engine:
                 if entry[0] == _members(op, segment_programs):
                     entry[4] = self._timing(op, algorithms, {r: _arrival(t - env.now, j) for r, (t, j) in entry[3].items()})
                     if on_fabric:
-                        entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], entry[4])
+                        entry[2] = self._on_fabric(fabric, op, algorithms[op.call][1], entry[4], clock)
                     else:  # the fabric follows its own channels' buckets
                         lag_s = _expected_lag_s(op, program[i - 1] if i else op, entry[3], released,
                                                 lags) if lags else 0.0
@@ -415,8 +415,11 @@ class Engine:
         clock.used(left, start_s + timing.duration_s)
         return timing
 
-    def _on_fabric(self, fabric: Fabric, op: Op, algorithm: str, timing: CollectiveTiming):
-        """Start collective ``op`` on the fabric now; per rank, the event releasing it."""
+    def _on_fabric(self, fabric: Fabric, op: Op, algorithm: str, timing: CollectiveTiming, clock: BucketClock):
+        """Start collective ``op`` on the fabric now; per rank, the event releasing it. The fabric
+        runs it from the buckets ``clock`` holds now (they are the fabric's); a timing measured in
+        place holds what its run's buckets did to it, so it is released at its measured time plus
+        what the fabric's traffic adds to an idle run from the same buckets (:mod:`sim.bucket_clock`)."""
         c = op.collective
         key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
         schedule = self.pricer.schedule(*key)
@@ -426,6 +429,9 @@ class Engine:
             idle = self._idle_fluid.time(schedule)
             extra = self._extra_s[priced] = {rank: timing.finish_s.get(rank, 0.0) - idle.finish_s[rank]
                                              for rank in c.group}
+        if timing.in_place and clock:
+            drained, _ = clock.delays(key, schedule, self.footprint(op), fabric.env.now)
+            extra = {rank: s - drained.get(rank, 0.0) for rank, s in extra.items()}
         return fabric.collective(schedule, extra)
 
     def send(self, fabric: Fabric, src: int, dst: int, size_bytes: int):

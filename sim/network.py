@@ -74,11 +74,17 @@ class CollectiveTiming:
         wait_s: the part of both that the group's first rank spends waiting for the others to
             arrive beyond the simulated arrivals (a calibrated arrival skew, :mod:`sim.calibrated`;
             0 for the uncalibrated models, whose ranks arrive as simulated).
+        in_place: the timing is the call's own, measured in place on the cluster it prices (a
+            same-cluster replay, :class:`sim.calibrated.CalibratedNetwork`): whatever its links'
+            token buckets held when it ran is in it already, so :mod:`sim.bucket_clock` delays
+            it by nothing (it still drains the buckets it crosses); False for a timing priced
+            on an idle network, whose buckets were full at its start.
     """
 
     duration_s: float
     finish_s: Mapping[int, float]
     wait_s: float = 0.0
+    in_place: bool = False
 
 
 class NetworkModel(Protocol):

@@ -395,8 +395,7 @@ class AlikeGroups:
                                                  None if root is None else to_first[root], call,
                                                  None if arrivals is None else {to_first[r]: a for r, a in arrivals.items()})
             back = dict(zip(first, group))
-            self._timings[key] = resolved, CollectiveTiming(timing.duration_s, {back[r]: t for r, t in
-                                                                                timing.finish_s.items()}, timing.wait_s)
+            self._timings[key] = resolved, replace(timing, finish_s={back[r]: t for r, t in timing.finish_s.items()})
         return self._timings[key]
 
     def schedule(self, *key):

@@ -120,17 +120,17 @@ class TransportTerms:
 class _TransportLinks(Links):
     """Links whose routes' latency and channels' capacity include a :class:`TransportTerms`.
 
-    ``cores``: the cores the ranks share (None: a core each); ``ranks``: how many share them,
-    every replica's (:mod:`sim.replicas`); ``copies``: the replicas among them that run the
-    priced group's steps at once, each a mirror of it (1: the group alone on the cores). A step's
-    message costs at least ``terms.min_message_s`` per core turn the step takes a busy rank,
-    scaled by the machine's busy ranks beyond the cores over all ranks beyond them (:meth:`floor_s`)."""
+    ``cores``: the cores the ranks share (None: a core each); ``copies``: the replicas sharing
+    them that run the priced group's steps at once, each a mirror of it (1: the group alone on the
+    cores; :mod:`sim.replicas`). A step's
+    message costs at least ``terms.min_message_s`` per core turn the step takes a busy rank where
+    the machine's busy ranks outnumber its cores (:meth:`floor_s`)."""
 
     def __init__(self, topology: Topology, reduce_s_per_byte: Mapping[int, float] | None, terms: TransportTerms,
-                 cores: int | None = None, ranks: int = 0, copies: int = 1):
+                 cores: int | None = None, copies: int = 1):
         super().__init__(topology, reduce_s_per_byte)
         self.terms = terms
-        self.cores, self.ranks, self.copies = cores, ranks, copies
+        self.cores, self.copies = cores, copies
         self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
         self._notices: dict[tuple[int, int], float] = {}
 
@@ -169,18 +169,27 @@ class _TransportLinks(Links):
     def floor_s(self, busy_ranks: int, turns: float = 1.0) -> float:
         """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks of
         the group busy, each for ``turns`` core turns (:func:`step_turns`): ``terms.min_message_s``
-        (a turn with every rank busy) times ``turns`` times the machine's busy ranks beyond the
-        cores (the group's and its ``copies``' mirrors', every replica in the same step: they
-        run the same ops at once, :func:`sim.replicas.replica_pools`) over all its ranks beyond
-        them. A rank that takes no part in a step sleeps in its receive and leaves
-        its core to the others (measured: a two-level tree over 2 hosts of 2 ranks on 2 cores,
-        whose middle steps keep 2 ranks busy, costs 4.2-4.6 ms in place at 3 KiB, a recursive
-        doubling's 2 steps of 4 busy ranks 3.9-4.1 ms); a step of one message a rank (the
-        tree's gather and broadcast inside a host) takes 2 turns where an exchange takes 3."""
+        (a turn with the cores outnumbered) times ``turns`` where the machine's busy ranks (the
+        group's and its ``copies``' mirrors', every replica in the same step: they run the same
+        ops at once, :func:`sim.replicas.replica_pools`) outnumber its cores, else 0. A rank that
+        takes no part in a step sleeps in its receive and leaves its core to the others
+        (measured: a two-level tree over 2 hosts of 2 ranks on 2 cores, whose middle steps keep 2
+        ranks busy, costs 4.2-4.6 ms in place at 3 KiB, a recursive doubling's 2 steps of 4 busy
+        ranks 3.9-4.1 ms); a step of one message a rank (the tree's gather and broadcast inside a
+        host) takes 2 turns where an exchange takes 3. Not scaled by how many busy ranks are
+        beyond the cores: a woken rank that finds the cores taken waits for a running one to be
+        preempted (the kernel's tick), not for each rank beyond the cores in turn, which is why the
+        floor per turn measured in place with 3 ranks on 2 cores is that of 4 (t3x1_bandwidth: 0.31
+        ms for gloo's own collectives against 0.34-0.51 with 4; :data:`GLOO_CONTENTION_PER_TURN_S`),
+        and so a step of 3 busy ranks of 4 pays a whole turn too: gloo's broadcast tree's first
+        step (:func:`sim.collectives.gloo.gloo_broadcast`): its root's decode calls timed in place
+        at 1.03 and 1.08 ms on v2x2_bandwidth (validation/layouts-report/quiet-s17), 0.44-0.46 ms a
+        turn so counted, against 0.48-0.50 ms for gloo's reduce there, whose every step keeps all 4
+        busy; 0.88-0.92 ms with the step counted half, as busy ranks beyond the cores over all ranks
+        beyond them counted it."""
         if self.cores is None or not self.terms.min_message_s:
             return self.terms.min_message_s * turns if self.cores is None else 0.0
-        busy = busy_ranks * self.copies
-        return self.terms.min_message_s * turns * max(0, busy - self.cores) / max(1, self.ranks - self.cores)
+        return self.terms.min_message_s * turns if busy_ranks * self.copies > self.cores else 0.0
 
 
 def of_replicas(copies: int) -> str:
@@ -292,8 +301,7 @@ def price(schedule: CommSchedule, topology: Topology, terms: TransportTerms,
           reduce_s_per_byte: Mapping[int, float] | None = None, cores: int | None = None) -> CollectiveTiming:
     """``schedule`` priced by the flow model with ``terms`` on every message, its ranks sharing
     ``cores`` (None: a core each)."""
-    return _TransportRun(schedule, _TransportLinks(topology, reduce_s_per_byte, terms, cores,
-                                                   len(schedule.group))).run()
+    return _TransportRun(schedule, _TransportLinks(topology, reduce_s_per_byte, terms, cores)).run()
 
 
 @dataclass
@@ -307,9 +315,8 @@ class TransportNetwork:
         default: the terms of an implementation the profile did not time.
         gap_s: the framework's time between two ops, added to every collective.
         cores: the cores the target's ranks share (None: a core each, every message's floor
-            as its terms say); ``ranks``: how many ranks share them, every replica's;
-            ``copies``: the replicas that run each priced group's steps at once on them
-            (:class:`_TransportLinks`).
+            as its terms say); ``copies``: the replicas that run each priced group's steps at
+            once on them (:class:`_TransportLinks`).
         hops: per link class, the terms of a point-to-point message between two stages of a
             pipeline (:func:`fit_hops`); a hop over a class without them takes ``terms`` or
             ``default`` as any schedule does.
@@ -323,7 +330,6 @@ class TransportNetwork:
     default: TransportTerms
     gap_s: float = 0.0
     cores: int | None = None
-    ranks: int = 0
     copies: int = 1
     hops: dict[LinkClass, TransportTerms] = field(default_factory=dict)
     intra_host: dict[tuple[str, str], TransportTerms] = field(default_factory=dict)
@@ -377,7 +383,7 @@ class TransportNetwork:
         links = self._routes.get(terms)
         if links is None:
             links = self._routes[terms] = _TransportLinks(self.topology, self.reduce_s_per_byte, terms,
-                                                          self.cores, self.ranks, self.copies)
+                                                          self.cores, self.copies)
         return terms, links
 
     def _inside_host(self, group: tuple[int, ...]) -> bool:
@@ -705,8 +711,8 @@ class DefaultTransportNetwork:
     messages pay what calibrated transfer charges them (:func:`sim.calibrated.calibrated_network`):
     a message's software overhead stretches by its step's busy ranks over the cores
     (:meth:`_TransportLinks.stretch`), and no message costs less than the gloo/tcp contention
-    floor, :data:`GLOO_CONTENTION_PER_TURN_S`, scaled by its step's core turns and busy ranks
-    beyond the cores (:meth:`_TransportLinks.floor_s`).
+    floor, :data:`GLOO_CONTENTION_PER_TURN_S`, per core turn of a step whose busy ranks
+    outnumber the cores (:meth:`_TransportLinks.floor_s`).
 
     Args:
         topology: the scenario's cluster.
@@ -772,8 +778,7 @@ class DefaultTransportNetwork:
             contended = transport == Transport.GLOO_TCP and self.contended
             network = self._networks[transport] = TransportNetwork(
                 self.topology, self.reduce_s_per_byte, {}, self._terms("", transport, None),
-                cores=self.cores if contended else None, ranks=self.ranks if contended else 0,
-                copies=self.copies)
+                cores=self.cores if contended else None, copies=self.copies)
         return network
 
     def _terms(self, algorithm: str, transport: Transport, kind: str | None) -> TransportTerms:

@@ -413,15 +413,21 @@ def test_two_level_closed_forms_match_field_notes(hosts, local):
         assert two_level_time_s("two_level_rs", hosts, local, n, (ai, bi), (ae, be), 0.0, shared) == pytest.approx(rs, rel=1e-12)
 
 
-def test_library_is_gloos_algorithm_under_its_own_name():
+@pytest.mark.parametrize("broadcast", ["binomial", "gloo_tree"])
+def test_library_is_gloos_algorithm_under_its_own_name(broadcast, monkeypatch):
+    from sim.collectives import registry
     from sim.collectives.registry import LIBRARY
     from sim.collectives.schedule import execute
 
+    monkeypatch.setattr(registry, "LIBRARY_BROADCAST", registry.LibraryBroadcast(broadcast))
     for p in (2, 3, 4, 5):
         group = tuple(range(p))
-        # gloo's loops at two segments per rank: 2(p-1) iterations per ring pass, the reduce's gather
+        # gloo's loops at two segments per rank: 2(p-1) iterations per ring pass, the reduce's
+        # gather; MPICH's broadcast takes ceil(lg p) steps, gloo's tree as many as the most bits a
+        # relative rank below p has
+        tree_steps = math.ceil(math.log2(p)) if broadcast == "binomial" else max(v.bit_count() for v in range(p))
         for kind, steps in ((OpKind.ALLREDUCE, 4 * (p - 1)), (OpKind.REDUCE, 2 * (p - 1) + 1),
-                            (OpKind.BROADCAST, math.ceil(math.log2(p)))):
+                            (OpKind.BROADCAST, tree_steps)):
             schedule = build_schedule(kind, LIBRARY, group, 4096, root=0)
             assert schedule.algorithm == LIBRARY
             assert schedule.num_steps == steps
@@ -434,6 +440,31 @@ def test_library_is_gloos_algorithm_under_its_own_name():
                 assert np.array_equal(out[0], total)
             else:
                 assert all(np.array_equal(out[r], inputs[0]) for r in group)
+
+
+def test_gloos_broadcast_root_posts_all_its_sends_at_once_and_forwarders_send_once_received(monkeypatch):
+    from sim.collectives import registry
+
+    # gloo/broadcast.cc over 8 ranks rooted at group[2]: vrank v receives from v minus its highest
+    # bit and sends to v + 2^i for every 2^i above v; a rank's sends are one step, its depth
+    monkeypatch.setattr(registry, "LIBRARY_BROADCAST", registry.LibraryBroadcast.GLOO_TREE)
+    group = (17, 3, 11, 5, 23, 8, 14, 2)
+    schedule = build_schedule(OpKind.BROADCAST, registry.LIBRARY, group, 1000, root=11)
+    ranks = [group[(2 + v) % 8] for v in range(8)]
+
+    def pairs(*edges):
+        return {(ranks[a], ranks[b]) for a, b in edges}
+
+    assert [{(t.src, t.dst) for t in step} for step in schedule.steps] == [
+        pairs((0, 1), (0, 2), (0, 4)), pairs((1, 3), (1, 5), (2, 6)), pairs((3, 7))]
+    assert schedule.in_flight == ()  # a forwarder waits for its receive before it sends
+    # three ranks: the root sends to both at once (MPICH's binomial: farthest first, then the other)
+    assert [[(t.src, t.dst) for t in step] for step in build_schedule(OpKind.BROADCAST, registry.LIBRARY, (4, 6, 9), 8,
+                                                                       root=6).steps] == [[(6, 9), (6, 4)]]
+    assert build_schedule(OpKind.BROADCAST, "binomial", (4, 6, 9), 8, root=6).num_steps == 2
+    # the option is part of the built schedule's identity: switching it back builds MPICH's again
+    monkeypatch.setattr(registry, "LIBRARY_BROADCAST", registry.LibraryBroadcast.BINOMIAL)
+    assert build_schedule(OpKind.BROADCAST, registry.LIBRARY, (4, 6, 9), 8, root=6).num_steps == 2
 
 
 def test_gloos_ring_keeps_two_segments_in_flight_and_cuts_large_buffers_into_segments_of_at_most_1_mib():

@@ -215,7 +215,7 @@ def test_a_groups_copies_on_its_cores_count_among_the_busy_ranks_of_its_steps():
     terms = TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=floor_s)
 
     def cost(copies: int) -> float:
-        return TransportNetwork(topology, None, {}, terms, cores=2, ranks=2 * copies, copies=copies).time(
+        return TransportNetwork(topology, None, {}, terms, cores=2, copies=copies).time(
             schedule).duration_s
 
     # one exchange step of 3 turns (enter, send, receive): with a mirror copy all 4 ranks are busy

@@ -19,7 +19,7 @@ from sim.context import (LEGACY_TESTBED_BURST_BYTES, Link, LinkClass, Verdict, c
 from sim import token_bucket
 from sim.engine import Engine
 from sim.fabric import Fabric
-from sim.network import CollectivePricer, FlowNetwork, Links, fluid_lower_bound_s
+from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links, fluid_lower_bound_s
 from sim.plan import Collective, Op, Segment, Stream
 from sim.scenario import config_error_from
 from sim.topology import build_topology
@@ -187,9 +187,23 @@ def _allreduce(call: int) -> Op:
               collective=Collective(OpKind.ALLREDUCE, "ring", (0, 1), 40_000), call=call)
 
 
-def _engine(gap_s: float) -> Engine:
+def _engine(gap_s: float, network=None) -> Engine:
     topology = build_topology(_cluster("32kB"))
-    return Engine(topology, _Waits(gap_s), CollectivePricer(FlowNetwork(topology), topology))
+    return Engine(topology, _Waits(gap_s), CollectivePricer(network or FlowNetwork(topology), topology))
+
+
+class _Replayed:
+    """A network replaying one measured time for every call of the first ``calls`` (plan op names
+    ``allreduce0`` ...), timed in place on the cluster (:attr:`sim.network.CollectiveTiming.in_place`);
+    the others priced by the fluid model."""
+
+    def __init__(self, topology, measured_s: float, calls: int):
+        self.fluid, self.measured_s, self.calls = FlowNetwork(topology), measured_s, calls
+
+    def time(self, schedule, call=None):
+        if call is not None and int(call.removeprefix("allreduce")) < self.calls:
+            return CollectiveTiming(self.measured_s, dict.fromkeys(schedule.group, self.measured_s), in_place=True)
+        return self.fluid.time(schedule)
 
 
 def _two_allreduces(gap_s: float) -> list[float]:
@@ -209,6 +223,39 @@ def test_a_collective_right_after_another_finds_the_buckets_it_left(priced):
     # a gap long enough to refill the bucket (32 kB at 100 Mbit/s: 2.6 ms) prices both alike
     rested = _two_allreduces(0.01)
     assert rested == pytest.approx([first, first])
+
+
+def test_a_call_timed_in_place_is_replayed_as_measured_and_drains_the_buckets_for_the_calls_priced_after(priced):
+    # Two back-to-back allreduces replayed from their in-place timing: the second's measured time
+    # holds whatever its run's buckets held (issue 18, session 20: delaying it again by the tokens
+    # the first took counted them twice). A third, priced by the fluid model, finds them drained.
+    measured_s = 1e-3
+    topology = build_topology(_cluster("32kB"))
+    program = (_allreduce(0), _allreduce(1), _allreduce(2))
+    result = _engine(0.0, _Replayed(topology, measured_s, calls=2)).run_segment(Segment("three", {0: program,
+                                                                                                 1: program}))
+    replayed, priced_s = result.ends[0] - result.starts[0], result.ends[0][2] - result.starts[0][2]
+    assert list(replayed[:2]) == pytest.approx([measured_s, measured_s])
+    assert priced_s == pytest.approx(40_000 / RATE_BYTES_PER_S, rel=1 / 32)
+
+
+def test_a_call_timed_in_place_on_the_shared_fabric_is_not_delayed_by_the_tokens_it_found_either(priced):
+    # Two groups crossing the hosts' NICs run on the shared fabric (sim.fabric): the second call,
+    # 2 ms after the first began, finds the buckets half refilled, which its measured time holds
+    # (3 ms: no less than the fluid model gives 40 kB from those buckets, 1.84 ms)
+    measured_s = 3e-3
+    topology = build_topology(_cluster("32kB", ranks=2))
+    engine = Engine(topology, _Waits(2e-3), CollectivePricer(_Replayed(topology, measured_s, calls=2), topology))
+
+    def allreduce(call, group):
+        return Op(OpKind.ALLREDUCE, f"allreduce{call}", Stream.COMM,
+                  collective=Collective(OpKind.ALLREDUCE, "ring", group, 40_000), call=call)
+
+    first, second = allreduce(0, (0, 2)), allreduce(1, (1, 3))
+    wait = Op(OpKind.MLP_UP, "mlp_up", Stream.COMPUTE)
+    result = engine.run_segment(Segment("two groups", {0: (first,), 2: (first,), 1: (wait, second), 3: (wait, second)}))
+    assert result.ends[0][0] - result.starts[0][0] == pytest.approx(measured_s)
+    assert result.ends[1][1] - result.starts[1][1] == pytest.approx(measured_s, rel=0.05)  # the levels' 1/32
 
 
 def test_a_repeated_segment_is_priced_with_the_buckets_its_previous_instance_left(priced):

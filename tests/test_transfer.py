@@ -331,7 +331,7 @@ def test_a_step_pays_the_contention_of_its_busy_ranks_per_core_turn(clusters):
     group = (0, 1, 2, 3)
     floor_s = 2e-3
     terms = TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=floor_s)
-    network = TransportNetwork(topology, None, {}, terms, cores=2, ranks=4)
+    network = TransportNetwork(topology, None, {}, terms, cores=2)
 
     def cost(algorithm):
         return network.time(build_schedule("allreduce", algorithm, group, 3072, root=None,
@@ -344,9 +344,29 @@ def test_a_step_pays_the_contention_of_its_busy_ranks_per_core_turn(clusters):
     # and one message): less than recursive doubling though it has twice the steps
     assert 4 * floor_s < cost("two_level_tree") < 5 * floor_s
     # ranks with a core each: no floor at all
-    alone = TransportNetwork(topology, None, {}, terms, cores=4, ranks=4)
+    alone = TransportNetwork(topology, None, {}, terms, cores=4)
     assert alone.time(build_schedule("allreduce", "recursive_doubling", group, 3072, root=None,
                                      host_groups=topology.host_groups(group))).duration_s < floor_s
+
+
+def test_a_step_whose_busy_ranks_outnumber_the_cores_pays_whole_turns_however_many_beyond(clusters, monkeypatch):
+    from sim.collectives import registry
+    from sim.topology import build_topology
+    from sim.transport import TransportNetwork, TransportTerms
+
+    # gloo's broadcast tree over 4 ranks on 2 cores: its first step keeps the root and its two
+    # children busy (one beyond the cores), the root for 3 turns (enter, two sends), each child for
+    # 2: 7/3 turns on average, as many as with all 4 busy (a woken rank waits for a preempted one,
+    # not for each rank beyond the cores); its second step, one message, leaves 2 busy: free
+    monkeypatch.setattr(registry, "LIBRARY_BROADCAST", registry.LibraryBroadcast.GLOO_TREE)
+    topology = build_topology(clusters[0].scenario.config.cluster)  # 2 hosts of 2 ranks
+    group = (0, 1, 2, 3)
+    floor_s = 2e-3
+    network = TransportNetwork(topology, None, {}, TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=floor_s),
+                               cores=2)
+    schedule = registry.build_schedule("broadcast", registry.LIBRARY, group, 3072, root=0)
+    assert [len(step) for step in schedule.steps] == [2, 1]
+    assert 7 / 3 * floor_s <= network.time(schedule).duration_s < 7 / 3 * floor_s + 0.5e-3
 
 
 def test_a_broadcast_timed_alone_pays_the_receivers_notice_which_a_run_does_not(clusters):

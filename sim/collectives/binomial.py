@@ -16,7 +16,9 @@ from sim.collectives.chunks import ByteRange
 from sim.collectives.schedule import CommSchedule, Steps, make_schedule, send
 
 
-def _by_relative_rank(members: Sequence[int], root: int) -> list[int]:
+def by_relative_rank(members: Sequence[int], root: int) -> list[int]:
+    """``members`` renumbered relative to ``root``: entry rel is the member ``rel`` places after it
+    (cyclically), so entry 0 is ``root``."""
     start = list(members).index(root)
     return [members[(start + rel) % len(members)] for rel in range(len(members))]
 
@@ -28,7 +30,7 @@ def _masks(p: int) -> list[int]:
 
 def binomial_reduce_steps(members: Sequence[int], root: int, whole: ByteRange) -> Steps:
     """Steps of a binomial reduce of the range ``whole`` to ``root`` (one of ``members``)."""
-    ranks = _by_relative_rank(members, root)
+    ranks = by_relative_rank(members, root)
     return [
         [send(ranks[rel], ranks[rel - mask], whole, reduce=True) for rel in range(mask, len(ranks), 2 * mask)]
         for mask in _masks(len(ranks))
@@ -37,7 +39,7 @@ def binomial_reduce_steps(members: Sequence[int], root: int, whole: ByteRange) -
 
 def binomial_broadcast_steps(members: Sequence[int], root: int, whole: ByteRange) -> Steps:
     """Steps of a binomial broadcast of the range ``whole`` from ``root`` (one of ``members``)."""
-    ranks = _by_relative_rank(members, root)
+    ranks = by_relative_rank(members, root)
     return [
         [send(ranks[rel], ranks[rel + mask], whole, reduce=False) for rel in range(0, len(ranks) - mask, 2 * mask)]
         for mask in reversed(_masks(len(ranks)))

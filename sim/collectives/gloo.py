@@ -26,7 +26,19 @@ unbound-buffer send that waits for its receiver's ready notice over TCP
 (:data:`sim.transport.RENDEZVOUS_LIBRARY_KINDS`). A buffer of 0 bytes sends nothing (both return
 at once on zero elements).
 
-* Broadcast: a binomial tree (gloo ``broadcast.cc``), as :mod:`sim.collectives.binomial` builds.
+* Broadcast: gloo's binomial tree (``gloo/broadcast.cc``, ``broadcast``; torch's
+  ``AsyncBroadcastWork`` calls it), walked from the nearest peer out, every rank posting all its
+  sends at once (:func:`gloo_broadcast`). Relative to the root (vrank = (rank - root) mod p),
+  iteration i pairs each vrank below 2^(i+1) with ``vrank ^ 2^i``, the lower one sending: a rank
+  receives once, from vrank minus its highest set bit, waiting for it (``waitRecv``) before it
+  posts anything, then posts a send to vrank + 2^i for every 2^i above its vrank without waiting
+  (``in->send``), and returns once every send has completed (``waitSend`` after the loop; over
+  TCP a send completes when its payload is written to the socket, ``Pair::writeComplete``, which
+  is after the receiver's ready notice has come). So a rank's sends are one step, the step of its
+  depth in the tree (the popcount of its vrank): the root's ``ceil(lg p)`` sends are the first
+  step, all under way at once, where MPICH's order (:mod:`sim.collectives.binomial`) has the root
+  send one level after the other, farthest first. The root leaves once its last payload is
+  written. Which of the two ``library`` stands for is :data:`sim.collectives.registry.LIBRARY_BROADCAST`.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from models.ops import OpKind
+from sim.collectives.binomial import by_relative_rank
 from sim.collectives.chunks import ByteRange, span, split
 from sim.collectives.schedule import CommSchedule, Steps, make_schedule, send
 
@@ -100,3 +113,22 @@ def gloo_reduce(group: Sequence[int], size_bytes: int, root: int) -> CommSchedul
               for j, member in enumerate(group) if member != root]
     return make_schedule(OpKind.REDUCE, "gloo_reduce", group, root, size_bytes,
                          _reduce_scatter(group, segments, iterations) + [gather], _loop(iterations) + [1])
+
+
+def gloo_broadcast(group: Sequence[int], size_bytes: int, root: int) -> CommSchedule:
+    """Gloo's broadcast of ``size_bytes`` from ``root`` over ``group`` (gloo's rank order): step k
+    holds the sends of the ranks at depth k of gloo's tree (vrank with k bits set), each rank's
+    sends posted together once it has received (module docstring). As many steps as the most
+    bits a vrank below p has (at most the binomial tree's ``ceil(lg p)``; 1 for 3 ranks, where
+    MPICH's takes 2). A buffer of 0 bytes still sends its (empty) messages: ``broadcast.cc`` has
+    no early return."""
+    ranks = by_relative_rank(group, root)
+    p = len(ranks)
+    steps: Steps = [[] for _ in range((p - 1).bit_length())]
+    for vrank in range(p):
+        # children: vrank + 2^i for every 2^i above vrank (all of them for the root)
+        for bit in (1 << i for i in range((p - 1).bit_length())):
+            if bit > vrank and vrank + bit < p:
+                steps[vrank.bit_count()].append(send(ranks[vrank], ranks[vrank + bit], ByteRange(0, size_bytes),
+                                                     reduce=False))
+    return make_schedule(OpKind.BROADCAST, "gloo_broadcast", group, root, size_bytes, steps)

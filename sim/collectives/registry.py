@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from enum import StrEnum
 from functools import lru_cache
 
 from models.errors import ConfigError, shorten
@@ -11,7 +12,7 @@ from models.ops import OpKind
 from sim.collectives.binomial import binomial_broadcast, binomial_reduce
 from sim.collectives.doubling import rabenseifner, recursive_doubling
 from sim.collectives.double_binary_tree import double_binary_tree
-from sim.collectives.gloo import gloo_allreduce, gloo_reduce
+from sim.collectives.gloo import gloo_allreduce, gloo_broadcast, gloo_reduce
 from sim.collectives.ring import ring_allreduce
 from sim.collectives.schedule import CommSchedule
 from sim.collectives.star import star_allreduce, star_broadcast, star_reduce
@@ -61,13 +62,42 @@ AUTO = "auto"
 """Not an algorithm: the simulator prices every algorithm of the kind and takes the fastest
 (:class:`sim.network.CollectivePricer`)."""
 
-LIBRARY_MODEL: dict[OpKind, Builder] = {
-    OpKind.ALLREDUCE: _flat(gloo_allreduce),
-    OpKind.REDUCE: _rooted(gloo_reduce),
-    OpKind.BROADCAST: _rooted(binomial_broadcast),
+
+class LibraryBroadcast(StrEnum):
+    """The schedule ``library``'s broadcast is priced as."""
+
+    BINOMIAL = "binomial"
+    """MPICH's binomial tree (:func:`sim.collectives.binomial.binomial_broadcast`): the root sends
+    one level after the other, farthest first, each send waited for."""
+    GLOO_TREE = "gloo_tree"
+    """gloo's own tree (:func:`sim.collectives.gloo.gloo_broadcast`, ``gloo/broadcast.cc``): every
+    rank posts all its sends at once once it has received, the root freed once its payloads are
+    written."""
+
+
+LIBRARY_BROADCAST = LibraryBroadcast.BINOMIAL
+"""Which schedule ``library``'s broadcast is priced as (the offline benchmarks' ``--gloo-tree``
+sets it); read when a schedule is built, and part of :func:`_built`'s cache key. MPICH's order by
+default: gloo's tree prices the prefill's broadcasts right only with the links' token buckets
+(:data:`sim.token_bucket.PRICED`: a root freed on writing two payloads of 96 KiB over a 32 kB
+bucket), which stay off for decode's sake; with both and the arrival lags the held-out figures
+improve (validation/transfer-report/progress.md, session 20)."""
+
+_LIBRARY_MODEL: dict[OpKind, Builder] = {OpKind.ALLREDUCE: _flat(gloo_allreduce), OpKind.REDUCE: _rooted(gloo_reduce)}
+_LIBRARY_BROADCASTS: dict[LibraryBroadcast, Builder] = {
+    LibraryBroadcast.BINOMIAL: _rooted(binomial_broadcast),
+    LibraryBroadcast.GLOO_TREE: _rooted(gloo_broadcast),
 }
-"""What stands for ``library`` in the simulator until calibration refines it: gloo's algorithms
-as PyTorch calls them (:mod:`sim.collectives.gloo`; torch 2.13.0's ``ProcessGroupGloo.cpp``)."""
+
+
+def library_model(kind: OpKind, broadcast: LibraryBroadcast | None = None) -> Builder:
+    """What stands for ``library`` in the simulator until calibration refines it: gloo's
+    algorithms as PyTorch calls them (:mod:`sim.collectives.gloo`; torch 2.13.0's
+    ``ProcessGroupGloo.cpp``), the broadcast as ``broadcast`` says (default
+    :data:`LIBRARY_BROADCAST`). ``kind`` must be a collective."""
+    if kind == OpKind.BROADCAST:
+        return _LIBRARY_BROADCASTS[LIBRARY_BROADCAST if broadcast is None else broadcast]
+    return _LIBRARY_MODEL[kind]
 
 
 def known_algorithms(kind: OpKind) -> tuple[str, ...]:
@@ -95,7 +125,7 @@ def build_schedule(
 
     Args:
         kind: allreduce, reduce or broadcast.
-        algorithm: a key of ``ALGORITHMS[kind]``, or ``library`` (see :data:`LIBRARY_MODEL`).
+        algorithm: a key of ``ALGORITHMS[kind]``, or ``library`` (see :func:`library_model`).
         group: the participating global ranks, distinct, in the order the algorithm uses.
         size_bytes: n, bytes per rank (>= 0).
         root: root of a reduce or broadcast; defaults to ``group[0]``; ignored by allreduce.
@@ -113,7 +143,7 @@ def build_schedule(
         raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
     builders = ALGORITHMS[kind]
     if algorithm == LIBRARY:
-        builders = {LIBRARY: LIBRARY_MODEL[kind]}
+        builders = {LIBRARY: library_model(kind)}
     if algorithm not in builders:
         raise ConfigError(str(kind), f"unknown {kind} algorithm; known: {', '.join((*builders, LIBRARY))} "
                                        f"(got {shorten(algorithm)})")
@@ -129,7 +159,8 @@ def build_schedule(
         if resolved_root not in members:
             raise ConfigError("root", f"must be a rank of the group {members} (got {root})")
     hosts = None if host_groups is None else tuple(tuple(host) for host in host_groups)
-    return _built(kind, algorithm, members, size_bytes, resolved_root, hosts)
+    broadcast = LIBRARY_BROADCAST if algorithm == LIBRARY and kind == OpKind.BROADCAST else None
+    return _built(kind, algorithm, members, size_bytes, resolved_root, hosts, broadcast)
 
 
 BUILT_SCHEDULES = 1024
@@ -139,10 +170,12 @@ its clusters)."""
 
 @lru_cache(maxsize=BUILT_SCHEDULES)
 def _built(kind: OpKind, algorithm: str, members: tuple[int, ...], size_bytes: int, root: int,
-           hosts: tuple[tuple[int, ...], ...] | None) -> CommSchedule:
-    """The schedule of validated arguments (see :func:`build_schedule`), shared by every caller:
-    a schedule is immutable and depends on nothing else. A builder's ConfigError is not cached."""
-    builders = {LIBRARY: LIBRARY_MODEL[kind]} if algorithm == LIBRARY else ALGORITHMS[kind]
+           hosts: tuple[tuple[int, ...], ...] | None, broadcast: LibraryBroadcast | None) -> CommSchedule:
+    """The schedule of validated arguments (see :func:`build_schedule`; ``broadcast``: the
+    :data:`LIBRARY_BROADCAST` a library broadcast is built as, None for any other), shared by
+    every caller: a schedule is immutable and depends on nothing else. A builder's ConfigError
+    is not cached."""
+    builders = {LIBRARY: library_model(kind, broadcast)} if algorithm == LIBRARY else ALGORITHMS[kind]
     schedule = builders[algorithm](members, size_bytes, root, hosts)
     # Named as asked, so calibrated timings of ``library`` are looked up under that name.
     return schedule if schedule.algorithm == algorithm else replace(schedule, algorithm=algorithm)

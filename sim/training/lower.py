@@ -75,7 +75,7 @@ def tp_allreduce_algorithm(variant, backend: Backend) -> str:
     """The algorithm a variant's tensor-parallel allreduces are priced with: its ``allreduce``
     (the inference variants' field) where it names one; else, under gloo (CPU ranks), the
     backend's own (:data:`sim.collectives.registry.LIBRARY`, priced as gloo's allreduce,
-    :data:`sim.collectives.registry.LIBRARY_MODEL`), which is what the runtime's ``f`` and ``g``
+    :func:`sim.collectives.registry.library_model`), which is what the runtime's ``f`` and ``g``
     call (``dist.all_reduce`` in ``runtime/training/model.py``); under NCCL ring, NCCL's own
     allreduce algorithm for one node's GPUs."""
     if variant.allreduce:
