@@ -10,7 +10,14 @@ Linux's ``/proc`` and makes it follow the live tensors:
 * :func:`configure_allocator` tunes glibc malloc (mallopt(3)). In the *exact* mode every block of
   at least :data:`EXACT_MMAP_THRESHOLD_BYTES` is an ``mmap`` of its own and goes back to the
   kernel when freed, so RSS is the baseline plus the live blocks, and a peak read over weights
-  loaded and freed block by block is the true one. That costs an mmap, munmap and a page fault
+  loaded and freed block by block is the true one. That holds in a heap with no free chunk such
+  a block fits in: glibc carves a request from a free chunk first and maps it afresh only when no
+  bin and not the top of the heap can serve it (``_int_malloc`` and ``sysmalloc`` in glibc's
+  ``malloc/malloc.c``, the threshold applying in the latter), and the pages :func:`reset_peak`
+  gave back of such chunks count again as the step reuses them, chunk after chunk. The fast
+  mode's runs leave exactly such chunks; a training step read in the exact mode after them
+  peaked 2.5-31 MB above its live tensors (:mod:`runtime.training.memory`, which therefore reads
+  it before any fast-mode step). That costs an mmap, munmap and a page fault
   per page for every such tensor: prefill ops run 5-30 % slower (GPT-2 on this machine). So
   timed generations run in the *fast* mode (a fixed threshold of :data:`FAST_MMAP_THRESHOLD_BYTES`:
   activations below it stay in the heap for reuse, weight-sized blocks above it still go back to

@@ -20,7 +20,7 @@ from runtime.launch import launch  # noqa: E402
 from runtime.training.calibrate import calibrate_training  # noqa: E402
 from runtime.training.hooks import BucketCall  # noqa: E402
 from runtime.training.measure import measure_training, step_metrics  # noqa: E402
-from runtime.training.model import DecoderLM, TensorParallel, next_token_loss  # noqa: E402
+from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch  # noqa: E402
 from runtime.training.ranks import training_ranks  # noqa: E402
 from runtime.training.reference import local_sgd_reference, reference_parameters, reference_shard  # noqa: E402
 from runtime.training.trainer import StepTiming, Trainer, TrainingSetup, process_groups  # noqa: E402
@@ -316,6 +316,37 @@ def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
     assert mixed["peak_memory_weights_bytes"] == parameters / 2
     assert mixed["peak_memory_gradients_bytes"] == parameters == mixed["peak_memory_bucket_buffers_bytes"]
     assert mixed["peak_memory_optimizer_states_bytes"] == 3 * parameters
+
+
+def test_measure_reads_a_steps_peak_as_the_resident_memory_plus_the_tensors_it_holds():
+    # The validation model (tiny_gpt2, 4.3M parameters) on one rank, 4 x 128 tokens (2.1M logits):
+    # its step peaks in the loss's backward, before any gradient exists, holding what autograd
+    # saved and two fp32 gradients of the logits' shape (models.training.loss_backward_bytes).
+    # Read after the timed steps, as it was, the peak also counted the heap chunks the fast
+    # allocator's steps had freed (+3 MB here, 2.5-31 MB over 4 ranks: runtime.training.memory).
+    scenario = scenario_from_dict({
+        "name": "memory_test", "model": "scenarios/validation/models/tiny_gpt2.json", "dtype": "fp32",
+        "cluster": cluster(1, 1, device="cpu"), "parallel": {"data": 1},
+        "workload": {"kind": "training", "global_batch_size": 4, "micro_batch_size": 4, "sequence_length": 128,
+                     "steps": 1},
+        "training": {"optimizer": "adamw", "allreduce": "ring"}, "variants": [{"name": "adamw"}]}, base_dir=ROOT)
+    model = DecoderLM(scenario.model, SEED)
+    tokens = training_batch(scenario.model, 4, 128, SEED, 0)
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = next_token_loss(model(tokens[:, :-1]), tokens[:, 1:])
+    held = sum(n for ptr, n in saved.items() if ptr not in parameters) + 2 * 4 * tokens[:, 1:].numel() * 4096
+    del loss
+    rows = measure_training(scenario, repeats=1, warmup=1, seed=SEED).results
+    memory = rows[rows["device"] == "h0/dev0"].set_index("metric")["value"]
+    read = memory["peak_memory_activations_bytes"] + memory["peak_memory_gradients_bytes"]  # the peak over the resident
+    assert read == pytest.approx(held, abs=0.5e6)
 
 
 def test_measure_runs_tensor_parallel_training_on_every_rank_of_the_layout(tmp_path):

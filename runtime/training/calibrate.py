@@ -360,30 +360,21 @@ def tensor_parallel_sweep(scenario, setups: list[TrainingSetup],
             tuple(sorted(sizes)))
 
 
-FRAMEWORK_WARMUP_STEPS = 2
-"""Optimizer steps a rank trains before its framework memory is read: the first rebuilds DDP's
-buckets, the second runs on them, as the measured steps do."""
-
-
 def framework_after_steps(setup: TrainingSetup, rank: int, topology, groups, device: torch.device) -> int:
     """What this rank holds beyond its tensors while it trains (bytes): a
-    :class:`runtime.training.trainer.Trainer` of ``setup`` trains :data:`FRAMEWORK_WARMUP_STEPS`
-    steps, then, under the exact allocator the measured step's peak is read with
-    (:func:`runtime.training.measure.train_rank`), the resident memory less weights, optimizer
-    states and buckets (:func:`runtime.training.memory.framework_bytes`): the interpreter, torch's
-    libraries and the kernels' pages training touched, the communication library's buffers and
-    threads. Every rank of the layout calls it (its steps synchronise over the data-parallel group)."""
-    from runtime.training.memory import framework_bytes, state_bytes
+    :class:`runtime.training.trainer.Trainer` of ``setup`` is built and trained as the measured
+    ranks' are until their memory is read (:func:`runtime.training.memory.exact_step_memory`,
+    :func:`runtime.training.measure.train_rank`), and the resident memory before the read step,
+    less weights, optimizer states and buckets (:func:`runtime.training.memory.framework_bytes`),
+    is the interpreter, torch's libraries and the kernels' pages training touched, the
+    communication library's buffers and threads. Every rank of the layout calls it (its steps
+    synchronise over the data-parallel group), before it trains anything else."""
+    from runtime.training.memory import exact_step_memory, framework_bytes, state_bytes
     from runtime.training.trainer import Trainer
 
-    probe = device_of(device)
-    trainer = Trainer(setup, rank, topology.host_groups, seed=0, device=device, groups=groups)
-    for step in range(FRAMEWORK_WARMUP_STEPS):
-        trainer.step(step)
-    with memory_probe.exact_allocation():
-        probe.reset_peak_memory()  # collects and trims first: the step's transients are gone
-        resident = probe.memory_bytes()
-    framework = framework_bytes(resident, state_bytes(trainer))
+    trainer, memory = exact_step_memory(
+        lambda: Trainer(setup, rank, topology.host_groups, seed=0, device=device, groups=groups), device_of(device))
+    framework = framework_bytes(memory.resident_bytes, state_bytes(trainer))
     trainer.close()
     return framework
 

@@ -3,14 +3,19 @@
 Each variant in turn, in ranks forked for it alone (one per rank of the layout, tensor x data:
 :func:`runtime.launch.launch`, in the testbed's host namespaces with ``--testbed``;
 :class:`runtime.training.ranks.TrainingRanks`), so that no variant's memory holds what an
-earlier one's training left resident. On every rank: a
-:class:`~runtime.training.trainer.Trainer` (the same seeded weights), ``warmup`` untimed
-optimizer steps (the first also rebuilds DDP's buckets in the order gradients became ready),
-one common start on the shared clock (:func:`runtime.worker.common_start`), ``repeats`` x
-``workload.steps`` timed steps back to back, then one more step under the exact allocator whose
-high-water mark is the peak memory (:mod:`runtime.memory_probe` on the CPU,
+earlier one's training left resident. On every rank, first the memory: a
+:class:`~runtime.training.trainer.Trainer` (the same seeded weights) built and trained under the
+exact allocator until one step's high-water mark is read as the peak memory
+(:func:`runtime.training.memory.exact_step_memory`: :mod:`runtime.memory_probe` on the CPU,
 ``max_memory_allocated`` on CUDA), written with that step's memory by category beside it
-(``peak_memory_<category>_bytes``, :mod:`runtime.training.memory`).
+(``peak_memory_<category>_bytes``, :mod:`runtime.training.memory`), then dropped; then the time:
+a new trainer, in the fast allocator, ``warmup`` untimed optimizer steps (the first also
+rebuilds DDP's buckets in the order gradients became ready), one common start on the shared
+clock (:func:`runtime.worker.common_start`) and ``repeats`` x ``workload.steps`` timed steps back
+to back. The memory comes first because the fast allocator's steps leave free chunks in the heap
+that an exact read would count again (:mod:`runtime.training.memory`); a process that trains
+several variants (``variants`` of :func:`train_rank`, as ``torchrun`` does) reads every
+variant's before it times any.
 
 Metrics, per repeat from the master's (rank 0's) ``workload.steps`` steps, then the median over
 repeats with p10 / p90 beside it (:func:`runtime.measure.summarise`):
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -69,8 +75,8 @@ from sim.vocabulary import Metric, PhaseKind
 class RankTraining:
     """What one rank measured for one variant: its timed steps
     (:class:`runtime.training.trainer.StepTiming`, times in s from the common start), the peak
-    memory of one more step (bytes) and that step's memory by category
-    (:func:`runtime.training.memory.memory_categories`, bytes by field of
+    memory of the step read before them (bytes, :func:`runtime.training.memory.exact_step_memory`)
+    and that step's memory by category (:func:`runtime.training.memory.memory_categories`, bytes by field of
     :class:`models.training.TrainingMemory`); ``retransmitted_segments``: the TCP segments its
     host's network namespace retransmitted over the timed steps (:mod:`runtime.tcp_counters`;
     None where they cannot be read); ``dropped_packets``: the packets its host's tbf queues dropped
@@ -188,15 +194,16 @@ def measured_training(scenario: Scenario, topology: Topology, gathered: list[lis
 def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: int, warmup: int, seed: int,
                device, heartbeat=lambda label: None, variants: tuple[int, ...] | None = None) -> list | None:
     """Train and time the variants of indices ``variants`` (None: every one) on this rank (see
-    the module); all ranks' measurements ``[rank][variant]`` on rank 0, None elsewhere. Needs the
-    default process group of the layout's ranks (:func:`runtime.training.ranks.training_ranks`)."""
+    the module: every variant's memory is read before any is timed); all ranks' measurements
+    ``[rank][variant]`` on rank 0, None elsewhere. Needs the default process group of the
+    layout's ranks (:func:`runtime.training.ranks.training_ranks`)."""
     import torch.distributed as dist
 
     from runtime import memory_probe
     from runtime.device import device_of
     from runtime.tcp_counters import retransmitted_segments
     from runtime.testbed.shaping import dropped_packets
-    from runtime.training.memory import memory_categories, state_bytes
+    from runtime.training.memory import exact_step_memory, memory_categories, state_bytes
     from runtime.training.ranks import training_ranks
     from runtime.training.trainer import Trainer, TrainingSetup, process_groups
     from runtime.worker import common_start
@@ -206,33 +213,41 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
     groups = process_groups(layout, rank)
     steps = scenario.config.workload.steps
     probe = device_of(device)
-    out = []
     chosen = scenario.config.variants if variants is None else [scenario.config.variants[i] for i in variants]
-    for variant in chosen:
-        trainer = Trainer(TrainingSetup.of_ranks(scenario, variant, layout), rank, topology.host_groups, seed=seed,
-                          device=device, groups=groups)
+    setups = [TrainingSetup.of_ranks(scenario, variant, layout) for variant in chosen]
+
+    def trainer(setup: TrainingSetup) -> Trainer:
+        return Trainer(setup, rank, topology.host_groups, seed=seed, device=device, groups=groups)
+
+    read = []  # every variant's memory before any step in the fast allocator (see the module)
+    for setup in setups:
+        heartbeat(f"{setup.name} memory")
+        # Numbered after the timed steps, as the read step was when it came last.
+        memory_trainer, memory = exact_step_memory(partial(trainer, setup), probe, first_step=warmup + repeats * steps)
+        read.append((memory.peak_bytes,
+                     memory_categories(memory.resident_bytes, memory.peak_bytes, state_bytes(memory_trainer))))
+        memory_trainer.close()
+        del memory_trainer
+        gc.collect()
+    out = []
+    for setup, (peak, categories) in zip(setups, read):
+        timed_trainer = trainer(setup)
         for step in range(warmup):
-            heartbeat(f"{variant.name} warm-up step {step}")
-            trainer.step(step)
+            heartbeat(f"{setup.name} warm-up step {step}")
+            timed_trainer.step(step)
         t0 = common_start(probe.torch_device)
         timed = []
         retransmitted, dropped = retransmitted_segments(), dropped_packets()
         for index in range(repeats * steps):
-            heartbeat(f"{variant.name} step {index + 1} of {repeats * steps}")
-            timed.append(_shifted(trainer.step(warmup + index), t0))
+            heartbeat(f"{setup.name} step {index + 1} of {repeats * steps}")
+            timed.append(_shifted(timed_trainer.step(warmup + index), t0))
         after = retransmitted_segments()
         retransmitted = None if retransmitted is None or after is None else after - retransmitted
         dropped_after = dropped_packets()
         dropped = None if dropped is None or dropped_after is None else dropped_after - dropped
-        with memory_probe.exact_allocation():
-            probe.reset_peak_memory()
-            resident = probe.memory_bytes()
-            trainer.step(warmup + repeats * steps)
-            peak = probe.peak_memory_bytes()
-        categories = memory_categories(resident, peak, state_bytes(trainer))
-        trainer.close()
-        out.append(RankTraining(rank, variant.name, timed, peak, categories, retransmitted, dropped))
-        del trainer
+        timed_trainer.close()
+        out.append(RankTraining(rank, setup.name, timed, peak, categories, retransmitted, dropped))
+        del timed_trainer
         gc.collect()
     heartbeat("gather")
     gathered = [None] * dist.get_world_size() if rank == 0 else None

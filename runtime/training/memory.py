@@ -26,16 +26,41 @@ CUDA) for the rest:
   for backward with the transients at the peak.
 
 :func:`framework_bytes` is the one definition the calibration's ``memory_baseline`` (what the
-simulator charges as ``framework``) and the measured categories share.
+simulator charges as ``framework``) and the measured categories share, and :func:`exact_step_memory`
+the one way both read a rank's memory: under the exact allocator from the trainer's construction
+on, before the rank has trained in the fast one (:mod:`runtime.memory_probe`). glibc serves a
+request from a free chunk of the heap before it considers ``mmap`` (``_int_malloc`` in glibc's
+``malloc/malloc.c`` reaches ``sysmalloc``, where ``M_MMAP_THRESHOLD`` applies, only when no bin
+and not the top chunk can serve it), and the fast mode's steps leave the activations' blocks below
+4 MiB as such chunks; ``malloc_trim`` in the reset gives their pages back, and the exact step
+then touches them again as it reuses them, chunk after chunk. Read after the timed steps, a step
+of the validation model (tiny_gpt2 over 4 gloo ranks) peaked above the resident memory plus
+torch's own count of its live tensors (the CPU allocator's running total in the profiler's
+allocation events) by 2.6 to 31 MB in the stored validation (``validation/training-report``,
+median 12 MB, different on every rank; 2.5 to 22 MB on loopback with
+``benchmarks/bench_training_memory.py --fast-steps 4``); read first, by at most 0.8 MB on every
+rank of the 11 cases of ``validation/training-quick.yaml`` (the same benchmark).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from models.training import TrainingMemory
+from runtime import memory_probe
+
+if TYPE_CHECKING:
+    from runtime.device import Device
+    from runtime.training.trainer import Trainer
+
+MEMORY_WARMUP_STEPS = 2
+"""Optimizer steps a rank trains before the step whose memory is read: DDP rebuilds its buckets
+(in the order gradients became ready) at the start of the second step's forward, freeing the
+first step's (``_rebuild_buckets`` in ``torch/nn/parallel/distributed.py``), and the first step
+allocates the optimizer's states, so the read step holds what every later step holds."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +101,36 @@ def framework_bytes(resident_bytes: int, states: StateBytes) -> int:
     (under ``gradient_as_bucket_view`` the buckets, counted as gradients, stay allocated)."""
     kept = states.weights + states.optimizer_states + states.bucket_buffers
     return resident_bytes - kept - (states.gradients if states.gradient_views else 0)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """One step's memory readings (bytes): ``resident_bytes`` just before it, ``peak_bytes`` its
+    high-water mark; ``steps``: the optimizer steps the trainer ran, the read one included."""
+
+    resident_bytes: int
+    peak_bytes: int
+    steps: int
+
+
+def exact_step_memory(build: Callable[[], Trainer], device: Device, first_step: int = 0) -> tuple[Trainer, StepMemory]:
+    """Build a :class:`runtime.training.trainer.Trainer` with ``build()`` and read one step's
+    memory on ``device`` (a :class:`runtime.device.Device`), all under the exact allocator
+    (:func:`runtime.memory_probe.exact_allocation`, the fast one again on return): the trainer
+    trains :data:`MEMORY_WARMUP_STEPS` steps, the peak is reset (garbage collected, free pages
+    given back), then one more step is read. Steps are numbered from ``first_step`` (their
+    batches). Call it before the process trains in the fast allocator (see the module): the read
+    is the resident memory plus the step's live bytes only while the heap holds no free chunk the
+    step's blocks can be carved from. Returns the trainer and the readings."""
+    with memory_probe.exact_allocation():
+        trainer = build()
+        for step in range(first_step, first_step + MEMORY_WARMUP_STEPS):
+            trainer.step(step)
+        device.reset_peak_memory()
+        resident = device.memory_bytes()
+        trainer.step(first_step + MEMORY_WARMUP_STEPS)
+        peak = device.peak_memory_bytes()
+    return trainer, StepMemory(resident, peak, MEMORY_WARMUP_STEPS + 1)
 
 
 def memory_categories(resident_bytes: int, peak_bytes: int, states: StateBytes) -> dict[str, int]:
