@@ -346,7 +346,9 @@ def test_measure_reads_a_steps_peak_as_the_resident_memory_plus_the_tensors_it_h
     rows = measure_training(scenario, repeats=1, warmup=1, seed=SEED).results
     memory = rows[rows["device"] == "h0/dev0"].set_index("metric")["value"]
     read = memory["peak_memory_activations_bytes"] + memory["peak_memory_gradients_bytes"]  # the peak over the resident
-    assert read == pytest.approx(held, abs=0.5e6)
+    # 1.5 MB: alone this reads within 4 kB, after the rest of the suite in one process within 0.7 MB
+    # (heap pages of earlier tests); the old order read 3.0-4.1 MB over.
+    assert read == pytest.approx(held, abs=1.5e6)
 
 
 def test_measure_runs_tensor_parallel_training_on_every_rank_of_the_layout(tmp_path):
