@@ -129,6 +129,8 @@ def test_plan_command_writes_the_table_the_report_and_a_pick_that_simulates(tmp_
     ({"slo": {"tpot": "fast"}}, "slo.tpot"),
     ({"prices": {"b200": 3.0}}, "prices.b200"),
     ({"prices": {"t4": -1}}, "prices.t4"),
+    ({"host_prices": {"b200": 0.1}}, "host_prices.b200"),
+    ({"host_prices": {"t4": "cheap"}}, "host_prices.t4"),
     ({"models": ["gpt-9"]}, "models[0]"),
     ({"surprise": 1}, "surprise"),
     ({"search": {"hosts": [0]}}, "search.hosts"),
@@ -155,9 +157,25 @@ def assert_plan_refused(data: dict, field: str, tmp_path, capsys) -> None:
 def test_the_default_catalog_dates_and_sources_every_price():
     catalog = load_catalog(DEFAULT_CATALOG)
     for name, offer in catalog.devices.items():
-        assert offer.source and offer.as_of and offer.price_per_hour > 0, name
+        assert offer.source and offer.as_of and offer.price_per_hour > 0 and offer.host_source, name
+        # an owned GPU's host is bought beside it; a rented one's is in its price, a Jetson is its own host
+        owned_gpu = offer.source.startswith("owned") and not name.startswith("jetson")
+        assert (offer.host_price_per_hour > 0) == owned_gpu, name
     for option in (*catalog.interconnects.values(), *catalog.networks.values()):
         assert option.source
+
+
+def test_a_cluster_pays_for_its_hosts_and_host_prices_override_the_catalogs():
+    request = plan_from_dict(SMALL | {"search": SMALL["search"] | {"devices": ["rtx_3060_12gb", "rtx_4090"]},
+                                      "host_prices": {"rtx_4090": 0.5}})
+    catalog = request.catalog
+    owned, rented = catalog.devices["rtx_3060_12gb"], catalog.devices["rtx_4090"]
+    assert owned.host_price_per_hour > 0 and rented.host_source == "PLAN.yaml host_prices"
+    prices = {shape.label(): shape.price_per_hour(catalog) for shape in Planner(request).shapes}
+    network = catalog.networks["eth100g"].price_per_hour_per_host
+    assert prices["2 x 2 rtx_3060_12gb (pcie4) over eth100g"] == pytest.approx(
+        4 * owned.price_per_hour + 2 * owned.host_price_per_hour + 2 * network)
+    assert prices["1 x 2 rtx_4090 (pcie4)"] == pytest.approx(2 * rented.price_per_hour + 0.5)
 
 
 def test_the_shipped_example_plan_loads():
@@ -339,7 +357,7 @@ def test_the_training_example_plans_and_its_pick_simulates():
 def test_a_single_device_pick_says_so_and_cheap_prices_keep_their_cents():
     cheap = plan(plan_from_dict(SMALL | {"slo": {"tpot": "200ms"}, "limits": {"budget_per_hour": 0.05, "max_devices": 2},
                                          "search": SMALL["search"] | {"devices": ["rtx_3060_12gb", "t4"]},
-                                         "prices": {"t4": 0.043}}))
+                                         "prices": {"t4": 0.043}, "host_prices": {"rtx_3060_12gb": 0.0}}))
     assert cheap.pick is not None and cheap.pick["num_devices"] == 1
     assert "on one device (no collectives)" in cheap.recommendation and "$0.041/h" in cheap.recommendation
     loser = cheap.top[cheap.top["device_types"] == "t4"].iloc[0]

@@ -173,11 +173,12 @@ class ClusterShape:
         return " + ".join(parts) + (f" over {self.network}" if self.network else "")
 
     def price_per_hour(self, catalog: Catalog) -> float:
-        """Devices, their interconnect and the network ($/h)."""
+        """Devices, their hosts, their interconnect and the network ($/h)."""
         price = 0.0
         for g in self.groups:
             devices = g.per_host * g.count
-            price += devices * catalog.devices[g.device].price_per_hour
+            offer = catalog.devices[g.device]
+            price += devices * offer.price_per_hour + g.count * offer.host_price_per_hour
             if g.interconnect:
                 price += devices * catalog.interconnects[g.interconnect].price_per_hour_per_device
             if self.network:
