@@ -123,11 +123,14 @@ SLO_TPOT = "tpot_slo_percentile_s"
 """A serving plan's TPOT at the SLO's percentile over requests, at the target rate (s)."""
 COST_PER_MILLION_TOKENS = "cost_per_million_tokens"
 """What a million output tokens cost at the maximum rate (catalog currency)."""
+DECODE_BATCH = "decode_batch_at_max_rate"
+"""A serving plan's mean number of requests one iteration decodes at the maximum rate (per
+iteration in flight, per replica; :attr:`sim.serving.scheduler.ServingRun.mean_decode_batch`)."""
 SERVING_COLUMNS = [Metric.MAX_REQUEST_RATE, COST_PER_MILLION_TOKENS, Metric.OUTPUT_TOKENS_PER_S, SLO_TTFT, SLO_TPOT,
-                   "rate_search_runs"]
+                   DECODE_BATCH, "rate_search_runs"]
 """A serving plan's columns beyond :data:`PLAN_COLUMNS`: the maximum request rate (requests/s),
-$/Mtok and output tokens/s there, the SLO's percentiles at the target rate, and how many serving
-runs the rate search took."""
+$/Mtok, output tokens/s and the decode batch there, the SLO's percentiles at the target rate,
+and how many serving runs the rate search took."""
 TOP_N = 10
 RATE_HORIZON_TTFTS = 40
 """A serving plan's default rate horizon, in TTFT objectives. On the shipped serving plan's top 5
@@ -639,6 +642,22 @@ class Planner:
             data["workload"]["slo"] = config.slo.serving().model_dump(by_alias=True)
         return data
 
+    def batch_scenario_dict(self, row: pd.Series | dict, name: str | None = None) -> dict | None:
+        """A serving candidate's layout running, as a batch (an inference scenario for ``hetsim
+        simulate`` and ``hetsim measure``), the requests it decodes at once at its maximum rate:
+        ``decode_batch_at_max_rate`` rounded, per iteration in flight (a pipeline's stages) and
+        per replica, at the requests' mean prompt and output lengths. None where no iteration
+        decodes (every request has one output token, or nothing was served)."""
+        batch = round(row[DECODE_BATCH]) if not pd.isna(row[DECODE_BATCH]) else 0
+        if batch < 1:
+            return None
+        layout, requests = row["layout"], self.request.requests
+        data = self.scenario_dict(row, name)
+        data["workload"] = {"batch_size": batch * layout.pipeline * layout.replicas,
+                            "prompt_tokens": round(np.mean([r.prompt_tokens for r in requests])),
+                            "output_tokens": max(2, round(np.mean([r.output_tokens for r in requests])))}
+        return data
+
     def _simulate_rows(self, rows: list[dict], results: dict[int, dict]) -> None:
         """Simulate the candidates ``rows`` (:meth:`candidates` records of one cluster and layout)
         as one scenario, or in halves where the simulator refuses so many variants at once
@@ -711,6 +730,7 @@ class Planner:
         slo, target = config.slo.serving(), config.workload.rate_per_s
         at_target = vr.search.start_metrics
         rate = vr.search.rate_per_s
+        at_max = vr.search.run if vr.search.run is not None else vr.run  # none met the SLO: the workload's own run
         tokens_per_s = vr.search.metrics.get(Metric.OUTPUT_TOKENS_PER_S, 0.0)
         miss = "" if rate >= target else "; ".join(
             [f"max rate {rate:.3g}/s < {target:.3g}/s"] + serving_misses(at_target, slo))
@@ -720,8 +740,8 @@ class Planner:
                 SLO_TPOT: at_target[Metric.TPOT.percentile(slo.percentile)],
                 Metric.MAX_REQUEST_RATE: rate, Metric.OUTPUT_TOKENS_PER_S: tokens_per_s,
                 COST_PER_MILLION_TOKENS: cost_per_million_tokens(price_per_hour, tokens_per_s),
-                "rate_search_runs": vr.search.runs,
-                "server_bottleneck": pipeline_bottleneck(vr.search.run) if vr.search.run is not None else ""}
+                "rate_search_runs": vr.search.runs, DECODE_BATCH: at_max.mean_decode_batch,
+                "server_bottleneck": pipeline_bottleneck(at_max)}
 
 
 def serving_misses(metrics: dict, slo: ServingSLO) -> list[str]:

@@ -98,6 +98,15 @@ class ServingRun:
     """Each stage's compute over the run (s)."""
     link_busy_s: tuple[float, ...] = ()
     """The messages each stage sent over the run (s; 0 with a single stage)."""
+    decode_batches: list[int] = field(default_factory=list)
+    """The requests decoding in each iteration (in launch order; with replicas, theirs one after another)."""
+
+    @property
+    def mean_decode_batch(self) -> float:
+        """The mean number of requests decoding in an iteration that decodes any (0 if none does):
+        the batch one iteration in flight decodes at this load."""
+        decoding = [n for n in self.decode_batches if n]
+        return sum(decoding) / len(decoding) if decoding else 0.0
 
 
 @dataclass
@@ -182,6 +191,7 @@ class _Server:
         self.stage_busy, self.link_busy = [0.0] * stages, [0.0] * stages
         self.iterations, self.kv_used, self.next_arrival, self.max_running = 0, 0, 0, 0
         self.batch_tokens: list[int] = []
+        self.decode_batches: list[int] = []
 
     @property
     def finished(self) -> bool:
@@ -246,6 +256,7 @@ class _Server:
             r.in_flight = True
         self.iterations += 1
         self.batch_tokens.append(tokens)
+        self.decode_batches.append(len(decoding))
 
     def next_event_s(self, now: float) -> float:
         """When something next happens to the server after ``now`` (s): an iteration's return, an
@@ -261,7 +272,7 @@ class _Server:
         """What the server did (:class:`ServingRun`)."""
         served = sorted(self.served, key=lambda s: s.request.index)
         return ServingRun(served, self.iterations, max(self.stage_busy), self.max_running, self.kv_capacity_tokens,
-                          self.batch_tokens, tuple(self.stage_busy), tuple(self.link_busy))
+                          self.batch_tokens, tuple(self.stage_busy), tuple(self.link_busy), self.decode_batches)
 
 
 def _next_batch(running: list[_Running], waiting: deque[Request], max_batch_tokens: int, max_num_seqs: int,

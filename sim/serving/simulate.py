@@ -181,7 +181,8 @@ def serve_replicas(requests: list[Request], servers: list[ReplicaServer], *, max
     served = sorted((s for run in runs for s in run.served), key=lambda s: s.request.index)
     return ServingRun(served, sum(r.iterations for r in runs), sum(r.busy_s for r in runs),
                       sum(r.max_running for r in runs), sum(s.kv_capacity_tokens for s in servers),
-                      [tokens for r in runs for tokens in r.batch_tokens])
+                      [tokens for r in runs for tokens in r.batch_tokens],
+                      decode_batches=[n for r in runs for n in r.decode_batches])
 
 
 def serving_metrics(run: ServingRun, slo: ServingSLO | None) -> dict[str, float]:
