@@ -10,7 +10,7 @@ import yaml
 
 from models.errors import ConfigError
 from sim.planning.catalog import DEFAULT_CATALOG, load_catalog
-from sim.planning.outcome import pareto, plan
+from sim.planning.outcome import pareto, plan, ranking
 from sim.planning.plan_config import load_plan, plan_from_dict
 from sim.planning.search import Planner, Stage, slo_miss
 from sim.scenario import load_scenario, scenario_from_dict
@@ -68,6 +68,17 @@ def test_pareto_keeps_the_cheapest_of_equals_and_skips_nan():
     latency = pd.Series([5.0, 4.0, 4.0, 1.0, math.nan])
     assert list(pareto(price, latency, larger_is_better=False)) == [False, True, False, True, False]
     assert list(pareto(pd.Series([1.0, 1.0]), pd.Series([2.0, 2.0]), larger_is_better=False)) == [True, True]
+
+
+def test_a_dearer_configuration_with_the_same_metrics_takes_no_top_slot():
+    # the same layout over 10 GbE and over 100 GbE, no traffic between its hosts: one slot, the cheaper
+    rows = [("2 x 4 a over eth10g", 1.0, 0.5), ("2 x 4 a over eth100g", 1.1, 0.5), ("1 x 8 b", 1.2, 0.4)]
+    table = pd.DataFrame([{"candidate": i, "model": "m", "cluster": cluster, "price_per_hour": price,
+                           "stage": Stage.SIMULATED, "fits": True, "meets_slo": True, "slo_miss": "",
+                           Metric.TTFT: 0.1, Metric.TPOT: 0.01, Metric.E2E_LATENCY: e2e,
+                           Metric.DECODE_TOKENS_PER_S: 100.0 / e2e} for i, (cluster, price, e2e) in enumerate(rows)])
+    assert list(ranking(table)) == [1, 0, 2]
+    assert list(ranking(table.assign(model=["m", "n", "m"]))) == [1, 2, 3]  # another model is another answer
 
 
 def test_closed_form_pruning_never_drops_a_configuration_the_simulator_accepts():

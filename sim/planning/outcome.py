@@ -4,7 +4,10 @@
   end-to-end latency, then the candidate number).
 * **The top 10**: ten clusters, each with its best layout (the fastest end to end among those
   meeting the most objectives): those meeting every objective by price, then those that fit but
-  miss some, fewest misses first; every layout of every cluster is in ``plan.csv``. Each says why it lost to the pick (``versus_pick``: it misses an
+  miss some, fewest misses first; every layout of every cluster is in ``plan.csv``. A cluster
+  whose best configuration a no dearer one ranked before it matches on every metric (the same
+  layout over a dearer network it sends nothing over) takes no slot: it would repeat that one.
+  Each says why it lost to the pick (``versus_pick``: it misses an
   objective, it costs more, or at the same price it is slower) and its **bottleneck**: the term
   that takes most of the master rank's decode step (the prefill's with one output token,
   :func:`sim.bottleneck.bottleneck`), from a re-simulation of that one configuration with the
@@ -108,6 +111,12 @@ def pareto(price: pd.Series, value: pd.Series, *, larger_is_better: bool) -> pd.
     return on
 
 
+_RANKED_METRICS = (Metric.MAX_REQUEST_RATE, SLO_TTFT, SLO_TPOT, Metric.OUTPUT_TOKENS_PER_S, Metric.TTFT, Metric.TPOT,
+                   Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY, Metric.STEP_TIME, Metric.TOKENS_PER_S,
+                   Metric.MAX_PEAK_MEMORY)
+"""The metrics by which two ranked configurations are the same (those a plan's table has)."""
+
+
 def ranking(table: pd.DataFrame, *, serving: bool = False, latency: str = Metric.E2E_LATENCY) -> pd.Series:
     """1..10 for the top 10 (see the module docstring; ``serving``: a serving plan's rule; ``latency``:
     the column that breaks a price tie, a training plan's step time), 0 for the rest."""
@@ -122,6 +131,11 @@ def ranking(table: pd.DataFrame, *, serving: bool = False, latency: str = Metric
             ["meets_slo", "_misses", "price_per_hour", latency, "candidate"],
             ascending=[False, True, True, True, True])
     order = order.drop_duplicates(["model", "cluster"])  # each cluster with its best layout
+    # A configuration that an earlier one (no dearer) matches on every metric repeats it: the same
+    # layout over a dearer network it sends nothing over, say. It takes no slot.
+    metrics = [c for c in _RANKED_METRICS if c in order]
+    same = order[metrics].apply(lambda column: column.map(lambda value: float(f"{value:.9g}")))
+    order = order[~same.assign(model=order["model"]).duplicated()]
     rank = pd.Series(0, index=table.index)
     rank.loc[order.index[:TOP_N]] = np.arange(1, min(TOP_N, len(order)) + 1)
     return rank
