@@ -104,6 +104,22 @@ def test_closed_form_pruning_never_drops_a_configuration_the_simulator_accepts()
     assert checked >= 4
 
 
+def test_streamed_weights_bound_each_step_by_their_loads():
+    # Llama-2-7B in fp16 (13.5 GB) on one RTX 3060 12GB: only streamed weights fit, and each step
+    # reads most of them from the host's NVMe (3 GB/s): seconds, where its compute takes milliseconds
+    request = SMALL | {"models": ["llama-2-7b"], "slo": {"tpot": "1000s"},
+                       "workload": {"batch_size": 1, "prompt_tokens": 64, "output_tokens": 2},
+                       "search": SMALL["search"] | {"devices": ["rtx_3060_12gb"], "devices_per_host": [1], "hosts": [1],
+                                                    "variants": SMALL["search"]["variants"][:1]}}
+    table = plan(plan_from_dict(request)).table
+    streamed = table[table["memory_policy"].str.startswith("sliding_window")].iloc[0]
+    assert streamed["stage"] == Stage.SIMULATED and streamed[Metric.TPOT] >= streamed["tpot_lower_bound_s"] > 1.0
+    assert streamed[Metric.TTFT] >= streamed["ttft_lower_bound_s"] > 1.0
+    strict = Planner(plan_from_dict(request | {"slo": {"tpot": "500ms"}})).candidates()
+    pruned = strict[strict["memory_policy"].str.startswith("sliding_window")].iloc[0]
+    assert pruned["stage"] == Stage.BOUND and pruned["reason"].startswith("TPOT at least")
+
+
 def test_mixed_clusters_and_every_stage_are_searched(small):
     table = small.table
     assert table["device_types"].str.contains(r"\+").any()

@@ -22,8 +22,10 @@ ends at one **stage**, cheapest test first:
    (:class:`sim.cost.RooflineCompute`), which a step cannot beat since a rank runs its compute ops
    one at a time; TPOT at the shortest context; a pipeline's step also lasts at least one
    micro-batch's pass through every stage, and replicas' latency is the slowest one's
-   (:meth:`Planner._bounds`). Skipped under a calibration profile, whose compute may beat the
-   roofline;
+   (:meth:`Planner._bounds`); with streamed weights, a step also lasts at least each rank's loads
+   of the pass, its streamed blocks past the window's first read from the host's storage at no
+   more than its bandwidth (:meth:`Planner._loads_s`). Skipped under a calibration profile, whose
+   compute may beat the roofline;
 5. ``dominated``: not simulated because it can enter neither Pareto frontier nor the top 10: at
    least 10 cheaper clusters already meet every objective, and its bounds are no better
    than the best latency and throughput already simulated at a price no higher (candidates are
@@ -327,15 +329,18 @@ class Planner:
 
     @lru_cache(maxsize=None)
     def _bounds(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout,
-                strategy: str) -> Bounds:
+                strategy: str, policy_index: int = 0) -> Bounds:
         """Lower bounds of TTFT and TPOT and an upper bound of decode tokens/s of ``layout``: a rank
         runs its compute ops one at a time, each priced by the roofline, so a step lasts at least
         its busiest rank's compute; a pipeline's step also at least one micro-batch's pass through
         every stage in turn (each stage's busiest rank), as each micro-batch's next token needs its
         last one (GPipe, arXiv 1811.06965, section 2.2); replicas run apart: the batch's latency
-        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`)."""
+        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`). With streamed
+        weights (memory policy ``policy_index``), a step also lasts at least each rank's loads
+        (:meth:`_loads_s`)."""
         batch, prompt, output = self._bound_lengths()
         _, parallel = self._layout_plan(model_index, device_types, layout)
+        loads = self._loads_s(model_index, device_types, layout, strategy, policy_index)
 
         def group_s(ranks: tuple[int, ...], sequences: int, stage: ProgramStage | None, shards) -> tuple:
             return self._group_s(model_index, tuple(device_types[r] for r in ranks), sequences, stage, shards, strategy)
@@ -343,12 +348,12 @@ class Planner:
         if parallel.pipeline > 1:
             pipeline = PipelinePlan.of(parallel, batch, prompt, output, StrategyChoice.library(strategy))
             copies = [([[group_s(ranks, size, stage, None) for size in pipeline.micro_batches]
-                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch)]
+                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch, 0.0)]
         else:
             # a serving load's bound prices one request on each replica; a batch is split among them
             batches = (batch,) * parallel.replicas if self.request.config.is_serving else split_batch(
                 batch, parallel.replicas)
-            copies = [([[group_s(ranks, b, None, shards)]], b)
+            copies = [([[group_s(ranks, b, None, shards)]], b, max(loads[r] for r in ranks))
                       for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
 
         def step_s(stages: list[list[tuple]], step: int) -> float:
@@ -358,13 +363,35 @@ class Planner:
             return max(busiest, passes)
 
         ttft_s = tpot_s = tokens_per_s = 0.0
-        for stages, b in copies:
+        for stages, b, load_s in copies:
             # no serving TTFT bound: see the module docstring
-            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(stages, 0))
-            tpot = step_s(stages, 1) if output > 1 else 0.0
+            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(stages, 0), load_s)
+            tpot = max(step_s(stages, 1), load_s) if output > 1 else 0.0
             tpot_s = max(tpot_s, tpot)
             tokens_per_s += b / tpot if tpot > 0 else math.inf
         return Bounds(ttft_s, tpot_s, tokens_per_s)
+
+    def _loads_s(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout, strategy: str,
+                 policy_index: int) -> dict[int, float]:
+        """Each rank's least time (s) loading streamed weights in one step (prefill or decode
+        step; 0 with resident weights). Every forward pass loads its streamed blocks past the
+        window's first w (which the pass before preloads) before its last layer can run
+        (:attr:`sim.plan.Plan.streamed_blocks`, :func:`sim.plan._stream_weights`), one after
+        another on the rank's loader stream, each over the host's storage at no more than its
+        bandwidth (:mod:`sim.loader`)."""
+        policy = self.request.config.search.memory[policy_index].to_policy()
+        _, parallel = self._layout_plan(model_index, device_types, layout)
+        storage = self.request.catalog.storage
+        loads = dict.fromkeys(parallel.ranks, 0.0)
+        if not policy.streams or storage is None or parallel.pipeline > 1:  # the simulator refuses the last two
+            return loads
+        spec, (batch, prompt, output) = self.request.models[model_index], self._bound_lengths()
+        for ranks, shards in zip(parallel.replica_ranks, parallel.replica_shards):
+            plan = Plan(spec, ranks, batch, prompt, output, StrategyChoice.library(strategy), memory_policy=policy,
+                        shards=shards)
+            for rank, blocks in plan.streamed_blocks.items():
+                loads[rank] = sum(b.size_bytes for b in blocks[policy.window:]) / storage.bandwidth_bytes_per_s
+        return loads
 
     @lru_cache(maxsize=None)
     def _group_s(self, model_index: int, group_types: tuple[str, ...], sequences: int,
@@ -442,7 +469,7 @@ class Planner:
                         elif memory[policy]:
                             stage, reason = Stage.MEMORY, memory[policy]
                         else:
-                            bounds = self._bounds(m, types, layout, variant.strategy)
+                            bounds = self._bounds(m, types, layout, variant.strategy, k)
                             miss = self._misses_by_bound(bounds) if self.profile is None else ""
                             if miss:
                                 stage, reason = Stage.BOUND, miss
