@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from models.errors import ConfigError
 from sim.bottleneck import bottleneck
 from sim.planning.catalog import price_text
 from sim.planning.pick_commands import pick_commands
@@ -309,10 +310,15 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
     # layout simulated at that batch (a pipeline's busiest part, above, already names its stage).
     for i in table.index[(table["rank"] > 0) & (table["bottleneck"] == "")] if serving else ():
         batch = planner.batch_scenario_dict(table.loc[i])
-        if batch is not None:
+        if batch is None:
+            continue
+        try:
             result = simulate(scenario_from_dict(batch), profile=profile, expand_steps=(1,))
-            table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], 1, step_name=(
-                f"a decode iteration of {round(table.loc[i, DECODE_BATCH])} requests"))
+        except ConfigError as error:  # the batch as a scenario of its own: say why, do not fail the plan
+            table.loc[i, "bottleneck"] = f"unknown: its decode batch does not simulate ({error})"
+            continue
+        table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], 1, step_name=(
+            f"a decode iteration of {round(table.loc[i, DECODE_BATCH])} requests"))
     feasible = table[table["meets_slo"] & (table["rank"] > 0)]
     pick = feasible.sort_values("rank").iloc[0] if not feasible.empty else None
     table["versus_pick"] = ""
