@@ -13,7 +13,12 @@ Two measurements, each the median over repeats, with the machine, its load and i
 2. **Dask speed-up**: points of >= 1 s each (Llama-2-7B on 8 devices with weights streamed
    through a sliding window), simulated in-process one after another, then on a
    ``dask.distributed.LocalCluster`` of N single-threaded worker processes; speed-up = serial
-   time / Dask time (cluster start-up and the workers' imports excluded). Target: >= 0.8 N.
+   time / Dask time (cluster start-up and the workers' imports excluded). Target: >= 0.8 N for
+   tasks of >= 1 s. The task size is checked, not assumed: before measuring, the points get
+   more of the scenario's variants until the shortest takes :data:`CALIBRATED_TASK_S` on this
+   machine as it is now, and every task of the measurement (serial and on the workers) must take
+   at least :data:`MIN_TASK_S`, else the benchmark says so and exits with status 1 (its speed-up
+   does not answer the target).
    Beside it, the machine's own speed-up on N processes (pure-Python loops), measured before and
    after: on a machine shared with other sessions N processes get far less than N cores, and
    Dask's share of what the machine gives is what the scheduler costs.
@@ -37,6 +42,7 @@ Run: ``.venv/bin/python benchmarks/bench_sweep.py [--repeats 5] [--workers N] [-
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import platform
@@ -56,6 +62,11 @@ THROUGHPUT_SCENARIO = ROOT / "scenarios" / "two_hosts_rtx3060_llama2_13b.yaml"
 THROUGHPUT_GRID = GridConfig(axes={"workload.batch_size": [1, 2, 4, 8, 16, 32],
                                    "cluster.hosts[0].nic.bandwidth": ["1Gbit/s", "10Gbit/s", "25Gbit/s", "100Gbit/s"]})
 SLOW_SCENARIO = ROOT / "scenarios" / "low_resource_llama2_7b.yaml"
+MIN_TASK_S = 1.0
+"""The issue's task size for the Dask speed-up: ">= 0.8 N speed-up on N local Dask workers for tasks of >= 1 s"."""
+CALIBRATED_TASK_S = 1.3
+"""What the shortest task is sized to take before the measurement: a margin over :data:`MIN_TASK_S`
+for the machine's speed changing between calibration and measurement."""
 
 
 def cpu_times() -> tuple[int, int]:
@@ -91,21 +102,39 @@ def throughput(repeats: int, workers: int) -> tuple[list[float], list[float]]:
     return rates, per_cpu
 
 
-def slow_points(count: int):
-    """``count`` points of >= 1 s each: the default scenario's first two variants, weights streamed."""
+def slow_points(count: int, variants: int):
+    """``count`` points: the default scenario's first ``variants`` variants (a task's time grows
+    with them; not with the output length, whose decode steps the simulator samples), weights streamed."""
     base = load_yaml(SLOW_SCENARIO, "scenario")
-    base["variants"] = base["variants"][:2]
+    base["variants"] = base["variants"][:variants]
     base["memory"] = {"policy": "sliding_window", "window": 2}
     grid = GridConfig(axes={"workload.prompt_tokens": [256 + 32 * i for i in range(count)]})
     return [p.scenario for p in grid_points(base, grid, base_dir=SLOW_SCENARIO.parent)]
 
 
-def dask_speedup(repeats: int, workers: int) -> tuple[list[float], list[float], list[float]]:
-    """(serial s, Dask s, seconds per task) of each repeat."""
+def sized_points(count: int):
+    """``count`` points whose shortest takes at least :data:`CALIBRATED_TASK_S` here and now
+    (variants added from two until it does), and that time (s).
+
+    Raises:
+        SystemExit: even every variant of the scenario gives shorter tasks.
+    """
+    available = len(load_yaml(SLOW_SCENARIO, "scenario")["variants"])
+    for variants in range(2, available + 1):
+        scenarios = slow_points(count, variants)
+        shortest = min(evaluate_point(s).seconds for s in scenarios)
+        if shortest >= CALIBRATED_TASK_S:
+            return scenarios, shortest
+    raise SystemExit(f"no task of {available} variants takes {CALIBRATED_TASK_S} s here (shortest {shortest:.2f} s)")
+
+
+def dask_speedup(repeats: int, workers: int) -> tuple[list[float], list[float], list[float], float]:
+    """(serial s, Dask s, median seconds per task) of each repeat, and the shortest task of all (s),
+    serial or on a worker."""
     from dask.distributed import Client, LocalCluster
 
-    scenarios = slow_points(2 * workers)
-    serial, parallel, per_task = [], [], []
+    scenarios, _ = sized_points(2 * workers)
+    serial, parallel, per_task, shortest = [], [], [], math.inf
     with LocalCluster(n_workers=workers, processes=True, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         client.run(lambda: __import__("sim.grid"))  # the workers' imports, once, as a long sweep pays them
@@ -115,9 +144,10 @@ def dask_speedup(repeats: int, workers: int) -> tuple[list[float], list[float], 
             serial.append(time.perf_counter() - start)
             per_task.append(statistics.median(o.seconds for o in outcomes))
             start = time.perf_counter()
-            client.gather(client.map(evaluate_point, scenarios, pure=False))
+            outcomes += client.gather(client.map(evaluate_point, scenarios, pure=False))
             parallel.append(time.perf_counter() - start)
-    return serial, parallel, per_task
+            shortest = min(shortest, *(o.seconds for o in outcomes))
+    return serial, parallel, per_task, shortest
 
 
 def _burn(iterations: int) -> int:
@@ -159,16 +189,20 @@ def main() -> None:
         return
     before = cpu_times()
     control = machine_speedup(args.workers)
-    serial, parallel, per_task = dask_speedup(args.repeats, args.workers)
+    serial, parallel, per_task, shortest = dask_speedup(args.repeats, args.workers)
     control = statistics.median([control, machine_speedup(args.workers)])
     ratios = [s / p for s, p in zip(serial, parallel)]
-    print(f"Dask, {args.workers} workers, {2 * args.workers} tasks of median {statistics.median(per_task):.2f} s, "
+    print(f"Dask, {args.workers} workers, {2 * args.workers} tasks of median {statistics.median(per_task):.2f} s "
+          f"(shortest {shortest:.2f} s), "
           f"{args.repeats} repeats: serial median {statistics.median(serial):.2f} s, Dask median "
           f"{statistics.median(parallel):.2f} s, speed-up median {statistics.median(ratios):.2f} "
           f"({statistics.median(ratios) / args.workers:.2f} N; min {min(ratios):.2f}, max {max(ratios):.2f}); "
           f"CPU steal {steal_pct(before, cpu_times()):.2f}%, load average {os.getloadavg()[0]:.1f}")
     print(f"the machine's own speed-up on {args.workers} processes (pure-Python loops, before and after): "
           f"{control:.2f}; Dask's share of it {statistics.median(ratios) / control:.2f}")
+    if shortest < MIN_TASK_S:
+        raise SystemExit(f"a task took {shortest:.2f} s < {MIN_TASK_S:g} s: this speed-up does not answer the "
+                         f"target's tasks of >= {MIN_TASK_S:g} s; rerun it")
 
 
 if __name__ == "__main__":

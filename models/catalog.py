@@ -7,6 +7,7 @@ comment, including its ``torch_dtype`` (GPT-2's config has none; its checkpoint 
 from pathlib import Path
 from typing import Any
 
+from models.dtypes import TORCH_DTYPE_NAMES
 from models.errors import ConfigError, shorten
 from models.input_files import load_json
 from models.spec import ModelSpec
@@ -160,6 +161,21 @@ CATALOG: dict[str, ModelSpec] = {
     )
 }
 
+# The Hugging Face repository each entry transcribes (its comment above): what a serving engine
+# loads it from (`vllm serve REPOSITORY`).
+HF_REPOSITORIES: dict[str, str] = {
+    "gpt2": "openai-community/gpt2",
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+    "yi-34b": "01-ai/Yi-34B",
+    "tinyllama-1.1b": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+}
+
 # Total parameters, each counted once (tied embeddings once). Sources: the "total" of each Hugging
 # Face repository's safetensors metadata (the figure the model page shows), except GPT-2, whose
 # checkpoint also stores the 12 causal-mask buffers (1024 x 1024 each, 137M in all); its figure is
@@ -189,7 +205,7 @@ def get_model(name: str) -> ModelSpec:
     return spec
 
 
-_TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_TORCH_DTYPES = {torch: name for name, torch in TORCH_DTYPE_NAMES.items()}
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 _SUPPORTED_MODEL_TYPES = (*_LLAMA_FAMILY, "gpt2")
 

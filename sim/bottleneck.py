@@ -62,11 +62,12 @@ def op_terms(result: SimulationResult, ops: pd.DataFrame) -> np.ndarray:
                     np.where(kinds == OpKind.WEIGHT_LOAD.value, StepTerm.LOADER.value, compute))
 
 
-def bottleneck(result: SimulationResult, vr: VariantResult, step: int) -> str:
+def bottleneck(result: SimulationResult, vr: VariantResult, step: int, step_name: str = "") -> str:
     """The term taking most of the master rank's step ``step`` (0: prefill, 1: first decode step)
-    of variant ``vr``, with its share: ``memory bandwidth (72% of the decode step)``; '' when the
-    trace does not hold that step's ops (see ``expand_steps`` of :func:`sim.simulate.simulate`).
-    The loader's term is the step's loader stall.
+    of variant ``vr``, with its share: ``memory bandwidth (72% of the decode step)`` (``step_name``
+    replaces "the decode step" / "the prefill"); '' when the trace does not hold that step's ops
+    (see ``expand_steps`` of :func:`sim.simulate.simulate`). The loader's term is the step's loader
+    stall.
     """
     master = result.ranks[0]
     ops = vr.trace.ops
@@ -81,7 +82,7 @@ def bottleneck(result: SimulationResult, vr: VariantResult, step: int) -> str:
     steps = vr.trace.steps
     span = float((steps["end_s"] - steps["start_s"])[steps["step"] == step].iloc[0])
     name = totals.idxmax()
-    return f"{name} ({100 * totals[name] / span:.0f}% of the {'decode step' if step else 'prefill'})"
+    return f"{name} ({100 * totals[name] / span:.0f}% of {step_name or ('the decode step' if step else 'the prefill')})"
 
 
 def step_breakdown(result: SimulationResult, vr: VariantResult, step: int) -> dict[StepTerm, float]:

@@ -19,7 +19,7 @@ from models.accounting import (
     parameter_count,
     rank_weight_bytes,
 )
-from models.catalog import CATALOG, PUBLISHED_PARAMETER_COUNTS, get_model, load_hf_config
+from models.catalog import CATALOG, HF_REPOSITORIES, PUBLISHED_PARAMETER_COUNTS, get_model, load_hf_config
 from models.dtypes import dtype_bytes
 from models.errors import ConfigError
 from models.ops import OpKind
@@ -35,8 +35,8 @@ LAYER_OPS = {
 }
 
 
-def test_every_catalog_entry_has_a_published_count():
-    assert set(PUBLISHED_PARAMETER_COUNTS) == set(CATALOG)
+def test_every_catalog_entry_has_a_published_count_and_its_repository():
+    assert set(PUBLISHED_PARAMETER_COUNTS) == set(CATALOG) == set(HF_REPOSITORIES)
 
 
 @pytest.mark.parametrize("name", sorted(CATALOG))

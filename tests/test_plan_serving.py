@@ -3,6 +3,7 @@ that sustains the target rate cheapest, the pruning that only drops what the ser
 refuses or what misses, and the one-line errors of bad serving plans."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,9 +12,11 @@ import yaml
 from models.errors import ConfigError
 from sim.planning.outcome import plan
 from sim.planning.plan_config import load_plan, plan_from_dict
-from sim.planning.search import COST_PER_MILLION_TOKENS, Planner, Stage
+from sim.planning.pick_commands import vllm_lines
+from sim.planning.search import COST_PER_MILLION_TOKENS, DECODE_BATCH, Planner, Stage
 from sim.scenario import load_scenario, scenario_from_dict
 from sim.serving.simulate import cost_per_million_tokens, meets_slo, simulate_serving
+from sim.simulate import simulate
 from sim.vocabulary import Metric
 from tests.test_planner import SMALL, assert_plan_refused
 from validation.cli import main
@@ -88,6 +91,41 @@ def test_pruning_drops_only_what_the_serving_simulator_refuses_or_what_misses(se
     assert tpot >= bound["tpot_lower_bound_s"] > served.request.config.slo.tpot_s
 
 
+def test_every_top_configuration_names_its_bottleneck_and_the_pick_runs_on_vllm_and_at_its_batch(served):
+    top = served.top
+    # single groups: the term that takes most of a decode iteration at the maximum rate
+    assert top["bottleneck"].str.contains(r"% of a decode iteration of \d+ requests\)").all(), list(top["bottleneck"])
+    pick = served.pick
+    commands = served.commands(Path("pick.yaml"), Path("pick_batch.yaml"))
+    assert commands[0] == "hetsim simulate pick.yaml" and any("does not serve request loads" in c for c in commands)
+    serve = next(c for c in commands if c.startswith("vllm serve "))
+    assert serve.startswith(f"vllm serve meta-llama/Llama-2-7b-hf --tensor-parallel-size {int(pick['num_devices'])} "
+                            "--pipeline-parallel-size 1 --max-num-batched-tokens 2048 --max-num-seqs 256 ")
+    assert "--dtype float16" in serve and "hetsim measure pick_batch.yaml" in commands
+    # the batch the pick decodes at its maximum rate, as a batch scenario of its layout
+    batch = scenario_from_dict(served.pick_batch_scenario)
+    assert batch.config.workload.batch_size == round(pick[DECODE_BATCH]) >= 2
+    assert batch.config.parallel.tensor == int(pick["num_devices"])
+    assert simulate(batch, expand_steps=()).variants[0].overflow is None
+
+
+def test_vllm_runs_replicas_as_separate_servers_and_a_server_over_hosts_on_ray():
+    request = plan_from_dict(SERVING | {"search": SERVING["search"] | {"devices": ["rtx_4090"], "devices_per_host": [2],
+                                                                      "hosts": [2], "networks": ["eth10g"]}})
+    planner = Planner(request)
+    table = planner.candidates().set_index("parallel", drop=False)
+    lines = {layout: vllm_lines(request, table.loc[layout], planner.scenario_dict(table.loc[layout]))
+             for layout in ("TP=2 x 2 replicas", "TP=2 x PP=2")}
+    replicas, pipeline = lines["TP=2 x 2 replicas"], lines["TP=2 x PP=2"]
+    assert replicas[0].startswith("vllm serve meta-llama/Llama-2-7b-hf --tensor-parallel-size 2 "
+                                  "--pipeline-parallel-size 1 ")
+    assert "round-robin" in replicas[-1] and not any(line.startswith("ray ") for line in replicas)
+    assert [line.split("  #")[0] for line in pipeline if line.startswith("ray ")] == [
+        "ray start --head --port 6379", "ray start --address HOST0:6379"]
+    assert pipeline[-1].startswith("vllm serve meta-llama/Llama-2-7b-hf --tensor-parallel-size 2 "
+                                   "--pipeline-parallel-size 2 ") and "--distributed-executor-backend ray" in pipeline[-1]
+
+
 def test_a_target_above_every_maximum_rate_has_no_pick():
     result = plan(plan_from_dict(SERVING | {"workload": SERVING["workload"] | {"rate_per_s": 40.0}}))
     simulated = result.table[result.table["stage"] == Stage.SIMULATED]
@@ -107,6 +145,8 @@ def test_plan_command_writes_rates_and_cost_per_million_tokens(tmp_path, capsys)
     assert len(pd.read_parquet(tmp_path / "out" / "plan.parquet")) == len(csv)
     pick = load_scenario(tmp_path / "out" / "pick.yaml")
     assert pick.config.workload.kind == "serving" and pick.config.workload.slo.tpot_s == 0.05
+    assert load_scenario(tmp_path / "out" / "pick_batch.yaml").config.workload.kind == "inference"
+    assert "vllm serve" in out and "hetsim measure" in out and "pick_batch.yaml" in out
     html = (tmp_path / "out" / "report.html").read_text()
     assert "Price against maximum request rate" in html and "Pareto frontier" in html
 

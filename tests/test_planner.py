@@ -10,7 +10,7 @@ import yaml
 
 from models.errors import ConfigError
 from sim.planning.catalog import DEFAULT_CATALOG, load_catalog
-from sim.planning.outcome import pareto, plan
+from sim.planning.outcome import pareto, plan, ranking
 from sim.planning.plan_config import load_plan, plan_from_dict
 from sim.planning.search import Planner, Stage, slo_miss
 from sim.scenario import load_scenario, scenario_from_dict
@@ -70,6 +70,17 @@ def test_pareto_keeps_the_cheapest_of_equals_and_skips_nan():
     assert list(pareto(pd.Series([1.0, 1.0]), pd.Series([2.0, 2.0]), larger_is_better=False)) == [True, True]
 
 
+def test_a_dearer_configuration_with_the_same_metrics_takes_no_top_slot():
+    # the same layout over 10 GbE and over 100 GbE, no traffic between its hosts: one slot, the cheaper
+    rows = [("2 x 4 a over eth10g", 1.0, 0.5), ("2 x 4 a over eth100g", 1.1, 0.5), ("1 x 8 b", 1.2, 0.4)]
+    table = pd.DataFrame([{"candidate": i, "model": "m", "cluster": cluster, "price_per_hour": price,
+                           "stage": Stage.SIMULATED, "fits": True, "meets_slo": True, "slo_miss": "",
+                           Metric.TTFT: 0.1, Metric.TPOT: 0.01, Metric.E2E_LATENCY: e2e,
+                           Metric.DECODE_TOKENS_PER_S: 100.0 / e2e} for i, (cluster, price, e2e) in enumerate(rows)])
+    assert list(ranking(table)) == [1, 0, 2]
+    assert list(ranking(table.assign(model=["m", "n", "m"]))) == [1, 2, 3]  # another model is another answer
+
+
 def test_closed_form_pruning_never_drops_a_configuration_the_simulator_accepts():
     # Llama-2-7B in fp16 (13.5 GB): too large for one 12 GiB RTX 3060, too slow on a T4 for 100 ms.
     pruned = SMALL | {"models": ["llama-2-7b"], "slo": {"ttft": "100ms"},
@@ -91,6 +102,22 @@ def test_closed_form_pruning_never_drops_a_configuration_the_simulator_accepts()
                 assert vr.timing[Metric.TPOT] >= row["tpot_lower_bound_s"] * (1 - 1e-9)
             checked += 1
     assert checked >= 4
+
+
+def test_streamed_weights_bound_each_step_by_their_loads():
+    # Llama-2-7B in fp16 (13.5 GB) on one RTX 3060 12GB: only streamed weights fit, and each step
+    # reads most of them from the host's NVMe (3 GB/s): seconds, where its compute takes milliseconds
+    request = SMALL | {"models": ["llama-2-7b"], "slo": {"tpot": "1000s"},
+                       "workload": {"batch_size": 1, "prompt_tokens": 64, "output_tokens": 2},
+                       "search": SMALL["search"] | {"devices": ["rtx_3060_12gb"], "devices_per_host": [1], "hosts": [1],
+                                                    "variants": SMALL["search"]["variants"][:1]}}
+    table = plan(plan_from_dict(request)).table
+    streamed = table[table["memory_policy"].str.startswith("sliding_window")].iloc[0]
+    assert streamed["stage"] == Stage.SIMULATED and streamed[Metric.TPOT] >= streamed["tpot_lower_bound_s"] > 1.0
+    assert streamed[Metric.TTFT] >= streamed["ttft_lower_bound_s"] > 1.0
+    strict = Planner(plan_from_dict(request | {"slo": {"tpot": "500ms"}})).candidates()
+    pruned = strict[strict["memory_policy"].str.startswith("sliding_window")].iloc[0]
+    assert pruned["stage"] == Stage.BOUND and pruned["reason"].startswith("TPOT at least")
 
 
 def test_mixed_clusters_and_every_stage_are_searched(small):
@@ -129,6 +156,8 @@ def test_plan_command_writes_the_table_the_report_and_a_pick_that_simulates(tmp_
     ({"slo": {"tpot": "fast"}}, "slo.tpot"),
     ({"prices": {"b200": 3.0}}, "prices.b200"),
     ({"prices": {"t4": -1}}, "prices.t4"),
+    ({"host_prices": {"b200": 0.1}}, "host_prices.b200"),
+    ({"host_prices": {"t4": "cheap"}}, "host_prices.t4"),
     ({"models": ["gpt-9"]}, "models[0]"),
     ({"surprise": 1}, "surprise"),
     ({"search": {"hosts": [0]}}, "search.hosts"),
@@ -155,9 +184,25 @@ def assert_plan_refused(data: dict, field: str, tmp_path, capsys) -> None:
 def test_the_default_catalog_dates_and_sources_every_price():
     catalog = load_catalog(DEFAULT_CATALOG)
     for name, offer in catalog.devices.items():
-        assert offer.source and offer.as_of and offer.price_per_hour > 0, name
+        assert offer.source and offer.as_of and offer.price_per_hour > 0 and offer.host_source, name
+        # an owned GPU's host is bought beside it; a rented one's is in its price, a Jetson is its own host
+        owned_gpu = offer.source.startswith("owned") and not name.startswith("jetson")
+        assert (offer.host_price_per_hour > 0) == owned_gpu, name
     for option in (*catalog.interconnects.values(), *catalog.networks.values()):
         assert option.source
+
+
+def test_a_cluster_pays_for_its_hosts_and_host_prices_override_the_catalogs():
+    request = plan_from_dict(SMALL | {"search": SMALL["search"] | {"devices": ["rtx_3060_12gb", "rtx_4090"]},
+                                      "host_prices": {"rtx_4090": 0.5}})
+    catalog = request.catalog
+    owned, rented = catalog.devices["rtx_3060_12gb"], catalog.devices["rtx_4090"]
+    assert owned.host_price_per_hour > 0 and rented.host_source == "PLAN.yaml host_prices"
+    prices = {shape.label(): shape.price_per_hour(catalog) for shape in Planner(request).shapes}
+    network = catalog.networks["eth100g"].price_per_hour_per_host
+    assert prices["2 x 2 rtx_3060_12gb (pcie4) over eth100g"] == pytest.approx(
+        4 * owned.price_per_hour + 2 * owned.host_price_per_hour + 2 * network)
+    assert prices["1 x 2 rtx_4090 (pcie4)"] == pytest.approx(2 * rented.price_per_hour + 0.5)
 
 
 def test_the_shipped_example_plan_loads():
@@ -339,7 +384,7 @@ def test_the_training_example_plans_and_its_pick_simulates():
 def test_a_single_device_pick_says_so_and_cheap_prices_keep_their_cents():
     cheap = plan(plan_from_dict(SMALL | {"slo": {"tpot": "200ms"}, "limits": {"budget_per_hour": 0.05, "max_devices": 2},
                                          "search": SMALL["search"] | {"devices": ["rtx_3060_12gb", "t4"]},
-                                         "prices": {"t4": 0.043}}))
+                                         "prices": {"t4": 0.043}, "host_prices": {"rtx_3060_12gb": 0.0}}))
     assert cheap.pick is not None and cheap.pick["num_devices"] == 1
     assert "on one device (no collectives)" in cheap.recommendation and "$0.041/h" in cheap.recommendation
     loser = cheap.top[cheap.top["device_types"] == "t4"].iloc[0]

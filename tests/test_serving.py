@@ -5,14 +5,16 @@ import re
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from models.errors import ConfigError
 from sim.scenario import scenario_from_dict
 from sim.serving.requests import Request, poisson_arrivals, workload_requests
-from sim.serving.scheduler import serve
-from sim.serving.simulate import cost_per_million_tokens, meets_slo, pipeline_bottleneck, simulate_serving
+from sim.serving.scheduler import LateLimit, serve, serve_together
+from sim.serving.simulate import (cost_per_million_tokens, late_requests_to_miss, meets_slo, pipeline_bottleneck,
+                                  simulate_serving)
 from sim.simulate import simulate
 from sim.vocabulary import Metric, unit_of
 from tests.conftest import ROOT
@@ -225,6 +227,30 @@ def test_a_saturated_pipeline_runs_an_iteration_per_slowest_stage_and_a_lone_req
                   kv_capacity_tokens=1 << 20).served[0]
     assert alone.ttft_s == pytest.approx(0.010 + 0.001 + 0.006)  # sampled on the last stage
     assert alone.tpot_s == pytest.approx(0.0175)
+
+
+def test_a_run_is_stopped_only_once_its_ttft_percentile_misses_for_certain():
+    # 50 ms per iteration, one 100-token prompt per iteration, a request every 10 ms: the queue grows
+    server, requests = _FixedStages([0.05], [0.0]), [Request(i, 0.01 * i, 100, 2) for i in range(60)]
+
+    def run(limit):
+        return serve_together([requests], [(server,)], max_batch_tokens=100, max_num_seqs=200,
+                              kv_capacity_tokens=[1 << 20], late_limit=limit)
+
+    full = run(None)[0]
+    ttft = [s.ttft_s for s in full.served]
+    late = late_requests_to_miss(len(requests), 90)
+    assert np.percentile(ttft, 90) > 0.5 and run(LateLimit(0.5, late)) is None
+    # an objective the run meets: it runs to its end, the same run
+    met = run(LateLimit(max(ttft), late))[0]
+    assert [s.first_token_s for s in met.served] == [s.first_token_s for s in full.served]
+    # as many values above an objective as the limit: the percentile is above it, wherever they are
+    rng = np.random.default_rng(0)
+    for count in (2, 3, 10, 61, 1000):
+        for q in (50, 90, 99):
+            values = np.concatenate([rng.uniform(0, 1, count - min(count, late_requests_to_miss(count, q))),
+                                     rng.uniform(1.0001, 2, min(count, late_requests_to_miss(count, q)))])
+            assert late_requests_to_miss(count, q) > count or np.percentile(values, q) > 1.0
 
 
 def test_an_unloaded_request_in_a_pipeline_takes_the_inference_simulators_relay():

@@ -258,7 +258,8 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
 @cli.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Directory for plan.csv, plan.parquet, report.html and pick.yaml (default: out/<plan name>).")
+              help="Directory for plan.csv, plan.parquet, report.html, pick.yaml and a serving pick's "
+                   "pick_batch.yaml (default: out/<plan name>).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Calibration profile: price the candidates from it and name those outside its context.")
 def plan(plan_file: Path, out_dir: str | None, profile_path: Path | None) -> None:

@@ -2,9 +2,12 @@
 
 The shipped default (``sim/planning/catalog.yaml``) gives each price its source and date: cloud
 on-demand list prices per device-hour, and owned devices as list price over three years plus
-power. A plan file may name another catalog file (``catalog:``) or override single prices
-(``prices: {rtx_4090: 0.29}``). Prices are US dollars per hour; every link is parsed by
-:mod:`sim.units` into SI (bytes/s, s), as a scenario's links are.
+power. A device's offer also prices the **host** that carries it, per host: 0 where the device's
+price already includes it (a cloud instance, a Jetson developer kit), else the PC an owner buys
+for it (its CPU, board, memory, power supply, case and drive over three years, plus its own
+power). A plan file may name another catalog file (``catalog:``) or override single prices
+(``prices: {rtx_4090: 0.29}``, ``host_prices: {rtx_4090: 0.1}``). Prices are US dollars per
+hour; every link is parsed by :mod:`sim.units` into SI (bytes/s, s), as a scenario's links are.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ _PRICE = Field(ge=0, le=MAX_PRICE_PER_HOUR)
 class DeviceOffer(BaseModel):
     """One device type for sale or rent: ``price_per_hour`` ($/h per device), at most
     ``max_per_host`` per host, joined inside a host by one of ``interconnects`` (names of the
-    catalog's interconnects; none: one per host)."""
+    catalog's interconnects; none: one per host); ``host_price_per_hour``: the host carrying
+    them ($/h per host, whatever its devices; 0 where ``price_per_hour`` includes it), sourced
+    by ``host_source``."""
 
     model_config = _STRICT
     price_per_hour: float = _PRICE
@@ -35,6 +40,8 @@ class DeviceOffer(BaseModel):
     interconnects: list[str] = Field(default_factory=list, max_length=16)
     source: str = Field(default="", max_length=1000)
     as_of: str = Field(default="", max_length=40)
+    host_price_per_hour: float = Field(default=0.0, ge=0, le=MAX_PRICE_PER_HOUR)
+    host_source: str = Field(default="", max_length=1000)
 
 
 class Interconnect(LinkConfig):
@@ -86,19 +93,24 @@ class Catalog(BaseModel):
                                                                    f"(got {shorten(device)})")
         return self
 
-    def with_prices(self, prices: dict[str, float]) -> Catalog:
-        """The catalog with the device prices of ``prices`` ($/h) replacing its own.
+    def with_prices(self, prices: dict[str, float], host_prices: dict[str, float] | None = None) -> Catalog:
+        """The catalog with the device prices of ``prices`` and the host prices of
+        ``host_prices`` ($/h, by device name) replacing its own.
 
         Raises:
-            ConfigError: on ``prices.<name>``, a device the catalog does not offer.
+            ConfigError: on ``prices.<name>`` or ``host_prices.<name>``, a device the catalog does
+                not offer.
         """
         devices = dict(self.devices)
-        for name, price in prices.items():
-            if name not in devices:
-                raise ConfigError(f"prices.{name}", f"not a device of the catalog; offered: {', '.join(devices)} "
-                                                    f"(got {shorten(name)})")
-            devices[name] = devices[name].model_copy(update={"price_per_hour": price,
-                                                              "source": "PLAN.yaml prices", "as_of": ""})
+        for field, given, price_key, source_key in (("prices", prices, "price_per_hour", "source"),
+                                                    ("host_prices", host_prices or {}, "host_price_per_hour",
+                                                     "host_source")):
+            for name, price in given.items():
+                if name not in devices:
+                    raise ConfigError(f"{field}.{name}", f"not a device of the catalog; offered: "
+                                                         f"{', '.join(devices)} (got {shorten(name)})")
+                update = {price_key: price, source_key: f"PLAN.yaml {field}"}
+                devices[name] = devices[name].model_copy(update=update | ({"as_of": ""} if field == "prices" else {}))
         return self.model_copy(update={"devices": devices})
 
 

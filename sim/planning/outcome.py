@@ -4,7 +4,10 @@
   end-to-end latency, then the candidate number).
 * **The top 10**: ten clusters, each with its best layout (the fastest end to end among those
   meeting the most objectives): those meeting every objective by price, then those that fit but
-  miss some, fewest misses first; every layout of every cluster is in ``plan.csv``. Each says why it lost to the pick (``versus_pick``: it misses an
+  miss some, fewest misses first; every layout of every cluster is in ``plan.csv``. A cluster
+  whose best configuration a no dearer one ranked before it matches on every metric (the same
+  layout over a dearer network it sends nothing over) takes no slot: it would repeat that one.
+  Each says why it lost to the pick (``versus_pick``: it misses an
   objective, it costs more, or at the same price it is slower) and its **bottleneck**: the term
   that takes most of the master rank's decode step (the prefill's with one output token,
   :func:`sim.bottleneck.bottleneck`), from a re-simulation of that one configuration with the
@@ -16,10 +19,14 @@
 A **serving** plan (:mod:`sim.planning.search`) meets the objectives where a configuration's
 maximum request rate reaches the target. Its pick is the cheapest such (ties: the higher maximum
 rate); the top 10 go by the same rule, then those that miss, the highest maximum rate first; its
-one frontier is price per hour against maximum request rate (``pareto_rate``). Its bottleneck is
-a pipeline's busiest stage or link at the maximum rate
-(:func:`sim.serving.simulate.pipeline_bottleneck`); a single group's is left empty: a loaded
-server's iterations mix prefill chunks and decodes, which no single step shows.
+one frontier is price per hour against maximum request rate (``pareto_rate``). A pipeline's
+bottleneck is its busiest stage or link at the maximum rate
+(:func:`sim.serving.simulate.pipeline_bottleneck`); a single group's (replicas included) is the
+term taking most of the master's decode iteration at the maximum rate (:func:`sim.bottleneck.bottleneck`),
+from its layout simulated at the batch it decodes there
+(:meth:`~sim.planning.search.Planner.batch_scenario_dict`; the prefill chunks sharing a loaded
+server's iterations are left out). Its real run is a vLLM server
+(:mod:`sim.planning.pick_commands`): hetsim's runtime does not serve request loads.
 
 A **training** plan reads the optimizer step's time for latency and trained tokens/s for
 throughput (its frontiers, ranking and ties alike); each top configuration's bottleneck is the
@@ -30,17 +37,18 @@ backward compute, recomputation, the optimizer, or gradient communication no com
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from models.errors import ConfigError
 from sim.bottleneck import bottleneck
 from sim.planning.catalog import price_text
+from sim.planning.pick_commands import pick_commands
 from sim.planning.plan_config import PlanRequest
-from sim.planning.search import COST_PER_MILLION_TOKENS, TOP_N, Planner, Stage
+from sim.planning.search import COST_PER_MILLION_TOKENS, DECODE_BATCH, SLO_TPOT, SLO_TTFT, TOP_N, Planner, Stage
 from sim.profile import Profile
 from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
@@ -55,7 +63,9 @@ class PlanResult:
     :data:`~sim.planning.search.SERVING_COLUMNS`, ``pareto_latency``, ``pareto_throughput``, ``pareto_rate``,
     ``bottleneck``, ``prefill_bottleneck``, ``versus_pick`` and ``rank``, 1..10 for the top 10); ``pick``: the pick's row, None when nothing meets every objective; ``pick_scenario``: its
     scenario (a dict for YAML), or the closest miss's; ``recommendation``: one sentence;
-    ``elapsed_s``: the search's wall time.
+    ``elapsed_s``: the search's wall time; ``pick_batch_scenario``: a serving pick's layout at the
+    batch it decodes at its maximum rate, an inference scenario
+    (:meth:`sim.planning.search.Planner.batch_scenario_dict`; None elsewhere).
     """
 
     request: PlanRequest
@@ -66,25 +76,22 @@ class PlanResult:
     elapsed_s: float = 0.0
     profile_path: Path | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    pick_batch_scenario: dict | None = None
 
     @property
     def top(self) -> pd.DataFrame:
         """The top 10, in order."""
         return self.table[self.table["rank"] > 0].sort_values("rank")
 
-    def commands(self, scenario_path: Path) -> list[str]:
-        """How to run the pick: simulate it, measure it here (replicas run together), and the torchrun
-        line of a real cluster (a serving pick: simulate it; the runtime does not serve request loads)."""
+    def commands(self, scenario_path: Path, batch_path: Path | None = None) -> list[str]:
+        """How to run the pick (or the closest miss) whose scenario is at ``scenario_path``
+        (:func:`sim.planning.pick_commands.pick_commands`; ``batch_path``: where
+        ``pick_batch_scenario`` is, for a serving pick)."""
         if self.pick_scenario is None:
             return []
-        path = shlex.quote(str(scenario_path))
-        if self.request.config.is_serving:
-            return [f"hetsim simulate {path}"]
         row = self.pick if self.pick is not None else self.top.iloc[0]
-        hosts, per_host = int(row["num_hosts"]), int(row["devices_per_host"])
-        return [f"hetsim simulate {path}", f"hetsim measure {path}",
-                f"torchrun --nnodes {hosts} --nproc-per-node {per_host} --rdzv-backend c10d "
-                f"--rdzv-endpoint HOST0:29500 -m runtime.torchrun measure {path} --out out/measured"]
+        return pick_commands(self.request, row, self.pick_scenario, scenario_path,
+                             batch_path if self.pick_batch_scenario is not None else None)
 
 
 def pareto(price: pd.Series, value: pd.Series, *, larger_is_better: bool) -> pd.Series:
@@ -105,6 +112,12 @@ def pareto(price: pd.Series, value: pd.Series, *, larger_is_better: bool) -> pd.
     return on
 
 
+_RANKED_METRICS = (Metric.MAX_REQUEST_RATE, SLO_TTFT, SLO_TPOT, Metric.OUTPUT_TOKENS_PER_S, Metric.TTFT, Metric.TPOT,
+                   Metric.DECODE_TOKENS_PER_S, Metric.E2E_LATENCY, Metric.STEP_TIME, Metric.TOKENS_PER_S,
+                   Metric.MAX_PEAK_MEMORY)
+"""The metrics by which two ranked configurations are the same (those a plan's table has)."""
+
+
 def ranking(table: pd.DataFrame, *, serving: bool = False, latency: str = Metric.E2E_LATENCY) -> pd.Series:
     """1..10 for the top 10 (see the module docstring; ``serving``: a serving plan's rule; ``latency``:
     the column that breaks a price tie, a training plan's step time), 0 for the rest."""
@@ -119,6 +132,11 @@ def ranking(table: pd.DataFrame, *, serving: bool = False, latency: str = Metric
             ["meets_slo", "_misses", "price_per_hour", latency, "candidate"],
             ascending=[False, True, True, True, True])
     order = order.drop_duplicates(["model", "cluster"])  # each cluster with its best layout
+    # A configuration that an earlier one (no dearer) matches on every metric repeats it: the same
+    # layout over a dearer network it sends nothing over, say. It takes no slot.
+    metrics = [c for c in _RANKED_METRICS if c in order]
+    same = order[metrics].apply(lambda column: column.map(lambda value: float(f"{value:.9g}")))
+    order = order[~same.assign(model=order["model"]).duplicated()]
     rank = pd.Series(0, index=table.index)
     rank.loc[order.index[:TOP_N]] = np.arange(1, min(TOP_N, len(order)) + 1)
     return rank
@@ -288,6 +306,19 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
         result = simulate(scenario, profile=profile, expand_steps=(0, decode_step))
         table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], decode_step)
         table.loc[i, "prefill_bottleneck"] = bottleneck(result, result.variants[0], 0)
+    # A serving group's: the term taking most of a decode iteration at its maximum rate, from its
+    # layout simulated at that batch (a pipeline's busiest part, above, already names its stage).
+    for i in table.index[(table["rank"] > 0) & (table["bottleneck"] == "")] if serving else ():
+        batch = planner.batch_scenario_dict(table.loc[i])
+        if batch is None:
+            continue
+        try:
+            result = simulate(scenario_from_dict(batch), profile=profile, expand_steps=(1,))
+        except ConfigError as error:  # the batch as a scenario of its own: say why, do not fail the plan
+            table.loc[i, "bottleneck"] = f"unknown: its decode batch does not simulate ({error})"
+            continue
+        table.loc[i, "bottleneck"] = bottleneck(result, result.variants[0], 1, step_name=(
+            f"a decode iteration of {round(table.loc[i, DECODE_BATCH])} requests"))
     feasible = table[table["meets_slo"] & (table["rank"] > 0)]
     pick = feasible.sort_values("rank").iloc[0] if not feasible.empty else None
     table["versus_pick"] = ""
@@ -295,9 +326,16 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
         table.loc[i, "versus_pick"] = versus_pick(table.loc[i], pick)
     chosen = pick if pick is not None else (table[table["rank"] == 1].iloc[0] if (table["rank"] == 1).any() else None)
     scenario = planner.scenario_dict(chosen, name=f"{request.name}-pick") if chosen is not None else None
+    batch_scenario = None
     if scenario is not None:
         scenario["description"] = f"hetsim plan {request.name}: {chosen['cluster']}, {_layout(chosen)}"
         scenario["variants"][0]["name"] = chosen["variant"]
+        if serving:
+            batch_scenario = planner.batch_scenario_dict(chosen, name=f"{request.name}-pick-batch")
+    if batch_scenario is not None:
+        batch_scenario["description"] = (f"hetsim plan {request.name}: {chosen['cluster']}, {_layout(chosen)}, at the "
+                                         f"batch it decodes at its maximum rate")
+        batch_scenario["variants"][0]["name"] = chosen["variant"]
     public = [c for c in table.columns if c not in ("shape", "variant_config", "memory_config", "model_index", "layout",
                                                     "step_bottleneck", "server_bottleneck", "tokens_upper_bound")]
     notes = []
@@ -308,4 +346,4 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
     return PlanResult(request, table[public].reset_index(drop=True),
                       table.loc[pick.name, public] if pick is not None else None, scenario,
                       recommendation(request, table, table.loc[pick.name] if pick is not None else None),
-                      time.perf_counter() - start, notes=tuple(notes))
+                      time.perf_counter() - start, notes=tuple(notes), pick_batch_scenario=batch_scenario)

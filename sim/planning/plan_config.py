@@ -9,6 +9,7 @@ Example (``scenarios/plan_llama31_8b.yaml`` is a complete one)::
     slo: {ttft: 2s, tpot: 50ms, tokens_per_s: 300}   # each optional, at least one
     catalog: my_prices.yaml           # optional; default: the shipped sim/planning/catalog.yaml
     prices: {rtx_4090: 0.29}          # optional, $/h per device, over the catalog's
+    host_prices: {rtx_4090: 0.1}      # optional, $/h per host carrying such devices, over the catalog's
     search:                           # optional, every key with a default
       devices: [h100_sxm, rtx_4090]   # device types of the catalog (default: all)
       devices_per_host: [1, 2, 4, 8]
@@ -170,6 +171,7 @@ class PlanConfig(BaseModel):
     slo: Slo
     catalog: str | None = Field(default=None, max_length=4096)
     prices: dict[str, float] = Field(default_factory=dict, max_length=256)
+    host_prices: dict[str, float] = Field(default_factory=dict, max_length=256)
     search: SearchSpace = SearchSpace()
     limits: Limits = Limits()
     compute: ComputeSettings = ComputeSettings()
@@ -193,7 +195,7 @@ class PlanConfig(BaseModel):
         """Whether the workload is a training job (:class:`sim.training_config.TrainingWorkload`)."""
         return self.workload.kind == WorkloadKind.TRAINING
 
-    @field_validator("prices")
+    @field_validator("prices", "host_prices")
     @classmethod
     def _prices(cls, prices: dict[str, float]) -> dict[str, float]:
         for name, price in prices.items():
@@ -254,7 +256,7 @@ def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
         config.workload.check_context(spec, "workload")
         models.append(spec)
     catalog = load_catalog(_resolve(config.catalog, base_dir)) if config.catalog else load_catalog(DEFAULT_CATALOG)
-    catalog = catalog.with_prices(config.prices)
+    catalog = catalog.with_prices(config.prices, config.host_prices)
     for i, device in enumerate(config.search.devices):
         if device not in catalog.devices:
             raise ConfigError(f"search.devices[{i}]", f"not a device of the catalog; offered: "

@@ -22,8 +22,10 @@ ends at one **stage**, cheapest test first:
    (:class:`sim.cost.RooflineCompute`), which a step cannot beat since a rank runs its compute ops
    one at a time; TPOT at the shortest context; a pipeline's step also lasts at least one
    micro-batch's pass through every stage, and replicas' latency is the slowest one's
-   (:meth:`Planner._bounds`). Skipped under a calibration profile, whose compute may beat the
-   roofline;
+   (:meth:`Planner._bounds`); with streamed weights, a step also lasts at least each rank's loads
+   of the pass, its streamed blocks past the window's first read from the host's storage at no
+   more than its bandwidth (:meth:`Planner._loads_s`). Skipped under a calibration profile, whose
+   compute may beat the roofline;
 5. ``dominated``: not simulated because it can enter neither Pareto frontier nor the top 10: at
    least 10 cheaper clusters already meet every objective, and its bounds are no better
    than the best latency and throughput already simulated at a price no higher (candidates are
@@ -124,11 +126,14 @@ SLO_TPOT = "tpot_slo_percentile_s"
 """A serving plan's TPOT at the SLO's percentile over requests, at the target rate (s)."""
 COST_PER_MILLION_TOKENS = "cost_per_million_tokens"
 """What a million output tokens cost at the maximum rate (catalog currency)."""
+DECODE_BATCH = "decode_batch_at_max_rate"
+"""A serving plan's mean number of requests one iteration decodes at the maximum rate (per
+iteration in flight, per replica; :attr:`sim.serving.scheduler.ServingRun.mean_decode_batch`)."""
 SERVING_COLUMNS = [Metric.MAX_REQUEST_RATE, COST_PER_MILLION_TOKENS, Metric.OUTPUT_TOKENS_PER_S, SLO_TTFT, SLO_TPOT,
-                   "rate_search_runs"]
+                   DECODE_BATCH, "rate_search_runs"]
 """A serving plan's columns beyond :data:`PLAN_COLUMNS`: the maximum request rate (requests/s),
-$/Mtok and output tokens/s there, the SLO's percentiles at the target rate, and how many serving
-runs the rate search took."""
+$/Mtok, output tokens/s and the decode batch there, the SLO's percentiles at the target rate,
+and how many serving runs the rate search took."""
 TOP_N = 10
 RATE_HORIZON_TTFTS = 40
 """A serving plan's default rate horizon, in TTFT objectives. On the shipped serving plan's top 5
@@ -174,11 +179,12 @@ class ClusterShape:
         return " + ".join(parts) + (f" over {self.network}" if self.network else "")
 
     def price_per_hour(self, catalog: Catalog) -> float:
-        """Devices, their interconnect and the network ($/h)."""
+        """Devices, their hosts, their interconnect and the network ($/h)."""
         price = 0.0
         for g in self.groups:
             devices = g.per_host * g.count
-            price += devices * catalog.devices[g.device].price_per_hour
+            offer = catalog.devices[g.device]
+            price += devices * offer.price_per_hour + g.count * offer.host_price_per_hour
             if g.interconnect:
                 price += devices * catalog.interconnects[g.interconnect].price_per_hour_per_device
             if self.network:
@@ -324,15 +330,18 @@ class Planner:
 
     @lru_cache(maxsize=None)
     def _bounds(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout,
-                strategy: str) -> Bounds:
+                strategy: str, policy_index: int = 0) -> Bounds:
         """Lower bounds of TTFT and TPOT and an upper bound of decode tokens/s of ``layout``: a rank
         runs its compute ops one at a time, each priced by the roofline, so a step lasts at least
         its busiest rank's compute; a pipeline's step also at least one micro-batch's pass through
         every stage in turn (each stage's busiest rank), as each micro-batch's next token needs its
         last one (GPipe, arXiv 1811.06965, section 2.2); replicas run apart: the batch's latency
-        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`)."""
+        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`). With streamed
+        weights (memory policy ``policy_index``), a step also lasts at least each rank's loads
+        (:meth:`_loads_s`)."""
         batch, prompt, output = self._bound_lengths()
         _, parallel = self._layout_plan(model_index, device_types, layout)
+        loads = self._loads_s(model_index, device_types, layout, strategy, policy_index)
 
         def group_s(ranks: tuple[int, ...], sequences: int, stage: ProgramStage | None, shards) -> tuple:
             return self._group_s(model_index, tuple(device_types[r] for r in ranks), sequences, stage, shards, strategy)
@@ -340,12 +349,12 @@ class Planner:
         if parallel.pipeline > 1:
             pipeline = PipelinePlan.of(parallel, batch, prompt, output, StrategyChoice.library(strategy))
             copies = [([[group_s(ranks, size, stage, None) for size in pipeline.micro_batches]
-                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch)]
+                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch, 0.0)]
         else:
             # a serving load's bound prices one request on each replica; a batch is split among them
             batches = (batch,) * parallel.replicas if self.request.config.is_serving else split_batch(
                 batch, parallel.replicas)
-            copies = [([[group_s(ranks, b, None, shards)]], b)
+            copies = [([[group_s(ranks, b, None, shards)]], b, max(loads[r] for r in ranks))
                       for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
 
         def step_s(stages: list[list[tuple]], step: int) -> float:
@@ -355,13 +364,35 @@ class Planner:
             return max(busiest, passes)
 
         ttft_s = tpot_s = tokens_per_s = 0.0
-        for stages, b in copies:
+        for stages, b, load_s in copies:
             # no serving TTFT bound: see the module docstring
-            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(stages, 0))
-            tpot = step_s(stages, 1) if output > 1 else 0.0
+            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(stages, 0), load_s)
+            tpot = max(step_s(stages, 1), load_s) if output > 1 else 0.0
             tpot_s = max(tpot_s, tpot)
             tokens_per_s += b / tpot if tpot > 0 else math.inf
         return Bounds(ttft_s, tpot_s, tokens_per_s)
+
+    def _loads_s(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout, strategy: str,
+                 policy_index: int) -> dict[int, float]:
+        """Each rank's least time (s) loading streamed weights in one step (prefill or decode
+        step; 0 with resident weights). Every forward pass loads its streamed blocks past the
+        window's first w (which the pass before preloads) before its last layer can run
+        (:attr:`sim.plan.Plan.streamed_blocks`, :func:`sim.plan._stream_weights`), one after
+        another on the rank's loader stream, each over the host's storage at no more than its
+        bandwidth (:mod:`sim.loader`)."""
+        policy = self.request.config.search.memory[policy_index].to_policy()
+        _, parallel = self._layout_plan(model_index, device_types, layout)
+        storage = self.request.catalog.storage
+        loads = dict.fromkeys(parallel.ranks, 0.0)
+        if not policy.streams or storage is None or parallel.pipeline > 1:  # the simulator refuses the last two
+            return loads
+        spec, (batch, prompt, output) = self.request.models[model_index], self._bound_lengths()
+        for ranks, shards in zip(parallel.replica_ranks, parallel.replica_shards):
+            plan = Plan(spec, ranks, batch, prompt, output, StrategyChoice.library(strategy), memory_policy=policy,
+                        shards=shards)
+            for rank, blocks in plan.streamed_blocks.items():
+                loads[rank] = sum(b.size_bytes for b in blocks[policy.window:]) / storage.bandwidth_bytes_per_s
+        return loads
 
     @lru_cache(maxsize=None)
     def _group_s(self, model_index: int, group_types: tuple[str, ...], sequences: int,
@@ -439,7 +470,7 @@ class Planner:
                         elif memory[policy]:
                             stage, reason = Stage.MEMORY, memory[policy]
                         else:
-                            bounds = self._bounds(m, types, layout, variant.strategy)
+                            bounds = self._bounds(m, types, layout, variant.strategy, k)
                             miss = self._misses_by_bound(bounds) if self.profile is None else ""
                             if miss:
                                 stage, reason = Stage.BOUND, miss
@@ -639,6 +670,22 @@ class Planner:
             data["workload"]["slo"] = config.slo.serving().model_dump(by_alias=True)
         return data
 
+    def batch_scenario_dict(self, row: pd.Series | dict, name: str | None = None) -> dict | None:
+        """A serving candidate's layout running, as a batch (an inference scenario for ``hetsim
+        simulate`` and ``hetsim measure``), the requests it decodes at once at its maximum rate:
+        ``decode_batch_at_max_rate`` rounded, per iteration in flight (a pipeline's stages) and
+        per replica, at the requests' mean prompt and output lengths. None where no iteration
+        decodes (every request has one output token, or nothing was served)."""
+        batch = round(row[DECODE_BATCH]) if not pd.isna(row[DECODE_BATCH]) else 0
+        if batch < 1:
+            return None
+        layout, requests = row["layout"], self.request.requests
+        data = self.scenario_dict(row, name)
+        data["workload"] = {"batch_size": batch * layout.pipeline * layout.replicas,
+                            "prompt_tokens": round(np.mean([r.prompt_tokens for r in requests])),
+                            "output_tokens": max(2, round(np.mean([r.output_tokens for r in requests])))}
+        return data
+
     def _simulate_rows(self, rows: list[dict], results: dict[int, dict]) -> None:
         """Simulate the candidates ``rows`` (:meth:`candidates` records of one cluster and layout)
         as one scenario, or in halves where the simulator refuses so many variants at once
@@ -711,6 +758,7 @@ class Planner:
         slo, target = config.slo.serving(), config.workload.rate_per_s
         at_target = vr.search.start_metrics
         rate = vr.search.rate_per_s
+        at_max = vr.search.run if vr.search.run is not None else vr.run  # none met the SLO: the workload's own run
         tokens_per_s = vr.search.metrics.get(Metric.OUTPUT_TOKENS_PER_S, 0.0)
         miss = "" if rate >= target else "; ".join(
             [f"max rate {rate:.3g}/s < {target:.3g}/s"] + serving_misses(at_target, slo))
@@ -720,8 +768,8 @@ class Planner:
                 SLO_TPOT: at_target[Metric.TPOT.percentile(slo.percentile)],
                 Metric.MAX_REQUEST_RATE: rate, Metric.OUTPUT_TOKENS_PER_S: tokens_per_s,
                 COST_PER_MILLION_TOKENS: cost_per_million_tokens(price_per_hour, tokens_per_s),
-                "rate_search_runs": vr.search.runs,
-                "server_bottleneck": pipeline_bottleneck(vr.search.run) if vr.search.run is not None else ""}
+                "rate_search_runs": vr.search.runs, DECODE_BATCH: at_max.mean_decode_batch,
+                "server_bottleneck": pipeline_bottleneck(at_max)}
 
 
 def serving_misses(metrics: dict, slo: ServingSLO) -> list[str]:

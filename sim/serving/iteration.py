@@ -122,14 +122,17 @@ class ServerCost:
     def __init__(self, model: ModelSpec, stages: tuple[IterationCost, ...], masters: tuple[int, ...], engine: Engine):
         self.model, self.stages, self.masters, self.engine = model, stages, masters, engine
         self._hops: dict[tuple[int, int], float] = {}
+        self._hop_of: dict[tuple[int, int, int], float] = {}  # (stage, tokens, sequences) -> its message (s)
+        # alike stages share one cost (sim.serving.simulate): each is priced once per iteration
+        self._distinct = list({id(stage): stage for stage in stages}.values())
+        self._index = [self._distinct.index(stage) for stage in stages]
 
     def stage_s(self, decodes: int, mean_context: float, chunks: list[tuple[int, int]]) -> list[float]:
         """Each stage's part (s) of one iteration (:meth:`IterationCost.iteration_s`)."""
         if len(self.stages) == 1:
             return [self.stages[0].iteration_s(decodes, mean_context, chunks)]
-        times: dict[int, float] = {}  # alike stages share one cost: priced once
-        return [times[id(stage)] if id(stage) in times else
-                times.setdefault(id(stage), stage.iteration_s(decodes, mean_context, chunks)) for stage in self.stages]
+        times = [stage.iteration_s(decodes, mean_context, chunks) for stage in self._distinct]
+        return [times[i] for i in self._index]
 
     def hop_s(self, stage: int, tokens: int, sequences: int) -> float:
         """The message (s) ``stage`` sends after its part of an iteration of ``tokens`` tokens over
@@ -137,11 +140,15 @@ class ServerCost:
         their sampled tokens to the first; 0 with a single stage."""
         if len(self.stages) == 1:
             return 0.0
+        known = self._hop_of.get((stage, tokens, sequences))
+        if known is not None:
+            return known
         last = stage == len(self.stages) - 1
         size = sequences * TOKEN_BYTES if last else hidden_bytes(self.model, tokens)
         key = (stage, size)
         if key not in self._hops:
             self._hops[key] = self.engine.message_s(self.masters[stage], self.masters[0 if last else stage + 1], size)
+        self._hop_of[stage, tokens, sequences] = self._hops[key]
         return self._hops[key]
 
 

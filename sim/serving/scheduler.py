@@ -34,8 +34,11 @@ it runs out; reserving ahead admits fewer requests only when memory is the bottl
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from models.errors import ConfigError
 from sim.serving.iteration import ServerCost
@@ -70,17 +73,23 @@ class ServedRequest:
         return self.finish_s - self.request.arrival_s
 
 
-@dataclass
 class _Running:
-    request: Request
-    prefilled: int = 0
-    generated: int = 0
-    first_token_s: float = 0.0
-    in_flight: bool = False  # in an iteration not yet back at the first stage
+    """A request admitted: its prompt (tokens), how much of it is prefilled, its context (the
+    prompt, then plus each token generated) and the context at which it is done (prompt plus
+    output), kept as plain slots since every iteration reads them."""
 
-    @property
-    def context(self) -> int:
-        return self.request.prompt_tokens + self.generated
+    __slots__ = ("request", "prompt", "end", "prefilled", "context", "first_token_s", "in_flight")
+
+    def __init__(self, request: Request):
+        self.request, self.prompt = request, request.prompt_tokens
+        self.end = request.prompt_tokens + request.output_tokens
+        self.prefilled = 0
+        self.context = self.prompt
+        self.first_token_s = 0.0
+        self.in_flight = False  # in an iteration not yet back at the first stage (tracked with stages only)
+
+
+_CONTEXT = attrgetter("context")
 
 
 @dataclass
@@ -98,6 +107,15 @@ class ServingRun:
     """Each stage's compute over the run (s)."""
     link_busy_s: tuple[float, ...] = ()
     """The messages each stage sent over the run (s; 0 with a single stage)."""
+    decode_batches: list[int] = field(default_factory=list)
+    """The requests decoding in each iteration (in launch order; with replicas, theirs one after another)."""
+
+    @property
+    def mean_decode_batch(self) -> float:
+        """The mean number of requests decoding in an iteration that decodes any (0 if none does):
+        the batch one iteration in flight decodes at this load."""
+        decoding = [n for n in self.decode_batches if n]
+        return sum(decoding) / len(decoding) if decoding else 0.0
 
 
 @dataclass
@@ -130,8 +148,23 @@ def serve(requests: list[Request], cost: ServerCost, *, max_batch_tokens: int, m
                           kv_capacity_tokens=[kv_capacity_tokens])[0]
 
 
+@dataclass(frozen=True)
+class LateLimit:
+    """When a run's verdict is decided before its end: once ``requests`` of its requests certainly
+    take longer than ``ttft_s`` to their first token (s)."""
+
+    ttft_s: float
+    requests: int
+
+
+_LATE_MARGIN_S = 1e-9
+"""How much later than ``ttft_s`` a waiting request must have arrived before it counts as late:
+far above the rounding of the clock's subtractions (s), so that its TTFT, computed, exceeds the bound."""
+
+
 def serve_together(shares: list[list[Request]], costs: list[tuple[ServerCost, ...]], *, max_batch_tokens: int,
-                   max_num_seqs: int, kv_capacity_tokens: list[int]) -> list[ServingRun]:
+                   max_num_seqs: int, kv_capacity_tokens: list[int],
+                   late_limit: LateLimit | None = None) -> list[ServingRun] | None:
     """Serve each of ``shares`` on a server of its own (as :func:`serve` does), the servers' clocks
     run together: server i's iteration launched while k servers are in one, itself included,
     costs ``costs[i][k - 1]`` (its last where it has fewer), the k servers sharing something (the
@@ -139,14 +172,23 @@ def serve_together(shares: list[list[Request]], costs: list[tuple[ServerCost, ..
     with when another server starts or ends one meanwhile. Servers launching at one instant count
     each other.
 
+    With ``late_limit``, the run stops, and None is returned, as soon as that many requests of all
+    the servers are certainly late: their first token came more than ``late_limit.ttft_s`` after
+    their arrival, or they still wait to be admitted that long after it (a request admitted now
+    gets its first token after now). The requests served are the same either way, up to then.
+
     Raises:
         ConfigError: as :func:`serve`.
     """
-    servers = [_Server(share, cost, kv) for share, cost, kv in zip(shares, costs, kv_capacity_tokens)]
+    ttft_s = late_limit.ttft_s if late_limit is not None else math.inf
+    servers = [_Server(share, cost, kv, ttft_s) for share, cost, kv in zip(shares, costs, kv_capacity_tokens)]
     now = 0.0
     while True:
         for server in servers:
             server.settle(now)
+        if late_limit is not None and sum(server.late_first_tokens + len(server.waiting) for server in servers) \
+                >= late_limit.requests and sum(server.late(now) for server in servers) >= late_limit.requests:
+            return None
         live = [server for server in servers if not server.finished]
         if not live:
             break
@@ -156,7 +198,10 @@ def serve_together(shares: list[list[Request]], costs: list[tuple[ServerCost, ..
             busy = len(launching) + sum(server.busy(now) for server, batch in batches if batch is None)
             for server, batch in launching:
                 server.launch(now, batch, busy)
-            continue
+            if any(server.stage_free[0] <= now for server, _ in launching):
+                continue  # an iteration of no time: something may launch again now
+            # Otherwise nothing can happen at ``now`` any more (every server launched or could not,
+            # and launching only fills stages): on to the next event.
         now = min(server.next_event_s(now) for server in live)
     return [server.run() for server in servers]
 
@@ -164,7 +209,8 @@ def serve_together(shares: list[list[Request]], costs: list[tuple[ServerCost, ..
 class _Server:
     """One server's continuous batching (the module docstring), advanced by :func:`serve_together`."""
 
-    def __init__(self, requests: list[Request], costs: tuple[ServerCost, ...], kv_capacity_tokens: int):
+    def __init__(self, requests: list[Request], costs: tuple[ServerCost, ...], kv_capacity_tokens: int,
+                 ttft_s: float = math.inf):
         if requests:
             worst = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
             if worst.prompt_tokens + worst.output_tokens > kv_capacity_tokens:
@@ -182,6 +228,9 @@ class _Server:
         self.stage_busy, self.link_busy = [0.0] * stages, [0.0] * stages
         self.iterations, self.kv_used, self.next_arrival, self.max_running = 0, 0, 0, 0
         self.batch_tokens: list[int] = []
+        self.decode_batches: list[int] = []
+        self.ttft_s, self.late_first_tokens = ttft_s, 0  # the TTFT a request is late beyond (s), and how many were
+        self.arrivals = [r.arrival_s for r in requests] if ttft_s < math.inf else []
 
     @property
     def finished(self) -> bool:
@@ -192,21 +241,38 @@ class _Server:
         while self.in_flight and self.in_flight[0].return_s <= now:
             batch = self.in_flight.popleft()
             for r in batch.decoding:
-                r.generated += 1
+                r.context += 1
+            done = [r for r in batch.decoding if r.context == r.end]
             for r, n in batch.chunks:
                 r.prefilled += n
-                if r.prefilled == r.request.prompt_tokens:
-                    r.generated, r.first_token_s = 1, batch.sampled_s
-            members = batch.decoding + [r for r, _ in batch.chunks]
-            for r in members:
-                r.in_flight = False
-            for r in [r for r in members if r.generated == r.request.output_tokens]:
-                self.running.remove(r)
-                self.kv_used -= r.request.prompt_tokens + r.request.output_tokens
+                if r.prefilled == r.prompt:
+                    r.context, r.first_token_s = r.prompt + 1, batch.sampled_s
+                    # the expression of ServedRequest.ttft_s: the same value the metrics read
+                    self.late_first_tokens += batch.sampled_s - r.request.arrival_s > self.ttft_s
+                    if r.context == r.end:
+                        done.append(r)
+            if self.stages > 1:
+                for r in batch.decoding:
+                    r.in_flight = False
+                for r, _ in batch.chunks:
+                    r.in_flight = False
+            if done:
+                # every running request that is done is in this iteration: the others go on, in order
+                self.running = [r for r in self.running if r.context != r.end]
+            for r in done:
+                self.kv_used -= r.end
                 self.served.append(ServedRequest(r.request, r.first_token_s, batch.sampled_s))
         while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
             self.waiting.append(self.requests[self.next_arrival])
             self.next_arrival += 1
+
+    def late(self, now: float) -> int:
+        """How many of its requests are certainly late at ``now`` (see :func:`serve_together`):
+        those whose first token came late, and those waiting to be admitted (in arrival order:
+        the arrived requests after the admitted ones) that arrived more than ``ttft_s`` ago."""
+        first_waiting = self.next_arrival - len(self.waiting)
+        waiting = bisect_right(self.arrivals, now - self.ttft_s - _LATE_MARGIN_S, first_waiting, self.next_arrival)
+        return self.late_first_tokens + max(0, waiting - first_waiting)
 
     def busy(self, now: float) -> bool:
         """Whether the first stage is in an iteration at ``now``."""
@@ -216,16 +282,18 @@ class _Server:
         """The iteration to launch at ``now`` (:func:`_next_batch`'s), None where none can start."""
         if len(self.in_flight) >= self.stages or self.stage_free[0] > now:
             return None
-        return _next_batch(self.running, self.waiting, max_batch_tokens, max_num_seqs,
+        # one stage: nothing is in flight here (the last iteration is back), so every running request is free
+        free = self.running if self.stages == 1 else [r for r in self.running if not r.in_flight]
+        return _next_batch(self.running, free, self.waiting, max_batch_tokens, max_num_seqs,
                            self.kv_capacity_tokens - self.kv_used)
 
     def launch(self, now: float, batch, busy: int) -> None:
         """Start ``batch`` at ``now`` with ``busy`` servers in an iteration (see :func:`serve_together`)."""
         cost = self.costs[min(busy, len(self.costs)) - 1]
         decoding, chunks, admitted = batch
-        self.kv_used += sum(r.request.prompt_tokens + r.request.output_tokens for r in admitted)
+        self.kv_used += sum(r.end for r in admitted)
         self.max_running = max(self.max_running, len(self.running))
-        mean_context = sum(r.context for r in decoding) / len(decoding) if decoding else 0.0
+        mean_context = sum(map(_CONTEXT, decoding)) / len(decoding) if decoding else 0.0
         parts = cost.stage_s(len(decoding), mean_context, [(n, r.prefilled + n) for r, n in chunks])
         tokens, sequences = len(decoding) + sum(n for _, n in chunks), len(decoding) + len(chunks)
         # The stages run iterations in launch order, each one at a time; a stage's messages
@@ -240,12 +308,14 @@ class _Server:
             self.link_free[s] = max(self.stage_free[s], self.link_free[s]) + hop
             ready = self.link_free[s]
         self.in_flight.append(_Batch(decoding, chunks, self.stage_free[-1], ready))
-        for r in decoding:
-            r.in_flight = True
-        for r, _ in chunks:
-            r.in_flight = True
+        if self.stages > 1:
+            for r in decoding:
+                r.in_flight = True
+            for r, _ in chunks:
+                r.in_flight = True
         self.iterations += 1
         self.batch_tokens.append(tokens)
+        self.decode_batches.append(len(decoding))
 
     def next_event_s(self, now: float) -> float:
         """When something next happens to the server after ``now`` (s): an iteration's return, an
@@ -261,22 +331,22 @@ class _Server:
         """What the server did (:class:`ServingRun`)."""
         served = sorted(self.served, key=lambda s: s.request.index)
         return ServingRun(served, self.iterations, max(self.stage_busy), self.max_running, self.kv_capacity_tokens,
-                          self.batch_tokens, tuple(self.stage_busy), tuple(self.link_busy))
+                          self.batch_tokens, tuple(self.stage_busy), tuple(self.link_busy), self.decode_batches)
 
 
-def _next_batch(running: list[_Running], waiting: deque[Request], max_batch_tokens: int, max_num_seqs: int,
-                kv_free_tokens: int):
+def _next_batch(running: list[_Running], free: list[_Running], waiting: deque[Request], max_batch_tokens: int,
+                max_num_seqs: int, kv_free_tokens: int):
     """The next iteration's decodes, prefill chunks and newly admitted requests (see the module
-    docstring), from the running requests not already in an iteration in flight and the waiting
-    ones (admitted into ``running``); None when it would be empty."""
+    docstring), from ``free``, the running requests not already in an iteration in flight (in
+    their order in ``running``), and the waiting ones (admitted into ``running``); None when it
+    would be empty."""
     budget = max_batch_tokens
-    free = [r for r in running if not r.in_flight]
-    decoding = [r for r in free if r.prefilled == r.request.prompt_tokens][:budget]
+    decoding = [r for r in free if r.prefilled == r.prompt][:budget]
     budget -= len(decoding)
     chunks: list[tuple[_Running, int]] = []
     for r in free:
-        if budget and r.prefilled < r.request.prompt_tokens:
-            n = min(r.request.prompt_tokens - r.prefilled, budget)
+        if budget and r.prefilled < r.prompt:
+            n = min(r.prompt - r.prefilled, budget)
             chunks.append((r, n))
             budget -= n
     admitted = []
@@ -288,7 +358,7 @@ def _next_batch(running: list[_Running], waiting: deque[Request], max_batch_toke
         r = _Running(waiting.popleft())
         admitted.append(r)
         running.append(r)
-        n = min(r.request.prompt_tokens, budget)
+        n = min(r.prompt, budget)
         chunks.append((r, n))
         budget -= n
     return (decoding, chunks, admitted) if decoding or chunks else None

@@ -55,7 +55,7 @@ from sim.scenario import Scenario, Variant
 from sim.serving.config import MAX_REQUESTS, ServingSLO, ServingWorkload
 from sim.serving.iteration import IterationCost, ServerCost
 from sim.serving.requests import Request, at_rate, workload_requests
-from sim.serving.scheduler import ServingRun, serve_together
+from sim.serving.scheduler import LateLimit, ServingRun, serve_together
 from sim.simulate import build_pricing
 from sim.topology import Topology, build_topology
 from sim.vocabulary import Metric, WorkloadKind
@@ -161,13 +161,13 @@ class ReplicaServer:
 
 
 def serve_replicas(requests: list[Request], servers: list[ReplicaServer], *, max_batch_tokens: int,
-                   max_num_seqs: int) -> ServingRun:
+                   max_num_seqs: int, late_limit: LateLimit | None = None) -> ServingRun | None:
     """Serve ``requests`` on replicas behind a round-robin balancer (request i on replica i mod R,
     see the module docstring), each by continuous batching, their clocks together
     (:func:`sim.serving.scheduler.serve_together`); the runs together: every request's times (in
     request order), iterations and busy time summed over replicas, ``max_running`` the sum of the
     replicas' peaks (an upper bound of the requests running at once), ``kv_capacity_tokens`` the
-    replicas' total.
+    replicas' total; None where ``late_limit`` stopped the run (:func:`~sim.serving.scheduler.serve_together`).
 
     Raises:
         ConfigError: as :func:`~sim.serving.scheduler.serve`, for a request that does not fit its
@@ -175,13 +175,17 @@ def serve_replicas(requests: list[Request], servers: list[ReplicaServer], *, max
     """
     runs = serve_together([requests[i::len(servers)] for i in range(len(servers))],
                           [server.costs for server in servers], max_batch_tokens=max_batch_tokens,
-                          max_num_seqs=max_num_seqs, kv_capacity_tokens=[s.kv_capacity_tokens for s in servers])
+                          max_num_seqs=max_num_seqs, kv_capacity_tokens=[s.kv_capacity_tokens for s in servers],
+                          late_limit=late_limit)
+    if runs is None:
+        return None
     if len(servers) == 1:
         return runs[0]
     served = sorted((s for run in runs for s in run.served), key=lambda s: s.request.index)
     return ServingRun(served, sum(r.iterations for r in runs), sum(r.busy_s for r in runs),
                       sum(r.max_running for r in runs), sum(s.kv_capacity_tokens for s in servers),
-                      [tokens for r in runs for tokens in r.batch_tokens])
+                      [tokens for r in runs for tokens in r.batch_tokens],
+                      decode_batches=[n for r in runs for n in r.decode_batches])
 
 
 def serving_metrics(run: ServingRun, slo: ServingSLO | None) -> dict[str, float]:
@@ -238,7 +242,10 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
     bracket's width is at most ``tolerance`` times its lower end (0: always), at most
     :data:`_SEARCH_STEPS` times. The rate returned was simulated and met the SLO; so does the start
     rate iff the rate returned is at least it. Queueing shows in TTFT only, so the SLO must name
-    ``ttft``.
+    ``ttft``. A rate after the start one is simulated only until its verdict is decided: once so
+    many requests are certainly late that the SLO's percentile of TTFT exceeds its objective
+    (:func:`late_requests_to_miss`), it misses; its metrics are not kept (only the start's and the
+    best's are), so the search's answer is the same as with every run to its end.
 
     A fixed number of requests understates overload: above the server's capacity the queue grows
     with the time requests keep arriving, so a short run's burst may still meet a TTFT objective
@@ -250,7 +257,8 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
 
     Args:
         requests: the workload's requests (their lengths are kept, their arrivals redrawn).
-        run_at: ``run_at(requests) -> ServingRun`` serves a list of requests.
+        run_at: ``run_at(requests, late_limit=None) -> ServingRun | None`` serves a list of
+            requests (None: stopped by ``late_limit``, :func:`~sim.serving.scheduler.serve_together`).
         start_rate_per_s: the first rate tried (requests/s, > 0).
         tolerance: the bracket's relative width at which the bisection stops (>= 0).
         horizon_s: the least time over which requests arrive at each rate tried (s, >= 0).
@@ -263,11 +271,14 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
                                                "server's queue shows in TTFT only (got tpot alone)")
     runs = 0
 
-    def trial(rate: float) -> tuple[bool, tuple[float, dict[str, float], ServingRun]]:
+    def trial(rate: float, decide_early: bool = True) -> tuple[bool, tuple[float, dict[str, float], ServingRun]]:
         nonlocal runs
         runs += 1
         count = min(MAX_REQUESTS, max(len(requests), math.ceil(rate * horizon_s)))
-        run = run_at(at_rate(requests, rate, seed, count))
+        limit = LateLimit(slo.ttft_s, late_requests_to_miss(count, slo.percentile)) if decide_early else None
+        run = run_at(at_rate(requests, rate, seed, count), late_limit=limit)
+        if run is None:
+            return False, (rate, {}, None)
         metrics = slo_metrics(run, slo)
         return meets_slo(metrics, slo), (rate, metrics, run)
 
@@ -275,7 +286,7 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
         alone = run_at([Request(0, 0.0, requests[0].prompt_tokens, requests[0].output_tokens)]).served[0].e2e_s
         start_rate_per_s = 1.0 / alone
     rate = start_rate_per_s
-    ok, tried = trial(rate)
+    ok, tried = trial(rate, decide_early=False)  # its metrics are reported, missed or met
     start_metrics = tried[1]
     best: tuple[float, dict[str, float], ServingRun | None] = tried if ok else (0.0, {}, None)
     lo, hi = (rate, None) if ok else (0.0, rate)
@@ -300,6 +311,15 @@ def max_request_rate(requests: list[Request], run_at, slo: ServingSLO, seed: int
         else:
             hi = mid
     return RateSearch(best[0], best[1], runs, start_metrics, best[2])
+
+
+def late_requests_to_miss(count: int, percentile: float) -> int:
+    """How many of ``count`` requests taking longer than a TTFT objective make the run miss it at
+    ``percentile`` for certain. numpy's linear percentile interpolates between the sorted values
+    at ranks ``floor(p)`` and ``floor(p) + 1`` (0-based), ``p = percentile / 100 x (count - 1)``,
+    and lies between them: once ``count - floor(p) + 1`` values exceed the objective, those at
+    ``floor(p) - 1`` and above do, so the percentile does, whichever way ``p``'s rounding falls."""
+    return count - math.floor(percentile / 100 * (count - 1)) + 1
 
 
 @dataclass(frozen=True)
@@ -374,9 +394,10 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
                                          tuple(group[0] for group, _, _ in replica), priced.engine))
             servers.append(ReplicaServer(tuple(server), capacity))
 
-        def run_at(batch: list[Request], servers: list[ReplicaServer] = servers) -> ServingRun:
+        def run_at(batch: list[Request], servers: list[ReplicaServer] = servers,
+                   late_limit: LateLimit | None = None) -> ServingRun | None:
             return serve_replicas(batch, servers, max_batch_tokens=workload.max_batch_tokens,
-                                  max_num_seqs=workload.max_num_seqs)
+                                  max_num_seqs=workload.max_num_seqs, late_limit=late_limit)
 
         run = run_at(requests)
         metrics = serving_metrics(run, workload.slo)

@@ -33,6 +33,8 @@ from validation.present.page import answer, report_page
 
 _GIB = 2**30
 PICK_FILE = "pick.yaml"
+PICK_BATCH_FILE = "pick_batch.yaml"
+"""A serving pick's layout at the batch it decodes at its maximum rate, for ``hetsim measure``."""
 
 
 def _ms(value: float) -> str:
@@ -59,8 +61,7 @@ def _top_columns(result: PlanResult) -> dict[str, list[str]]:
         columns |= {"max req/s": [f"{r:.3g}" for r in top[Metric.MAX_REQUEST_RATE]],
                     "$/Mtok": [f"{c:.3g}" for c in top[COST_PER_MILLION_TOKENS]],
                     f"TTFT p{q} ms": [_ms(v) for v in top[SLO_TTFT]], f"TPOT p{q} ms": [_ms(v) for v in top[SLO_TPOT]]}
-        if top["bottleneck"].astype(bool).any():  # a pipeline's busiest part at its maximum rate
-            columns["bottleneck"] = list(top["bottleneck"])
+        columns["bottleneck"] = list(top["bottleneck"])  # at the maximum rate
     else:
         columns |= {"TTFT ms": [_ms(v) for v in top[Metric.TTFT]], "TPOT ms": [_ms(v) for v in top[Metric.TPOT]],
                     "tokens/s": [f"{v:.0f}" for v in top[Metric.DECODE_TOKENS_PER_S]],
@@ -92,7 +93,7 @@ def print_plan(result: PlanResult, console: Console, scenario_path: Path | None 
     if scenario_path is not None:
         whose = "the pick's" if result.pick is not None else "the closest miss's (it meets no plan)"
         console.print(f"{whose} scenario: {escape(str(scenario_path))}; run it with:")
-        for command in result.commands(scenario_path):
+        for command in result.commands(scenario_path, scenario_path.with_name(PICK_BATCH_FILE)):
             console.print(f"  {escape(command)}")
 
 
@@ -201,7 +202,8 @@ def report_html(result: PlanResult) -> str:
 
 
 def write_plan_outputs(result: PlanResult, out_dir: Path) -> list[Path]:
-    """plan.csv, plan.parquet, report.html and the pick's scenario (pick.yaml) into ``out_dir``."""
+    """plan.csv, plan.parquet, report.html and the pick's scenario (pick.yaml; a serving pick's also
+    at its decode batch, pick_batch.yaml) into ``out_dir``."""
     table = result.table.copy()
     table["stage"] = table["stage"].astype(str)
     buffer = io.BytesIO()
@@ -211,4 +213,8 @@ def write_plan_outputs(result: PlanResult, out_dir: Path) -> list[Path]:
     if result.pick_scenario is not None:
         files[PICK_FILE] = (f"# {result.recommendation}\n"
                             + yaml.safe_dump(result.pick_scenario, sort_keys=False))
+    if result.pick_batch_scenario is not None:
+        files[PICK_BATCH_FILE] = ("# The serving pick's layout at the batch it decodes at its maximum rate, for hetsim "
+                                  "simulate and hetsim measure (hetsim's runtime does not serve request loads)\n"
+                                  + yaml.safe_dump(result.pick_batch_scenario, sort_keys=False))
     return write_files(out_dir, files)
