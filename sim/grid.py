@@ -41,6 +41,7 @@ import json
 import math
 import re
 import time
+import typing
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -52,7 +53,7 @@ from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from sim.context import profile_context
 from sim.profile import Profile
-from sim.scenario import Scenario, config_error_from, scenario_from_dict
+from sim.scenario import Scenario, ScenarioConfig, config_error_from, scenario_from_dict
 from sim.serving.simulate import simulate_serving
 from sim.simulate import simulate
 from sim.training.simulate import simulate_training
@@ -130,6 +131,54 @@ def parse_path(path: str) -> tuple[str | int, ...]:
         head, *indices = name.split("[")
         parts += [head, *(int(i.rstrip("]")) for i in indices)]
     return tuple(parts)
+
+
+# The project's names carry their unit (SI inside the code): the suffix a field's own name ends
+# with says what a bare number on its axis means.
+_UNIT_SUFFIXES = (("_bytes_per_s", "bytes/s"), ("_per_s", "per s"), ("_bytes", "bytes"), ("_mb", "MB"),
+                  ("_s", "s"), ("_tokens", "tokens"))
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field's annotation can hold, through unions, ``Annotated`` and lists."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def axis_unit(path: str) -> str | None:
+    """The unit a bare number on grid axis ``path`` is read in: from the suffix of the scenario
+    field's own name (``workload.prompt_tokens``: tokens; ``training.bucket_cap_mb``: MB; a link's
+    ``bandwidth``, stored as ``bandwidth_bytes_per_s``: bytes/s), ``count`` for an integer field
+    without one (``parallel.tensor``, ``workload.batch_size``); None where the path names no field
+    the schema knows or one with no numeric unit (a strategy, a model, a mapping).
+    """
+    try:
+        parts = parse_path(path)
+    except ConfigError:
+        return None
+    models: list[type[BaseModel]] = [ScenarioConfig]
+    field = None
+    for part in parts:
+        if isinstance(part, int):
+            continue  # a list's element has its list's type
+        field = next((f for model in models for name, f in model.model_fields.items()
+                      if part in (name, f.alias)), None)
+        if field is None:
+            return None
+        name = next(n for model in models for n, f in model.model_fields.items() if f is field)
+        models = _models_in(field.annotation)
+    if field is None or models:
+        return None
+    unit = next((u for suffix, u in _UNIT_SUFFIXES if name.endswith(suffix)), None)
+    if unit is None and _holds_int(field.annotation):
+        unit = "count"
+    return unit
+
+
+def _holds_int(annotation: Any) -> bool:
+    """Whether an annotation is an integer, through unions and ``Annotated`` (``StrictInt | None``)."""
+    return annotation is int or any(_holds_int(arg) for arg in typing.get_args(annotation))
 
 
 def set_path(data: dict, path: str, value: Any) -> None:

@@ -314,6 +314,28 @@ def test_the_terminal_table_shows_tpot_in_ms_and_past_forty_rows_the_fastest_tha
         "workload.batch_size matters most: the best that fits with workload.batch_size = 1 is 49.9 ms (+11%).")
 
 
+def test_a_grid_axis_of_bare_numbers_is_titled_with_the_unit_its_field_reads_them_in():
+    from sim.grid import axis_unit
+    from sim.vocabulary import WorkloadKind
+    from validation.present.grid_report import metric_figure
+    from validation.present.sweep_table import shown_columns, wide_results
+
+    assert [axis_unit(p) for p in ("parallel.tensor", "workload.prompt_tokens", "training.bucket_cap_mb",
+                                   "cluster.switches[1].uplink.bandwidth", "cluster.switches[0].uplink.latency",
+                                   "workload.rate_per_s", "model", "variants", "no.such_field")] == [
+        "count", "tokens", "MB", "bytes/s", "s", "per s", None, None, None]
+    rows = [(tensor, link, "test", "rlb", "simulated", "tpot_s", 0.1 / tensor, "s", "", "", "")
+            for tensor in (2, 4) for link in ("100Mbit/s", "1Gbit/s")]
+    axes = ["parallel.tensor", "cluster.switches[1].uplink.bandwidth"]
+    tidy = pd.DataFrame(rows, columns=[*axes, *RESULT_COLUMNS, "oom", "error"])
+    wide = wide_results(tidy, axes)
+    column = next(c for c in shown_columns(WorkloadKind.INFERENCE, wide) if c.metric == "tpot_s")
+    figure = metric_figure(wide, axes, column, pd.Series("", index=wide.index), None)
+    # Bare numbers get their unit; values written with theirs show as written.
+    assert [figure.layout.xaxis.title.text, figure.layout.xaxis2.title.text] == [
+        "parallel.tensor (count)", "cluster.switches[1].uplink.bandwidth"]
+
+
 def test_the_shipped_grid_expands_over_its_scenario_without_a_refused_point():
     from models.input_files import load_yaml
 

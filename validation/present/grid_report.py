@@ -17,8 +17,8 @@ colour of every report, :mod:`validation.present.colors`) and, up to :data:`MAX_
 every point-variant as a faint marker (an x where it does not fit), hover giving the point's
 axes; the pick as a star. Each metric's axis names its unit (a duration in the unit its values
 suit); an axis of the grid is labelled with its field, its values as the grid writes them
-(``1Gbit/s``; a bare number in the field's own unit: ``parallel.tensor`` devices,
-``training.bucket_cap_mb`` MB). Then the table of the terminal.
+(``1Gbit/s``), and a bare number's unit after the field (:func:`sim.grid.axis_unit`:
+``parallel.tensor (count)``, ``training.bucket_cap_mb (MB)``). Then the table of the terminal.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from sim.grid import axis_unit
 from sim.training.metrics import bottleneck
 from sim.vocabulary import WorkloadKind
 from validation.present.colors import category_colors
@@ -89,6 +90,14 @@ def _hover(rows: pd.DataFrame, axes: list[str], columns: list[GridColumn]) -> li
             for _, r in rows.iterrows()]
 
 
+def _axis_title(axis: str, values: pd.Series) -> str:
+    """The field ``axis`` with the unit its bare numbers are in (:func:`sim.grid.axis_unit`);
+    values written with their unit (``1Gbit/s``) or without one (a strategy) show as written."""
+    unit = axis_unit(axis)
+    numeric = values.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all()
+    return f"{axis} ({unit})" if unit and numeric else axis
+
+
 def metric_figure(wide: pd.DataFrame, axes: list[str], column: GridColumn, hover: pd.Series,
                   pick: pd.Series | None) -> go.Figure:
     """``column`` against each axis (a panel each, see the module docstring); ``hover``: each row's
@@ -123,7 +132,7 @@ def metric_figure(wide: pd.DataFrame, axes: list[str], column: GridColumn, hover
                 legendgroup="pick", showlegend=col == 1, offsetgroup=pick["variant"],
                 marker={"symbol": "star", "size": 16, "color": "gold", "line": {"color": "black", "width": 1}},
                 hovertext=[hover[pick.name]], hoverinfo="text"), row=1, col=col)
-        fig.update_xaxes(title_text=axis, type="category", categoryorder="array", categoryarray=order, row=1, col=col)
+        fig.update_xaxes(title_text=_axis_title(axis, wide[axis]), type="category", categoryorder="array", categoryarray=order, row=1, col=col)
         fig.update_yaxes(title_text=f"{column.long} ({unit}{', log scale' if log else ''})",
                          type="log" if log else "linear", row=1, col=col)
     fig.update_layout(title=f"{column.long[0].upper()}{column.long[1:]} against each axis "
