@@ -21,7 +21,7 @@ a cluster's terms describe its own rows, and the other's). ``--out`` writes the 
 (``errors.csv``, ``overlap.csv``, ``summary.md``, ...) there. Depends on nothing but the stored
 files, not on the machine's load. Under a minute on the project's 2-core machine.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training-quick.yaml] [--report validation/training-report] [--out DIR]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training.yaml] [--report validation/training-report] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def transport_rows(runs) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--matrix", type=Path, default=ROOT / "validation" / "training-quick.yaml",
+    parser.add_argument("--matrix", type=Path, default=ROOT / "validation" / "training.yaml",
                         help="the training matrix file the report was run from")
     parser.add_argument("--report", type=Path, default=ROOT / "validation" / "training-report",
                         help="the report directory whose clusters/ hold the saved profiles and measurements")
