@@ -139,7 +139,7 @@ def test_plan_command_writes_rates_and_cost_per_million_tokens(tmp_path, capsys)
     path.write_text(yaml.safe_dump(SERVING))
     main(["plan", str(path), "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
-    assert "max req/s" in out and "$/Mtok" in out and "TTFT p90 ms" in out
+    assert "max req/s" in out and "$/Mtok" in out and "TTFT p90 ms at" in out
     csv = pd.read_csv(tmp_path / "out" / "plan.csv")
     assert {Metric.MAX_REQUEST_RATE, COST_PER_MILLION_TOKENS, "pareto_rate"} <= set(csv.columns)
     assert len(pd.read_parquet(tmp_path / "out" / "plan.parquet")) == len(csv)

@@ -43,7 +43,8 @@ def _ms(value: float) -> str:
 
 def _top_columns(result: PlanResult) -> dict[str, list[str]]:
     """The top 10's shown columns, by heading (SI figures in display units); a serving plan's
-    give the maximum rate, $/Mtok and the SLO's percentiles at the target rate."""
+    give the maximum rate, $/Mtok and the SLO's percentiles at the target rate (named in
+    their heading)."""
     top = result.top
     training = result.request.config.is_training
     columns = {"#": [str(int(r)) for r in top["rank"]], "cluster": list(top["cluster"]),
@@ -57,10 +58,12 @@ def _top_columns(result: PlanResult) -> dict[str, list[str]]:
                     "peak GiB": [f"{v / _GIB:.1f}" for v in top[Metric.MAX_PEAK_MEMORY]],
                     "bottleneck": list(top["bottleneck"])}
     elif result.request.config.is_serving:
-        q = result.request.config.slo.percentile
+        q, target = result.request.config.slo.percentile, result.request.config.workload.rate_per_s
+        # the percentiles are those at the target rate, not at the maximum rate beside them
         columns |= {"max req/s": [f"{r:.3g}" for r in top[Metric.MAX_REQUEST_RATE]],
                     "$/Mtok": [f"{c:.3g}" for c in top[COST_PER_MILLION_TOKENS]],
-                    f"TTFT p{q} ms": [_ms(v) for v in top[SLO_TTFT]], f"TPOT p{q} ms": [_ms(v) for v in top[SLO_TPOT]]}
+                    f"TTFT p{q} ms at {target:g}/s": [_ms(v) for v in top[SLO_TTFT]],
+                    f"TPOT p{q} ms at {target:g}/s": [_ms(v) for v in top[SLO_TPOT]]}
         columns["bottleneck"] = list(top["bottleneck"])  # at the maximum rate
     else:
         columns |= {"TTFT ms": [_ms(v) for v in top[Metric.TTFT]], "TPOT ms": [_ms(v) for v in top[Metric.TPOT]],
