@@ -66,7 +66,7 @@ DEFAULT_LAG_PER_BLOCK = 6.57
 """The coefficient ``k`` where no calibration of the machine fits one (the uncalibrated model, a
 calibration whose rows do not say): the median of :func:`fit_lag_per_block` on the shipped
 v2x2_bandwidth and v4x1_bandwidth profiles (7.52 and 5.62; 4 gloo ranks on 2 cores, the clusters
-the gloo/tcp contention floor's default is fitted on, :data:`sim.transport.GLOO_CONTENTION_PER_EXCESS_RANK_S`)."""
+the gloo/tcp contention floor's default is fitted on, :data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`)."""
 
 
 def off_core_share(ranks: int, free_cores: float) -> float:

@@ -523,6 +523,11 @@ class NetworkChoice:
     cores: tuple = ()
     phase_scales: dict = field(default_factory=dict)
 
+    def lines(self) -> tuple[str, ...]:
+        """What came from where, one line each: the scenario's terms against the profile's
+        context (:meth:`sim.context.TermComparison.line`), then :attr:`sources`."""
+        return (*(term.line() for term in self.terms), *self.sources)
+
 
 @dataclass(frozen=True)
 class _Fit:

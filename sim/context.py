@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -36,7 +37,7 @@ import pandas as pd
 from models.spec import ModelSpec
 from sim.cores import CorePool
 from sim.topology import Topology
-from sim.vocabulary import MeasurementKind
+from sim.vocabulary import Calibration, MeasurementKind
 
 RELATIVE_TOLERANCE = 0.01  # rates and delays within 1% are the same link
 # Other processes' share of the machine's CPU time above which a calibration's timings are flagged
@@ -485,16 +486,44 @@ def core_contention(contexts: tuple[CalibrationContext, ...], target: Calibratio
                             "sharing them as the simulation runs (processor sharing)"), phases
 
 
+OUTSIDE = "outside: "
+"""What precedes the terms outside a profile's context in :func:`profile_context`."""
+
+
+def outside(context_text: str) -> bool:
+    """Whether a :func:`profile_context` text names terms outside the profile's context."""
+    return OUTSIDE in context_text
+
+
+def calibration_mode(choice) -> Calibration:
+    """How a profile priced a run (:class:`sim.vocabulary.Calibration`): ``choice``, the
+    :class:`sim.calibrated.NetworkChoice` a profile gave it (None: no profile), replays this
+    cluster's timings (same-cluster mode) or predicts from fitted terms."""
+    if choice is None:
+        return Calibration.UNCALIBRATED
+    return Calibration.REPLAY if choice.same_cluster else Calibration.PREDICTION
+
+
+def shared_calibration(variants: Iterable[str], choice) -> dict[str, Calibration]:
+    """How each of ``variants`` (names) was priced where one network ``choice`` priced them all
+    (a serving or training simulation): variant name -> :func:`calibration_mode` of ``choice``."""
+    mode = calibration_mode(choice)
+    return {name: mode for name in variants}
+
+
 def profile_context(result) -> str:
-    """How a calibration profile priced a simulated run, in a few words: ``same cluster`` (its
-    timings replayed), or ``outside: `` and the terms outside its context (:func:`compare`'s
-    verdicts other than ``same``) and the count of extrapolated predictions; '' where the run
-    says nothing of it. ``result``: any simulation's result with ``network`` (the
-    :class:`sim.calibrated.NetworkChoice`, None uncalibrated) and ``extrapolated`` (the predictions
-    the profile did not cover, :attr:`sim.simulate.SimulationResult.extrapolated`)."""
-    if result.network is None:
+    """How a calibration profile priced a simulated run, in a few words: its
+    :func:`calibration_mode` (``replay`` or ``prediction``), then, after ``; outside: ``, the
+    terms outside the profile's context (:func:`compare`'s verdicts other than ``same``) and the
+    count of extrapolated predictions, where there are any; '' where the run says nothing of it.
+    ``result``: any simulation's result with ``network`` (the :class:`sim.calibrated.NetworkChoice`
+    a profile gave it, None uncalibrated) and ``extrapolated`` (the predictions the profile did not
+    cover, :attr:`sim.simulate.SimulationResult.extrapolated`) and ``calibrated`` (whether a
+    profile priced it: an uncalibrated inference run's ``network`` holds its default transport terms)."""
+    if not result.calibrated or result.network is None:
         return ""
     outside = [t.term for t in result.network.terms if t.verdict.value != "same"]
     if result.extrapolated:
         outside.append(f"{len(result.extrapolated)} extrapolated predictions")
-    return "same cluster" if result.network.same_cluster and not outside else "outside: " + "; ".join(outside)
+    mode = calibration_mode(result.network).value
+    return mode if not outside else f"{mode}; {OUTSIDE}" + "; ".join(outside)

@@ -158,10 +158,16 @@ class CorePool:
         return max(1.0, runnable / self.free_cores)
 
     def describe(self) -> str:
+        """The pool in a few words: its ranks and cores, the share others take, its memory
+        bandwidth, and its arrival lag coefficient where the engine prices it
+        (:data:`sim.arrival_skew.PRICED`; a coefficient it does not add is not named)."""
+        from sim import arrival_skew  # it imports this module's scheduler constants
+
         background = f", {self.background_cores:g} taken by other processes" if self.background_cores else ""
         memory = "" if not self.stream_bytes_per_s else (
             ", memory " + ", ".join(f"{b / 1e9:.3g} GB/s at {k}" for k, b in self.stream_bytes_per_s) + " streams")
-        lag = f", prefill arrival lags {self.lag_per_block:.2f} (sim.arrival_skew)" if self.lag_per_block else ""
+        lag = (f", prefill arrival lags {self.lag_per_block:.2f} (sim.arrival_skew)"
+               if self.lag_per_block and arrival_skew.PRICED else "")
         return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}{lag}"
 
 

@@ -107,8 +107,8 @@ class PointOutcome:
     :data:`sim.metrics.RESULT_COLUMNS` order), ``oom`` (variant -> the first op that does not fit,
     for the variants that overflow), ``error`` ("field: message" when the simulator refused the
     point; then no rows), the wall ``seconds`` it took and, priced from a profile, its
-    ``profile_context`` (:func:`sim.context.profile_context`: ``same cluster`` or what lies
-    outside the profile's context; '' uncalibrated)."""
+    ``profile_context`` (:func:`sim.context.profile_context`: ``replay`` or ``prediction``, and what
+    lies outside the profile's context; '' uncalibrated)."""
 
     rows: tuple[tuple, ...]
     oom: dict[str, str]

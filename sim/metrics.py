@@ -1,7 +1,8 @@
 """Metrics of a run, computed from its trace, as rows of the tidy result table.
 
 Result table (one row per value; shared with measured runs so the two join):
-``scenario, variant, source, metric, value, unit, device`` (device empty for whole-run metrics).
+``scenario, variant, source, metric, value, unit, device`` (device empty for whole-run metrics);
+a simulated run's file adds ``calibration`` (:data:`CALIBRATION_COLUMN`).
 
 Definitions (as vLLM and MLPerf Inference use them):
 
@@ -23,14 +24,20 @@ The simulator and the runtime compute them with the same functions from the same
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from sim.trace import Trace
-from sim.vocabulary import Metric, PhaseKind, unit_of
+from sim.vocabulary import Calibration, Metric, PhaseKind, unit_of
 
 RESULT_COLUMNS = ["scenario", "variant", "source", "metric", "value", "unit", "device"]
+CALIBRATION_COLUMN = "calibration"
+"""The column a simulated run's ``results.csv`` adds after :data:`RESULT_COLUMNS`: how each row's
+variant was priced (:class:`sim.vocabulary.Calibration`: ``replay``, ``prediction`` or
+``uncalibrated``), so that a replay of the calibrated cluster's own timings is never taken for a
+prediction (:func:`with_calibration`). Measured runs' tables have none."""
 
 
 def timing_metrics(trace: Trace, batch_size: int) -> dict[str, float]:
@@ -106,3 +113,16 @@ def result_rows(scenario: str, variant: str, source: str, timing: dict[str, floa
     for device, metrics in memory_by_device.items():
         rows += [(scenario, variant, source, metric, value, unit_of(metric), device) for metric, value in metrics.items()]
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def with_calibration(results: pd.DataFrame, modes: Mapping[str, Calibration]) -> pd.DataFrame:
+    """``results`` (tidy rows of a simulated run) with the :data:`CALIBRATION_COLUMN`: each row's
+    variant's mode, from ``modes`` (variant name -> mode; every variant of ``results`` in it).
+
+    Raises:
+        KeyError: a variant of ``results`` without a mode.
+    """
+    missing = sorted(set(results["variant"]) - set(modes))
+    if missing:
+        raise KeyError(f"no calibration mode for variants {missing}")
+    return results.assign(**{CALIBRATION_COLUMN: [str(modes[v]) for v in results["variant"]]})

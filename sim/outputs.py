@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from sim.metrics import with_calibration
 from sim.plan import Stream
 from sim.topology import Topology
 from sim.trace import Trace
@@ -128,7 +129,9 @@ def write_files(out_dir: Path, files: Mapping[str, str | bytes]) -> list[Path]:
 
 
 def simulation_files(result: SimulationResult) -> dict[str, str]:
-    """``results.csv`` and ``trace.json`` of a simulation, by file name."""
+    """``results.csv`` (with each variant's :data:`sim.metrics.CALIBRATION_COLUMN`) and
+    ``trace.json`` of a simulation, by file name."""
     traces = [labelled for v in result.variants for labelled in v.traces()]
     trace = chrome_trace(traces, device_names(result.topology, result.ranks))
-    return {"results.csv": results_csv(result.results), "trace.json": json.dumps(trace, separators=(",", ":"))}
+    return {"results.csv": results_csv(with_calibration(result.results, result.calibrations)),
+            "trace.json": json.dumps(trace, separators=(",", ":"))}

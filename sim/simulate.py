@@ -16,7 +16,7 @@ import pandas as pd
 from models.errors import ConfigError
 from sim.budget import check_job_size
 from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
-from sim.context import scenario_context
+from sim.context import calibration_mode, scenario_context
 from sim.transport import DEFAULT_TRANSPORT_MODEL, DefaultTransportNetwork, Transport, group_transport
 from sim.arrival_skew import DEFAULT_LAG_PER_BLOCK
 from sim.cores import CorePool
@@ -35,13 +35,15 @@ from sim.scenario import Scenario, Variant, pipeline_plan
 from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
 from sim.trace import Trace, build_trace
-from sim.vocabulary import DECODE_METRICS, Metric
+from sim.vocabulary import DECODE_METRICS, Calibration, Metric
 
 
 @dataclass(frozen=True)
 class VariantResult:
     """One variant's run, trace, timing metrics, the algorithms its collectives resolved to
-    (``"allreduce=ring"``, sorted) and its parallel layout (the scenario's, or its own).
+    (``"allreduce=ring"``, sorted), its parallel layout (the scenario's, or its own) and how it
+    was priced (``calibration``: a profile's timings replayed, predicted from a profile, or
+    uncalibrated; :func:`sim.context.calibration_mode`).
 
     With several replicas (:mod:`sim.replicas`), ``replicas`` holds each one's run (``run`` and
     ``trace`` are the first's) and ``timing`` is theirs combined; empty with one."""
@@ -53,6 +55,7 @@ class VariantResult:
     algorithms: tuple[str, ...]
     layout: ParallelPlan
     replicas: tuple[ReplicaRun, ...] = ()
+    calibration: Calibration = Calibration.UNCALIBRATED
 
     @property
     def runs(self) -> tuple[RunResult, ...]:
@@ -111,10 +114,15 @@ class SimulationResult:
         """Where the calibrated prediction's terms come from (:mod:`sim.context`), one line each."""
         if self.network is None:
             return ()
-        lines = [*(term.line() for term in self.network.terms), *self.network.sources]
+        lines = list(self.network.lines())
         for label, choice in self.layout_networks:
-            lines += [f"[{label}] {line}" for line in (*(t.line() for t in choice.terms), *choice.sources)]
+            lines += [f"[{label}] {line}" for line in choice.lines()]
         return tuple(lines)
+
+    @property
+    def calibrations(self) -> dict[str, Calibration]:
+        """How each variant was priced (variant name -> mode, :attr:`VariantResult.calibration`)."""
+        return {v.variant.name: v.calibration for v in self.variants}
 
     def variant(self, name: str) -> VariantResult:
         return next(v for v in self.variants if v.variant.name == name)
@@ -364,7 +372,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
             {a for replica in replicas for phase in replica.run.simulated.values() for res in phase.results
              for a in res.algorithms.values()}))
         variants.append(VariantResult(variant, run, trace, timing, algorithms, layout,
-                                      tuple(replicas) if len(replicas) > 1 else ()))
+                                      tuple(replicas) if len(replicas) > 1 else (),
+                                      calibration_mode(pricing.choice)))
         tables.append(result_rows(config.name, variant.name, "simulated", timing, memory))
         if len(replicas) > 1:
             tables.append(replica_rows(config.name, variant.name, "simulated", replicas, names))

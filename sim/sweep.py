@@ -43,7 +43,8 @@ SWEEP_COLUMNS = ["model", "devices", "memory_policy", "window", "retain_every", 
                  Metric.MEMORY_CAPACITY, Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S,
                  Metric.LOADER_STALL_DECODE, "note", "profile_context"]
 """``profile_context``: with a profile, how it priced the point (:func:`sim.context.profile_context`:
-``same cluster``, or ``outside: `` and the terms outside its calibration context); empty otherwise."""
+its :class:`sim.vocabulary.Calibration`, ``replay`` or ``prediction``, then ``; outside: `` and the terms
+outside its calibration context, where any are); empty otherwise (uncalibrated)."""
 
 
 @dataclass(frozen=True)

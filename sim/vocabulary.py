@@ -33,6 +33,28 @@ class WorkloadKind(StrEnum):
     INFERENCE = "inference"
     TRAINING = "training"
     SERVING = "serving"
+
+
+class Calibration(StrEnum):
+    """How a simulated run was priced (``results.csv``'s ``calibration`` column, the first word of
+    a plan's or a sweep's ``profile_context``, :func:`sim.context.calibration_mode`): with the
+    profile of this very cluster, its timings replayed (``replay``: same-cluster mode,
+    :func:`sim.context.same_cluster`); from a profile of another cluster, or of this one in
+    another layout, by terms fitted on it (``prediction``); or without a profile
+    (``uncalibrated``: roofline compute, datasheet links and documented transport defaults)."""
+
+    REPLAY = "replay"
+    PREDICTION = "prediction"
+    UNCALIBRATED = "uncalibrated"
+
+    @property
+    def meaning(self) -> str:
+        """What the mode means, in a few words, for the outputs that name it."""
+        return {Calibration.REPLAY: "same-cluster mode: the profile's own timings of this cluster replayed",
+                Calibration.PREDICTION: "predicted by terms fitted on the profile, none of its collective timings replayed",
+                Calibration.UNCALIBRATED: "no profile: roofline compute, datasheet links, transport defaults"}[self]
+
+
 class TrainingPhase(StrEnum):
     """What part of a training step an op belongs to (a training trace's ``phase`` column)."""
 

@@ -31,9 +31,11 @@ def test_simulate_writes_results_trace_and_report(tmp_path, capsys):
     assert code == 0
     assert "TTFT" in stdout and "rlb" in stdout
     results = pd.read_csv(out / "results.csv")
-    assert list(results.columns) == ["scenario", "variant", "source", "metric", "value", "unit", "device"]
+    assert list(results.columns) == ["scenario", "variant", "source", "metric", "value", "unit", "device",
+                                     "calibration"]
     assert set(results["metric"]) >= {"ttft_s", "tpot_s", "decode_tokens_per_s", "peak_memory_bytes"}
-    assert (results["source"] == "simulated").all()
+    assert (results["source"] == "simulated").all() and (results["calibration"] == "uncalibrated").all()
+    assert "calibration: uncalibrated (no profile" in " ".join(stdout.split())
     per_device = results[results["metric"] == "peak_memory_bytes"]
     assert len(per_device) == 3 * 4 and per_device["device"].notna().all()
     trace = json.loads((out / "trace.json").read_text())
@@ -155,6 +157,13 @@ def test_simulate_with_another_clusters_profile_says_what_came_from_where(tmp_pa
     assert "compute on cpu fp32: same (measured on v4x1_latency)" in text
     assert "link inter_host 200 Mbit/s, 3 ms, burst 32 kB: rescaled" in text
     assert "not replayed" in text and "same-cluster mode" not in text
+    # the files say so too: every variant predicted, the report's section lists the terms' verdicts
+    assert set(pd.read_csv(tmp_path / "a" / "results.csv")["calibration"]) == {"prediction"}
+    report = (tmp_path / "a" / "report.html").read_text()
+    came_from = report[report.index("<h2>What came from where</h2>"):]
+    assert "calibration: prediction (" in came_from and "in-place collective timings: not applicable" in came_from
     own = ROOT / "validation" / "holdout-report" / "profiles" / "h3x1_delay.csv"
     code, stdout, _ = _run(["simulate", str(scenario), "--profile", str(own), "--out", str(tmp_path / "b")], capsys)
     assert code == 0 and "same-cluster mode" in " ".join(stdout.split())
+    assert set(pd.read_csv(tmp_path / "b" / "results.csv")["calibration"]) == {"replay"}
+    assert "calibration: replay (same-cluster mode" in (tmp_path / "b" / "report.html").read_text()

@@ -253,3 +253,13 @@ def test_a_pool_streams_for_the_ranks_its_simulated_ranks_stand_for():
     assert machine.memory_share(8) == pytest.approx(40.62 / (8 * 23.66))
     with pytest.raises(ValueError, match="bandwidths"):
         CorePool(frozenset({0}), 2.0, stream_bytes_per_s=((2, 1e9),))
+
+
+def test_a_pool_names_its_arrival_lag_only_where_the_engine_prices_it(monkeypatch):
+    from sim import arrival_skew
+
+    pool = CorePool(frozenset(range(4)), 2, lag_per_block=6.57)
+    monkeypatch.setattr(arrival_skew, "PRICED", False)
+    assert pool.describe() == "4 ranks on 2 cores"
+    monkeypatch.setattr(arrival_skew, "PRICED", True)
+    assert pool.describe() == "4 ranks on 2 cores, prefill arrival lags 6.57 (sim.arrival_skew)"

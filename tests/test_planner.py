@@ -227,7 +227,7 @@ def test_a_profile_prices_the_candidates_and_names_those_outside_its_context():
     profile = load_profile("validation/report/profiles/v2x2_bandwidth.csv")
     calibrated = plan(plan_from_dict(cpu), profile=profile)
     two_hosts = calibrated.table[calibrated.table["num_hosts"] == 2].iloc[0]
-    assert two_hosts["profile_context"].startswith("outside") and "inter_host" in two_hosts["profile_context"]
+    assert two_hosts["profile_context"].startswith("prediction; outside: ") and "inter_host" in two_hosts["profile_context"]
     assert any("inter_host" in note for note in calibrated.notes)
     # Every layout that can run is simulated (2 replicas need 2 sequences: a batch of 1 cannot).
     runs = calibrated.table["stage"] == Stage.SIMULATED

@@ -32,6 +32,17 @@ def _scenario(**workload):
     return scenario_from_dict(document, base_dir=DATA)
 
 
+def test_the_served_results_say_how_each_variant_was_priced(tmp_path):
+    import pandas as pd
+
+    from validation.present.serving import write_serving
+
+    write_serving(simulate_serving(_scenario(requests=1, slo=None)), tmp_path)
+    results = pd.read_csv(tmp_path / "results.csv")
+    assert len(results) and (results["calibration"] == "uncalibrated").all()
+    assert "<h2>What came from where</h2><p>calibration: uncalibrated (" in (tmp_path / "report.html").read_text()
+
+
 def test_an_unloaded_request_takes_the_inference_simulators_ttft_and_tpot():
     serving = simulate_serving(_scenario(requests=1, slo=None))
     document = _document()

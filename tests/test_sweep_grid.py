@@ -170,8 +170,9 @@ def test_a_profile_names_the_points_outside_its_calibration_context(tmp_path, ca
     assert code == 0, err
     table = pd.read_csv(tmp_path / "out" / "results.csv")
     context = table.groupby("cluster.hosts[0].nic.bandwidth")["profile_context"].unique()
-    assert list(context["100Mbit/s"]) == ["same cluster"]
-    assert len(context["1Gbit/s"]) == 1 and context["1Gbit/s"][0].startswith("outside: link inter_host 1000 Mbit/s")
+    assert list(context["100Mbit/s"]) == ["replay"]
+    assert len(context["1Gbit/s"]) == 1 and context["1Gbit/s"][0].startswith(
+        "prediction; outside: link inter_host 1000 Mbit/s")
     assert "1 of 2 simulated points outside its calibration context" in " ".join(stdout.split())
     # The store keeps it: a rerun reads the same column back.
     code, stdout, _ = _run(["sweep", scenario_path, "--grid", grid_path, "--out", tmp_path / "out",
@@ -280,7 +281,8 @@ def test_a_scenarios_sweep_section_takes_config_paths_and_the_profile(tmp_path, 
     assert (tables["plain"]["tpot_s"] != tables["calibrated"]["tpot_s"]).all()
     # 200 Mbit/s and 3 ms are not the profile's link: every calibrated point says so, and how many
     assert tables["plain"]["profile_context"].isna().all()
-    assert tables["calibrated"]["profile_context"].str.startswith("outside: link inter_host 200 Mbit/s").all()
+    assert tables["calibrated"]["profile_context"].str.startswith(
+        "prediction; outside: link inter_host 200 Mbit/s").all()
     assert "4 of 4 points outside its calibration context" in " ".join(stdout.split())
 
 
@@ -410,7 +412,7 @@ def test_a_store_from_before_profile_context_opens_and_keeps_its_points(tmp_path
     db.close()
     with SweepStore(path) as store:
         store.start_run(1)
-        store.commit("new", "{}", PointOutcome((), {}, "y: refused", 0.1, "same cluster"))
+        store.commit("new", "{}", PointOutcome((), {}, "y: refused", 0.1, "replay"))
         outcomes = store.outcomes(["old", "new"])
     assert outcomes["old"].profile_context == "" and outcomes["old"].error == "x: refused"
-    assert outcomes["new"].profile_context == "same cluster"
+    assert outcomes["new"].profile_context == "replay"

@@ -199,6 +199,7 @@ def test_hetsim_simulate_writes_the_training_report(tmp_path, capsys):
     assert "step s" in stdout and "b1" in stdout and "Use base: the shortest optimizer step of the 3" in stdout
     results = pd.read_csv(out / "results.csv")
     assert (results["source"] == "simulated").all() and set(results["variant"]) == {"base", "b1", "acc"}
+    assert (results["calibration"] == "uncalibrated").all()
     trace = json.loads((out / "trace.json").read_text())
     assert any(e.get("cat") == "allreduce" and e["tid"] == 2 for e in trace["traceEvents"])
     page = (out / "report.html").read_text()

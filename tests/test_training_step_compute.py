@@ -150,7 +150,8 @@ def test_a_recorded_model_outside_the_catalog_prices_the_passes_and_the_context_
                for line in recorded.sources)
     (term,) = [t for t in recorded.network.terms if t.term == "model gpt2"]
     assert term.verdict is Verdict.RESCALED and "another model, gpt2-6-layers" in term.detail
-    assert profile_context(recorded).startswith("outside: ") and "model gpt2" in profile_context(recorded)
+    # the same cluster's collectives are replayed; only the model is outside the profile's context
+    assert profile_context(recorded).startswith("replay; outside: ") and "model gpt2" in profile_context(recorded)
     # before models were recorded, its passes' FLOPs match no model hetsim knows: factor 1, said
     unknown = _timed_on(None, half)
     assert any("not priced, x 1" in line and "does not record the model" in line for line in unknown.sources)

@@ -67,6 +67,19 @@ def _warn_loaded(profile, console: Console) -> None:
         console.print(f"[yellow]{escape(warning)}[/yellow]")
 
 
+def _print_came_from(console: Console, name: str, sources, calibrations) -> None:
+    """What came from where: the profile's context against scenario ``name`` term by term and
+    the source of each fitted term (``sources``, none to print uncalibrated), then which variants
+    each calibration mode priced (:func:`validation.present.page.calibration_line`)."""
+    from validation.present.page import calibration_line
+
+    if sources:
+        console.print(f"what came from where (the profile's context against {escape(name)}):")
+        for line in sources:
+            console.print(f"  {escape(line)}")
+    console.print(escape(calibration_line(calibrations)))
+
+
 def _calibration_load(profile) -> str:
     """The load a fresh profile table's calibration ran under and the machine's speed around it
     (:mod:`runtime.reference_timing`), for ``hetsim calibrate``'s summary."""
@@ -140,10 +153,7 @@ def simulate(scenario: Path | None, out_dir: str | None, profile_path: Path | No
                       "this one and none of its timings is replayed (what came from where: below)")
     else:
         console.print(f"calibrated from {profile_path}; no prediction outside the calibrated range")
-    if profile is not None:
-        console.print(f"what came from where (the profile's context against {escape(loaded.name)}):")
-        for line in result.sources:
-            console.print(f"  {escape(line)}")
+    _print_came_from(console, loaded.name, result.sources if profile is not None else (), result.calibrations)
     with interrupt.deferred():
         written = write_outputs(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))
@@ -171,9 +181,7 @@ def _simulate_training(loaded, out_dir: Path, profile_path: Path | None, console
                           "calibrated range:[/yellow]")
             for line in result.extrapolated:
                 console.print(f"  {escape(line)}")
-        console.print(f"what came from where (the profile's context against {escape(loaded.name)}):")
-        for line in result.sources:
-            console.print(f"  {escape(line)}")
+    _print_came_from(console, loaded.name, result.sources if profile is not None else (), result.calibrations)
     with interrupt.deferred():
         written = write_training_outputs(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))
@@ -216,6 +224,7 @@ def _simulate_serving(scenario, out_dir: Path, profile, console: Console) -> Non
     with console.status(f"serving {len(scenario.config.variants)} variants"):
         result = simulate_serving(scenario, profile=profile)
     print_serving(result, console)
+    _print_came_from(console, scenario.name, result.sources, result.calibrations)
     with interrupt.deferred():
         written = write_serving(result, out_dir)
     console.print("wrote " + ", ".join(str(p) for p in written))
@@ -226,6 +235,7 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
     tables, write sweep.csv and memory_report.html."""
     from rich.progress import Progress
 
+    from sim.context import outside
     from sim.outputs import results_csv, write_files
     from sim.sweep import run_sweep, sweep_points
     from validation.present.sweep_report import memory_verdict, sweep_html
@@ -246,7 +256,7 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
     console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the point cannot run "
                   "(the degree does not divide the model's attention heads, or the note in sweep.csv)"
                   + ("" if profile is None else f"; calibrated by the profile, "
-                     f"{table['profile_context'].str.startswith('outside').sum()} of {int(table['feasible'].sum())} "
+                     f"{table['profile_context'].map(outside).sum()} of {int(table['feasible'].sum())} "
                      f"points outside its calibration context (profile_context in sweep.csv)"))
     console.print(escape(memory_verdict(table)))
     written = write_files(out_dir, {"sweep.csv": results_csv(table),

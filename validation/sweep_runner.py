@@ -19,8 +19,9 @@ The tidy table (:func:`tidy_table`) is the results.csv schema of ``hetsim simula
 (:data:`sim.metrics.RESULT_COLUMNS`), preceded by one column per axis and followed by ``oom``
 (the first op that does not fit, for a variant that overflows), ``error`` (why a point was
 refused: by the schema, or by the simulator; its row has no metric) and ``profile_context``
-(with ``--profile``: how the profile priced the point, ``same cluster`` or ``outside: `` and the
-terms outside its calibration context, as ``hetsim plan`` says it; empty uncalibrated). The
+(with ``--profile``: how the profile priced the point, ``replay`` or ``prediction`` and, after
+``; outside: ``, the terms outside its calibration context, as ``hetsim plan`` says it,
+:func:`sim.context.profile_context`; empty uncalibrated). The
 summary line counts the points outside the context (:func:`outside_context`).
 """
 
@@ -38,6 +39,7 @@ import pandas as pd
 
 from models.errors import ConfigError, shorten
 from runtime import interrupt
+from sim.context import outside
 from sim.grid import GridPoint, PointOutcome, evaluate_point, hetsim_version
 from sim.metrics import RESULT_COLUMNS
 from sim.outputs import results_csv, write_files
@@ -232,7 +234,7 @@ def tidy_table(points: Sequence[GridPoint], outcomes: dict[str, PointOutcome]) -
 
 def outside_context(points: Sequence[GridPoint], outcomes: dict[str, PointOutcome]) -> int:
     """How many simulated points a profile priced outside its calibration context."""
-    return sum(1 for p in points if p.key in outcomes and outcomes[p.key].profile_context.startswith("outside"))
+    return sum(1 for p in points if p.key in outcomes and outside(outcomes[p.key].profile_context))
 
 
 def parquet_bytes(table: pd.DataFrame) -> bytes:

@@ -45,6 +45,7 @@ import pandas as pd
 
 from models.errors import ConfigError
 from sim.bottleneck import bottleneck
+from sim.context import outside
 from sim.planning.catalog import price_text
 from sim.planning.pick_commands import pick_commands
 from sim.planning.plan_config import PlanRequest
@@ -340,9 +341,9 @@ def plan(request: PlanRequest, *, profile: Profile | None = None, progress=None)
                                                     "step_bottleneck", "server_bottleneck", "tokens_upper_bound")]
     notes = []
     if profile is not None:
-        outside = table[(table["rank"] > 0) & table["profile_context"].str.startswith("outside")]
+        beyond = table[(table["rank"] > 0) & table["profile_context"].map(outside).astype(bool)]
         notes = [f"candidate {int(r['candidate'])} ({r['cluster']}, {r['variant']}): {r['profile_context']}"
-                 for _, r in outside.iterrows()]
+                 for _, r in beyond.iterrows()]
     return PlanResult(request, table[public].reset_index(drop=True),
                       table.loc[pick.name, public] if pick is not None else None, scenario,
                       recommendation(request, table, table.loc[pick.name] if pick is not None else None),

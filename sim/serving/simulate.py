@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
+from sim.context import shared_calibration
 from sim.metrics import result_rows
 from sim.parallel import ParallelPlan, rank_needs_bytes
 from sim.pipeline import pipeline_stages
@@ -58,7 +59,7 @@ from sim.serving.requests import Request, at_rate, workload_requests
 from sim.serving.scheduler import LateLimit, ServingRun, serve_together
 from sim.simulate import build_pricing
 from sim.topology import Topology, build_topology
-from sim.vocabulary import Metric, WorkloadKind
+from sim.vocabulary import Calibration, Metric, WorkloadKind
 
 PERCENTILES = (50, 90, 99)
 _SEARCH_STEPS = 14  # bisection halvings after bracketing: the rate to within 2^-14 of the bracket
@@ -105,6 +106,18 @@ class ServingResult:
     """How a profile priced the collectives (:class:`sim.calibrated.NetworkChoice`; None uncalibrated)."""
     extrapolated: tuple[str, ...] = ()
     """The predictions a profile did not cover (as :attr:`sim.simulate.SimulationResult.extrapolated`)."""
+
+    @property
+    def calibrations(self) -> dict[str, Calibration]:
+        """How each variant was priced (variant name -> mode): every variant alike, one network
+        for all (:func:`sim.context.shared_calibration`)."""
+        return shared_calibration((v.variant.name for v in self.variants), self.network)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The scenario's terms against the profile's context and where the calibrated prediction's
+        terms come from, one line each (:meth:`sim.calibrated.NetworkChoice.lines`); none uncalibrated."""
+        return () if self.network is None else self.network.lines()
 
     def variant_result(self, name: str) -> ServingVariantResult:
         """The result of the variant named ``name``."""

@@ -45,7 +45,7 @@ from models.training import (ActivationLayout, Precision, TrainingMemory, comput
                              gradient_bytes_per_parameter, training_memory)
 from sim.calibrated import NetworkChoice
 from sim.collectives.registry import LIBRARY, known_algorithms
-from sim.context import scenario_context
+from sim.context import scenario_context, shared_calibration
 from sim.cores import CorePool, core_shares
 from sim.engine import Engine, SegmentResult
 from sim.framework import Backend, backend_of
@@ -62,7 +62,7 @@ from sim.training.lower import StepShape, TrainingStep, lower_step, tp_allreduce
 from sim.training.symmetry import replicas_identical
 from sim.training.metrics import step_metrics
 from sim.training_config import Averaging, TrainingSettings, micro_batching
-from sim.vocabulary import Metric, TrainingPhase, unit_of
+from sim.vocabulary import Calibration, Metric, TrainingPhase, unit_of
 
 MEMORY_CATEGORIES = {
     Metric.PEAK_MEMORY_WEIGHTS: "weights",
@@ -137,7 +137,13 @@ class TrainingSimulation:
         (:mod:`sim.training.comm_thread`) and what each pass's factor is, one line each."""
         if self.network is None:
             return self.step_terms
-        return (*(term.line() for term in self.network.terms), *self.network.sources, *self.step_terms)
+        return (*self.network.lines(), *self.step_terms)
+
+    @property
+    def calibrations(self) -> dict[str, Calibration]:
+        """How each variant was priced (variant name -> mode): every variant alike, one network
+        for all (:func:`sim.context.shared_calibration`)."""
+        return shared_calibration((v.variant.name for v in self.variants), self.network)
 
     @property
     def ranks(self) -> tuple[int, ...]:

@@ -8,9 +8,11 @@ figures. plotly.js is embedded once, so the page opens offline; figure ``i`` is 
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
+
+from sim.vocabulary import Calibration
 
 _STYLE = ("body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} "
           "td,th{padding:4px 10px;text-align:left} th{border-bottom:1px solid #888} "
@@ -25,6 +27,25 @@ def answer(sentence: str) -> str:
 def priced_by(calibrated: bool) -> str:
     """How a report's figures were priced, for its description: from a profile, or uncalibrated."""
     return "calibrated from a profile" if calibrated else "roofline compute and datasheet links (uncalibrated)"
+
+
+def calibration_line(modes: Mapping[str, Calibration]) -> str:
+    """Which variants each calibration mode priced (``modes``: variant name -> mode, in display
+    order), one line: ``calibration: replay (same-cluster mode: ...) for a, b; prediction (...) for c``."""
+    by_mode: dict[Calibration, list[str]] = {}
+    for variant, mode in modes.items():
+        by_mode.setdefault(mode, []).append(variant)
+    return "calibration: " + "; ".join(f"{mode.value} ({mode.meaning}) for {', '.join(by_mode[mode])}"
+                                       for mode in Calibration if mode in by_mode)
+
+
+def came_from_html(modes: Mapping[str, Calibration], sources: Sequence[str]) -> str:
+    """A report's "What came from where" section: :func:`calibration_line` of ``modes``, then
+    ``sources``, one item each (the profile's context compared with the scenario, term by term,
+    and where each fitted or default term came from)."""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in sources)
+    return ("<h2>What came from where</h2>" + f"<p>{html.escape(calibration_line(modes))}</p>"
+            + (f"<ul>{items}</ul>" if items else ""))
 
 
 def report_page(title: str, parts: Iterable[str], figures: Sequence[go.Figure], after: Iterable[str] = ()) -> str:

@@ -16,12 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sim.metrics import with_calibration
 from sim.outputs import results_csv, write_files
 from sim.serving.simulate import ServingResult
 from sim.units import duration_text
 from sim.vocabulary import Metric
 from validation.present.colors import category_colors
-from validation.present.page import answer, priced_by, report_page
+from validation.present.page import answer, came_from_html, priced_by, report_page
 
 
 def serving_summary(result: ServingResult) -> pd.DataFrame:
@@ -115,12 +116,13 @@ def serving_html(result: ServingResult) -> str:
     config = result.scenario.config
     parts = [answer(verdict(result)), f"<p>{html.escape(config.description)}</p>",
              f"<p>{html.escape(_title(result))}; {priced_by(result.calibrated)}. Every request's times are in requests.csv.</p>",
-             serving_summary(result).to_html(index=False, border=0)]
+             serving_summary(result).to_html(index=False, border=0),
+             came_from_html(result.calibrations, result.sources)]
     return report_page(f"hetsim simulate: {config.name} (serving)", parts, [figure])
 
 
 def write_serving(result: ServingResult, out_dir: Path) -> list[Path]:
     """Write results.csv, requests.csv and report.html into ``out_dir``; returns the paths."""
-    return write_files(out_dir, {"results.csv": results_csv(result.results),
+    return write_files(out_dir, {"results.csv": results_csv(with_calibration(result.results, result.calibrations)),
                                  "requests.csv": requests_frame(result).to_csv(index=False),
                                  "report.html": serving_html(result)})

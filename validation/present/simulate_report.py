@@ -28,7 +28,7 @@ from sim.units import duration_text
 from sim.vocabulary import Metric, PhaseKind
 from validation.present.layout import idle_warnings, layout_label, layout_lines
 from validation.present.colors import CAPACITY_LINE, category_colors, op_kind_color, term_color
-from validation.present.page import answer, priced_by, report_page
+from validation.present.page import answer, came_from_html, priced_by, report_page
 from validation.present.tables import change_column, summary_table
 
 _GIB = 2**30
@@ -199,6 +199,7 @@ def report_html(result: SimulationResult) -> str:
         f"Baseline: {html.escape(result.scenario.baseline)}.</p>",
         *(f"<p>{html.escape(line)}</p>" for line in [*layout_lines(result), *idle_warnings(result)]),
         _summary_html(result, compared),
+        came_from_html(result.calibrations, result.sources),
     ]
     if result.extrapolated:
         parts.append("<h2>Extrapolated outside the calibrated range</h2><ul>"

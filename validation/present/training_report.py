@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sim.metrics import with_calibration
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.training.metrics import STEP_TERMS, bottleneck, step_terms
 from sim.training.simulate import MEMORY_CATEGORIES, TrainingSimulation, TrainingVariantResult
@@ -25,7 +26,7 @@ from sim.units import duration_text, significant, time_unit
 from sim.vocabulary import Metric, TrainingPhase
 from validation.present.colors import (CAPACITY_LINE, MEMORY_CATEGORY_COLORS, TRAINING_TERM_COLORS,
                                        op_kind_color)
-from validation.present.page import answer, priced_by, report_page
+from validation.present.page import answer, came_from_html, priced_by, report_page
 
 _GIB = 2**30
 _MAX_TIMELINE_OPS = 6000  # more bars than this make the page sluggish; show the busiest ranks' then
@@ -211,6 +212,7 @@ def training_report_html(result: TrainingSimulation) -> str:
         f"model {html.escape(config.network_model)}, {priced_by(result.calibrated)}. One optimizer step per variant. Baseline: "
         f"{html.escape(result.scenario.baseline)}.</p>",
         shown.to_html(index=False, border=0),
+        came_from_html(result.calibrations, result.sources),
     ]
     return report_page(f"hetsim simulate: {config.name} (training)", parts, figures)
 
@@ -220,6 +222,6 @@ def write_training_outputs(result: TrainingSimulation, out_dir: Path) -> list[Pa
     returns the paths written."""
     traces = [(v.variant.name, v.trace) for v in result.variants]
     trace = chrome_trace(traces, device_names(result.topology, result.ranks))
-    return write_files(out_dir, {"results.csv": results_csv(result.results),
+    return write_files(out_dir, {"results.csv": results_csv(with_calibration(result.results, result.calibrations)),
                                  "trace.json": json.dumps(trace, separators=(",", ":")),
                                  "report.html": training_report_html(result)})
