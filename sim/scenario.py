@@ -125,6 +125,11 @@ class ComputeSettings(BaseModel):
         return parse_duration(value)
 
 
+INFERENCE_LAYOUT_FIELDS = ("pipeline", "stages", "micro_batches", "shares", "replicas")
+"""The fields of :class:`Parallel` that only an inference layout reads (a training job is
+``tensor`` x ``data``, :meth:`sim.parallel.ParallelPlan.of`)."""
+
+
 class Parallel(BaseModel):
     """Parallel plan (:class:`sim.parallel.ParallelPlan` checks it against the model and cluster).
 
@@ -337,6 +342,14 @@ class ScenarioConfig(BaseModel):
             if self.sweep is not None:
                 raise ConfigError("sweep", "a sweep section applies to inference workloads (got one with a "
                                            "training workload)")
+            for where, parallel in (("", self.parallel), *((f"variants[{i}].", v.parallel)
+                                                           for i, v in enumerate(self.variants) if v.parallel)):
+                for name in INFERENCE_LAYOUT_FIELDS:  # the training simulator would ignore them
+                    value = getattr(parallel, name)
+                    if value != Parallel.model_fields[name].default:
+                        raise ConfigError(f"{where}parallel.{name}", f"applies to inference workloads; a training "
+                                                                     f"job runs parallel.tensor x parallel.data "
+                                                                     f"(got {shorten(str(value), quote=False)})")
             return self
         if self.training is not None:
             raise ConfigError("training", "applies to workload kind: training (got a training section with "
