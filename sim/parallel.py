@@ -308,6 +308,8 @@ class ParallelPlan:
         try:
             if stages == BALANCED:
                 plan = cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement)
+                # balanced over the first copy's devices: every replica takes its split (one
+                # layer split per layout), which fits other replicas only where their devices match
                 stages = balanced_stages(scenario.model, topology, plan.stage_ranks)
             return cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement,
                        stages=None if stages is None else tuple(stages), shares=shares, replicas=replicas)
