@@ -134,10 +134,11 @@ def measured_result(scenario: Scenario, topology: Topology, gathered: list[list[
     """
     ranks = tuple(sorted(m[0].rank for m in gathered))
     layout = ParallelPlan.of(scenario, topology)
-    # A pipeline's steps end with the last stage's LM head: its master times them (the first's holds
-    # the tokens); a replica (never a pipeline) is timed by its master.
-    groups = layout.replica_ranks if layout.replicas > 1 else (layout.measured_ranks,)
-    clocks = [group[0] for group in groups] if layout.replicas > 1 else [layout.stage_ranks[-1][0]]
+    layout.measured_ranks  # noqa: B018  (refuses variants with layouts of their own)
+    # Each replica's steps end with its last stage's LM head: that stage's master times them (a
+    # pipeline's first stage master holds the tokens; without a pipeline, one master does both).
+    groups = layout.replica_ranks
+    clocks = [stages[-1][0] for stages in layout.replica_stage_ranks]
     batches = split_batch(scenario.config.workload.batch_size, layout.replicas)
     names = [d.name for d in topology.devices]
     variants, tables = [], []
@@ -217,7 +218,8 @@ def launch_measurement(scenario: Scenario, *, repeats: int, warmup: int = 1, see
     layout = ParallelPlan.of(scenario, build_topology(scenario.config.cluster))
     if layout.pipeline > 1:  # refuse what a pipeline cannot run (streamed weights...) before any rank starts
         for variant in scenario.config.variants:
-            pipeline_plan(scenario, variant, layout)
+            for replica, batch in enumerate(split_batch(scenario.config.workload.batch_size, layout.replicas)):
+                pipeline_plan(scenario, variant, layout, replica=replica, batch_size=batch)
 
     def body(topology: Topology, rank: int, heartbeat) -> list | None:
         return run_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed, device=torch.device("cpu"),

@@ -32,10 +32,13 @@ from sim.vocabulary import PhaseKind
 _HIDDEN_TAG, _TOKENS_TAG = 1, 2  # the two kinds of message between stage masters
 
 
-def stage_process_groups(plan: PipelinePlan) -> dict[tuple[int, ...], object]:
-    """One torch process group per stage (for the backend's own collectives,
-    :class:`runtime.comm.Communicator`). Every rank of the run must call it, in the same order."""
-    return {ranks: dist.new_group(list(ranks)) for ranks in plan.stage_ranks}
+def stage_process_groups(replica_stage_ranks: tuple[tuple[tuple[int, ...], ...], ...]
+                         ) -> dict[tuple[int, ...], object]:
+    """One torch process group per stage of every replica (``replica_stage_ranks[i][s]``: replica
+    i's stage s's ranks, :attr:`sim.parallel.ParallelPlan.replica_stage_ranks`), for the backend's
+    own collectives (:class:`runtime.comm.Communicator`). Every rank of the run must call it, with
+    the same stages in the same order (``torch.distributed.new_group``)."""
+    return {ranks: dist.new_group(list(ranks)) for stages in replica_stage_ranks for ranks in stages}
 
 
 def stage_model(plan: PipelinePlan, rank: int, *, seed: int, max_tokens: int, device: torch.device,

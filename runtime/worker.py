@@ -125,6 +125,8 @@ class MeasurementRounds:
         loader: reads (paced) weight blocks when a variant streams; None otherwise.
         seed: of the prompts.
         shards: each rank's slice when the tensor-parallel split is uneven (None: even).
+        layout, replica: the parallel layout, where it is a pipeline, and the copy of it this
+            rank's stage belongs to (``cases`` then hold that replica's share of the batch).
         keep_rounds: keep every timed round's op records (:attr:`RankMeasurement.round_records`:
             where a step's time goes, over every round, :mod:`validation.terms`), not only the
             last's; only where :meth:`measurements` reads no memory, which they would count in.
@@ -134,7 +136,7 @@ class MeasurementRounds:
                  loader: BlockLoader | None, device: torch.device, seed: int,
                  heartbeat: Callable[[str], None] = lambda label: None,
                  shards: tuple[TensorShard, ...] | None = None, keep_rounds: bool = False,
-                 layout: ParallelPlan | None = None):
+                 layout: ParallelPlan | None = None, replica: int = 0):
         self.cases, self.rank, self.device, self.heartbeat = cases, rank, device, heartbeat
         self.keep_rounds = keep_rounds
         self._device = device_of(device)
@@ -145,8 +147,8 @@ class MeasurementRounds:
             self.prompts[index] = prompt_tokens(case.model, workload.batch_size, workload.prompt_tokens, seed).to(device)
             for variant in case.config.variants:
                 if layout is not None and layout.pipeline > 1:  # ``layout``: the pipeline ``model`` is a stage of
-                    executor = PipelineExecutor(pipeline_plan(case, variant, layout), model, comm, rank,
-                                                memory_probe=self._device.memory_bytes)
+                    executor = PipelineExecutor(pipeline_plan(case, variant, layout, replica=replica), model, comm,
+                                                rank, memory_probe=self._device.memory_bytes)
                 else:
                     executor = Executor(case.plan(variant, ranks, shards=shards), model, comm, rank, loader=loader,
                                         memory_probe=self._device.memory_bytes)
@@ -228,7 +230,8 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     ``parallel.replicas``, every replica's ranks are in it and run together, generation by
     generation: each rank runs its replica's plan on its share of the batch
     (:func:`sim.replicas.replica_batch_scenario`), the replica's collectives in a process group of
-    its own; rank 0 decides the number of timed rounds for all. When a variant
+    its own (a pipeline's replica: one per stage, its hops between its own stage masters); rank 0
+    decides the number of timed rounds for all. When a variant
     streams weights, the model is built without its decoder-layer blocks, which are written once
     as block files under ``block_dir`` (default :func:`runtime.blocks.default_cache_dir`) and
     loaded from there, paced to the rank's loader link (ranks of one host share its storage's
@@ -239,26 +242,26 @@ def run_rank(scenario: Scenario, topology, rank: int, *, repeats: int, warmup: i
     memory_probe.configure_allocator(exact=False)  # fixed malloc settings before the model is built
     layout = ParallelPlan.of(scenario, topology)
     layout.measured_ranks  # noqa: B018  (refuses variants with layouts of their own)
-    replica = next(i for i, group in enumerate(layout.replica_ranks) if rank in group)
+    replica = layout.replica_of(rank)
     ranks, shards = layout.replica_ranks[replica], layout.replica_shards[replica]
     scenario = replica_batch_scenario(scenario, layout.replicas, replica)
     leader = 0 if layout.replicas > 1 else ranks[0]  # the rank whose word goes for the whole run
     workload = scenario.config.workload
     max_tokens = workload.prompt_tokens + workload.output_tokens
     comm = Communicator(rank, topology.host_groups)
-    if layout.replicas > 1:  # every rank creates every group, in the same order (torch.distributed.new_group)
-        comm.process_groups = {group: dist.new_group(list(group)) for group in layout.replica_ranks}
-    if layout.pipeline > 1:  # one stage's shard; the stages' collectives in their own process groups
-        plan = pipeline_plan(scenario, scenario.config.variants[0], layout)
+    if layout.pipeline > 1:  # one stage's shard; every replica's stages' collectives in their own process groups
+        plan = pipeline_plan(scenario, scenario.config.variants[0], layout, replica=replica)
         model, store = stage_model(plan, rank, seed=seed, max_tokens=max_tokens, device=device,
                                    dtype=TORCH_DTYPES[scenario.model.dtype]), None
-        comm.process_groups = stage_process_groups(plan)
+        comm.process_groups = stage_process_groups(layout.replica_stage_ranks)
     else:
+        if layout.replicas > 1:  # every rank creates every group, in the same order (torch.distributed.new_group)
+            comm.process_groups = {group: dist.new_group(list(group)) for group in layout.replica_ranks}
         model, store = rank_model(scenario, ranks, rank, seed=seed, max_tokens=max_tokens, device=device,
                                   block_dir=block_dir, shards=shards)
     with paced_loader(store, topology, leader, rank, device) as loader:
         measured = MeasurementRounds([scenario], ranks, rank, model, comm, loader, device, seed, heartbeat,
-                                     shards=shards, layout=layout)
+                                     shards=shards, layout=layout, replica=replica)
         slowest_s = max((measured.round(f"warmup {index}", timed=False)[0] for index in range(warmup)), default=0.0)
         rounds = torch.tensor([timed_rounds(repeats, min_timed_s, slowest_s)], dtype=torch.int64, device=device)
         dist.broadcast(rounds, src=leader)

@@ -5,7 +5,8 @@ replicas for inference), the decoder layers of each pipeline stage, the placemen
 the topology's devices and, for an uneven tensor-parallel split, each rank's share of the heads
 and MLP columns (:mod:`models.shards`). Data parallelism (training) and inference replicas both
 copy the layout: copy d runs on the next ``tensor x pipeline`` devices (TP inside a host, DP
-across hosts when a host holds ``tensor`` devices). The simulator and the runtime both take their
+across hosts when a host holds ``tensor`` devices); a replica of a pipeline is a whole pipeline,
+its stages on its own block of devices. The simulator and the runtime both take their
 ranks from it, so the runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks
 are.
 
@@ -61,8 +62,9 @@ class ParallelPlan:
         shares: one positive weight per tensor-parallel rank, in group order (the same for every
             replica), or one per placed device, replica after replica: the split of heads and MLP
             columns follows them (:func:`models.shards.tensor_shards`); None: even.
-        replicas: copies of the layout, each serving its part of the requests; replica i runs on
-            the placement shifted by ``i * tensor x pipeline`` devices.
+        replicas: copies of the layout (a tensor-parallel group, or a whole pipeline), each serving
+            its part of the requests; replica i runs on the placement shifted by ``i * tensor x
+            pipeline`` devices.
         stages: the number of decoder layers of each stage, in order; default: as even as
             possible, the earlier stages taking one more where the count does not divide.
         variant_layouts: the scenario's variants set layouts of their own (this is the
@@ -70,7 +72,7 @@ class ParallelPlan:
 
     Raises:
         ConfigError: on ``parallel.*``: a degree below 1, a data degree above 1 with a placement
-            of its own, a pipeline with data parallelism, replicas or uneven shares, degrees whose
+            of its own, a pipeline with data parallelism or uneven shares, degrees whose
             product exceeds the devices, a tensor degree that cannot shard the model
             (:func:`models.shards.tensor_shards`), more stages than decoder layers, layer counts
             that are not one positive count per stage summing to the model's layers, a placement
@@ -103,8 +105,8 @@ class ParallelPlan:
             raise ConfigError("parallel.placement", f"data parallelism places replica d on the devices "
                                                     f"d * tensor .. (d + 1) * tensor - 1 ({degrees}) "
                                                     f"(got {self.placement})")
-        if self.pipeline > 1 and (self.data > 1 or self.replicas > 1 or self.shares is not None):
-            raise ConfigError("parallel.pipeline", f"a pipeline with data parallelism, replicas or uneven shares is "
+        if self.pipeline > 1 and (self.data > 1 or self.shares is not None):
+            raise ConfigError("parallel.pipeline", f"a pipeline with data parallelism or uneven shares is "
                                                    f"not supported yet ({degrees}) (got {self.pipeline})")
         layers = self.model.num_layers
         if self.pipeline > layers:
@@ -234,6 +236,23 @@ class ParallelPlan:
         return tuple(self.placement[s * t:(s + 1) * t] for s in range(self.pipeline))
 
     @property
+    def replica_stage_ranks(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Per replica, its :attr:`stage_ranks` (replica 0's are :attr:`stage_ranks`)."""
+        t = self.tensor
+        return tuple(tuple(ranks[s * t:(s + 1) * t] for s in range(self.pipeline)) for ranks in self.replica_ranks)
+
+    def replica_of(self, rank: int) -> int:
+        """The index of the copy whose ranks hold topology rank ``rank``.
+
+        Raises:
+            ValueError: no copy holds it (an idle device).
+        """
+        for index, ranks in enumerate(self.replica_ranks):
+            if rank in ranks:
+                return index
+        raise ValueError(f"rank {rank} is in no copy of the layout {self.label}")
+
+    @property
     def stage_first_layers(self) -> tuple[int, ...]:
         """Per stage, the index of its first decoder layer."""
         return tuple(sum(self.stages[:s]) for s in range(self.pipeline))
@@ -289,6 +308,8 @@ class ParallelPlan:
         try:
             if stages == BALANCED:
                 plan = cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement)
+                # balanced over the first copy's devices: every replica takes its split (one
+                # layer split per layout), which fits other replicas only where their devices match
                 stages = balanced_stages(scenario.model, topology, plan.stage_ranks)
             return cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement,
                        stages=None if stages is None else tuple(stages), shares=shares, replicas=replicas)

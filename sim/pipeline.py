@@ -86,21 +86,23 @@ class PipelinePlan:
     @classmethod
     def of(cls, parallel: ParallelPlan, batch_size: int, prompt_tokens: int, output_tokens: int,
            strategy: StrategyChoice, micro_batches: int | None = None,
-           runtime_memory_bytes: dict[int, int] | None = None) -> PipelinePlan:
-        """The pipeline of ``parallel`` (its stages and their groups) for a batch of ``batch_size``
-        sequences split into ``micro_batches`` (default: the stages or the batch, whichever is
-        smaller), as even as possible, the earlier micro-batches one sequence larger.
+           runtime_memory_bytes: dict[int, int] | None = None, replica: int = 0) -> PipelinePlan:
+        """The pipeline of ``parallel``'s replica ``replica`` (its stages and their groups,
+        :attr:`sim.parallel.ParallelPlan.replica_stage_ranks`) for a batch of ``batch_size``
+        sequences (the replica's share) split into ``micro_batches`` (default: the stages or the
+        batch, whichever is smaller), as even as possible, the earlier micro-batches one sequence
+        larger.
 
         Raises:
             ConfigError: on ``parallel.micro_batches``, more micro-batches than sequences.
         """
         count = micro_batches or min(parallel.pipeline, batch_size)
         if count > batch_size:
-            raise ConfigError("parallel.micro_batches", f"more micro-batches than the batch's {batch_size} "
-                                                        f"sequences (got {count})")
-        return cls(parallel.model, parallel.stage_ranks, pipeline_stages(parallel), even_stages(batch_size, count),
-                   prompt_tokens,
-                   output_tokens, strategy, runtime_memory_bytes or {})
+            whose = f"replica {replica}'s share of the batch" if parallel.replicas > 1 else "the batch"
+            raise ConfigError("parallel.micro_batches", f"more micro-batches than the {batch_size} sequences of "
+                                                        f"{whose} (got {count})")
+        return cls(parallel.model, parallel.replica_stage_ranks[replica], pipeline_stages(parallel),
+                   even_stages(batch_size, count), prompt_tokens, output_tokens, strategy, runtime_memory_bytes or {})
 
     @property
     def ranks(self) -> tuple[int, ...]:

@@ -36,7 +36,14 @@ candidates (4 one-rank stages, batch 4, 2 cores; a prediction): TTFT -36% -> -20
 stretched evenly to the time it took shared.
 
 Contention between a hop and the stages' own collectives is not modelled (each is priced on
-its own network); hops share the fabric among themselves. Op times of a stage's pass are the
+its own network); hops share the fabric among themselves. Replicas of a pipeline
+(``parallel.replicas``, :mod:`sim.replicas`) are simulated one at a time, each on its own block of
+devices, and their hops share the links they cross: a replica's schedule issues, beside each of
+its own hops, the hop its mirror stage in every other replica (``mirrors``) sends for the same
+micro-batch, at the same moment, on the same fabric. The replicas are taken to run in lockstep,
+as :func:`sim.replicas.replica_pools` takes them to share the cores: exact for replicas laid out
+alike on equal batches; where the batch splits unevenly, the hops of a micro-batch the simulated
+replica does not have are left out. Op times of a stage's pass are the
 engine's, so every quantity stays piecewise linear in the decode step, as
 :mod:`sim.timeline` needs to interpolate.
 """
@@ -182,10 +189,12 @@ class PipelinePhaseRun:
 
 
 class PipelineRunner:
-    """Prices the phases of a :class:`PipelinePlan` (the runner :func:`sim.timeline.simulate_run` takes)."""
+    """Prices the phases of a :class:`PipelinePlan` (the runner :func:`sim.timeline.simulate_run`
+    takes); ``mirrors``: the other replicas' plans, whose hops share the fabric with the plan's
+    (see the module docstring)."""
 
-    def __init__(self, plan: PipelinePlan, engine: Engine, topology: Topology):
-        self.plan, self.engine, self.topology = plan, engine, topology
+    def __init__(self, plan: PipelinePlan, engine: Engine, topology: Topology, mirrors: tuple[PipelinePlan, ...] = ()):
+        self.plan, self.engine, self.topology, self.mirrors = plan, engine, topology, mirrors
         self._shapes = _SHAPES.setdefault(engine, {})  # the variants of a simulation share them
 
     def run_phase(self, step: int, start: dict[int, dict[MemoryCategory, int]], start_s: float) -> PipelinePhaseRun:
@@ -308,6 +317,10 @@ class PipelineRunner:
                         continue
                     # The last round's tokens go back too (for the step after): the trace shows the relay.
                     arrival = engine.send(fabric, hop.src, hop.dst, hop.size_bytes)
+                    for mirror in self.mirrors:  # the other replicas' hops at this moment: traffic on shared links
+                        if j < len(mirror.micro_batches):
+                            twin = mirror.hop_on(s, j, new_tokens)
+                            engine.send(fabric, twin.src, twin.dst, twin.size_bytes)
                     arrival.callbacks.append(partial(arrived, Task(r, s, j, start, end, hop, 0.0),
                                                      ready.get((r + hop.tokens, (s + 1) % stages, j))))
 
@@ -409,6 +422,8 @@ def _relabel(result: SegmentResult, ranks: dict[int, int]) -> SegmentResult:
                          result.duration_s, result.algorithms, {ranks[r]: v for r, v in result.ledgers.items()})
 
 
-def simulate_pipeline_run(plan: PipelinePlan, engine: Engine, topology: Topology) -> RunResult:
-    """Price every phase of ``plan``: :func:`sim.timeline.simulate_run` with a :class:`PipelineRunner`."""
-    return simulate_run(plan, engine, topology, PipelineRunner(plan, engine, topology))
+def simulate_pipeline_run(plan: PipelinePlan, engine: Engine, topology: Topology,
+                          mirrors: tuple[PipelinePlan, ...] = ()) -> RunResult:
+    """Price every phase of ``plan``: :func:`sim.timeline.simulate_run` with a :class:`PipelineRunner`
+    (``mirrors``: the other replicas' plans, whose hops share the links)."""
+    return simulate_run(plan, engine, topology, PipelineRunner(plan, engine, topology, mirrors))

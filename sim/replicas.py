@@ -1,11 +1,13 @@
-"""Replicas: R copies of one tensor-parallel layout, each serving its part of the requests.
+"""Replicas: R copies of one layout, each serving its part of the requests.
 
-``parallel: {replicas: R}`` places R copies of the group on consecutive blocks of devices
-(:attr:`sim.parallel.ParallelPlan.replica_ranks`) and splits the batch's sequences among them
-(:func:`split_batch`), as a data-parallel inference deployment behind a load balancer does (e.g.
-vLLM's ``--data-parallel-size``, each engine serving its own requests). The replicas share no
-tensor and call no collective together. Each is simulated on its own devices as a run of its
-own, so two replicas whose links meet (a shared uplink) do not slow each other here. Replicas
+``parallel: {replicas: R}`` places R copies of the layout (a tensor-parallel group, or a whole
+pipeline of them) on consecutive blocks of devices (:attr:`sim.parallel.ParallelPlan.replica_ranks`)
+and splits the batch's sequences among them (:func:`split_batch`), as a data-parallel inference
+deployment behind a load balancer does (e.g. vLLM's ``--data-parallel-size``, each engine serving
+its own requests). The replicas share no tensor and call no collective together. Each is
+simulated on its own devices as a run of its own, so two tensor-parallel replicas whose links
+meet (a shared uplink) do not slow each other here; a pipeline replica's hops do share the links
+they cross with the other replicas' (:mod:`sim.pipeline_run`, ``mirrors``). Replicas
 whose ranks share one machine's cores (the emulated cluster, ``cluster.cores``) do: each replica
 is simulated on its share of the cores (:func:`replica_pools`), as every replica's ranks compute
 at once, and its collectives' messages wait for cores every replica's busy ranks want at once (the

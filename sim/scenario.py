@@ -13,7 +13,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     cluster: {switches: [...], hosts: [...], cores: 2}  # see sim.cluster_config (cores: optional)
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
-    #   replicas: 3                 optional: copies of the group, the batch split among them
+    #   replicas: 3                 optional: copies of the layout (group or pipeline), the batch split among them
     # parallel: {tensor: 2, pipeline: 3, stages: [10, 11, 11], micro_batches: 3}   # a pipeline (sim.pipeline)
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
@@ -125,6 +125,11 @@ class ComputeSettings(BaseModel):
         return parse_duration(value)
 
 
+INFERENCE_LAYOUT_FIELDS = ("pipeline", "stages", "micro_batches", "shares", "replicas")
+"""The fields of :class:`Parallel` that only an inference layout reads (a training job is
+``tensor`` x ``data``, :meth:`sim.parallel.ParallelPlan.of`)."""
+
+
 class Parallel(BaseModel):
     """Parallel plan (:class:`sim.parallel.ParallelPlan` checks it against the model and cluster).
 
@@ -145,9 +150,9 @@ class Parallel(BaseModel):
     ``data``: data-parallel degree of a training workload (copies of the tensor-parallel group,
     each on the next ``tensor`` devices); None = 1 (training: the devices // tensor).
 
-    ``replicas``: copies of the tensor-parallel group on consecutive blocks of devices, the batch's
-    sequences split among them (:mod:`sim.replicas`); ``tensor`` then defaults to the devices
-    divided among the replicas.
+    ``replicas``: copies of the layout (its tensor-parallel group, or its whole pipeline) on
+    consecutive blocks of devices, the batch's sequences split among them (:mod:`sim.replicas`);
+    ``tensor`` then defaults to the devices divided among the stages and replicas.
     """
 
     model_config = _STRICT
@@ -337,6 +342,14 @@ class ScenarioConfig(BaseModel):
             if self.sweep is not None:
                 raise ConfigError("sweep", "a sweep section applies to inference workloads (got one with a "
                                            "training workload)")
+            for where, parallel in (("", self.parallel), *((f"variants[{i}].", v.parallel)
+                                                           for i, v in enumerate(self.variants) if v.parallel)):
+                for name in INFERENCE_LAYOUT_FIELDS:  # the training simulator would ignore them
+                    value = getattr(parallel, name)
+                    if value != Parallel.model_fields[name].default:
+                        raise ConfigError(f"{where}parallel.{name}", f"applies to inference workloads; a training "
+                                                                     f"job runs parallel.tensor x parallel.data "
+                                                                     f"(got {shorten(str(value), quote=False)})")
             return self
         if self.training is not None:
             raise ConfigError("training", "applies to workload kind: training (got a training section with "
@@ -435,9 +448,11 @@ def check_pipeline_policy(policy: MemoryPolicy, pipeline: int) -> None:
 
 
 def pipeline_plan(scenario: Scenario, variant: Variant, parallel: ParallelPlan,
-                  runtime_memory_bytes: dict[int, int] | None = None) -> PipelinePlan:
-    """The pipeline plan of ``variant`` over ``parallel``'s stages (the simulator and the runtime
-    run the same one).
+                  runtime_memory_bytes: dict[int, int] | None = None, *, replica: int = 0,
+                  batch_size: int | None = None) -> PipelinePlan:
+    """The pipeline plan of ``variant`` over the stages of ``parallel``'s replica ``replica``
+    (the simulator and the runtime run the same one); ``batch_size``: the sequences that replica
+    serves (:func:`sim.replicas.split_batch`), default the workload's.
 
     Raises:
         ConfigError: weights streamed through a pipeline (``memory.policy``, not supported), or
@@ -445,8 +460,9 @@ def pipeline_plan(scenario: Scenario, variant: Variant, parallel: ParallelPlan,
     """
     check_pipeline_policy(scenario.memory_policy(variant), parallel.pipeline)
     w = scenario.config.workload
-    return PipelinePlan.of(parallel, w.batch_size, w.prompt_tokens, w.output_tokens, variant.choice(),
-                           (variant.parallel or scenario.config.parallel).micro_batches, runtime_memory_bytes)
+    return PipelinePlan.of(parallel, batch_size or w.batch_size, w.prompt_tokens, w.output_tokens, variant.choice(),
+                           (variant.parallel or scenario.config.parallel).micro_batches, runtime_memory_bytes,
+                           replica)
 
 
 def _location(loc: tuple[Any, ...]) -> str:

@@ -255,11 +255,12 @@ def solo_kinds(plan) -> frozenset[str]:
 
 def calibrated_solo_kinds(scenario: Scenario, variant: Variant, layout: ParallelPlan) -> frozenset[str]:
     """The :func:`solo_kinds` a calibration of ``variant``'s strategy timed on a core of their own:
-    those of its even tensor-parallel plan over ``layout``'s ranks (how a calibration runs it),
-    for a layout it did not run (a pipeline's stage plans compute other kinds on other ranks).
-    Empty where that plan does not exist (heads that the ranks do not divide)."""
+    those of its even tensor-parallel plan over the ranks of ``layout``'s first copy (how a
+    calibration runs it, its context group), for a layout it did not run (a pipeline's stage plans
+    compute other kinds on other ranks). Empty where that plan does not exist (heads that the
+    ranks do not divide)."""
     try:
-        return solo_kinds(scenario.plan(variant, layout.ranks))
+        return solo_kinds(scenario.plan(variant, layout.replica_ranks[0]))
     except ConfigError:
         return frozenset()
 
@@ -330,18 +331,22 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
         compute, engine, runtime_memory, cores = pricing.compute, pricing.engine, pricing.runtime_memory, pricing.cores
         calibrated = pricing.choice is not None  # a roofline op is priced on a core of its own already
         replicas = []
-        for group, shards, batch in zip(layout.replica_ranks, layout.replica_shards,
-                                        split_batch(workload.batch_size, layout.replicas)):
+        batches = split_batch(workload.batch_size, layout.replicas)
+        pipelines = []  # each replica's pipeline, where the layout is one
+        if layout.pipeline > 1:
+            try:
+                pipelines = [pipeline_plan(scenario, variant, layout, runtime_memory, replica=i, batch_size=batch)
+                             for i, batch in enumerate(batches)]
+            except ConfigError as error:
+                own = variant.memory if error.field.startswith("memory") else variant.parallel
+                raise ConfigError(("" if own is None else f"{field}.") + error.field, error.message) from None
+            if cores and calibrated:
+                compute.solo_kinds = calibrated_solo_kinds(scenario, variant, layout)
+        for index, (group, shards, batch) in enumerate(zip(layout.replica_ranks, layout.replica_shards, batches)):
             # Replicas on one machine share its cores: each runs on its share (sim.replicas).
             engine.cores = replica_pools(cores, layout.replica_ranks, group) if layout.replicas > 1 else cores
-            if layout.pipeline > 1:
-                try:
-                    plan = pipeline_plan(scenario, variant, layout, runtime_memory)
-                except ConfigError as error:
-                    own = variant.memory if error.field.startswith("memory") else variant.parallel
-                    raise ConfigError(("" if own is None else f"{field}.") + error.field, error.message) from None
-                if cores and calibrated:
-                    compute.solo_kinds = calibrated_solo_kinds(scenario, variant, layout)
+            if pipelines:
+                plan = pipelines[index]
             else:
                 plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
                 if cores and calibrated:
@@ -353,7 +358,10 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                     where = "memory" if variant.memory is None else f"{field}.memory"
                     raise ConfigError(error.field.replace("memory", where, 1), error.message) from None
             try:
-                run = (simulate_run if layout.pipeline == 1 else simulate_pipeline_run)(plan, engine, topology)
+                if pipelines:  # the other replicas' hops share the links with this one's (sim.pipeline_run)
+                    run = simulate_pipeline_run(plan, engine, topology, (*pipelines[:index], *pipelines[index + 1:]))
+                else:
+                    run = simulate_run(plan, engine, topology)
             except ConfigError as error:
                 # The registry names an unknown algorithm's field by its kind (allreduce, reduce,
                 # broadcast): the variant's field of that name.

@@ -263,3 +263,12 @@ def test_a_sweep_of_more_policies_than_colours_is_plotted(tmp_path, capsys):
     code, _, stderr = _run(["simulate", str(path), "--out", str(tmp_path / "out")], capsys)
     assert code == 0, stderr
     assert (tmp_path / "out" / "memory_report.html").exists()
+
+
+def test_micro_batches_beyond_a_pipeline_replicas_share_of_the_batch_are_one_line(tmp_path, capsys):
+    # 3 sequences over 2 replicas of a 2-stage pipeline: the second replica has 1, too few for 2 micro-batches
+    data = scenario_dict(cluster=cluster(num_hosts=4, devices_per_host=1),
+                         parallel={"tensor": 1, "pipeline": 2, "replicas": 2, "micro_batches": 2},
+                         workload={"batch_size": 3, "prompt_tokens": 8, "output_tokens": 2})
+    assert _refused(tmp_path, capsys, data) == ("parallel.micro_batches: more micro-batches than the 1 sequences "
+                                                "of replica 1's share of the batch (got 2)")

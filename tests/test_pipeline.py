@@ -71,7 +71,7 @@ def test_pipeline_errors_name_the_field_and_value(parallel, field, needles):
 
 
 def test_micro_batches_beyond_the_batch_or_without_a_pipeline_are_refused():
-    with pytest.raises(ConfigError, match="more micro-batches than the batch's 2 sequences"):
+    with pytest.raises(ConfigError, match="more micro-batches than the 2 sequences of the batch"):
         simulate(_scenario({"tensor": 1, "pipeline": 2, "micro_batches": 3}))
     with pytest.raises(ConfigError) as error:
         simulate(_scenario({"tensor": 2, "micro_batches": 2}))

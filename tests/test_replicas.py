@@ -60,9 +60,71 @@ def test_the_batch_is_split_across_replicas_and_the_slowest_sets_the_latency():
     assert split_batch(7, 3) == (3, 2, 2)
 
 
+def test_replicas_of_a_pipeline_add_their_throughput_and_the_slowest_sets_the_latency():
+    one = _simulate(2, tensor=1, pipeline=2)
+    two = _simulate(4, tensor=1, pipeline=2, replicas=2)
+    assert [vr.layout.label for vr in two.variants] == ["PP=2 x 2 replicas"]
+    assert two.ranks == (0, 1, 2, 3) and two.idle_devices == ("h2/dev0", "h2/dev1")
+    assert list(_metric(two, "idle_device").index) == ["h2/dev0", "h2/dev1"]
+    single, every = one.variants[0].timing, two.variants[0].timing
+    assert every["decode_tokens_per_s"] == pytest.approx(2 * single["decode_tokens_per_s"])
+    assert every["ttft_s"] == pytest.approx(single["ttft_s"]) and every["tpot_s"] == pytest.approx(single["tpot_s"])
+    # each replica is a whole pipeline on its own host: its stages, its hops, its memory
+    replica = two.variants[0].replicas[1]
+    assert replica.ranks == (2, 3) and set(replica.trace.ops["rank"]) == {2, 3}
+    peaks, alone = _metric(two, "peak_memory_bytes"), _metric(one, "peak_memory_bytes")
+    assert set(peaks.index) == {f"h{h}/dev{d}" for h in range(2) for d in range(2)}
+    assert all(peaks[f"h{h}/dev{d}"] == alone[f"h0/dev{d}"] for h in range(2) for d in range(2))
+    # 3 sequences: the first replica's 2 in two micro-batches take longer than the second's 1
+    uneven = _simulate(3, tensor=1, pipeline=2, replicas=2)
+    assert list(_metric(uneven, "replica_batch_size")) == [2, 1]
+    ttft = _metric(uneven, "replica_ttft_s")
+    assert ttft["h0/dev0"] > ttft["h1/dev0"] and uneven.variants[0].timing["ttft_s"] == ttft.max()
+    rates = _metric(uneven, "replica_decode_tokens_per_s")
+    assert uneven.variants[0].timing["decode_tokens_per_s"] == pytest.approx(rates.sum())
+
+
+# hosts a0, b0 under switch A / B, then a1, b1: each replica's 2-stage pipeline crosses the A-B uplinks
+_NIC = {"bandwidth": "10Gbit/s", "latency": "50us"}
+_CROSSING = {"switches": [{"name": "core"}] + [{"name": n, "parent": "core",
+                                                 "uplink": {"bandwidth": "100Mbit/s", "latency": "1ms"}}
+                                                for n in ("A", "B")],
+             "hosts": [{"name": n, "parent": n[0].upper(), "nic": _NIC, "devices": {"type": "rtx_4090", "count": 1}}
+                       for n in ("a0", "b0", "a1", "b1")]}
+
+
+def test_replicas_of_a_pipeline_share_the_links_their_hops_cross():
+    def ttft(replicas: int) -> float:
+        data = _data(replicas, tensor=1, pipeline=2, replicas=replicas) | {"cluster": _CROSSING}
+        return simulate(scenario_from_dict(data, base_dir=ROOT)).variants[0].timing["ttft_s"]
+
+    # a prefill hop of 64 tokens x 896 x 2 bytes takes 9.2 ms over 100 Mbit/s alone, twice that shared
+    hop_s = 64 * 896 * 2 / 12.5e6
+    assert ttft(2) - ttft(1) == pytest.approx(hop_s, rel=0.05)
+
+
+def _cpu_pipelines(replicas: int, cores: int):
+    """GPT-2 on ``replicas`` replicas of a 2-stage pipeline of one-rank stages, one sequence each,
+    every rank on one machine of ``cores`` cores (c45's cluster, uncalibrated)."""
+    data = yaml.safe_load((ROOT / "validation/plan-check-report/replicas/scenarios/c45.yaml").read_text())
+    data["cluster"]["cores"] = cores
+    data["workload"]["batch_size"] = replicas
+    data["parallel"] = {"tensor": 1, "pipeline": 2, "replicas": replicas}
+    return simulate(scenario_from_dict(data, base_dir=ROOT)).variants[0].timing
+
+
+def test_replicas_of_a_pipeline_share_the_machines_cores():
+    alone, two = _cpu_pipelines(1, 1), _cpu_pipelines(2, 1)
+    # a relay computes one stage at a time: two replicas' stages share the one core, each at half
+    assert 1.8 * alone["tpot_s"] < two["tpot_s"] < 2.1 * alone["tpot_s"]
+    assert _cpu_pipelines(2, 2)["tpot_s"] == alone["tpot_s"]  # a core for each replica's computing stage
+
+
 @pytest.mark.parametrize("batch_size, parallel, needle", [
     (2, {"tensor": 2, "replicas": 3}, "3 replicas need at least one sequence each, but workload.batch_size is 2"),
     (4, {"tensor": 2, "replicas": 4}, "tensor 2 x data 1 x pipeline 1 x replicas 4 = 8 ranks exceed the cluster's 6"),
+    (4, {"tensor": 2, "pipeline": 2, "replicas": 2},
+     "tensor 2 x data 1 x pipeline 2 x replicas 2 = 8 ranks exceed the cluster's 6"),
 ])
 def test_replicas_that_do_not_fit_are_refused(batch_size, parallel, needle):
     with pytest.raises(ConfigError) as error:

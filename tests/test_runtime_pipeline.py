@@ -41,7 +41,7 @@ def test_a_pipeline_generates_the_reference_tokens(tmp_path, model_type, tensor,
         out = []
         for choice in VARIANTS:
             plan = PipelinePlan.of(layout, work.batch_size, work.prompt_tokens, work.output_tokens, choice)
-            comm = Communicator(rank, topology.host_groups, stage_process_groups(plan))
+            comm = Communicator(rank, topology.host_groups, stage_process_groups(layout.replica_stage_ranks))
             model = stage_model(plan, rank, seed=7, max_tokens=work.prompt_tokens + work.output_tokens,
                                 device=torch.device("cpu"), dtype=torch.float32)
             stage = plan.stages[plan.stage_of(rank)]
@@ -81,3 +81,28 @@ def test_hetsim_measure_times_a_pipeline_and_its_results_join_the_simulated_ones
     assert set(joined["metric"]) >= {"ttft_s", "tpot_s", "peak_memory_bytes"}
     timing = measured.results.set_index("metric")["value"]
     assert 0 < timing["ttft_s"] < timing["e2e_latency_s"]
+
+
+def test_hetsim_measure_runs_every_replica_of_a_pipeline_on_its_share_of_the_batch(tmp_path):
+    from runtime.measure import measure_scenario
+
+    path = tmp_path / "gpt2.config.json"
+    path.write_text(json.dumps(tiny_model_config("gpt2", num_layers=2)))
+    # 2 replicas x PP 2 on 4 gloo ranks: replica 0 on ranks 0-1 serves 2 sequences, replica 1 on 2-3 the third
+    scenario = make_scenario(model=str(path), dtype="fp32", cluster=cluster(2, 2, device="cpu"),
+                             parallel={"tensor": 1, "pipeline": 2, "replicas": 2},
+                             variants=[{"name": "rlb", "strategy": "reduce_ln_bcast"}],
+                             workload={"batch_size": 3, "prompt_tokens": 4, "output_tokens": 3})
+    result = measure_scenario(scenario, repeats=1, warmup=0, hang_timeout_s=60)
+    assert result.ranks == (0, 1, 2, 3) and result.idle_devices == ()
+    rows = result.results.set_index(["metric", "device"])["value"]
+    assert rows[("replica_batch_size", "h0/dev0")] == 2 and rows[("replica_batch_size", "h1/dev0")] == 1
+    assert rows[("decode_tokens_per_s", "")] == pytest.approx(
+        rows[("replica_decode_tokens_per_s", "h0/dev0")] + rows[("replica_decode_tokens_per_s", "h1/dev0")])
+    assert rows[("ttft_s", "")] == max(rows[("replica_ttft_s", "h0/dev0")], rows[("replica_ttft_s", "h1/dev0")])
+    # each replica's pipeline generates the single-process reference's tokens for its own prompts
+    tokens = result.variants[0].tokens  # [repeats, batch, output tokens], replica after replica
+    for batch, got in ((2, tokens[0, :2]), (1, tokens[0, 2:])):
+        expected, _ = reference_generate(scenario.model, seed=0, prompt=prompt_tokens(scenario.model, batch, 4, seed=0),
+                                         output_tokens=3)
+        assert torch.equal(torch.from_numpy(got), expected)

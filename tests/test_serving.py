@@ -164,8 +164,9 @@ def test_units_and_cost_per_million_tokens():
     assert cost_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)  # $3.6/h at 1000 tok/s: $1 per 1e6
 
 
-def _layout(parallel: dict, **workload):
+def _layout(parallel: dict, hosts: int = 2, **workload):
     document = _document()
+    document["cluster"]["hosts"][0]["count"] = hosts
     document["workload"].update(workload)
     document["parallel"] = parallel
     document["variants"] = document["variants"][1:]  # allreduce_ring
@@ -293,6 +294,21 @@ def test_a_pipeline_stage_holds_only_its_layers_so_more_tokens_fit():
     one = simulate_serving(_layout({"tensor": 1}, requests=1, slo=None)).variants[0]
     two = simulate_serving(_layout({"tensor": 1, "pipeline": 2}, requests=1, slo=None)).variants[0]
     assert two.run.kv_capacity_tokens > 1.9 * one.run.kv_capacity_tokens
+
+
+def test_replicas_of_a_pipeline_each_serve_their_share_of_the_requests():
+    def served(parallel: dict, **workload):  # on 4 hosts: two 2-stage pipelines of one host per stage
+        return simulate_serving(_layout(parallel, hosts=4, **workload)).variants[0]
+
+    pipeline, replicas = {"tensor": 1, "pipeline": 2}, {"tensor": 1, "pipeline": 2, "replicas": 2}
+    one, two = served(pipeline, requests=1, slo=None), served(replicas, requests=1, slo=None)
+    # a request alone relays through one replica's pipeline as through the only one; the caches add up
+    assert two.metrics[Metric.TTFT] == pytest.approx(one.metrics[Metric.TTFT], rel=1e-9)
+    assert two.run.kv_capacity_tokens == 2 * one.run.kv_capacity_tokens
+    # loaded, round robin: each pipeline serves every other request
+    loaded = [served(layout, rate_per_s=64.0, requests=120, slo=None) for layout in (pipeline, replicas)]
+    assert len(loaded[1].run.served) == 120
+    assert loaded[1].metrics[Metric.OUTPUT_TOKENS_PER_S] > 1.5 * loaded[0].metrics[Metric.OUTPUT_TOKENS_PER_S]
 
 
 def _shared_cores(replicas: int, tensor: int, **workload):

@@ -57,6 +57,12 @@ def test_batches_follow_global_equals_micro_times_data_times_accumulation():
     (lambda d: d["training"].update(activation_checkpointing=0), "training.activation_checkpointing: "),
     (lambda d: d["variants"][1]["training"].update(zero=2), "variants[1].training.zero: "),
     (lambda d: d["variants"][1].update(memory={"policy": "resident"}), "variants[1].memory: "),
+    # inference layouts the training simulator would ignore: a training job is tensor x data
+    (lambda d: d.update(parallel={"pipeline": 2, "replicas": 2}), "parallel.pipeline: applies to inference workloads"),
+    (lambda d: d.update(parallel={"replicas": 2}), "parallel.replicas: applies to inference workloads"),
+    (lambda d: d["variants"][1].update(parallel={"shares": "compute"}),
+     "variants[1].parallel.shares: applies to inference workloads; a training job runs parallel.tensor x "
+     "parallel.data (got compute)"),
 ])
 def test_bad_training_fields_are_named(mutate, expected):
     assert _error(mutate).startswith(expected)

@@ -33,7 +33,11 @@ once instead (as the inference simulator does) over-prices a lone request: GPT-2
 ranks sharing 2 cores, tensor-parallel 2 x 2 replicas, TTFT 234 against 134 ms, TPOT 126 against
 50 ms (calibrated on v2x2_bandwidth; a prediction). A pipeline of tensor-parallel groups (``parallel.pipeline``)
 is one server keeping an iteration in flight per stage (:mod:`sim.serving.scheduler`), each stage
-holding its layers' weights and KV cache.
+holding its layers' weights and KV cache; with ``parallel.replicas``, each replica is such a
+pipeline on its own block of devices, behind the same round-robin balancer. A replica's hops
+between its stages are priced alone (:class:`sim.serving.iteration.ServerCost`), so replicas'
+hops crossing one link do not slow each other here (the inference simulator shares them,
+:mod:`sim.pipeline_run`).
 """
 
 from __future__ import annotations
@@ -385,8 +389,8 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     # Groups laid out alike (sim.pipeline_run.group_shape) running the same part of the model with
     # the same shards price every pass alike (replicas; a pipeline's middle stages): they share
     # one group's iteration costs, each pass simulated once.
-    if parallel.pipeline > 1:  # one copy: sim.parallel refuses replicas of a pipeline
-        groups = [tuple(zip(parallel.stage_ranks, pipeline_stages(parallel)))]
+    if parallel.pipeline > 1:  # each replica a pipeline: its stages' groups
+        groups = [tuple(zip(stage_ranks, pipeline_stages(parallel))) for stage_ranks in parallel.replica_stage_ranks]
     else:
         groups = [((ranks, None),) for ranks in parallel.replica_ranks]
     parts = [[(group, (group_shape(topology, pricing.engine.links, group), shards,
