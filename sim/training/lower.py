@@ -143,27 +143,31 @@ def layer_parameters(spec: ModelSpec, tp_degree: int) -> list[tuple[OpKind, int,
     """The parameter tensors of one decoder layer on one rank in gradient-ready order, each with
     the op whose weight gradient writes it and, for the two norms, which (1: the MLP's, 0: the
     attention's): ``(kind, norm index or 0, parameter)``. Shapes as :mod:`models.accounting`
-    shards them (q, k, v and gate, up column-parallel; out and down row-parallel)."""
+    shards them (q, k, v and gate, up column-parallel; out and down row-parallel).
+
+    A linear layer's bias is ready before its weight: ``F.linear``'s backward hands the bias its
+    gradient directly and the weight its own through a transpose node, so the autograd engine
+    accumulates the bias first; a norm's weight comes before its bias (its backward returns them
+    in that order). Recorded with ``register_post_accumulate_grad_hook`` on
+    :class:`runtime.training.model.DecoderLM` (torch 2.13): the order DDP's reducer rebuilds its
+    buckets in after the first iteration (``Reducer::rebuild_buckets``)."""
     h, d = spec.hidden_size, spec.head_dim
     q_width = spec.num_attention_heads // tp_degree * d
     kv_width = kv_heads_per_rank(spec, tp_degree) * d
     mlp = spec.intermediate_size // tp_degree
     norm = [Parameter("weight", h)] + ([Parameter("bias", h)] if spec.norm == "layernorm" else [])
-    params: list[tuple[OpKind, int, Parameter]] = [(OpKind.MLP_DOWN, 0, Parameter("mlp.down.weight", mlp * h))]
-    if spec.linear_bias:
-        params.append((OpKind.MLP_DOWN, 0, Parameter("mlp.down.bias", h)))
+
+    def linear(kind: OpKind, name: str, weight_numel: int, bias_numel: int, bias: bool):
+        weight = [(kind, 0, Parameter(f"{name}.weight", weight_numel))]
+        return ([(kind, 0, Parameter(f"{name}.bias", bias_numel))] if bias else []) + weight
+
+    params = linear(OpKind.MLP_DOWN, "mlp.down", mlp * h, h, spec.linear_bias)
     for part in (("up", "gate") if spec.mlp == "gated" else ("up",)):
-        params.append((OpKind.MLP_UP, 0, Parameter(f"mlp.{part}.weight", h * mlp)))
-        if spec.linear_bias:
-            params.append((OpKind.MLP_UP, 0, Parameter(f"mlp.{part}.bias", mlp)))
+        params += linear(OpKind.MLP_UP, f"mlp.{part}", h * mlp, mlp, spec.linear_bias)
     params += [(OpKind.LAYERNORM, 1, Parameter(f"mlp_norm.{p.name}", p.numel)) for p in norm]
-    params.append((OpKind.OUT_PROJ, 0, Parameter("attn.out.weight", q_width * h)))
-    if spec.linear_bias:
-        params.append((OpKind.OUT_PROJ, 0, Parameter("attn.out.bias", h)))
+    params += linear(OpKind.OUT_PROJ, "attn.out", q_width * h, h, spec.linear_bias)
     for part, width in (("q", q_width), ("k", kv_width), ("v", kv_width)):
-        params.append((OpKind.QKV_PROJ, 0, Parameter(f"attn.{part}.weight", h * width)))
-        if spec.attention_bias:
-            params.append((OpKind.QKV_PROJ, 0, Parameter(f"attn.{part}.bias", width)))
+        params += linear(OpKind.QKV_PROJ, f"attn.{part}", h * width, width, spec.attention_bias)
     params += [(OpKind.LAYERNORM, 0, Parameter(f"attn_norm.{p.name}", p.numel)) for p in norm]
     return params
 
@@ -171,14 +175,18 @@ def layer_parameters(spec: ModelSpec, tp_degree: int) -> list[tuple[OpKind, int,
 def head_parameters(spec: ModelSpec) -> tuple[list[Parameter], list[Parameter], list[Parameter]]:
     """Every rank's parameters outside the layers: (LM head's, final norm's, embeddings'), in
     gradient-ready order; a tied LM head's gradient accumulates into the embedding table, ready
-    once the embedding's backward is done."""
+    once the embedding's backward is done. Learned position embeddings are ready before the token
+    embedding table, tied or not (the same recording as :func:`layer_parameters`): with
+    ``first_bucket_mb`` 1 and a cap of 1 or 5 MiB, the tiny GPT-2's position table shares the
+    last bucket with the token table, as the measured run's buckets show, instead of a bucket of
+    its own."""
     h = spec.hidden_size
     head = [] if spec.tied_embeddings else [Parameter("lm_head.weight", spec.vocab_size * h)]
     norm = [Parameter("final_norm.weight", h)] + ([Parameter("final_norm.bias", h)] if spec.norm == "layernorm"
                                                   else [])
     embeddings = [Parameter("embed_tokens.weight", spec.vocab_size * h)]
     if spec.learned_position_embeddings:
-        embeddings.append(Parameter("embed_positions.weight", spec.max_position_embeddings * h))
+        embeddings.insert(0, Parameter("embed_positions.weight", spec.max_position_embeddings * h))
     return head, norm, embeddings
 
 
