@@ -44,6 +44,9 @@ from models.spec import ModelSpec
 
 _MAX_SEARCH = 100_000  # a few seconds at most (64 ranks over 8 groups of 8 heads: 4,096, 0.05 s)
 SHARES_HINT = "set parallel.shares (compute, memory or a weight per device) to split them unevenly"
+"""What an even split the degree cannot make suggests. A scenario's layout never meets it for a
+single group: :meth:`sim.parallel.ParallelPlan.of` then takes a default basis; a pipeline's
+stages (even splits only) and direct callers still do."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,16 @@ def check_tensor_parallel(spec: ModelSpec, tp_degree: int) -> None:
                 f"tensor-parallel degree {tp_degree} does not divide {what}; {SHARES_HINT} (got {tp_degree})",
             )
     kv_heads_per_rank(spec, tp_degree)
+
+
+def fits_evenly(spec: ModelSpec, tp_degree: int) -> bool:
+    """Whether ``tp_degree`` ranks can split ``spec`` evenly (:func:`check_tensor_parallel` passes);
+    where not, only an uneven split (weights per rank) can run the degree."""
+    try:
+        check_tensor_parallel(spec, tp_degree)
+    except ConfigError:
+        return False
+    return True
 
 
 def tensor_shards(spec: ModelSpec, tp_degree: int, weights: Sequence[float] | None = None

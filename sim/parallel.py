@@ -6,7 +6,9 @@ the topology's devices and, for an uneven tensor-parallel split, each rank's sha
 and MLP columns (:mod:`models.shards`). Data parallelism (training) and inference replicas both
 copy the layout: copy d runs on the next ``tensor x pipeline`` devices (TP inside a host, DP
 across hosts when a host holds ``tensor`` devices); a replica of a pipeline is a whole pipeline,
-its stages on its own block of devices. The simulator and the runtime both take their
+its stages on its own block of devices. An uneven split's weights come from ``parallel.shares``
+or, where the degree cannot split the model evenly, from a default basis the workload picks
+(:func:`scenario_shares`, :func:`default_share_basis`). The simulator and the runtime both take their
 ranks from it, so the runtime never asks the orchestrator (:mod:`sim.simulate`) where its ranks
 are.
 
@@ -20,19 +22,102 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from models.accounting import kv_cache_bytes_per_token, layer_block_weight_bytes, stage_weight_bytes
+from models.accounting import (forward_flops, kv_cache_bytes_per_token, layer_block_weight_bytes, parameter_count,
+                               stage_weight_bytes)
 from models.errors import ConfigError
-from models.shards import TensorShard, tensor_shards
+from models.shards import TensorShard, fits_evenly, tensor_shards
 from models.spec import ModelSpec
+from sim.serving.requests import workload_requests
+from sim.units import duration_text
+from sim.vocabulary import WorkloadKind
 
 
 class ShareBasis(StrEnum):
-    """What a device's share of an uneven tensor-parallel split follows (``parallel.shares``):
-    its dense peak FLOP/s in the scenario's dtype (prefill-heavy work), or its memory capacity
-    (a model that barely fits)."""
+    """What a device's share of an uneven tensor-parallel split follows (``parallel.shares``, or
+    :func:`default_share_basis`): its dense peak FLOP/s in the scenario's dtype (prefill-heavy
+    work), or its memory capacity (decode-heavy work; a model that barely fits)."""
 
     COMPUTE = "compute"
     MEMORY = "memory"
+
+
+@dataclass(frozen=True)
+class ShareOrigin:
+    """Where an uneven split's weights came from: ``basis`` (None: the weights written in
+    ``parallel.shares``) and ``default``: why that basis was taken when the scenario wrote none
+    (:func:`default_share_basis`'s reason; None where ``parallel.shares`` names it)."""
+
+    basis: ShareBasis | None = None
+    default: str | None = None
+
+    def text(self) -> str:
+        """``uneven shares by compute (default: prefill-heavy workload, ...)``: what every output
+        that shows an uneven split says of it."""
+        if self.basis is None:
+            return "uneven shares as written (parallel.shares)"
+        if self.default is None:
+            return f"uneven shares by {self.basis} (parallel.shares)"
+        return f"uneven shares by {self.basis} (default: {self.default}; parallel.shares sets them)"
+
+
+def default_share_basis(spec: ModelSpec, devices, *, batch: int, prompt_tokens: float,
+                        output_tokens: float) -> tuple[ShareBasis, str]:
+    """The basis of an uneven split no ``parallel.shares`` names, and why: ``compute`` for
+    prefill-heavy work, else ``memory`` (issue 20's default).
+
+    Prefill-heavy: the workload's prefill takes at least as long as its decode on ``devices``
+    (:class:`sim.topology.Device`, one tensor-parallel group) at their summed peak rates, each
+    forward pass priced by the roofline (Williams et al., CACM 2009): the larger of its FLOPs
+    over the group's dense peak FLOP/s in ``spec``'s dtype and its weights read once over the
+    group's memory bandwidth. Prefill is one pass over ``batch`` sequences of ``prompt_tokens``
+    (:func:`models.accounting.forward_flops`); decode ``output_tokens - 1`` passes of one token
+    per sequence (the first output token comes from prefill). A comparison of times, not of token
+    counts, because a decode token costs a whole read of the weights where a prompt token costs
+    its FLOPs: Qwen2.5-7B in bf16 on one RTX 4090, one sequence of 512 prompt and 128 output
+    tokens, prefills in 47.5 ms and decodes in 1.92 s. The KV cache's reads and the collectives
+    are left out (both add to decode, so a workload called prefill-heavy is so by at least this
+    margin). A prefill-heavy
+    workload is bound by compute, so splitting by compute evens the ranks' prefill; decode is
+    bound by memory, and a split by memory (capacity) also keeps a small device from being
+    handed more weights than it holds.
+
+    Returns:
+        The basis, and the reason in words (``prefill-heavy workload, prefill 3.1 s >= decode
+        1.2 s at peak rates``).
+
+    Raises:
+        ConfigError: on ``dtype`` for a device without ``spec``'s dtype.
+    """
+    flops = sum(d.spec.peak_flops(spec.dtype) for d in devices)
+    bandwidth = sum(d.spec.memory_bandwidth_bytes_per_s for d in devices)
+    weights_s = parameter_count(spec) * spec.dtype_bytes / bandwidth
+    prefill_s = max(batch * forward_flops(spec, max(1, round(prompt_tokens))) / flops, weights_s)
+    decode_s = max(0.0, output_tokens - 1) * max(batch * forward_flops(spec, 1) / flops, weights_s)
+    times = f"prefill {duration_text(prefill_s)} {{}} decode {duration_text(decode_s)} at peak rates"
+    if prefill_s >= decode_s:
+        return ShareBasis.COMPUTE, "prefill-heavy workload, " + times.format(">=")
+    return ShareBasis.MEMORY, "decode-heavy workload, " + times.format("<")
+
+
+def workload_share_basis(workload, spec: ModelSpec, devices, *, replicas: int = 1,
+                         base_dir=None) -> tuple[ShareBasis, str]:
+    """:func:`default_share_basis` of an inference or serving ``workload`` (the scenario's or a
+    plan's) on one group's ``devices``: a batch's sequences split among ``replicas`` (the largest
+    share); a serving workload's mean request alone (batch 1: under load, decode batches many
+    requests and prefill's part grows, so a heavily loaded server may want ``shares: compute``
+    written), its lengths the inline ones or the trace's (read from ``base_dir``).
+
+    Raises:
+        ConfigError: as :func:`default_share_basis`; a trace that cannot be read
+            (:func:`sim.serving.requests.read_trace`).
+    """
+    if workload.kind == WorkloadKind.SERVING:
+        requests = workload_requests(workload, spec, *(() if base_dir is None else (base_dir,)))
+        return default_share_basis(spec, devices, batch=1,
+                                   prompt_tokens=sum(r.prompt_tokens for r in requests) / len(requests),
+                                   output_tokens=sum(r.output_tokens for r in requests) / len(requests))
+    return default_share_basis(spec, devices, batch=-(-workload.batch_size // replicas),
+                               prompt_tokens=workload.prompt_tokens, output_tokens=workload.output_tokens)
 
 
 def layout_label(tensor: int, pipeline: int = 1, *, data: int = 1, replicas: int = 1, uneven: bool = False) -> str:
@@ -69,6 +154,8 @@ class ParallelPlan:
             possible, the earlier stages taking one more where the count does not divide.
         variant_layouts: the scenario's variants set layouts of their own (this is the
             scenario's default one).
+        share_origin: where ``shares`` came from (:class:`ShareOrigin`; None: weights given
+            directly, or an even split).
 
     Raises:
         ConfigError: on ``parallel.*``: a degree below 1, a data degree above 1 with a placement
@@ -91,6 +178,7 @@ class ParallelPlan:
     replicas: int = 1
     stages: tuple[int, ...] | None = None
     variant_layouts: bool = False
+    share_origin: ShareOrigin | None = None
     _shards: tuple[tuple[TensorShard, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +294,14 @@ class ParallelPlan:
         return self.replica_shards[0]
 
     @property
+    def shares_note(self) -> str | None:
+        """What the outputs say of an uneven split (:meth:`ShareOrigin.text`): ``uneven shares by
+        memory (default: decode-heavy workload, ...)``; None for the even split."""
+        if self.shares is None:
+            return None
+        return (self.share_origin or ShareOrigin()).text()
+
+    @property
     def replica_ranks(self) -> tuple[tuple[int, ...], ...]:
         """The ranks of each copy (an inference replica, or a data-parallel replica in training),
         its master first: the placement shifted by ``i * tensor x pipeline``."""
@@ -267,7 +363,9 @@ class ParallelPlan:
         scenario's layout, or the first variant's where every variant has its own (then
         ``variant_layouts`` is set). ``parallel.replicas`` (default 1) copies it, ``tensor``
         defaulting to the devices divided among the replicas; ``parallel.shares`` is resolved to
-        weights (a :class:`ShareBasis` read from each placed device, or the weights written). A
+        weights (a :class:`ShareBasis` read from each placed device, or the weights written), and
+        where it is absent and the degree cannot split the model evenly, a default basis from the
+        workload (:func:`scenario_shares`). A
         training scenario takes ``parallel.tensor`` (default 1) and ``parallel.data``.
 
         Raises:
@@ -302,9 +400,7 @@ class ParallelPlan:
             pipeline, written, stages = len(stages), len(stages[0]), None
         replicas = parallel.replicas
         tensor = written or max(1, len(devices) // (pipeline * replicas))
-        shares = parallel.shares
-        if isinstance(shares, ShareBasis):
-            shares = share_weights(shares, topology.devices[:tensor * replicas], scenario.model.dtype)
+        shares, origin = scenario_shares(scenario, topology.devices, parallel.shares, tensor, pipeline, replicas)
         try:
             if stages == BALANCED:
                 plan = cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement)
@@ -312,7 +408,8 @@ class ParallelPlan:
                 # layer split per layout), which fits other replicas only where their devices match
                 stages = balanced_stages(scenario.model, topology, plan.stage_ranks)
             return cls(scenario.model, devices, tensor, pipeline=pipeline, placement=placement,
-                       stages=None if stages is None else tuple(stages), shares=shares, replicas=replicas)
+                       stages=None if stages is None else tuple(stages), shares=shares, replicas=replicas,
+                       share_origin=origin)
         except ConfigError as error:
             if written is not None or error.field != "parallel.tensor" or pipeline > 1:
                 raise
@@ -332,6 +429,35 @@ class ParallelPlan:
                 raise ConfigError("parallel.tensor", f"exceeds the cluster's {len(devices)} devices "
                                                      f"({', '.join(devices)}) (got {tensor})")
         return cls(scenario.model, devices, tensor, data)
+
+
+def scenario_shares(scenario, devices, written, tensor: int, pipeline: int, replicas: int
+                    ) -> tuple[tuple[float, ...] | None, ShareOrigin | None]:
+    """The weights of a scenario's tensor-parallel split and where they came from: ``written``
+    (``parallel.shares``: a :class:`ShareBasis` read from each placed device of ``devices``
+    (:class:`sim.topology.Device`, rank order), or weights); where it is None and ``tensor``
+    ranks cannot split the model evenly (:func:`models.shards.fits_evenly`), the basis
+    :func:`workload_share_basis` picks for the scenario's workload; else (None, None), the even
+    split, kept wherever the degree allows it, mixed device types included. A pipeline's
+    stages split evenly only (:class:`ParallelPlan`), so a pipeline gets no default. The one
+    resolution every plan built from a scenario goes through (:meth:`ParallelPlan.of`).
+
+    Raises:
+        ConfigError: on ``dtype`` for ``compute`` on a device without it; as
+            :func:`workload_share_basis`.
+    """
+    model = scenario.model
+    placed = devices[:tensor * replicas]
+    if isinstance(written, ShareBasis):
+        return share_weights(written, placed, model.dtype), ShareOrigin(written)
+    if written is not None:
+        return tuple(written), ShareOrigin()
+    if pipeline > 1 or fits_evenly(model, tensor) or tensor > len(placed):
+        return None, None  # an even split, or a degree ParallelPlan refuses with its own message
+    base_dir = scenario.source_path.parent if scenario.source_path else None
+    basis, reason = workload_share_basis(scenario.config.workload, model, placed[:tensor], replicas=replicas,
+                                         base_dir=base_dir)
+    return share_weights(basis, placed, model.dtype), ShareOrigin(basis, reason)
 
 
 def share_weights(basis: ShareBasis, devices, dtype: str) -> tuple[float, ...]:

@@ -13,6 +13,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     cluster: {switches: [...], hosts: [...], cores: 2}  # see sim.cluster_config (cores: optional)
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
+    #                                (default where the degree cannot split evenly: by the workload)
     #   replicas: 3                 optional: copies of the layout (group or pipeline), the batch split among them
     # parallel: {tensor: 2, pipeline: 3, stages: [10, 11, 11], micro_batches: 3}   # a pipeline (sim.pipeline)
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
@@ -144,8 +145,8 @@ class Parallel(BaseModel):
     ``shares``: split each layer's attention heads and MLP columns unevenly, in proportion to each
     device's ``compute`` (dense peak FLOP/s in the dtype) or ``memory`` (capacity), or to the
     weights given, one per tensor-parallel rank (:class:`sim.parallel.ShareBasis`,
-    :func:`models.shards.tensor_shards` for what is valid); None: even, as the degree must then
-    divide the heads.
+    :func:`models.shards.tensor_shards` for what is valid); None: even where the degree allows
+    it, else by the workload's default basis (:func:`sim.parallel.scenario_shares`).
 
     ``data``: data-parallel degree of a training workload (copies of the tensor-parallel group,
     each on the next ``tensor`` devices); None = 1 (training: the devices // tensor).

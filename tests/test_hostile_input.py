@@ -242,8 +242,10 @@ def test_shipped_scenarios_and_plans_still_load():
 
 def test_a_device_count_that_does_not_shard_the_model_names_the_cluster(tmp_path, capsys):
     # No parallel.tensor: the degree is the device count, so the error names what the user wrote.
-    error = _refused(tmp_path, capsys, scenario_dict(cluster=cluster(num_hosts=5, devices_per_host=1)))
-    assert error.startswith("cluster: the cluster's 5 devices are the default tensor-parallel degree")
+    # (5 devices would split GPT-2's 12 heads unevenly by default; 13 leave a device without a head.)
+    error = _refused(tmp_path, capsys, scenario_dict(cluster=cluster(num_hosts=13, devices_per_host=1)))
+    assert error.startswith("cluster: the cluster's 13 devices are the default tensor-parallel degree: "
+                            "13 ranks but only 12 attention heads")
 
 
 def test_a_model_config_that_is_a_fifo_is_refused_without_blocking(tmp_path, capsys):

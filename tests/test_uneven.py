@@ -107,8 +107,6 @@ def _scenario(**parallel):
 
 
 def test_the_simulator_prices_each_rank_by_its_shard_and_keeps_the_collectives_full_size():
-    with pytest.raises(ConfigError, match="does not divide 14 attention heads; set parallel.shares"):
-        simulate(_scenario(tensor=3))
     result = simulate(_scenario(tensor=3, shares=[1, 3, 1]))
     ops = result.variants[0].trace.ops
     prefill = ops[(ops["step"] == 0) & (ops["layer"] == 0)]
@@ -233,3 +231,72 @@ def test_streamed_weights_follow_each_ranks_shard():
     per_layer = [sum(layer_block_weight_bytes(result.scenario.model, 3, shard=s).values()) for s in shards]
     assert len(set(per_layer)) == 3
     assert [loaded[r] / per_layer[r] for r in range(3)] == pytest.approx([loaded[0] / per_layer[0]] * 3)
+
+
+MIXED_HOST = {"name": "h0", "interconnect": {"bandwidth": "32GB/s", "latency": "2us"},
+              "devices": [{"type": "rtx_4090", "count": 3}, {"type": "rtx_3060_12gb", "count": 3}]}
+DECODE_HEAVY = {"batch_size": 1, "prompt_tokens": 512, "output_tokens": 128}
+PREFILL_HEAVY = {"batch_size": 16, "prompt_tokens": 4000, "output_tokens": 2}
+
+
+def _mixed_plan(workload: dict, **parallel) -> ParallelPlan:
+    """Qwen2.5-7B (28 heads, 4 KV heads) on 3 RTX 4090 + 3 RTX 3060 12GB: TP 6 splits unevenly."""
+    from sim.topology import build_topology
+    scenario = scenario_from_dict(scenario_dict(model="qwen2.5-7b", dtype="bf16", cluster={"hosts": [MIXED_HOST]},
+                                                workload=workload, parallel=parallel), base_dir=ROOT)
+    return ParallelPlan.of(scenario, build_topology(scenario.config.cluster))
+
+
+def test_without_shares_an_uneven_degree_splits_by_compute_for_prefill_and_by_memory_for_decode():
+    decode, prefill = _mixed_plan(DECODE_HEAVY), _mixed_plan(PREFILL_HEAVY)
+    assert decode.shares_note.startswith("uneven shares by memory (default: decode-heavy workload, prefill ")
+    assert prefill.shares_note.startswith("uneven shares by compute (default: prefill-heavy workload, prefill ")
+    assert decode.label == prefill.label == "TP=6 uneven"
+    # An RTX 4090 has 2x an RTX 3060's memory but 6.5x its compute: the 3060s hold more of the MLP
+    # by memory than by compute (their query heads are one group's 7 either way, 3, 2 and 2).
+    columns = {name: [len(s.mlp_columns) for s in plan.shards] for name, plan in (("memory", decode),
+                                                                                  ("compute", prefill))}
+    assert columns == {"memory": [4210, 4210, 4209, 2105, 2105, 2105], "compute": [5470, 5470, 5470, 845, 845, 844]}
+    # What the scenario wins over the default: shares written, a basis or weights.
+    written = _mixed_plan(PREFILL_HEAVY, shares="memory")
+    assert written.shards == decode.shards and written.shares_note == "uneven shares by memory (parallel.shares)"
+    assert _mixed_plan(DECODE_HEAVY, shares=[1] * 6).shards == tensor_shards(QWEN_7B, 6, (1.0,) * 6)
+
+
+def test_mixed_devices_whose_degree_divides_the_heads_keep_the_even_split():
+    host = MIXED_HOST | {"devices": [{"type": "rtx_4090", "count": 2}, {"type": "rtx_3060_12gb", "count": 2}]}
+    from sim.topology import build_topology
+    scenario = scenario_from_dict(scenario_dict(model="qwen2.5-7b", dtype="bf16", cluster={"hosts": [host]},
+                                                workload=DECODE_HEAVY), base_dir=ROOT)
+    plan = ParallelPlan.of(scenario, build_topology(scenario.config.cluster))
+    assert plan.shares is None and plan.shards is None and plan.shares_note is None and plan.label == "TP=4"
+
+
+def test_a_serving_workload_weighs_its_mean_request_alone():
+    from sim.parallel import ShareBasis, workload_share_basis
+    from sim.serving.config import ServingWorkload
+    from sim.topology import build_topology
+    devices = build_topology(scenario_from_dict(scenario_dict(cluster={"hosts": [MIXED_HOST]}),
+                                                base_dir=ROOT).config.cluster).devices
+    for prompt, output, basis in ((512, 128, ShareBasis.MEMORY), (16_000, 8, ShareBasis.COMPUTE)):
+        workload = ServingWorkload(kind="serving", rate_per_s=1.0, prompt_tokens=prompt, output_tokens=output)
+        assert workload_share_basis(workload, QWEN_7B, devices)[0] == basis
+
+
+def test_a_scenario_on_six_devices_of_a_28_head_model_simulates_by_the_default_and_says_so(tmp_path, capsys):
+    import yaml
+
+    from tests.test_cli import _run
+    host = {"name": "h0", "interconnect": {"bandwidth": "32GB/s", "latency": "2us"},
+            "devices": {"type": "rtx_4090", "count": 6}}
+    data = scenario_dict(model="qwen2.5-7b", dtype="bf16", cluster={"hosts": [host]},
+                         workload={"batch_size": 1, "prompt_tokens": 16, "output_tokens": 4},
+                         variants=[{"name": "ring", "strategy": "allreduce_ln", "allreduce": "ring"}])
+    path = tmp_path / "six.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, stdout, stderr = _run(["simulate", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, stderr
+    text = " ".join(stdout.split())  # the terminal wraps long lines
+    assert "uneven shares by memory (default: decode-heavy workload, prefill" in text
+    # Six equal devices: the first two groups of 7 heads shared by two devices each.
+    assert "h0/dev0: q 0-3 kv 0-0" in text and "h0/dev5: q 21-27 kv 3-3" in text

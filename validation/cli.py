@@ -416,8 +416,10 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
 
     console = _console()
     console.print((measured_training_table if training else measured_table)(loaded.name, repeats, result.variants))
-    if not training and (warning := idle_line(result.idle_devices, len(result.topology.devices),
-                                              ParallelPlan.of(loaded, result.topology).label)):
+    layout = None if training else ParallelPlan.of(loaded, result.topology)
+    if layout is not None and layout.shares_note:
+        console.print(escape(layout.shares_note))
+    if layout is not None and (warning := idle_line(result.idle_devices, len(result.topology.devices), layout.label)):
         console.print(f"[yellow]{escape(warning)}[/yellow]")
     with interrupt.deferred():  # both files or neither
         written = write_measured_outputs(result, out_dir or Path("out") / f"{loaded.name}-measured")

@@ -7,8 +7,9 @@ left idle would be paid for and unused):
 * ``TP=N``: tensor parallelism over every device (Megatron-LM, Shoeybi et al. 2019, arXiv
   1909.08053);
 * ``TP=N uneven``: on a mixed cluster, the same with each device's share of the heads and MLP
-  columns in proportion to its compute (``parallel.shares: compute``,
-  :func:`models.shards.tensor_shards`);
+  columns in proportion to its compute or its memory, the basis a scenario without
+  ``parallel.shares`` would take for the plan's workload (:func:`sim.parallel.workload_share_basis`:
+  compute for prefill-heavy work, else memory), written out in the picked scenario;
 * ``TP=G x PP=H``: tensor parallelism inside each host, a pipeline of H stages across the hosts
   (GPipe, Huang et al. 2019, arXiv 1811.06965; tensor parallelism within a node and pipeline
   parallelism across nodes is Megatron-LM's placement, Narayanan et al. 2021, arXiv 2104.04473,
@@ -29,22 +30,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.spec import ModelSpec
-from sim.parallel import ParallelPlan, ShareBasis, layout_label, share_weights
+from sim.parallel import ParallelPlan, ShareBasis, ShareOrigin, layout_label, share_weights
 from sim.topology import Device
-
-UNEVEN_BASIS = ShareBasis.COMPUTE
-"""What an uneven split follows: each device's compute, which decode and prefill both scale with."""
 
 
 @dataclass(frozen=True)
 class InferenceLayout:
-    """``tensor`` ranks per stage, ``pipeline`` stages, ``replicas`` copies; ``uneven``: shares by
-    :data:`UNEVEN_BASIS`."""
+    """``tensor`` ranks per stage, ``pipeline`` stages, ``replicas`` copies; ``shares``: the basis
+    of an uneven split (None: even)."""
 
     tensor: int
     pipeline: int = 1
     replicas: int = 1
-    uneven: bool = False
+    shares: ShareBasis | None = None
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the split is uneven."""
+        return self.shares is not None
 
     def label(self) -> str:
         """The layout in a few words, as the simulator's outputs spell it (:func:`sim.parallel.layout_label`)."""
@@ -58,7 +61,7 @@ class InferenceLayout:
         if self.replicas > 1:
             section["replicas"] = self.replicas
         if self.uneven:
-            section["shares"] = UNEVEN_BASIS.value
+            section["shares"] = self.shares.value
         return section
 
     def plan(self, spec: ModelSpec, devices: tuple[Device, ...]) -> ParallelPlan:
@@ -67,21 +70,22 @@ class InferenceLayout:
         Raises:
             ConfigError: where the simulator would refuse it (:class:`sim.parallel.ParallelPlan`).
         """
-        shares = share_weights(UNEVEN_BASIS, devices, spec.dtype) if self.uneven else None
+        shares = share_weights(self.shares, devices, spec.dtype) if self.uneven else None
         return ParallelPlan(spec, tuple(d.name for d in devices), self.tensor, pipeline=self.pipeline,
-                            shares=shares, replicas=self.replicas)
+                            shares=shares, replicas=self.replicas,
+                            share_origin=ShareOrigin(self.shares) if self.uneven else None)
 
 
-def inference_layouts(hosts: int, per_host: int, *, uneven: bool) -> list[InferenceLayout]:
+def inference_layouts(hosts: int, per_host: int, *, uneven: ShareBasis | None) -> list[InferenceLayout]:
     """The layouts a plan tries on ``hosts`` hosts of ``per_host`` devices (see the module
-    docstring); ``uneven``: also the uneven split over every device (the devices are of more than
-    one type)."""
+    docstring); ``uneven``: also the uneven split over every device by that basis (the devices
+    are of more than one type), None: not."""
     n = hosts * per_host
     layouts = [InferenceLayout(n)]
     if n == 1:
         return layouts
     if uneven:
-        layouts.append(InferenceLayout(n, uneven=True))
+        layouts.append(InferenceLayout(n, shares=uneven))
     if hosts > 1 and per_host > 1:
         layouts.append(InferenceLayout(per_host, pipeline=hosts))
     layouts.append(InferenceLayout(1, pipeline=n))

@@ -85,7 +85,7 @@ from sim.planning import training
 from sim.planning.catalog import Catalog, price_text
 from sim.planning.layouts import InferenceLayout, inference_layouts
 from sim.planning.plan_config import PlanRequest
-from sim.parallel import ParallelPlan, rank_needs_bytes
+from sim.parallel import ParallelPlan, ShareBasis, rank_needs_bytes, workload_share_basis
 from sim.pipeline import PipelinePlan
 from sim.plan import Plan
 from sim.program import Stage as ProgramStage
@@ -287,6 +287,17 @@ class Planner:
         return "", parallel
 
     @lru_cache(maxsize=None)
+    def _share_basis(self, model_index: int, device_types: tuple[str, ...]) -> ShareBasis:
+        """The basis of the uneven split over devices of ``device_types`` (rank order): the one a
+        scenario of the plan's workload without ``parallel.shares`` takes
+        (:func:`sim.parallel.workload_share_basis`)."""
+        spec = self.request.models[model_index]
+        try:
+            return workload_share_basis(self.request.config.workload, spec, _devices(device_types))[0]
+        except ConfigError:  # a device without the dtype: _layout_plan refuses every layout, this one too
+            return ShareBasis.COMPUTE
+
+    @lru_cache(maxsize=None)
     def _memory_problem(self, model_index: int, devices: tuple[str, ...], layout: InferenceLayout,
                         policy_index: int) -> str:
         """A rank of ``layout`` on devices of types ``devices`` (rank order) whose lower bound of peak memory exceeds its capacity (a serving plan's: its share
@@ -456,7 +467,8 @@ class Planner:
                           "devices_per_host": shape.groups[0].per_host, "num_devices": shape.num_devices,
                           "interconnect": "+".join(g.interconnect for g in shape.groups if g.interconnect),
                           "network": shape.network or "", "price_per_hour": price}
-                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=len(set(types)) > 1):
+                uneven = self._share_basis(m, types) if len(set(types)) > 1 else None
+                for layout in inference_layouts(shape.num_hosts, shape.groups[0].per_host, uneven=uneven):
                     problem, parallel = self._layout_plan(m, types, layout)
                     refused = {p: problem or _policy_problem(p, layout) for p in policies}
                     memory = {p: "" if refused[p] or over else self._memory_problem(m, types, layout, k)

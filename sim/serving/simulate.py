@@ -105,7 +105,8 @@ class ServingResult:
     results: pd.DataFrame
     calibrated: bool = False
     layout: str = ""
-    """The layout served (:meth:`sim.parallel.ParallelPlan.label`)."""
+    """The layout served (:meth:`sim.parallel.ParallelPlan.label`), and for an uneven split
+    what its shares follow (:attr:`sim.parallel.ParallelPlan.shares_note`)."""
     network: object = None
     """How a profile priced the collectives (:class:`sim.calibrated.NetworkChoice`; None uncalibrated)."""
     extrapolated: tuple[str, ...] = ()
@@ -428,8 +429,9 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
         tables.append(result_rows(config.name, variant.name, "simulated", metrics, {}))
     extrapolated = tuple(sorted(set().union(*(p.compute.extrapolated | p.network.extrapolated for p in pricings)))) \
         if profile else ()
+    layout = ", ".join(filter(None, (parallel.label, parallel.shares_note)))
     return ServingResult(scenario, topology, ranks, tuple(results), pd.concat(tables, ignore_index=True),
-                         calibrated=profile is not None, layout=parallel.label, network=pricing.choice,
+                         calibrated=profile is not None, layout=layout, network=pricing.choice,
                          extrapolated=extrapolated)
 
 

@@ -53,8 +53,7 @@ def layout_lines(result: SimulationResult) -> list[str]:
     for variant, layout in layouts:
         if layout.shards is None:
             continue
-        lines.append(f"{variant}uneven tensor-parallel split (parallel.shares), query heads, KV heads and MLP "
-                     "columns per device:")
+        lines.append(f"{variant}{layout.shares_note}: query heads, KV heads and MLP columns per device:")
         for group, shards in zip(layout.replica_ranks, layout.replica_shards):
             lines += [f"  {names[rank]}: {shard.label()}" for rank, shard in zip(group, shards)]
     for vr in result.variants:
