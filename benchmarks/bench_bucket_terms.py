@@ -29,7 +29,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from sim import arrival_skew, cores, token_bucket
+from sim import cores, token_bucket
 from sim.collectives.registry import build_schedule
 from sim.context import profile_contexts
 from sim.profile import MeasurementKind
@@ -114,12 +114,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arrival-lags", action="store_true",
                         help="the master's expected wait for the last rank on shared cores in a prefill "
-                             "(sim.arrival_skew.PRICED, off by default)")
+                             "(sim.cores.ARRIVAL_LAGS_PRICED, off by default)")
     parser.add_argument("--core-turns", action="store_true",
                         help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
     args = parser.parse_args()
     cores.SCHEDULING = cores.CoreScheduling.TURNS if args.core_turns else cores.SCHEDULING
-    arrival_skew.PRICED = args.arrival_lags
+    cores.ARRIVAL_LAGS_PRICED = args.arrival_lags
     started = time.perf_counter()
     clusters = shipped_clusters(SHIPPED)
     isolated = isolated_errors(clusters)

@@ -43,14 +43,6 @@ from sim.network import CollectiveTiming
 from sim.profile import CHARGED
 from sim.vocabulary import MeasurementKind
 
-PRICED = False
-"""Whether the engine adds the expected lead (:mod:`sim.engine`); off by default: the term is
-meant to go with the links' token buckets priced (:data:`sim.token_bucket.PRICED`), without which
-the prefill's calls are priced 17-18% of TTFT too slow and hide the missing wait (section "branch
-bucketttft"), so that with buckets off it prices TTFT about 10% high. The benchmarks switch it
-(``--arrival-lags``); section "branch skewmean" of ``validation/transfer-report/progress.md``
-has the figures."""
-
 UNROOTED = frozenset({str(OpKind.ALLREDUCE)})
 """The calls whose wait is the ranks' arrival lag alone: an allreduce has no root, so no rank is
 held back by a payload still arriving (a broadcast's leaves wait for it: section "branch

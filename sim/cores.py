@@ -82,6 +82,16 @@ scaled by ``1 + ilog2(min(cpus, 8))`` (``sysctl_sched_base_slice`` and
 1.5 ms; the kernel's default, not calibrated."""
 
 
+ARRIVAL_LAGS_PRICED = False
+"""Whether the engine adds a pool's prefill arrival lags (:attr:`CorePool.lag_per_block`: the expected
+lead of :mod:`sim.arrival_skew`, :mod:`sim.engine`); off by default: the term is meant to go with
+the links' token buckets priced (:data:`sim.token_bucket.PRICED`), without which the prefill's
+calls are priced 17-18% of TTFT too slow and hide the missing wait, so that with buckets off it
+prices TTFT about 10% high. The benchmarks switch it (``--arrival-lags``); sections "branch
+bucketttft" and "branch skewmean" of ``validation/transfer-report/progress.md`` have the figures.
+Here rather than in :mod:`sim.arrival_skew`, which imports this module, so that
+:meth:`CorePool.describe` reads it."""
+
 @dataclass(frozen=True)
 class CorePool:
     """Ranks sharing ``cores`` CPU cores, of which other processes take ``background_cores``.
@@ -160,14 +170,12 @@ class CorePool:
     def describe(self) -> str:
         """The pool in a few words: its ranks and cores, the share others take, its memory
         bandwidth, and its arrival lag coefficient where the engine prices it
-        (:data:`sim.arrival_skew.PRICED`; a coefficient it does not add is not named)."""
-        from sim import arrival_skew  # it imports this module's scheduler constants
-
+        (:data:`ARRIVAL_LAGS_PRICED`; a coefficient it does not add is not named)."""
         background = f", {self.background_cores:g} taken by other processes" if self.background_cores else ""
         memory = "" if not self.stream_bytes_per_s else (
             ", memory " + ", ".join(f"{b / 1e9:.3g} GB/s at {k}" for k, b in self.stream_bytes_per_s) + " streams")
         lag = (f", prefill arrival lags {self.lag_per_block:.2f} (sim.arrival_skew)"
-               if self.lag_per_block and arrival_skew.PRICED else "")
+               if self.lag_per_block and ARRIVAL_LAGS_PRICED else "")
         return f"{len(self.ranks)} ranks on {self.cores:g} cores{background}{memory}{lag}"
 
 

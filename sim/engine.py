@@ -44,7 +44,7 @@ Semantics (what the tests pin down):
   share that, and an op timed alone (:meth:`sim.cost.ComputeModel.timed_alone`) stretches its
   memory part, its traffic at the lone process's bandwidth, to its share (processor sharing only).
   Where a pool has an arrival lag coefficient (:attr:`sim.cores.CorePool.lag_per_block`) and
-  :data:`sim.arrival_skew.PRICED` is on (off by default), a
+  :data:`sim.cores.ARRIVAL_LAGS_PRICED` is on (off by default), a
   prefill's collective whose ranks share its cores, priced in closed form, starts later than the
   simulated last arrival by the expected lead of the last rank's lag over the first rank's
   (:mod:`sim.arrival_skew`; each rank's lag ranges over the coefficient times its off-core share
@@ -69,7 +69,7 @@ import numpy as np
 import simpy
 
 from models.ops import OpKind
-from sim import arrival_skew
+from sim import cores
 from sim.arrival_skew import expected_lead_s, lagging_block_s, off_core_share, waited
 from sim.bucket_clock import BucketClock, delayed
 from sim.collectives.schedule import CommSchedule, Transfer
@@ -267,7 +267,7 @@ class Engine:
         # each rank's arrival lag per second of its block (sim.arrival_skew), where its pool has one
         lags = {rank: pool.lag_per_block * off_core_share(len(pool.ranks.intersection(segment.programs)),
                                                           pool.free_cores)
-                for pool in pools if pool.lag_per_block and arrival_skew.PRICED for rank in pool.ranks}
+                for pool in pools if pool.lag_per_block and cores.ARRIVAL_LAGS_PRICED for rank in pool.ranks}
         # when each rank left its last collective (s): kept only where lags are priced
         released = dict.fromkeys(segment.programs, 0.0) if lags else None
         calls: dict[int, list] = {}

@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 # message after idle gets its burst (benchmarks/bench_tbf_burst.py: raw TCP, BBR or cubic, 3.5 ms
 # to 300 ms idle, with or without busy processes on its two cores; BBR right after a 4 MiB stream
 # paces a 64 KiB message at the rate, tcp_bbr.c's restart from idle at its bandwidth estimate).
-# With the prefill's wait (sim.arrival_skew.PRICED) and gloo's broadcast tree
+# With the prefill's wait (sim.cores.ARRIVAL_LAGS_PRICED) and gloo's broadcast tree
 # (sim.collectives.registry.LIBRARY_BROADCAST) TTFT comes right, but decode's TPOT gets worse:
 # fitted with the buckets, the sweeps' and ping-pongs' small-message excess lands in the
 # per-message overhead, which a run's decode calls do not pay

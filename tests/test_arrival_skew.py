@@ -37,9 +37,9 @@ def _layer(lag_per_block: float, phase: int):
 
 @pytest.fixture
 def priced(monkeypatch):
-    from sim import arrival_skew
+    from sim import cores
 
-    monkeypatch.setattr(arrival_skew, "PRICED", True)
+    monkeypatch.setattr(cores, "ARRIVAL_LAGS_PRICED", True)
 
 
 def test_a_prefills_calls_start_the_expected_lead_after_the_last_fair_share_arrival(priced):

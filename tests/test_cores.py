@@ -256,10 +256,10 @@ def test_a_pool_streams_for_the_ranks_its_simulated_ranks_stand_for():
 
 
 def test_a_pool_names_its_arrival_lag_only_where_the_engine_prices_it(monkeypatch):
-    from sim import arrival_skew
+    from sim import cores
 
     pool = CorePool(frozenset(range(4)), 2, lag_per_block=6.57)
-    monkeypatch.setattr(arrival_skew, "PRICED", False)
+    monkeypatch.setattr(cores, "ARRIVAL_LAGS_PRICED", False)
     assert pool.describe() == "4 ranks on 2 cores"
-    monkeypatch.setattr(arrival_skew, "PRICED", True)
+    monkeypatch.setattr(cores, "ARRIVAL_LAGS_PRICED", True)
     assert pool.describe() == "4 ranks on 2 cores, prefill arrival lags 6.57 (sim.arrival_skew)"

@@ -51,18 +51,18 @@ def test_the_transfer_matrix_names_new_clusters_of_each_kind_the_issue_asks_for(
 def test_an_offline_rerun_switches_the_pieces_off_by_default_and_names_the_flags_it_ran_with(monkeypatch):
     import argparse
 
-    from sim import arrival_skew, token_bucket
+    from sim import cores, token_bucket
     from sim.collectives import registry
     from validation.pricing_options import add_pricing_options, apply_pricing_options
 
-    for module, name in ((token_bucket, "PRICED"), (arrival_skew, "PRICED"), (registry, "LIBRARY_BROADCAST")):
+    for module, name in ((token_bucket, "PRICED"), (cores, "ARRIVAL_LAGS_PRICED"), (registry, "LIBRARY_BROADCAST")):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     parser = argparse.ArgumentParser()
     add_pricing_options(parser, ("--token-buckets", "--gloo-tree"))
     assert apply_pricing_options(parser.parse_args(["--gloo-tree", "--token-buckets"])) == ["--token-buckets",
                                                                                             "--gloo-tree"]
     assert token_bucket.PRICED and registry.LIBRARY_BROADCAST is registry.LibraryBroadcast.GLOO_TREE
-    arrival_skew.PRICED = True  # a flag the parser lacks is left as it is
+    cores.ARRIVAL_LAGS_PRICED = True  # a flag the parser lacks is left as it is
     assert apply_pricing_options(parser.parse_args([])) == []
     assert not token_bucket.PRICED and registry.LIBRARY_BROADCAST is registry.LibraryBroadcast.BINOMIAL
-    assert arrival_skew.PRICED
+    assert cores.ARRIVAL_LAGS_PRICED

@@ -7,7 +7,7 @@ names the flags it ran with in the command it writes beside its figures:
 
 * ``--token-buckets``: the links' declared token buckets (:data:`sim.token_bucket.PRICED`);
 * ``--arrival-lags``: the master's expected wait for the last rank on shared cores in a prefill
-  (:data:`sim.arrival_skew.PRICED`);
+  (:data:`sim.cores.ARRIVAL_LAGS_PRICED`);
 * ``--gloo-tree``: ``library``'s broadcast priced as gloo's own tree, every rank posting all its
   sends at once (:data:`sim.collectives.registry.LIBRARY_BROADCAST`);
 * ``--core-turns``: ranks sharing cores take turns on them instead of sharing them fluidly
@@ -42,9 +42,9 @@ def _token_buckets(on: bool) -> None:
 
 
 def _arrival_lags(on: bool) -> None:
-    from sim import arrival_skew
+    from sim import cores
 
-    arrival_skew.PRICED = on
+    cores.ARRIVAL_LAGS_PRICED = on
 
 
 def _gloo_tree(on: bool) -> None:
@@ -63,7 +63,7 @@ OPTIONS = (
     PricingOption("--token-buckets", "price the links' declared token buckets (sim.token_bucket.PRICED, off by default)",
                   _token_buckets),
     PricingOption("--arrival-lags", "the master's expected wait for the last rank on shared cores in a prefill "
-                                    "(sim.arrival_skew.PRICED, off by default)", _arrival_lags),
+                                    "(sim.cores.ARRIVAL_LAGS_PRICED, off by default)", _arrival_lags),
     PricingOption("--gloo-tree", "price library's broadcast as gloo's own tree, every rank posting all its sends "
                                  "at once (sim.collectives.registry.LIBRARY_BROADCAST, MPICH's binomial order by "
                                  "default)", _gloo_tree),
