@@ -17,8 +17,10 @@ A path is field names joined by dots, with ``[i]`` indexing a list (``cluster.ho
 a value replaces what the scenario has there, whole (a mapping or a list too: ``variants`` takes
 a list of variants). A relative ``.json`` value of the ``model`` axis is read beside the grid
 file. Every point is validated by the scenario's own schema (:func:`sim.scenario.scenario_from_dict`);
-a point the schema or the simulator refuses for its combination (a tensor-parallel degree that
-does not divide the heads) is kept as a point with its error, never a crash. A grid file that is
+a point the schema or the simulator refuses for its combination (a tensor-parallel degree above
+the model's heads) is kept as a point with its error, never a crash; a degree that does not divide
+the heads is simulated with the uneven split :func:`sim.simulate.simulate` gives it
+(:meth:`sim.parallel.ParallelPlan.of`). A grid file that is
 itself wrong (not a mapping, an axis that is no field of the scenario, an exclusion naming no
 axis, more than :data:`MAX_GRID_POINTS` points) is one :class:`ConfigError` naming the field.
 
@@ -331,7 +333,7 @@ def evaluate_point(scenario: Scenario, profile: Profile | None = None) -> PointO
     (:func:`sim.training.simulate.simulate_training`) or requests over time
     (:func:`sim.serving.simulate.simulate_serving`).
 
-    A :class:`ConfigError` of the simulator (a degree that does not divide the heads, a job too
+    A :class:`ConfigError` of the simulator (more tensor-parallel ranks than heads, a job too
     large) is the outcome's ``error``, not an exception: it belongs to the point. With a
     ``profile``, the outcome says how it priced the point (as ``hetsim plan`` does).
     """

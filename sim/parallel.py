@@ -41,6 +41,11 @@ class ShareBasis(StrEnum):
     MEMORY = "memory"
 
 
+UNEVEN_SHARES = "uneven shares"
+"""How every output's words on an uneven split begin (:meth:`ShareOrigin.text`), so that a table
+can tell an uneven point from its note (:func:`validation.present.tables.sweep_tables`)."""
+
+
 @dataclass(frozen=True)
 class ShareOrigin:
     """Where an uneven split's weights came from: ``basis`` (None: the weights written in
@@ -54,10 +59,10 @@ class ShareOrigin:
         """``uneven shares by compute (default: prefill-heavy workload, ...)``: what every output
         that shows an uneven split says of it."""
         if self.basis is None:
-            return "uneven shares as written (parallel.shares)"
+            return f"{UNEVEN_SHARES} as written (parallel.shares)"
         if self.default is None:
-            return f"uneven shares by {self.basis} (parallel.shares)"
-        return f"uneven shares by {self.basis} (default: {self.default}; parallel.shares sets them)"
+            return f"{UNEVEN_SHARES} by {self.basis} (parallel.shares)"
+        return f"{UNEVEN_SHARES} by {self.basis} (default: {self.default}; parallel.shares sets them)"
 
 
 def default_share_basis(spec: ModelSpec, devices, *, batch: int, prompt_tokens: float,

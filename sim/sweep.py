@@ -11,9 +11,13 @@ each cost in TTFT and TPOT?"::
         - {policy: resident}
         - {policy: sliding_window, window: 1}
 
-Every point (model, devices, memory policy, variant) is one simulated run. A point that cannot be
-built (a degree that does not divide the model's heads) is kept as a row with its reason, so the
-report shows the gap instead of hiding it. Every axis value is validated as the scenario's own
+Every point (model, devices, memory policy, variant) is one simulated run, its layout the one
+``hetsim simulate`` gives the point's scenario (:meth:`sim.parallel.ParallelPlan.of`): a degree
+that cannot split the model evenly is split unevenly, by ``parallel.shares`` or the workload's
+default basis (:func:`sim.parallel.scenario_shares`), and its rows' ``note`` says so and by which
+basis (:attr:`sim.parallel.ParallelPlan.shares_note`). A point that cannot be built even so (more
+devices than attention heads, a pipeline's stages that split only evenly) is kept as a row with
+its reason, so the report shows the gap instead of hiding it. Every axis value is validated as the scenario's own
 field would be (``sweep.devices[i]`` within the cluster, ``sweep.models[i]`` a known model whose
 context holds the workload), ``parallel.tensor`` too even when ``sweep.devices`` replaces it, and
 the whole sweep's estimated work is bounded (:data:`sim.budget.MAX_SWEEP_WORK_UNITS`).
@@ -28,11 +32,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from models.accounting import check_tensor_parallel
 from models.errors import ConfigError
 from sim.budget import MAX_SWEEP_WORK_UNITS, check_job_size
 from sim.grid import PointOutcome, evaluate_point
 from sim.metrics import RESULT_COLUMNS
+from sim.parallel import ParallelPlan
 from sim.profile import Profile
 from sim.scenario import Scenario, Variant, resolve_model
 from sim.topology import build_topology
@@ -45,16 +49,20 @@ SWEEP_COLUMNS = ["model", "devices", "memory_policy", "window", "retain_every", 
 """``profile_context``: with a profile, how it priced the point (:func:`sim.context.profile_context`:
 its :class:`sim.vocabulary.Calibration`, ``replay`` or ``prediction``, then ``; outside: `` and the terms
 outside its calibration context, where any are); empty otherwise (uncalibrated)."""
+_BYTE_COLUMNS = [Metric.MAX_PEAK_MEMORY, "master_peak_memory_bytes", "worker_peak_memory_bytes", Metric.MEMORY_CAPACITY]
 
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One (model, tensor-parallel degree) of a sweep, as a scenario of its own."""
+    """One (model, tensor-parallel degree) of a sweep, as a scenario of its own: ``reason`` why it
+    cannot be built (then ``scenario`` is None), or ``split``, what its rows' note says of an
+    uneven split (:attr:`sim.parallel.ParallelPlan.shares_note`; empty for the even split)."""
 
     model: str
     devices: int
     scenario: Scenario | None  # None when the point cannot be built
     reason: str = ""
+    split: str = ""
 
 
 def sweep_points(scenario: Scenario) -> list[SweepPoint]:
@@ -67,7 +75,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     sweep = scenario.config.sweep
     assert sweep is not None
     config = scenario.config
-    num_devices = build_topology(config.cluster).num_ranks
+    topology = build_topology(config.cluster)
+    num_devices = topology.num_ranks
     if config.parallel.tensor is not None and config.parallel.tensor > num_devices:
         raise ConfigError("parallel.tensor", f"tensor-parallel degree exceeds the cluster's {num_devices} devices "
                                              f"(got {config.parallel.tensor})")
@@ -103,20 +112,21 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             point_config = config.model_copy(update={
                 "name": f"{config.name}-{name}-tp{degree}", "model": name, "variants": variants, "baseline": None,
                 "parallel": config.parallel.model_copy(update={"tensor": degree}), "sweep": None})
-            try:
-                check_tensor_parallel(spec, degree)
+            point = Scenario(config=point_config, model=spec, source_path=scenario.source_path)
+            try:  # the layout the simulator will run, an uneven split where the degree needs one
+                plan = ParallelPlan.of(point, topology)
             except ConfigError as error:
-                points.append(SweepPoint(name, degree, None, error.message))
+                points.append(SweepPoint(name, degree, None, str(error)))  # as the simulator's refusals
                 continue
-            points.append(SweepPoint(name, degree, Scenario(config=point_config, model=spec,
-                                                            source_path=scenario.source_path)))
+            points.append(SweepPoint(name, degree, point, split=plan.shares_note or ""))
     return points
 
 
 def run_sweep(scenario: Scenario, *, profile: Profile | None = None, on_point=lambda point: None,
               imap: Callable[[list[Scenario]], Iterator[tuple[int, PointOutcome]]] | None = None) -> pd.DataFrame:
     """Simulate every point of ``scenario``'s sweep; one row per (model, devices, variant) with the
-    columns :data:`SWEEP_COLUMNS` (SI units; ``note``: why a point is infeasible or what overflowed).
+    columns :data:`SWEEP_COLUMNS` (SI units; ``note``: why a point is infeasible, else its uneven
+    split and by which basis (:attr:`SweepPoint.split`) and what overflowed, joined by ``; ``).
 
     ``profile`` calibrates every point (:func:`sim.simulate.simulate`). ``imap(scenarios)`` runs
     the points, yielding (index, :class:`sim.grid.PointOutcome`) as each finishes (default: one
@@ -146,8 +156,12 @@ def run_sweep(scenario: Scenario, *, profile: Profile | None = None, on_point=la
                     "feasible": False, "fits": False, "note": point.reason or outcome.error})
             continue
         for variant in point.scenario.config.variants:
-            rows.append(_row(point, variant, point.scenario) | _measures(outcome, variant.name))
-    return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
+            measures = _measures(outcome, variant.name)
+            note = "; ".join(filter(None, (point.split, measures["note"])))
+            rows.append(_row(point, variant, point.scenario) | measures | {"note": note})
+    # Byte counts are integers; nullable ones, so that an infeasible row (no measure) does not turn
+    # every other row's count into a float and the CSV's spelling of a point into another.
+    return pd.DataFrame(rows, columns=SWEEP_COLUMNS).astype(dict.fromkeys(_BYTE_COLUMNS, "Int64"))
 
 
 def _measures(outcome: PointOutcome, variant: str) -> dict:

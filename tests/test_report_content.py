@@ -67,12 +67,12 @@ def test_the_training_sentence_ranks_only_the_variants_that_fit(memory, expected
 
 def _sweep(rows: list[tuple]) -> pd.DataFrame:
     """Sweep rows (:data:`sim.sweep.SWEEP_COLUMNS`, those the sentence reads) of 8 GiB devices:
-    (model, devices, policy, window, feasible, peak GiB, TPOT s)."""
+    (model, devices, policy, window, feasible, peak GiB, TPOT s[, note])."""
     return pd.DataFrame([{"model": model, "devices": devices, "memory_policy": policy, "window": window,
                           "retain_every": math.nan, "variant": "v", "feasible": feasible,
                           "fits": feasible and peak <= 8, Metric.MAX_PEAK_MEMORY: peak * _GIB,
-                          Metric.MEMORY_CAPACITY: 8 * _GIB, Metric.TPOT: tpot}
-                         for model, devices, policy, window, feasible, peak, tpot in rows])
+                          Metric.MEMORY_CAPACITY: 8 * _GIB, Metric.TPOT: tpot, "note": note[0] if note else ""}
+                         for model, devices, policy, window, feasible, peak, tpot, *note in rows])
 
 
 def test_the_memory_sentence_picks_per_model_the_fastest_that_fits_and_says_what_it_gives_up():
@@ -85,13 +85,17 @@ def test_the_memory_sentence_picks_per_model_the_fastest_that_fits_and_says_what
         ("b", 4, "sliding_window", 2, True, 1.5, 0.9),
         ("c", 2, "resident", math.nan, True, 30.0, 2.0),
         ("c", 4, "resident", math.nan, True, 15.0, 1.5),
+        ("d", 2, "resident", math.nan, True, 7.0, 0.9),
+        ("d", 3, "resident", math.nan, True, 5.0, 0.7, "uneven shares by memory (default: ...)"),  # named so
     ])
     assert memory_verdict(sweep) == (
         "For a use resident on 4 devices (800 ms per token, 6.00 of 8 GiB per device), the lowest TPOT that fits "
         "(resident on 2 devices would take 500 ms but needs 12.00 GiB); "
         "for b use window 2 on 4 devices (900 ms per token, 1.50 of 8 GiB per device), the lowest TPOT that fits "
         "(window 2 fits on as few as 2 devices, at 1.00 s per token); "
-        "no policy fits c on up to 4 devices (the leanest, resident on 4 devices, needs 15.00 of 8 GiB per device).")
+        "no policy fits c on up to 4 devices (the leanest, resident on 4 devices, needs 15.00 of 8 GiB per device); "
+        "for d use resident on 3 devices split unevenly (700 ms per token, 5.00 of 8 GiB per device), the lowest "
+        "TPOT that fits (resident fits on as few as 2 devices, at 900 ms per token).")
 
 
 def test_every_op_kind_and_term_has_a_colour_of_its_own():

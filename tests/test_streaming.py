@@ -14,6 +14,7 @@ from sim.plan import MemoryCategory, MemoryPolicy, Plan, Stream, StrategyChoice
 from sim.simulate import simulate
 from sim.sweep import run_sweep
 from sim.timeline import _Runner
+from sim.vocabulary import Metric
 from tests.conftest import cluster, make_scenario
 from tests.test_engine import _engine_parts
 
@@ -160,14 +161,26 @@ def test_streaming_without_a_storage_link_is_a_config_error():
     assert "storage" in error.value.message
 
 
-def test_sweep_marks_degrees_that_cannot_shard_and_policies_that_do_not_fit():
-    scenario = make_scenario(cluster=_cluster(num_hosts=5, memory=ROOM_150MB), variants=[RLB], sweep={
-        "devices": [2, 4, 5],
+def test_sweep_splits_uneven_degrees_as_simulate_does_marks_those_that_cannot_shard_and_what_does_not_fit():
+    cluster_ = _cluster(num_hosts=13, memory=ROOM_150MB)
+    scenario = make_scenario(cluster=cluster_, variants=[RLB], sweep={
+        "devices": [2, 4, 5, 13],
         "memory": [{"policy": "resident"}, {"policy": "sliding_window", "window": 1}]})
     table = run_sweep(scenario)
-    assert len(table) == 6
-    five = table[table["devices"] == 5]
-    assert not five["feasible"].any() and five["note"].str.contains("divide").all()
+    assert len(table) == 8
+    # 5 does not divide GPT-2's 12 heads: split unevenly by the workload's default basis (a short
+    # generation is decode-heavy: memory), the very run hetsim simulate gives that scenario
+    five = table[table["devices"] == 5].set_index("memory_policy")
+    assert five["feasible"].all()
+    assert five["note"].str.startswith("uneven shares by memory (default: decode-heavy workload, prefill ").all()
+    alone = simulate(make_scenario(cluster=cluster_, variants=[RLB], parallel={"tensor": 5})).results
+    tpot = alone[(alone["metric"] == Metric.TPOT) & (alone["device"] == "")]["value"].item()
+    assert five.loc["resident", Metric.TPOT] == tpot
+    # 13 ranks for 12 heads: no split serves it, and the row says why
+    thirteen = table[table["devices"] == 13]
+    assert not thirteen["feasible"].any()
+    assert thirteen["note"].str.startswith("parallel.tensor: 13 ranks but only 12 attention heads").all()
+    assert not table[table["devices"].isin([2, 4])]["note"].str.contains("uneven").any()
     two = table[table["devices"] == 2].set_index("memory_policy")
     assert not two.loc["resident", "fits"] and two.loc["sliding_window", "fits"]
     assert two.loc["sliding_window", "max_peak_memory_bytes"] < two.loc["resident", "max_peak_memory_bytes"]

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.grid import combinations, grid_points, load_grid, point_key
+from sim.grid import combinations, evaluate_point, grid_points, load_grid, point_key
 from sim.metrics import RESULT_COLUMNS
 from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
-from tests.conftest import ROOT, scenario_dict
+from tests.conftest import ROOT, cluster, scenario_dict
 from validation.cli import main
 
 PROFILE = ROOT / "validation" / "report" / "profiles" / "v4x1_latency.csv"
@@ -60,6 +60,23 @@ def test_the_product_less_the_exclusions_each_point_validated_by_the_scenario_sc
     assert len({p.key for p in points}) == len(points)
     bad = grid_points(scenario_dict(), load_grid(_files(tmp_path, {"axes": {"workload.batch_size": [1, 0]}})[1]))
     assert bad[0].error == "" and bad[1].scenario is None and bad[1].error.startswith("workload.batch_size: ")
+
+
+def test_a_degree_that_does_not_divide_the_heads_is_split_by_the_default_basis_not_refused(tmp_path):
+    # GPT-2's 12 heads over 5 devices of two kinds: the point runs unevenly, by the basis hetsim
+    # simulate takes without parallel.shares (a short generation is decode-heavy: memory, not
+    # compute); 13 devices cannot split 12 heads at all, and the point keeps the simulator's reason.
+    mixed = cluster(7, 2)
+    mixed["hosts"][0]["devices"] = [{"type": "rtx_4090", "count": 1}, {"type": "rtx_3060_12gb", "count": 1}]
+    base = scenario_dict(cluster=mixed, variants=scenario_dict()["variants"][:1])
+    _, grid_path = _files(tmp_path, {"axes": {"parallel.tensor": [5, 13]}})
+    five, thirteen = grid_points(base, load_grid(grid_path))
+    outcome = evaluate_point(five.scenario)
+    value = RESULT_COLUMNS.index("value")
+    by = {basis: list(simulate(scenario_from_dict(base | {"parallel": {"tensor": 5, "shares": basis}}),
+                               expand_steps=()).results["value"]) for basis in ("memory", "compute")}
+    assert outcome.error == "" and [r[value] for r in outcome.rows] == by["memory"] != by["compute"]
+    assert evaluate_point(thirteen.scenario).error.startswith("parallel.tensor: 13 ranks but only 12 attention heads")
 
 
 def test_the_key_is_the_content_the_version_and_the_profile(tmp_path):

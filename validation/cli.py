@@ -242,9 +242,9 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
     from validation.present.tables import sweep_tables
     from validation.sweep_runner import LocalExecutor, default_workers
 
-    total = len(sweep_points(scenario))
+    points = sweep_points(scenario)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("simulating", total=total)
+        task = progress.add_task("simulating", total=len(points))
 
         def advance(point) -> None:
             progress.update(task, advance=1, description=f"{point.model} on {point.devices} devices")
@@ -253,8 +253,11 @@ def _simulate_sweep(scenario, out_dir: Path, console: Console, profile) -> None:
         table = run_sweep(scenario, profile=profile, on_point=advance, imap=pool.imap_unordered)
     for rich_table in sweep_tables(table):
         console.print(rich_table)
-    console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); n/a: the point cannot run "
-                  "(the degree does not divide the model's attention heads, or the note in sweep.csv)"
+    for point in points:
+        if point.split:
+            console.print(escape(f"{point.model} on {point.devices} devices: {point.split}"))
+    console.print("cells: max peak memory per device (GiB) · TPOT (ms) · TTFT (s); uneven: heads and MLP columns "
+                  "split unevenly, by the basis above; n/a: the point cannot run (the note in sweep.csv says why)"
                   + ("" if profile is None else f"; calibrated by the profile, "
                      f"{table['profile_context'].map(outside).sum()} of {int(table['feasible'].sum())} "
                      f"points outside its calibration context (profile_context in sweep.csv)"))

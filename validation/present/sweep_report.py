@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from sim.parallel import UNEVEN_SHARES
 from sim.units import duration_text
 from sim.vocabulary import Metric
 from validation.present.colors import CAPACITY_LINE, category_colors
@@ -41,6 +42,11 @@ def _devices(count: float) -> str:
     return f"{int(count)} device{'s' * (int(count) != 1)}"
 
 
+def _on(row: pd.Series) -> str:
+    """``6 devices``, or ``6 devices split unevenly`` for a point whose note says so."""
+    return _devices(row["devices"]) + (" split unevenly" if row["note"].startswith(UNEVEN_SHARES) else "")
+
+
 def memory_verdict(sweep: pd.DataFrame) -> str:
     """One sentence: per model, the policy and device count to use (the lowest TPOT among the
     points that fit; fewer devices break a tie) and why: the faster point that does not fit and
@@ -53,21 +59,21 @@ def memory_verdict(sweep: pd.DataFrame) -> str:
         if fits.empty:
             leanest = rows.sort_values([Metric.MAX_PEAK_MEMORY, "_order"]).iloc[0]
             clauses.append(f"no policy fits {model} on up to {_devices(rows['devices'].max())} (the leanest, "
-                           f"{leanest['label']} on {_devices(leanest['devices'])}, needs "
+                           f"{leanest['label']} on {_on(leanest)}, needs "
                            f"{leanest[Metric.MAX_PEAK_MEMORY] / _GIB:.2f} of {capacity:.3g} GiB per device)")
             continue
         best = fits.iloc[0]
-        clause = (f"for {model} use {best['label']} on {_devices(best['devices'])} "
+        clause = (f"for {model} use {best['label']} on {_on(best)} "
                   f"({duration_text(best[Metric.TPOT])} per token, {best[Metric.MAX_PEAK_MEMORY] / _GIB:.2f} of "
                   f"{capacity:.3g} GiB per device), the lowest TPOT that fits")
         faster = rows[~rows["fits"] & (rows[Metric.TPOT] < best[Metric.TPOT])]
         fewest = fits.sort_values(["devices", Metric.TPOT, "_order"]).iloc[0]
         if len(faster):
             miss = faster.sort_values([Metric.MAX_PEAK_MEMORY, "_order"]).iloc[0]
-            clause += (f" ({miss['label']} on {_devices(miss['devices'])} would take "
+            clause += (f" ({miss['label']} on {_on(miss)} would take "
                        f"{duration_text(miss[Metric.TPOT])} but needs {miss[Metric.MAX_PEAK_MEMORY] / _GIB:.2f} GiB)")
         elif fewest["devices"] < best["devices"]:
-            clause += (f" ({fewest['label']} fits on as few as {_devices(fewest['devices'])}, at "
+            clause += (f" ({fewest['label']} fits on as few as {_on(fewest)}, at "
                        f"{duration_text(fewest[Metric.TPOT])} per token)")
         clauses.append(clause)
     if not clauses:

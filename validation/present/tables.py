@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sim.layout_compare import compare_layouts, layouts_differ
+from sim.parallel import UNEVEN_SHARES
 from sim.simulate import SimulationResult
 from sim.units import duration_text, significant
 from sim.vocabulary import Metric
@@ -149,7 +150,8 @@ def measured_training_table(name: str, repeats: int, variants) -> Table:
 def sweep_tables(sweep: pd.DataFrame) -> list[Table]:
     """One rich table per model of a sweep (:mod:`sim.sweep`): a row per policy, a column per
     device count, each cell ``peak GiB · TPOT ms · TTFT s`` (red when it does not fit, ``n/a`` when
-    the degree cannot shard the model)."""
+    the point cannot run); a count split unevenly (its note begins :data:`sim.parallel.UNEVEN_SHARES`)
+    is headed ``N devices, uneven``."""
     sweep = sweep.assign(label=labels(sweep))
     tables = []
     for model, rows in sweep.groupby("model", sort=False):
@@ -159,7 +161,8 @@ def sweep_tables(sweep: pd.DataFrame) -> list[Table]:
         table = Table(title=f"{model}: max peak memory per device (GiB) · TPOT (ms) · TTFT (s){cap}")
         table.add_column("memory policy")
         for n in devices:
-            table.add_column(f"{n} devices", justify="right")
+            uneven = rows.loc[rows["devices"] == n, "note"].str.startswith(UNEVEN_SHARES).any()
+            table.add_column(f"{n} devices" + (", uneven" if uneven else ""), justify="right")
         for label, by_label in rows.groupby("label", sort=False):
             cells = []
             for n in devices:
