@@ -17,10 +17,10 @@ that cannot split the model evenly is split unevenly, by ``parallel.shares`` or 
 default basis (:func:`sim.parallel.scenario_shares`), and its rows' ``note`` says so and by which
 basis (:attr:`sim.parallel.ParallelPlan.shares_note`). A point that cannot be built even so (more
 devices than attention heads, a pipeline's stages that split only evenly) is kept as a row with
-its reason, so the report shows the gap instead of hiding it. Every axis value is validated as the scenario's own
-field would be (``sweep.devices[i]`` within the cluster, ``sweep.models[i]`` a known model whose
-context holds the workload), ``parallel.tensor`` too even when ``sweep.devices`` replaces it, and
-the whole sweep's estimated work is bounded (:data:`sim.budget.MAX_SWEEP_WORK_UNITS`).
+its reason, so the report shows the gap instead of hiding it. Every axis value is validated as the
+scenario's own field would be (``sweep.devices[i]`` within the cluster, ``sweep.models[i]`` a known
+model whose context holds the workload), ``parallel.tensor`` too even when ``sweep.devices``
+replaces it, and the whole sweep's estimated work is bounded (:data:`sim.budget.MAX_SWEEP_WORK_UNITS`).
 """
 
 from __future__ import annotations
