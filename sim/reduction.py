@@ -15,7 +15,8 @@ The intercept, a call's fixed cost, is reported and not priced: the engine charg
 gamma x bytes only, and a message's fixed costs are what the transport terms fitted on the
 collective sweep hold (per-message software overhead, :mod:`sim.transport`). It can come out
 negative: sizes that fit in a cache run faster per byte than the larger ones that set the slope
-(measured here in fp32: 67 ps/B at 64 KiB, 100 ps/B at 64 MiB, intercept -21 us).
+(a calibration on this project's CPU, fp32: 65 ps/B at 64 KiB, 95 ps/B at 64 MiB, gamma 95.5 ps/B,
+intercept -56 us).
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ class ReductionFit:
 
     def describe(self) -> str:
         """One line: the fitted gamma, what it was fitted on, and the intercept left out."""
-        return (f"gamma {self.gamma_s_per_byte * 1e12:.1f} ps/B ({1e-9 / self.gamma_s_per_byte:.2f} GB/s of received "
-                f"bytes), the slope of the profile's reduction rows over {len(self.sizes_bytes)} sizes "
-                f"{_size(self.sizes_bytes[0])} to {_size(self.sizes_bytes[-1])}; their intercept "
-                f"{self.intercept_s * 1e6:.1f} us per call not priced (a message's fixed cost is the transport terms')")
+        return (f"gamma {self.gamma_s_per_byte * 1e12:.1f} ps/B, {1e-9 / self.gamma_s_per_byte:.2f} GB/s of received "
+                f"bytes: the slope of the profile's reduction rows over {len(self.sizes_bytes)} sizes, "
+                f"{_size(self.sizes_bytes[0])} to {_size(self.sizes_bytes[-1])}; their intercept, "
+                f"{self.intercept_s * 1e6:.1f} us per call, not priced: a message's fixed cost is the transport terms'")
 
 
 def fit_reductions(profile: Profile) -> dict[tuple[str, str], ReductionFit]:
@@ -97,10 +98,10 @@ def reduction_terms(fits: dict[tuple[str, str], ReductionFit], measured: bool, d
         elif measured:
             why = "the profile's reduction rows give no positive slope over two sizes or more"
         else:
-            why = "the profile has no reduction rows (written before they were measured)"
+            why = "the profile has no reduction rows, written before they were measured"
         terms.append(TermComparison(term, Verdict.NOT_APPLICABLE,
-                                    f"{why}: roofline, {roofline_s_per_byte(device) * 1e12:.1f} ps/B (3 bytes of "
-                                    "traffic per byte over the memory bandwidth x memory_efficiency)"))
+                                    f"{why}: roofline, {roofline_s_per_byte(device) * 1e12:.1f} ps/B, 3 bytes of "
+                                    "traffic per byte over the memory bandwidth x memory_efficiency"))
     return tuple(terms)
 
 
