@@ -24,6 +24,10 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
   of another shard shape costs on a core of its own; decode steps also at batch sizes 1, 2, 4 and
   the powers of two up to the scenario's (:func:`runtime.shape_bench.decode_batch_sizes`), which
   a plan's replicas run.
+* ``reduction``: the reduction the runtime's own collectives perform, a received buffer added into
+  the local one in the model's dtype, timed alone on the first rank at 64 KiB to 64 MiB
+  (:mod:`runtime.reduction_bench`, under a second): what the simulator's reduction cost per byte,
+  gamma, is fitted on (:mod:`sim.reduction`).
 * ``p2p``: ping-pong between rank 0 and a rank on its host and on another host (half the round
   trip), 1 KiB to 4 MiB.
 * ``context``: what all this was measured on (:mod:`sim.context`): device types, ranks per host,
@@ -58,6 +62,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_rows, stats
 from runtime.device import device_of
 from runtime.executor import Executor
+from runtime.reduction_bench import reduction_rows
 from runtime.shape_bench import ceiling_rows, shape_rows
 from runtime.stream_bandwidth import stream_bandwidth
 from runtime.weights import prompt_tokens
@@ -87,7 +92,8 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     ``repeats`` rounds, each one calibration generation per strategy and prompt
     (:class:`CalibrationGenerations`) and one call of every case of the collective sweep
     (:class:`runtime.comm_timing.CollectiveSweep`), after a warm-up round of generations; then
-    the point-to-point ping-pongs; then the ``compute_isolated`` rows, on the first rank alone.
+    the point-to-point ping-pongs; then the ``compute_isolated`` and ``reduction`` rows, on the
+    first rank alone.
     ``held_out_sizes``: collective sizes timed in the sweep's
     rounds as ``collective_held_out`` rows; ``testbed``: the rank runs on the emulated testbed,
     whose links' buckets the profile's context records (:func:`runtime.testbed.cluster.applied_context`);
@@ -124,6 +130,9 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
         if model.device.type == "cuda":
             rows += ceiling_rows(generations.device_class, scenario.model.dtype, TORCH_DTYPES[scenario.model.dtype],
                                  model.device)
+        heartbeat("timing the reduction of received buffers, alone")
+        rows += reduction_rows(generations.device_class, scenario.model.dtype, TORCH_DTYPES[scenario.model.dtype],
+                               model.device)
     dist.barrier()
     return gather_profile(generations, framework_bytes, rows, testbed)
 

@@ -47,7 +47,6 @@ measurement (:mod:`sim.profile` says why).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -65,6 +64,7 @@ from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
 from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile, noise_floor
 from sim.program import Gradient
+from sim.reduction import ReductionFit, fit_reductions, reduction_terms
 from sim.topology import Device, Topology
 from sim.vocabulary import PhaseKind
 
@@ -136,6 +136,7 @@ class CalibratedCompute:
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
     _alone: set[tuple] = field(default_factory=set, repr=False)  # cache keys of ops timed alone (timed_alone)
     asynchronous: AsyncCompute | None = field(default=None, repr=False)
+    _reductions: dict[tuple[str, str], ReductionFit] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         rows = self.profile.of(MeasurementKind.COMPUTE)
@@ -160,6 +161,7 @@ class CalibratedCompute:
         for row in self.profile.of(MeasurementKind.OP_GAP).itertuples(index=False):
             self._gap_s[row.device_class] = float(getattr(row, CHARGED[MeasurementKind.OP_GAP]))
         self.asynchronous = AsyncCompute(self.profile, self.fallback.dtype, dict(self._gap_s))
+        self._reductions = fit_reductions(self.profile)
         shapes: dict[tuple, dict[float, list[tuple[float, float]]]] = {}
         batches: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
         for row in self.profile.of(MeasurementKind.COMPUTE_ISOLATED).itertuples(index=False):
@@ -312,8 +314,18 @@ class CalibratedCompute:
             self.extrapolated.add(f"{label}: outside the {what} timed alone, FLOPs scaling")
         return rate * x
 
-    def reduce_s_per_byte(self, device: Device) -> float:
-        return self.fallback.reduce_s_per_byte(device)
+    def reduce_s_per_byte(self, device: Device, dtype: str | None = None) -> float:
+        """Seconds per received byte to reduce it into a local buffer on ``device`` in ``dtype``
+        (default the priced dtype): the gamma fitted on the profile's ``reduction`` rows of the
+        device's type and that dtype (:func:`sim.reduction.fit_reductions`), else the roofline's."""
+        fit = self._reductions.get((device.spec.name, dtype or self.fallback.dtype))
+        return self.fallback.reduce_s_per_byte(device) if fit is None else fit.gamma_s_per_byte
+
+    def reduction_terms(self, devices: tuple[Device, ...]) -> tuple:
+        """Where the reduction cost of ``devices`` comes from, one
+        :class:`sim.context.TermComparison` per device type (:func:`sim.reduction.reduction_terms`)."""
+        return reduction_terms(self._reductions, len(self.profile.of(MeasurementKind.REDUCTION)) > 0, devices,
+                               self.fallback.dtype, self.fallback.reduce_s_per_byte)
 
     def _price(self, op: Op, device: Device) -> tuple[float, float]:
         """(the op's calibrated time as timed in place, s; the factor on it for core contention)."""
@@ -549,7 +561,7 @@ _FITS: dict[int, _Fit] = {}  # by id(profile)
 
 
 def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topology, target,
-                       reduce_s_per_byte: Callable[[Device], float], gap_s: float,
+                       compute: CalibratedCompute, gap_s: float,
                        ranks: tuple[int, ...] = (), copies: int = 1) -> NetworkChoice:
     """The network model a profile gives a scenario whose context is ``target``
     (:class:`sim.context.CalibrationContext`), one copy's ranks of ``copies`` replicas that
@@ -567,13 +579,18 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     the hops between its stages with point-to-point terms fitted per link class on the profile's
     ping-pongs (:func:`sim.transport.fit_hops`), and a pipeline's compute given the ranks that
     computed at once in each calibrated phase (:func:`sim.context.core_contention`).
+    ``compute``'s reduction cost per byte (:meth:`CalibratedCompute.reduce_s_per_byte`: fitted on
+    the profile's ``reduction`` rows, else the roofline) prices the reductions of the calibrated
+    ranks, in the dtype they ran in, when their sweep is fitted, and of the target's; where it
+    comes from joins the terms (:meth:`CalibratedCompute.reduction_terms`).
     """
     from sim.concurrency import calibrated_concurrency
     from sim.context import compare, core_contention, profile_contexts, same_cluster
     from sim.transport import TransportNetwork, default_terms, fit_hops, fit_intra_host, fit_profile
 
     contexts = profile_contexts(profile.rows)
-    terms = compare(contexts, target)
+    terms = (*compare(contexts, target),
+             *compute.reduction_terms(tuple(topology.devices[r] for r in ranks or range(topology.num_ranks))))
     if not contexts or same_cluster(contexts, target):
         mode = "same-cluster mode: timings of this cluster's collectives replayed (in place per plan op, isolated)"
         return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s), True, terms, (mode,))
@@ -587,7 +604,10 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
             rows = rows[_rows_of(profile.rows, rows, context.name)]
             pings = profile.of(MeasurementKind.P2P)
             pings = pings[_rows_of(profile.rows, pings, context.name)]
-            calibrated = {d.rank: reduce_s_per_byte(d) for d in context_devices(context)}
+            # the calibrated ranks' reductions, in the dtype they ran in
+            dtypes = {device: dtype for device, dtype, _ in context.devices}
+            calibrated = {d.rank: compute.reduce_s_per_byte(d, dtypes.get(d.spec.name))
+                          for d in context_devices(context)}
             own = fit_profile(rows, context, calibrated, pings)
             for key, value in own.items():
                 fitted.setdefault(key, value)
@@ -599,7 +619,7 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
         concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
         cached = _FITS[id(profile)] = _Fit(profile, fitted, hops, concurrency, inside, lag_per_block(profile, contexts))
     fitted, hops, inside = cached.terms, cached.hops, cached.inside
-    gammas = {d.rank: reduce_s_per_byte(d) for d in topology.devices}
+    gammas = {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices}
     network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
                                gap_s, hops=hops, intra_host=inside)
     concurrency = cached.concurrency if target.pipelined else {}

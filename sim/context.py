@@ -9,7 +9,9 @@ transport, the torch version and, for a training calibration, the model it train
 its :class:`models.spec.ModelSpec`, so that its whole passes are set against that model's ops,
 :mod:`sim.training.step_compute`). :func:`compare` sets them against a scenario, term by term:
 
-* ``same``: carries over unchanged (compute of the same device type and dtype; a network whose
+* ``same``: carries over unchanged (compute of the same device type and dtype, and its reduction
+  cost per byte where the profile has ``reduction`` rows: :func:`sim.reduction.reduction_terms`,
+  joined to these terms by :func:`sim.calibrated.calibrated_network`; a network whose
   links, group shape and backend are the calibrated ones, so its in-place and isolated collective
   timings may be replayed: *same-cluster mode*);
 * ``rescaled``: priced by a model from terms fitted on the profile (network terms at other rates,

@@ -19,7 +19,8 @@ from typing import Protocol
 from sim.plan import Op
 from sim.topology import Device
 
-# Reducing n received bytes into a buffer reads two operands and writes one: 3n bytes of traffic.
+# Reducing n received bytes into a buffer reads two operands and writes one: 3n bytes of traffic
+# (the uncalibrated gamma; a profile's ``reduction`` rows replace it, :mod:`sim.reduction`).
 _REDUCTION_BYTES_PER_BYTE = 3.0
 
 

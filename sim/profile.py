@@ -40,6 +40,11 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     receiving after its root left); each repeat one generation's mean;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
     (:class:`sim.context.LinkClass`: ``intra_host`` or ``inter_host``), half a ping-pong round trip;
+  * ``reduction``: the reduction the runtime's own collectives perform (``op`` add: a received
+    buffer added into the local one, :func:`runtime.comm.run_schedule`) on a ``device_class`` in
+    ``dtype``, of ``size_bytes`` per operand (``traffic_bytes``: both read, one written), timed
+    alone (:mod:`runtime.reduction_bench`); what the reduction cost per byte, gamma, is fitted on
+    (:func:`sim.reduction.fit_reductions`);
   * ``memory_baseline``: what a rank holds beyond its model's weights and KV cache (framework,
     communication buffers, allocator), in bytes;
   * ``backward_input`` / ``backward_weight``: a training scenario's backward of one compute ``op``

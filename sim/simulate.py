@@ -221,14 +221,13 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     runtime_memory = framework_memory({r: topology.devices[r].spec for r in ranks}, profile)
     choice, cores = None, ()
     if profile is not None:
-        gamma = compute.reduce_s_per_byte
         compute = CalibratedCompute(profile, compute, model=scenario.model)
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype,
                                                      cores=config.cluster.cores, layout=layout,
                                                      pipelined=pipelined,
                                                      model=scenario.model if config.is_training else None),
-                                    gamma, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks,
+                                    compute, compute.gap_s(topology.devices[ranks[0]]), context_group or ranks,
                                     copies=copies)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)

@@ -163,6 +163,7 @@ class MeasurementKind(StrEnum):
     COLLECTIVE_IN_PLACE = "collective_in_place"
     COLLECTIVE_WAIT = "collective_wait"
     P2P = "p2p"
+    REDUCTION = "reduction"
     MEMORY_BASELINE = "memory_baseline"
     CONTEXT = "context"
     BACKWARD_INPUT = "backward_input"

@@ -90,6 +90,12 @@ def test_calibrate_records_and_prints_the_load_it_ran_under(tmp_path, capsys):
     assert 0 <= context.cpu_steal <= 1 and 0 <= context.other_load <= 1
     # the ops timed alone at each width the 2 ranks take (runtime.shape_bench)
     assert set(load_profile(profile).of("compute_isolated")["group_size"]) == {1, 2}
+    # the runtime schedules' reduction at every size, in the model's dtype (runtime.reduction_bench)
+    from runtime.reduction_bench import REDUCTION_SIZES
+
+    reductions = load_profile(profile).of("reduction")
+    assert sorted(reductions["size_bytes"]) == list(REDUCTION_SIZES)
+    assert set(reductions["dtype"]) == {context.devices[0][1]}
     assert f"other processes {context.other_load:.1%}" in " ".join(out.split())
     # the machine's speed around the launch: every reference op, timed (sim.machine_speed)
     assert {op for op, _ in context.reference_s} == {"matmul", "stream"}

@@ -1,0 +1,112 @@
+"""The reduction cost per byte (gamma) of a device type and dtype, fitted on a profile's
+``reduction`` rows.
+
+A collective's reduction steps combine each received buffer into the rank's own; the simulator
+prices that gamma seconds per received byte, the gamma of the alpha-beta-gamma model (Thakur,
+Rabenseifner and Gropp, IJHPCA 19(1), 2005; :mod:`sim.network`, :mod:`sim.transport`). Without
+a measurement it is a roofline (:meth:`sim.cost.RooflineCompute.reduce_s_per_byte`: 3 bytes of
+traffic per byte over the memory bandwidth times its efficiency). With the ``reduction`` rows of
+a calibration (:mod:`runtime.reduction_bench`: the runtime schedules' own ``add_`` of a received
+buffer, timed alone at 64 KiB to 64 MiB), it is the slope of an affine least-squares fit
+``t = intercept + gamma x bytes`` over the sizes' medians, per device type and dtype (the rows of
+a pool of profiles pooled: one microbenchmark of one device type).
+
+The intercept, a call's fixed cost, is reported and not priced: the engine charges a reduction
+gamma x bytes only, and a message's fixed costs are what the transport terms fitted on the
+collective sweep hold (per-message software overhead, :mod:`sim.transport`). It can come out
+negative: sizes that fit in a cache run faster per byte than the larger ones that set the slope
+(a calibration on this project's CPU, fp32: 65 ps/B at 64 KiB, 95 ps/B at 64 MiB, gamma 95.5 ps/B,
+intercept -56 us).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.context import TermComparison, Verdict
+from sim.profile import ISOLATED, Profile
+from sim.topology import Device
+from sim.vocabulary import MeasurementKind
+
+
+@dataclass(frozen=True)
+class ReductionFit:
+    """The fitted reduction cost of one device type in one dtype.
+
+    Attributes:
+        device_class: the device type (a :data:`sim.devices.DEVICES` name).
+        dtype: the dtype the reduction ran in.
+        gamma_s_per_byte: the slope, seconds per received byte (> 0).
+        intercept_s: the fit's value at 0 bytes (s); not priced (module docstring).
+        sizes_bytes: the distinct sizes fitted on, ascending.
+    """
+
+    device_class: str
+    dtype: str
+    gamma_s_per_byte: float
+    intercept_s: float
+    sizes_bytes: tuple[int, ...]
+
+    def describe(self) -> str:
+        """One line: the fitted gamma, what it was fitted on, and the intercept left out."""
+        return (f"gamma {self.gamma_s_per_byte * 1e12:.1f} ps/B, {1e-9 / self.gamma_s_per_byte:.2f} GB/s of received "
+                f"bytes: the slope of the profile's reduction rows over {len(self.sizes_bytes)} sizes, "
+                f"{_size(self.sizes_bytes[0])} to {_size(self.sizes_bytes[-1])}; their intercept, "
+                f"{self.intercept_s * 1e6:.1f} us per call, not priced: a message's fixed cost is the transport terms'")
+
+
+def fit_reductions(profile: Profile) -> dict[tuple[str, str], ReductionFit]:
+    """(device type, dtype) -> :class:`ReductionFit` of the profile's ``reduction`` rows, the
+    median of each size's rows (their :data:`sim.profile.ISOLATED` statistic) fitted; a device
+    type and dtype with fewer than two sizes, or whose slope is not positive (noise), has none."""
+    rows = profile.of(MeasurementKind.REDUCTION)
+    fits = {}
+    for (device_class, dtype), group in rows.groupby(["device_class", "dtype"], sort=True):
+        by_size = group.groupby("size_bytes", sort=True)[ISOLATED].median()
+        if len(by_size) < 2:
+            continue
+        sizes = by_size.index.to_numpy(dtype=float)
+        gamma, intercept = np.polyfit(sizes, by_size.to_numpy(dtype=float), 1)
+        if gamma > 0:
+            fits[(str(device_class), str(dtype))] = ReductionFit(str(device_class), str(dtype), float(gamma),
+                                                               float(intercept), tuple(int(s) for s in sizes))
+    return fits
+
+
+def reduction_terms(fits: dict[tuple[str, str], ReductionFit], measured: bool, devices: tuple[Device, ...],
+                    dtype: str, roofline_s_per_byte) -> tuple[TermComparison, ...]:
+    """What prices the reductions of ``devices`` computing in ``dtype``, one term per device type
+    in order of first appearance: ``same`` where ``fits`` (:func:`fit_reductions`) has that device
+    type and dtype (the microbenchmark carries over to any device of the type), else ``not
+    applicable``: the roofline, ``roofline_s_per_byte(device)`` s/byte, and why (``measured``:
+    whether the profile has ``reduction`` rows at all; one written before they were measured has
+    none)."""
+    first: dict[str, Device] = {}
+    for device in devices:
+        first.setdefault(device.spec.name, device)
+    terms = []
+    for name, device in first.items():
+        term = f"reduction on {name} {dtype}"
+        fit = fits.get((name, dtype))
+        if fit is not None:
+            terms.append(TermComparison(term, Verdict.SAME, fit.describe()))
+            continue
+        if fits:
+            why = f"the profile's reductions fitted are of {', '.join(' '.join(key) for key in sorted(fits))}"
+        elif measured:
+            why = "the profile's reduction rows give no positive slope over two sizes or more"
+        else:
+            why = "the profile has no reduction rows, written before they were measured"
+        terms.append(TermComparison(term, Verdict.NOT_APPLICABLE,
+                                    f"{why}: roofline, {roofline_s_per_byte(device) * 1e12:.1f} ps/B, 3 bytes of "
+                                    "traffic per byte over the memory bandwidth x memory_efficiency"))
+    return tuple(terms)
+
+
+def _size(size_bytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size_bytes >= scale and size_bytes % scale == 0:
+            return f"{size_bytes // scale} {unit}"
+    return f"{size_bytes} B"
