@@ -62,7 +62,7 @@ def _bad_cases():
         ("malformed", "name: [unclosed\n", "malformed YAML"),
         ("unknown_field", unknown_field, "colour"),
         ("negative_bandwidth", negative, "bandwidth"),
-        ("tp_heads", scenario_dict(model="llama-2-7b", parallel={"tensor": 3}), "parallel.tensor"),
+        ("tp_shares", scenario_dict(model="llama-2-7b", parallel={"tensor": 3, "shares": [1, 1]}), "parallel.shares"),
         ("unknown_model", scenario_dict(model="llama-9-1b"), "llama-9-1b"),
         ("unknown_device", unknown_device, "tpu_v9"),
         ("unknown_algorithm", scenario_dict(variants=[{"name": "x", "strategy": "allreduce_ln",
