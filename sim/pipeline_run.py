@@ -48,7 +48,6 @@ from functools import partial
 from weakref import WeakKeyDictionary
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from models.ops import OpKind
@@ -62,7 +61,7 @@ from sim.plan import MemoryCategory, Stream
 from sim.replicas import replica_pools
 from sim.timeline import PhaseRun, RunResult, simulate_run
 from sim.topology import Topology
-from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns
+from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns, phase_ops
 from sim.vocabulary import PhaseKind
 
 _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape} (PipelineRunner._shape)
@@ -129,8 +128,9 @@ class PipelinePhaseRun:
         """Weights are resident in a pipeline: no rank waits for a load."""
         return 0.0
 
-    def expand(self, start_s: float, base_bytes: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """Op rows and memory samples of the last round (each stage pass's columns,
+    def expand(self, start_s: float, base_bytes: dict[int, float]
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Op rows and memory samples (column arrays) of the last round (each stage pass's columns,
         :func:`sim.trace.phase_columns`, shifted to its start, and a ``send`` row on the sender and
         the receiver of each hop), times from the run's start; the phase starts at ``start_s``
         with ``base_bytes`` per rank."""
@@ -175,10 +175,12 @@ class PipelinePhaseRun:
                 for rank in (task.hop.src, task.hop.dst):
                     hops.append((rank, Stream.COMM.value, OpKind.SEND.value, label, name, self.step, -1,
                                  shift + task.end_s, shift + task.hop_end_s, float(task.hop.size_bytes), 0.0))
-        ops = pd.DataFrame({c: np.concatenate([part[c] for part in op_parts]) for c in op_parts[0]})
-        ops = ops.assign(phase=name, step=self.step)[OP_COLUMNS]
-        memory = pd.DataFrame({c: np.concatenate([part[c] for part in memory_parts]) for c in MEMORY_COLUMNS})
-        return pd.concat([ops, pd.DataFrame(hops, columns=OP_COLUMNS)], ignore_index=True), memory
+        ops = phase_ops({c: np.concatenate([part[c] for part in op_parts]) for c in op_parts[0]}, name, self.step)
+        if hops:
+            hop_columns = dict(zip(OP_COLUMNS, zip(*hops)))
+            ops = {c: np.concatenate([ops[c], np.array(hop_columns[c], dtype=object if ops[c].dtype == object else None)])
+                   for c in OP_COLUMNS}
+        return ops, {c: np.concatenate([part[c] for part in memory_parts]) for c in MEMORY_COLUMNS}
 
 
 class PipelineRunner:

@@ -111,7 +111,7 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
     for step in {0, 1, num_steps - 1} & set(run.simulated):
         stalls[step] = _phase_stall_s(run.simulated[step])
     steps = step_table(run.step_start_s, run.step_end_s, stalls)
-    op_frames, memory_frames = [], []
+    op_parts, memory_parts = [], []
     for step in sorted(set(expand_steps)):
         if step in run.simulated:
             phase_run = run.simulated[step]
@@ -119,26 +119,26 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
             expand = getattr(phase_run, "expand", partial(_expand_phase, phase_run))
             ops, memory = expand(float(run.step_start_s[step]),
                                  {r: float(run.step_base_bytes[r][step]) for r in plan.ranks})
-            op_frames.append(ops)
-            memory_frames.append(memory)
-    memory_frames.append(pd.DataFrame({
+            op_parts.append(ops)
+            memory_parts.append(memory)
+    memory_parts.append({
         "rank": np.repeat(plan.ranks, num_steps),
         "time_s": np.tile(run.step_start_s, len(plan.ranks)),
         "bytes": np.concatenate([run.step_base_bytes[r] for r in plan.ranks]),
-    }))
-    ops = pd.concat(op_frames, ignore_index=True) if op_frames else pd.DataFrame(columns=OP_COLUMNS)
-    memory = memory_frames[0] if len(memory_frames) == 1 else pd.concat(memory_frames, ignore_index=True)
-    return Trace(_stable_sorted(ops, "rank", "start_s"), steps, _stable_sorted(memory, "rank", "time_s"),
-                 peak_table(run.peak_bytes))
+    })
+    ops = _sorted_table(op_parts, OP_COLUMNS, "rank", "start_s") if op_parts else pd.DataFrame(columns=OP_COLUMNS)
+    return Trace(ops, steps, _sorted_table(memory_parts, MEMORY_COLUMNS, "rank", "time_s"), peak_table(run.peak_bytes))
 
 
-def _stable_sorted(table: pd.DataFrame, first: str, then: str) -> pd.DataFrame:
-    """``table`` sorted by ``first`` then ``then``, ties in their order, with a fresh index: what
-    ``sort_values(kind="stable").reset_index(drop=True)`` gives, without its per-call overhead
-    (a plan simulates thousands of runs); numpy's lexsort is stable and sorts NaN last as pandas does."""
-    if table.empty:
-        return table.reset_index(drop=True)
-    return table.iloc[np.lexsort((table[then].to_numpy(), table[first].to_numpy()))].reset_index(drop=True)
+def _sorted_table(parts: list[dict[str, np.ndarray]], columns: list[str], first: str, then: str) -> pd.DataFrame:
+    """The table of ``parts`` (column arrays, one dict per part, rows in part order) sorted by
+    ``first`` then ``then``, ties in their order: what concatenating their DataFrames and
+    ``sort_values(kind="stable").reset_index(drop=True)`` gives, with one DataFrame built instead
+    of one per part (a plan simulates thousands of runs); numpy's lexsort is stable and sorts NaN
+    last as pandas does."""
+    table = {c: np.concatenate([part[c] for part in parts]) if len(parts) > 1 else parts[0][c] for c in columns}
+    order = np.lexsort((table[then], table[first]))
+    return pd.DataFrame({c: values[order] for c, values in table.items()})
 
 
 def _phase_stall_s(run: PhaseRun) -> float:
@@ -149,10 +149,19 @@ def _phase_stall_s(run: PhaseRun) -> float:
     return sum(seg.repeat * stall_s(seg, res) for seg, res in zip(run.phase.segments, run.results))
 
 
-def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Op rows and memory samples of every instance of every segment of one phase."""
+def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Op rows (``OP_COLUMNS``) and memory samples (``MEMORY_COLUMNS``) of every instance of every
+    segment of one phase, as column arrays."""
     ops, memory = phase_columns(run, start_s, base_bytes)
-    return pd.DataFrame(ops).assign(phase=str(run.phase.name), step=run.phase.step)[OP_COLUMNS], pd.DataFrame(memory)
+    return phase_ops(ops, str(run.phase.name), run.phase.step), memory
+
+
+def phase_ops(ops: dict[str, np.ndarray], phase: str, step: int) -> dict[str, np.ndarray]:
+    """``ops`` (:func:`phase_columns`'s op columns) with the ``phase`` and ``step`` columns of
+    their phase."""
+    rows = len(ops["rank"])
+    return {**ops, "phase": np.full(rows, phase, dtype=object), "step": np.full(rows, step, dtype=np.int64)}
 
 
 def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float]
