@@ -55,13 +55,13 @@ from sim.cores import CorePool, SharedProgress
 from sim.engine import Engine, SegmentResult
 from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
-from sim.memory import PhaseMemory, phase_memory
+from sim.memory import CATEGORIES, PhaseMemory, phase_memory
 from sim.pipeline import Hop, PipelinePlan
 from sim.plan import MemoryCategory, Stream
 from sim.replicas import replica_pools
 from sim.timeline import PhaseRun, RunResult, simulate_run
 from sim.topology import Topology
-from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns, phase_ops
+from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, TraceStrings, phase_columns, phase_ops
 from sim.vocabulary import PhaseKind
 
 _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape} (PipelineRunner._shape)
@@ -128,12 +128,12 @@ class PipelinePhaseRun:
         """Weights are resident in a pipeline: no rank waits for a load."""
         return 0.0
 
-    def expand(self, start_s: float, base_bytes: dict[int, float]
+    def expand(self, start_s: float, base_bytes: dict[int, float], strings: TraceStrings
                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Op rows and memory samples (column arrays) of the last round (each stage pass's columns,
-        :func:`sim.trace.phase_columns`, shifted to its start, and a ``send`` row on the sender and
-        the receiver of each hop), times from the run's start; the phase starts at ``start_s``
-        with ``base_bytes`` per rank."""
+        """Op rows and memory samples (column arrays, strings coded by ``strings``) of the last
+        round (each stage pass's columns, :func:`sim.trace.phase_columns`, shifted to its start,
+        and a ``send`` row on the sender and the receiver of each hop), times from the run's
+        start; the phase starts at ``start_s`` with ``base_bytes`` per rank."""
         last = max(t.round for t in self.tasks)
         columns: dict[tuple[int, int, int], tuple] = {}
         op_parts, memory_parts, hops = [], [], []
@@ -148,7 +148,7 @@ class PipelinePhaseRun:
                 if twin not in columns:
                     phase = self.plan.stage_plan(twin[0], task.micro_batch).phase(self.step)
                     ops, memory = phase_columns(PhaseRun(phase, run.results, run.duration_s, run.memory), 0.0,
-                                                dict.fromkeys(run.memory, 0.0))
+                                                dict.fromkeys(run.memory, 0.0), strings)
                     ranks, index = np.unique(memory["rank"], return_inverse=True)
                     columns[twin] = ops, memory, ranks, index
                 if twin != key:  # the shared pass's rows, on this stage's ranks and layers
@@ -173,13 +173,14 @@ class PipelinePhaseRun:
             if task.hop is not None:
                 label = "send_tokens" if task.hop.tokens else "send_hidden"
                 for rank in (task.hop.src, task.hop.dst):
-                    hops.append((rank, Stream.COMM.value, OpKind.SEND.value, label, name, self.step, -1,
+                    hops.append((rank, strings.code(Stream.COMM.value), strings.code(OpKind.SEND.value),
+                                 strings.code(label), strings.code(name), self.step, -1,
                                  shift + task.end_s, shift + task.hop_end_s, float(task.hop.size_bytes), 0.0))
-        ops = phase_ops({c: np.concatenate([part[c] for part in op_parts]) for c in op_parts[0]}, name, self.step)
+        ops = phase_ops({c: np.concatenate([part[c] for part in op_parts]) for c in op_parts[0]}, name, self.step,
+                        strings)
         if hops:
             hop_columns = dict(zip(OP_COLUMNS, zip(*hops)))
-            ops = {c: np.concatenate([ops[c], np.array(hop_columns[c], dtype=object if ops[c].dtype == object else None)])
-                   for c in OP_COLUMNS}
+            ops = {c: np.concatenate([ops[c], np.array(hop_columns[c])]) for c in OP_COLUMNS}
         return ops, {c: np.concatenate([part[c] for part in memory_parts]) for c in MEMORY_COLUMNS}
 
 
@@ -195,7 +196,7 @@ class PipelineRunner:
         plan = self.plan
         passes: dict[tuple[int, int, int], PhaseRun] = {}
         memory: dict[int, PhaseMemory] = {}
-        empty = dict.fromkeys(MemoryCategory, 0)
+        empty = dict.fromkeys(CATEGORIES, 0)
         alike: dict[tuple, tuple[int, int, int]] = {}  # what sets a pass's times -> the first pass priced
         twins: dict[tuple[int, int, int], tuple[int, int, int]] = {}
         cores = self.engine.cores
@@ -242,11 +243,11 @@ class PipelineRunner:
                     alone = run.memory[r]
                     if sum(current.values()) + alone.peak_bytes > peak:
                         peak = sum(current.values()) + alone.peak_bytes
-                        peak_by_category = {c: current[c] + alone.peak_by_category[c] for c in MemoryCategory}
+                        peak_by_category = {c: current[c] + alone.peak_by_category[c] for c in CATEGORIES}
                     if overflow is None and peak > capacity:
                         overflow = phase_memory(plan.stage_plan(s, j).phase(step), run.results, r, current,
                                                 capacity, start_s).overflow
-                    current = {c: current[c] + alone.end_by_category[c] for c in MemoryCategory}
+                    current = {c: current[c] + alone.end_by_category[c] for c in CATEGORIES}
                 memory[r] = PhaseMemory(peak, peak_by_category, current, overflow)
         phase_kind = PhaseKind.of_step(step)
         # One micro-batch is a relay, periodic from its second round on: two rounds give the period.

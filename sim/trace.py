@@ -112,13 +112,14 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
         stalls[step] = _phase_stall_s(run.simulated[step])
     steps = step_table(run.step_start_s, run.step_end_s, stalls)
     op_parts, memory_parts = [], []
+    strings = TraceStrings()
     for step in sorted(set(expand_steps)):
         if step in run.simulated:
             phase_run = run.simulated[step]
             # A pipeline's phase (sim.pipeline_run) lays its stages' passes out itself.
             expand = getattr(phase_run, "expand", partial(_expand_phase, phase_run))
             ops, memory = expand(float(run.step_start_s[step]),
-                                 {r: float(run.step_base_bytes[r][step]) for r in plan.ranks})
+                                 {r: float(run.step_base_bytes[r][step]) for r in plan.ranks}, strings)
             op_parts.append(ops)
             memory_parts.append(memory)
     memory_parts.append({
@@ -126,19 +127,46 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
         "time_s": np.tile(run.step_start_s, len(plan.ranks)),
         "bytes": np.concatenate([run.step_base_bytes[r] for r in plan.ranks]),
     })
-    ops = _sorted_table(op_parts, OP_COLUMNS, "rank", "start_s") if op_parts else pd.DataFrame(columns=OP_COLUMNS)
+    ops = _sorted_table(op_parts, OP_COLUMNS, "rank", "start_s", strings) if op_parts \
+        else pd.DataFrame(columns=OP_COLUMNS)
     return Trace(ops, steps, _sorted_table(memory_parts, MEMORY_COLUMNS, "rank", "time_s"), peak_table(run.peak_bytes))
 
 
-def _sorted_table(parts: list[dict[str, np.ndarray]], columns: list[str], first: str, then: str) -> pd.DataFrame:
-    """The table of ``parts`` (column arrays, one dict per part, rows in part order) sorted by
-    ``first`` then ``then``, ties in their order: what concatenating their DataFrames and
-    ``sort_values(kind="stable").reset_index(drop=True)`` gives, with one DataFrame built instead
-    of one per part (a plan simulates thousands of runs); numpy's lexsort is stable and sorts NaN
-    last as pandas does."""
+STRING_COLUMNS = frozenset({"stream", "kind", "name", "phase"})
+"""The columns of an ``ops`` table holding strings: while a trace is built, codes of a
+:class:`TraceStrings`."""
+
+
+class TraceStrings:
+    """The strings of a trace being built, each coded by an integer: the op columns of
+    :data:`STRING_COLUMNS` are laid out as code arrays and decoded once, when the table is made
+    (pandas turns a column of Python strings into its string dtype one element at a time, a
+    large part of a trace's cost; from codes it takes them from the few distinct strings)."""
+
+    def __init__(self):
+        self._codes: dict[str, int] = {}
+
+    def code(self, text: str) -> int:
+        """The code of ``text``, new if it has none yet."""
+        return self._codes.setdefault(text, len(self._codes))
+
+    def decode(self, codes: np.ndarray):
+        """The strings of ``codes`` as the column pandas would make of those strings (its default
+        string dtype, whatever the version: an array for a DataFrame)."""
+        return pd.Series(np.array(list(self._codes), dtype=object)).array.take(codes)
+
+
+def _sorted_table(parts: list[dict[str, np.ndarray]], columns: list[str], first: str, then: str,
+                  strings: TraceStrings | None = None) -> pd.DataFrame:
+    """The table of ``parts`` (column arrays, one dict per part, rows in part order; the
+    :data:`STRING_COLUMNS` as codes of ``strings``) sorted by ``first`` then ``then``, ties in
+    their order: what concatenating their DataFrames and ``sort_values(kind="stable")
+    .reset_index(drop=True)`` gives, with one DataFrame built instead of one per part (a plan
+    simulates thousands of runs); numpy's lexsort is stable and sorts NaN last as pandas does."""
     table = {c: np.concatenate([part[c] for part in parts]) if len(parts) > 1 else parts[0][c] for c in columns}
     order = np.lexsort((table[then], table[first]))
-    return pd.DataFrame({c: values[order] for c, values in table.items()})
+    return pd.DataFrame({c: strings.decode(values[order]) if c in STRING_COLUMNS else values[order]
+                         for c, values in table.items()})
 
 
 def _phase_stall_s(run: PhaseRun) -> float:
@@ -149,41 +177,42 @@ def _phase_stall_s(run: PhaseRun) -> float:
     return sum(seg.repeat * stall_s(seg, res) for seg, res in zip(run.phase.segments, run.results))
 
 
-def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]
+def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float], strings: TraceStrings
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Op rows (``OP_COLUMNS``) and memory samples (``MEMORY_COLUMNS``) of every instance of every
-    segment of one phase, as column arrays."""
-    ops, memory = phase_columns(run, start_s, base_bytes)
-    return phase_ops(ops, str(run.phase.name), run.phase.step), memory
+    """Op rows (``OP_COLUMNS``, strings coded by ``strings``) and memory samples
+    (``MEMORY_COLUMNS``) of every instance of every segment of one phase, as column arrays."""
+    ops, memory = phase_columns(run, start_s, base_bytes, strings)
+    return phase_ops(ops, str(run.phase.name), run.phase.step, strings), memory
 
 
-def phase_ops(ops: dict[str, np.ndarray], phase: str, step: int) -> dict[str, np.ndarray]:
-    """``ops`` (:func:`phase_columns`'s op columns) with the ``phase`` and ``step`` columns of
-    their phase."""
+def phase_ops(ops: dict[str, np.ndarray], phase: str, step: int, strings: TraceStrings) -> dict[str, np.ndarray]:
+    """``ops`` (:func:`phase_columns`'s op columns) with the ``phase`` (coded by ``strings``) and
+    ``step`` columns of their phase."""
     rows = len(ops["rank"])
-    return {**ops, "phase": np.full(rows, phase, dtype=object), "step": np.full(rows, step, dtype=np.int64)}
+    return {**ops, "phase": np.full(rows, strings.code(phase)), "step": np.full(rows, step, dtype=np.int64)}
 
 
-def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float]
+def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float], strings: TraceStrings
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The columns of :func:`_expand_phase`'s tables as arrays: op rows (every :class:`TraceEvent`
-    field but ``phase`` and ``step``, which are the phase's) and memory samples (``MEMORY_COLUMNS``),
-    for a caller that lays out many phases (a pipeline's stage passes, :mod:`sim.pipeline_run`)."""
+    field but ``phase`` and ``step``, which are the phase's; strings coded by ``strings``) and
+    memory samples (``MEMORY_COLUMNS``), for a caller that lays out many phases (a pipeline's
+    stage passes, :mod:`sim.pipeline_run`)."""
     phase = run.phase
     op_parts, mem_parts = [], []
     offset = start_s
     running_base = dict(base_bytes)
     for segment, result, layer0 in zip(phase.segments, run.results, phase.layer_of_segment):
         rows = []
+        code = strings.code
         for rank in sorted(segment.programs):
             for i, op in enumerate(segment.programs[rank]):
-                rows.append((rank, op.stream.value, op.kind.value, op.name, -1 if op.layer is None else op.layer,
-                             result.starts[rank][i], result.ends[rank][i], op.traffic_bytes, op.flops))
+                rows.append((rank, code(op.stream.value), code(op.kind.value), code(op.name),
+                             -1 if op.layer is None else op.layer, result.starts[rank][i], result.ends[rank][i],
+                             op.traffic_bytes, op.flops))
         if not rows:
             continue
         rank_col, stream, kind, name, op_layer, rel_start, rel_end, traffic, flops = map(np.array, zip(*rows))
-        # Object arrays of the same str objects: pandas makes its string columns from them 3x faster.
-        stream, kind, name = (column.astype(object) for column in (stream, kind, name))
         instance = np.arange(segment.repeat)
         n = len(rows)
         shift = offset + np.repeat(instance, n) * result.duration_s
