@@ -232,8 +232,9 @@ class PipelineRunner:
                 duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
                 # Memory of the pass alone (from nothing resident): from any start, a pass's memory is
                 # that start plus this (sim.memory.phase_memory adds every event to the start).
+                same_ledgers: dict = {}  # ranks whose ledgers are equal share one
                 passes[key] = PhaseRun(phase, results, duration, {
-                    r: phase_memory(phase, results, r, empty, 1 << 62, 0.0) for r in plan.stage_ranks[s]})
+                    r: phase_memory(phase, results, r, empty, 1 << 62, 0.0, same_ledgers) for r in plan.stage_ranks[s]})
             # A stage runs its micro-batches one after another: its memory is their ledgers in turn.
             for r in plan.stage_ranks[s]:
                 current, capacity = dict(start[r]), self.topology.devices[r].memory_capacity_bytes

@@ -79,8 +79,9 @@ class _Runner:
         phase = self.plan.phase(step)
         results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
         duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
+        same_ledgers: dict = {}  # ranks whose ledgers are equal share one
         memory = {r: phase_memory(phase, results, r, start[r], self.topology.devices[r].memory_capacity_bytes,
-                                  start_s) for r in self.plan.ranks}
+                                  start_s, same_ledgers) for r in self.plan.ranks}
         return PhaseRun(phase, results, duration, memory)
 
 
