@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import groupby
 from typing import Iterable, NamedTuple
 
 import numpy as np
@@ -222,17 +223,23 @@ def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float], s
             layer=(np.repeat(instance, n) + layer0) if layer0 is not None else np.tile(op_layer, segment.repeat),
             start_s=shift + np.tile(rel_start, segment.repeat), end_s=shift + np.tile(rel_end, segment.repeat),
             bytes=np.tile(traffic, segment.repeat), flops=np.tile(flops, segment.repeat)))
-        for rank in sorted(segment.programs):
-            ledger = segment_ledger(segment, result, rank)
+        # Consecutive ranks sharing one ledger (a tensor-parallel group's, sim.memory.phase_memory)
+        # have the same samples but their base: laid out once for them all.
+        for _, alike in groupby(sorted(segment.programs), key=lambda rank: id(segment_ledger(segment, result, rank))):
+            alike = list(alike)
+            ledger = segment_ledger(segment, result, alike[0])
             net = sum(ledger.net_bytes.values())
             k = len(ledger.times_s)
             if k:
-                mem_parts.append((np.full(k * segment.repeat, rank),
-                                  offset + np.repeat(instance, k) * result.duration_s
-                                  + np.tile(ledger.times_s, segment.repeat),
-                                  running_base[rank] + np.repeat(instance, k) * net
-                                  + np.tile(ledger.running_bytes, segment.repeat)))
-            running_base[rank] += segment.repeat * net
+                samples = k * segment.repeat
+                mem_parts.append((np.repeat(alike, samples),
+                                  np.tile(offset + np.repeat(instance, k) * result.duration_s
+                                          + np.tile(ledger.times_s, segment.repeat), len(alike)),
+                                  np.repeat([running_base[rank] for rank in alike], samples)
+                                  + np.tile(np.repeat(instance, k) * net, len(alike))
+                                  + np.tile(np.tile(ledger.running_bytes, segment.repeat), len(alike))))
+            for rank in alike:
+                running_base[rank] += segment.repeat * net
         offset += segment.repeat * result.duration_s
     ops = {column: np.concatenate([part[column] for part in op_parts]) for column in op_parts[0]}
     return ops, dict(zip(MEMORY_COLUMNS, map(np.concatenate, zip(*mem_parts))))
