@@ -15,7 +15,11 @@ the load of six other sessions (wall 2-3x CPU): 6 variants 1.35 s wall / 0.53 s 
 1.11 s / 0.44 s; batch 8 in 8 micro-batches, 2 variants, 0.79 s / 0.39 s.
 Stages whose groups are laid out alike share one priced pass and one pricing of their
 collectives (:func:`sim.pipeline_run.group_shape`), which took the 6 variants from 2.3 s to
-0.53 s of CPU.
+0.53 s of CPU. On 2026-11-29 (06481db measured 0.56 s quietly) the trace was built as one
+DataFrame per table with its strings from codes, a tensor-parallel group's ranks shared one memory
+ledger and the peaks were one grouped max: interleaved against 06481db, 4 rounds of 5 repeats on
+the shared machine (load average 5.4-6.2, steal 0.5%), CPU median of rounds 0.683 -> 0.418 s
+(wall 1.36 -> 0.70 s), results byte-identical.
 
 Run: ``.venv/bin/python benchmarks/bench_pipeline.py [--repeats 7] [--batch 1] [--variants N]``
 """

@@ -12,9 +12,12 @@ interleaved rounds of 7 repeats each against 39bae59: 39bae59 median 0.61 / 0.51
 0.47 / 0.33 / 0.32 s (median of rounds 0.51 s against 0.33 s, 0.65x). The uncalibrated
 simulator now prices collectives with per-message transport terms (:mod:`sim.transport`), which
 runs a fluid model of each schedule; the network alone had brought 0.68 s to 0.41 s (0.6x) on a
-loaded machine. What is left: the trace's
-DataFrames, the flow model's pricing of the 16 MiB double binary tree and the auto candidates,
-plan lowering and the memory ledger.
+loaded machine. On 2026-11-29 (06481db: 0.45 s quietly) the trace's DataFrames were built once
+per table with their strings from codes and a tensor-parallel group's ranks shared one memory
+ledger (see ``bench_pipeline.py``): interleaved against 06481db, 4 rounds of 5 repeats (load
+average 4.0-5.4, steal 0.6%), CPU median of rounds 0.453 -> 0.360 s (wall 0.52 -> 0.45 s). What
+is left: the flow model's pricing of the 16 MiB double binary tree and the auto candidates
+(about a third of the time), the trace's op rows and sort, plan lowering and the memory ledger.
 
 A training scenario (issue 19 item 7) times ``sim.training.simulate.simulate_training``
 instead (lowering, pricing, engine, metrics; not the trace, which is built when written):

@@ -41,18 +41,31 @@ class SegmentLedger:
     peak_by_category: dict[MemoryCategory, int]
 
 
-def segment_ledger(segment: Segment, result: SegmentResult, rank: int) -> SegmentLedger:
+def segment_ledger(segment: Segment, result: SegmentResult, rank: int, alike: dict | None = None) -> SegmentLedger:
     """Build ``rank``'s ledger of one instance of ``segment`` from its simulated op times (kept in
-    ``result``: the run's memory and its trace ask for the same ledgers)."""
+    ``result``: the run's memory and its trace ask for the same ledgers). ``alike``: ledgers by
+    their events, shared by ranks whose ops allocate and free the same bytes at the same times
+    (the ranks of a tensor-parallel group): those build one ledger (see :func:`phase_memory`)."""
     ledger = result.ledgers.get(rank)
     if ledger is None:
-        ledger = result.ledgers[rank] = _ledger(segment.programs[rank], result, rank)
+        events = _events(segment.programs[rank], result, rank)
+        if alike is None:
+            ledger = _ledger(events)
+        else:
+            key = tuple(events)
+            ledger = alike.get(key)
+            if ledger is None:
+                ledger = alike[key] = _ledger(events)
+        result.ledgers[rank] = ledger
     return ledger
 
 
-def _ledger(program: tuple[Op, ...], result: SegmentResult, rank: int) -> SegmentLedger:
+def _events(program: tuple[Op, ...], result: SegmentResult, rank: int
+            ) -> list[tuple[float, int, int, MemoryCategory, int]]:
+    """``rank``'s memory events in one instance of a segment: (time, order, op, category, delta),
+    an op's releases (order 0) before the allocations (order 1) of an op starting then."""
     starts, ends = result.starts[rank].tolist(), result.ends[rank].tolist()
-    events: list[tuple[float, int, int, MemoryCategory, int]] = []  # (time, order, op, category, delta)
+    events: list[tuple[float, int, int, MemoryCategory, int]] = []
     append = events.append
     for i, op in enumerate(program):
         start, end = starts[i], ends[i]
@@ -65,7 +78,12 @@ def _ledger(program: tuple[Op, ...], result: SegmentResult, rank: int) -> Segmen
             append((end, 0, i, category, -transient))
         for category, size in op.free:
             append((end, 0, i, category, -size))
-    events.sort(key=_EVENT_ORDER)
+    return events
+
+
+def _ledger(events: list[tuple[float, int, int, MemoryCategory, int]]) -> SegmentLedger:
+    """The ledger of a segment instance's memory ``events`` (:func:`_events`, sorted here)."""
+    events = sorted(events, key=_EVENT_ORDER)
     totals = list(accumulate(event[4] for event in events))
     peak = max(totals, default=0)
     at = totals.index(peak) if peak > 0 else -1  # the first event at the highest total
@@ -120,7 +138,7 @@ class PhaseMemory:
 
 def phase_memory(phase: Phase, results: tuple[SegmentResult, ...], rank: int,
                  start_by_category: dict[MemoryCategory, int], capacity_bytes: int,
-                 phase_start_s: float) -> PhaseMemory:
+                 phase_start_s: float, alike: dict | None = None) -> PhaseMemory:
     """Fold the segment ledgers of ``phase`` (with repeats) into the rank's phase memory.
 
     Args:
@@ -128,13 +146,15 @@ def phase_memory(phase: Phase, results: tuple[SegmentResult, ...], rank: int,
         start_by_category: bytes resident when the phase starts, by category.
         capacity_bytes: the device's memory; the first event above it is reported.
         phase_start_s: absolute start time of the phase, for the overflow's time.
+        alike: one dict passed for every rank of ``phase`` (empty at first): ranks whose
+            segment ledgers would be equal share one (:func:`segment_ledger`).
     """
     current = dict(start_by_category)
     peak_bytes, peak_by_category = sum(current.values()), dict(current)
     overflow = None
     t0 = phase_start_s
-    for segment, result, layer0 in zip(phase.segments, results, phase.layer_of_segment):
-        ledger = segment_ledger(segment, result, rank)
+    for index, (segment, result, layer0) in enumerate(zip(phase.segments, results, phase.layer_of_segment)):
+        ledger = segment_ledger(segment, result, rank, None if alike is None else alike.setdefault(index, {}))
         base = sum(current.values())
         net = sum(ledger.net_bytes.values())
         last = segment.repeat - 1

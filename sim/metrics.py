@@ -95,15 +95,10 @@ def peak_memory_bytes(trace: Trace) -> dict[int, float]:
     """Per rank of the trace, the highest device memory in use (bytes): the larger of its
     high-water mark (``trace.peaks``) and its highest memory sample."""
     ranks = np.concatenate([trace.peaks["rank"].to_numpy(), trace.memory["rank"].to_numpy()])
-    marks = np.concatenate([trace.peaks["bytes"].to_numpy(), trace.memory["bytes"].to_numpy()])
-    known = ~pd.isna(marks)
-    peaks = {}
-    for rank in np.unique(ranks):
-        # Missing values are skipped, as pandas' max does: a rank with none known peaks at NaN.
-        mine = marks[(ranks == rank) & known]
-        peak = mine.max() if len(mine) else math.nan
-        peaks[int(rank)] = peak.item() if isinstance(peak, np.generic) else peak  # a Python number, as before
-    return peaks
+    marks = pd.concat([trace.peaks["bytes"], trace.memory["bytes"]], ignore_index=True)
+    # One grouped max (missing values skipped: a rank with none known peaks at NaN), not a mask
+    # over every sample per rank (a pipeline's trace holds 64 ranks); Python numbers, ranks ascending.
+    return {int(rank): peak for rank, peak in marks.groupby(ranks).max().items()}
 
 
 def result_rows(scenario: str, variant: str, source: str, timing: dict[str, float],

@@ -55,7 +55,6 @@ from functools import partial
 from weakref import WeakKeyDictionary
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from models.ops import OpKind
@@ -63,13 +62,13 @@ from sim.cores import CorePool, SharedProgress
 from sim.engine import Engine, SegmentResult
 from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
-from sim.memory import PhaseMemory, phase_memory
+from sim.memory import CATEGORIES, PhaseMemory, phase_memory
 from sim.pipeline import Hop, PipelinePlan
 from sim.plan import MemoryCategory, Stream
 from sim.replicas import replica_pools
 from sim.timeline import PhaseRun, RunResult, simulate_run
 from sim.topology import Topology
-from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, phase_columns
+from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, TraceStrings, phase_columns, phase_ops
 from sim.vocabulary import PhaseKind
 
 _SHAPES: WeakKeyDictionary = WeakKeyDictionary()  # engine -> {group: its shape} (PipelineRunner._shape)
@@ -136,11 +135,12 @@ class PipelinePhaseRun:
         """Weights are resident in a pipeline: no rank waits for a load."""
         return 0.0
 
-    def expand(self, start_s: float, base_bytes: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """Op rows and memory samples of the last round (each stage pass's columns,
-        :func:`sim.trace.phase_columns`, shifted to its start, and a ``send`` row on the sender and
-        the receiver of each hop), times from the run's start; the phase starts at ``start_s``
-        with ``base_bytes`` per rank."""
+    def expand(self, start_s: float, base_bytes: dict[int, float], strings: TraceStrings
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Op rows and memory samples (column arrays, strings coded by ``strings``) of the last
+        round (each stage pass's columns, :func:`sim.trace.phase_columns`, shifted to its start,
+        and a ``send`` row on the sender and the receiver of each hop), times from the run's
+        start; the phase starts at ``start_s`` with ``base_bytes`` per rank."""
         last = max(t.round for t in self.tasks)
         columns: dict[tuple[int, int, int], tuple] = {}
         op_parts, memory_parts, hops = [], [], []
@@ -155,7 +155,7 @@ class PipelinePhaseRun:
                 if twin not in columns:
                     phase = self.plan.stage_plan(twin[0], task.micro_batch).phase(self.step)
                     ops, memory = phase_columns(PhaseRun(phase, run.results, run.duration_s, run.memory), 0.0,
-                                                dict.fromkeys(run.memory, 0.0))
+                                                dict.fromkeys(run.memory, 0.0), strings)
                     ranks, index = np.unique(memory["rank"], return_inverse=True)
                     columns[twin] = ops, memory, ranks, index
                 if twin != key:  # the shared pass's rows, on this stage's ranks and layers
@@ -180,12 +180,15 @@ class PipelinePhaseRun:
             if task.hop is not None:
                 label = "send_tokens" if task.hop.tokens else "send_hidden"
                 for rank in (task.hop.src, task.hop.dst):
-                    hops.append((rank, Stream.COMM.value, OpKind.SEND.value, label, name, self.step, -1,
+                    hops.append((rank, strings.code(Stream.COMM.value), strings.code(OpKind.SEND.value),
+                                 strings.code(label), strings.code(name), self.step, -1,
                                  shift + task.end_s, shift + task.hop_end_s, float(task.hop.size_bytes), 0.0))
-        ops = pd.DataFrame({c: np.concatenate([part[c] for part in op_parts]) for c in op_parts[0]})
-        ops = ops.assign(phase=name, step=self.step)[OP_COLUMNS]
-        memory = pd.DataFrame({c: np.concatenate([part[c] for part in memory_parts]) for c in MEMORY_COLUMNS})
-        return pd.concat([ops, pd.DataFrame(hops, columns=OP_COLUMNS)], ignore_index=True), memory
+        ops = phase_ops({c: np.concatenate([part[c] for part in op_parts]) for c in op_parts[0]}, name, self.step,
+                        strings)
+        if hops:
+            hop_columns = dict(zip(OP_COLUMNS, zip(*hops)))
+            ops = {c: np.concatenate([ops[c], np.array(hop_columns[c])]) for c in OP_COLUMNS}
+        return ops, {c: np.concatenate([part[c] for part in memory_parts]) for c in MEMORY_COLUMNS}
 
 
 class PipelineRunner:
@@ -202,7 +205,7 @@ class PipelineRunner:
         plan = self.plan
         passes: dict[tuple[int, int, int], PhaseRun] = {}
         memory: dict[int, PhaseMemory] = {}
-        empty = dict.fromkeys(MemoryCategory, 0)
+        empty = dict.fromkeys(CATEGORIES, 0)
         alike: dict[tuple, tuple[int, int, int]] = {}  # what sets a pass's times -> the first pass priced
         twins: dict[tuple[int, int, int], tuple[int, int, int]] = {}
         cores = self.engine.cores
@@ -238,8 +241,9 @@ class PipelineRunner:
                 duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
                 # Memory of the pass alone (from nothing resident): from any start, a pass's memory is
                 # that start plus this (sim.memory.phase_memory adds every event to the start).
+                same_ledgers: dict = {}  # ranks whose ledgers are equal share one
                 passes[key] = PhaseRun(phase, results, duration, {
-                    r: phase_memory(phase, results, r, empty, 1 << 62, 0.0) for r in plan.stage_ranks[s]})
+                    r: phase_memory(phase, results, r, empty, 1 << 62, 0.0, same_ledgers) for r in plan.stage_ranks[s]})
             # A stage runs its micro-batches one after another: its memory is their ledgers in turn.
             for r in plan.stage_ranks[s]:
                 current, capacity = dict(start[r]), self.topology.devices[r].memory_capacity_bytes
@@ -249,11 +253,11 @@ class PipelineRunner:
                     alone = run.memory[r]
                     if sum(current.values()) + alone.peak_bytes > peak:
                         peak = sum(current.values()) + alone.peak_bytes
-                        peak_by_category = {c: current[c] + alone.peak_by_category[c] for c in MemoryCategory}
+                        peak_by_category = {c: current[c] + alone.peak_by_category[c] for c in CATEGORIES}
                     if overflow is None and peak > capacity:
                         overflow = phase_memory(plan.stage_plan(s, j).phase(step), run.results, r, current,
                                                 capacity, start_s).overflow
-                    current = {c: current[c] + alone.end_by_category[c] for c in MemoryCategory}
+                    current = {c: current[c] + alone.end_by_category[c] for c in CATEGORIES}
                 memory[r] = PhaseMemory(peak, peak_by_category, current, overflow)
         phase_kind = PhaseKind.of_step(step)
         # One micro-batch is a relay, periodic from its second round on: two rounds give the period.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.engine import Engine, SegmentResult
-from sim.memory import Overflow, PhaseMemory, phase_memory
+from sim.memory import CATEGORIES, Overflow, PhaseMemory, phase_memory
 from sim.plan import MemoryCategory, Phase, Plan
 from sim.topology import Topology
 from sim.vocabulary import PhaseKind
@@ -79,8 +79,9 @@ class _Runner:
         phase = self.plan.phase(step)
         results = tuple(self.engine.run_segment(seg) for seg in phase.segments)
         duration = sum(seg.repeat * res.duration_s for seg, res in zip(phase.segments, results))
+        same_ledgers: dict = {}  # ranks whose ledgers are equal share one
         memory = {r: phase_memory(phase, results, r, start[r], self.topology.devices[r].memory_capacity_bytes,
-                                  start_s) for r in self.plan.ranks}
+                                  start_s, same_ledgers) for r in self.plan.ranks}
         return PhaseRun(phase, results, duration, memory)
 
 
@@ -92,7 +93,7 @@ def simulate_run(plan: Plan, engine: Engine, topology: Topology, runner=None) ->
     runner = runner or _Runner(plan, engine, topology)
     ranks = plan.ranks
     initial = plan.initial_memory_bytes
-    prefill = runner.run_phase(0, {r: {c: initial[r].get(c, 0) for c in MemoryCategory} for r in ranks}, 0.0)
+    prefill = runner.run_phase(0, {r: {c: initial[r].get(c, 0) for c in CATEGORIES} for r in ranks}, 0.0)
     simulated = {0: prefill}
     num_steps = plan.num_phases
     durations = np.zeros(num_steps)
@@ -106,11 +107,11 @@ def simulate_run(plan: Plan, engine: Engine, topology: Topology, runner=None) ->
 
     if num_steps > 1:
         first = runner.run_phase(1, after_prefill, prefill.duration_s)
-        per_step = {r: {c: first.memory[r].end_by_category[c] - after_prefill[r][c] for c in MemoryCategory}
+        per_step = {r: {c: first.memory[r].end_by_category[c] - after_prefill[r][c] for c in CATEGORIES}
                     for r in ranks}
 
         def start_of(step: int) -> dict[int, dict[MemoryCategory, int]]:
-            return {r: {c: after_prefill[r][c] + (step - 1) * per_step[r][c] for c in MemoryCategory}
+            return {r: {c: after_prefill[r][c] + (step - 1) * per_step[r][c] for c in CATEGORIES}
                     for r in ranks}
 
         def run(step: int) -> PhaseRun:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import groupby
 from typing import Iterable, NamedTuple
 
 import numpy as np
@@ -111,34 +112,62 @@ def build_trace(run: RunResult, expand_steps: Iterable[int] = (0, 1)) -> Trace:
     for step in {0, 1, num_steps - 1} & set(run.simulated):
         stalls[step] = _phase_stall_s(run.simulated[step])
     steps = step_table(run.step_start_s, run.step_end_s, stalls)
-    op_frames, memory_frames = [], []
+    op_parts, memory_parts = [], []
+    strings = TraceStrings()
     for step in sorted(set(expand_steps)):
         if step in run.simulated:
             phase_run = run.simulated[step]
             # A pipeline's phase (sim.pipeline_run) lays its stages' passes out itself.
             expand = getattr(phase_run, "expand", partial(_expand_phase, phase_run))
             ops, memory = expand(float(run.step_start_s[step]),
-                                 {r: float(run.step_base_bytes[r][step]) for r in plan.ranks})
-            op_frames.append(ops)
-            memory_frames.append(memory)
-    memory_frames.append(pd.DataFrame({
+                                 {r: float(run.step_base_bytes[r][step]) for r in plan.ranks}, strings)
+            op_parts.append(ops)
+            memory_parts.append(memory)
+    memory_parts.append({
         "rank": np.repeat(plan.ranks, num_steps),
         "time_s": np.tile(run.step_start_s, len(plan.ranks)),
         "bytes": np.concatenate([run.step_base_bytes[r] for r in plan.ranks]),
-    }))
-    ops = pd.concat(op_frames, ignore_index=True) if op_frames else pd.DataFrame(columns=OP_COLUMNS)
-    memory = memory_frames[0] if len(memory_frames) == 1 else pd.concat(memory_frames, ignore_index=True)
-    return Trace(_stable_sorted(ops, "rank", "start_s"), steps, _stable_sorted(memory, "rank", "time_s"),
-                 peak_table(run.peak_bytes))
+    })
+    ops = _sorted_table(op_parts, OP_COLUMNS, "rank", "start_s", strings) if op_parts \
+        else pd.DataFrame(columns=OP_COLUMNS)
+    return Trace(ops, steps, _sorted_table(memory_parts, MEMORY_COLUMNS, "rank", "time_s"), peak_table(run.peak_bytes))
 
 
-def _stable_sorted(table: pd.DataFrame, first: str, then: str) -> pd.DataFrame:
-    """``table`` sorted by ``first`` then ``then``, ties in their order, with a fresh index: what
-    ``sort_values(kind="stable").reset_index(drop=True)`` gives, without its per-call overhead
-    (a plan simulates thousands of runs); numpy's lexsort is stable and sorts NaN last as pandas does."""
-    if table.empty:
-        return table.reset_index(drop=True)
-    return table.iloc[np.lexsort((table[then].to_numpy(), table[first].to_numpy()))].reset_index(drop=True)
+STRING_COLUMNS = frozenset({"stream", "kind", "name", "phase"})
+"""The columns of an ``ops`` table holding strings: while a trace is built, codes of a
+:class:`TraceStrings`."""
+
+
+class TraceStrings:
+    """The strings of a trace being built, each coded by an integer: the op columns of
+    :data:`STRING_COLUMNS` are laid out as code arrays and decoded once, when the table is made
+    (pandas turns a column of Python strings into its string dtype one element at a time, a
+    large part of a trace's cost; from codes it takes them from the few distinct strings)."""
+
+    def __init__(self):
+        self._codes: dict[str, int] = {}
+
+    def code(self, text: str) -> int:
+        """The code of ``text``, new if it has none yet."""
+        return self._codes.setdefault(text, len(self._codes))
+
+    def decode(self, codes: np.ndarray):
+        """The strings of ``codes`` as the column pandas would make of those strings (its default
+        string dtype, whatever the version: an array for a DataFrame)."""
+        return pd.Series(np.array(list(self._codes), dtype=object)).array.take(codes)
+
+
+def _sorted_table(parts: list[dict[str, np.ndarray]], columns: list[str], first: str, then: str,
+                  strings: TraceStrings | None = None) -> pd.DataFrame:
+    """The table of ``parts`` (column arrays, one dict per part, rows in part order; the
+    :data:`STRING_COLUMNS` as codes of ``strings``) sorted by ``first`` then ``then``, ties in
+    their order: what concatenating their DataFrames and ``sort_values(kind="stable")
+    .reset_index(drop=True)`` gives, with one DataFrame built instead of one per part (a plan
+    simulates thousands of runs); numpy's lexsort is stable and sorts NaN last as pandas does."""
+    table = {c: np.concatenate([part[c] for part in parts]) if len(parts) > 1 else parts[0][c] for c in columns}
+    order = np.lexsort((table[then], table[first]))
+    return pd.DataFrame({c: strings.decode(values[order]) if c in STRING_COLUMNS else values[order]
+                         for c, values in table.items()})
 
 
 def _phase_stall_s(run: PhaseRun) -> float:
@@ -149,32 +178,42 @@ def _phase_stall_s(run: PhaseRun) -> float:
     return sum(seg.repeat * stall_s(seg, res) for seg, res in zip(run.phase.segments, run.results))
 
 
-def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Op rows and memory samples of every instance of every segment of one phase."""
-    ops, memory = phase_columns(run, start_s, base_bytes)
-    return pd.DataFrame(ops).assign(phase=str(run.phase.name), step=run.phase.step)[OP_COLUMNS], pd.DataFrame(memory)
+def _expand_phase(run: PhaseRun, start_s: float, base_bytes: dict[int, float], strings: TraceStrings
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Op rows (``OP_COLUMNS``, strings coded by ``strings``) and memory samples
+    (``MEMORY_COLUMNS``) of every instance of every segment of one phase, as column arrays."""
+    ops, memory = phase_columns(run, start_s, base_bytes, strings)
+    return phase_ops(ops, str(run.phase.name), run.phase.step, strings), memory
 
 
-def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float]
+def phase_ops(ops: dict[str, np.ndarray], phase: str, step: int, strings: TraceStrings) -> dict[str, np.ndarray]:
+    """``ops`` (:func:`phase_columns`'s op columns) with the ``phase`` (coded by ``strings``) and
+    ``step`` columns of their phase."""
+    rows = len(ops["rank"])
+    return {**ops, "phase": np.full(rows, strings.code(phase)), "step": np.full(rows, step, dtype=np.int64)}
+
+
+def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float], strings: TraceStrings
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The columns of :func:`_expand_phase`'s tables as arrays: op rows (every :class:`TraceEvent`
-    field but ``phase`` and ``step``, which are the phase's) and memory samples (``MEMORY_COLUMNS``),
-    for a caller that lays out many phases (a pipeline's stage passes, :mod:`sim.pipeline_run`)."""
+    field but ``phase`` and ``step``, which are the phase's; strings coded by ``strings``) and
+    memory samples (``MEMORY_COLUMNS``), for a caller that lays out many phases (a pipeline's
+    stage passes, :mod:`sim.pipeline_run`)."""
     phase = run.phase
     op_parts, mem_parts = [], []
     offset = start_s
     running_base = dict(base_bytes)
     for segment, result, layer0 in zip(phase.segments, run.results, phase.layer_of_segment):
         rows = []
+        code = strings.code
         for rank in sorted(segment.programs):
             for i, op in enumerate(segment.programs[rank]):
-                rows.append((rank, op.stream.value, op.kind.value, op.name, -1 if op.layer is None else op.layer,
-                             result.starts[rank][i], result.ends[rank][i], op.traffic_bytes, op.flops))
+                rows.append((rank, code(op.stream.value), code(op.kind.value), code(op.name),
+                             -1 if op.layer is None else op.layer, result.starts[rank][i], result.ends[rank][i],
+                             op.traffic_bytes, op.flops))
         if not rows:
             continue
         rank_col, stream, kind, name, op_layer, rel_start, rel_end, traffic, flops = map(np.array, zip(*rows))
-        # Object arrays of the same str objects: pandas makes its string columns from them 3x faster.
-        stream, kind, name = (column.astype(object) for column in (stream, kind, name))
         instance = np.arange(segment.repeat)
         n = len(rows)
         shift = offset + np.repeat(instance, n) * result.duration_s
@@ -184,17 +223,23 @@ def phase_columns(run: PhaseRun, start_s: float, base_bytes: dict[int, float]
             layer=(np.repeat(instance, n) + layer0) if layer0 is not None else np.tile(op_layer, segment.repeat),
             start_s=shift + np.tile(rel_start, segment.repeat), end_s=shift + np.tile(rel_end, segment.repeat),
             bytes=np.tile(traffic, segment.repeat), flops=np.tile(flops, segment.repeat)))
-        for rank in sorted(segment.programs):
-            ledger = segment_ledger(segment, result, rank)
+        # Consecutive ranks sharing one ledger (a tensor-parallel group's, sim.memory.phase_memory)
+        # have the same samples but their base: laid out once for them all.
+        for _, alike in groupby(sorted(segment.programs), key=lambda rank: id(segment_ledger(segment, result, rank))):
+            alike = list(alike)
+            ledger = segment_ledger(segment, result, alike[0])
             net = sum(ledger.net_bytes.values())
             k = len(ledger.times_s)
             if k:
-                mem_parts.append((np.full(k * segment.repeat, rank),
-                                  offset + np.repeat(instance, k) * result.duration_s
-                                  + np.tile(ledger.times_s, segment.repeat),
-                                  running_base[rank] + np.repeat(instance, k) * net
-                                  + np.tile(ledger.running_bytes, segment.repeat)))
-            running_base[rank] += segment.repeat * net
+                samples = k * segment.repeat
+                mem_parts.append((np.repeat(alike, samples),
+                                  np.tile(offset + np.repeat(instance, k) * result.duration_s
+                                          + np.tile(ledger.times_s, segment.repeat), len(alike)),
+                                  np.repeat([running_base[rank] for rank in alike], samples)
+                                  + np.tile(np.repeat(instance, k) * net, len(alike))
+                                  + np.tile(np.tile(ledger.running_bytes, segment.repeat), len(alike))))
+            for rank in alike:
+                running_base[rank] += segment.repeat * net
         offset += segment.repeat * result.duration_s
     ops = {column: np.concatenate([part[column] for part in op_parts]) for column in op_parts[0]}
     return ops, dict(zip(MEMORY_COLUMNS, map(np.concatenate, zip(*mem_parts))))
