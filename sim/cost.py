@@ -78,14 +78,14 @@ class RooflineCompute:
 
     def roofline_s(self, op: Op, device: Device) -> float:
         """The roofline time of ``op`` on ``device`` without the fixed overhead (s)."""
-        peak_flops = device.spec.peak_flops(self.dtype)
-        bandwidth = device.spec.memory_bandwidth_bytes_per_s
-        if self.one_core:
-            peaks, bandwidth = device.spec.one_core()
-            peak_flops = peaks[self.dtype]
-        compute_s = op.cost.flops / (peak_flops * self.flops_efficiency)
+        bandwidth = device.spec.one_core()[1] if self.one_core else device.spec.memory_bandwidth_bytes_per_s
         memory_s = op.traffic_bytes / (bandwidth * self.memory_efficiency)
-        return max(compute_s, memory_s)
+        return max(self.flops_s(op, device), memory_s)
+
+    def flops_s(self, op: Op, device: Device) -> float:
+        """The arithmetic side of ``op``'s roofline on ``device``: its FLOPs at the achieved peak (s)."""
+        peak_flops = device.spec.one_core()[0][self.dtype] if self.one_core else device.spec.peak_flops(self.dtype)
+        return op.cost.flops / (peak_flops * self.flops_efficiency)
 
     def one_core_lines(self, specs) -> tuple[str, ...]:
         """What ``one_core`` priced, one line per device kind of ``specs`` (:class:`DeviceSpec`)

@@ -5,6 +5,7 @@ refuses or what misses, and the one-line errors of bad serving plans."""
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -15,7 +16,7 @@ from sim.planning.plan_config import load_plan, plan_from_dict
 from sim.planning.pick_commands import vllm_lines
 from sim.planning.search import COST_PER_MILLION_TOKENS, DECODE_BATCH, Planner, Stage
 from sim.scenario import load_scenario, scenario_from_dict
-from sim.serving.simulate import cost_per_million_tokens, meets_slo, simulate_serving
+from sim.serving.simulate import cost_per_million_tokens, meets_slo, percentile_floor_key, simulate_serving
 from sim.simulate import simulate
 from sim.vocabulary import Metric
 from tests.test_planner import SMALL, assert_plan_refused
@@ -89,6 +90,41 @@ def test_pruning_drops_only_what_the_serving_simulator_refuses_or_what_misses(se
     unloaded = scenario_from_dict(_at_rate(planner.scenario_dict(rows.loc[bound["candidate"]]), 0.01, 0))
     tpot = simulate_serving(unloaded).variants[0].metrics[Metric.TPOT]
     assert tpot >= bound["tpot_lower_bound_s"] > served.request.config.slo.tpot_s
+
+
+def test_a_candidate_pruned_by_its_ttft_bound_misses_the_ttft_objective_when_served_anyway(tmp_path):
+    # Three requests in ten have 1500-token prompts: the p90 TTFT is one of theirs at every request
+    # count the rate search serves, so the bound prices a 1500-token prefill, though most prompts are
+    # 300 tokens. Pruned: a T4 (just above the objective), two RTX 3060 as TP=2 and as PP=2.
+    prompts = [300, 1500, 300, 300, 1500, 300, 300, 300, 1500, 300]
+    (tmp_path / "requests.csv").write_text("prompt_tokens,output_tokens\n" + "".join(f"{p},16\n" for p in prompts))
+    config = SERVING | {"workload": {"kind": "serving", "rate_per_s": 0.5, "trace": "requests.csv"},
+                        "slo": {"ttft": "500ms", "percentile": 90},
+                        "search": SERVING["search"] | {"devices": ["t4", "rtx_3060_12gb", "rtx_4090"]}}
+    planner = Planner(plan_from_dict(config, base_dir=tmp_path))
+    rows = planner.candidates()
+    pruned = rows[rows["stage"] == Stage.BOUND]
+    assert set(pruned["cluster"] + " " + pruned["parallel"]) == {
+        "1 x 1 t4 TP=1", "1 x 2 rtx_3060_12gb (pcie4) TP=2", "1 x 2 rtx_3060_12gb (pcie4) PP=2"}
+    assert pruned["reason"].str.fullmatch(r"TTFT p90 at least \d\.\d+ s > 0\.5 s").all()
+    kept = rows[rows["stage"] == Stage.SIMULATED]
+    assert (kept["ttft_lower_bound_s"] <= 0.5).all() and "rtx_4090" in set(kept["device_types"])
+    for _, row in pruned.iterrows():
+        unloaded = scenario_from_dict(_at_rate(planner.scenario_dict(row), 0.01, 0), base_dir=tmp_path)
+        ttft = simulate_serving(unloaded).variants[0].metrics[Metric.TTFT.percentile(90)]
+        assert ttft >= row["ttft_lower_bound_s"] > 0.5, row["cluster"]
+
+
+@pytest.mark.parametrize("percentile", [10, 50, 90, 99, 100])
+def test_the_ttft_bounds_prompt_bounds_the_percentile_at_every_request_count(percentile):
+    # the rate search serves the lengths repeated in order to any count from len(prompts) up: the
+    # percentile of any quantity growing with the prompt is at least its value at the prompt found
+    prompts = [512, 2000, 2000, 128, 512, 2000, 128, 128, 512, 2000, 512, 128]
+    key = percentile_floor_key(prompts, percentile)
+    counts = range(len(prompts), 6 * len(prompts))
+    assert min(np.percentile([prompts[i % len(prompts)] for i in range(n)], percentile) for n in counts) >= key
+    # and it is not the trivial answer where the percentile sits among the longer prompts
+    assert key == {10: 128, 50: 512, 90: 2000, 99: 2000, 100: 2000}[percentile]
 
 
 def test_every_top_configuration_names_its_bottleneck_and_the_pick_runs_on_vllm_and_at_its_batch(served):

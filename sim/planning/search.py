@@ -22,7 +22,8 @@ ends at one **stage**, cheapest test first:
    (:class:`sim.cost.RooflineCompute`), which a step cannot beat since a rank runs its compute ops
    one at a time; TPOT at the shortest context; a pipeline's step also lasts at least one
    micro-batch's pass through every stage, and replicas' latency is the slowest one's
-   (:meth:`Planner._bounds`); with streamed weights, a step also lasts at least each rank's loads
+   (:meth:`Planner._bounds`; a serving load's TTFT bound is read at its SLO's percentile, see
+   below); with streamed weights, a step also lasts at least each rank's loads
    of the pass, its streamed blocks past the window's first read from the host's storage at no
    more than its bandwidth (:meth:`Planner._loads_s`). Skipped under a calibration profile, whose
    compute may beat the roofline;
@@ -39,11 +40,39 @@ request rate, each serving rate / R behind a round-robin balancer; a pipeline ke
 in flight per stage, :mod:`sim.serving.scheduler`) and prunes with the same stages, read for a
 load of requests: ``memory`` when the KV cache left beside the weights (at the workload's
 ``memory_utilization``, as :func:`sim.serving.simulate.kv_capacity_tokens` sizes it) cannot hold
-the longest request alone, which the serving simulator would refuse; ``bound`` when a single
-request's TPOT lower bound (one sequence decoding at the shortest prompt, on the slowest replica, through
-every stage of a pipeline) misses the objective:
-every decode iteration of a loaded server costs at least that pass. It has no TTFT bound (a prompt
-split into chunks may beat the whole prompt's roofline) and no ``dominated`` stage (no closed-form
+the longest request alone, which the serving simulator would refuse; ``bound`` when a lower bound
+of TTFT at the SLO's percentile, or a single request's TPOT lower bound (one sequence decoding at
+the shortest prompt, on the slowest replica, through every stage of a pipeline), misses its
+objective: every decode iteration of a loaded server costs at least that pass.
+
+The TTFT bound (:meth:`Planner._request_ttft_s`) holds for a request of N prompt tokens at any
+load: the serving simulator prefills its prompt in chunks of n_c tokens ending at context k_c
+(one chunk, or several under the token budget, :mod:`sim.serving.scheduler`), one iteration
+each, the next launched after the last is back, and its first token comes out of the last, so
+its TTFT is at least the sum of those iterations' times through every stage. An iteration costs
+at least its chunk's prefill pass (:meth:`sim.serving.iteration.IterationCost.iteration_s` adds
+the decode pass and the other chunks' passes beyond the smallest one, and passes grow with their
+tokens and context), and a pass at least each
+rank's compute ops priced one after another by the roofline (op overhead included). Per op,
+the chunks' FLOPs sum to at least the whole prompt's (each token's causal attention pairs are
+counted once; the LM head runs once per pass) and their bytes to at least its own (weights re-read, the KV cache of a longer context),
+so the chunks' ``sum max(f_c / peak, b_c / bw)`` is at least the whole prompt's ``max(F / peak,
+B / bw)``, and their overheads add. One term breaks this: the simulator interpolates a pass
+linearly between chunks of :data:`sim.serving.iteration.CHUNK_STEP`-token grid points, and an
+attention op's causal pairs ``n k - n (n - 1) / 2`` are concave in n, so a chunk between grid
+points is priced up to ``(n - lo)(hi - n) / 2 <= CHUNK_STEP / 2 x n`` pairs short (the
+interpolation over context is exact, attention being linear in it, and rounds up). Over the
+chunks that is at most ``CHUNK_STEP / 2 x N`` of the whole prompt's ``N (N + 1) / 2`` pairs: the
+bound drops that share, ``CHUNK_STEP / (N + 1)``, of each rank's attention FLOP time. Core
+contention, collectives, pipeline hops, queueing and other requests only add. So a request's
+TTFT is at least, on the fastest replica it may land on (round robin), the sum over a
+pipeline's stages of each stage's busiest rank's compute for the whole prompt at batch 1 less
+that share. The SLO's percentile over a run of any rate is bounded by that bound at the prompt
+length :func:`sim.serving.simulate.percentile_floor_key` picks (the run's requests repeat the
+workload's lengths in order to a count that grows with the rate; numpy's linear percentile),
+so a candidate pruned by it misses at every rate, the target's included.
+
+It has no ``dominated`` stage (no closed-form
 bound of a maximum rate): every survivor is simulated by :func:`sim.serving.simulate.simulate_serving`,
 whose rate search starts at the target rate (``workload.rate_per_s``) and stops at a bracket of
 ``search.rate_tolerance`` (relative), so a candidate meets the objectives iff its maximum rate is at
@@ -69,13 +98,14 @@ import itertools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import pandas as pd
 
 from models.accounting import layer_block_weight_bytes
 from models.errors import ConfigError
+from models.ops import OpKind
 from models.spec import ModelSpec
 from sim.context import profile_context
 from sim.cost import RooflineCompute
@@ -86,15 +116,17 @@ from sim.planning.catalog import Catalog, price_text
 from sim.planning.layouts import InferenceLayout, inference_layouts
 from sim.planning.plan_config import PlanRequest
 from sim.parallel import ParallelPlan, ShareBasis, rank_needs_bytes, workload_share_basis
-from sim.pipeline import PipelinePlan
+from sim.pipeline import PipelinePlan, pipeline_stages
 from sim.plan import Plan
 from sim.program import Stage as ProgramStage
 from sim.profile import Profile
 from sim.replicas import split_batch
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
+from sim.serving.iteration import CHUNK_STEP
 from sim.serving.simulate import (RateSearchSettings, ServingVariantResult, check_serving_layout,
-                                  cost_per_million_tokens, pipeline_bottleneck, simulate_serving)
+                                  cost_per_million_tokens, percentile_floor_key, pipeline_bottleneck,
+                                  simulate_serving)
 from sim.simulate import simulate
 from sim.training.metrics import bottleneck
 from sim.training.simulate import simulate_training
@@ -246,8 +278,8 @@ def cluster_shapes(request: PlanRequest) -> list[ClusterShape]:
 
 @dataclass
 class Bounds:
-    """Closed-form bounds of one (model, ranks' devices, layout, strategy): lower bounds of TTFT and
-    TPOT (s), and an upper bound of decode tokens/s."""
+    """Closed-form bounds of one (model, ranks' devices, layout, strategy): lower bounds of TTFT
+    (a serving load's: at its SLO's percentile) and TPOT (s), and an upper bound of decode tokens/s."""
 
     ttft_s: float
     tpot_s: float
@@ -347,7 +379,8 @@ class Planner:
         its busiest rank's compute; a pipeline's step also at least one micro-batch's pass through
         every stage in turn (each stage's busiest rank), as each micro-batch's next token needs its
         last one (GPipe, arXiv 1811.06965, section 2.2); replicas run apart: the batch's latency
-        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`). With streamed
+        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`). A serving
+        load's TTFT bound is :meth:`_serving_ttft_s`'s. With streamed
         weights (memory policy ``policy_index``), a step also lasts at least each rank's loads
         (:meth:`_loads_s`)."""
         batch, prompt, output = self._bound_lengths()
@@ -355,7 +388,8 @@ class Planner:
         loads = self._loads_s(model_index, device_types, layout, strategy, policy_index)
 
         def group_s(ranks: tuple[int, ...], sequences: int, stage: ProgramStage | None, shards) -> tuple:
-            return self._group_s(model_index, tuple(device_types[r] for r in ranks), sequences, stage, shards, strategy)
+            return self._group_s(model_index, tuple(device_types[r] for r in ranks), sequences, stage, shards, strategy,
+                                 prompt, output)[:2]
 
         if parallel.pipeline > 1:
             pipeline = PipelinePlan.of(parallel, batch, prompt, output, StrategyChoice.library(strategy))
@@ -374,14 +408,50 @@ class Planner:
             passes = min(sum(max(micro[j][step]) for micro in stages) for j in range(len(stages[0])))
             return max(busiest, passes)
 
-        ttft_s = tpot_s = tokens_per_s = 0.0
+        serving = self.request.config.is_serving
+        ttft_s = self._serving_ttft_s(model_index, device_types, layout, strategy) if serving else 0.0
+        tpot_s = tokens_per_s = 0.0
         for stages, b, load_s in copies:
-            # no serving TTFT bound: see the module docstring
-            ttft_s = math.nan if self.request.config.is_serving else max(ttft_s, step_s(stages, 0), load_s)
+            if not serving:
+                ttft_s = max(ttft_s, step_s(stages, 0), load_s)
             tpot = max(step_s(stages, 1), load_s) if output > 1 else 0.0
             tpot_s = max(tpot_s, tpot)
             tokens_per_s += b / tpot if tpot > 0 else math.inf
         return Bounds(ttft_s, tpot_s, tokens_per_s)
+
+    def _serving_ttft_s(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout,
+                        strategy: str) -> float:
+        """A lower bound of a serving load's TTFT at the SLO's percentile, at every rate the search
+        tries (s): the per-request bound of :meth:`_request_ttft_s` at the prompt length
+        :func:`sim.serving.simulate.percentile_floor_key` picks from the workload's requests (the
+        bound grows with the prompt)."""
+        return self._request_ttft_s(model_index, device_types, layout, strategy, self._ttft_prompt)
+
+    @cached_property
+    def _ttft_prompt(self) -> int:
+        """The prompt length whose per-request TTFT bound bounds a serving load's percentile
+        (:func:`sim.serving.simulate.percentile_floor_key`)."""
+        return percentile_floor_key([r.prompt_tokens for r in self.request.requests], self.request.config.slo.percentile)
+
+    def _request_ttft_s(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout,
+                        strategy: str, prompt: int) -> float:
+        """A lower bound of the TTFT of any request of ``prompt`` tokens served by ``layout`` at any
+        load (s): the serving simulator's prefill of its prompt, whole or in chunks, through every
+        stage, on the fastest replica it may land on (the module docstring gives the argument)."""
+        _, parallel = self._layout_plan(model_index, device_types, layout)
+        # interpolating a chunk's cost over CHUNK_STEP-token grid points undercounts its attention FLOPs
+        slack = min(1.0, CHUNK_STEP / (prompt + 1))
+
+        def group_s(ranks: tuple[int, ...], stage: ProgramStage | None, shards) -> float:
+            totals, _, attention = self._group_s(model_index, tuple(device_types[r] for r in ranks), 1, stage, shards,
+                                                 strategy, prompt, 1)
+            return max(total - slack * flops_s for total, flops_s in zip(totals, attention))
+
+        if parallel.pipeline > 1:
+            return sum(group_s(ranks, stage, None) for ranks, stage in zip(parallel.stage_ranks,
+                                                                           pipeline_stages(parallel)))
+        return min(group_s(ranks, None, shards) for ranks, shards in zip(parallel.replica_ranks,
+                                                                         parallel.replica_shards))
 
     def _loads_s(self, model_index: int, device_types: tuple[str, ...], layout: InferenceLayout, strategy: str,
                  policy_index: int) -> dict[int, float]:
@@ -406,14 +476,15 @@ class Planner:
         return loads
 
     @lru_cache(maxsize=None)
-    def _group_s(self, model_index: int, group_types: tuple[str, ...], sequences: int,
-                 stage: ProgramStage | None, shards, strategy: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    def _group_s(self, model_index: int, group_types: tuple[str, ...], sequences: int, stage: ProgramStage | None,
+                 shards, strategy: str, prompt: int, output: int) -> tuple[tuple[float, ...], ...]:
         """Each rank's compute (s, roofline) in one tensor-parallel group of devices of
-        ``group_types`` serving ``sequences``: in the prefill and in the first decode step (0 when
-        there is none); ``stage``: a pipeline stage's layers (None: the whole model). A stage's
-        lowering does not depend on where its layers start, so alike groups are priced once."""
+        ``group_types`` serving ``sequences`` of ``prompt`` and ``output`` tokens: in the prefill,
+        in the first decode step (0 when there is none), and the FLOPs side of its prefill's
+        attention ops (:meth:`sim.cost.RooflineCompute.flops_s`); ``stage``: a pipeline stage's
+        layers (None: the whole model). A stage's lowering does not depend on where its layers
+        start, so alike groups are priced once."""
         spec = self.request.models[model_index]
-        _, prompt, output = self._bound_lengths()
         settings = self.request.config.compute
         compute = RooflineCompute(spec.dtype, settings.flops_efficiency, settings.memory_efficiency,
                                   settings.op_overhead_s)
@@ -422,20 +493,22 @@ class Planner:
         plan = Plan(spec, ranks, sequences, prompt, output, StrategyChoice.library(strategy), shards=shards,
                     stage=None if stage is None else ProgramStage(0, stage.num_layers, stage.embeds, stage.heads))
 
-        def rank_s(step: int) -> tuple[float, ...]:
+        def rank_s(step: int, price=compute.duration_s, kinds=None) -> tuple[float, ...]:
             totals = dict.fromkeys(ranks, 0.0)
             for segment in plan.phase(step).segments:
                 for rank, ops in segment.programs.items():
-                    totals[rank] += segment.repeat * sum(compute.duration_s(op, devices[rank])
-                                                         for op in ops if op.cost is not None)
+                    totals[rank] += segment.repeat * sum(price(op, devices[rank]) for op in ops
+                                                         if op.cost is not None and (kinds is None or op.kind in kinds))
             return tuple(totals[r] for r in ranks)
 
-        return rank_s(0), rank_s(1) if output > 1 else (0.0,) * len(ranks)
+        return (rank_s(0), rank_s(1) if output > 1 else (0.0,) * len(ranks),
+                rank_s(0, compute.flops_s, (OpKind.ATTENTION,)))
 
     def _misses_by_bound(self, bounds: Bounds) -> str:
         slo = self.request.config.slo
-        if slo.ttft_s is not None and bounds.ttft_s > slo.ttft_s:  # False for NaN
-            return f"TTFT at least {bounds.ttft_s:.3g} s > {slo.ttft_s:.3g} s"
+        if slo.ttft_s is not None and bounds.ttft_s > slo.ttft_s:
+            at = f" p{slo.percentile:g}" if self.request.config.is_serving else ""
+            return f"TTFT{at} at least {bounds.ttft_s:.3g} s > {slo.ttft_s:.3g} s"
         if slo.tpot_s is not None and bounds.tpot_s > slo.tpot_s:
             return f"TPOT at least {bounds.tpot_s * 1e3:.3g} ms > {slo.tpot_s * 1e3:.3g} ms"
         if slo.tokens_per_s is not None and bounds.tokens_per_s < slo.tokens_per_s:

@@ -340,6 +340,42 @@ def late_requests_to_miss(count: int, percentile: float) -> int:
     return count - math.floor(percentile / 100 * (count - 1)) + 1
 
 
+def percentile_floor_key(keys: list[int], percentile: float) -> int:
+    """The largest of ``keys`` (one per request, in request order) below which the SLO's percentile
+    cannot fall at any rate the search tries: for any per-request quantity at least ``g(key)``, g
+    nondecreasing (a TTFT lower bound by prompt length), numpy's linear ``percentile`` of the
+    quantity over a rate search's run is at least ``g`` of the key returned.
+
+    A run at any rate serves ``M >= L`` requests (L = ``len(keys)``), request i with the lengths of
+    request ``i mod L`` (:func:`sim.serving.requests.at_rate`, :func:`max_request_rate`); write
+    ``M = k L + r``, ``k >= 1``, ``0 <= r < L``. numpy's linear percentile lies between the sorted
+    values at 0-based ranks ``floor(a (M - 1))`` and the one above (``a = percentile / 100``), so
+    it is at least v once at most ``floor(a (M - 1))`` values are below v. With ``c`` of the keys
+    below a key K and ``c_r`` of the first r, at most ``k c + c_r`` of the run's requests have a
+    key below K, hence a bound below g(K) (the others have at least g(K)). The key K is taken
+    when ``k c + c_r <= a (M - 1)`` for every such M; at k = 1 that reads ``c + c_r <= a (L + r - 1)``
+    for every r, and each further k adds ``c - a L``, negative once the case r = 0 holds. A
+    relative margin of 1e-12 below ``a (M - 1)`` keeps numpy's rounding of that product (relative
+    1e-16) from lowering its floor past the counts allowed.
+    Keys taken form a prefix of the sorted keys (counts grow with K): bisected over the distinct
+    keys; the smallest key is always taken (no key below it)."""
+    order = np.asarray(keys)
+    distinct = np.unique(order)
+    a = percentile / 100
+    limits = a * (len(order) + np.arange(len(order)) - 1) * (1 - 1e-12)  # a (L + r - 1), r = 0 .. L - 1
+
+    def taken(key: int) -> bool:
+        below = order < key
+        prefix = np.concatenate(([0], np.cumsum(below)[:-1]))  # c_r: below among the first r
+        return bool(np.all(below.sum() + prefix <= limits))
+
+    lo, hi = 0, len(distinct) - 1  # distinct[lo] is taken
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if taken(int(distinct[mid])) else (lo, mid - 1)
+    return int(distinct[lo])
+
+
 @dataclass(frozen=True)
 class RateSearchSettings:
     """How :func:`simulate_serving` searches each variant's maximum rate: from the workload's own
