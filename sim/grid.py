@@ -20,7 +20,8 @@ file. Every point is validated by the scenario's own schema (:func:`sim.scenario
 a point the schema or the simulator refuses for its combination (a tensor-parallel degree above
 the model's heads) is kept as a point with its error, never a crash; a degree that does not divide
 the heads is simulated with the uneven split :func:`sim.simulate.simulate` gives it
-(:meth:`sim.parallel.ParallelPlan.of`). A grid file that is
+(:meth:`sim.parallel.ParallelPlan.of`), and its outcome says so and by which basis
+(:attr:`PointOutcome.shares_note`). A grid file that is
 itself wrong (not a mapping, an axis that is no field of the scenario, an exclusion naming no
 axis, more than :data:`MAX_GRID_POINTS` points) is one :class:`ConfigError` naming the field.
 
@@ -108,15 +109,18 @@ class PointOutcome:
     """What simulating one point gave: tidy result ``rows`` (tuples in
     :data:`sim.metrics.RESULT_COLUMNS` order), ``oom`` (variant -> the first op that does not fit,
     for the variants that overflow), ``error`` ("field: message" when the simulator refused the
-    point; then no rows), the wall ``seconds`` it took and, priced from a profile, its
+    point; then no rows), the wall ``seconds`` it took, priced from a profile, its
     ``profile_context`` (:func:`sim.context.profile_context`: ``replay`` or ``prediction``, and what
-    lies outside the profile's context; '' uncalibrated)."""
+    lies outside the profile's context; '' uncalibrated) and, where the scenario's layout splits
+    its tensor-parallel group unevenly, its ``shares_note`` (:attr:`sim.parallel.ParallelPlan.shares_note`:
+    ``uneven shares by memory (default: ...)``; '' for the even split)."""
 
     rows: tuple[tuple, ...]
     oom: dict[str, str]
     error: str
     seconds: float
     profile_context: str = ""
+    shares_note: str = ""
 
 
 def parse_path(path: str) -> tuple[str | int, ...]:
@@ -358,4 +362,5 @@ def evaluate_point(scenario: Scenario, profile: Profile | None = None) -> PointO
         return PointOutcome((), {}, str(error), time.perf_counter() - start)
     rows = tuple(tuple(row) for row in result.results.itertuples(index=False, name=None))
     context = profile_context(result) if profile is not None else ""
-    return PointOutcome(rows, oom, "", time.perf_counter() - start, context)
+    plan = result.plan if kind is WorkloadKind.TRAINING else result.parallel
+    return PointOutcome(rows, oom, "", time.perf_counter() - start, context, plan.shares_note or "")

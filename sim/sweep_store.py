@@ -5,8 +5,9 @@ One file, ``DIR/sweep.sqlite``, in write-ahead-log mode (https://sqlite.org/wal.
 * ``points``: one row per simulated point, ``key`` UNIQUE (its content key,
   :func:`sim.grid.point_key`), ``run`` (which invocation computed it, see ``runs``), ``axes``
   (JSON), ``error`` (empty, or why the simulator refused the point), ``seconds`` (its wall time),
-  ``profile_context`` (how a profile priced it, :attr:`sim.grid.PointOutcome.profile_context`;
-  added to a store an older hetsim made, whose points it leaves empty);
+  ``profile_context`` (how a profile priced it, :attr:`sim.grid.PointOutcome.profile_context`)
+  and ``shares_note`` (an uneven split's basis, :attr:`sim.grid.PointOutcome.shares_note`); each
+  added to a store an older hetsim made, whose points it leaves empty (:data:`_ADDED_COLUMNS`);
 * ``results``: the point's tidy result rows (:data:`sim.metrics.RESULT_COLUMNS`, plus ``oom``:
   the first op that does not fit, for a variant that overflows) with ``ord`` keeping their order.
 
@@ -35,12 +36,17 @@ CREATE TABLE IF NOT EXISTS runs (run INTEGER PRIMARY KEY AUTOINCREMENT, started_
                                  points INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS points (key TEXT NOT NULL UNIQUE, run INTEGER NOT NULL REFERENCES runs(run),
                                    axes TEXT NOT NULL, error TEXT NOT NULL, seconds REAL NOT NULL,
-                                   profile_context TEXT NOT NULL DEFAULT '');
+                                   profile_context TEXT NOT NULL DEFAULT '',
+                                   shares_note TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS results (key TEXT NOT NULL REFERENCES points(key), ord INTEGER NOT NULL,
                                     scenario TEXT, variant TEXT, source TEXT, metric TEXT, value REAL,
                                     unit TEXT, device TEXT, oom TEXT NOT NULL, UNIQUE (key, ord));
 """
 STORE_NAME = "sweep.sqlite"
+_ADDED_COLUMNS = ("profile_context", "shares_note")
+"""The ``points`` columns later hetsims added, in order. A store an older hetsim made gets them
+empty: its points' keys carry the older simulator's digest (:func:`sim.grid.hetsim_version`), so
+no current point reuses them, and they still read back (as in a grid sharing the directory)."""
 
 
 class SweepStore:
@@ -59,8 +65,9 @@ class SweepStore:
         self._db.execute("PRAGMA busy_timeout=30000")  # another reader or a second sweep: wait
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(points)")}
-        if "profile_context" not in columns:  # a store from before the column: its keys differ anyway
-            self._db.execute("ALTER TABLE points ADD COLUMN profile_context TEXT NOT NULL DEFAULT ''")
+        for column in _ADDED_COLUMNS:
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE points ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
         self.run: int | None = None
 
     def __enter__(self) -> SweepStore:
@@ -95,9 +102,10 @@ class SweepStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            inserted = db.execute("INSERT OR IGNORE INTO points (key, run, axes, error, seconds, profile_context) "
-                                  "VALUES (?, ?, ?, ?, ?, ?)", (key, self.run, axes_json, outcome.error,
-                                                                outcome.seconds, outcome.profile_context)).rowcount
+            inserted = db.execute("INSERT OR IGNORE INTO points (key, run, axes, error, seconds, profile_context, "
+                                  "shares_note) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                  (key, self.run, axes_json, outcome.error, outcome.seconds,
+                                   outcome.profile_context, outcome.shares_note)).rowcount
             if inserted:
                 db.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                [(key, i, *row, outcome.oom.get(row[1], "")) for i, row in enumerate(outcome.rows)])
@@ -110,7 +118,8 @@ class SweepStore:
     def outcomes(self, keys: Iterable[str]) -> dict[str, PointOutcome]:
         """The stored outcome of each of ``keys`` that has one."""
         keys = list(keys)
-        points = pd.read_sql_query("SELECT key, error, seconds, profile_context FROM points", self._db).set_index("key")
+        points = pd.read_sql_query("SELECT key, error, seconds, profile_context, shares_note FROM points",
+                                   self._db).set_index("key")
         results = pd.read_sql_query(f"SELECT key, {', '.join(RESULT_COLUMNS)}, oom FROM results ORDER BY key, ord",
                                     self._db)
         by_key = {k: g for k, g in results.groupby("key", sort=False)}
@@ -122,5 +131,5 @@ class SweepStore:
             table = rows[RESULT_COLUMNS].itertuples(index=False, name=None) if rows is not None else ()
             oom = {} if rows is None else {v: o for v, o in zip(rows["variant"], rows["oom"]) if o}
             outcomes[key] = PointOutcome(tuple(table), oom, points.at[key, "error"], float(points.at[key, "seconds"]),
-                                         points.at[key, "profile_context"])
+                                         points.at[key, "profile_context"], points.at[key, "shares_note"])
         return outcomes

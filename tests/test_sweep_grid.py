@@ -20,6 +20,7 @@ from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from tests.conftest import ROOT, cluster, scenario_dict
 from validation.cli import main
+from validation.sweep_runner import tidy_table
 
 PROFILE = ROOT / "validation" / "report" / "profiles" / "v4x1_latency.csv"
 
@@ -66,17 +67,24 @@ def test_a_degree_that_does_not_divide_the_heads_is_split_by_the_default_basis_n
     # GPT-2's 12 heads over 5 devices of two kinds: the point runs unevenly, by the basis hetsim
     # simulate takes without parallel.shares (a short generation is decode-heavy: memory, not
     # compute); 13 devices cannot split 12 heads at all, and the point keeps the simulator's reason.
+    # Each row of the uneven point says its basis, as hetsim simulate does; the even point's say nothing.
     mixed = cluster(7, 2)
     mixed["hosts"][0]["devices"] = [{"type": "rtx_4090", "count": 1}, {"type": "rtx_3060_12gb", "count": 1}]
     base = scenario_dict(cluster=mixed, variants=scenario_dict()["variants"][:1])
-    _, grid_path = _files(tmp_path, {"axes": {"parallel.tensor": [5, 13]}})
-    five, thirteen = grid_points(base, load_grid(grid_path))
-    outcome = evaluate_point(five.scenario)
+    _, grid_path = _files(tmp_path, {"axes": {"parallel.tensor": [5, 13, 4]}})
+    points = grid_points(base, load_grid(grid_path))
+    five, thirteen, four = points
+    outcomes = {p.key: evaluate_point(p.scenario) for p in points}
+    outcome = outcomes[five.key]
     value = RESULT_COLUMNS.index("value")
     by = {basis: list(simulate(scenario_from_dict(base | {"parallel": {"tensor": 5, "shares": basis}}),
                                expand_steps=()).results["value"]) for basis in ("memory", "compute")}
     assert outcome.error == "" and [r[value] for r in outcome.rows] == by["memory"] != by["compute"]
-    assert evaluate_point(thirteen.scenario).error.startswith("parallel.tensor: 13 ranks but only 12 attention heads")
+    assert outcomes[thirteen.key].error.startswith("parallel.tensor: 13 ranks but only 12 attention heads")
+    notes = tidy_table(points, outcomes).groupby("parallel.tensor")["shares_note"].unique()
+    assert outcome.shares_note.startswith("uneven shares by memory (default: decode-heavy workload, ")
+    assert list(notes[5]) == [outcome.shares_note]
+    assert list(notes[4]) == [""] and list(notes[13]) == [""]
 
 
 def test_the_key_is_the_content_the_version_and_the_profile(tmp_path):
@@ -120,7 +128,7 @@ def test_sweep_writes_the_tidy_table_with_the_axes_and_a_row_per_refused_point(t
     assert code == 0, err
     table = pd.read_csv(out / "results.csv", keep_default_na=False, na_values=[""])
     axes = list(GRID["axes"])
-    assert list(table.columns) == [*axes, *RESULT_COLUMNS, "oom", "error", "profile_context"]
+    assert list(table.columns) == [*axes, *RESULT_COLUMNS, "oom", "error", "profile_context", "shares_note"]
     assert table["profile_context"].isna().all()  # uncalibrated: nothing to say
     parquet = pd.read_parquet(out / "results.parquet")
     assert list(parquet.columns) == list(table.columns) and len(parquet) == len(table)
@@ -410,7 +418,7 @@ def test_training_and_serving_scenarios_sweep_like_any_other(tmp_path, capsys, d
         assert values.loc[4] > values.loc[1]
 
 
-def test_a_store_from_before_profile_context_opens_and_keeps_its_points(tmp_path):
+def test_a_store_from_before_its_added_columns_opens_and_keeps_its_points(tmp_path):
     from sim.grid import PointOutcome
     from sim.sweep_store import SweepStore
 
@@ -429,7 +437,8 @@ def test_a_store_from_before_profile_context_opens_and_keeps_its_points(tmp_path
     db.close()
     with SweepStore(path) as store:
         store.start_run(1)
-        store.commit("new", "{}", PointOutcome((), {}, "y: refused", 0.1, "replay"))
+        store.commit("new", "{}", PointOutcome((), {}, "y: refused", 0.1, "replay", "uneven shares by memory"))
         outcomes = store.outcomes(["old", "new"])
-    assert outcomes["old"].profile_context == "" and outcomes["old"].error == "x: refused"
-    assert outcomes["new"].profile_context == "replay"
+    assert outcomes["old"].profile_context == outcomes["old"].shares_note == ""
+    assert outcomes["old"].error == "x: refused"
+    assert outcomes["new"].profile_context == "replay" and outcomes["new"].shares_note == "uneven shares by memory"

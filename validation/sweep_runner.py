@@ -21,7 +21,9 @@ The tidy table (:func:`tidy_table`) is the results.csv schema of ``hetsim simula
 refused: by the schema, or by the simulator; its row has no metric) and ``profile_context``
 (with ``--profile``: how the profile priced the point, ``replay`` or ``prediction`` and, after
 ``; outside: ``, the terms outside its calibration context, as ``hetsim plan`` says it,
-:func:`sim.context.profile_context`; empty uncalibrated). The
+:func:`sim.context.profile_context`; empty uncalibrated) and ``shares_note`` (a point whose
+tensor-parallel degree does not divide the heads: that its split is uneven and by which basis,
+:attr:`sim.parallel.ParallelPlan.shares_note`; empty for the even split). The
 summary line counts the points outside the context (:func:`outside_context`).
 """
 
@@ -47,7 +49,7 @@ from sim.profile import Profile
 from sim.scenario import Scenario
 from sim.sweep_store import SweepStore
 
-TIDY_EXTRA_COLUMNS = ["oom", "error", "profile_context"]
+TIDY_EXTRA_COLUMNS = ["oom", "error", "profile_context", "shares_note"]
 SCHEDULER_TIMEOUT_S = 10
 
 
@@ -211,7 +213,8 @@ def axes_json(axes: dict) -> str:
 
 def tidy_table(points: Sequence[GridPoint], outcomes: dict[str, PointOutcome]) -> pd.DataFrame:
     """One row per result row of every point, in grid order: the axes, :data:`RESULT_COLUMNS`,
-    ``oom``, ``error`` and ``profile_context``; a refused point is one row with its ``error`` and no metric. An axis
+    ``oom``, ``error``, ``profile_context`` and ``shares_note``; a refused point is one row with its ``error`` and no
+    metric. An axis
     whose values are mappings, lists or of several types is written as JSON text."""
     axis_names = list(points[0].axes) if points else []
     rows = []
@@ -220,10 +223,10 @@ def tidy_table(points: Sequence[GridPoint], outcomes: dict[str, PointOutcome]) -
         error = point.error or (outcome.error if outcome is not None else "not computed")
         if outcome is None or outcome.error:
             name = point.scenario.name if point.scenario is not None else ""
-            rows.append((*point.axes.values(), name, "", "", "", float("nan"), "", "", "", error, ""))
+            rows.append((*point.axes.values(), name, "", "", "", float("nan"), "", "", "", error, "", ""))
             continue
-        rows += [(*point.axes.values(), *row, outcome.oom.get(row[1], ""), "", outcome.profile_context)
-                 for row in outcome.rows]
+        rows += [(*point.axes.values(), *row, outcome.oom.get(row[1], ""), "", outcome.profile_context,
+                  outcome.shares_note) for row in outcome.rows]
     table = pd.DataFrame(rows, columns=[*axis_names, *RESULT_COLUMNS, *TIDY_EXTRA_COLUMNS])
     for name in axis_names:
         values = [v for v in table[name] if v is not None]

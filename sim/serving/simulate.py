@@ -107,6 +107,8 @@ class ServingResult:
     layout: str = ""
     """The layout served (:meth:`sim.parallel.ParallelPlan.label`), and for an uneven split
     what its shares follow (:attr:`sim.parallel.ParallelPlan.shares_note`)."""
+    parallel: ParallelPlan | None = None
+    """The layout served (:meth:`sim.parallel.ParallelPlan.of`)."""
     network: object = None
     """How a profile priced the collectives (:class:`sim.calibrated.NetworkChoice`; None uncalibrated)."""
     extrapolated: tuple[str, ...] = ()
@@ -467,7 +469,7 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
         if profile else ()
     layout = ", ".join(filter(None, (parallel.label, parallel.shares_note)))
     return ServingResult(scenario, topology, ranks, tuple(results), pd.concat(tables, ignore_index=True),
-                         calibrated=profile is not None, layout=layout, network=pricing.choice,
+                         calibrated=profile is not None, layout=layout, parallel=parallel, network=pricing.choice,
                          extrapolated=extrapolated)
 
 
