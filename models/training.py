@@ -56,6 +56,12 @@ _SOFTMAX_GRAD_FLOPS = 4
 _DROPOUT_MASK_BYTES = 1
 # Adam's two moments, and the master weights of mixed precision, are fp32.
 _FP32_BYTES = dtype_bytes("fp32")
+GRADIENT_DTYPE = "fp32"
+"""The dtype DDP's buckets hold and allreduce the gradients in, under every :class:`Precision`
+unless a ``gradient_dtype`` is given (:func:`gradient_bytes_per_parameter`): the fp32 parameters'
+own under ``fp32`` and ``amp_bf16``, the fp32 main gradients under ``bf16_mixed``
+(:mod:`runtime.training.precision`). What a training calibration times the reduction in and the
+simulator prices the buckets' reductions by (:mod:`runtime.training.calibrate`)."""
 
 
 class Optimizer(StrEnum):
@@ -352,7 +358,7 @@ def gradient_bytes_per_parameter(precision: Precision | str, gradient_dtype: str
     """
     precision = parse_precision(precision)
     if gradient_dtype is None:
-        return _FP32_BYTES
+        return dtype_bytes(GRADIENT_DTYPE)
     size = dtype_bytes(gradient_dtype, "training.gradient_dtype")
     if precision in _FP32_STATES and size != _FP32_BYTES:
         raise ConfigError("training.gradient_dtype",

@@ -113,6 +113,9 @@ class CalibratedCompute:
             run by every rank at once, ran 1.33 times faster with 3; and the same time in every
             strategy: validation/transfer-new-report and remeasure-report ``terms.csv``,
             ``benchmarks/bench_lm_head_rows.py``).
+        reduce_dtype: the dtype the collectives' reductions run in (None: the priced dtype,
+            ``fallback.dtype``, an inference step's activations); a training step's buckets reduce
+            gradients in :data:`models.training.GRADIENT_DTYPE` whatever its compute dtype.
     """
 
     profile: Profile
@@ -124,6 +127,7 @@ class CalibratedCompute:
     model: ModelSpec | None = None
     by_shape: bool = False
     per_call_latency: bool = False
+    reduce_dtype: str | None = None
     extrapolated: set[str] = field(default_factory=set)
     calibrated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -316,16 +320,18 @@ class CalibratedCompute:
 
     def reduce_s_per_byte(self, device: Device, dtype: str | None = None) -> float:
         """Seconds per received byte to reduce it into a local buffer on ``device`` in ``dtype``
-        (default the priced dtype): the gamma fitted on the profile's ``reduction`` rows of the
-        device's type and that dtype (:func:`sim.reduction.fit_reductions`), else the roofline's."""
-        fit = self._reductions.get((device.spec.name, dtype or self.fallback.dtype))
+        (default ``reduce_dtype``, else the priced dtype): the gamma fitted on the profile's
+        ``reduction`` rows of the device's type and that dtype (:func:`sim.reduction.fit_reductions`),
+        else the roofline's."""
+        fit = self._reductions.get((device.spec.name, dtype or self.reduce_dtype or self.fallback.dtype))
         return self.fallback.reduce_s_per_byte(device) if fit is None else fit.gamma_s_per_byte
 
     def reduction_terms(self, devices: tuple[Device, ...]) -> tuple:
-        """Where the reduction cost of ``devices`` comes from, one
-        :class:`sim.context.TermComparison` per device type (:func:`sim.reduction.reduction_terms`)."""
+        """Where the reduction cost of ``devices`` comes from, in ``reduce_dtype`` (else the priced
+        dtype), one :class:`sim.context.TermComparison` per device type
+        (:func:`sim.reduction.reduction_terms`)."""
         return reduction_terms(self._reductions, len(self.profile.of(MeasurementKind.REDUCTION)) > 0, devices,
-                               self.fallback.dtype, self.fallback.reduce_s_per_byte)
+                               self.reduce_dtype or self.fallback.dtype, self.fallback.reduce_s_per_byte)
 
     def _price(self, op: Op, device: Device) -> tuple[float, float]:
         """(the op's calibrated time as timed in place, s; the factor on it for core contention)."""

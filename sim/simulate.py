@@ -193,7 +193,7 @@ class Pricing:
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
                   profile: Profile | None = None, context_group: tuple[int, ...] | None = None,
                   layout: str | None = None, dtype: str | None = None, pipelined: bool = False,
-                  copies: int = 1) -> Pricing:
+                  copies: int = 1, reduce_dtype: str | None = None) -> Pricing:
     """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
     ``topology``: the roofline and the scenario's network model (with each transport's documented
     per-message terms for the default one), or a calibration ``profile`` compared with the
@@ -204,6 +204,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     (:meth:`sim.transport._TransportLinks.floor_s`).
     ``dtype``: the compute dtype (default the model's; a training variant's comes from its
     precision). ``pipelined``: the layout runs pipeline stages (:class:`sim.context.CalibrationContext`).
+    ``reduce_dtype``: the dtype the collectives reduce in, whose ``reduction`` rows price them
+    (:attr:`sim.calibrated.CalibratedCompute.reduce_dtype`; default ``dtype``).
 
     Raises:
         ConfigError: devices without the scenario's dtype, an unknown network model.
@@ -217,11 +219,13 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
                               config.compute.op_overhead_s,
                               one_core=profile is None and config.cluster.cores is not None)
+    if profile is not None:
+        compute = CalibratedCompute(profile, compute, model=scenario.model, reduce_dtype=reduce_dtype)
+    # With a profile, what it does not time is this model at the gamma its reduction rows fit.
     network = model_network(config.network_model, topology, compute)
     runtime_memory = framework_memory({r: topology.devices[r].spec for r in ranks}, profile)
     choice, cores = None, ()
     if profile is not None:
-        compute = CalibratedCompute(profile, compute, model=scenario.model)
         choice = calibrated_network(profile, network, topology,
                                     scenario_context(scenario.name, topology, context_group or ranks, dtype,
                                                      cores=config.cluster.cores, layout=layout,

@@ -176,3 +176,24 @@ def test_a_profile_written_before_rows_recorded_their_precision_loads_and_says_i
     with pytest.raises(ConfigError, match="unknown precision 'fp8'; known: fp32, bf16_mixed, amp_bf16") as caught:
         load_profile(path)
     assert caught.value.field == "profile"
+
+
+def test_the_profiles_reduction_rows_of_the_gradients_dtype_price_the_buckets_allreduces_and_the_sources_say_so():
+    from tests.test_reduction import _rows as reduction_rows
+
+    # bf16_mixed computes in bf16 and its buckets reduce fp32 gradients: the fp32 rows price them
+    scenario = _scenario([{"name": "mixed", "training": {"precision": "bf16_mixed", "allreduce": "ring"}}], hosts=2,
+                         training={"optimizer": "adamw"})
+    plain = _profile(scenario, 1e-4, precision=True)
+    gamma = 2e-8  # 50 MB/s of received bytes: far above the roofline's, so that it shows in the step
+    profile = Profile(profile_frame([*plain.rows.to_dict("records"), *reduction_rows(gamma, 0.0),
+                                     *reduction_rows(1e-12, 0.0, dtype="bf16")]))
+    result = simulate_training(scenario, profile)
+    assert any(line.startswith("reduction on cpu fp32: same (gamma 20000.0 ps/B") for line in result.sources)
+    assert not any(line.startswith("reduction on cpu bf16") for line in result.sources)
+    without = simulate_training(scenario, plain)
+    assert any(line.startswith("reduction on cpu fp32: not applicable (the profile has no reduction rows")
+               for line in without.sources)
+    # the ring's reductions of ~250 MB of gradients per rank at 20 ns/B: seconds more in the step
+    assert (result.variants[0].metrics[Metric.STEP_TIME]
+            > without.variants[0].metrics[Metric.STEP_TIME] + 1.0)

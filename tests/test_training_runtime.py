@@ -17,6 +17,7 @@ from models.errors import ConfigError  # noqa: E402
 from models.ops import OpKind  # noqa: E402
 from models.shards import tensor_shards  # noqa: E402
 from runtime.launch import launch  # noqa: E402
+from runtime.reduction_bench import REDUCTION_SIZES  # noqa: E402
 from runtime.training.calibrate import calibrate_training  # noqa: E402
 from runtime.training.hooks import BucketCall  # noqa: E402
 from runtime.training.measure import measure_training, step_metrics  # noqa: E402
@@ -500,7 +501,11 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     path.write_text(profile.to_csv(index=False))
     rows = load_profile(path).rows
     timed = rows[~rows["measurement"].isin([MeasurementKind.CONTEXT, MeasurementKind.COLLECTIVE,
-                                            MeasurementKind.MEMORY_BASELINE])]
+                                            MeasurementKind.MEMORY_BASELINE, MeasurementKind.REDUCTION])]
+    # the reduction the buckets' ring performs, in the gradients' dtype (fp32 under every precision)
+    reductions = rows[rows["measurement"] == MeasurementKind.REDUCTION]
+    assert set(reductions["dtype"]) == {"fp32"} and list(reductions["size_bytes"]) == list(REDUCTION_SIZES)
+    assert (reductions["median"] > 0).all()
     baseline = rows[rows["measurement"] == MeasurementKind.MEMORY_BASELINE]
     assert len(baseline) == 1 and baseline["median"].iloc[0] > 50e6  # torch alone holds more
     # Read beside a trainer: beyond its tensors, not with them (the model is far below 50 MB).
@@ -544,6 +549,7 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
         assert any(line.startswith("in-step backward pass on cpu bf16") and line.endswith(f"({precision} rows)")
                    for line in simulated.sources), precision
     assert not any("the profile times no" in line for line in simulated.sources)
+    assert any(line.startswith("reduction on cpu fp32: same (gamma") for line in simulated.sources)
 
 
 def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(tmp_path, capsys):

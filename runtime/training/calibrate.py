@@ -50,6 +50,11 @@ each distinct micro-batch size and precision of the scenario's variants:
   (:func:`sim.training.lower.tp_allreduce_algorithm`), from 1 KiB up to the hidden state of a
   micro-batch (``b x t x h`` elements of the compute dtype, the size of every such allreduce),
   that size included.
+* ``reduction``: on rank 0 alone (the other ranks waiting), a received buffer added into a local
+  one at 64 KiB to 64 MiB (:func:`runtime.reduction_bench.reduction_rows`, the inference
+  calibration's rows), in the gradients' dtype (:data:`models.training.GRADIENT_DTYPE`: DDP's buckets
+  hold fp32 gradients under every precision, :mod:`runtime.training.precision`): what the
+  simulator's reduction cost per byte of the buckets' allreduces is fitted on (:mod:`sim.reduction`).
 
 Ops and passes run in each variant's precision as the trainer runs them: under ``amp_bf16``
 autocast over the fp32 weights; under ``bf16_mixed`` no autocast, the kernels reading bf16
@@ -77,16 +82,19 @@ from torch import nn
 from models.accounting import head_op_costs, layer_op_costs
 from models.shards import tensor_shards
 from models.ops import OpKind
-from models.training import Precision, compute_dtype, head_backward_costs, layer_backward_costs, optimizer_step_cost
+from models.training import (GRADIENT_DTYPE, Precision, compute_dtype, head_backward_costs, layer_backward_costs,
+                             optimizer_step_cost)
 from runtime import memory_probe
 from runtime.calibrate import backend_context
 from runtime.comm import Communicator
 from runtime.comm_timing import SIZES_BYTES, CollectiveSweep, stats
 from runtime.device import device_of
+from runtime.reduction_bench import reduction_rows
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
 from runtime.training.precision import bf16_copies, compute_weight, computing_in, refresh, stream_dtype
 from runtime.training.ranks import TrainingRanks, training_ranks
 from runtime.training.trainer import TrainingSetup, autocast, make_optimizer, process_groups
+from runtime.worker import TORCH_DTYPES
 from sim.collectives.registry import LIBRARY
 from runtime.cpu_steal import load_during
 from runtime.reference_timing import medians, timed_around
@@ -425,6 +433,9 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
         for sweep in sweeps:
             sweep.round(f"round {index + 1} of {repeats}")
     sweep_rows = [row for sweep in sweeps for row in sweep.rows()]  # rank 0's: it leads both groups
+    if rank == 0:  # alone: the other ranks wait in the gather below
+        heartbeat("timing the reduction of received buffers, alone")
+        sweep_rows += reduction_rows(device_class, GRADIENT_DTYPE, TORCH_DTYPES[GRADIENT_DTYPE], device)
     gathered = [None] * len(layout.ranks) if rank == 0 else None
     dist.gather_object(rows, gathered, dst=0)
     if rank != 0:

@@ -16,7 +16,9 @@ optimizer step from its ``optimizer_step`` rows of the variant's optimizer, each
 along the op's roofline time (:class:`sim.calibrated.CalibratedCompute`); DDP's bucket
 allreduces and the other collectives by the calibrated network (the profile's timings replayed on
 the cluster it was measured on, its fitted transport terms and core contention elsewhere,
-:func:`sim.calibrated.calibrated_network`). What the profile lacks is the uncalibrated model's and
+:func:`sim.calibrated.calibrated_network`), their reductions at the gamma fitted on the profile's
+``reduction`` rows of the gradients' dtype (:data:`models.training.GRADIENT_DTYPE`,
+:mod:`sim.reduction`; the roofline's without them). What the profile lacks is the uncalibrated model's and
 is listed in ``extrapolated``. Each rank's framework memory is the profile's
 ``memory_baseline`` (the backend's documented baseline without one), as the planner charges it
 (:func:`sim.framework.framework_memory`).
@@ -41,7 +43,7 @@ import pandas as pd
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.accounting import rank_parameter_count
-from models.training import (ActivationLayout, Precision, TrainingMemory, compute_dtype,
+from models.training import (GRADIENT_DTYPE, ActivationLayout, Precision, TrainingMemory, compute_dtype,
                              gradient_bytes_per_parameter, training_memory)
 from sim.calibrated import NetworkChoice
 from sim.collectives.registry import LIBRARY, known_algorithms
@@ -268,7 +270,10 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         key = (dtype, timed_in)
         if key not in pricings:
             # The context is the data-parallel ranks': a training calibration runs one rank each.
-            pricings[key] = build_pricing(scenario, topology, ranks, rows, context_group=ranks, dtype=dtype)
+            # DDP's buckets reduce the gradients in their own dtype, fp32 under every precision: its
+            # reduction rows price them, the tensor-parallel allreduces' reductions too (one gamma a rank).
+            pricings[key] = build_pricing(scenario, topology, ranks, rows, context_group=ranks, dtype=dtype,
+                                          reduce_dtype=GRADIENT_DTYPE)
             if profile is not None:  # its rows time one op per call (sim.training.step_compute)
                 pricings[key].compute.per_call_latency = True
             if profile is not None and shared is None:
