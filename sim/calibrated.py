@@ -64,7 +64,7 @@ from sim.network import CollectiveTiming, NetworkModel
 from sim.plan import Op
 from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile, noise_floor
 from sim.program import Gradient
-from sim.reduction import ReductionFit, fit_reductions, reduction_terms
+from sim.reduction import UNMEASURED, ReductionFit, fit_reductions, reduction_terms
 from sim.topology import Device, Topology
 from sim.vocabulary import PhaseKind
 
@@ -330,8 +330,18 @@ class CalibratedCompute:
         """Where the reduction cost of ``devices`` comes from, in ``reduce_dtype`` (else the priced
         dtype), one :class:`sim.context.TermComparison` per device type
         (:func:`sim.reduction.reduction_terms`)."""
-        return reduction_terms(self._reductions, len(self.profile.of(MeasurementKind.REDUCTION)) > 0, devices,
+        return reduction_terms(self._reductions, self._reductions_measured, devices,
                                self.reduce_dtype or self.fallback.dtype, self.fallback.reduce_s_per_byte)
+
+    @property
+    def _reductions_measured(self) -> bool:
+        return len(self.profile.of(MeasurementKind.REDUCTION)) > 0
+
+    def reduction_sources(self) -> tuple[str, ...]:
+        """The source line of reductions priced by the roofline because the profile never measured
+        them (:data:`sim.reduction.UNMEASURED`); none where it has ``reduction`` rows (then
+        :meth:`reduction_terms` says where each device type's cost comes from)."""
+        return () if self._reductions_measured else (UNMEASURED,)
 
     def _price(self, op: Op, device: Device) -> tuple[float, float]:
         """(the op's calibrated time as timed in place, s; the factor on it for core contention)."""
@@ -599,7 +609,8 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
              *compute.reduction_terms(tuple(topology.devices[r] for r in ranks or range(topology.num_ranks))))
     if not contexts or same_cluster(contexts, target):
         mode = "same-cluster mode: timings of this cluster's collectives replayed (in place per plan op, isolated)"
-        return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s), True, terms, (mode,))
+        return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s), True, terms,
+                             (mode, *compute.reduction_sources()))
     cached = _FITS.get(id(profile))
     if cached is None or cached.profile is not profile:
         fitted: dict = {}
@@ -648,7 +659,8 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
     sources = (contention, floors[False][1], floors[True][1],
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())),
                *(f"{kind} {algorithm} inside a host: {t.describe()}" for (kind, algorithm), t in sorted(inside.items())),
-               *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())))
+               *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())),
+               *compute.reduction_sources())
     return NetworkChoice(network, False, terms, sources, scale, pools, phase_scales)
 
 

@@ -75,14 +75,23 @@ def fit_reductions(profile: Profile) -> dict[tuple[str, str], ReductionFit]:
     return fits
 
 
+UNMEASURED = ("reductions: the roofline's cost per byte (3 bytes of traffic per byte over the memory "
+              "bandwidth x memory_efficiency): the profile has no reduction rows, written before they were measured")
+"""The source line of a profile without ``reduction`` rows (:meth:`sim.calibrated.CalibratedCompute.reduction_sources`)."""
+
+
 def reduction_terms(fits: dict[tuple[str, str], ReductionFit], measured: bool, devices: tuple[Device, ...],
                     dtype: str, roofline_s_per_byte) -> tuple[TermComparison, ...]:
     """What prices the reductions of ``devices`` computing in ``dtype``, one term per device type
     in order of first appearance: ``same`` where ``fits`` (:func:`fit_reductions`) has that device
     type and dtype (the microbenchmark carries over to any device of the type), else ``not
-    applicable``: the roofline, ``roofline_s_per_byte(device)`` s/byte, and why (``measured``:
-    whether the profile has ``reduction`` rows at all; one written before they were measured has
-    none)."""
+    applicable``: the roofline, ``roofline_s_per_byte(device)`` s/byte, and why. None where the
+    profile has no ``reduction`` rows at all (``measured`` False: one written before they were
+    measured): the term was not calibrated, which is no difference between the profile's context and
+    the scenario's, so it is no term outside the context (:func:`sim.context.profile_context`);
+    :data:`UNMEASURED` says so among the sources instead."""
+    if not measured:
+        return ()
     first: dict[str, Device] = {}
     for device in devices:
         first.setdefault(device.spec.name, device)
@@ -95,10 +104,8 @@ def reduction_terms(fits: dict[tuple[str, str], ReductionFit], measured: bool, d
             continue
         if fits:
             why = f"the profile's reductions fitted are of {', '.join(' '.join(key) for key in sorted(fits))}"
-        elif measured:
-            why = "the profile's reduction rows give no positive slope over two sizes or more"
         else:
-            why = "the profile has no reduction rows, written before they were measured"
+            why = "the profile's reduction rows give no positive slope over two sizes or more"
         terms.append(TermComparison(term, Verdict.NOT_APPLICABLE,
                                     f"{why}: roofline, {roofline_s_per_byte(device) * 1e12:.1f} ps/B, 3 bytes of "
                                     "traffic per byte over the memory bandwidth x memory_efficiency"))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sim.profile import Profile, load_profile, profile_frame, with_rows
-from sim.reduction import fit_reductions
+from sim.reduction import UNMEASURED, fit_reductions
 from sim.vocabulary import MeasurementKind
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,8 +78,9 @@ def test_a_profile_with_reduction_rows_sets_the_gamma_the_engine_and_network_pri
     assert roofline.engine.links.gamma == pytest.approx(
         [roofline.compute.fallback.reduce_s_per_byte(d) for d in roofline.engine.topology.devices])
     assert roofline.engine.links.gamma != pytest.approx([gamma] * 4)
-    assert any(line.startswith("reduction on cpu fp32: not applicable (the profile has no reduction rows")
-               for line in roofline.choice.lines())
+    # no reduction rows: the roofline, named among the sources, and no term outside the context
+    assert UNMEASURED in roofline.choice.lines()
+    assert not any(line.startswith("reduction on") for line in roofline.choice.lines())
     # and the larger gamma prices a reducing collective longer: a ring allreduce reduces 3 MiB per rank
     assert _ring_allreduce_s(fitted) > _ring_allreduce_s(roofline)
 
