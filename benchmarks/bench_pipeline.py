@@ -14,7 +14,7 @@ wall time), 7 repeats, at 6ebc787: 6 variants median 0.455 s (min 0.423 s), one 
 the load of six other sessions (wall 2-3x CPU): 6 variants 1.35 s wall / 0.53 s CPU, the TP case
 1.11 s / 0.44 s; batch 8 in 8 micro-batches, 2 variants, 0.79 s / 0.39 s.
 Stages whose groups are laid out alike share one priced pass and one pricing of their
-collectives (:func:`sim.pipeline_run.group_shape`), which took the 6 variants from 2.3 s to
+collectives (:func:`sim.alike.group_shape`), which took the 6 variants from 2.3 s to
 0.53 s of CPU. On 2026-11-29 (06481db measured 0.56 s quietly) the trace was built as one
 DataFrame per table with its strings from codes, a tensor-parallel group's ranks shared one memory
 ledger and the peaks were one grouped max: interleaved against 06481db, 4 rounds of 5 repeats on

@@ -58,8 +58,9 @@ import numpy as np
 import simpy
 
 from models.ops import OpKind
-from sim.cores import CorePool, SharedProgress
-from sim.engine import Engine, SegmentResult
+from sim.alike import group_shape, relabel_result, sharing_shape
+from sim.cores import SharedProgress
+from sim.engine import Engine
 from sim.network import CollectivePricer, CollectiveTiming, Links
 from sim.fabric import Fabric
 from sim.memory import CATEGORIES, PhaseMemory, phase_memory
@@ -223,13 +224,13 @@ class PipelineRunner:
                 pools = replica_pools(cores, [plan.stage_ranks[s], *ring], plan.stage_ranks[s], computing=k)
                 stage = plan.stages[s]
                 twin = twins[key] = alike.setdefault((self._shape(s), stage.num_layers, stage.embeds, stage.heads,
-                                                      key[1], _sharing_shape(pools, plan.stage_ranks[s])), key)
+                                                      key[1], sharing_shape(pools, plan.stage_ranks[s])), key)
                 if twin != key:
                     # A stage whose group is laid out as an earlier one's runs the same ops in the same
                     # times: its pass is that one's, rank for rank (lowered again only for the trace).
                     ranks = dict(zip(plan.stage_ranks[twin[0]], plan.stage_ranks[s]))
                     run = passes[twin]
-                    passes[key] = PhaseRun(run.phase, tuple(_relabel(res, ranks) for res in run.results),
+                    passes[key] = PhaseRun(run.phase, tuple(relabel_result(res, ranks) for res in run.results),
                                            run.duration_s, {ranks[r]: mem for r, mem in run.memory.items()})
                     continue
                 phase = plan.stage_plan(s, j).phase(step)
@@ -357,32 +358,6 @@ class _PassSharing(SharedProgress):
             job[2] = 1.0 / self.pass_s[job[3]][len(self._jobs) - 1]
 
 
-def _sharing_shape(pools: tuple[CorePool, ...], ranks: tuple[int, ...]) -> tuple:
-    """``pools`` (a stage's share of the cores) with each rank named by its place in ``ranks``:
-    two stages laid out alike whose shares have one shape are priced alike."""
-    local = {r: i for i, r in enumerate(ranks)}
-    return tuple((tuple(sorted(local[r] for r in pool.ranks)), pool.cores, pool.background_cores,
-                  pool.stream_bytes_per_s, pool.stands_for) for pool in pools)
-
-
-def group_shape(topology: Topology, links: Links, ranks: tuple[int, ...]) -> tuple:
-    """What prices work on a group besides the work itself: its devices, reduction costs, hosts,
-    and the routes between its ranks (latency, and channels numbered in order of first use with
-    their capacity and latency), all by the rank's place in the group. Two groups of one shape are
-    laid out alike: the engine gives the same ops on them the same times, rank for rank."""
-    local = {r: i for i, r in enumerate(ranks)}
-    channels: dict[int, int] = {}
-    routes = []
-    for a in ranks:
-        for b in ranks:
-            if a != b:
-                route = links.get(a, b)
-                routes.append((route.latency_s, tuple(channels.setdefault(c, len(channels)) for c in route.channels)))
-    return (tuple(topology.devices[r].spec.name for r in ranks), tuple(links.gamma[r] for r in ranks), tuple(routes),
-            tuple((links.capacity[c], topology.channels[c].latency_s) for c in channels),
-            tuple(tuple(local[r] for r in group) for group in topology.host_groups(ranks)))
-
-
 class AlikeGroups:
     """A :class:`sim.network.CollectivePricer` that prices a collective over a group laid out
     like one it priced before (:func:`group_shape`: a pipeline's stages on alike nodes) as that
@@ -418,12 +393,6 @@ class AlikeGroups:
     def schedule(self, *key):
         """See :meth:`sim.network.CollectivePricer.schedule`."""
         return self.pricer.schedule(*key)
-
-
-def _relabel(result: SegmentResult, ranks: dict[int, int]) -> SegmentResult:
-    """``result`` with each rank ``r`` renamed ``ranks[r]`` (its memory ledgers, where built, shared)."""
-    return SegmentResult({ranks[r]: v for r, v in result.starts.items()}, {ranks[r]: v for r, v in result.ends.items()},
-                         result.duration_s, result.algorithms, {ranks[r]: v for r, v in result.ledgers.items()})
 
 
 def simulate_pipeline_run(plan: PipelinePlan, engine: Engine, topology: Topology,

@@ -5,9 +5,11 @@ pipeline of them) on consecutive blocks of devices (:attr:`sim.parallel.Parallel
 and splits the batch's sequences among them (:func:`split_batch`), as a data-parallel inference
 deployment behind a load balancer does (e.g. vLLM's ``--data-parallel-size``, each engine serving
 its own requests). The replicas share no tensor and call no collective together. Each is
-simulated on its own devices as a run of its own, so two tensor-parallel replicas whose links
-meet (a shared uplink) do not slow each other here; a pipeline replica's hops do share the links
-they cross with the other replicas' (:mod:`sim.pipeline_run`, ``mirrors``). Replicas
+simulated on its own devices as a run of its own (a tensor-parallel replica that runs exactly as
+an earlier one is that one's run, its ranks renamed: :func:`sim.alike.replica_twins`), so two
+tensor-parallel replicas whose links meet (a shared uplink) do not slow each other here; a
+pipeline replica's hops do share the links they cross with the other replicas'
+(:mod:`sim.pipeline_run`, ``mirrors``). Replicas
 whose ranks share one machine's cores (the emulated cluster, ``cluster.cores``) do: each replica
 is simulated on its share of the cores (:func:`replica_pools`), as every replica's ranks compute
 at once, and its collectives' messages wait for cores every replica's busy ranks want at once (the

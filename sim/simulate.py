@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from models.errors import ConfigError
+from sim.alike import relabel_run, relabel_trace, replica_twins
 from sim.budget import check_job_size
 from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
 from sim.context import calibration_mode, scenario_context
@@ -36,6 +37,11 @@ from sim.timeline import RunResult, simulate_run
 from sim.topology import Topology, build_topology
 from sim.trace import Trace, build_trace
 from sim.vocabulary import DECODE_METRICS, Calibration, Metric
+
+
+REUSE_ALIKE_REPLICAS = True
+"""Replicas that run exactly as an earlier one get a copy of its run (:func:`sim.alike.replica_twins`)
+instead of a simulation of their own; False simulates every replica (to check the copies)."""
 
 
 @dataclass(frozen=True)
@@ -345,13 +351,25 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                 raise ConfigError(("" if own is None else f"{field}.") + error.field, error.message) from None
             if cores and calibrated:
                 compute.solo_kinds = calibrated_solo_kinds(scenario, variant, layout)
+        # Replicas on one machine share its cores: each runs on its share (sim.replicas).
+        pools = [replica_pools(cores, layout.replica_ranks, group) if layout.replicas > 1 else cores
+                 for group in layout.replica_ranks]
+        twins = range(layout.replicas)  # the replica each one's run is a copy of (itself: simulated)
+        if REUSE_ALIKE_REPLICAS and layout.replicas > 1 and not pipelines and not scenario.memory_policy(variant).streams:
+            twins = replica_twins(topology, engine.links, layout.replica_ranks, batches, layout.replica_shards, pools,
+                                  runtime_memory)
         for index, (group, shards, batch) in enumerate(zip(layout.replica_ranks, layout.replica_shards, batches)):
-            # Replicas on one machine share its cores: each runs on its share (sim.replicas).
-            engine.cores = replica_pools(cores, layout.replica_ranks, group) if layout.replicas > 1 else cores
+            engine.cores = pools[index]
             if pipelines:
                 plan = pipelines[index]
             else:
                 plan = scenario.plan(variant, group, runtime_memory, shards, batch_size=batch)
+                if twins[index] != index:  # runs as an earlier replica: its run and trace, renamed (sim.alike)
+                    twin = replicas[twins[index]]
+                    ranks = dict(zip(twin.ranks, group))
+                    replicas.append(ReplicaRun(group, batch, relabel_run(twin.run, plan, ranks),
+                                               relabel_trace(twin.trace, ranks), twin.timing))
+                    continue
                 if cores and calibrated:
                     compute.solo_kinds = solo_kinds(plan)
             if plan.memory_policy.streams:

@@ -11,7 +11,10 @@ from models.errors import ConfigError
 from sim.cores import CorePool
 from sim.replicas import replica_pools, split_batch
 from sim.scenario import load_scenario, scenario_from_dict
+import sim.simulate as simulate_module
+from sim.outputs import simulation_files
 from sim.simulate import simulate
+from sim.timeline import simulate_run
 from tests.conftest import ROOT, scenario_dict
 from tests.test_cli import _run, _write
 
@@ -198,6 +201,36 @@ def test_hetsim_measure_runs_every_replica_on_its_share_of_the_batch(tmp_path, c
         prompt = prompt_tokens(scenario.model, batch, 4, seed=0)
         expected, _ = reference_generate(scenario.model, seed=0, prompt=prompt, output_tokens=3)
         assert torch.equal(torch.from_numpy(got), expected)
+
+
+
+def _mixed_hosts(batch_size: int, **parallel) -> dict:
+    """THREE_HOSTS with the middle host's RTX 4090s swapped for RTX 3090s: a replica per host of
+    TP 2 has a twin on the third host only; 6 replicas of TP 1, twins by device type."""
+    data = _data(batch_size, **parallel)
+    hosts = data["cluster"]["hosts"][0]
+    data["cluster"]["hosts"] = [dict(hosts, name=name, count=1, devices={"type": kind, "count": 2})
+                                for name, kind in (("a", "rtx_4090"), ("b", "rtx_3090"), ("c", "rtx_4090"))]
+    return data
+
+
+@pytest.mark.parametrize("batch_size, parallel, simulated", [
+    (6, {"tensor": 1, "replicas": 6}, 2),  # one run per device type
+    (3, {"tensor": 2, "replicas": 3}, 2),  # hosts a and c alike, b not
+    (4, {"tensor": 1, "replicas": 3}, 3),  # shares 2, 1, 1 on a/dev0, a/dev1, b/dev0: none alike
+    (4, {"tensor": 2, "replicas": 3}, 3),  # shares 2, 1, 1: a's replica serves more than c's
+])
+def test_alike_replicas_are_simulated_once_and_their_outputs_are_the_full_simulations(
+        monkeypatch, batch_size, parallel, simulated):
+    scenario = scenario_from_dict(_mixed_hosts(batch_size, **parallel), base_dir=ROOT)
+    runs = []
+    monkeypatch.setattr(simulate_module, "simulate_run", lambda plan, *args: runs.append(plan) or simulate_run(plan, *args))
+    shortcut = simulation_files(simulate(scenario))
+    assert len(runs) == simulated
+    monkeypatch.setattr(simulate_module, "REUSE_ALIKE_REPLICAS", False)
+    full = simulation_files(simulate(scenario))
+    assert len(runs) == simulated + parallel["replicas"]
+    assert shortcut == full
 
 
 def _cpu_replicas(replicas: int, cores: int):

@@ -53,7 +53,8 @@ from sim.context import shared_calibration
 from sim.metrics import result_rows
 from sim.parallel import ParallelPlan, rank_needs_bytes
 from sim.pipeline import pipeline_stages
-from sim.pipeline_run import AlikeGroups, group_shape
+from sim.alike import group_shape
+from sim.pipeline_run import AlikeGroups
 from sim.profile import Profile
 from sim.replicas import replica_pools
 from sim.scenario import Scenario, Variant
@@ -425,7 +426,7 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     base_dir = scenario.source_path.parent if scenario.source_path else None
     requests = workload_requests(workload, scenario.model, *(() if base_dir is None else (base_dir,)))
     capacities = kv_capacity_tokens(scenario, topology, parallel, workload.memory_utilization, pricing.runtime_memory)
-    # Groups laid out alike (sim.pipeline_run.group_shape) running the same part of the model with
+    # Groups laid out alike (sim.alike.group_shape) running the same part of the model with
     # the same shards price every pass alike (replicas; a pipeline's middle stages): they share
     # one group's iteration costs, each pass simulated once.
     if parallel.pipeline > 1:  # each replica a pipeline: its stages' groups
