@@ -166,7 +166,7 @@ def test_a_single_stage_simulates_as_before():
 
 def test_stages_laid_out_alike_share_their_pricing_bit_for_bit(monkeypatch):
     """Four stages on alike hosts: the middle stages' passes and every stage's collectives are
-    priced once (sim.pipeline_run.group_shape); the results and trace are those of pricing each."""
+    priced once (sim.alike.group_shape); the results and trace are those of pricing each."""
     import sim.pipeline_run
 
     scenario = _scenario({"tensor": 2, "pipeline": 4}, batch_size=3, cluster=cluster(4, 2))
