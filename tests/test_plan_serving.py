@@ -255,3 +255,21 @@ def test_the_shipped_serving_plan_lists_pipelines_among_its_candidates():
     pipelines = table[table["parallel"].str.contains("PP=")]
     assert not pipelines.empty and (pipelines["stage"] != Stage.LAYOUT).all()
     assert (pipelines["stage"] == Stage.SIMULATED).any()
+
+
+def test_a_serving_plan_serves_replicas_of_a_pipeline_each_a_vllm_server_on_its_own_hosts():
+    search = SERVING["search"] | {"devices": ["rtx_4090"], "devices_per_host": [1], "hosts": [4],
+                                  "networks": ["eth10g"]}
+    request = plan_from_dict(SERVING | {"search": search})
+    result = plan(request)
+    row = result.table.set_index("parallel", drop=False).loc["PP=2 x 2 replicas"]
+    assert row["stage"] == Stage.SIMULATED and row[Metric.MAX_REQUEST_RATE] >= 3.0
+    assert row["ttft_lower_bound_s"] <= row[Metric.TTFT]
+    planner = Planner(request)
+    scenario = planner.scenario_dict(planner.candidates().set_index("parallel", drop=False).loc["PP=2 x 2 replicas"])
+    assert scenario["parallel"] == {"tensor": 1, "pipeline": 2, "replicas": 2}
+    lines = vllm_lines(request, row, scenario)
+    serve = next(line for line in lines if line.startswith("vllm serve "))
+    assert "--tensor-parallel-size 1 --pipeline-parallel-size 2 " in serve and "--distributed-executor-backend ray" in serve
+    assert lines[-1] == ("# one such server per replica, each on its own 2 hosts with its own Ray cluster "
+                         "(HOST0: its first host), 2 in all, behind a round-robin balancer")
