@@ -39,7 +39,13 @@ per stage, session 15), the serving plan simulates its 26 pipeline candidates to
 of 64 (was 32 simulated, 28 refused as layouts), CPU 84.5 s before and 194.5 s after, one repeat
 each, interleaved, load average 5.8-6.2 from other sessions' work (wall 327.8 and 340.5 s); the
 batch case does not serve and stays as it was (CPU 53.0 and 60.6 s before, 53.6 and 52.2 s after,
-same load, 38,040 candidates, the same pick).
+same load, 38,040 candidates, the same pick). With replicas of a pipeline among the layouts
+(``TP=G x PP=P x R replicas``, issue 21), one repeat each, main then this change, load average
+2.1-2.3: before, 38,040 candidates (808 simulated), 32.9 s wall, 28.4 s CPU; after, 51,288
+candidates (24,642 layout, 5,958 limits, 348 memory, 12,162 bound, 7,310 dominated, 868
+simulated), 39.5 s wall, 39.2 s CPU, the same pick; the target holds. The shipped
+``plan_llama31_8b.yaml`` alone, interleaved, 2 rounds: 15,036 candidates (624 simulated) in 36.7
+and 26.4 s wall before, 17,796 (716 simulated) in 45.6 and 45.8 s after, the same pick and top 10.
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py [--case serving] [--repeats 3] [--accuracy]``
 """

@@ -127,7 +127,8 @@ def workload_share_basis(workload, spec: ModelSpec, devices, *, replicas: int = 
 
 def layout_label(tensor: int, pipeline: int = 1, *, data: int = 1, replicas: int = 1, uneven: bool = False) -> str:
     """A layout in a few words, the one spelling every output uses (tables, plans, reports):
-    ``TP=4``, ``TP=6 uneven``, ``TP=2 x PP=3``, ``PP=6``, ``TP=2 x 3 replicas``, ``TP=2 x DP=2``."""
+    ``TP=4``, ``TP=6 uneven``, ``TP=2 x PP=3``, ``PP=6``, ``TP=2 x 3 replicas``,
+    ``TP=2 x PP=2 x 2 replicas``, ``PP=2 x 2 replicas``, ``TP=2 x DP=2``."""
     parts = [f"TP={tensor}" + (" uneven" if uneven else "")]
     if pipeline > 1:
         parts = [f"PP={pipeline}"] if tensor == 1 else [*parts, f"PP={pipeline}"]

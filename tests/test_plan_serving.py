@@ -255,3 +255,27 @@ def test_the_shipped_serving_plan_lists_pipelines_among_its_candidates():
     pipelines = table[table["parallel"].str.contains("PP=")]
     assert not pipelines.empty and (pipelines["stage"] != Stage.LAYOUT).all()
     assert (pipelines["stage"] == Stage.SIMULATED).any()
+
+
+def test_a_serving_plan_serves_replicas_of_a_pipeline_each_a_vllm_server_on_its_own_hosts():
+    # Llama-2-13B in fp16 (26 GB) does not fit one RTX 4090: two pipelines of two hosts each serve
+    # more than one of four hosts (twice the stages per token) or TP 4 (allreduces on the network).
+    search = SERVING["search"] | {"devices": ["rtx_4090"], "devices_per_host": [1], "hosts": [4],
+                                  "networks": ["eth10g"]}
+    result = plan(plan_from_dict(SERVING | {"models": ["llama-2-13b"], "search": search}))
+    table = result.table.set_index("parallel")
+    assert table.loc["TP=1 x 4 replicas", "stage"] == Stage.MEMORY
+    pick = result.pick
+    assert pick["parallel"] == "PP=2 x 2 replicas" and pick[Metric.MAX_REQUEST_RATE] >= 3.0
+    assert pick[Metric.MAX_REQUEST_RATE] > table.loc[["PP=4", "TP=4"], Metric.MAX_REQUEST_RATE].max()
+    assert pick["ttft_lower_bound_s"] <= pick[Metric.TTFT]
+    # the busiest replica's busiest stage or link names the bottleneck, as for one pipeline
+    assert pd.Series([pick["bottleneck"]]).str.fullmatch(r"(stage \d|link from stage \d to \d)( of 2)?, busy \d+%").all()
+    assert result.pick_scenario["parallel"] == {"tensor": 1, "pipeline": 2, "replicas": 2}
+    lines = result.commands(Path("pick.yaml"), Path("pick_batch.yaml"))
+    serve = next(line for line in lines if line.startswith("vllm serve "))
+    assert serve.startswith("vllm serve meta-llama/Llama-2-13b-hf --tensor-parallel-size 1 --pipeline-parallel-size 2 ")
+    assert "--distributed-executor-backend ray" in serve
+    assert ("# one such server per replica, each on its own 2 hosts with its own Ray cluster (HOST0: its first "
+            "host), 2 in all, behind a round-robin balancer") in lines
+    assert lines[-1].startswith("torchrun --nnodes 4 --nproc-per-node 1 ")

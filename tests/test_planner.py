@@ -476,3 +476,26 @@ def test_a_layout_the_model_cannot_take_is_never_proposed():
     for _, row in proposed.drop_duplicates("parallel").iterrows():  # the simulator takes each as written
         scenario = scenario_from_dict(planner.scenario_dict(row))
         assert ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).label == row["parallel"]
+
+
+def test_a_model_too_large_for_a_host_runs_as_replicas_of_a_pipeline_of_hosts():
+    # Llama-2-13B in fp16 (26 GB) does not fit a host of two 12 GB RTX 3060: one replica per host
+    # is refused; two pipelines of two hosts each beat TP 8 (every layer's allreduces on the
+    # network) and one pipeline of four hosts (twice the stages per token) on TTFT.
+    request = {"name": "pp_replicas", "models": ["llama-2-13b"], "dtype": "fp16", "slo": {"ttft": "380ms"},
+               "workload": {"batch_size": 8, "prompt_tokens": 128, "output_tokens": 8},
+               "search": {"devices": ["rtx_3060_12gb"], "devices_per_host": [2], "hosts": [4], "networks": ["eth10g"],
+                          "mixed": False, "memory": [{"policy": "resident"}],
+                          "variants": [{"name": "auto", "strategy": "allreduce_ln", "allreduce": "auto"}]}}
+    result = plan(plan_from_dict(request))
+    table = result.table.set_index("parallel")
+    assert set(table.index) == {"TP=8", "TP=2 x PP=4", "PP=8", "TP=2 x 4 replicas", "TP=2 x PP=2 x 2 replicas"}
+    assert table.loc["TP=2 x 4 replicas", "stage"] == Stage.MEMORY
+    pick = result.pick
+    assert pick["parallel"] == "TP=2 x PP=2 x 2 replicas" and "memory bandwidth" in pick["bottleneck"]
+    assert result.pick_scenario["parallel"] == {"tensor": 2, "pipeline": 2, "replicas": 2}
+    assert pick["ttft_lower_bound_s"] <= pick[Metric.TTFT] and pick["tpot_lower_bound_s"] <= pick[Metric.TPOT]
+    timing = simulate(scenario_from_dict(result.pick_scenario), expand_steps=()).variants[0].timing
+    for metric in (Metric.TTFT, Metric.TPOT, Metric.DECODE_TOKENS_PER_S):
+        assert timing[metric] == pytest.approx(pick[metric], rel=1e-9)
+    assert result.commands(Path("pick.yaml"))[-1].startswith("torchrun --nnodes 4 --nproc-per-node 2 ")

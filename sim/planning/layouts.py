@@ -16,7 +16,12 @@ left idle would be paid for and unused):
   section 3.2): one point-to-point hop per stage instead of every layer's collectives on the network;
 * ``PP=N``: a pipeline over every device;
 * ``TP=G x H replicas``: one copy of the model per host, the batch's sequences split among them
-  (:mod:`sim.replicas`): no collective crosses the network.
+  (:mod:`sim.replicas`): no collective crosses the network;
+* ``TP=G x PP=P x R replicas``: for each divisor P of H with P, R = H / P > 1, R copies of a
+  pipeline of P hosts (TP G inside each host), the batch's sequences split among them: a model
+  too large for one host runs as several pipelines, each hop and each replica's requests on
+  fewer devices. On single-device hosts (G = 1) the same formula gives ``PP=P x R replicas``,
+  which belongs for the same reason (``PP=N`` and ``H replicas`` are its two ends).
 
 A layout is a candidate only where the simulator accepts it: :class:`sim.parallel.ParallelPlan`
 checks the degrees against the model (heads, layers) and :func:`sim.replicas.split_batch` the
@@ -91,4 +96,7 @@ def inference_layouts(hosts: int, per_host: int, *, uneven: ShareBasis | None) -
     layouts.append(InferenceLayout(1, pipeline=n))
     if hosts > 1:
         layouts.append(InferenceLayout(per_host, replicas=hosts))
+    # the divisors of H only: a handful of candidates per cluster
+    layouts += [InferenceLayout(per_host, pipeline=stages, replicas=hosts // stages)
+                for stages in range(2, hosts) if hosts % stages == 0]
     return layouts

@@ -20,8 +20,8 @@ A **serving** plan (:mod:`sim.planning.search`) meets the objectives where a con
 maximum request rate reaches the target. Its pick is the cheapest such (ties: the higher maximum
 rate); the top 10 go by the same rule, then those that miss, the highest maximum rate first; its
 one frontier is price per hour against maximum request rate (``pareto_rate``). A pipeline's
-bottleneck is its busiest stage or link at the maximum rate
-(:func:`sim.serving.simulate.pipeline_bottleneck`); a single group's (replicas included) is the
+bottleneck is its busiest stage or link at the maximum rate (replicas of a pipeline: the busiest
+replica's; :func:`sim.serving.simulate.pipeline_bottleneck`); a single group's (replicas included) is the
 term taking most of the master's decode iteration at the maximum rate (:func:`sim.bottleneck.bottleneck`),
 from its layout simulated at the batch it decodes there
 (:meth:`~sim.planning.search.Planner.batch_scenario_dict`; the prefill chunks sharing a loaded

@@ -72,7 +72,8 @@ def vllm_lines(request: PlanRequest, row: pd.Series, scenario: dict) -> list[str
     over several hosts runs on a Ray cluster (vLLM's multi-node serving,
     docs/serving/distributed_serving.md: ``ray start --head`` on the first host, ``ray start
     --address`` on the others, ``vllm serve`` on the first with ``--distributed-executor-backend
-    ray``). Replicas are separate servers, one per host, behind a round-robin balancer, as
+    ray``). Replicas are separate servers (one per host, or each a pipeline over its own block of
+    hosts on a Ray cluster of its own), behind a round-robin balancer, as
     :mod:`sim.serving.simulate` models them (the external load balancing of
     docs/serving/data_parallel_deployment.md). vLLM splits tensor parallelism evenly: an uneven
     split has no flag, and the line runs it even.
@@ -98,6 +99,7 @@ def vllm_lines(request: PlanRequest, row: pd.Series, scenario: dict) -> list[str
     else:
         lines.append(serve)
     if replicas > 1:
-        lines.append(f"# one such server per replica, on each of the {replicas} hosts, behind a round-robin "
-                     "balancer")
+        where = (f"each on its own {hosts_per_server} hosts with its own Ray cluster (HOST0: its first host)"
+                 if hosts_per_server > 1 else "on each host")
+        lines.append(f"# one such server per replica, {where}, {replicas} in all, behind a round-robin balancer")
     return lines

@@ -378,8 +378,9 @@ class Planner:
         runs its compute ops one at a time, each priced by the roofline, so a step lasts at least
         its busiest rank's compute; a pipeline's step also at least one micro-batch's pass through
         every stage in turn (each stage's busiest rank), as each micro-batch's next token needs its
-        last one (GPipe, arXiv 1811.06965, section 2.2); replicas run apart: the batch's latency
-        is the slowest one's, its tokens/s the sum of theirs (:mod:`sim.replicas`). A serving
+        last one (GPipe, arXiv 1811.06965, section 2.2); replicas (a group each, or a pipeline
+        each, on its share of the batch) run apart: the batch's latency is the slowest one's, its
+        tokens/s the sum of theirs (:mod:`sim.replicas`). A serving
         load's TTFT bound is :meth:`_serving_ttft_s`'s. With streamed
         weights (memory policy ``policy_index``), a step also lasts at least each rank's loads
         (:meth:`_loads_s`)."""
@@ -391,14 +392,16 @@ class Planner:
             return self._group_s(model_index, tuple(device_types[r] for r in ranks), sequences, stage, shards, strategy,
                                  prompt, output)[:2]
 
+        # a serving load's bound prices one request on each replica; a batch is split among them
+        batches = (batch,) * parallel.replicas if self.request.config.is_serving else split_batch(
+            batch, parallel.replicas)
         if parallel.pipeline > 1:
-            pipeline = PipelinePlan.of(parallel, batch, prompt, output, StrategyChoice.library(strategy))
+            pipelines = [PipelinePlan.of(parallel, b, prompt, output, StrategyChoice.library(strategy), replica=i)
+                         for i, b in enumerate(batches)]
             copies = [([[group_s(ranks, size, stage, None) for size in pipeline.micro_batches]
-                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], batch, 0.0)]
+                        for ranks, stage in zip(pipeline.stage_ranks, pipeline.stages)], b, 0.0)
+                      for pipeline, b in zip(pipelines, batches)]
         else:
-            # a serving load's bound prices one request on each replica; a batch is split among them
-            batches = (batch,) * parallel.replicas if self.request.config.is_serving else split_batch(
-                batch, parallel.replicas)
             copies = [([[group_s(ranks, b, None, shards)]], b, max(loads[r] for r in ranks))
                       for ranks, shards, b in zip(parallel.replica_ranks, parallel.replica_shards, batches)]
 
@@ -448,8 +451,9 @@ class Planner:
             return max(total - slack * flops_s for total, flops_s in zip(totals, attention))
 
         if parallel.pipeline > 1:
-            return sum(group_s(ranks, stage, None) for ranks, stage in zip(parallel.stage_ranks,
-                                                                           pipeline_stages(parallel)))
+            stages = pipeline_stages(parallel)
+            return min(sum(group_s(ranks, stage, None) for ranks, stage in zip(replica, stages))
+                       for replica in parallel.replica_stage_ranks)
         return min(group_s(ranks, None, shards) for ranks, shards in zip(parallel.replica_ranks,
                                                                          parallel.replica_shards))
 

@@ -186,7 +186,8 @@ def serve_replicas(requests: list[Request], servers: list[ReplicaServer], *, max
     """Serve ``requests`` on replicas behind a round-robin balancer (request i on replica i mod R,
     see the module docstring), each by continuous batching, their clocks together
     (:func:`sim.serving.scheduler.serve_together`); the runs together: every request's times (in
-    request order), iterations and busy time summed over replicas, ``max_running`` the sum of the
+    request order), iterations and busy time summed over replicas, each pipeline stage's and link's
+    busy time the busiest replica's (what :func:`pipeline_bottleneck` reads), ``max_running`` the sum of the
     replicas' peaks (an upper bound of the requests running at once), ``kv_capacity_tokens`` the
     replicas' total; None where ``late_limit`` stopped the run (:func:`~sim.serving.scheduler.serve_together`).
 
@@ -206,6 +207,8 @@ def serve_replicas(requests: list[Request], servers: list[ReplicaServer], *, max
     return ServingRun(served, sum(r.iterations for r in runs), sum(r.busy_s for r in runs),
                       sum(r.max_running for r in runs), sum(s.kv_capacity_tokens for s in servers),
                       [tokens for r in runs for tokens in r.batch_tokens],
+                      stage_busy_s=tuple(map(max, *(r.stage_busy_s for r in runs))),
+                      link_busy_s=tuple(map(max, *(r.link_busy_s for r in runs))),
                       decode_batches=[n for r in runs for n in r.decode_batches])
 
 
@@ -477,7 +480,8 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
 def pipeline_bottleneck(run: ServingRun) -> str:
     """A pipeline's busiest part over ``run``: the stage (its compute) or the link after a stage
     (its messages) busy the longest, with its share of the run's span (first arrival to last
-    token), e.g. ``stage 2 of 2, busy 97%``; '' for a single stage. Under load the busiest part
+    token), e.g. ``stage 2 of 2, busy 97%`` (with replicas of a pipeline, the busiest replica's,
+    :func:`serve_replicas`); '' for a single stage. Under load the busiest part
     sets the rate of iterations (:mod:`sim.serving.scheduler`)."""
     stages = len(run.stage_busy_s)
     if stages < 2:
