@@ -814,7 +814,7 @@ class Planner:
             miss = slo_miss(timing, config.slo)
             results[i] = {"stage": Stage.SIMULATED, "reason": "",
                           **{metric: timing[metric] for metric in _TIMING},
-                          Metric.MAX_PEAK_MEMORY: float(max(vr.run.peak_bytes.values())),
+                          Metric.MAX_PEAK_MEMORY: float(max(vr.peak_bytes.values())),
                           "fits": fits, "meets_slo": fits and not miss, "profile_context": context,
                           "slo_miss": miss if fits else vr.overflow.describe(
                               result.topology.devices[vr.overflow.rank].name)}
