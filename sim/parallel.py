@@ -213,6 +213,9 @@ class ParallelPlan:
             raise ConfigError(field_name, f"{degrees} = {needed} ranks exceed the cluster's "
                                           f"{len(self.devices)} devices ({', '.join(self.devices)}) "
                                           f"(got {getattr(self, field_name.split('.')[1])})")
+        if self.pipeline > 1:
+            # the shards' own refusal would suggest parallel.shares, which a pipeline refuses (above)
+            check_even_only(self.model, self.tensor, "a pipeline's stages split evenly only")
         shares = self.shares
         if shares is not None and len(shares) == self.tensor * self.replicas and self.replicas > 1:
             per_replica = [shares[i * self.tensor:(i + 1) * self.tensor] for i in range(self.replicas)]
@@ -434,7 +437,19 @@ class ParallelPlan:
             if data < 1:
                 raise ConfigError("parallel.tensor", f"exceeds the cluster's {len(devices)} devices "
                                                      f"({', '.join(devices)}) (got {tensor})")
+        check_even_only(scenario.model, tensor, "training splits evenly only (no parallel.shares)")
         return cls(scenario.model, devices, tensor, data)
+
+
+def check_even_only(model: ModelSpec, tensor: int, why: str) -> None:
+    """Refuse, on ``parallel.tensor``, a degree that cannot split ``model`` evenly where no uneven
+    split may run (``why``: a pipeline, training), instead of the shards' own refusal, whose hint
+    (``parallel.shares``) such a layout refuses."""
+    if not fits_evenly(model, tensor):
+        raise ConfigError("parallel.tensor", f"tensor-parallel degree {tensor} cannot split {model.name} evenly "
+                                             f"({model.num_attention_heads} attention heads, {model.num_kv_heads} "
+                                             f"key-value heads, intermediate size {model.intermediate_size}), and "
+                                             f"{why}; choose a degree that divides them (got {tensor})")
 
 
 def scenario_shares(scenario, devices, written, tensor: int, pipeline: int, replicas: int

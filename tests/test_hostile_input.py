@@ -274,3 +274,19 @@ def test_micro_batches_beyond_a_pipeline_replicas_share_of_the_batch_are_one_lin
                          workload={"batch_size": 3, "prompt_tokens": 8, "output_tokens": 2})
     assert _refused(tmp_path, capsys, data) == ("parallel.micro_batches: more micro-batches than the 1 sequences "
                                                 "of replica 1's share of the batch (got 2)")
+
+
+@pytest.mark.parametrize("layout, why", [
+    ({"tensor": 5, "pipeline": 2}, "a pipeline's stages split evenly only"),
+    ({"tensor": 5, "data": 2}, "training splits evenly only"),
+])
+def test_an_uneven_degree_where_only_even_splits_run_names_the_reason(tmp_path, capsys, layout, why):
+    # GPT-2's 12 heads: an uneven split would serve 5 ranks, but neither a pipeline nor training takes
+    # one, so the refusal must not send the user to parallel.shares
+    data = scenario_dict(cluster=cluster(num_hosts=5, devices_per_host=2), parallel=layout)
+    if "data" in layout:
+        data |= {"workload": {"kind": "training", "global_batch_size": 4, "micro_batch_size": 1,
+                              "sequence_length": 16}, "variants": [{"name": "ddp"}]}
+    line = _refused(tmp_path, capsys, data)
+    assert line.startswith("parallel.tensor: tensor-parallel degree 5 cannot split gpt2 evenly") and why in line
+    assert "parallel.shares (compute" not in line
