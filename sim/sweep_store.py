@@ -7,7 +7,7 @@ One file, ``DIR/sweep.sqlite``, in write-ahead-log mode (https://sqlite.org/wal.
   (JSON), ``error`` (empty, or why the simulator refused the point), ``seconds`` (its wall time),
   ``profile_context`` (how a profile priced it, :attr:`sim.grid.PointOutcome.profile_context`)
   and ``shares_note`` (an uneven split's basis, :attr:`sim.grid.PointOutcome.shares_note`); each
-  added to a store an older hetsim made, whose points it leaves empty (:data:`_ADDED_COLUMNS`);
+  added to a store an older hetsim made, whose points it leaves empty (:data:`ADDED_POINT_COLUMNS`);
 * ``results``: the point's tidy result rows (:data:`sim.metrics.RESULT_COLUMNS`, plus ``oom``:
   the first op that does not fit, for a variant that overflows) with ``ord`` keeping their order.
 
@@ -43,10 +43,12 @@ CREATE TABLE IF NOT EXISTS results (key TEXT NOT NULL REFERENCES points(key), or
                                     unit TEXT, device TEXT, oom TEXT NOT NULL, UNIQUE (key, ord));
 """
 STORE_NAME = "sweep.sqlite"
-_ADDED_COLUMNS = ("profile_context", "shares_note")
+ADDED_POINT_COLUMNS = ("profile_context", "shares_note")
 """The ``points`` columns later hetsims added, in order. A store an older hetsim made gets them
 empty: its points' keys carry the older simulator's digest (:func:`sim.grid.hetsim_version`), so
-no current point reuses them, and they still read back (as in a grid sharing the directory)."""
+no current point reuses them, and they still read back (as in a grid sharing the directory).
+Each is the :class:`sim.grid.PointOutcome` field of its name, in that class's order after
+``seconds``."""
 
 
 class SweepStore:
@@ -65,7 +67,7 @@ class SweepStore:
         self._db.execute("PRAGMA busy_timeout=30000")  # another reader or a second sweep: wait
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(points)")}
-        for column in _ADDED_COLUMNS:
+        for column in ADDED_POINT_COLUMNS:
             if column not in columns:
                 self._db.execute(f"ALTER TABLE points ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
         self.run: int | None = None
@@ -102,10 +104,11 @@ class SweepStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            inserted = db.execute("INSERT OR IGNORE INTO points (key, run, axes, error, seconds, profile_context, "
-                                  "shares_note) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            inserted = db.execute(f"INSERT OR IGNORE INTO points (key, run, axes, error, seconds, "
+                                  f"{', '.join(ADDED_POINT_COLUMNS)}) VALUES (?, ?, ?, ?, ?"
+                                  f"{', ?' * len(ADDED_POINT_COLUMNS)})",
                                   (key, self.run, axes_json, outcome.error, outcome.seconds,
-                                   outcome.profile_context, outcome.shares_note)).rowcount
+                                   *(getattr(outcome, column) for column in ADDED_POINT_COLUMNS))).rowcount
             if inserted:
                 db.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                [(key, i, *row, outcome.oom.get(row[1], "")) for i, row in enumerate(outcome.rows)])
@@ -118,7 +121,7 @@ class SweepStore:
     def outcomes(self, keys: Iterable[str]) -> dict[str, PointOutcome]:
         """The stored outcome of each of ``keys`` that has one."""
         keys = list(keys)
-        points = pd.read_sql_query("SELECT key, error, seconds, profile_context, shares_note FROM points",
+        points = pd.read_sql_query(f"SELECT key, error, seconds, {', '.join(ADDED_POINT_COLUMNS)} FROM points",
                                    self._db).set_index("key")
         results = pd.read_sql_query(f"SELECT key, {', '.join(RESULT_COLUMNS)}, oom FROM results ORDER BY key, ord",
                                     self._db)
@@ -131,5 +134,5 @@ class SweepStore:
             table = rows[RESULT_COLUMNS].itertuples(index=False, name=None) if rows is not None else ()
             oom = {} if rows is None else {v: o for v, o in zip(rows["variant"], rows["oom"]) if o}
             outcomes[key] = PointOutcome(tuple(table), oom, points.at[key, "error"], float(points.at[key, "seconds"]),
-                                         points.at[key, "profile_context"], points.at[key, "shares_note"])
+                                         *(points.at[key, column] for column in ADDED_POINT_COLUMNS))
         return outcomes

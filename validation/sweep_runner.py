@@ -47,9 +47,9 @@ from sim.metrics import RESULT_COLUMNS
 from sim.outputs import results_csv, write_files
 from sim.profile import Profile
 from sim.scenario import Scenario
-from sim.sweep_store import SweepStore
+from sim.sweep_store import ADDED_POINT_COLUMNS, SweepStore
 
-TIDY_EXTRA_COLUMNS = ["oom", "error", "profile_context", "shares_note"]
+TIDY_EXTRA_COLUMNS = ["oom", "error", *ADDED_POINT_COLUMNS]
 SCHEDULER_TIMEOUT_S = 10
 
 
