@@ -154,6 +154,35 @@ DEVICES: dict[str, DeviceSpec] = {
             ),
         ),
         DeviceSpec(
+            name="rtx_3090_ti",
+            description="NVIDIA GeForce RTX 3090 Ti 24GB (GA102, 84 SMs, 1.86 GHz boost)",
+            peak_flops_per_s={"fp32": 40.0 * _T, "fp16": 80.0 * _T, "bf16": 80.0 * _T},
+            memory_bandwidth_bytes_per_s=1008 * _GB,
+            memory_capacity_bytes=24 * _GIB,
+            source=(
+                "NVIDIA GeForce RTX 3090 family specifications "
+                "(https://www.nvidia.com/en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/): "
+                "10752 CUDA cores (84 SMs), 1.86 GHz boost, 24 GB GDDR6X, 384-bit at 21 Gbps = 1,008 GB/s; "
+                "FP32 = 10752 x 2 x 1.86 GHz = 40.0 TFLOPS. Tensor rate from the NVIDIA Ampere GA102 "
+                "whitepaper per-SM figure for GeForce GA10x with FP32 accumulate, 512 dense FP16 FLOP/clk/SM "
+                "(84 SMs x 1.86 GHz x 512 = 80.0 TFLOPS; twice that with FP16 accumulate)"
+            ),
+        ),
+        DeviceSpec(
+            name="rtx_3080",
+            description="NVIDIA GeForce RTX 3080 10GB (GA102, 68 SMs, 1.71 GHz boost)",
+            peak_flops_per_s={"fp32": 29.8 * _T, "fp16": 59.5 * _T, "bf16": 59.5 * _T},
+            memory_bandwidth_bytes_per_s=760 * _GB,
+            memory_capacity_bytes=10 * _GIB,
+            source=(
+                "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Appendix A, GeForce RTX 3080 "
+                "(https://images.nvidia.com/aem-dam/en-zz/Solutions/geforce/ampere/pdf/"
+                "NVIDIA-ampere-GA102-GPU-Architecture-Whitepaper-V1.pdf): 8704 CUDA cores (68 SMs), "
+                "1.71 GHz boost; peak FP32 29.8 TFLOPS; FP16 and BF16 Tensor with FP32 accumulate "
+                "59.5 TFLOPS dense (119 with FP16 accumulate); 10 GB GDDR6X, 320-bit at 19 Gbps = 760 GB/s"
+            ),
+        ),
+        DeviceSpec(
             name="rtx_3060_12gb",
             description="NVIDIA GeForce RTX 3060 12GB (GA106, 28 SMs, 1.777 GHz boost)",
             peak_flops_per_s={"fp32": 12.74 * _T, "fp16": 25.5 * _T, "bf16": 25.5 * _T},

@@ -25,6 +25,8 @@ def test_every_published_scenario_loads_and_every_case_simulates():
     assert all(math.isfinite(v) and v > 0 for v in table["simulated"])
     assert table["error"].tolist() == pytest.approx((table["simulated"] / table["published"] - 1).tolist())
     assert all(table["dominant"]), "every case names what dominates its simulated step or where its peak is"
+    pipelines = table[~table["setup"].str.contains(" x PP 1 ")]
+    assert len(pipelines) >= 2, "issue 20 is checked against published figures of pipelines (llama.cpp's layer split)"
     text = report_markdown(table, not_represented, "cmd")
     assert all(case.id in text for case in cases) and "prediction" in text
     assert not_represented and all(m["why"] for m in not_represented)
