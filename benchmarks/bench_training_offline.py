@@ -21,7 +21,7 @@ a cluster's terms describe its own rows, and the other's). ``--out`` writes the 
 (``errors.csv``, ``overlap.csv``, ``summary.md``, ...) there. Depends on nothing but the stored
 files, not on the machine's load. Under a minute on the project's 2-core machine.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training.yaml] [--report validation/training-report] [--out DIR]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training.yaml] [--report validation/training-report] [--out DIR] [--core-turns ...]`` (the off-by-default pricing switches of :mod:`validation.pricing_options`)
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from sim.profile import ISOLATED, MeasurementKind
 from sim.training.simulate import simulate_training
 from sim.transport import context_topology, fit_profile, price
 from sim.vocabulary import Metric
+from validation.pricing_options import add_pricing_options, apply_pricing_options
 from validation.training_transfer import summary_markdown as training_transfer_summary, transfer_cases
 from validation.training_validation import (compare_clusters, load_report_clusters, load_training_matrix,
                                             summary_markdown, write_training_validation)
@@ -205,9 +206,12 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=ROOT / "validation" / "training-report",
                         help="the report directory whose clusters/ hold the saved profiles and measurements")
     parser.add_argument("--out", type=Path, default=None, help="write the re-simulated report's tables here")
+    add_pricing_options(parser)
     args = parser.parse_args()
+    flags = apply_pricing_options(args)
     command = ("PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py "
-               f"--matrix {args.matrix} --report {args.report}" + (f" --out {args.out}" if args.out else ""))
+               f"--matrix {args.matrix} --report {args.report}" + (f" --out {args.out}" if args.out else "")
+               + "".join(f" {flag}" for flag in flags))
     started = time.perf_counter()
     matrix, scenarios = load_training_matrix(args.matrix)
     runs = load_report_clusters(scenarios, args.report)

@@ -2,7 +2,7 @@
 
 Each piece is a module-level setting of the simulator, read when a run is priced; an offline
 re-simulation (``benchmarks/bench_transfer_offline.py``, ``benchmarks/bench_layouts_offline.py``,
-``benchmarks/bench_uneven_calls.py``) switches them from its command line, one flag each, and
+``benchmarks/bench_uneven_calls.py``, ``benchmarks/bench_training_offline.py``) switches them from its command line, one flag each, and
 names the flags it ran with in the command it writes beside its figures:
 
 * ``--token-buckets``: the links' declared token buckets (:data:`sim.token_bucket.PRICED`);
