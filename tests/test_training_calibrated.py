@@ -199,3 +199,27 @@ def test_the_profiles_reduction_rows_of_the_gradients_dtype_price_the_buckets_al
     # the ring's reductions of ~250 MB of gradients per rank at 20 ns/B: seconds more in the step
     assert (result.variants[0].metrics[Metric.STEP_TIME]
             > without.variants[0].metrics[Metric.STEP_TIME] + 1.0)
+
+
+def test_a_compressed_bf16_buckets_allreduce_is_priced_with_the_profiles_bf16_reduction_rows_else_fp32s_said_so():
+    from tests.test_reduction import _rows as reduction_rows
+
+    # fp32 training, buckets cast to bf16 for the allreduce: its reductions add bf16 elements
+    scenario = _scenario([{"name": "bf16_buckets", "training": {"gradient_compression": "bf16", "allreduce": "ring"}}],
+                         hosts=2, training={"optimizer": "adamw", "precision": "fp32"})
+    plain = _profile(scenario, 1e-4, precision=True).rows.to_dict("records")
+    slow, fast = 2e-8, 1e-12  # 2e-8 s/B: ~125 MB of bf16 gradients per rank reduced take seconds
+    costly_bf16 = simulate_training(scenario, Profile(profile_frame(
+        [*plain, *reduction_rows(fast, 0.0), *reduction_rows(slow, 0.0, dtype="bf16")])))
+    cheap_bf16 = simulate_training(scenario, Profile(profile_frame(
+        [*plain, *reduction_rows(slow, 0.0), *reduction_rows(fast, 0.0, dtype="bf16")])))
+    step = Metric.STEP_TIME
+    # the bf16 rows' gamma prices the bucket's reductions, not the fp32 rows'
+    assert costly_bf16.variants[0].metrics[step] > cheap_bf16.variants[0].metrics[step] + 0.5
+    assert any(line.startswith("reduction on cpu bf16: same (gamma 20000.0 ps/B") for line in costly_bf16.sources)
+    # a profile without bf16 rows prices them with the fp32 rows' gamma, unscaled, and says so
+    fp32_only = simulate_training(scenario, Profile(profile_frame([*plain, *reduction_rows(slow, 0.0)])))
+    assert fp32_only.variants[0].metrics[step] == pytest.approx(costly_bf16.variants[0].metrics[step], rel=1e-9)
+    assert any(line.startswith("reduction on cpu bf16: not applicable (no cpu bf16 reduction rows: the cpu fp32 "
+                               "rows' gamma, unscaled") for line in fp32_only.sources)
+    assert not any(line.startswith("reduction on cpu bf16") for line in cheap_bf16.sources if "not applicable" in line)
