@@ -223,3 +223,26 @@ def test_a_compressed_bf16_buckets_allreduce_is_priced_with_the_profiles_bf16_re
     assert any(line.startswith("reduction on cpu bf16: not applicable (no cpu bf16 reduction rows: the cpu fp32 "
                                "rows' gamma, unscaled") for line in fp32_only.sources)
     assert not any(line.startswith("reduction on cpu bf16") for line in cheap_bf16.sources if "not applicable" in line)
+
+
+def test_tensor_parallel_allreduces_in_bf16_are_priced_with_the_bf16_reduction_rows():
+    from tests.test_reduction import _rows as reduction_rows
+
+    # bf16_mixed with 2-way tensor parallelism: the buckets reduce fp32 gradients, the
+    # tensor-parallel allreduces bf16 activations and their gradients
+    scenario = _scenario([{"name": "tp", "training": {"precision": "bf16_mixed"}}], hosts=2, devices_per_host=2,
+                         parallel={"tensor": 2, "data": 2}, global_batch=2, training={"optimizer": "adamw"})
+    plain = _profile(scenario, 1e-4, precision=True).rows.to_dict("records")
+    slow, fast = 2e-8, 1e-12
+
+    def step_s(fp32: float, bf16: float) -> tuple[float, tuple[str, ...]]:
+        result = simulate_training(scenario, Profile(profile_frame(
+            [*plain, *reduction_rows(fp32, 0.0), *reduction_rows(bf16, 0.0, dtype="bf16")])))
+        return result.variants[0].metrics[Metric.STEP_TIME], result.sources
+
+    costly_bf16, sources = step_s(fast, slow)
+    assert any(line.startswith("reduction on cpu bf16: same (gamma 20000.0 ps/B") for line in sources)
+    assert any(line.startswith("reduction on cpu fp32: same (gamma 1.0 ps/B") for line in sources)
+    # allreduces of 96 KiB of bf16, half of each reduced per rank, at 20 ns/B: 1 ms each on the
+    # compute stream (24 ms more a step here); at the fp32 rows' gamma they would cost nothing
+    assert costly_bf16 > step_s(fast, fast)[0] + 0.01
