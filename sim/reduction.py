@@ -22,9 +22,12 @@ Each collective is priced with the gamma of the dtype it reduces in (``Collectiv
 :class:`sim.network.ReductionCosts`): a DDP bucket's fp32 gradients, a compressed bucket's fp16 or
 bf16, a tensor-parallel allreduce's activations in the compute dtype. They differ: on a CPU torch
 adds fp16 and bf16 elements through fp32 conversions. Measured on this project's CPU (AMD EPYC,
-AVX2, torch 2.13 CPU build), ``a.add_(b)`` of 16 MiB per operand on one thread, median of 5 calls
-after 2 warm-up calls, twice: fp32 87-90 ps/B (11.3 GB/s), fp16 129-139 ps/B (x 1.5), bf16
-190-192 ps/B (x 2.2), with::
+2 cores, AVX2, torch 2.13 CPU build), ``a.add_(b)`` of 16 MiB per operand on one thread, median
+of 5 calls after 2 warm-up calls: on a quiet machine, twice, fp32 87-90 ps/B (11.3 GB/s), fp16
+129-139 ps/B (x 1.5), bf16 190-192 ps/B (x 2.2); with other processes on the cores (load 3.5-4),
+five runs timing the thread's CPU time (``time.thread_time``, as :mod:`runtime.reduction_bench`),
+fp32 76-138, fp16 140-192, bf16 201-261 ps/B: bf16 1.6 to 2.6 times fp32's in every run, fp16
+1.2 to 1.8 times. With (``time.thread_time`` for ``time.perf_counter`` in the second)::
 
     python -c "import statistics, time, torch; torch.set_num_threads(1)
     for d in (torch.float32, torch.float16, torch.bfloat16):
