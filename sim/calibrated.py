@@ -644,8 +644,8 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
         concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
         cached = _FITS[id(profile)] = _Fit(profile, fitted, hops, concurrency, inside, lag_per_block(profile, contexts))
     fitted, hops, inside = cached.terms, cached.hops, cached.inside
-    network = TransportNetwork(topology, reduction_costs(compute, topology.devices), fitted, _borrowed(fitted) or default_terms(""),
-                               gap_s, hops=hops, intra_host=inside)
+    network = TransportNetwork(topology, reduction_costs(compute, topology.devices), fitted,
+                               _borrowed(fitted) or default_terms(""), gap_s, hops=hops, intra_host=inside)
     concurrency = cached.concurrency if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
                                                              concurrency, cached.lag_per_block)

@@ -782,7 +782,8 @@ class CollectivePricer:
         return offsets if any(offsets) else None
 
     def _time(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None,
-              call: str | None, arrivals: tuple[float, ...] | None = None, dtype: str | None = None) -> CollectiveTiming:
+              call: str | None, arrivals: tuple[float, ...] | None = None,
+              dtype: str | None = None) -> CollectiveTiming:
         key = (kind, algorithm, group, size_bytes, root, call, arrivals, dtype)
         if key not in self._timings:
             schedule = self.schedule(kind, algorithm, group, size_bytes, root, dtype)

@@ -386,8 +386,8 @@ class AlikeGroups:
             to_first = dict(zip(group, first))
             resolved, timing = self.pricer.price(kind, algorithm, first, size_bytes,
                                                  None if root is None else to_first[root], call,
-                                                 None if arrivals is None else {to_first[r]: a for r, a in arrivals.items()},
-                                                 dtype)
+                                                 None if arrivals is None
+                                                 else {to_first[r]: a for r, a in arrivals.items()}, dtype)
             back = dict(zip(first, group))
             self._timings[key] = resolved, replace(timing, finish_s={back[r]: t for r, t in timing.finish_s.items()})
         return self._timings[key]

@@ -20,8 +20,8 @@ the cluster it was measured on, its fitted transport terms and core contention e
 ``reduction`` rows of the dtype each reduces in (:func:`sim.training.lower.reduction_dtypes`: a
 bucket's gradients in :data:`models.training.GRADIENT_DTYPE`, or fp16 / bf16 under compression;
 a tensor-parallel allreduce's compute dtype), its fp32 rows unscaled where the profile has none of
-that dtype, and the sources say so (:mod:`sim.reduction`; the roofline's without any). What the profile lacks is the uncalibrated model's and
-is listed in ``extrapolated``. Each rank's framework memory is the profile's
+that dtype, and the sources say so (:mod:`sim.reduction`; the roofline's without any). What the
+profile lacks is the uncalibrated model's and is listed in ``extrapolated``. Each rank's framework memory is the profile's
 ``memory_baseline`` (the backend's documented baseline without one), as the planner charges it
 (:func:`sim.framework.framework_memory`).
 A profile's whole forward and backward passes scale their ops' per-call time by what a pass does

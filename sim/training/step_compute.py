@@ -201,7 +201,8 @@ class StepCompute:
             work_s = self._cache.get(key)
             if work_s is None:
                 turns, reduced_bytes = self.work(*key)
-                work_s = self._cache[key] = turns * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device, self.bucket_dtype)
+                gamma = self.reduce_s_per_byte(device, self.bucket_dtype)
+                work_s = self._cache[key] = turns * self.message_work_s + reduced_bytes * gamma
             return work_s
         price_s = self.inner.duration_s(op, device)
         factor = self.pass_factor.get(self.recompute_pass if op.recompute else op_pass(op))
