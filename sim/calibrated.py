@@ -60,11 +60,11 @@ from sim.async_compute import regime as _regime
 from sim.collectives.registry import LIBRARY, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim.cost import RooflineCompute
-from sim.network import CollectiveTiming, NetworkModel
+from sim.network import CollectiveTiming, NetworkModel, reduction_costs
 from sim.plan import Op
 from sim.profile import CHARGED, ISOLATED, MeasurementKind, Profile, noise_floor
 from sim.program import Gradient
-from sim.reduction import UNMEASURED, ReductionFit, fit_reductions, reduction_terms
+from sim.reduction import UNMEASURED, ReductionFit, fit_for, fit_reductions, reduction_terms
 from sim.topology import Device, Topology
 from sim.vocabulary import PhaseKind
 
@@ -113,9 +113,13 @@ class CalibratedCompute:
             run by every rank at once, ran 1.33 times faster with 3; and the same time in every
             strategy: validation/transfer-new-report and remeasure-report ``terms.csv``,
             ``benchmarks/bench_lm_head_rows.py``).
-        reduce_dtype: the dtype the collectives' reductions run in (None: the priced dtype,
-            ``fallback.dtype``, an inference step's activations); a training step's buckets reduce
-            gradients in :data:`models.training.GRADIENT_DTYPE` whatever its compute dtype.
+        reduce_dtype: the dtype the collectives' reductions run in where a collective names none
+            (``Collective.dtype``; None: the priced dtype, ``fallback.dtype``, an inference step's
+            activations); a training step's buckets reduce gradients in
+            :data:`models.training.GRADIENT_DTYPE` whatever its compute dtype.
+        reduce_dtypes: the other dtypes its collectives reduce in (a compressed bucket's fp16 or
+            bf16, a training step's tensor-parallel allreduces in the compute dtype), whose
+            sources :meth:`reduction_terms` gives too.
     """
 
     profile: Profile
@@ -128,6 +132,7 @@ class CalibratedCompute:
     by_shape: bool = False
     per_call_latency: bool = False
     reduce_dtype: str | None = None
+    reduce_dtypes: tuple[str, ...] = ()
     extrapolated: set[str] = field(default_factory=set)
     calibrated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -322,16 +327,18 @@ class CalibratedCompute:
         """Seconds per received byte to reduce it into a local buffer on ``device`` in ``dtype``
         (default ``reduce_dtype``, else the priced dtype): the gamma fitted on the profile's
         ``reduction`` rows of the device's type and that dtype (:func:`sim.reduction.fit_reductions`),
-        else the roofline's."""
-        fit = self._reductions.get((device.spec.name, dtype or self.reduce_dtype or self.fallback.dtype))
+        else on its fp32 rows, unscaled (:func:`sim.reduction.fit_for`; :meth:`reduction_terms`
+        says so), else the roofline's."""
+        fit = fit_for(self._reductions, device.spec.name, dtype or self.reduce_dtype or self.fallback.dtype)
         return self.fallback.reduce_s_per_byte(device) if fit is None else fit.gamma_s_per_byte
 
     def reduction_terms(self, devices: tuple[Device, ...]) -> tuple:
         """Where the reduction cost of ``devices`` comes from, in ``reduce_dtype`` (else the priced
-        dtype), one :class:`sim.context.TermComparison` per device type
-        (:func:`sim.reduction.reduction_terms`)."""
+        dtype) and each of ``reduce_dtypes``, one :class:`sim.context.TermComparison` per device
+        type and dtype (:func:`sim.reduction.reduction_terms`)."""
         return reduction_terms(self._reductions, self._reductions_measured, devices,
-                               self.reduce_dtype or self.fallback.dtype, self.fallback.reduce_s_per_byte)
+                               (self.reduce_dtype or self.fallback.dtype, *self.reduce_dtypes),
+                               self.fallback.reduce_s_per_byte)
 
     @property
     def _reductions_measured(self) -> bool:
@@ -510,8 +517,9 @@ class CalibratedNetwork:
         return float(times[edge] * ratio)
 
     def _resized(self, schedule: CommSchedule, size_bytes: float) -> CommSchedule:
-        return build_schedule(schedule.kind, schedule.algorithm, schedule.group, int(round(size_bytes)),
-                              root=schedule.root, host_groups=self.topology.host_groups(schedule.group))
+        return replace(build_schedule(schedule.kind, schedule.algorithm, schedule.group, int(round(size_bytes)),
+                                      root=schedule.root, host_groups=self.topology.host_groups(schedule.group)),
+                       reduce_dtype=schedule.reduce_dtype)
 
 
 def _size_tables(rows, statistic: str, monotone: bool) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
@@ -636,9 +644,8 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
         concurrency = calibrated_concurrency(profile.rows, sum(contexts[0].ranks_per_host)) if len(contexts) == 1 else {}
         cached = _FITS[id(profile)] = _Fit(profile, fitted, hops, concurrency, inside, lag_per_block(profile, contexts))
     fitted, hops, inside = cached.terms, cached.hops, cached.inside
-    gammas = {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices}
-    network = TransportNetwork(topology, gammas, fitted, _borrowed(fitted) or default_terms(""),
-                               gap_s, hops=hops, intra_host=inside)
+    network = TransportNetwork(topology, reduction_costs(compute, topology.devices), fitted,
+                               _borrowed(fitted) or default_terms(""), gap_s, hops=hops, intra_host=inside)
     concurrency = cached.concurrency if target.pipelined else {}
     scale, pools, contention, phase_scales = core_contention(contexts, target, ranks or tuple(range(topology.num_ranks)),
                                                              concurrency, cached.lag_per_block)

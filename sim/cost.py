@@ -31,8 +31,9 @@ class ComputeModel(Protocol):
         """Seconds that compute ``op`` takes on ``device``."""
         ...
 
-    def reduce_s_per_byte(self, device: Device) -> float:
-        """Seconds per byte to combine a received buffer into a local one (gamma)."""
+    def reduce_s_per_byte(self, device: Device, dtype: str | None = None) -> float:
+        """Seconds per byte to combine a received buffer into a local one (gamma), the elements
+        being of ``dtype`` (None: the model's default)."""
         ...
 
     def timed_alone(self, op: Op, device: Device) -> bool:
@@ -101,6 +102,7 @@ class RooflineCompute:
                          f"{bandwidth / 1e9:g} GB/s peak (the device catalog's per-core figures)")
         return tuple(lines)
 
-    def reduce_s_per_byte(self, device: Device) -> float:
+    def reduce_s_per_byte(self, device: Device, dtype: str | None = None) -> float:
+        # The roofline's traffic per byte is the same in every dtype: ``dtype`` changes nothing.
         bandwidth = device.spec.one_core()[1] if self.one_core else device.spec.memory_bandwidth_bytes_per_s
         return _REDUCTION_BYTES_PER_BYTE / (bandwidth * self.memory_efficiency)

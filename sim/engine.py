@@ -76,7 +76,7 @@ from sim.collectives.schedule import CommSchedule, Transfer
 from sim.cores import CorePool, core_server
 from sim.cost import ComputeModel
 from sim.fabric import Fabric
-from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links
+from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links, reduction_costs
 from sim.plan import Op, Segment, Stream
 from sim.topology import Topology
 
@@ -112,7 +112,7 @@ class Engine:
         self.compute = compute
         self.pricer = pricer
         self.load_rate_cap = load_rate_cap
-        self.links = Links(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+        self.links = Links(topology, reduction_costs(compute, topology.devices))
         self._idle_fluid = FlowNetwork(topology, links=self.links)
         self._extra_s: dict[tuple, dict[int, float]] = {}
         self._drained: dict[tuple, tuple[dict[int, float], dict[int, float]]] = {}  # BucketClock's cache
@@ -386,8 +386,8 @@ class Engine:
     def footprint(self, op: Op) -> frozenset[int]:
         """The channel ids the schedule of collective ``op`` crosses."""
         c = op.collective
-        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
-        key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
+        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, dtype=c.dtype)
+        key = (c.kind, algorithm, c.group, c.size_bytes, c.root, c.dtype)
         footprint = self._footprints.get(key)
         if footprint is None:
             schedule = self.pricer.schedule(*key)
@@ -409,7 +409,7 @@ class Engine:
         if not clock:
             return timing
         c = op.collective
-        key = (c.kind, algorithms[op.call][1], c.group, c.size_bytes, c.root)
+        key = (c.kind, algorithms[op.call][1], c.group, c.size_bytes, c.root, c.dtype)
         delay, left = clock.delays(key, self.pricer.schedule(*key), self.footprint(op), start_s)
         timing = delayed(timing, delay)
         clock.used(left, start_s + timing.duration_s)
@@ -421,7 +421,7 @@ class Engine:
         place holds what its run's buckets did to it, so it is released at its measured time plus
         what the fabric's traffic adds to an idle run from the same buckets (:mod:`sim.bucket_clock`)."""
         c = op.collective
-        key = (c.kind, algorithm, c.group, c.size_bytes, c.root)
+        key = (c.kind, algorithm, c.group, c.size_bytes, c.root, c.dtype)
         schedule = self.pricer.schedule(*key)
         priced = (key, tuple(timing.finish_s.get(rank, 0.0) for rank in c.group))  # one per arrival pattern
         extra = self._extra_s.get(priced)
@@ -455,7 +455,8 @@ class Engine:
                 arrivals: dict[int, float] | None = None) -> CollectiveTiming:
         """``op``'s timing, its ranks having arrived ``arrivals`` (s) before the last (None: at once)."""
         c = op.collective
-        algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, arrivals)
+        algorithm, timing = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, arrivals,
+                                             c.dtype)
         algorithms[op.call] = (c.kind.value, algorithm)
         return timing
 

@@ -15,7 +15,8 @@ Dependency semantics, identical in every model:
   writes in order), where a step waiting for the ones before never has two under way.
 * A rank adds received reduce-transfers one at a time, in order of arrival (ties in schedule
   order); each reduction starts when its bytes have arrived and the previous one is done, and
-  takes ``gamma(rank) x size_bytes``.
+  takes ``gamma(rank) x size_bytes``, the gamma of the dtype the schedule reduces in
+  (``CommSchedule.reduce_dtype``, :class:`ReductionCosts`).
 * A rank finishes when its last transfer or reduction completes (at 0 if it takes part in no step).
 
 The models differ in what a transfer costs once started:
@@ -50,8 +51,8 @@ import bisect
 import heapq
 import math
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
@@ -111,6 +112,49 @@ class Route(NamedTuple):
     channels: tuple[int, ...]  # channel ids: indices into ``Links.capacity``
 
 
+class ReductionCosts(Mapping[int, float]):
+    """Gamma of every rank (s/byte): a mapping rank -> the gamma of the default dtype (the one a
+    schedule naming no ``reduce_dtype`` reduces in), and :meth:`in_dtype` for the others.
+
+    A reduction's cost per byte depends on its dtype (on a CPU, an fp16 or bf16 add costs more
+    per byte than an fp32 one: :mod:`sim.reduction`), so a collective reducing bf16 data is priced
+    with bf16's gamma, not fp32's.
+
+    Args:
+        default: gamma of every rank in the default dtype (s/byte).
+        of_dtype: ``of_dtype(rank, dtype)``, the gamma of ``rank`` in ``dtype`` (s/byte).
+    """
+
+    def __init__(self, default: Mapping[int, float], of_dtype: Callable[[int, str], float]):
+        self._default = dict(default)
+        self._of_dtype = of_dtype
+        self._by_dtype: dict[str, dict[int, float]] = {}
+
+    def __getitem__(self, rank: int) -> float:
+        return self._default[rank]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._default)
+
+    def __len__(self) -> int:
+        return len(self._default)
+
+    def in_dtype(self, dtype: str) -> dict[int, float]:
+        """Gamma of every rank in ``dtype`` (s/byte), asked of ``of_dtype`` once per dtype."""
+        if dtype not in self._by_dtype:
+            self._by_dtype[dtype] = {rank: float(self._of_dtype(rank, dtype)) for rank in self._default}
+        return self._by_dtype[dtype]
+
+
+def reduction_costs(compute, devices) -> ReductionCosts:
+    """The :class:`ReductionCosts` of ``devices`` (:class:`sim.topology.Device`, every rank of a
+    topology) under ``compute``, a compute model whose ``reduce_s_per_byte(device, dtype=None)``
+    gives a device's gamma in a dtype (None: its default)."""
+    by_rank = {d.rank: d for d in devices}
+    return ReductionCosts({rank: compute.reduce_s_per_byte(d) for rank, d in by_rank.items()},
+                          lambda rank, dtype: compute.reduce_s_per_byte(by_rank[rank], dtype))
+
+
 class Links:
     """The channels of a topology as numbered capacities, the routes over them, and per-rank gamma.
 
@@ -123,6 +167,8 @@ class Links:
     Args:
         topology: where the ranks are and what connects them.
         reduce_s_per_byte: gamma of every rank of the topology (s/byte); None: free reductions.
+            A :class:`ReductionCosts` also prices schedules reducing in another dtype
+            (:meth:`gamma_in`); a plain mapping prices every dtype alike.
 
     Raises:
         ValueError: ``reduce_s_per_byte`` misses a rank of the topology.
@@ -142,12 +188,25 @@ class Links:
             if missing:
                 raise ValueError(f"reduce_s_per_byte lacks ranks {missing}")
             self.gamma = [float(reduce_s_per_byte[rank]) for rank in range(topology.num_ranks)]
+        self._costs = reduce_s_per_byte if isinstance(reduce_s_per_byte, ReductionCosts) else None
+        self._gamma_of: dict[str, list[float]] = {}
         self.channels_of: list[tuple[int, ...]] = []  # route id -> channel ids
         self._route_ids: dict[tuple[int, ...], int] = {}
         self._pairs: dict[tuple[int, int], Route] = {}
         self._loaders: dict[tuple[int, float | None], Route] = {}
         self._caps: dict[tuple[int, float], int] = {}
         self._solved: dict[tuple[int, ...], dict[int, float]] = {}
+
+    def gamma_in(self, dtype: str | None) -> list[float]:
+        """Gamma of every rank (s/byte) for a schedule reducing in ``dtype``
+        (``CommSchedule.reduce_dtype``): :attr:`gamma` where it is None or the links were built
+        without :class:`ReductionCosts`."""
+        if dtype is None or self._costs is None:
+            return self.gamma
+        if dtype not in self._gamma_of:
+            costs = self._costs.in_dtype(dtype)
+            self._gamma_of[dtype] = [costs[rank] for rank in range(len(self.gamma))]
+        return self._gamma_of[dtype]
 
     def route(self, channels: tuple[int, ...], latency_s: float) -> Route:
         """The :class:`Route` over ``channels`` (ids), numbered on first use."""
@@ -218,6 +277,7 @@ class _ScheduleRun:
 
     def __init__(self, schedule: CommSchedule, links: Links):
         self.links = links
+        self.gamma = links.gamma_in(schedule.reduce_dtype)
         self.transfers = [t for step in schedule.steps for t in step]
         self.route = [links.get(t.src, t.dst) for t in self.transfers]
         # Each rank's work: the transfer ids of each step it takes part in, in step order; and
@@ -329,7 +389,7 @@ class _ScheduleRun:
         """The receiver's side of :meth:`_arrived`: complete it, or start its reduction."""
         t = self.transfers[transfer]
         if t.reduce:
-            self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.links.gamma[t.dst] * t.size_bytes
+            self.reducer_free[t.dst] = max(self.now, self.reducer_free[t.dst]) + self.gamma[t.dst] * t.size_bytes
             self._reduce_until(self.reducer_free[t.dst], transfer)
         else:
             self._complete(t.dst, transfer)
@@ -368,7 +428,7 @@ class AlphaBetaNetwork:
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule``; O(number of transfers x path length). ``call`` is ignored."""
-        capacity, gamma = self.links.capacity, self.links.gamma
+        capacity, gamma = self.links.capacity, self.links.gamma_in(schedule.reduce_dtype)
         clock = _StepClock(schedule)
         for k, step in enumerate(schedule.steps):
             ready = clock.enter(k, step)
@@ -657,7 +717,8 @@ ARRIVAL_RESOLUTION_S = 1e-5  # arrivals are priced to this resolution, so that r
 
 
 class CollectivePricer:
-    """Prices collective calls on one network, caching by (kind, algorithm, group, size, root).
+    """Prices collective calls on one network, caching by (kind, algorithm, group, size, root,
+    reduction dtype).
 
     Two-level algorithms get their host groups from ``topology.host_groups(group)``. Algorithm
     ``"auto"`` prices every registered algorithm of the kind that applies to the group and
@@ -680,9 +741,10 @@ class CollectivePricer:
 
     def price(
         self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
-        call: str | None = None, arrivals: Mapping[int, float] | None = None,
+        call: str | None = None, arrivals: Mapping[int, float] | None = None, dtype: str | None = None,
     ) -> tuple[str, CollectiveTiming]:
-        """(resolved algorithm name, timing) of collective ``kind`` of ``size_bytes`` per rank;
+        """(resolved algorithm name, timing) of collective ``kind`` of ``size_bytes`` per rank,
+        reducing in ``dtype`` (``CommSchedule.reduce_dtype``; None: the network's default);
         ``call``: the plan op's name, passed to the network model (:meth:`NetworkModel.time`);
         ``arrivals``: when each rank of the group arrived, relative to the last (s, <= 0; None:
         all at once; a rank missing: with the last), for a network that prices them (see the
@@ -698,11 +760,12 @@ class CollectivePricer:
         if not self._by_call:
             call = None  # the same schedule costs the same wherever it is called: price it once
         if algorithm == AUTO:
-            key = (kind, group, size_bytes, root, call)
+            key = (kind, group, size_bytes, root, call, dtype)
             if key not in self._choices:
-                self._choices[key] = self._fastest(kind, group, size_bytes, root, call)
+                self._choices[key] = self._fastest(kind, group, size_bytes, root, call, dtype)
             algorithm = self._choices[key]
-        return algorithm, self._time(kind, algorithm, group, size_bytes, root, call, self._arrived(group, arrivals))
+        return algorithm, self._time(kind, algorithm, group, size_bytes, root, call, self._arrived(group, arrivals),
+                                     dtype)
 
     def _arrived(self, group: tuple[int, ...], arrivals: Mapping[int, float] | None) -> tuple[float, ...] | None:
         """The arrivals as the network prices them (clamped, rounded, in group order), None where
@@ -719,36 +782,41 @@ class CollectivePricer:
         return offsets if any(offsets) else None
 
     def _time(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None,
-              call: str | None, arrivals: tuple[float, ...] | None = None) -> CollectiveTiming:
-        key = (kind, algorithm, group, size_bytes, root, call, arrivals)
+              call: str | None, arrivals: tuple[float, ...] | None = None,
+              dtype: str | None = None) -> CollectiveTiming:
+        key = (kind, algorithm, group, size_bytes, root, call, arrivals, dtype)
         if key not in self._timings:
-            schedule = self.schedule(kind, algorithm, group, size_bytes, root)
+            schedule = self.schedule(kind, algorithm, group, size_bytes, root, dtype)
             self._timings[key] = self.network.time(schedule, call) if arrivals is None else \
                 self.network.time(schedule, call, arrivals=dict(zip(group, arrivals)))
         return self._timings[key]
 
     def schedule(self, kind: OpKind, algorithm: str, group: tuple[int, ...], size_bytes: int,
-                 root: int | None = None) -> CommSchedule:
-        """The point-to-point schedule of ``algorithm`` (a registered name, not ``auto``), cached.
+                 root: int | None = None, dtype: str | None = None) -> CommSchedule:
+        """The point-to-point schedule of ``algorithm`` (a registered name, not ``auto``), reducing
+        in ``dtype`` (``CommSchedule.reduce_dtype``), cached.
 
         Raises:
             ConfigError: as :func:`sim.collectives.registry.build_schedule`.
         """
-        key = (kind, algorithm, group, size_bytes, root)
+        key = (kind, algorithm, group, size_bytes, root, dtype)
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = self._schedules[key] = build_schedule(kind, algorithm, group, size_bytes, root=root,
-                                                             host_groups=self.topology.host_groups(group))
+            schedule = build_schedule(kind, algorithm, group, size_bytes, root=root,
+                                      host_groups=self.topology.host_groups(group))
+            if dtype is not None:
+                schedule = replace(schedule, reduce_dtype=dtype)
+            self._schedules[key] = schedule
         return schedule
 
     def _fastest(self, kind: OpKind, group: tuple[int, ...], size_bytes: int, root: int | None,
-                 call: str | None) -> str:
+                 call: str | None, dtype: str | None = None) -> str:
         if kind not in ALGORITHMS:
             raise ConfigError("kind", f"not a collective; known: {', '.join(ALGORITHMS)} (got {str(kind)!r})")
         candidates, errors = [], []
         for name in sorted(ALGORITHMS[kind]):
             try:
-                candidates.append((name, self.schedule(kind, name, group, size_bytes, root)))
+                candidates.append((name, self.schedule(kind, name, group, size_bytes, root, dtype)))
             except ConfigError as error:  # e.g. two_level_rs on hosts holding different numbers of ranks
                 errors.append(error)
         if not candidates:
@@ -756,7 +824,7 @@ class CollectivePricer:
         bound = getattr(self.network, "lower_bound_s", None)
 
         def lower_bound(name: str, schedule: CommSchedule) -> float:
-            priced = self._timings.get((kind, name, group, size_bytes, root, call, None))
+            priced = self._timings.get((kind, name, group, size_bytes, root, call, None, dtype))
             return priced.duration_s if priced is not None else bound(schedule)  # a time is its own bound
 
         ordered = sorted((lower_bound(name, schedule), name) for name, schedule in candidates) if bound else \
@@ -766,6 +834,6 @@ class CollectivePricer:
             # A schedule that cannot beat the best so far is not priced: the choice is the same.
             if lower_bound > best * (1 + 1e-9):
                 break
-            priced.append((self._time(kind, name, group, size_bytes, root, call).duration_s, name))
+            priced.append((self._time(kind, name, group, size_bytes, root, call, dtype=dtype).duration_s, name))
             best = min(best, priced[-1][0])
         return min(priced)[1]

@@ -371,21 +371,23 @@ class AlikeGroups:
         self._timings: dict[tuple, tuple[str, CollectiveTiming]] = {}
 
     def price(self, kind, algorithm: str, group: tuple[int, ...], size_bytes: int, root: int | None = None,
-              call: str | None = None, arrivals: dict[int, float] | None = None) -> tuple[str, CollectiveTiming]:
+              call: str | None = None, arrivals: dict[int, float] | None = None,
+              dtype: str | None = None) -> tuple[str, CollectiveTiming]:
         """See :meth:`sim.network.CollectivePricer.price`."""
         group = tuple(group)
         first = self._groups.get(group)
         if first is None:
             first = self._groups[group] = self._first.setdefault(group_shape(self.topology, self.links, group), group)
         if first == group:
-            return self.pricer.price(kind, algorithm, group, size_bytes, root, call, arrivals)
+            return self.pricer.price(kind, algorithm, group, size_bytes, root, call, arrivals, dtype)
         key = (kind, algorithm, group, size_bytes, root, call,
-               None if arrivals is None else tuple(arrivals[r] for r in group))
+               None if arrivals is None else tuple(arrivals[r] for r in group), dtype)
         if key not in self._timings:
             to_first = dict(zip(group, first))
             resolved, timing = self.pricer.price(kind, algorithm, first, size_bytes,
                                                  None if root is None else to_first[root], call,
-                                                 None if arrivals is None else {to_first[r]: a for r, a in arrivals.items()})
+                                                 None if arrivals is None
+                                                 else {to_first[r]: a for r, a in arrivals.items()}, dtype)
             back = dict(zip(first, group))
             self._timings[key] = resolved, replace(timing, finish_s={back[r]: t for r, t in timing.finish_s.items()})
         return self._timings[key]

@@ -97,13 +97,17 @@ class BlockRef:
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A collective call: ``size_bytes`` per rank (n in the alpha-beta formulas) over ``group``."""
+    """A collective call: ``size_bytes`` per rank (n in the alpha-beta formulas) over ``group``,
+    its reductions adding in ``dtype`` (a :data:`models.dtypes.DTYPE_BYTES` name; None: the
+    pricing's default, :attr:`sim.calibrated.CalibratedCompute.reduce_dtype`), whose gamma prices
+    them (:class:`sim.network.ReductionCosts`)."""
 
     kind: OpKind
     algorithm: str
     group: tuple[int, ...]
     size_bytes: int
     root: int | None = None
+    dtype: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,30 @@ collective sweep hold (per-message software overhead, :mod:`sim.transport`). It 
 negative: sizes that fit in a cache run faster per byte than the larger ones that set the slope
 (a calibration on this project's CPU, fp32: 65 ps/B at 64 KiB, 95 ps/B at 64 MiB, gamma 95.5 ps/B,
 intercept -56 us).
+
+Each collective is priced with the gamma of the dtype it reduces in (``Collective.dtype``,
+:class:`sim.network.ReductionCosts`): a DDP bucket's fp32 gradients, a compressed bucket's fp16 or
+bf16, a tensor-parallel allreduce's activations in the compute dtype. They differ: on a CPU torch
+adds fp16 and bf16 elements through fp32 conversions. Measured on this project's CPU (AMD EPYC,
+2 cores, AVX2, torch 2.13 CPU build), ``a.add_(b)`` of 16 MiB per operand on one thread, median
+of 5 calls after 2 warm-up calls: on a quiet machine, twice, fp32 87-90 ps/B (11.3 GB/s), fp16
+129-139 ps/B (x 1.5), bf16 190-192 ps/B (x 2.2); with other processes on the cores (load 3.5-4),
+five runs timing the thread's CPU time (``time.thread_time``, as :mod:`runtime.reduction_bench`),
+fp32 76-138, fp16 140-192, bf16 201-261 ps/B: bf16 1.6 to 2.6 times fp32's in every run, fp16
+1.2 to 1.8 times. With (``time.thread_time`` for ``time.perf_counter`` in the second)::
+
+    python -c "import statistics, time, torch; torch.set_num_threads(1)
+    for d in (torch.float32, torch.float16, torch.bfloat16):
+        n = (16 << 20) // torch.empty((), dtype=d).element_size()
+        a, b = torch.full((n,), 1.0, dtype=d), torch.full((n,), 2.0**-10, dtype=d)
+        [a.add_(b) for _ in range(2)]
+        t = []
+        for _ in range(5): s = time.perf_counter(); a.add_(b); t.append(time.perf_counter() - s)
+        print(d, statistics.median(t) / (16 << 20) * 1e12, 'ps/B')"
+
+A profile without rows of a collective's dtype prices it with the :data:`STAND_IN_DTYPE` rows of
+the device type, unscaled, and its terms say so (:func:`reduction_terms`); without those either,
+with the roofline.
 """
 
 from __future__ import annotations
@@ -25,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.training import GRADIENT_DTYPE
 from sim.context import TermComparison, Verdict
 from sim.profile import ISOLATED, Profile
 from sim.topology import Device
@@ -75,17 +100,31 @@ def fit_reductions(profile: Profile) -> dict[tuple[str, str], ReductionFit]:
     return fits
 
 
+STAND_IN_DTYPE = GRADIENT_DTYPE
+"""The dtype whose ``reduction`` rows price a reduction in a dtype the profile has none of: fp32,
+what every training calibration times (the gradients' dtype, :data:`models.training.GRADIENT_DTYPE`)."""
+
+
+def fit_for(fits: dict[tuple[str, str], ReductionFit], device_class: str, dtype: str) -> ReductionFit | None:
+    """The fit that prices a reduction in ``dtype`` on ``device_class``: that dtype's, else the
+    :data:`STAND_IN_DTYPE` fit of the device type (unscaled: see the module docstring for how far
+    apart the dtypes are), else None (the roofline)."""
+    return fits.get((device_class, dtype)) or fits.get((device_class, STAND_IN_DTYPE))
+
+
 UNMEASURED = ("reductions: the roofline's cost per byte (3 bytes of traffic per byte over the memory "
               "bandwidth x memory_efficiency): the profile has no reduction rows, written before they were measured")
 """The source line of a profile without ``reduction`` rows (:meth:`sim.calibrated.CalibratedCompute.reduction_sources`)."""
 
 
 def reduction_terms(fits: dict[tuple[str, str], ReductionFit], measured: bool, devices: tuple[Device, ...],
-                    dtype: str, roofline_s_per_byte) -> tuple[TermComparison, ...]:
-    """What prices the reductions of ``devices`` computing in ``dtype``, one term per device type
-    in order of first appearance: ``same`` where ``fits`` (:func:`fit_reductions`) has that device
-    type and dtype (the microbenchmark carries over to any device of the type), else ``not
-    applicable``: the roofline, ``roofline_s_per_byte(device)`` s/byte, and why. None where the
+                    dtypes: tuple[str, ...], roofline_s_per_byte) -> tuple[TermComparison, ...]:
+    """What prices the reductions of ``devices`` in each of ``dtypes`` (those the collectives
+    reduce in), one term per device type in order of first appearance and dtype: ``same`` where
+    ``fits`` (:func:`fit_reductions`) has that device type and dtype (the microbenchmark carries
+    over to any device of the type), else ``not applicable``: the :data:`STAND_IN_DTYPE` fit of
+    the device type, unscaled, where there is one (:func:`fit_for`), else the roofline,
+    ``roofline_s_per_byte(device)`` s/byte, and why. None where the
     profile has no ``reduction`` rows at all (``measured`` False: one written before they were
     measured): the term was not calibrated, which is no difference between the profile's context and
     the scenario's, so it is no term outside the context (:func:`sim.context.profile_context`);
@@ -97,19 +136,30 @@ def reduction_terms(fits: dict[tuple[str, str], ReductionFit], measured: bool, d
         first.setdefault(device.spec.name, device)
     terms = []
     for name, device in first.items():
-        term = f"reduction on {name} {dtype}"
-        fit = fits.get((name, dtype))
-        if fit is not None:
-            terms.append(TermComparison(term, Verdict.SAME, fit.describe()))
-            continue
-        if fits:
-            why = f"the profile's reductions fitted are of {', '.join(' '.join(key) for key in sorted(fits))}"
-        else:
-            why = "the profile's reduction rows give no positive slope over two sizes or more"
-        terms.append(TermComparison(term, Verdict.NOT_APPLICABLE,
-                                    f"{why}: roofline, {roofline_s_per_byte(device) * 1e12:.1f} ps/B, 3 bytes of "
-                                    "traffic per byte over the memory bandwidth x memory_efficiency"))
+        for dtype in dict.fromkeys(dtypes):
+            terms.append(_term(fits, name, dtype, roofline_s_per_byte(device)))
     return tuple(terms)
+
+
+def _term(fits: dict[tuple[str, str], ReductionFit], name: str, dtype: str, roofline_s: float) -> TermComparison:
+    """The term of reductions in ``dtype`` on device type ``name`` (:func:`reduction_terms`)."""
+    term = f"reduction on {name} {dtype}"
+    fit = fits.get((name, dtype))
+    if fit is not None:
+        return TermComparison(term, Verdict.SAME, fit.describe())
+    stand_in = fit_for(fits, name, dtype)
+    if stand_in is not None:
+        return TermComparison(term, Verdict.NOT_APPLICABLE, (
+            f"no {name} {dtype} reduction rows: the {name} {STAND_IN_DTYPE} rows' gamma, unscaled, though a "
+            f"{dtype} add costs other than an {STAND_IN_DTYPE} one per byte (on a CPU torch converts, "
+            f"sim.reduction); {stand_in.describe()}"))
+    if fits:
+        why = f"the profile's reductions fitted are of {', '.join(' '.join(key) for key in sorted(fits))}"
+    else:
+        why = "the profile's reduction rows give no positive slope over two sizes or more"
+    return TermComparison(term, Verdict.NOT_APPLICABLE,
+                          f"{why}: roofline, {roofline_s * 1e12:.1f} ps/B, 3 bytes of "
+                          "traffic per byte over the memory bandwidth x memory_efficiency")
 
 
 def _size(size_bytes: int) -> str:

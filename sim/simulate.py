@@ -27,7 +27,7 @@ from sim.framework import framework_memory
 from sim.loader import check_loader_paths
 from sim.memory import Overflow
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
-from sim.network import NETWORK_MODELS, CollectivePricer
+from sim.network import NETWORK_MODELS, CollectivePricer, reduction_costs
 from sim.parallel import ParallelPlan
 from sim.profile import Profile
 from sim.pipeline_run import AlikeGroups, simulate_pipeline_run
@@ -152,7 +152,7 @@ def model_network(name: str, topology: Topology, compute):
     if name not in NETWORK_MODELS:
         raise ConfigError("network_model", f"unknown network model; known: {', '.join(NETWORK_MODELS)} "
                                            f"(got {name!r})")
-    return NETWORK_MODELS[name](topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices})
+    return NETWORK_MODELS[name](topology, reduction_costs(compute, topology.devices))
 
 
 def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool | None = None, copies: int = 1):
@@ -163,7 +163,7 @@ def uncalibrated_network(name: str, topology: Topology, compute, pool: CorePool 
     there, else :func:`model_network`."""
     if name == DEFAULT_TRANSPORT_MODEL:
         model_network(name, topology, compute)  # the name's check
-        return DefaultTransportNetwork(topology, {d.rank: compute.reduce_s_per_byte(d) for d in topology.devices},
+        return DefaultTransportNetwork(topology, reduction_costs(compute, topology.devices),
                                        cores=None if pool is None else int(pool.cores),
                                        ranks=0 if pool is None else len(pool.ranks), copies=copies)
     return model_network(name, topology, compute)
@@ -199,7 +199,7 @@ class Pricing:
 def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...],
                   profile: Profile | None = None, context_group: tuple[int, ...] | None = None,
                   layout: str | None = None, dtype: str | None = None, pipelined: bool = False,
-                  copies: int = 1, reduce_dtype: str | None = None) -> Pricing:
+                  copies: int = 1, reduce_dtype: str | None = None, reduce_dtypes: tuple[str, ...] = ()) -> Pricing:
     """The compute model, network model and engine that price ``scenario`` on ``ranks`` of
     ``topology``: the roofline and the scenario's network model (with each transport's documented
     per-message terms for the default one), or a calibration ``profile`` compared with the
@@ -211,7 +211,9 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     ``dtype``: the compute dtype (default the model's; a training variant's comes from its
     precision). ``pipelined``: the layout runs pipeline stages (:class:`sim.context.CalibrationContext`).
     ``reduce_dtype``: the dtype the collectives reduce in, whose ``reduction`` rows price them
-    (:attr:`sim.calibrated.CalibratedCompute.reduce_dtype`; default ``dtype``).
+    (:attr:`sim.calibrated.CalibratedCompute.reduce_dtype`; default ``dtype``), and
+    ``reduce_dtypes`` the others its collectives reduce in (``Collective.dtype``), whose sources
+    the choice gives too (:attr:`sim.calibrated.CalibratedCompute.reduce_dtypes`).
 
     Raises:
         ConfigError: devices without the scenario's dtype, an unknown network model.
@@ -226,7 +228,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                               config.compute.op_overhead_s,
                               one_core=profile is None and config.cluster.cores is not None)
     if profile is not None:
-        compute = CalibratedCompute(profile, compute, model=scenario.model, reduce_dtype=reduce_dtype)
+        compute = CalibratedCompute(profile, compute, model=scenario.model, reduce_dtype=reduce_dtype,
+                                    reduce_dtypes=reduce_dtypes)
     # With a profile, what it does not time is this model at the gamma its reduction rows fit.
     network = model_network(config.network_model, topology, compute)
     runtime_memory = framework_memory({r: topology.devices[r].spec for r in ranks}, profile)

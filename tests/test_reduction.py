@@ -102,3 +102,40 @@ def test_reduction_rows_of_another_dtype_leave_the_roofline_and_name_what_was_fi
         [pricing.compute.fallback.reduce_s_per_byte(d) for d in pricing.engine.topology.devices])
     assert any(line.startswith("reduction on cpu fp32: not applicable (the profile's reductions fitted are of cpu bf16")
                for line in pricing.choice.lines())
+
+
+def test_a_schedule_reducing_in_bf16_is_priced_with_the_bf16_gamma_and_fp16_without_rows_with_fp32s(cluster):
+    from dataclasses import replace
+
+    scenario, old = cluster
+    fp32, bf16 = 1e-10, 8e-10
+    pricing = _pricing(scenario, Profile(with_rows(old.rows, _rows(fp32, 0.0) + _rows(bf16, 0.0, dtype="bf16"))))
+    links = pricing.engine.links
+    assert links.gamma_in(None) == pytest.approx([fp32] * 4) and links.gamma_in("bf16") == pytest.approx([bf16] * 4)
+    assert links.gamma_in("fp16") == pytest.approx([fp32] * 4)  # no fp16 rows: fp32's, unscaled
+    from sim.collectives.registry import build_schedule
+
+    group = (0, 1, 2, 3)
+    ring = build_schedule("allreduce", "ring", group, 4 << 20, host_groups=pricing.engine.topology.host_groups(group))
+    # a ring reduces 3 MiB per rank: 2.1 ms more at 0.7 ns/B more
+    network = pricing.network
+    extra_s = network.time(replace(ring, reduce_dtype="bf16")).duration_s - network.time(ring).duration_s
+    assert extra_s == pytest.approx((bf16 - fp32) * 3 * (1 << 20), rel=0.05)
+
+
+def test_a_training_steps_collectives_reduce_in_their_own_dtype():
+    from sim.training.lower import StepShape, lower_step, scenario_reduction_dtypes
+    from tests.test_training_sim import _scenario
+
+    scenario = _scenario([{"name": "fp16_buckets", "training": {"precision": "bf16_mixed",
+                                                                  "gradient_compression": "fp16"}},
+                          {"name": "plain", "training": {"precision": "fp32"}}],
+                         hosts=2, devices_per_host=2, parallel={"tensor": 2, "data": 2}, global_batch=2)
+    assert scenario_reduction_dtypes(scenario, 2) == ("fp16", "bf16", "fp32")
+    assert scenario_reduction_dtypes(scenario, 1) == ("fp16", "fp32")
+    settings = scenario.training_settings(scenario.config.variants[0])
+    shape = StepShape(scenario.model.with_dtype("bf16"), settings, 1, 16, 1, ((0, 1), (2, 3)))
+    dtypes = {("bucket" if op.name.startswith("bucket") else "tensor", op.collective.dtype)
+              for part in lower_step(shape, sync_gradients=True, average_parameters=False).segments
+              for op in part.segment.programs[0] if op.collective is not None}
+    assert dtypes == {("bucket", "fp16"), ("tensor", "bf16")}

@@ -178,7 +178,7 @@ class _Waits:
     def duration_s(self, op, device):
         return self.gap_s
 
-    def reduce_s_per_byte(self, device):
+    def reduce_s_per_byte(self, device, dtype=None):
         return 0.0
 
 

@@ -199,3 +199,50 @@ def test_the_profiles_reduction_rows_of_the_gradients_dtype_price_the_buckets_al
     # the ring's reductions of ~250 MB of gradients per rank at 20 ns/B: seconds more in the step
     assert (result.variants[0].metrics[Metric.STEP_TIME]
             > without.variants[0].metrics[Metric.STEP_TIME] + 1.0)
+
+
+def test_a_compressed_bf16_buckets_allreduce_is_priced_with_the_profiles_bf16_reduction_rows_else_fp32s_said_so():
+    from tests.test_reduction import _rows as reduction_rows
+
+    # fp32 training, buckets cast to bf16 for the allreduce: its reductions add bf16 elements
+    scenario = _scenario([{"name": "bf16_buckets", "training": {"gradient_compression": "bf16", "allreduce": "ring"}}],
+                         hosts=2, training={"optimizer": "adamw", "precision": "fp32"})
+    plain = _profile(scenario, 1e-4, precision=True).rows.to_dict("records")
+    slow, fast = 2e-8, 1e-12  # 2e-8 s/B: ~125 MB of bf16 gradients per rank reduced take seconds
+    costly_bf16 = simulate_training(scenario, Profile(profile_frame(
+        [*plain, *reduction_rows(fast, 0.0), *reduction_rows(slow, 0.0, dtype="bf16")])))
+    cheap_bf16 = simulate_training(scenario, Profile(profile_frame(
+        [*plain, *reduction_rows(slow, 0.0), *reduction_rows(fast, 0.0, dtype="bf16")])))
+    step = Metric.STEP_TIME
+    # the bf16 rows' gamma prices the bucket's reductions, not the fp32 rows'
+    assert costly_bf16.variants[0].metrics[step] > cheap_bf16.variants[0].metrics[step] + 0.5
+    assert any(line.startswith("reduction on cpu bf16: same (gamma 20000.0 ps/B") for line in costly_bf16.sources)
+    # a profile without bf16 rows prices them with the fp32 rows' gamma, unscaled, and says so
+    fp32_only = simulate_training(scenario, Profile(profile_frame([*plain, *reduction_rows(slow, 0.0)])))
+    assert fp32_only.variants[0].metrics[step] == pytest.approx(costly_bf16.variants[0].metrics[step], rel=1e-9)
+    assert any(line.startswith("reduction on cpu bf16: not applicable (no cpu bf16 reduction rows: the cpu fp32 "
+                               "rows' gamma, unscaled") for line in fp32_only.sources)
+    assert not any(line.startswith("reduction on cpu bf16") for line in cheap_bf16.sources if "not applicable" in line)
+
+
+def test_tensor_parallel_allreduces_in_bf16_are_priced_with_the_bf16_reduction_rows():
+    from tests.test_reduction import _rows as reduction_rows
+
+    # bf16_mixed with 2-way tensor parallelism: the buckets reduce fp32 gradients, the
+    # tensor-parallel allreduces bf16 activations and their gradients
+    scenario = _scenario([{"name": "tp", "training": {"precision": "bf16_mixed"}}], hosts=2, devices_per_host=2,
+                         parallel={"tensor": 2, "data": 2}, global_batch=2, training={"optimizer": "adamw"})
+    plain = _profile(scenario, 1e-4, precision=True).rows.to_dict("records")
+    slow, fast = 2e-8, 1e-12
+
+    def step_s(fp32: float, bf16: float) -> tuple[float, tuple[str, ...]]:
+        result = simulate_training(scenario, Profile(profile_frame(
+            [*plain, *reduction_rows(fp32, 0.0), *reduction_rows(bf16, 0.0, dtype="bf16")])))
+        return result.variants[0].metrics[Metric.STEP_TIME], result.sources
+
+    costly_bf16, sources = step_s(fast, slow)
+    assert any(line.startswith("reduction on cpu bf16: same (gamma 20000.0 ps/B") for line in sources)
+    assert any(line.startswith("reduction on cpu fp32: same (gamma 1.0 ps/B") for line in sources)
+    # allreduces of 96 KiB of bf16, half of each reduced per rank, at 20 ns/B: 1 ms each on the
+    # compute stream (24 ms more a step here); at the fp32 rows' gamma they would cost nothing
+    assert costly_bf16 > step_s(fast, fast)[0] + 0.01

@@ -495,6 +495,7 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
         {"name": "fp32"},
         {"name": "adamw_bf16", "training": {"optimizer": "adamw", "precision": "bf16_mixed"}},
         {"name": "amp", "training": {"precision": "amp_bf16"}},
+        {"name": "bf16_buckets", "training": {"gradient_compression": "bf16"}},
     ])
     profile = calibrate_training(scenario, repeats=1, max_call_s=0.05)
     path = tmp_path / "profile.csv"
@@ -503,9 +504,11 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
     timed = rows[~rows["measurement"].isin([MeasurementKind.CONTEXT, MeasurementKind.COLLECTIVE,
                                             MeasurementKind.MEMORY_BASELINE, MeasurementKind.REDUCTION])]
     # the reduction the buckets' ring performs, in the gradients' dtype (fp32 under every precision)
+    # and in the compressed buckets' bf16, each at every size
     reductions = rows[rows["measurement"] == MeasurementKind.REDUCTION]
-    assert set(reductions["dtype"]) == {"fp32"} and list(reductions["size_bytes"]) == list(REDUCTION_SIZES)
-    assert (reductions["median"] > 0).all()
+    for dtype in ("fp32", "bf16"):
+        assert list(reductions[reductions["dtype"] == dtype]["size_bytes"]) == list(REDUCTION_SIZES), dtype
+    assert set(reductions["dtype"]) == {"fp32", "bf16"} and (reductions["median"] > 0).all()
     baseline = rows[rows["measurement"] == MeasurementKind.MEMORY_BASELINE]
     assert len(baseline) == 1 and baseline["median"].iloc[0] > 50e6  # torch alone holds more
     # Read beside a trainer: beyond its tensors, not with them (the model is far below 50 MB).
@@ -550,6 +553,7 @@ def test_calibration_times_forward_and_backward_per_op_kind_whole_passes_the_opt
                    for line in simulated.sources), precision
     assert not any("the profile times no" in line for line in simulated.sources)
     assert any(line.startswith("reduction on cpu fp32: same (gamma") for line in simulated.sources)
+    assert any(line.startswith("reduction on cpu bf16: same (gamma") for line in simulated.sources)
 
 
 def test_hetsim_measure_trains_a_training_scenario_and_refuses_auto_in_one_line(tmp_path, capsys):

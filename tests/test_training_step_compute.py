@@ -222,7 +222,7 @@ def test_a_rings_comm_thread_takes_three_turns_a_step_and_reduces_three_quarters
     schedule = build_schedule(OpKind.ALLREDUCE, "ring", (0, 1, 2, 3), size)
     assert schedule_work(schedule, 2) == (18, 3 * size // 4)
     gamma_s = 1e-9
-    compute = StepCompute(SimpleNamespace(reduce_s_per_byte=lambda device: gamma_s), message_work_s=1e-3,
+    compute = StepCompute(SimpleNamespace(reduce_s_per_byte=lambda device, dtype=None: gamma_s), message_work_s=1e-3,
                           work=lambda size_bytes, rank: schedule_work(schedule, rank))
     op = Op(OpKind.COMM_THREAD, "bucket0_comm_thread", Stream.COMM,
             cost=OpCost(flops=0, bytes_read=size, bytes_written=0, weight_bytes=0, workspace_bytes=0))

@@ -52,9 +52,12 @@ each distinct micro-batch size and precision of the scenario's variants:
   that size included.
 * ``reduction``: on rank 0 alone (the other ranks waiting), a received buffer added into a local
   one at 64 KiB to 64 MiB (:func:`runtime.reduction_bench.reduction_rows`, the inference
-  calibration's rows), in the gradients' dtype (:data:`models.training.GRADIENT_DTYPE`: DDP's buckets
-  hold fp32 gradients under every precision, :mod:`runtime.training.precision`): what the
-  simulator's reduction cost per byte of the buckets' allreduces is fitted on (:mod:`sim.reduction`).
+  calibration's rows), in every dtype the variants' collectives reduce in
+  (:func:`sim.training.lower.scenario_reduction_dtypes`): the gradients' (:data:`models.training.GRADIENT_DTYPE`:
+  DDP's buckets hold fp32 gradients under every precision, :mod:`runtime.training.precision`), a
+  compressed bucket's fp16 or bf16, and with tensor parallelism or parameter averaging the compute
+  dtype: what the simulator's reduction cost per byte of each collective is fitted on
+  (:mod:`sim.reduction`; on a CPU the dtypes' costs per byte differ, bf16's about twice fp32's).
 
 Ops and passes run in each variant's precision as the trainer runs them: under ``amp_bf16``
 autocast over the fp32 weights; under ``bf16_mixed`` no autocast, the kernels reading bf16
@@ -82,7 +85,7 @@ from torch import nn
 from models.accounting import head_op_costs, layer_op_costs
 from models.shards import tensor_shards
 from models.ops import OpKind
-from models.training import (GRADIENT_DTYPE, Precision, compute_dtype, head_backward_costs, layer_backward_costs,
+from models.training import (Precision, compute_dtype, head_backward_costs, layer_backward_costs,
                              optimizer_step_cost)
 from runtime import memory_probe
 from runtime.calibrate import backend_context
@@ -102,7 +105,7 @@ from runtime.testbed.cluster import applied_context
 from sim.context import context_rows, load_rows, scenario_context, speed_rows
 from sim.framework import Backend, backend_of
 from sim.profile import profile_frame, with_rows
-from sim.training.lower import tp_allreduce_algorithm
+from sim.training.lower import scenario_reduction_dtypes, tp_allreduce_algorithm
 from sim.training.step_compute import pass_costs
 from sim.training_config import TrainingSettings
 from sim.vocabulary import MeasurementKind
@@ -435,7 +438,8 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
     sweep_rows = [row for sweep in sweeps for row in sweep.rows()]  # rank 0's: it leads both groups
     if rank == 0:  # alone: the other ranks wait in the gather below
         heartbeat("timing the reduction of received buffers, alone")
-        sweep_rows += reduction_rows(device_class, GRADIENT_DTYPE, TORCH_DTYPES[GRADIENT_DTYPE], device)
+        for dtype in scenario_reduction_dtypes(scenario, layout.tensor):
+            sweep_rows += reduction_rows(device_class, dtype, TORCH_DTYPES[dtype], device)
     gathered = [None] * len(layout.ranks) if rank == 0 else None
     dist.gather_object(rows, gathered, dst=0)
     if rank != 0:

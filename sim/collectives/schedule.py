@@ -73,6 +73,9 @@ class CommSchedule:
             k, step k included: it enters once it has entered its earlier steps and completed
             its transfers of steps ``<= k - in_flight[k]``. 1 (the default, spelled ``()``)
             waits for all earlier steps; gloo's ring keeps 2 (:mod:`sim.collectives.gloo`).
+        reduce_dtype: the dtype its reductions add in, whose gamma prices them
+            (:meth:`sim.network.Links.gamma_in`); None: the network's default, the gamma each
+            rank was built with. A name of :data:`models.dtypes.DTYPE_BYTES`.
 
     Raises:
         ValueError: a rank outside ``group``, a transfer to itself, a range outside the buffer, a
@@ -88,6 +91,7 @@ class CommSchedule:
     size_bytes: int
     steps: tuple[tuple[Transfer, ...], ...]
     in_flight: tuple[int, ...] = ()
+    reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         members = set(self.group)

@@ -55,6 +55,8 @@ from models.accounting import OpCost, head_op_costs, kv_heads_per_rank, layer_op
 from models.ops import OpKind
 from models.spec import ModelSpec
 from models.training import (
+    GRADIENT_DTYPE,
+    compute_dtype,
     gradient_bytes_per_parameter,
     head_backward_costs,
     layer_backward_costs,
@@ -64,7 +66,7 @@ from sim.collectives.registry import LIBRARY
 from sim.framework import Backend
 from sim.program import Collective, Gradient, Op, Segment, Stream
 from sim.training.buckets import bucket_assignment
-from sim.training_config import GradientCompression, TrainingSettings
+from sim.training_config import Averaging, GradientCompression, TrainingSettings
 from sim.vocabulary import TrainingPhase
 
 _COMPRESSED_BYTES = 2  # fp16 and bf16
@@ -81,6 +83,32 @@ def tp_allreduce_algorithm(variant, backend: Backend) -> str:
     if variant.allreduce:
         return variant.allreduce
     return LIBRARY if backend is Backend.GLOO else _TP_ALGORITHM_DEFAULT
+
+
+def bucket_dtype(settings: TrainingSettings) -> str:
+    """The dtype a DDP bucket's allreduce reduces in: the gradients' own
+    (:data:`models.training.GRADIENT_DTYPE`), or under compression the dtype the hook casts them to
+    (``fp16_compress_hook`` / ``bf16_compress_hook`` hand the process group fp16 / bf16 tensors)."""
+    if settings.gradient_compression is GradientCompression.NONE:
+        return GRADIENT_DTYPE
+    return settings.gradient_compression.value
+
+
+def reduction_dtypes(settings: TrainingSettings, tensor: int) -> tuple[str, ...]:
+    """The dtypes a variant's collectives reduce in, its buckets' first (:func:`bucket_dtype`);
+    then the compute dtype of its precision where tensor parallelism (``tensor`` > 1) allreduces
+    activations and their gradients, or a parameter average (:class:`Averaging`) sums the weights."""
+    computed = tensor > 1 or settings.averaging is Averaging.PARAMETERS
+    return tuple(dict.fromkeys((bucket_dtype(settings), *((compute_dtype(settings.precision),) if computed else ()))))
+
+
+def scenario_reduction_dtypes(scenario, tensor: int) -> tuple[str, ...]:
+    """The dtypes the collectives of any of a training ``scenario``'s variants reduce in
+    (:func:`reduction_dtypes`, ``tensor`` the layout's tensor degree), in order of first appearance:
+    what its calibration times the reduction in (:mod:`runtime.training.calibrate`) and the
+    simulator's sources account for (:mod:`sim.training.simulate`)."""
+    return tuple(dict.fromkeys(dtype for variant in scenario.config.variants
+                               for dtype in reduction_dtypes(scenario.training_settings(variant), tensor)))
 
 
 @dataclass(frozen=True)
@@ -428,7 +456,7 @@ class _Lowering:
             trigger = p.add(Op(OpKind.GRADIENT_CAST, f"bucket{index}_compress", Stream.COMPUTE, cost=cast,
                                after=(trigger,)), TrainingPhase.BACKWARD)
         collective = Collective(OpKind.ALLREDUCE, settings.allreduce, self.shape.data_group(position),
-                                numel * self.wire_bytes)
+                                numel * self.wire_bytes, dtype=bucket_dtype(settings))
         p.add(Op(OpKind.ALLREDUCE, f"bucket{index}_allreduce", Stream.COMM, collective=collective,
                  call=calls(("bucket", position, index)), after=(trigger,)), TrainingPhase.BACKWARD)
         if self.shape.comm_thread:
@@ -469,7 +497,8 @@ class _Lowering:
                         p.add(Op(OpKind.BROADCAST, f"zero_broadcast{group.index(root)}", Stream.COMM,
                                  collective=collective, call=calls(("zero", position, root))), TrainingPhase.OPTIMIZER)
                 if average_parameters and len(group) > 1:
-                    collective = Collective(OpKind.ALLREDUCE, settings.allreduce, group, params * spec.dtype_bytes)
+                    collective = Collective(OpKind.ALLREDUCE, settings.allreduce, group, params * spec.dtype_bytes,
+                                            dtype=spec.dtype)
                     p.add(Op(OpKind.ALLREDUCE, "parameter_average", Stream.COMM, collective=collective,
                              call=calls(("average", position))), TrainingPhase.OPTIMIZER)
         return StepSegment(Segment("optimizer", {r: tuple(p.ops) for r, p in programs.items()}),
@@ -485,7 +514,8 @@ class _Lowering:
 
     def _tp_allreduce(self, name: str, replica, call: int, layer: int | None, sequential: bool,
                       after: tuple[int, ...] | None = None) -> Op:
-        collective = Collective(OpKind.ALLREDUCE, self.shape.tp_algorithm, tuple(replica), self.hidden_bytes)
+        collective = Collective(OpKind.ALLREDUCE, self.shape.tp_algorithm, tuple(replica), self.hidden_bytes,
+                                dtype=self.spec.dtype)
         return Op(OpKind.ALLREDUCE, name, Stream.COMPUTE, collective=collective, call=call, layer=layer,
                   after=None if sequential else (after if after is not None else ()))
 

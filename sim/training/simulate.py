@@ -17,9 +17,11 @@ along the op's roofline time (:class:`sim.calibrated.CalibratedCompute`); DDP's 
 allreduces and the other collectives by the calibrated network (the profile's timings replayed on
 the cluster it was measured on, its fitted transport terms and core contention elsewhere,
 :func:`sim.calibrated.calibrated_network`), their reductions at the gamma fitted on the profile's
-``reduction`` rows of the gradients' dtype (:data:`models.training.GRADIENT_DTYPE`,
-:mod:`sim.reduction`; the roofline's without them). What the profile lacks is the uncalibrated model's and
-is listed in ``extrapolated``. Each rank's framework memory is the profile's
+``reduction`` rows of the dtype each reduces in (:func:`sim.training.lower.reduction_dtypes`: a
+bucket's gradients in :data:`models.training.GRADIENT_DTYPE`, or fp16 / bf16 under compression;
+a tensor-parallel allreduce's compute dtype), its fp32 rows unscaled where the profile has none of
+that dtype, and the sources say so (:mod:`sim.reduction`; the roofline's without any). What the
+profile lacks is the uncalibrated model's and is listed in ``extrapolated``. Each rank's framework memory is the profile's
 ``memory_baseline`` (the backend's documented baseline without one), as the planner charges it
 (:func:`sim.framework.framework_memory`).
 A profile's whole forward and backward passes scale their ops' per-call time by what a pass does
@@ -60,7 +62,8 @@ from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
 from sim.training.comm_thread import SharedCores, schedule_work, shared_cores
 from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors
-from sim.training.lower import StepShape, TrainingStep, lower_step, tp_allreduce_algorithm
+from sim.training.lower import (StepShape, TrainingStep, bucket_dtype, lower_step, scenario_reduction_dtypes,
+                               tp_allreduce_algorithm)
 from sim.training.symmetry import replicas_identical
 from sim.training.metrics import step_metrics
 from sim.training_config import Averaging, TrainingSettings, micro_batching
@@ -260,6 +263,7 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
     step_terms: list[str] = []
     variants, tables = [], []
     precisions = tuple(dict.fromkeys(scenario.training_settings(v).precision for v in config.variants))
+    reduce_dtypes = scenario_reduction_dtypes(scenario, plan.tensor)  # whose reduction terms the sources give
     for index, variant in enumerate(config.variants):
         where = f"variants[{index}]"
         settings = scenario.training_settings(variant)
@@ -270,10 +274,11 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
         key = (dtype, timed_in)
         if key not in pricings:
             # The context is the data-parallel ranks': a training calibration runs one rank each.
-            # DDP's buckets reduce the gradients in their own dtype, fp32 under every precision: its
-            # reduction rows price them, the tensor-parallel allreduces' reductions too (one gamma a rank).
+            # Each collective reduces in its own dtype (Collective.dtype, sim.training.lower): DDP's
+            # buckets fp32 gradients under every precision unless compressed, the tensor-parallel
+            # allreduces the compute dtype's activations; that dtype's reduction rows price it.
             pricings[key] = build_pricing(scenario, topology, ranks, rows, context_group=ranks, dtype=dtype,
-                                          reduce_dtype=GRADIENT_DTYPE)
+                                          reduce_dtype=GRADIENT_DTYPE, reduce_dtypes=reduce_dtypes)
             if profile is not None:  # its rows time one op per call (sim.training.step_compute)
                 pricings[key].compute.per_call_latency = True
             if profile is not None and shared is None:
@@ -306,10 +311,12 @@ def simulate_training(scenario: Scenario, profile: Profile | None = None) -> Tra
                     f"in-step passes on {device.spec.name} {dtype}{timed}: not calibrated (the ops' sum, x 1)"]
             queued = backend_of(topology.devices[ranks[0]].spec) is Backend.NCCL  # CUDA: the host queues kernels
             engine.compute = StepCompute(pricing.compute, nearest_factors(factors[key], micro),
-                                         recompute_pass=OpKind.BACKWARD if queued else OpKind.FORWARD)
+                                         recompute_pass=OpKind.BACKWARD if queued else OpKind.FORWARD,
+                                         bucket_dtype=bucket_dtype(settings))
             if shared is not None:
                 engine.compute.message_work_s = shared.message_work_s[settings.allreduce == LIBRARY]
-                engine.compute.work = _bucket_work(engine, settings.allreduce, plan.replica_ranks)
+                engine.compute.work = _bucket_work(engine, settings.allreduce, plan.replica_ranks,
+                                                   bucket_dtype(settings))
         tp_algorithm = tp_allreduce_algorithm(variant, backend_of(topology.devices[ranks[0]].spec))
         if tp_algorithm not in known_algorithms(OpKind.ALLREDUCE):
             raise ConfigError(f"{where}.allreduce", f"unknown allreduce algorithm for the tensor-parallel "
@@ -407,16 +414,17 @@ def tensor_parallel_sources(profile: Profile, plan: ParallelPlan, topology: Topo
     return lines
 
 
-def _bucket_work(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...]):
+def _bucket_work(engine: Engine, algorithm: str, replicas: tuple[tuple[int, ...], ...], dtype: str):
     """``(bucket bytes, rank) -> (core turns of the bucket's allreduce schedule on the rank,
     bytes it reduces)``, over the rank's data-parallel group (its position in every replica),
-    ``algorithm`` resolved as the engine resolves it (:func:`sim.training.comm_thread.schedule_work`)."""
+    ``algorithm`` resolved as the engine resolves it for a bucket reducing in ``dtype``
+    (:func:`sim.training.comm_thread.schedule_work`)."""
     position = {rank: t for replica in replicas for t, rank in enumerate(replica)}
 
     def work(size_bytes: int, rank: int) -> tuple[int, int]:
         group = tuple(replica[position[rank]] for replica in replicas)
-        resolved, _ = engine.pricer.price(OpKind.ALLREDUCE, algorithm, group, size_bytes)
-        return schedule_work(engine.pricer.schedule(OpKind.ALLREDUCE, resolved, group, size_bytes), rank)
+        resolved, _ = engine.pricer.price(OpKind.ALLREDUCE, algorithm, group, size_bytes, dtype=dtype)
+        return schedule_work(engine.pricer.schedule(OpKind.ALLREDUCE, resolved, group, size_bytes, dtype=dtype), rank)
 
     return work
 

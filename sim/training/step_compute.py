@@ -179,8 +179,8 @@ class StepCompute:
     schedule on the device's rank (``work(bytes, rank)``: its core turns, one to enter each step
     in which it sends or receives and one per message there, and the bytes it reduces),
     ``message_work_s`` per turn plus the reduction of the
-    received bytes at the device's reduction cost (``reduce_s_per_byte``, the gamma the
-    collectives price a reduction with).
+    received bytes at the device's reduction cost in ``bucket_dtype`` (``reduce_s_per_byte``, the
+    gamma the collectives price the bucket's reductions with; :func:`sim.training.lower.bucket_dtype`).
     """
 
     inner: object
@@ -188,6 +188,7 @@ class StepCompute:
     recompute_pass: OpKind = OpKind.FORWARD
     message_work_s: float = 0.0
     work: object = None
+    bucket_dtype: str | None = None
     _cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def timed_alone(self, op: Op, device: Device) -> bool:
@@ -200,7 +201,8 @@ class StepCompute:
             work_s = self._cache.get(key)
             if work_s is None:
                 turns, reduced_bytes = self.work(*key)
-                work_s = self._cache[key] = turns * self.message_work_s + reduced_bytes * self.reduce_s_per_byte(device)
+                gamma = self.reduce_s_per_byte(device, self.bucket_dtype)
+                work_s = self._cache[key] = turns * self.message_work_s + reduced_bytes * gamma
             return work_s
         price_s = self.inner.duration_s(op, device)
         factor = self.pass_factor.get(self.recompute_pass if op.recompute else op_pass(op))
@@ -209,8 +211,8 @@ class StepCompute:
         call_s = per_call_s(self.inner, op, device, price_s)
         return price_s - call_s + factor * call_s
 
-    def reduce_s_per_byte(self, device: Device) -> float:
-        return self.inner.reduce_s_per_byte(device)
+    def reduce_s_per_byte(self, device: Device, dtype: str | None = None) -> float:
+        return self.inner.reduce_s_per_byte(device, dtype)
 
 
 def pass_ops(model, settings, micro: int, sequence: int, rank: int = 0, tensor: int = 1):

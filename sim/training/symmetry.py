@@ -23,9 +23,11 @@ before its root, two data-parallel groups behind one NIC), every replica is simu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from models.ops import OpKind
 from sim.engine import Engine
-from sim.program import Collective, Op
+from sim.program import Op
 from sim.topology import Topology
 from sim.training.lower import StepShape, TrainingStep
 
@@ -71,18 +73,18 @@ def replicas_identical(shape: StepShape, step: TrainingStep, engine: Engine, top
 
 def _same_in_every_replica(op: Op, replicas, position, engine: Engine, owner) -> bool:
     c = op.collective
-    reference_algorithm, reference = engine.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
+    reference_algorithm, reference = engine.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name,
+                                                         dtype=c.dtype)
     offsets = {position[r][1]: reference.finish_s.get(r, 0.0) for r in c.group}
     for replica in replicas:
         group = tuple(replica[position[r][1]] for r in c.group)
         root = None if c.root is None else replica[position[c.root][1]]
-        algorithm, timing = engine.pricer.price(c.kind, c.algorithm, group, c.size_bytes, root, op.name)
+        algorithm, timing = engine.pricer.price(c.kind, c.algorithm, group, c.size_bytes, root, op.name, dtype=c.dtype)
         if algorithm != reference_algorithm or timing.wait_s != reference.wait_s:
             return False
         if any(timing.finish_s.get(r, 0.0) != offsets[position[r][1]] for r in group):
             return False
-        if not _claim(Op(c.kind, op.name, op.stream, collective=Collective(c.kind, c.algorithm, group, c.size_bytes,
-                                                                           root)), engine, owner):
+        if not _claim(Op(c.kind, op.name, op.stream, collective=replace(c, group=group, root=root)), engine, owner):
             return False
     return True
 
@@ -93,7 +95,7 @@ def _released_together(op: Op, replicas, position, engine: Engine, owner) -> boo
         return False
     if c.kind is not OpKind.ALLREDUCE and len({position[r][1] for r in c.group}) != 1:
         return False
-    _, timing = engine.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name)
+    _, timing = engine.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, dtype=c.dtype)
     if timing.wait_s or len({timing.finish_s.get(r, 0.0) for r in c.group}) != 1:
         return False
     return _claim(op, engine, owner)
