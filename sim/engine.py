@@ -446,10 +446,18 @@ class Engine:
             extra = self._extra_s[schedule] = {r: priced.finish_s.get(r, 0.0) - idle.finish_s[r] for r in (src, dst)}
         return fabric.collective(schedule, extra)[dst]
 
-    def message_s(self, src: int, dst: int, size_bytes: int) -> float:
-        """The time (s) a lone point-to-point message of ``size_bytes`` takes from rank ``src`` to
-        ``dst`` on an otherwise idle network: :meth:`send`'s price without a fabric to share."""
-        return self.pricer.network.time(_message(src, dst, size_bytes)).finish_s[dst]
+    def message_s(self, src: int, dst: int, size_bytes: int, beside: tuple[tuple[int, int], ...] = ()) -> float:
+        """The time (s) a point-to-point message of ``size_bytes`` takes from rank ``src`` to
+        ``dst``: :meth:`send`'s price without a fabric to share, on an otherwise idle network, or
+        sent at once with a message of the same size between each pair of ranks ``beside`` (src,
+        dst; none involving ``src`` or ``dst``), sharing the links they cross with it as the network
+        model shares a step's transfers (:mod:`sim.network`)."""
+        if not beside:
+            return self.pricer.network.time(_message(src, dst, size_bytes)).finish_s[dst]
+        transfers = tuple(Transfer(a, b, size_bytes, False) for a, b in ((src, dst), *beside))
+        ranks = tuple(dict.fromkeys(rank for t in transfers for rank in (t.src, t.dst)))
+        together = CommSchedule(OpKind.SEND, P2P, ranks, None, size_bytes, (transfers,))
+        return self.pricer.network.time(together).finish_s[dst]
 
     def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]],
                 arrivals: dict[int, float] | None = None) -> CollectiveTiming:

@@ -311,6 +311,38 @@ def test_replicas_of_a_pipeline_each_serve_their_share_of_the_requests():
     assert loaded[1].metrics[Metric.OUTPUT_TOKENS_PER_S] > 1.5 * loaded[0].metrics[Metric.OUTPUT_TOKENS_PER_S]
 
 
+def _racks(shared_uplinks: bool, **workload):
+    """GPT-2 served by two 2-stage pipelines, each from a host of one rack to a host of another over
+    100 Mbit/s rack uplinks: both pipelines' hops cross the same two uplinks (``shared_uplinks``),
+    or each pipeline's hosts sit in racks of their own, over uplinks alike."""
+    racks = ("a", "b", "a", "b") if shared_uplinks else ("a0", "b0", "a1", "b1")
+    uplink = {"bandwidth": "100Mbit/s", "latency": "1ms"}
+    document = {
+        "name": "racks", "model": "gpt2",
+        "cluster": {"switches": [{"name": "core"}, *({"name": rack, "parent": "core", "uplink": uplink}
+                                                     for rack in dict.fromkeys(racks))],
+                    "hosts": [{"name": f"h{i}", "parent": rack, "nic": {"bandwidth": "1Gbit/s", "latency": "100us"},
+                               "devices": {"type": "cpu", "count": 1, "memory": "4GiB"}} for i, rack in enumerate(racks)]},
+        "parallel": {"tensor": 1, "pipeline": 2, "replicas": 2},
+        "workload": {"kind": "serving", "rate_per_s": 1.0, "requests": 1, "prompt_tokens": 256, "output_tokens": 32,
+                     **workload},
+        "variants": [{"name": "allreduce_ring", "strategy": "allreduce_ln", "allreduce": "ring"}],
+    }
+    return simulate_serving(scenario_from_dict(document)).variants[0]
+
+
+def test_replicas_whose_hops_cross_one_link_share_it_when_they_run_at_once():
+    # a request alone crosses the uplinks alone, wherever the other pipeline is
+    alone = [_racks(shared).metrics[Metric.TTFT] for shared in (True, False)]
+    assert alone[0] == pytest.approx(alone[1], rel=1e-9)
+    # loaded, both pipelines' activations cross the shared uplinks at once: each hop at half the rate
+    loaded = {"rate_per_s": 40.0, "requests": 120}
+    shared, apart = _racks(True, **loaded), _racks(False, **loaded)
+    p90 = Metric.TTFT.percentile(90)
+    assert shared.metrics[p90] > 1.3 * apart.metrics[p90]
+    assert shared.metrics[Metric.OUTPUT_TOKENS_PER_S] < apart.metrics[Metric.OUTPUT_TOKENS_PER_S]
+
+
 def _shared_cores(replicas: int, tensor: int, **workload):
     """GPT-2 served on 2 hosts of 2 CPU ranks whose ranks all share one machine's 2 cores (the
     emulated cluster of validation/plan-check-report/replicas/scenarios/c94.yaml), uncalibrated."""

@@ -109,18 +109,24 @@ class ServerCost:
     A stage's part of an iteration is its :class:`IterationCost` (its layers, on its group). After
     its part, stage s's master sends the residual stream of every token of the iteration to stage
     s + 1's master, and the last stage's master sends the sampled token of every sequence back to
-    the first stage's master (:meth:`sim.pipeline.PipelinePlan.hop_on`), each message priced alone
-    by the network model (:meth:`sim.engine.Engine.message_s`) and cached by size.
+    the first stage's master (:meth:`sim.pipeline.PipelinePlan.hop_on`), each message priced by
+    the network model (:meth:`sim.engine.Engine.message_s`) and cached by size: alone, or at once
+    with the same hop of each pipeline of ``beside`` (other replicas' stage masters, in stage
+    order), the links they cross shared with them.
 
     Args:
         model: the model served.
         stages: each stage's iteration costs, in order.
         masters: each stage's master (topology rank), in order.
         engine: the engine pricing the messages.
+        beside: the stage masters of the other pipelines whose hops go at once with this one's
+            (:func:`sim.serving.simulate.serve_replicas`: the replicas in an iteration at once).
     """
 
-    def __init__(self, model: ModelSpec, stages: tuple[IterationCost, ...], masters: tuple[int, ...], engine: Engine):
+    def __init__(self, model: ModelSpec, stages: tuple[IterationCost, ...], masters: tuple[int, ...], engine: Engine,
+                 beside: tuple[tuple[int, ...], ...] = ()):
         self.model, self.stages, self.masters, self.engine = model, stages, masters, engine
+        self.beside = beside
         self._hops: dict[tuple[int, int], float] = {}
         self._hop_of: dict[tuple[int, int, int], float] = {}  # (stage, tokens, sequences) -> its message (s)
         # alike stages share one cost (sim.serving.simulate): each is priced once per iteration
@@ -147,7 +153,9 @@ class ServerCost:
         size = sequences * TOKEN_BYTES if last else hidden_bytes(self.model, tokens)
         key = (stage, size)
         if key not in self._hops:
-            self._hops[key] = self.engine.message_s(self.masters[stage], self.masters[0 if last else stage + 1], size)
+            to = 0 if last else stage + 1
+            self._hops[key] = self.engine.message_s(self.masters[stage], self.masters[to], size,
+                                                    tuple((other[stage], other[to]) for other in self.beside))
         self._hop_of[stage, tokens, sequences] = self._hops[key]
         return self._hops[key]
 

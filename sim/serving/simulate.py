@@ -34,10 +34,14 @@ ranks sharing 2 cores, tensor-parallel 2 x 2 replicas, TTFT 234 against 134 ms, 
 50 ms (calibrated on v2x2_bandwidth; a prediction). A pipeline of tensor-parallel groups (``parallel.pipeline``)
 is one server keeping an iteration in flight per stage (:mod:`sim.serving.scheduler`), each stage
 holding its layers' weights and KV cache; with ``parallel.replicas``, each replica is such a
-pipeline on its own block of devices, behind the same round-robin balancer. A replica's hops
-between its stages are priced alone (:class:`sim.serving.iteration.ServerCost`), so replicas'
-hops crossing one link do not slow each other here (the inference simulator shares them,
-:mod:`sim.pipeline_run`).
+pipeline on its own block of devices, behind the same round-robin balancer. Where replicas' hops
+between stages cross a link in common (:func:`shared_hops`: two pipelines over the same two
+hosts, their activations crossing one NIC), an iteration launched while k replicas are in one
+prices each of its hops at once with the same hop of k - 1 other replicas, sharing the links
+they cross (:class:`sim.serving.iteration.ServerCost`, as the inference simulator shares the
+replicas' hops, :mod:`sim.pipeline_run`), under the same lockstep reading as the cores above:
+exact for a lone request (alone on the links) and for a loaded server whose replicas all run at
+once; elsewhere hops of different replicas are priced alone.
 """
 
 from __future__ import annotations
@@ -169,6 +173,21 @@ def check_serving_layout(parallel: ParallelPlan) -> None:
     if parallel.variant_layouts:
         raise ConfigError("variants", "serving variants with their own parallel layouts is not supported; give the "
                                       "layout in the scenario's parallel section")
+
+
+def shared_hops(masters: list[tuple[int, ...]], links) -> bool:
+    """Whether the hops between the stages of two of these pipelines (each's stage masters, in
+    stage order: stage s to s + 1, the last back to the first) cross a link in common
+    (:class:`sim.network.Links` routes), so that hops going at once share it."""
+    if len(masters) < 2 or len(masters[0]) < 2:
+        return False
+    seen: dict[int, int] = {}
+    for replica, stages in enumerate(masters):
+        for s, src in enumerate(stages):
+            for channel in links.get(src, stages[(s + 1) % len(stages)]).channels:
+                if seen.setdefault(channel, replica) != replica:
+                    return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -439,19 +458,26 @@ def simulate_serving(scenario: Scenario, *, profile: Profile | None = None,
     parts = [[(group, (group_shape(topology, pricing.engine.links, group), shards,
                        stage and (stage.num_layers, stage.embeds, stage.heads)), stage) for group, stage in server]
              for server, shards in zip(groups, parallel.replica_shards)]
+    masters = [tuple(group[0] for group, _, _ in replica) for replica in parts]
+    hops_shared = shared_hops(masters, pricing.engine.links)
+    # Iteration costs with 1 .. k replicas in an iteration at once, where they share cores or links.
+    levels = parallel.replicas if hops_shared else len(pricings)
     results, tables = [], []
     for variant in config.variants:
         costs: dict[tuple, IterationCost] = {}
         servers = []
-        for replica, shards, capacity in zip(parts, parallel.replica_shards, capacities):
+        for index, (replica, shards, capacity) in enumerate(zip(parts, parallel.replica_shards, capacities)):
             server = []
-            for busy, priced in enumerate(pricings, 1):
+            for busy in range(1, levels + 1):
+                level = min(busy, len(pricings))
+                priced = pricings[level - 1]
                 for group, key, stage in replica:
-                    if (busy, key) not in costs:  # the first group of each shape builds the costs the others share
-                        costs[busy, key] = IterationCost(scenario.model, group, variant.choice(), priced.engine,
-                                                         shards, stage)
-                server.append(ServerCost(scenario.model, tuple(costs[busy, key] for _, key, _ in replica),
-                                         tuple(group[0] for group, _, _ in replica), priced.engine))
+                    if (level, key) not in costs:  # the first group of each shape builds the costs the others share
+                        costs[level, key] = IterationCost(scenario.model, group, variant.choice(), priced.engine,
+                                                          shards, stage)
+                beside = tuple(masters[(index + k) % len(masters)] for k in range(1, busy)) if hops_shared else ()
+                server.append(ServerCost(scenario.model, tuple(costs[level, key] for _, key, _ in replica),
+                                         masters[index], priced.engine, beside))
             servers.append(ReplicaServer(tuple(server), capacity))
 
         def run_at(batch: list[Request], servers: list[ReplicaServer] = servers,
