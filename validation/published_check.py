@@ -18,7 +18,7 @@ communication). A memory figure names the device whose peak it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +140,7 @@ def training_terms(result: TrainingSimulation, vr: TrainingVariantResult, metric
     if metric == Metric.MAX_PEAK_MEMORY:
         rank = max(vr.memory, key=lambda r: vr.memory[r].total)
         memory = vr.memory[rank]
-        categories = ", ".join(f"{name} {getattr(memory, name) / 1e9:.2f} GB" for name in
-                               ("weights", "gradients", "optimizer_states", "activations", "bucket_buffers",
-                                "framework"))
+        categories = ", ".join(f"{field.name} {getattr(memory, field.name) / 1e9:.2f} GB" for field in fields(memory))
         return f"peak on {device_names(result.topology, [rank])[rank]}", categories
     step = vr.metrics[Metric.STEP_TIME]
     shares = sorted(((seconds / step, term) for term, seconds in step_terms(vr.metrics).items()), reverse=True)
