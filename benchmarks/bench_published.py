@@ -4,7 +4,8 @@ without a calibration profile (predictions) and write the comparison (issues 18 
 Writes ``published.csv`` (one row per case: source, setup, metric, published value, hetsim value,
 error = simulated / published - 1, what dominates the simulated step) and ``report.md`` under
 ``--out`` (default ``validation/published``). The logic is :mod:`validation.published_check`.
-About a minute on the project's 2-core machine.
+About a minute and a half on the project's 2-core machine (the Megatron-LM TP 2 and TP 4 rows
+simulate every replica on the shared fabric).
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--cases FILE] [--out DIR]``
 """

@@ -1,15 +1,27 @@
-"""The published-measurement check (validation/published, issue 18 item 5): its scenarios load and
-simulate without a profile, every row is labelled a prediction, and a bad case file is refused
-naming the field. The error values themselves are the report's, not asserted here."""
+"""The published-measurement check (validation/published, issues 18 item 5 and 19): its scenarios
+load and simulate without a profile, inference and training alike, every row is labelled a
+prediction, a bad case file is refused naming the field, and the training step times derived from
+Megatron-LM's table follow from its printed figures by the paper's own FLOP count. The error
+values themselves are the report's, not asserted here."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
 
 from models.errors import ConfigError
 from sim.scenario import load_scenario
-from validation.published_check import CASES_FILE, compare, load_cases, report_markdown
+from sim.topology import build_topology
+from sim.training.metrics import STEP_TERMS
+from validation.published_check import CASES_FILE, TRAINING_METRICS, compare, load_cases, report_markdown
+
+
+# Megatron-LM's TP 2 and TP 4 layouts put 4 and 2 replicas in a node: their data-parallel rings
+# cross the NVLink ports the tensor-parallel groups use, so every replica is simulated on the
+# shared fabric (sim.training.symmetry), about 20 s of the suite's time together. The benchmark
+# that regenerates validation/published/report.md simulates them; here they are loaded only.
+LOADED_ONLY = {"megatron_a100_gpt_3_6b_step_time", "megatron_a100_gpt_7_5b_step_time"}
 
 
 def test_every_published_scenario_loads_and_every_case_simulates():
@@ -19,6 +31,8 @@ def test_every_published_scenario_loads_and_every_case_simulates():
     assert set(scenarios) - {CASES_FILE} == named, "a scenario of validation/published that no case uses, or the reverse"
     for path in named:
         load_scenario(path)
+    assert LOADED_ONLY <= {case.id for case in cases}
+    cases = [case for case in cases if case.id not in LOADED_ONLY]
     table = compare(cases)
     assert list(table["id"]) == [case.id for case in cases]
     assert (table["kind"] == "prediction").all()
@@ -66,3 +80,52 @@ def test_an_unknown_variant_is_refused_naming_the_known_ones(tmp_path):
     cases, _ = load_cases(_write_cases(tmp_path, variant="tp9"))
     with pytest.raises(ConfigError, match="tp1"):
         compare(cases)
+
+
+def test_a_training_case_is_simulated_as_training_and_explained_by_the_steps_terms(tmp_path):
+    (tmp_path / "t.yaml").write_text((CASES_FILE.parent / "llmc_gpt2_124m_8x_a100.yaml").read_text())
+    common = "scenario: t.yaml, variant: llmc, published_text: p, system: s, source: src, reading: r"
+    (tmp_path / "cases.yaml").write_text(
+        "cases:\n"
+        f"  - {{id: step, metric: step_time_s, published: 0.3, {common}}}\n"
+        f"  - {{id: peak, metric: max_peak_memory_bytes, published: 50000000000, {common}}}\n")
+    table = compare(load_cases(tmp_path / "cases.yaml")[0])
+    step, peak = table.iloc[0], table.iloc[1]
+    assert step["kind"] == peak["kind"] == "prediction"
+    assert step["error"] == pytest.approx(step["simulated"] / 0.3 - 1)
+    assert "TP 1 x DP 8" in step["setup"] and "ZeRO-1" in step["setup"]
+    terms = {name: int(share.rstrip("%")) for name, share in
+             (part.rsplit(" ", 1) for part in step["breakdown"].split(", "))}
+    assert set(terms) == set(STEP_TERMS.values()), "every term of the step, named as reports name it"
+    assert 95 <= sum(terms.values()) <= 105, "the terms make about the whole step"
+    assert step["dominant"].startswith(max(terms, key=terms.get))
+    assert peak["dominant"].startswith("peak on ") and "activations" in peak["breakdown"]
+
+
+@pytest.mark.parametrize("scenario, variant, metric", [
+    ("t.yaml", "llmc", "tpot_s"),  # a training scenario has no decode step
+    ("s.yaml", "tp1", "step_time_s"),  # an inference scenario has no optimizer step
+])
+def test_a_metric_of_the_other_kind_of_scenario_is_refused(tmp_path, scenario, variant, metric):
+    (tmp_path / "t.yaml").write_text((CASES_FILE.parent / "llmc_gpt2_124m_8x_a100.yaml").read_text())
+    cases, _ = load_cases(_write_cases(tmp_path, scenario=scenario, variant=variant, metric=metric))
+    with pytest.raises(ConfigError) as error:
+        compare(cases)
+    assert str(error.value).startswith("cases[x].metric")
+
+
+def test_megatron_step_times_follow_from_the_printed_throughput_by_the_papers_flop_count():
+    """Narayanan et al. 2021 (arXiv 2104.04473), appendix eq. 3: F = 96 B s l h^2 (1 + s/6h + V/16lh)
+    FLOPs per iteration; the step is F / (GPUs x the printed teraFLOP/s per GPU)."""
+    cases = [case for case in load_cases()[0] if case.id.startswith("megatron_")]
+    assert len(cases) == 4
+    for case in cases:
+        scenario = load_scenario(case.scenario)
+        model, workload = scenario.model, scenario.config.workload
+        b, s, l, h, v = (workload.global_batch_size, workload.sequence_length, model.num_layers,
+                         model.hidden_size, model.vocab_size)
+        flops = 96 * b * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+        per_gpu = float(re.match(r"(\d+) teraFLOP/s per GPU", case.published_text).group(1)) * 1e12
+        gpus = len(build_topology(scenario.config.cluster).devices)
+        assert case.metric in TRAINING_METRICS
+        assert case.published == pytest.approx(flops / (gpus * per_gpu), rel=1e-4), case.id

@@ -52,7 +52,7 @@ def test_the_training_sentence_names_the_fastest_variant_and_the_term_of_its_lea
     # base is the baseline here, so its lead is over the runner-up
     assert sentence.startswith(f"Use {best.variant.name}: the shortest optimizer step of the 3 variants that fit")
     assert f"below the runner-up {runner_up.variant.name} because its {STEP_TERMS[term]} is " in sentence
-    assert "; its step is bound by gradient communication (" in sentence
+    assert "; its step is bound by exposed communication (" in sentence
     for v in result.variants:  # the terms the sentence and the figure split a step into add up to it
         assert sum(step_terms(v.metrics).values()) == pytest.approx(v.metrics[Metric.STEP_TIME], rel=1e-3)
 

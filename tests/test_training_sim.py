@@ -15,6 +15,7 @@ from models.catalog import get_model, load_hf_config
 from models.ops import OpKind
 from sim.scenario import scenario_from_dict
 from sim.training.buckets import bucket_assignment
+from sim.training.metrics import STEP_TERMS, bottleneck
 from sim.training.lower import StepShape, _Lowering
 from sim.training.simulate import simulate_training
 from sim.training_config import MIB, TrainingSettings
@@ -367,3 +368,16 @@ def test_without_a_profile_each_rank_holds_the_framework_baseline_the_planner_ch
     result = simulate_training(scenario).results
     framework = result[result["metric"] == str(Metric.PEAK_MEMORY_FRAMEWORK)]["value"]
     assert list(framework) == [expected, expected] == list(charged.values())
+
+
+def test_the_exposed_communication_term_holds_the_tensor_parallel_allreduces_not_only_gradients():
+    """TP 2 on one host, DP 1: no gradient is allreduced, yet the activations' allreduces leave
+    communication no compute hides, so reports name that term for communication, not gradients."""
+    result = simulate_training(_scenario([{"name": "tp2", "allreduce": "ring"}], hosts=1, devices_per_host=2,
+                                         parallel={"tensor": 2, "data": 1}, global_batch=2))
+    vr = result.variants[0]
+    assert _collectives(vr, "bucket")[0] == 0
+    assert vr.metrics[Metric.EXPOSED_COMMUNICATION] > 0
+    assert "gradient" not in STEP_TERMS[Metric.EXPOSED_COMMUNICATION]
+    assert bottleneck({**vr.metrics, Metric.EXPOSED_COMMUNICATION: 10 * vr.metrics[Metric.STEP_TIME],
+                       Metric.STEP_TIME: 11 * vr.metrics[Metric.STEP_TIME]}).startswith("exposed communication (")

@@ -31,7 +31,7 @@ server's iterations are left out). Its real run is a vLLM server
 A **training** plan reads the optimizer step's time for latency and trained tokens/s for
 throughput (its frontiers, ranking and ties alike); each top configuration's bottleneck is the
 term that takes most of its simulated step (:func:`sim.training.metrics.bottleneck`: forward or
-backward compute, recomputation, the optimizer, or gradient communication no compute hides).
+backward compute, recomputation, the optimizer, or communication no compute hides).
 """
 
 from __future__ import annotations

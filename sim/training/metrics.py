@@ -42,8 +42,11 @@ _PHASE_METRICS = {TrainingPhase.FORWARD: Metric.FORWARD_TIME, TrainingPhase.RECO
 _BACKWARD_PHASES = (TrainingPhase.BACKWARD, TrainingPhase.RECOMPUTE)
 STEP_TERMS = {Metric.FORWARD_TIME: "forward compute", Metric.BACKWARD_TIME: "backward compute",
               Metric.RECOMPUTE_TIME: "recomputation", Metric.OPTIMIZER_TIME: "the optimizer step",
-              Metric.EXPOSED_COMMUNICATION: "gradient communication"}
-"""The terms of a training step (see the module docstring) and how reports name them."""
+              Metric.EXPOSED_COMMUNICATION: "exposed communication"}
+"""The terms of a training step (see the module docstring) and how reports name them. The exposed
+communication is every collective of the rank no compute hides: the buckets' gradient allreduces
+and, under tensor parallelism, the activations' allreduces inside the replica, so it is not named
+for gradients alone."""
 
 
 def step_terms(metrics: dict[str, float]) -> dict[Metric, float]:
