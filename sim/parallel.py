@@ -223,11 +223,17 @@ class ParallelPlan:
             per_replica = [shares] * self.replicas
         object.__setattr__(self, "_shards", tuple(tensor_shards(self.model, self.tensor, w) for w in per_replica))
         stages = even_stages(layers, self.pipeline) if self.stages is None else tuple(self.stages)
-        if len(stages) != self.pipeline or any(not isinstance(n, int) or n < 1 for n in stages) \
+        # The first stage may hold no layers: a client that only embeds (llama.cpp's RPC client, Petals').
+        if len(stages) != self.pipeline or any(not isinstance(n, int) or n < (i > 0) for i, n in enumerate(stages)) \
                 or sum(stages) != layers:
             raise ConfigError("parallel.stages", f"must give each of the {self.pipeline} stages a positive layer "
-                                                 f"count, summing to {self.model.name}'s {layers} layers "
-                                                 f"(got {list(stages)}, sum {sum(n for n in stages if isinstance(n, int))})")
+                                                 f"count (the first may have 0: it only embeds), summing to "
+                                                 f"{self.model.name}'s {layers} layers (got {list(stages)}, "
+                                                 f"sum {sum(n for n in stages if isinstance(n, int))})")
+        if stages[0] == 0 and self.tensor > 1:
+            raise ConfigError("parallel.stages", f"a first stage without layers only embeds, on one device; it "
+                                                 f"takes parallel.tensor 1 (got {list(stages)} with tensor "
+                                                 f"{self.tensor})")
         object.__setattr__(self, "stages", stages)
         per_copy = self.tensor * self.pipeline
         placement = tuple(range(per_copy)) if self.placement is None else tuple(self.placement)

@@ -136,7 +136,8 @@ class Parallel(BaseModel):
 
     ``tensor``: tensor-parallel degree per stage (None: the devices divided by the stages and
     replicas). ``pipeline``: pipeline stages (GPipe, arXiv 1811.06965), default 1. ``stages``: the
-    layers of each stage: a list of layer counts, a list of per-stage device lists (device names,
+    layers of each stage: a list of layer counts (the first may be 0: a client that only embeds and
+    sends the tokens' embeddings on, as llama.cpp's RPC client does), a list of per-stage device lists (device names,
     which also place the ranks), or ``balanced`` (by compute and memory,
     :func:`sim.parallel.balanced_stages`); default even. ``micro_batches``: how many micro-batches a
     batch is split into between the stages, default the number of stages or the batch, whichever

@@ -56,6 +56,7 @@ def test_balanced_stages_give_the_faster_devices_more_layers():
     ({"tensor": 2, "pipeline": 3}, "parallel.pipeline", ["6 ranks", "4 devices"]),
     ({"tensor": 1, "pipeline": 2, "stages": [6, 5]}, "parallel.stages", ["[6, 5]", "sum 11", "12 layers"]),
     ({"tensor": 1, "pipeline": 2, "stages": [12, 0]}, "parallel.stages", ["[12, 0]"]),
+    ({"tensor": 2, "pipeline": 2, "stages": [0, 12]}, "parallel.stages", ["[0, 12]", "tensor 2"]),
     ({"tensor": 1, "pipeline": 2, "stages": [4, 4, 4]}, "parallel.stages", ["2 stages"]),
     ({"stages": [["h0/dev0"], ["h9/dev0"]]}, "parallel.stages[1]", ["'h9/dev0'", "h0/dev0"]),
     ({"stages": [["h0/dev0"], ["h1/dev0", "h1/dev1"]]}, "parallel.stages", ["[1, 2]"]),
@@ -148,6 +149,26 @@ def test_each_stage_holds_only_its_layers():
         assert peaks[rank][MemoryCategory.WEIGHTS] == stage_weight_bytes(spec, 2, layers, embeds=embeds, heads=heads)
         # The peak is the prefill's (its activations dwarf a decode step's): the prompts' KV cache.
         assert peaks[rank][MemoryCategory.KV_CACHE] == kv_cache_bytes_per_token(spec, 2) // spec.num_layers * layers * 64
+
+
+def test_a_first_stage_without_layers_only_embeds_and_sends_the_embeddings_on():
+    """llama.cpp's RPC client: it keeps the token embeddings and sends them to the servers, which
+    hold every layer and the LM head; its ops are the embeddings alone and each decode step pays
+    the hop from it and back, where the server alone would not."""
+    scenario = _scenario({"tensor": 1, "pipeline": 2, "stages": [0, 32]}, batch_size=1, model="llama-2-7b",
+                         cluster=cluster(2, 1, device="a100_80gb", nic="1Gbit/s", nic_latency="1ms"))
+    spec = scenario.model
+    variant = simulate(scenario).variants[0]
+    peaks = variant.run.peak_by_category
+    assert peaks[0][MemoryCategory.WEIGHTS] == stage_weight_bytes(spec, 1, 0, embeds=True, heads=False)
+    assert peaks[0].get(MemoryCategory.KV_CACHE, 0) == 0
+    assert peaks[1][MemoryCategory.WEIGHTS] == stage_weight_bytes(spec, 1, 32, embeds=False, heads=True)
+    client = variant.trace.ops[variant.trace.ops["rank"] == 0]
+    assert set(client.loc[client["stream"] == "compute", "name"]) == {"embedding"}
+    # each decode step relays through the 1 ms link twice (the embedding out, the token back)
+    alone = simulate(_scenario({"tensor": 1}, batch_size=1, model="llama-2-7b",
+                               cluster=cluster(1, 1, device="a100_80gb")))
+    assert variant.timing["tpot_s"] > alone.variants[0].timing["tpot_s"] + 2e-3
 
 
 def test_a_pipeline_beats_tensor_parallelism_over_a_slow_link():

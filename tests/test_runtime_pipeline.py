@@ -24,7 +24,7 @@ VARIANTS = [StrategyChoice("allreduce_ln", allreduce="library", broadcast="libra
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
-@pytest.mark.parametrize("tensor,stages", [(1, [1, 3]), (2, None)], ids=["pp2xtp1", "pp2xtp2"])
+@pytest.mark.parametrize("tensor,stages", [(1, [1, 3]), (2, None), (1, [0, 4])], ids=["pp2xtp1", "pp2xtp2", "client_stage"])
 def test_a_pipeline_generates_the_reference_tokens(tmp_path, model_type, tensor, stages):
     path = tmp_path / f"{model_type}.config.json"
     path.write_text(json.dumps(tiny_model_config(model_type, num_layers=4)))

@@ -290,6 +290,15 @@ def test_under_load_two_hosts_as_a_pipeline_serve_more_and_queue_less_than_one_o
     assert pipeline[2][Metric.OUTPUT_TOKENS_PER_S] > 1.5 * run({"tensor": 1}, 64.0)[Metric.OUTPUT_TOKENS_PER_S]
 
 
+def test_a_client_stage_without_layers_holds_no_kv_cache_and_costs_a_hop():
+    one = simulate_serving(_layout({"tensor": 1}, requests=1, slo=None)).variants[0]
+    client = simulate_serving(_layout({"tensor": 1, "pipeline": 2, "stages": [0, 12]}, requests=1,
+                                      slo=None)).variants[0]
+    # the server's cache alone, beside no more weights than the whole model's
+    assert one.run.kv_capacity_tokens <= client.run.kv_capacity_tokens < 1.01 * one.run.kv_capacity_tokens
+    assert client.metrics[Metric.TPOT] > one.metrics[Metric.TPOT]  # the embeddings' hop and the token back
+
+
 def test_a_pipeline_stage_holds_only_its_layers_so_more_tokens_fit():
     one = simulate_serving(_layout({"tensor": 1}, requests=1, slo=None)).variants[0]
     two = simulate_serving(_layout({"tensor": 1, "pipeline": 2}, requests=1, slo=None)).variants[0]

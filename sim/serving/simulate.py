@@ -151,8 +151,9 @@ def kv_capacity_tokens(scenario: Scenario, topology: Topology, parallel: Paralle
     needs = rank_needs_bytes(scenario.model, parallel, (1,) * len(parallel.replica_ranks), 1)
     capacities = []
     for ranks in parallel.replica_ranks:
+        # a rank holding no KV cache (a first stage without layers) does not bound the tokens
         tokens = {r: (utilization * topology.devices[r].memory_capacity_bytes - needs[r][0]
-                      - (runtime_memory or {}).get(r, 0)) // needs[r][1] for r in ranks}
+                      - (runtime_memory or {}).get(r, 0)) // needs[r][1] for r in ranks if needs[r][1]}
         tightest = min(tokens, key=tokens.get)
         if tokens[tightest] < 1:
             device = topology.devices[tightest]

@@ -113,6 +113,11 @@ class TensorParallel:
         pro = ProgramBuilder(ranks, shape)
         if stage.embeds:
             pro.compute(only_master, OpKind.EMBEDDING, "embedding", head[OpKind.EMBEDDING], alloc=activations)
+        if not stage.num_layers:
+            # A first stage without layers (llama.cpp RPC's or Petals' client) only embeds: its
+            # master sends the residual stream on, where the next stage's first norm takes it.
+            pro.ops[group.master][-1] = replace(pro.ops[group.master][-1], free=activations)
+            return Phase(name, step, new_tokens, context_tokens, (pro.segment("prologue"),), stage.first_layer)
         self.hand_out(pro, group)
         for r in ranks[0 if not stage.embeds else 1:]:
             pro.ops[r][0] = replace(pro.ops[r][0], alloc=activations)
