@@ -31,7 +31,7 @@ from sim.replicas import ReplicaTiming, combined_timing, idle_rows, replica_rows
 from sim.scenario import Scenario
 from sim.topology import Topology
 from sim.trace import MEMORY_COLUMNS, Trace, op_table, peak_table, step_table
-from sim.vocabulary import TIMING_METRICS, TRAINING_TIMING_METRICS, Metric
+from sim.vocabulary import TIMING_METRICS, TRAINING_TIMING_METRICS, Accumulation, Metric
 
 if TYPE_CHECKING:
     from runtime.worker import RankMeasurement
@@ -245,6 +245,12 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
     from runtime.launch import launch
     from sim.topology import build_topology
 
+    if scenario.config.compute.accumulation != Accumulation.FP32:
+        # torch's fp16 matmuls accumulate in fp32 (cuBLAS CUBLAS_COMPUTE_32F): a run of them is not
+        # the framework the scenario describes
+        raise ConfigError("compute.accumulation", f"the reference runtime multiplies with torch, which "
+                                                  f"accumulates fp16 products in fp32; remove the setting to "
+                                                  f"run it (got '{scenario.config.compute.accumulation}')")
     topology = build_topology(scenario.config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
     ranks = parallel.measured_ranks

@@ -53,7 +53,8 @@ def op_terms(result: SimulationResult, ops: pd.DataFrame) -> np.ndarray:
     settings = result.scenario.config.compute
     dtype = result.scenario.model.dtype
     specs = {rank: result.topology.devices[rank].spec for rank in ops["rank"].unique()}
-    peak = ops["rank"].map({r: s.peak_flops(dtype) * settings.flops_efficiency for r, s in specs.items()})
+    peak = ops["rank"].map({r: s.peak_flops(dtype, accumulation=settings.accumulation) * settings.flops_efficiency
+                            for r, s in specs.items()})
     bandwidth = ops["rank"].map({r: s.memory_bandwidth_bytes_per_s * settings.memory_efficiency
                                  for r, s in specs.items()})
     kinds = ops["kind"].astype(str)

@@ -54,6 +54,8 @@ class RooflineCompute:
         op_overhead_s: fixed cost added to every compute op (s).
         one_core: price a CPU at one core's peaks (:meth:`sim.devices.DeviceSpec.one_core`);
             accelerators are unaffected.
+        accumulation: what fp16 products accumulate in (:class:`sim.vocabulary.Accumulation`,
+            :meth:`sim.devices.DeviceSpec.peak_flops`).
 
     Raises:
         ConfigError: from ``DeviceSpec.peak_flops`` when a device lacks ``dtype``.
@@ -64,6 +66,7 @@ class RooflineCompute:
     memory_efficiency: float
     op_overhead_s: float
     one_core: bool = False
+    accumulation: str = "fp32"
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     def duration_s(self, op: Op, device: Device) -> float:
@@ -85,7 +88,8 @@ class RooflineCompute:
 
     def flops_s(self, op: Op, device: Device) -> float:
         """The arithmetic side of ``op``'s roofline on ``device``: its FLOPs at the achieved peak (s)."""
-        peak_flops = device.spec.one_core()[0][self.dtype] if self.one_core else device.spec.peak_flops(self.dtype)
+        peak_flops = (device.spec.one_core()[0][self.dtype] if self.one_core
+                      else device.spec.peak_flops(self.dtype, accumulation=self.accumulation))
         return op.cost.flops / (peak_flops * self.flops_efficiency)
 
     def one_core_lines(self, specs) -> tuple[str, ...]:
@@ -101,6 +105,22 @@ class RooflineCompute:
                          f"cluster.cores), {peaks[self.dtype] / 1e9:g} GFLOP/s {self.dtype} and "
                          f"{bandwidth / 1e9:g} GB/s peak (the device catalog's per-core figures)")
         return tuple(lines)
+
+    def accumulation_lines(self, specs) -> tuple[str, ...]:
+        """What ``accumulation`` priced, one line per device kind of ``specs``
+        (:class:`DeviceSpec`); none with fp32 accumulation, the catalog's peaks."""
+        if self.accumulation == "fp32":
+            return ()
+        if self.dtype != "fp16":
+            return (f"compute.accumulation {self.accumulation} applies to fp16 products; the scenario computes in "
+                    f"{self.dtype}, at the catalog's peaks",)
+        by_name = {spec.name: spec for spec in specs}
+        return tuple(f"compute on {name}: fp16 products accumulated in fp16 (compute.accumulation), "
+                     + (f"{spec.fp16_accumulate_flops_per_s / 1e12:g} TFLOP/s peak against "
+                        f"{spec.peak_flops_per_s['fp16'] / 1e12:g} with fp32 accumulation"
+                        if spec.fp16_accumulate_flops_per_s is not None else
+                        "at its fp16 peak (the catalog lists no faster rate for it)")
+                     for name, spec in sorted(by_name.items()))
 
     def reduce_s_per_byte(self, device: Device, dtype: str | None = None) -> float:
         # The roofline's traffic per byte is the same in every dtype: ``dtype`` changes nothing.

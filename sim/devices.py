@@ -38,6 +38,9 @@ class DeviceSpec:
         core_peak_flops_per_s: for a CPU, one core's peak FLOP/s per dtype (None: not a CPU).
         core_memory_bandwidth_bytes_per_s: for a CPU, the memory bandwidth one core reaches
             alone, bytes/s (None: not a CPU). Both a single-threaded rank's (:meth:`one_core`).
+        fp16_accumulate_flops_per_s: dense fp16 tensor FLOP/s with fp16 accumulation where it
+            differs from ``peak_flops_per_s["fp16"]`` (GeForce parts: twice; None: the same,
+            :class:`sim.vocabulary.Accumulation`).
     """
 
     name: str
@@ -48,6 +51,7 @@ class DeviceSpec:
     source: str
     core_peak_flops_per_s: Mapping[str, float] | None = None
     core_memory_bandwidth_bytes_per_s: float | None = None
+    fp16_accumulate_flops_per_s: float | None = None
 
     def __post_init__(self) -> None:
         # A read-only view keeps the frozen spec immutable all the way down.
@@ -55,12 +59,16 @@ class DeviceSpec:
         if self.core_peak_flops_per_s is not None:
             object.__setattr__(self, "core_peak_flops_per_s", MappingProxyType(dict(self.core_peak_flops_per_s)))
 
-    def peak_flops(self, dtype: str, field: str = "dtype") -> float:
-        """Dense peak FLOP/s for ``dtype``.
+    def peak_flops(self, dtype: str, field: str = "dtype", accumulation: str = "fp32") -> float:
+        """Dense peak FLOP/s for ``dtype``; for fp16 products that ``accumulation`` says accumulate
+        in fp16 (:class:`sim.vocabulary.Accumulation`), :attr:`fp16_accumulate_flops_per_s` where
+        the device has it.
 
         Raises:
             ConfigError: (on ``field``) if the device has no rate for that dtype, e.g. bf16 on a T4.
         """
+        if dtype == "fp16" and accumulation == "fp16" and self.fp16_accumulate_flops_per_s is not None:
+            return self.fp16_accumulate_flops_per_s
         try:
             return self.peak_flops_per_s[dtype]
         except KeyError:
@@ -128,6 +136,7 @@ DEVICES: dict[str, DeviceSpec] = {
             name="rtx_4090",
             description="NVIDIA GeForce RTX 4090 24GB",
             peak_flops_per_s={"fp32": 82.6 * _T, "fp16": 165.2 * _T, "bf16": 165.2 * _T},
+            fp16_accumulate_flops_per_s=330.3 * _T,
             memory_bandwidth_bytes_per_s=1008 * _GB,
             memory_capacity_bytes=24 * _GIB,
             source=(
@@ -142,6 +151,7 @@ DEVICES: dict[str, DeviceSpec] = {
             name="rtx_3090",
             description="NVIDIA GeForce RTX 3090 24GB (GA102, 82 SMs, 1.695 GHz boost)",
             peak_flops_per_s={"fp32": 35.6 * _T, "fp16": 71 * _T, "bf16": 71 * _T},
+            fp16_accumulate_flops_per_s=142 * _T,
             memory_bandwidth_bytes_per_s=936 * _GB,
             memory_capacity_bytes=24 * _GIB,
             source=(
@@ -157,6 +167,7 @@ DEVICES: dict[str, DeviceSpec] = {
             name="rtx_3090_ti",
             description="NVIDIA GeForce RTX 3090 Ti 24GB (GA102, 84 SMs, 1.86 GHz boost)",
             peak_flops_per_s={"fp32": 40.0 * _T, "fp16": 80.0 * _T, "bf16": 80.0 * _T},
+            fp16_accumulate_flops_per_s=160.0 * _T,
             memory_bandwidth_bytes_per_s=1008 * _GB,
             memory_capacity_bytes=24 * _GIB,
             source=(
@@ -172,6 +183,7 @@ DEVICES: dict[str, DeviceSpec] = {
             name="rtx_3080",
             description="NVIDIA GeForce RTX 3080 10GB (GA102, 68 SMs, 1.71 GHz boost)",
             peak_flops_per_s={"fp32": 29.8 * _T, "fp16": 59.5 * _T, "bf16": 59.5 * _T},
+            fp16_accumulate_flops_per_s=119 * _T,
             memory_bandwidth_bytes_per_s=760 * _GB,
             memory_capacity_bytes=10 * _GIB,
             source=(
@@ -186,6 +198,7 @@ DEVICES: dict[str, DeviceSpec] = {
             name="rtx_3060_12gb",
             description="NVIDIA GeForce RTX 3060 12GB (GA106, 28 SMs, 1.777 GHz boost)",
             peak_flops_per_s={"fp32": 12.74 * _T, "fp16": 25.5 * _T, "bf16": 25.5 * _T},
+            fp16_accumulate_flops_per_s=51.0 * _T,
             memory_bandwidth_bytes_per_s=360 * _GB,
             memory_capacity_bytes=12 * _GIB,
             source=(

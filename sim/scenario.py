@@ -18,6 +18,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     # parallel: {tensor: 2, pipeline: 3, stages: [10, 11, 11], micro_batches: 3}   # a pipeline (sim.pipeline)
     workload: {batch_size: 1, prompt_tokens: 512, output_tokens: 128}   # allow_beyond_context: false
     compute: {flops_efficiency: 0.6, memory_efficiency: 0.8, op_overhead: 10us}   # optional
+    #   accumulation: fp32 | fp16   optional: what fp16 products sum in (fp16: llama.cpp on GeForce, twice the rate)
     network_model: flow             # flow (max-min fair link sharing) | alpha_beta (closed form per step)
     memory: {policy: sliding_window, window: 2, retain_every: 4}   # optional, default resident
     baseline: reduce_ln_bcast       # a variant name; default: the first variant
@@ -62,7 +63,7 @@ from sim.plan import MemoryPolicy, Plan, WeightPolicy
 from sim.strategies import StrategyChoice
 from sim.serving.config import ServingWorkload
 from sim.training_config import TrainingSettings, TrainingWorkload
-from sim.vocabulary import WorkloadKind
+from sim.vocabulary import Accumulation, WorkloadKind
 from sim.units import parse_duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -113,12 +114,15 @@ class Workload(BaseModel):
 
 
 class ComputeSettings(BaseModel):
-    """Roofline factors: achieved / peak FLOP/s and memory bandwidth, and a fixed cost per op (s)."""
+    """Roofline factors: achieved / peak FLOP/s and memory bandwidth, a fixed cost per op (s), and
+    what fp16 matrix products accumulate in (:class:`sim.vocabulary.Accumulation`: ``fp16`` for
+    llama.cpp's cuBLAS path, whose GeForce peak is twice PyTorch's)."""
 
     model_config = _STRICT
     flops_efficiency: StrictFloat = Field(default=0.6, gt=0, le=1)
     memory_efficiency: StrictFloat = Field(default=0.8, gt=0, le=1)
     op_overhead_s: float = Field(default=5e-6, ge=0, le=1, alias="op_overhead")
+    accumulation: Accumulation = Accumulation.FP32
 
     @field_validator("op_overhead_s", mode="before")
     @classmethod

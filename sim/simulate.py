@@ -226,7 +226,8 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     # reference runtime runs them: one core's peaks each (a profile's rows are timed so already).
     compute = RooflineCompute(dtype, config.compute.flops_efficiency, config.compute.memory_efficiency,
                               config.compute.op_overhead_s,
-                              one_core=profile is None and config.cluster.cores is not None)
+                              one_core=profile is None and config.cluster.cores is not None,
+                              accumulation=config.compute.accumulation)
     if profile is not None:
         compute = CalibratedCompute(profile, compute, model=scenario.model, reduce_dtype=reduce_dtype,
                                     reduce_dtypes=reduce_dtypes)
@@ -418,7 +419,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
     if isinstance(network, DefaultTransportNetwork):
         contention = tuple(f"core contention: {pool.describe()} (the scenario's cluster.cores), sharing them as "
                            "the simulation runs (processor sharing)" for pool in first.cores)
-        one_core = first.compute.one_core_lines(topology.devices[r].spec for r in every_rank)
+        specs = [topology.devices[r].spec for r in every_rank]
+        one_core = (*first.compute.one_core_lines(specs), *first.compute.accumulation_lines(specs))
         choice = NetworkChoice(network, False, (), (*one_core, *contention, *network.contention_lines(),
                                                     *sorted(network.used)))
     others = tuple((key[2] or f"tensor {len(key[1])}" + (f" x {key[0]} replicas" if key[0] > 1 else ""), p.choice)

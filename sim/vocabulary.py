@@ -35,6 +35,19 @@ class WorkloadKind(StrEnum):
     SERVING = "serving"
 
 
+class Accumulation(StrEnum):
+    """What an fp16 matrix product accumulates in (``compute.accumulation``), which sets its peak on
+    GeForce tensor cores: ``fp32``, what PyTorch asks cuBLAS for (``CUBLAS_COMPUTE_32F``), the
+    catalog's fp16 peak; ``fp16``, what llama.cpp's cuBLAS path asks for F16 weights
+    (``CUBLAS_COMPUTE_16F``, ``ggml_cuda_op_mul_mat_cublas`` in ggml-cuda), twice that rate on a
+    GeForce card (NVIDIA's GA102 and Ada whitepapers, appendix A: FP16 Tensor TFLOPS with FP16
+    accumulate against FP32 accumulate), the same on data-centre parts. bf16 and fp32 products
+    accumulate in fp32 either way."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+
+
 class Calibration(StrEnum):
     """How a simulated run was priced (``results.csv``'s ``calibration`` column, the first word of
     a plan's or a sweep's ``profile_context``, :func:`sim.context.calibration_mode`): with the

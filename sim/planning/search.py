@@ -491,7 +491,7 @@ class Planner:
         spec = self.request.models[model_index]
         settings = self.request.config.compute
         compute = RooflineCompute(spec.dtype, settings.flops_efficiency, settings.memory_efficiency,
-                                  settings.op_overhead_s)
+                                  settings.op_overhead_s, accumulation=settings.accumulation)
         devices = _devices(group_types)
         ranks = tuple(range(len(group_types)))
         plan = Plan(spec, ranks, sequences, prompt, output, StrategyChoice.library(strategy), shards=shards,

@@ -154,7 +154,7 @@ def _compute_bound_s(spec: ModelSpec, layout: TrainingLayout, workload: Training
     """The busiest rank's compute ops of replica 0's step on ``device_type``, on the roofline (s)."""
     step = _lowered(spec, layout, workload, settings)
     roofline = RooflineCompute(compute_dtype(settings.precision), compute.flops_efficiency, compute.memory_efficiency,
-                               compute.op_overhead_s)
+                               compute.op_overhead_s, accumulation=compute.accumulation)
     device = Device(0, "r0", "r0", DEVICES[device_type], DEVICES[device_type].memory_capacity_bytes)
     totals: dict[int, float] = {}
     for part in step.segments:
