@@ -745,7 +745,7 @@ class Planner:
             spec_name = str((self.request.source_path.parent / spec_name).resolve())
         data = {"name": name or f"{config.name}-{row['candidate']}", "model": spec_name,
                 "attention": config.attention, "cluster": row["shape"].cluster(self.request.catalog),
-                "workload": config.workload.model_dump(), "compute": config.compute.model_dump(by_alias=True),
+                "workload": config.workload.model_dump(), "compute": config.compute.model_dump(mode="json", by_alias=True),
                 "memory": memory, "variants": [variant]}
         data["parallel"] = row["layout"].parallel()
         if config.is_training:
