@@ -27,7 +27,8 @@ instead (lowering, pricing, engine, metrics; not the trace, which is built when 
 CPU time median 0.135 to 0.25 s; wall time median 0.43 s (min 0.35 s) at a load average of
 about 6, 1.03 s (min 0.69 s) at a load average of 12 (the wall time then mostly waits for a core). What makes it fast, exactly: the eight replicas run
 identically (same devices per position, every collective across replicas releasing its ranks
-together, no two groups sharing a channel: :mod:`sim.training.symmetry`), so replica 0 alone is
+together, no two groups' calls carrying bytes on a common channel at once:
+:mod:`sim.training.symmetry`), so replica 0 alone is
 simulated; the forward pass is one decoder layer repeated 32 times; a segment whose ops wait on
 other streams runs without simpy (``Engine._run_dag``, the same bits). Before those, 28 s. With
 one NIC per host the DP groups share it and every replica runs on the shared fabric (seconds).
