@@ -446,11 +446,13 @@ class Engine:
             return frozenset()
         by_group: dict[tuple[int, ...], set[int]] = {}
         count: dict[tuple[int, ...], int] = {}
+        distinct: dict[tuple[Collective, str], Op] = {}  # a layer's calls repeat: one footprint each
         for op in calls.values():
-            c = op.collective
-            count[c.group] = count.get(c.group, 0) + 1
-            by_group.setdefault(c.group, set()).update(self.footprint(op))
-            for image, _ in _images(c, images):
+            count[op.collective.group] = count.get(op.collective.group, 0) + 1
+            distinct.setdefault((op.collective, op.name), op)
+        for op in distinct.values():
+            by_group.setdefault(op.collective.group, set()).update(self.footprint(op))
+            for image, _ in _images(op.collective, images):
                 by_group.setdefault(image.group, set()).update(self.footprint(replace(op, collective=image)))
         if not load_ranks and len(by_group) == 1 and not mixed:
             return frozenset()
