@@ -453,7 +453,7 @@ class Engine:
         for op in distinct.values():
             by_group.setdefault(op.collective.group, set()).update(self.footprint(op))
             for image, _ in _images(op.collective, images):
-                by_group.setdefault(image.group, set()).update(self.footprint(replace(op, collective=image)))
+                by_group.setdefault(image.group, set()).update(self._footprint(image, op.name))
         if not load_ranks and len(by_group) == 1 and not mixed:
             return frozenset()
         shared = {group for group in mixed if count[group] > 1}
@@ -470,8 +470,11 @@ class Engine:
 
     def footprint(self, op: Op) -> frozenset[int]:
         """The channel ids the schedule of collective ``op`` crosses."""
-        c = op.collective
-        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, dtype=c.dtype)
+        return self._footprint(op.collective, op.name)
+
+    def _footprint(self, c: Collective, name: str) -> frozenset[int]:
+        """The channel ids the schedule of ``c``, called ``name``, crosses."""
+        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, name, dtype=c.dtype)
         return self._channels((c.kind, algorithm, c.group, c.size_bytes, c.root, c.dtype))
 
     def _channels(self, key: tuple) -> frozenset[int]:

@@ -467,12 +467,12 @@ def _run_step(step: TrainingStep, engine: Engine, pool: CorePool | None, images:
         engine.cores = core_shares(pool, frozenset(step.segments[0].segment.programs))
     segments = list({id(part.segment): part.segment for part in step.segments}.values())
     if images:
-        # The segments whose collectives span the replicas first: where the replicas must be
-        # simulated whole, they are the ones that say so (a segment's times do not depend on
-        # the order the segments run in).
+        # The segments whose collectives span the replicas (as replica 0's first rank calls
+        # them) first: where the replicas must be simulated whole, they are the ones that say
+        # so (a segment's times do not depend on the order the segments run in).
         ranks = set(step.segments[0].segment.programs)
         segments.sort(key=lambda segment: not any(op.collective is not None and not ranks.issuperset(
-            op.collective.group) for program in segment.programs.values() for op in program))
+            op.collective.group) for op in next(iter(segment.programs.values()), ())))
     memo: dict[int, SegmentResult] = {}  # segment id -> result: the step keeps its segments alive
     for segment in segments:
         result = memo[id(segment)] = engine.run_segment(segment, images)
