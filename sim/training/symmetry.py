@@ -17,11 +17,12 @@ when everything a time depends on is the same:
 Then the engine runs replica 0 alone (:meth:`sim.engine.Engine.run_segment` with the other
 replicas' rank maps, :func:`replica_images`): a collective across replicas starts when replica
 0's rank arrives, which is when every replica's does, and takes its priced timing over the whole
-group. The last condition is the engine's to check as it runs each segment: the whole run's
-collectives are replica 0's, each at the same times in every replica on that replica's ranks,
-and those across replicas, so the engine sees every call of the whole run with its start and
-timing, and decides as it would for the whole run whether a group's calls keep their priced
-timing. Two groups' schedules may cross a common channel (two tensor-parallel groups in a host
+group. Whether every collective keeps its priced timing is the engine's to check as it runs
+each segment. It runs the whole run at the priced timings first and keeps that run where its
+calls prove apart (:mod:`sim.engine`); by the other conditions that run is replica 0's, its
+calls inside a replica repeated in every replica at the same times on that replica's ranks, so
+replica 0's run with those images holds every call of the whole run with its start and timing,
+and the engine decides on them as it would on the whole run. Two groups' schedules may cross a common channel (two tensor-parallel groups in a host
 whose data-parallel rings hop between them) where their calls never carry bytes on it at once
 (the data-parallel allreduce after the backward, without overlap); where they would, the engine
 says so and every replica is simulated. Where a condition fails (a ZeRO-1 broadcast from each
@@ -47,8 +48,8 @@ def replica_images(shape: StepShape) -> tuple[dict[int, int], ...]:
 def replicas_identical(shape: StepShape, step: TrainingStep, engine: Engine, topology: Topology) -> bool:
     """Whether every replica of ``shape`` runs exactly as replica 0 in ``step`` (lowered for
     replica 0 only, :func:`sim.training.lower.lower_step`) as far as can be told before it runs:
-    every condition of the module docstring but the last, which the engine checks as it runs
-    replica 0 with :func:`replica_images`.
+    every condition of the module docstring but that every collective keeps its priced timing,
+    which the engine checks as it runs replica 0 with :func:`replica_images`.
 
     Raises:
         ConfigError: from the pricer (an algorithm that does not apply to a group).
