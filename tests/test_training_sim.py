@@ -302,16 +302,20 @@ def test_replicas_whose_rings_cross_the_tensor_groups_ports_give_the_whole_runs_
     topology = build_topology(scenario.config.cluster)
     # rank 0's hop to rank 1 (its tensor group) and to rank 2 (its data-parallel ring) share a port
     assert set(topology.path(0, 1)) & set(topology.path(0, 2))
-    reduced = simulate_training(scenario).variants[0]
+    reduced_run = simulate_training(scenario)
+    reduced = reduced_run.variants[0]
     if overlap:  # a bucket's ring meets a tensor-parallel allreduce on a port: nothing mirrored
         assert not reduced.steps[-1].mirrors
     else:
         assert reduced.steps[-1].mirrors == {2: 0, 3: 1, 4: 0, 5: 1, 6: 0, 7: 1}
     monkeypatch.setattr(simulate_module, "replicas_identical", lambda *args: False)
-    full = simulate_training(scenario).variants[0]
+    full_run = simulate_training(scenario)
+    full = full_run.variants[0]
     assert not full.steps[-1].mirrors
     assert reduced.metrics == full.metrics
-    pd.testing.assert_frame_equal(reduced.trace.ops, full.trace.ops)
+    pd.testing.assert_frame_equal(reduced_run.results, full_run.results)
+    for table in ("ops", "steps", "memory"):
+        pd.testing.assert_frame_equal(getattr(reduced.trace, table), getattr(full.trace, table))
 
 
 def test_replicas_behind_one_nic_are_all_simulated():
