@@ -4,8 +4,10 @@ without a calibration profile (predictions) and write the comparison (issues 18 
 Writes ``published.csv`` (one row per case: source, setup, metric, published value, hetsim value,
 error = simulated / published - 1, what dominates the simulated step) and ``report.md`` under
 ``--out`` (default ``validation/published``). The logic is :mod:`validation.published_check`.
-About a minute and a half on the project's 2-core machine (the Megatron-LM TP 2 and TP 4 rows
-simulate every replica on the shared fabric).
+About 10 s on the project's 2-core machine (2026-11-29); a minute and a half before the
+Megatron-LM TP 2 and TP 4 rows' data-parallel rings, which cross the tensor-parallel groups'
+NVLink ports but reduce after the backward, kept their priced timing instead of running every
+replica on the shared fabric (:mod:`sim.engine`, :mod:`sim.training.symmetry`).
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--cases FILE] [--out DIR]``
 """

@@ -27,10 +27,17 @@ instead (lowering, pricing, engine, metrics; not the trace, which is built when 
 CPU time median 0.135 to 0.25 s; wall time median 0.43 s (min 0.35 s) at a load average of
 about 6, 1.03 s (min 0.69 s) at a load average of 12 (the wall time then mostly waits for a core). What makes it fast, exactly: the eight replicas run
 identically (same devices per position, every collective across replicas releasing its ranks
-together, no two groups sharing a channel: :mod:`sim.training.symmetry`), so replica 0 alone is
+together, no two groups' calls carrying bytes on a common channel at once:
+:mod:`sim.training.symmetry`), so replica 0 alone is
 simulated; the forward pass is one decoder layer repeated 32 times; a segment whose ops wait on
 other streams runs without simpy (``Engine._run_dag``, the same bits). Before those, 28 s. With
 one NIC per host the DP groups share it and every replica runs on the shared fabric (seconds).
+Where two TP groups share a host and the DP rings cross their NVLink ports but reduce after the
+backward (Megatron-LM's GPT 7.5B, ``validation/published/megatron_a100_gpt_7_5b.yaml``, TP 4 x
+DP 32 on 16 x 8 A100, overlap off), the rings never carry bytes while a TP allreduce does, so
+the collectives keep their priced timings and replica 0 stands for all: CPU time median of 3,
+11.75 s -> 0.53 s (2026-11-29, against 80715ce; the 1.7B case, TP 1, 0.43 -> 0.40 s; this
+scenario 0.27 -> 0.22 s).
 
 Run: ``.venv/bin/python benchmarks/bench_simulate.py [--repeats 7] [SCENARIO]``
 """

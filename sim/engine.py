@@ -31,6 +31,22 @@ Semantics (what the tests pin down):
   (e.g. calibrated) time, and contention adds what the fluid model says it costs. A calibrated
   timing is a measured duration; contention is the uncalibrated fluid model's delay added to it.
   ``auto`` picks its algorithm on the idle network either way.
+* Groups that share a channel but never use it at once keep their priced timing too (a
+  data-parallel ring whose hop inside a host crosses the ports of two tensor-parallel groups,
+  reducing after the backward), where the segment loads nothing, its ranks have cores of their
+  own and its links no token buckets: the segment is first run with every collective at its
+  priced timing, and that run is kept where no two calls of the groups that could meet carry
+  bytes on a common channel at the same time (a call from its start until its last rank's
+  finish on an idle network: every transfer is in before its receiver is done) and no rank's
+  priced finish is before its idle fluid finish (the fabric would release it then, not
+  earlier). Then the fabric's run is that run. Both start alike, and compute and rendezvous go
+  alike in both; were they to part, the first event to differ would be a rank's release from a
+  call that, in the fabric's run, shared a channel with another call's bytes. Both calls
+  started before that release, so at the same times in both runs, and they would overlap in
+  the priced run too, which the check rules out. The same times, that is, to the rounding of
+  the fabric's event arithmetic (its runs differ from the closed form in the last bits: 4e-15
+  of the Megatron-LM 7.5B step, ``validation/published``). Otherwise the groups that could
+  meet run on the fabric as above.
 * Core contention (:mod:`sim.cores`): where a :class:`sim.cores.CorePool` puts more of the
   segment's ranks on a machine than it has free cores, the ranks' compute ops run through the
   pool's server (:func:`sim.cores.core_server`: processor sharing, or in turns): a compute op's
@@ -62,7 +78,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -72,12 +88,13 @@ from models.ops import OpKind
 from sim import cores
 from sim.arrival_skew import expected_lead_s, lagging_block_s, off_core_share, waited
 from sim.bucket_clock import BucketClock, delayed
+from sim.channel_spans import ChannelSpans
 from sim.collectives.schedule import CommSchedule, Transfer
 from sim.cores import CorePool, core_server
 from sim.cost import ComputeModel
 from sim.fabric import Fabric
 from sim.network import CollectivePricer, CollectiveTiming, FlowNetwork, Links, reduction_costs
-from sim.plan import Op, Segment, Stream
+from sim.plan import Collective, Op, Segment, Stream
 from sim.topology import Topology
 
 P2P = "p2p"
@@ -119,18 +136,37 @@ class Engine:
         # Without a priced bucket a clock holds no state: one serves every segment (the hot path).
         self._unbucketed = None if any(self.links.burst) else BucketClock(self.links, self._idle_fluid, self._drained)
         self._footprints: dict[tuple, frozenset[int]] = {}
+        self._idle: dict[tuple, CollectiveTiming] = {}  # schedule key -> its fluid timing on an idle network
 
-    def run_segment(self, segment: Segment) -> SegmentResult:
-        """Simulate one instance of ``segment``; see the module docstring for the semantics."""
+    def run_segment(self, segment: Segment, images: tuple[dict[int, int], ...] = ()) -> SegmentResult | None:
+        """Simulate one instance of ``segment``; see the module docstring for the semantics.
+
+        ``images``: where ``segment`` holds one replica of several that run identically (the
+        others' programs are its own on other ranks, :mod:`sim.training.symmetry`), one rank map
+        per other replica (its rank at each of the segment's ranks). Their collectives inside a
+        replica are counted as running at the same times as the segment's own, on their own
+        channels, where the engine decides what meets what. Returns None where that decision
+        needs the replicas simulated whole: their collectives would meet on a channel, or the
+        segment loads weights."""
         starts = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         ends = {r: np.zeros(len(p)) for r, p in segment.programs.items()}
         algorithms: dict[int, tuple[str, str]] = {}
-        shared = self._fabric_groups(segment)
+        shared = self._fabric_groups(segment, images)
         pools = tuple(pool for pool in self.cores if pool.contended(segment.programs))
         ops = [op for program in segment.programs.values() for op in program]
+        loads = any(op.load is not None for op in ops)
+        if images and loads:
+            return None
         clock = self._bucket_clock()
         for _ in range(2):
-            if shared or pools or any(op.load is not None for op in ops):
+            # Where ranks share cores, one replica's contention is decided on its share of them
+            # (sim.cores.core_shares): not the whole run's, so not checked for it.
+            if shared and not (pools or loads or clock or (images and self.cores)) and \
+                    self._run_apart(segment, shared, images, starts, ends, algorithms):
+                pass  # every collective kept its priced timing, the fabric's answer (module docstring)
+            elif shared and images:
+                return None
+            elif shared or pools or loads:
                 self._run_events(segment, shared, starts, ends, algorithms, clock, pools)
             elif all(op.after is None for op in ops):
                 self._run_in_order(segment, starts, ends, algorithms, clock)
@@ -145,10 +181,46 @@ class Engine:
             clock = self._bucket_clock(left)
         return SegmentResult(starts, ends, duration, algorithms)
 
-    def _run_in_order(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
+    def _run_apart(self, segment: Segment, shared: frozenset[tuple[int, ...]], images, starts, ends,
+                   algorithms) -> bool:
+        """Run ``segment`` with every collective at its priced timing, and say whether that is the
+        fabric's answer: whether no two calls of the ``shared`` groups (those of ``images`` too:
+        a call inside the maps' ranks has an image in each, at the same start with the same
+        timing per position) carry bytes on a common channel at once (:mod:`sim.channel_spans`),
+        and none is released before the fabric would release it. A call carries bytes from its
+        start until its last rank's finish on an idle network (each transfer is in before its
+        receiver is done); the fabric releases a rank no earlier than that rank's idle finish, so
+        a priced finish before it is not the fabric's. Stops at the first call that fails
+        (``starts`` and ``ends`` then partial; the caller runs the segment on the fabric)."""
+        spans = ChannelSpans()
+
+        def apart(start: float, op: Op, timing: CollectiveTiming) -> bool:
+            algorithm = algorithms[op.call][1]
+            copies = [(op.collective, timing.finish_s)]
+            copies += [(c, {ranks[r]: s for r, s in timing.finish_s.items()}) for c, ranks in _images(op.collective,
+                                                                                                        images)]
+            for c, finish_s in copies:
+                if c.group not in shared:
+                    continue
+                key = (c.kind, algorithm, c.group, c.size_bytes, c.root, c.dtype)
+                idle = self._idle_timing(key)
+                if any(finish_s.get(r, 0.0) < idle.finish_s.get(r, 0.0) for r in c.group):
+                    return False
+                if not spans.add(start, start + idle.duration_s, c.group, self._channels(key)):
+                    return False
+            return True
+
+        if all(op.after is None for program in segment.programs.values() for op in program):
+            return self._run_in_order(segment, starts, ends, algorithms, None, apart)
+        return self._run_dag(segment, starts, ends, algorithms, None, apart)
+
+    def _run_in_order(self, segment: Segment, starts, ends, algorithms, clock: BucketClock | None,
+                      record: Callable[[float, Op, CollectiveTiming], bool] | None = None) -> bool:
         """The simpy run of a segment whose programs run in order and whose collectives keep their
         priced timings, without simpy: each rank runs until a collective, the last arrival starts
-        it. The arithmetic is simpy's (an event at ``now + delay``), so the times are the same bits."""
+        it. The arithmetic is simpy's (an event at ``now + delay``), so the times are the same bits.
+        ``record``: where given, called with each collective call's start (s), op and timing as
+        the call starts; the run stops where it returns False, and so does this."""
         programs = segment.programs
         position = dict.fromkeys(programs, 0)
         now = dict.fromkeys(programs, 0.0)
@@ -175,6 +247,8 @@ class Engine:
                         start = max(starts[r][j] for r, j in arrived)
                         timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j in arrived})
                         timing = self._after_buckets(clock, op, algorithms, timing, start)
+                        if record is not None and not record(start, op, timing):
+                            return False
                         first = op.collective.group[0]
                         for r, j in arrived:
                             if timing.wait_s and r != first:
@@ -186,14 +260,17 @@ class Engine:
                 else:
                     position[rank] = i
             runnable = sorted(set(released))
+        return True
 
-    def _run_dag(self, segment: Segment, starts, ends, algorithms, clock: BucketClock) -> None:
+    def _run_dag(self, segment: Segment, starts, ends, algorithms, clock: BucketClock | None,
+                 record: Callable[[float, Op, CollectiveTiming], bool] | None = None) -> bool:
         """The simpy run of a segment whose ops wait for other streams' ops (``Op.after``) but
         whose collectives keep their priced timings and which loads nothing, without simpy: each
         stream runs until an op whose dependencies are not done or a collective whose group has
         not all arrived; finishing an op wakes the streams waiting on it. An op starts at the
         latest end among its stream's previous op and its dependencies (the time simpy's process
-        resumes), so the times are the same bits as :meth:`_run_events`'."""
+        resumes), so the times are the same bits as :meth:`_run_events`'. ``record``: as
+        :meth:`_run_in_order`'s."""
         programs = segment.programs
         queues: dict[tuple[int, Stream], list[int]] = {}
         for rank in sorted(programs):
@@ -246,6 +323,8 @@ class Engine:
                 start = max(starts[r][j] for r, j, _ in members)
                 timing = self._timing(op, algorithms, {r: _arrival(starts[r][j] - start, j) for r, j, _ in members})
                 timing = self._after_buckets(clock, op, algorithms, timing, start)
+                if record is not None and not record(start, op, timing):
+                    return False
                 first = op.collective.group[0]
                 for r, j, stream in members:
                     if timing.wait_s and r != first:
@@ -254,6 +333,7 @@ class Engine:
                     finish(r, j, stream, start + (start + timing.finish_s.get(r, 0.0) - start))
                     if stream != key:
                         work.append(stream)
+        return True
 
     def _run_events(self, segment: Segment, shared: frozenset, starts, ends, algorithms, clock: BucketClock,
                     pools: tuple[CorePool, ...] = ()) -> None:
@@ -341,10 +421,11 @@ class Engine:
             ends[i] = env.now
             done[i].succeed()
 
-    def _fabric_groups(self, segment: Segment) -> frozenset[tuple[int, ...]]:
-        """The groups whose collectives in ``segment`` run on the fabric: those whose schedules
-        could share a channel with other traffic in flight (see the module docstring), decided
-        per group; the others keep their priced timing (exact: their channels carry nothing else)."""
+    def _fabric_groups(self, segment: Segment, images: tuple[dict[int, int], ...] = ()) -> frozenset[tuple[int, ...]]:
+        """The groups whose collectives in ``segment`` could share a channel with other traffic in
+        flight (see the module docstring), decided per group; the others keep their priced timing
+        (exact: their channels carry nothing else). ``images``: as :meth:`run_segment`'s, whose
+        groups count as the segment's own."""
         load_ranks: set[int] = set()
         calls: dict[int, Op] = {}
         mixed: set[tuple[int, ...]] = set()  # groups a rank calls from more than one stream, concurrently
@@ -363,15 +444,19 @@ class Engine:
                 mixed.update(group for group, used in streams.items() if len(used) > 1)
         if not calls:
             return frozenset()
+        by_group: dict[tuple[int, ...], set[int]] = {}
         count: dict[tuple[int, ...], int] = {}
+        distinct: dict[tuple[Collective, str], Op] = {}  # a layer's calls repeat: one footprint each
         for op in calls.values():
             count[op.collective.group] = count.get(op.collective.group, 0) + 1
-        if not load_ranks and len(count) == 1 and not mixed:
+            distinct.setdefault((op.collective, op.name), op)
+        for op in distinct.values():
+            by_group.setdefault(op.collective.group, set()).update(self.footprint(op))
+            for image, _ in _images(op.collective, images):
+                by_group.setdefault(image.group, set()).update(self._footprint(image, op.name))
+        if not load_ranks and len(by_group) == 1 and not mixed:
             return frozenset()
         shared = {group for group in mixed if count[group] > 1}
-        by_group: dict[tuple[int, ...], set[int]] = {}
-        for op in calls.values():
-            by_group.setdefault(op.collective.group, set()).update(self.footprint(op))
         loaded = {c for rank in load_ranks for c in self.links.loader(rank, self.load_rate_cap(rank)).channels}
         groups = list(by_group)
         for i, group in enumerate(groups):
@@ -385,15 +470,28 @@ class Engine:
 
     def footprint(self, op: Op) -> frozenset[int]:
         """The channel ids the schedule of collective ``op`` crosses."""
-        c = op.collective
-        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, op.name, dtype=c.dtype)
-        key = (c.kind, algorithm, c.group, c.size_bytes, c.root, c.dtype)
+        return self._footprint(op.collective, op.name)
+
+    def _footprint(self, c: Collective, name: str) -> frozenset[int]:
+        """The channel ids the schedule of ``c``, called ``name``, crosses."""
+        algorithm, _ = self.pricer.price(c.kind, c.algorithm, c.group, c.size_bytes, c.root, name, dtype=c.dtype)
+        return self._channels((c.kind, algorithm, c.group, c.size_bytes, c.root, c.dtype))
+
+    def _channels(self, key: tuple) -> frozenset[int]:
+        """The channel ids the schedule of ``key`` (the pricer's schedule key) crosses."""
         footprint = self._footprints.get(key)
         if footprint is None:
             schedule = self.pricer.schedule(*key)
             footprint = self._footprints[key] = frozenset(
                 channel for t in schedule.transfers() for channel in self.links.get(t.src, t.dst).channels)
         return footprint
+
+    def _idle_timing(self, key: tuple) -> CollectiveTiming:
+        """The fluid model's timing of the schedule of ``key`` on an idle network (cached)."""
+        timing = self._idle.get(key)
+        if timing is None:
+            timing = self._idle[key] = self._idle_fluid.time(self.pricer.schedule(*key))
+        return timing
 
     def _bucket_clock(self, tokens_bytes: dict[int, float] | None = None) -> BucketClock:
         """The token buckets of a segment's links, holding ``tokens_bytes`` (per channel id,
@@ -426,7 +524,7 @@ class Engine:
         priced = (key, tuple(timing.finish_s.get(rank, 0.0) for rank in c.group))  # one per arrival pattern
         extra = self._extra_s.get(priced)
         if extra is None:
-            idle = self._idle_fluid.time(schedule)
+            idle = self._idle_timing(key)
             extra = self._extra_s[priced] = {rank: timing.finish_s.get(rank, 0.0) - idle.finish_s[rank]
                                              for rank in c.group}
         if timing.in_place and clock:
@@ -467,6 +565,16 @@ class Engine:
                                              c.dtype)
         algorithms[op.call] = (c.kind.value, algorithm)
         return timing
+
+
+def _images(collective: Collective, images: tuple[dict[int, int], ...]) -> list[tuple[Collective, dict[int, int]]]:
+    """``collective`` as each rank map of ``images`` places it (its group's and root's ranks
+    mapped), with the map; none where its group is not inside the maps' ranks (a group across
+    the replicas is one call of the whole run, not one per replica)."""
+    if not images or not all(rank in images[0] for rank in collective.group):
+        return []
+    return [(replace(collective, group=tuple(ranks[r] for r in collective.group),
+                     root=None if collective.root is None else ranks[collective.root]), ranks) for ranks in images]
 
 
 def _message(src: int, dst: int, size_bytes: int) -> CommSchedule:

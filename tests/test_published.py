@@ -17,13 +17,6 @@ from sim.training.metrics import STEP_TERMS
 from validation.published_check import CASES_FILE, TRAINING_METRICS, compare, load_cases, report_markdown
 
 
-# Megatron-LM's TP 2 and TP 4 layouts put 4 and 2 replicas in a node: their data-parallel rings
-# cross the NVLink ports the tensor-parallel groups use, so every replica is simulated on the
-# shared fabric (sim.training.symmetry), about 20 s of the suite's time together. The benchmark
-# that regenerates validation/published/report.md simulates them; here they are loaded only.
-LOADED_ONLY = {"megatron_a100_gpt_3_6b_step_time", "megatron_a100_gpt_7_5b_step_time"}
-
-
 def test_every_published_scenario_loads_and_every_case_simulates():
     cases, not_represented = load_cases()
     scenarios = sorted(CASES_FILE.parent.glob("*.yaml"))
@@ -31,8 +24,6 @@ def test_every_published_scenario_loads_and_every_case_simulates():
     assert set(scenarios) - {CASES_FILE} == named, "a scenario of validation/published that no case uses, or the reverse"
     for path in named:
         load_scenario(path)
-    assert LOADED_ONLY <= {case.id for case in cases}
-    cases = [case for case in cases if case.id not in LOADED_ONLY]
     table = compare(cases)
     assert list(table["id"]) == [case.id for case in cases]
     assert (table["kind"] == "prediction").all()

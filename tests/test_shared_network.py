@@ -84,6 +84,54 @@ def test_collectives_on_disjoint_links_do_not_slow_each_other():
     assert together == pytest.approx(alone, rel=1e-12)
 
 
+def test_collectives_crossing_one_nic_one_after_the_other_keep_their_priced_timing():
+    """Two rings over the same NICs, the second waiting for the first through a third group
+    between them: never in flight at once, so each takes its priced time, the fabric's answer
+    (to rounding), computed without it."""
+    topology = _two_hosts()
+    engine = _engine(topology)
+    first, between, second = _allreduce((0, 2), SIZE_BYTES, 0), _allreduce((0, 1), SIZE_BYTES, 1), \
+        _allreduce((1, 3), SIZE_BYTES, 2)
+    segment = Segment("chain", {0: (first, between), 1: (between, second), 2: (first,), 3: (second,)})
+    shared = engine._fabric_groups(segment)
+    assert {(0, 2), (1, 3)} <= shared  # they could meet on the NICs
+    result = engine.run_segment(segment)
+    times = [{rank: np.zeros(len(program)) for rank, program in segment.programs.items()} for _ in range(4)]
+    engine._run_in_order(segment, times[0], times[1], {}, engine._bucket_clock())
+    engine._run_events(segment, shared, times[2], times[3], {}, engine._bucket_clock())
+    for rank in segment.programs:
+        assert np.array_equal(result.ends[rank], times[1][rank])  # the priced timings, bit for bit
+        assert result.ends[rank] == pytest.approx(times[3][rank], rel=1e-12)  # the fabric's
+    assert result.duration_s > 2 * SIZE_BYTES / NIC_BYTES_PER_S  # 4 s each over the NICs, one after the other
+
+
+class _Fast:
+    """A network model that prices every collective at a measured 1 s for every rank: faster than
+    the fluid model lets 50 MB cross a 100 Mbit/s NIC (4 s)."""
+
+    def time(self, schedule, call=None):
+        return CollectiveTiming(1.0, {rank: 1.0 for rank in schedule.group})
+
+
+class _WaitFiveSeconds(_FreeCompute):
+    def duration_s(self, op, device):
+        return 5.0 if op.name == "wait" else 0.0
+
+
+def test_a_collective_priced_faster_than_its_links_allow_ends_with_its_bytes_where_it_could_meet_others():
+    """A ring over the NICs priced at 1 s, another over them from 5 s on: never in flight at
+    once, and the fabric releases each when its bytes are in (4 s), not at its price; so does
+    the engine."""
+    topology = _two_hosts()
+    engine = Engine(topology, _WaitFiveSeconds(), CollectivePricer(_Fast(), topology))
+    wait = Op(OpKind.LAYERNORM, "wait", Stream.COMPUTE)
+    first, second = _allreduce((0, 2), SIZE_BYTES, 0), _allreduce((1, 3), SIZE_BYTES, 1)
+    segment = Segment("apart", {0: (first,), 2: (first,), 1: (wait, second), 3: (wait, second)})
+    result = engine.run_segment(segment)
+    assert result.ends[0][0] == pytest.approx(SIZE_BYTES / NIC_BYTES_PER_S, rel=1e-2)
+    assert result.ends[1][1] == pytest.approx(5.0 + SIZE_BYTES / NIC_BYTES_PER_S, rel=1e-2)
+
+
 class _LoadsOverTheNic:
     """``base`` with weights streamed to every device over its host's NIC (a remote store), so a
     load and a collective leaving for the other host share that channel."""

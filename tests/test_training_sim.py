@@ -282,6 +282,42 @@ def test_identical_replicas_simulated_once_give_the_whole_runs_results_exactly(m
     pd.testing.assert_frame_equal(reduced.trace.ops, full.trace.ops)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_replicas_whose_rings_cross_the_tensor_groups_ports_give_the_whole_runs_results_exactly(monkeypatch,
+                                                                                                overlap):
+    """TP 2 x DP 4 on 2 hosts of 4 devices with a NIC each, as fast as the host's links (so a
+    ring releases its ranks together): two tensor-parallel groups a host, and each
+    data-parallel ring's hop inside a host crosses the ports they use. Without overlap
+    the rings reduce after the backward, when no tensor-parallel allreduce is in flight: replica
+    0 alone stands for all four. With overlap the buckets' allreduces may meet them (every
+    replica is simulated, on the fabric where they would). Either way the metrics and every
+    rank's trace equal the whole run's, bit for bit."""
+    import sim.training.simulate as simulate_module
+    from sim.topology import build_topology
+
+    variants = [{"name": "tp2", "allreduce": "ring"}]
+    scenario = _scenario(variants, hosts=2, devices_per_host=4, parallel={"tensor": 2, "data": 4},
+                         bandwidth="256Gbit/s", latency="2us", global_batch=4, nic_per_device=True,
+                         training={"optimizer": "adamw", "overlap": overlap})
+    topology = build_topology(scenario.config.cluster)
+    # rank 0's hop to rank 1 (its tensor group) and to rank 2 (its data-parallel ring) share a port
+    assert set(topology.path(0, 1)) & set(topology.path(0, 2))
+    reduced_run = simulate_training(scenario)
+    reduced = reduced_run.variants[0]
+    if overlap:  # a bucket's ring meets a tensor-parallel allreduce on a port: nothing mirrored
+        assert not reduced.steps[-1].mirrors
+    else:
+        assert reduced.steps[-1].mirrors == {2: 0, 3: 1, 4: 0, 5: 1, 6: 0, 7: 1}
+    monkeypatch.setattr(simulate_module, "replicas_identical", lambda *args: False)
+    full_run = simulate_training(scenario)
+    full = full_run.variants[0]
+    assert not full.steps[-1].mirrors
+    assert reduced.metrics == full.metrics
+    pd.testing.assert_frame_equal(reduced_run.results, full_run.results)
+    for table in ("ops", "steps", "memory"):
+        pd.testing.assert_frame_equal(getattr(reduced.trace, table), getattr(full.trace, table))
+
+
 def test_replicas_behind_one_nic_are_all_simulated():
     """Two data-parallel groups share each host's NIC: they contend, so nothing is mirrored."""
     scenario = _scenario([{"name": "tp2", "allreduce": "ring"}], hosts=2, devices_per_host=2,

@@ -64,7 +64,7 @@ from sim.training.comm_thread import SharedCores, schedule_work, shared_cores
 from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors
 from sim.training.lower import (StepShape, TrainingStep, bucket_dtype, lower_step, scenario_reduction_dtypes,
                                tp_allreduce_algorithm)
-from sim.training.symmetry import replicas_identical
+from sim.training.symmetry import replica_images, replicas_identical
 from sim.training.metrics import step_metrics
 from sim.training_config import Averaging, TrainingSettings, micro_batching
 from sim.vocabulary import Calibration, Metric, TrainingPhase, unit_of
@@ -440,29 +440,45 @@ def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topolo
         kinds = ([(False, False, period - 1)] if period > 1 else []) + [(False, True, 1)]
     else:
         kinds = [(True, False, 1)]
-    memo: dict[int, SegmentResult] = {}
     steps = []
     for sync, average, _ in kinds:
+        simulated = None
         step = lower_step(shape, sync_gradients=sync, average_parameters=average, first_replica_only=True)
-        mirrors = {}
         if replicas_identical(shape, step, engine, topology):
             mirrors = {rank: shape.replicas[0][t] for replica in shape.replicas[1:] for t, rank in enumerate(replica)}
-        else:
-            step = lower_step(shape, sync_gradients=sync, average_parameters=average)
-        if pool is not None:
-            engine.cores = core_shares(pool, frozenset(step.segments[0].segment.programs))
-        results = []
-        for part in step.segments:
-            key = id(part.segment)
-            if key not in memo:
-                memo[key] = engine.run_segment(part.segment)
-            results.append(memo[key])
-        steps.append(SimulatedStep(step, tuple(results), mirrors))
+            simulated = _run_step(step, engine, pool, replica_images(shape), mirrors)
+        if simulated is None:  # the replicas differ, or their collectives would meet on a channel
+            simulated = _run_step(lower_step(shape, sync_gradients=sync, average_parameters=average), engine, pool)
+        steps.append(simulated)
     weights = [count for _, _, count in kinds]
     memory = _memory(shape, framework)
     metrics = step_metrics(steps, weights, shape, workload)
     return TrainingVariantResult(variant, settings, shape.micro_batch_size, shape.accumulation, tuple(steps),
                                  metrics, memory)
+
+
+def _run_step(step: TrainingStep, engine: Engine, pool: CorePool | None, images: tuple[dict[int, int], ...] = (),
+              mirrors: dict[int, int] | None = None) -> SimulatedStep | None:
+    """``step`` run segment by segment (each distinct segment once), its ranks sharing ``pool``'s
+    cores where given; with ``images`` (:func:`sim.training.symmetry.replica_images`), ``step``
+    holds replica 0 alone and stands for every replica (``mirrors``): None where the engine finds
+    that the replicas must be simulated whole (:meth:`sim.engine.Engine.run_segment`)."""
+    if pool is not None:
+        engine.cores = core_shares(pool, frozenset(step.segments[0].segment.programs))
+    segments = list({id(part.segment): part.segment for part in step.segments}.values())
+    if images:
+        # The segments whose collectives span the replicas (as replica 0's first rank calls
+        # them) first: where the replicas must be simulated whole, they are the ones that say
+        # so (a segment's times do not depend on the order the segments run in).
+        ranks = set(step.segments[0].segment.programs)
+        segments.sort(key=lambda segment: not any(op.collective is not None and not ranks.issuperset(
+            op.collective.group) for op in next(iter(segment.programs.values()), ())))
+    memo: dict[int, SegmentResult] = {}  # segment id -> result: the step keeps its segments alive
+    for segment in segments:
+        result = memo[id(segment)] = engine.run_segment(segment, images)
+        if result is None:
+            return None
+    return SimulatedStep(step, tuple(memo[id(part.segment)] for part in step.segments), mirrors or {})
 
 
 def _memory(shape: StepShape, framework: dict[int, int]) -> dict[int, TrainingMemory]:
