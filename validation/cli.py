@@ -536,14 +536,18 @@ def _transfer(matrix: Path, out_dir: Path, console: Console) -> list[Path]:
     (:mod:`validation.transfer`), written under ``out_dir/transfer``."""
     from validation.present.transfer_report import transfer_html
     from sim.outputs import write_files
-    from validation.transfer import shipped_clusters, transfer_errors, write_transfer_report
+    from validation.transfer import matrix_cluster_names, shipped_clusters, transfer_errors, write_transfer_report
 
     clusters = shipped_clusters([(matrix, out_dir)])
     with console.status("predicting every cluster from every other's profile") as status:
         errors = transfer_errors(clusters, on_progress=lambda text: status.update(text))
+    # the summary's `matrix` scope: the shipped matrix's clusters among the run's (all of a
+    # matrix.yaml run; the 4 of validation/transfer.yaml's 9)
+    names = {c.name for c in clusters}
+    among = [name for name in matrix_cluster_names() if name in names]
     with interrupt.deferred():
         written = write_transfer_report(errors, out_dir / "transfer", f"hetsim validate {matrix} --out {out_dir}",
-                                        [c.name for c in clusters], clusters)
+                                        among, clusters)
         written += write_files(out_dir / "transfer", {"report.html": transfer_html(errors)})
     console.print((out_dir / "transfer" / "summary.md").read_text())
     return written
