@@ -18,6 +18,7 @@ from typing import Protocol
 
 from sim.plan import Op
 from sim.topology import Device
+from sim.vocabulary import Accumulation
 
 # Reducing n received bytes into a buffer reads two operands and writes one: 3n bytes of traffic
 # (the uncalibrated gamma; a profile's ``reduction`` rows replace it, :mod:`sim.reduction`).
@@ -66,7 +67,7 @@ class RooflineCompute:
     memory_efficiency: float
     op_overhead_s: float
     one_core: bool = False
-    accumulation: str = "fp32"
+    accumulation: Accumulation = Accumulation.FP32
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     def duration_s(self, op: Op, device: Device) -> float:
@@ -109,7 +110,7 @@ class RooflineCompute:
     def accumulation_lines(self, specs) -> tuple[str, ...]:
         """What ``accumulation`` priced, one line per device kind of ``specs``
         (:class:`DeviceSpec`); none with fp32 accumulation, the catalog's peaks."""
-        if self.accumulation == "fp32":
+        if self.accumulation == Accumulation.FP32:
             return ()
         if self.dtype != "fp16":
             return (f"compute.accumulation {self.accumulation} applies to fp16 products; the scenario computes in "

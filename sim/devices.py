@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from models.errors import ConfigError
+from sim.vocabulary import Accumulation
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class DeviceSpec:
         if self.core_peak_flops_per_s is not None:
             object.__setattr__(self, "core_peak_flops_per_s", MappingProxyType(dict(self.core_peak_flops_per_s)))
 
-    def peak_flops(self, dtype: str, field: str = "dtype", accumulation: str = "fp32") -> float:
+    def peak_flops(self, dtype: str, field: str = "dtype", accumulation: Accumulation = Accumulation.FP32) -> float:
         """Dense peak FLOP/s for ``dtype``; for fp16 products that ``accumulation`` says accumulate
         in fp16 (:class:`sim.vocabulary.Accumulation`), :attr:`fp16_accumulate_flops_per_s` where
         the device has it.
@@ -67,7 +68,7 @@ class DeviceSpec:
         Raises:
             ConfigError: (on ``field``) if the device has no rate for that dtype, e.g. bf16 on a T4.
         """
-        if dtype == "fp16" and accumulation == "fp16" and self.fp16_accumulate_flops_per_s is not None:
+        if dtype == "fp16" and accumulation == Accumulation.FP16 and self.fp16_accumulate_flops_per_s is not None:
             return self.fp16_accumulate_flops_per_s
         try:
             return self.peak_flops_per_s[dtype]

@@ -550,12 +550,7 @@ class Engine:
         sent at once with a message of the same size between each pair of ranks ``beside`` (src,
         dst; none involving ``src`` or ``dst``), sharing the links they cross with it as the network
         model shares a step's transfers (:mod:`sim.network`)."""
-        if not beside:
-            return self.pricer.network.time(_message(src, dst, size_bytes)).finish_s[dst]
-        transfers = tuple(Transfer(a, b, size_bytes, False) for a, b in ((src, dst), *beside))
-        ranks = tuple(dict.fromkeys(rank for t in transfers for rank in (t.src, t.dst)))
-        together = CommSchedule(OpKind.SEND, P2P, ranks, None, size_bytes, (transfers,))
-        return self.pricer.network.time(together).finish_s[dst]
+        return self.pricer.network.time(_message(src, dst, size_bytes, beside)).finish_s[dst]
 
     def _timing(self, op: Op, algorithms: dict[int, tuple[str, str]],
                 arrivals: dict[int, float] | None = None) -> CollectiveTiming:
@@ -577,9 +572,12 @@ def _images(collective: Collective, images: tuple[dict[int, int], ...]) -> list[
                      root=None if collective.root is None else ranks[collective.root]), ranks) for ranks in images]
 
 
-def _message(src: int, dst: int, size_bytes: int) -> CommSchedule:
-    """A point-to-point message as the network models price it: a one-transfer schedule."""
-    return CommSchedule(OpKind.SEND, P2P, (src, dst), None, size_bytes, ((Transfer(src, dst, size_bytes, False),),))
+def _message(src: int, dst: int, size_bytes: int, beside: tuple[tuple[int, int], ...] = ()) -> CommSchedule:
+    """A point-to-point message as the network models price it: a one-step schedule of its
+    transfer, with one of the same size between each pair of ``beside`` sent at once."""
+    transfers = tuple(Transfer(a, b, size_bytes, False) for a, b in ((src, dst), *beside))
+    ranks = tuple(dict.fromkeys(rank for t in transfers for rank in (t.src, t.dst)))
+    return CommSchedule(OpKind.SEND, P2P, ranks, None, size_bytes, (transfers,))
 
 
 def _arrival(offset_s: float, index: int) -> float:
