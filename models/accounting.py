@@ -18,6 +18,7 @@ from models.ops import OpKind
 # check_tensor_parallel and kv_heads_per_rank are re-exported: the accounting's callers use them.
 from models.shards import TensorShard, check_tensor_parallel, kv_heads_per_rank  # noqa: F401
 from models.spec import ModelSpec
+from models.weight_formats import DEQUANTIZE_ABOVE_TOKENS, QuantisedMatmul, WeightFormat, head_format, matrix_bytes
 
 # FLOPs per element, one per arithmetic operation of the textbook formula.
 _RESIDUAL_ADD_FLOPS = 1
@@ -41,6 +42,9 @@ class OpCost:
     ``bytes_written``: output activations and KV-cache writes. ``weight_bytes``: bytes of the
     parameters the op uses, which must be resident while it runs. ``workspace_bytes``: transient
     device memory the op needs beyond its persistent inputs: its output plus intermediates.
+    ``prepass_bytes``: bytes a memory-bound kernel moves before the op's own, in sequence with it
+    (a product dequantising quantised weights first reads their blocks and writes them in the
+    model's dtype, :mod:`models.weight_formats`), so priced after the op's roofline, not under it.
     """
 
     flops: float
@@ -48,6 +52,7 @@ class OpCost:
     bytes_written: float
     weight_bytes: float
     workspace_bytes: float
+    prepass_bytes: float = 0.0
 
 
 def parameter_count(spec: ModelSpec) -> int:
@@ -58,7 +63,7 @@ def parameter_count(spec: ModelSpec) -> int:
     and the LM head unless tied. Matches the published counts of the catalog exactly.
     """
     whole = _shard(spec, 1, None)
-    per_layer = _attention_block_params(spec, whole) + _mlp_block_params(spec, whole)
+    per_layer = _layer_params(_attention_block_parts(spec, whole)) + _layer_params(_mlp_block_parts(spec, whole))
     return spec.num_layers * per_layer + _master_params(spec)
 
 
@@ -73,8 +78,8 @@ def layer_block_weight_bytes(spec: ModelSpec, tp_degree: int, *, shard: TensorSh
     """
     shard = _shard(spec, tp_degree, shard)
     return {
-        "attention": _attention_block_params(spec, shard) * spec.dtype_bytes,
-        "mlp": _mlp_block_params(spec, shard) * spec.dtype_bytes,
+        "attention": _stored_bytes(spec, *_attention_block_parts(spec, shard)),
+        "mlp": _stored_bytes(spec, *_mlp_block_parts(spec, shard)),
     }
 
 
@@ -88,16 +93,17 @@ def rank_parameter_count(spec: ModelSpec, tp_degree: int, *, is_master: bool,
     ``spec`` evenly and no ``shard`` is given.
     """
     shard = _shard(spec, tp_degree, shard)
-    per_layer = _attention_block_params(spec, shard) + _mlp_block_params(spec, shard)
+    per_layer = _layer_params(_attention_block_parts(spec, shard)) + _layer_params(_mlp_block_parts(spec, shard))
     return spec.num_layers * per_layer + (_master_params(spec) if is_master else 0)
 
 
 def rank_weight_bytes(spec: ModelSpec, tp_degree: int, *, is_master: bool, shard: TensorShard | None = None) -> int:
-    """Resident weight bytes of one rank, ``rank_parameter_count * dtype_bytes``.
+    """Resident weight bytes of one rank: ``rank_parameter_count * dtype_bytes`` for native
+    weights; quantised, its matrices in their blocks (:mod:`models.weight_formats`).
 
     Raises :class:`ConfigError` as :func:`rank_parameter_count` does.
     """
-    return rank_parameter_count(spec, tp_degree, is_master=is_master, shard=shard) * spec.dtype_bytes
+    return stage_weight_bytes(spec, tp_degree, spec.num_layers, embeds=is_master, heads=is_master, shard=shard)
 
 
 def stage_weight_bytes(spec: ModelSpec, tp_degree: int, num_layers: int, *, embeds: bool, heads: bool,
@@ -114,16 +120,14 @@ def stage_weight_bytes(spec: ModelSpec, tp_degree: int, num_layers: int, *, embe
     Raises :class:`ConfigError` if ``tp_degree`` cannot shard ``spec`` evenly and no ``shard`` is given.
     """
     shard = _shard(spec, tp_degree, shard)
-    per_layer = _attention_block_params(spec, shard) + _mlp_block_params(spec, shard)
-    params = num_layers * per_layer
-    if embeds and heads:
-        params += _master_params(spec)
-    elif embeds:
-        params += _embedding_params(spec)
-    elif heads:
-        params += _master_params(spec) - _embedding_params(spec) + (
-            spec.vocab_size * spec.hidden_size if spec.tied_embeddings else 0)
-    return params * spec.dtype_bytes
+    size = num_layers * sum(layer_block_weight_bytes(spec, tp_degree, shard=shard).values())
+    if embeds:
+        size += _embedding_bytes(spec)
+    if heads:
+        # Tied and both on this stage: the one table is the embedding's, stored as the head.
+        lm_head = 0 if spec.tied_embeddings and embeds else spec.vocab_size * spec.hidden_size
+        size += _norm_params(spec) * spec.dtype_bytes + _head_matrix_bytes(spec, lm_head)
+    return size
 
 
 def kv_cache_bytes_per_token(spec: ModelSpec, tp_degree: int = 1, *, shard: TensorShard | None = None) -> int:
@@ -188,25 +192,26 @@ def layer_op_costs(
     mlp_width = len(shard.mlp_columns)
     projections = 2 if spec.mlp == "gated" else 1
 
-    up = _linear_cost(
-        tokens, h, projections * mlp_width, projections * mlp_width if spec.linear_bias else 0, b
-    )
+    up = _linear_cost(spec, tokens, h, projections * mlp_width, projections * mlp_width if spec.linear_bias else 0)
     mlp_up = OpCost(
         flops=up.flops + tokens * mlp_width * _ACTIVATION_FLOPS[spec.mlp],
         bytes_read=up.bytes_read,
         bytes_written=tokens * mlp_width * b,
         weight_bytes=up.weight_bytes,
         workspace_bytes=up.workspace_bytes + tokens * mlp_width * b,
+        prepass_bytes=up.prepass_bytes,
     )
     return {
         OpKind.LAYERNORM: _norm_cost(spec, tokens),
-        OpKind.QKV_PROJ: _linear_cost(tokens, h, qkv_width, qkv_width if spec.attention_bias else 0, b),
+        OpKind.QKV_PROJ: _linear_cost(spec, tokens, h, qkv_width, qkv_width if spec.attention_bias else 0,
+                                      raised=h * kv_width),
         OpKind.ATTENTION: _attention_cost(
             spec, shard, batch_size=batch_size, new_tokens=new_tokens, context_tokens=context_tokens
         ),
-        OpKind.OUT_PROJ: _linear_cost(tokens, q_width, h, h if spec.linear_bias else 0, b),
+        OpKind.OUT_PROJ: _linear_cost(spec, tokens, q_width, h, h if spec.linear_bias else 0),
         OpKind.MLP_UP: mlp_up,
-        OpKind.MLP_DOWN: _linear_cost(tokens, mlp_width, h, h if spec.linear_bias else 0, b),
+        OpKind.MLP_DOWN: _linear_cost(spec, tokens, mlp_width, h, h if spec.linear_bias else 0,
+                                      raised=mlp_width * h),
     }
 
 
@@ -228,17 +233,19 @@ def head_op_costs(spec: ModelSpec, *, batch_size: int, new_tokens: int) -> dict[
     tokens = batch_size * new_tokens
     tables = 2 if spec.learned_position_embeddings else 1
     table_rows = spec.vocab_size + (spec.max_position_embeddings if spec.learned_position_embeddings else 0)
+    table_bytes = _embedding_bytes(spec)
     embedding = OpCost(
         flops=tokens * h * (tables - 1),
-        bytes_read=tables * tokens * h * b,
+        # the gathered rows, as stored (a quantised row is dequantised as it is gathered)
+        bytes_read=table_bytes * tokens * tables / table_rows,
         bytes_written=tokens * h * b,
-        weight_bytes=table_rows * h * b,
+        weight_bytes=table_bytes,
         workspace_bytes=tokens * h * b,
     )
     return {
         OpKind.EMBEDDING: embedding,
         OpKind.LAYERNORM: _norm_cost(spec, tokens),
-        OpKind.LM_HEAD: _linear_cost(batch_size, h, spec.vocab_size, 0, b),
+        OpKind.LM_HEAD: _linear_cost(spec, batch_size, h, spec.vocab_size, 0, head=True),
     }
 
 
@@ -276,24 +283,63 @@ def _shard(spec: ModelSpec, tp_degree: int, shard: TensorShard | None) -> Tensor
                        range(spec.intermediate_size // tp_degree))
 
 
-def _attention_block_params(spec: ModelSpec, shard: TensorShard) -> int:
+def _attention_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int]:
+    """(matrix, of which value projection, vector) parameters of a layer's attention block on
+    ``shard``: the q/k/v and output projections (v alone); the input norm and the biases."""
     q_width = len(shard.query_heads) * spec.head_dim
-    qkv_width = q_width + 2 * len(shard.kv_heads) * spec.head_dim
-    params = _norm_params(spec) + spec.hidden_size * qkv_width + q_width * spec.hidden_size
+    kv_width = len(shard.kv_heads) * spec.head_dim
+    qkv_width = q_width + 2 * kv_width
+    vectors = _norm_params(spec)
     if spec.attention_bias:
-        params += qkv_width
+        vectors += qkv_width
     if spec.linear_bias:
-        params += spec.hidden_size  # the output projection's bias, replicated
-    return params
+        vectors += spec.hidden_size  # the output projection's bias, replicated
+    return spec.hidden_size * qkv_width + q_width * spec.hidden_size, spec.hidden_size * kv_width, vectors
 
 
-def _mlp_block_params(spec: ModelSpec, shard: TensorShard) -> int:
+def _mlp_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int]:
+    """(matrix, of which down projection, vector) parameters of a layer's MLP block on ``shard``:
+    the projections (down alone); the post-attention norm and the biases."""
     mlp_width = len(shard.mlp_columns)
     projections = 2 if spec.mlp == "gated" else 1
-    params = _norm_params(spec) + (projections + 1) * spec.hidden_size * mlp_width
+    vectors = _norm_params(spec)
     if spec.linear_bias:
-        params += projections * mlp_width + spec.hidden_size  # down bias replicated
-    return params
+        vectors += projections * mlp_width + spec.hidden_size  # down bias replicated
+    return (projections + 1) * spec.hidden_size * mlp_width, mlp_width * spec.hidden_size, vectors
+
+
+def _layer_params(parts: tuple[int, int, int]) -> int:
+    """Parameters of a block's (matrix, raised, vector) parts: the raised are among the matrix's."""
+    matrix, _raised, vector = parts
+    return matrix + vector
+
+
+def _stored_bytes(spec: ModelSpec, matrix: int, raised: int, vector: int) -> int:
+    """Bytes of a layer's ``matrix`` weights in the spec's format (``raised`` of them value or down
+    projections, :func:`models.weight_formats.matrix_bytes`) and ``vector`` ones (norms, biases)
+    in its dtype."""
+    return _layer_matrix_bytes(spec, matrix, raised) + vector * spec.dtype_bytes
+
+
+def _layer_matrix_bytes(spec: ModelSpec, elements: int, raised: int = 0) -> int:
+    """Bytes of ``elements`` weights of a decoder layer's matrices, ``raised`` of them value or
+    down projections (stored higher in the ``_m`` mixes)."""
+    return matrix_bytes(elements, spec.weights, spec.dtype_bytes, raised=raised, num_layers=spec.num_layers)
+
+
+def _head_matrix_bytes(spec: ModelSpec, elements: int) -> int:
+    """Bytes of ``elements`` weights of the LM head (or a token table tied to it), in the head's format."""
+    return matrix_bytes(elements, head_format(spec.weights), spec.dtype_bytes)
+
+
+def _embedding_bytes(spec: ModelSpec) -> int:
+    """Bytes of the token table (in the head's format where tied to it) and any learned position table."""
+    token = spec.vocab_size * spec.hidden_size
+    size = _head_matrix_bytes(spec, token) if spec.tied_embeddings else matrix_bytes(
+        token, spec.weights, spec.dtype_bytes)
+    if spec.learned_position_embeddings:
+        size += matrix_bytes(spec.max_position_embeddings * spec.hidden_size, spec.weights, spec.dtype_bytes)
+    return size
 
 
 def _embedding_params(spec: ModelSpec) -> int:
@@ -309,16 +355,30 @@ def _master_params(spec: ModelSpec) -> int:
     return embeddings + _norm_params(spec) + lm_head
 
 
-def _linear_cost(tokens: int, in_features: int, out_features: int, bias_features: int, b: int) -> OpCost:
-    """(tokens, in) @ (in, out) plus a bias of ``bias_features`` elements, in a ``b``-byte dtype."""
-    weight_bytes = (in_features * out_features + bias_features) * b
+def _linear_cost(spec: ModelSpec, tokens: int, in_features: int, out_features: int, bias_features: int, *,
+                 head: bool = False, raised: int = 0) -> OpCost:
+    """(tokens, in) @ (in, out) plus a bias of ``bias_features`` elements: activations and bias in
+    the spec's dtype, the matrix as stored (``head``: the LM head's format,
+    :mod:`models.weight_formats`). A quantised matrix multiplied by more than
+    ``DEQUANTIZE_ABOVE_TOKENS`` tokens under ``QuantisedMatmul.DEQUANTIZE`` is first converted to
+    the dtype (``prepass_bytes``: its blocks read, the dense copy written, that copy held as
+    workspace), and the product reads the dense copy. ``raised``: how many of the matrix's weights
+    are value or down projections (:func:`_layer_matrix_bytes`)."""
+    b = spec.dtype_bytes
+    elements = in_features * out_features
+    weights = head_format(spec.weights) if head else spec.weights
+    stored_bytes = (_head_matrix_bytes(spec, elements) if head else _layer_matrix_bytes(spec, elements, raised))
     output_bytes = tokens * out_features * b
+    dequantize = (weights != WeightFormat.NATIVE and tokens > DEQUANTIZE_ABOVE_TOKENS
+                  and spec.quantised_matmul == QuantisedMatmul.DEQUANTIZE)
+    dense_bytes = elements * b if dequantize else 0
     return OpCost(
         flops=2 * tokens * in_features * out_features + tokens * bias_features,
-        bytes_read=weight_bytes + tokens * in_features * b,
+        bytes_read=(dense_bytes or stored_bytes) + bias_features * b + tokens * in_features * b,
         bytes_written=output_bytes,
-        weight_bytes=weight_bytes,
-        workspace_bytes=output_bytes,
+        weight_bytes=stored_bytes + bias_features * b,
+        workspace_bytes=output_bytes + dense_bytes,
+        prepass_bytes=stored_bytes + dense_bytes if dequantize else 0.0,
     )
 
 

@@ -95,6 +95,19 @@ CATALOG: dict[str, ModelSpec] = {
             max_position_embeddings=131072,
             dtype="bf16",
         ),
+        # meta-llama/Llama-3.2-3B (tied embeddings)
+        _llama_like(
+            name="llama-3.2-3b",
+            num_layers=28,
+            hidden_size=3072,
+            num_attention_heads=24,
+            num_kv_heads=8,
+            intermediate_size=8192,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            tied_embeddings=True,
+            dtype="bf16",
+        ),
         # meta-llama/Llama-3.1-70B
         _llama_like(
             name="llama-3.1-70b",
@@ -170,6 +183,7 @@ HF_REPOSITORIES: dict[str, str] = {
     "llama-2-70b": "meta-llama/Llama-2-70b-hf",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
     "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+    "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
     "yi-34b": "01-ai/Yi-34B",
     "tinyllama-1.1b": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
@@ -187,6 +201,7 @@ PUBLISHED_PARAMETER_COUNTS: dict[str, int] = {
     "llama-2-70b": 68_976_648_192,
     "llama-3.1-8b": 8_030_261_248,
     "llama-3.1-70b": 70_553_706_496,
+    "llama-3.2-3b": 3_212_749_824,
     "yi-34b": 34_388_917_248,
     "qwen2.5-0.5b": 494_032_768,
     "tinyllama-1.1b": 1_100_048_384,

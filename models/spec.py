@@ -6,6 +6,7 @@ from typing import Literal, get_args
 
 from models.dtypes import dtype_bytes
 from models.errors import ConfigError, shorten
+from models.weight_formats import QuantisedMatmul, WeightFormat, quantised_matmul, weight_format
 
 Norm = Literal["layernorm", "rmsnorm"]
 Mlp = Literal["gated", "plain"]
@@ -38,7 +39,10 @@ class ModelSpec:
     ``attention_bias`` puts a bias on the q, k and v projections (Qwen2, GPT-2); ``linear_bias`` on
     the attention output projection and the MLP linears (GPT-2). Without learned position
     embeddings the model is taken to use rotary embeddings, which have no parameters.
-    ``dtype`` is the element type of weights, activations and KV cache. ``attention`` is how the
+    ``dtype`` is the element type of weights, activations and KV cache; ``weights`` how the weight
+    matrices are stored (:class:`models.weight_formats.WeightFormat`: ``native``, in ``dtype``, or
+    quantised in ggml's blocks, norms and biases staying in ``dtype``), and ``quantised_matmul``
+    how a large product reads them (:class:`models.weight_formats.QuantisedMatmul`). ``attention`` is how the
     attention op runs (:data:`Attention`): a fused ``sdpa`` kernel (the default, as PyTorch and
     vLLM run it) or ``eager`` matmul-softmax-matmul; it changes memory, not FLOPs.
 
@@ -62,6 +66,8 @@ class ModelSpec:
     max_position_embeddings: int
     dtype: str = "fp16"
     attention: Attention = "sdpa"
+    weights: WeightFormat = WeightFormat.NATIVE
+    quantised_matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -90,6 +96,9 @@ class ModelSpec:
                 f"must divide the {self.num_attention_heads} attention heads (got {self.num_kv_heads})",
             )
         dtype_bytes(self.dtype, "model.dtype")
+        # Stored as the enums so that equal specs compare (and hash) equal however they were spelled.
+        object.__setattr__(self, "weights", weight_format(self.weights, "model.weights"))
+        object.__setattr__(self, "quantised_matmul", quantised_matmul(self.quantised_matmul, "model.quantised_matmul"))
 
     @property
     def head_dim(self) -> int:
@@ -98,12 +107,17 @@ class ModelSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per element of weights, activations and KV cache."""
+        """Bytes per element of activations, KV cache, and of weights stored ``native``."""
         return dtype_bytes(self.dtype, "model.dtype")
 
     def with_dtype(self, dtype: str) -> "ModelSpec":
         """The same architecture in another dtype; raises :class:`ConfigError` if it is unknown."""
         return dataclasses.replace(self, dtype=dtype)
+
+    def with_weights(self, weights: str, matmul: str = QuantisedMatmul.DEQUANTIZE) -> "ModelSpec":
+        """The same model with its matrices stored in ``weights``, large products reading them by
+        ``matmul``; raises :class:`ConfigError` on an unknown format or path."""
+        return dataclasses.replace(self, weights=weights, quantised_matmul=matmul)
 
     def with_attention(self, attention: str) -> "ModelSpec":
         """The same model with another attention kernel; raises :class:`ConfigError` on an unknown one."""

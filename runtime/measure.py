@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
+from models.weight_formats import WeightFormat
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.parallel import ParallelPlan
@@ -251,6 +252,10 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
         raise ConfigError("compute.accumulation", f"the reference runtime multiplies with torch, which "
                                                   f"accumulates fp16 products in fp32; remove the setting to "
                                                   f"run it (got '{scenario.config.compute.accumulation}')")
+    if scenario.config.weights != WeightFormat.NATIVE:
+        raise ConfigError("weights", f"the reference runtime runs dense {scenario.model.dtype} weights in torch, not "
+                                     f"ggml's quantised blocks; remove the setting to run it "
+                                     f"(got '{scenario.config.weights}')")
     topology = build_topology(scenario.config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
     ranks = parallel.measured_ranks

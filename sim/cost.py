@@ -3,7 +3,8 @@
 Without a calibration profile the simulator prices compute with a roofline (Williams, Waterman,
 Patterson, CACM 2009): an op is bound either by arithmetic or by memory traffic,
 ``t = max(FLOPs / (peak_FLOP/s * flops_efficiency), bytes / (memory_bandwidth * memory_efficiency))
-+ op_overhead_s``. The efficiencies say how far from datasheet peaks real kernels run; the fixed
++ op_overhead_s``, plus, for a product that dequantises its weights first, that pass's bytes at the
+same achieved bandwidth (``OpCost.prepass_bytes``, :mod:`models.weight_formats`). The efficiencies say how far from datasheet peaks real kernels run; the fixed
 overhead stands for kernel launch / framework dispatch, which dominates decode on small models.
 
 A CPU rank that runs on one core (``one_core``: the ranks of a cluster that declares the cores
@@ -71,7 +72,7 @@ class RooflineCompute:
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     def duration_s(self, op: Op, device: Device) -> float:
-        key = (device.spec.name, op.cost.flops, op.traffic_bytes)
+        key = (device.spec.name, op.cost.flops, op.traffic_bytes, op.cost.prepass_bytes)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self.roofline_s(op, device) + self.op_overhead_s
@@ -82,10 +83,12 @@ class RooflineCompute:
         return True
 
     def roofline_s(self, op: Op, device: Device) -> float:
-        """The roofline time of ``op`` on ``device`` without the fixed overhead (s)."""
+        """The roofline time of ``op`` on ``device`` without the fixed overhead (s), after the
+        memory-bound pass before it (``OpCost.prepass_bytes``, a dequantisation) at the same
+        achieved bandwidth."""
         bandwidth = device.spec.one_core()[1] if self.one_core else device.spec.memory_bandwidth_bytes_per_s
-        memory_s = op.traffic_bytes / (bandwidth * self.memory_efficiency)
-        return max(self.flops_s(op, device), memory_s)
+        achieved = bandwidth * self.memory_efficiency
+        return max(self.flops_s(op, device), op.traffic_bytes / achieved) + op.cost.prepass_bytes / achieved
 
     def flops_s(self, op: Op, device: Device) -> float:
         """The arithmetic side of ``op``'s roofline on ``device``: its FLOPs at the achieved peak (s)."""

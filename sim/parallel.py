@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from models.accounting import (forward_flops, kv_cache_bytes_per_token, layer_block_weight_bytes, parameter_count,
-                               stage_weight_bytes)
+from models.accounting import (forward_flops, kv_cache_bytes_per_token, layer_block_weight_bytes,
+                               rank_weight_bytes, stage_weight_bytes)
 from models.errors import ConfigError
 from models.shards import TensorShard, fits_evenly, tensor_shards
 from models.spec import ModelSpec
@@ -95,7 +95,7 @@ def default_share_basis(spec: ModelSpec, devices, *, batch: int, prompt_tokens: 
     """
     flops = sum(d.spec.peak_flops(spec.dtype) for d in devices)
     bandwidth = sum(d.spec.memory_bandwidth_bytes_per_s for d in devices)
-    weights_s = parameter_count(spec) * spec.dtype_bytes / bandwidth
+    weights_s = rank_weight_bytes(spec, 1, is_master=True) / bandwidth
     prefill_s = max(batch * forward_flops(spec, max(1, round(prompt_tokens))) / flops, weights_s)
     decode_s = max(0.0, output_tokens - 1) * max(batch * forward_flops(spec, 1) / flops, weights_s)
     times = f"prefill {duration_text(prefill_s)} {{}} decode {duration_text(decode_s)} at peak rates"

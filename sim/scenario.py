@@ -10,6 +10,8 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     model: llama-2-13b              # catalog name, or a path to a Hugging Face config.json
     dtype: fp16                     # optional, overrides the model's dtype
     attention: sdpa                 # optional: sdpa (fused, no score matrix; default) | eager (scores materialised)
+    weights: q4_k_m                 # optional: native (default) | q8_0 | q6_k | q5_k_m | q5_k | q4_k_m | q4_k | q4_0 (models.weight_formats)
+    quantised_matmul: dequantize    # optional: dequantize (default, above 32 tokens) | direct
     cluster: {switches: [...], hosts: [...], cores: 2}  # see sim.cluster_config (cores: optional)
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
@@ -56,6 +58,7 @@ from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.shards import TensorShard
 from models.spec import Attention, ModelSpec
+from models.weight_formats import QuantisedMatmul, WeightFormat
 from sim.cluster_config import DEVICE_UNION_TAGS, MAX_DEVICES, ClusterConfig
 from sim.parallel import BALANCED, ParallelPlan, ShareBasis
 from sim.pipeline import PipelinePlan
@@ -306,6 +309,8 @@ class ScenarioConfig(BaseModel):
     model: str = Field(min_length=1, max_length=4096)
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     attention: Attention = "sdpa"
+    weights: WeightFormat = WeightFormat.NATIVE
+    quantised_matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE
     cluster: ClusterConfig
     parallel: Parallel = Parallel()
     workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
@@ -319,6 +324,16 @@ class ScenarioConfig(BaseModel):
     sweep: SweepConfig | None = None
     baseline: str | None = None
     variants: list[Variant] = Field(min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _quantised_weights(self) -> "ScenarioConfig":
+        if self.is_training and self.weights != WeightFormat.NATIVE:
+            raise ConfigError("weights", f"training updates dense weights; quantised ones are simulated for "
+                                         f"inference only (got '{self.weights}')")
+        if "quantised_matmul" in self.model_fields_set and self.weights == WeightFormat.NATIVE:
+            raise ConfigError("quantised_matmul", f"says how products read quantised weights; the scenario's "
+                                                  f"are native (set weights) (got '{self.quantised_matmul}')")
+        return self
 
     @field_validator("workload", mode="before")
     @classmethod
@@ -528,9 +543,12 @@ def _split(field: str) -> tuple[Any, ...]:
     return tuple(parts)
 
 
-def resolve_model(name: str, dtype: str | None, base_dir: Path, attention: Attention = "sdpa") -> ModelSpec:
+def resolve_model(name: str, dtype: str | None, base_dir: Path, attention: Attention = "sdpa",
+                  weights: WeightFormat = WeightFormat.NATIVE,
+                  matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE) -> ModelSpec:
     """A model field's spec: a catalog name, or a Hugging Face ``config.json`` path (relative to
-    ``base_dir``), in ``dtype`` (None: the model's own), with the ``attention`` kernel.
+    ``base_dir``), in ``dtype`` (None: the model's own), with the ``attention`` kernel, its
+    matrices stored in ``weights`` and large products reading them by ``matmul``.
 
     Raises:
         ConfigError: an unknown name, an unreadable config, a dtype the model cannot take.
@@ -540,12 +558,13 @@ def resolve_model(name: str, dtype: str | None, base_dir: Path, attention: Atten
         spec = load_hf_config(path if path.is_absolute() else base_dir / path)
     else:
         spec = get_model(name)
-    return with_dtype(spec, dtype).with_attention(attention)
+    return with_dtype(spec, dtype).with_attention(attention).with_weights(weights, matmul)
 
 
 def as_configured(spec: ModelSpec, config: ScenarioConfig) -> ModelSpec:
-    """``spec`` as the scenario runs it: in its ``dtype`` and with its ``attention`` kernel."""
-    return with_dtype(spec, config.dtype).with_attention(config.attention)
+    """``spec`` as the scenario runs it: in its ``dtype``, with its ``attention`` kernel and weights."""
+    return (with_dtype(spec, config.dtype).with_attention(config.attention)
+            .with_weights(config.weights, config.quantised_matmul))
 
 
 def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
@@ -565,7 +584,8 @@ def scenario_from_dict(data: Any, *, base_dir: Path = Path("."), source_path: Pa
         ConfigError: any invalid field, naming it and its value.
     """
     config = validate_document(ScenarioConfig, data, "scenario")
-    model = resolve_model(config.model, config.dtype, base_dir, config.attention)
+    model = resolve_model(config.model, config.dtype, base_dir, config.attention, config.weights,
+                          config.quantised_matmul)
     config.workload.check_context(model)
     return Scenario(config=config, model=model, source_path=source_path)
 

@@ -96,7 +96,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             spec = scenario.model
         else:
             try:
-                spec = resolve_model(name, config.dtype, base_dir, config.attention)
+                spec = resolve_model(name, config.dtype, base_dir, config.attention, config.weights,
+                                     config.quantised_matmul)
             except ConfigError as error:
                 raise ConfigError(f"sweep.models[{i}]", error.message) from None
             config.workload.check_context(spec)

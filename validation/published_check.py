@@ -26,6 +26,7 @@ import pandas as pd
 
 from models.errors import ConfigError
 from models.input_files import load_yaml
+from models.weight_formats import WeightFormat
 from sim.bottleneck import step_breakdown
 from sim.outputs import device_names
 from sim.plan import WeightPolicy
@@ -121,7 +122,8 @@ def setup_line(result: SimulationResult, vr: VariantResult) -> str:
     kinds = sorted({result.topology.devices[r].spec.name for r in vr.layout.ranks})
     memory = vr.variant.memory or scenario.config.memory
     streamed = "" if memory.policy == WeightPolicy.RESIDENT else f", weights {memory.policy.value} {memory.window}"
-    return (f"{scenario.model.name} {scenario.model.dtype}, TP {vr.layout.tensor} x PP {vr.layout.pipeline} over "
+    stored = "" if scenario.model.weights == WeightFormat.NATIVE else f" ({scenario.model.weights} weights)"
+    return (f"{scenario.model.name} {scenario.model.dtype}{stored}, TP {vr.layout.tensor} x PP {vr.layout.pipeline} over "
             f"{len(devices)} x {'/'.join(kinds)}{streamed}; batch {workload.batch_size}, prompt "
             f"{workload.prompt_tokens}, output {workload.output_tokens}")
 

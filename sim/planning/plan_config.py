@@ -4,7 +4,7 @@ Example (``scenarios/plan_llama31_8b.yaml`` is a complete one)::
 
     name: chat_llama31_8b
     models: [llama-3.1-8b]            # catalog names or Hugging Face config.json paths
-    dtype: bf16                       # optional, as in a scenario; attention: sdpa | eager too
+    dtype: bf16                       # optional, as in a scenario; attention, weights and quantised_matmul too
     workload: {batch_size: 16, prompt_tokens: 2048, output_tokens: 256}
     slo: {ttft: 2s, tpot: 50ms, tokens_per_s: 300}   # each optional, at least one
     catalog: my_prices.yaml           # optional; default: the shipped sim/planning/catalog.yaml
@@ -53,6 +53,7 @@ from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.spec import Attention, ModelSpec
+from models.weight_formats import QuantisedMatmul, WeightFormat
 from sim.cluster_config import MAX_DEVICES
 from sim.planning.catalog import DEFAULT_CATALOG, MAX_PRICE_PER_HOUR, Catalog, load_catalog
 from sim.scenario import (MAX_NAME_CHARS, ComputeSettings, MemoryConfig, Variant, Workload, unique_variant_names,
@@ -164,6 +165,8 @@ class PlanConfig(BaseModel):
     models: list[str] = Field(min_length=1, max_length=16)
     dtype: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     attention: Attention = "sdpa"
+    weights: WeightFormat = WeightFormat.NATIVE
+    quantised_matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE
     workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
                         | Annotated[ServingWorkload, Tag(WorkloadKind.SERVING)]
                         | Annotated[TrainingWorkload, Tag(WorkloadKind.TRAINING)], Discriminator(workload_kind_of)]
@@ -252,7 +255,7 @@ def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
         except ConfigError as error:
             raise ConfigError(f"models[{i}]" if not error.field.startswith("model.dtype") else "dtype",
                               error.message) from None
-        spec = spec.with_attention(config.attention)
+        spec = spec.with_attention(config.attention).with_weights(config.weights, config.quantised_matmul)
         config.workload.check_context(spec, "workload")
         models.append(spec)
     catalog = load_catalog(_resolve(config.catalog, base_dir)) if config.catalog else load_catalog(DEFAULT_CATALOG)
@@ -320,6 +323,9 @@ def _training_config(config: PlanConfig) -> PlanConfig:
     if config.dtype is not None:  # the training simulator computes in the precision's dtype, whatever dtype says
         raise ConfigError("dtype", "a training job's dtypes are training.precision's (fp32; bf16_mixed: bf16 "
                                    f"compute, fp32 master weights; amp_bf16: bf16 compute, fp32 parameters) (got {shorten(config.dtype)})")
+    if config.weights != WeightFormat.NATIVE:
+        raise ConfigError("weights", f"training updates dense weights; quantised ones are planned for inference "
+                                     f"only (got '{config.weights}')")
     for name, value in (("ttft", config.slo.ttft_s), ("tpot", config.slo.tpot_s)):
         if value is not None:
             raise ConfigError(f"slo.{name}", "a training plan's objectives are step_time and tokens_per_s "

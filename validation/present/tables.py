@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from models.weight_formats import WeightFormat
 from sim.layout_compare import compare_layouts, layouts_differ
 from sim.parallel import UNEVEN_SHARES
 from sim.simulate import SimulationResult
@@ -58,7 +59,9 @@ def print_summary(result: SimulationResult, console: Console) -> None:
     then which layout wins each metric and why: :mod:`sim.layout_compare`) and the per-device
     peak memory table."""
     config = result.scenario.config
-    table = Table(title=f"{config.name}: {result.scenario.model.name}, {layout_label(result)}, "
+    model = result.scenario.model
+    stored = f" ({model.weights} weights)" if model.weights != WeightFormat.NATIVE else ""
+    table = Table(title=f"{config.name}: {model.name}{stored}, {layout_label(result)}, "
                         f"batch {config.workload.batch_size}, prompt {config.workload.prompt_tokens}, "
                         f"output {config.workload.output_tokens} (baseline {result.scenario.baseline})")
     compared = layouts_differ(result)
