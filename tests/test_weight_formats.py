@@ -163,3 +163,24 @@ def test_the_planner_fits_a_quantised_model_on_fewer_cards_and_its_pick_simulate
     assert quantised.pick["price_per_hour"] < dense.pick["price_per_hour"]
     assert quantised.pick_scenario["weights"] == "q4_0"
     assert simulate(scenario_from_dict(quantised.pick_scenario)).scenario.model.weights == WeightFormat.Q4_0
+
+
+def test_a_grid_sweeps_the_weights_like_any_other_field(tmp_path):
+    import pandas as pd
+
+    from sim.grid import evaluate_point, grid_points, load_grid
+    from sim.metrics import RESULT_COLUMNS
+
+    (tmp_path / "grid.yaml").write_text("axes:\n  weights: [native, q8_0, q4_k_m]\n")
+    base = scenario_dict(model="llama-2-7b", cluster=cluster(1, 1, device="rtx_4090"),
+                         workload={"batch_size": 1, "prompt_tokens": 16, "output_tokens": 4},
+                         variants=[{"name": "tp1", "strategy": "allreduce_ln", "allreduce": "ring"}])
+    points = grid_points(base, load_grid(tmp_path / "grid.yaml"))
+    assert [p.scenario.model.weights for p in points] == ["native", "q8_0", "q4_k_m"]
+    assert len({p.key for p in points}) == 3
+    def tpot(point) -> float:
+        rows = pd.DataFrame(evaluate_point(point.scenario).rows, columns=RESULT_COLUMNS)
+        return rows.loc[rows["metric"] == "tpot_s", "value"].iloc[0]
+
+    native, q8_0, q4_k_m = (tpot(p) for p in points)
+    assert native > q8_0 > q4_k_m
