@@ -109,6 +109,18 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class Loss(StrEnum):
+    """How the cross-entropy loss and its gradient are computed, which sets what the head holds:
+    ``autograd``, PyTorch's ``F.cross_entropy`` of fp32 logits under autograd (fp32 copies, the
+    saved log-probabilities and their gradients, :func:`loss_backward_bytes`); ``fused``, one
+    kernel that computes the loss and writes the logits' gradient over the logits themselves, in
+    their dtype, as llm.c's ``fused_classifier`` does (``llmc/fused_classifier.cuh``: "replaces
+    logits with logit gradients"; no fp32 copy, nothing saved beyond the logits)."""
+
+    AUTOGRAD = "autograd"
+    FUSED = "fused"
+
+
 @dataclass(frozen=True)
 class BackwardCost:
     """Backward cost of one op on one rank: the gradient of its inputs and of its weights apart.
@@ -442,11 +454,12 @@ def model_state_memory(
 class ActivationLayout:
     """How one micro-batch's activations lie on a rank: ``micro_batch_size`` sequences of
     ``sequence_length`` tokens, tensor parallelism of degree ``tp_degree`` (with Megatron's
-    ``sequence_parallel`` or without), and whether the model applies ``dropout`` (one-byte masks).
+    ``sequence_parallel`` or without), whether the model applies ``dropout`` (one-byte masks),
+    and how the ``loss`` is computed (:class:`Loss`).
 
     Construction raises :class:`ConfigError` naming the field (``workload.micro_batch_size``,
     ``workload.sequence_length``, ``parallel.tensor``, ``training.sequence_parallel``,
-    ``training.dropout``).
+    ``training.dropout``, ``training.loss``).
     """
 
     micro_batch_size: int
@@ -454,6 +467,7 @@ class ActivationLayout:
     tp_degree: int = 1
     sequence_parallel: bool = False
     dropout: bool = False
+    loss: Loss = Loss.AUTOGRAD
 
     def __post_init__(self) -> None:
         _check_positive("workload.micro_batch_size", self.micro_batch_size, "micro-batch size")
@@ -463,6 +477,8 @@ class ActivationLayout:
             value = getattr(self, field)
             if not isinstance(value, bool):
                 raise ConfigError(f"training.{field}", f"must be true or false (got {shorten(value)})")
+        if self.loss not in set(Loss):
+            raise ConfigError("training.loss", f"unknown loss; known: {', '.join(Loss)} (got {shorten(self.loss)})")
 
     @property
     def tokens(self) -> int:
@@ -578,14 +594,16 @@ def _layers_saved_bytes(spec: ModelSpec, layout: ActivationLayout, checkpoint_ev
 
 def _head_activation_bytes(spec: ModelSpec, layout: ActivationLayout, autocast: bool) -> float:
     """The head's part of :func:`activation_bytes`: the final norm's and LM head's inputs and
-    ``e + 4`` bytes per logit."""
+    ``e + 4`` bytes per logit (the logits and the fp32 log-probabilities cross-entropy saves;
+    ``e`` under a fused loss, :class:`Loss`)."""
     e = spec.dtype_bytes
     if autocast:
         normalised = _FP32_BYTES if spec.norm == "rmsnorm" else 0
         head_inputs = spec.hidden_size * (_FP32_BYTES + normalised + e)
     else:
         head_inputs = 2 * spec.hidden_size * e
-    return layout.tokens * (head_inputs + spec.vocab_size * (e + _FP32_BYTES))
+    saved = _FP32_BYTES if layout.loss == Loss.AUTOGRAD else 0
+    return layout.tokens * (head_inputs + spec.vocab_size * (e + saved))
 
 
 # At the loss's backward the head holds three fp32 tensors of one element per logit: the
@@ -600,7 +618,8 @@ def loss_backward_bytes(
     """Bytes of activations live on the master while the loss's backward runs, the first thing a
     backward pass does, before any weight gradient exists: every layer's saved tensors (under
     checkpointing only each segment's input: no segment has been recomputed yet), the head's
-    saved inputs (as :func:`activation_bytes`) and 12 bytes per logit of every position.
+    saved inputs (as :func:`activation_bytes`) and 12 bytes per logit of every position (under a
+    fused loss, :class:`Loss`, only the head's saved inputs and the logits, overwritten in place).
 
     The loss is fp32 cross-entropy (``F.cross_entropy`` of the fp32 logits, which ATen computes
     as ``nll_loss(log_softmax(x))``, ``cross_entropy_loss`` in ``aten/src/ATen/native/LossNLL.cpp``).
@@ -619,6 +638,8 @@ def loss_backward_bytes(
     """
     layer_total = _layers_saved_bytes(spec, layout, checkpoint_every, autocast, one_segment_recomputed=False)
     head = _head_activation_bytes(spec, layout, autocast)
+    if layout.loss == Loss.FUSED:  # the logits' gradient overwrites them: nothing beyond the head
+        return layer_total + head
     logits = layout.tokens * spec.vocab_size
     return layer_total + head - logits * (spec.dtype_bytes + _FP32_BYTES) + logits * _LOSS_BACKWARD_LOGIT_BYTES
 
@@ -649,7 +670,8 @@ def accumulation_transient_bytes(
         return 0
     e = spec.dtype_bytes
     logits = layout.tokens * spec.vocab_size
-    loss_grads = logits * (2 * _FP32_BYTES + (e if e != _FP32_BYTES else 0))
+    # a fused loss writes the logits' gradient over them (:class:`Loss`)
+    loss_grads = logits * (2 * _FP32_BYTES + (e if e != _FP32_BYTES else 0)) if layout.loss == Loss.AUTOGRAD else 0
     return loss_grads + spec.vocab_size * spec.hidden_size * gradient
 
 

@@ -330,7 +330,8 @@ class ScenarioConfig(BaseModel):
         if self.is_training and self.weights != WeightFormat.NATIVE:
             raise ConfigError("weights", f"training updates dense weights; quantised ones are simulated for "
                                          f"inference only (got '{self.weights}')")
-        if "quantised_matmul" in self.model_fields_set and self.weights == WeightFormat.NATIVE:
+        # (the default passes: a dumped and reloaded scenario writes every field)
+        if self.quantised_matmul != QuantisedMatmul.DEQUANTIZE and self.weights == WeightFormat.NATIVE:
             raise ConfigError("quantised_matmul", f"says how products read quantised weights; the scenario's "
                                                   f"are native (set weights) (got '{self.quantised_matmul}')")
         return self

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.spec import ModelSpec
-from models.training import Optimizer, Precision
+from models.training import Loss, Optimizer, Precision
 from sim.collectives.registry import known_algorithms
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -125,6 +125,9 @@ class TrainingSettings(BaseModel):
             an algorithm, ``library`` or ``auto``).
         zero: 0, or 1 for ZeRO-1 (``torch.distributed.optim.ZeroRedundancyOptimizer``: optimizer
             states sharded over the data-parallel ranks, parameters broadcast after the step).
+        loss: :class:`models.training.Loss`: ``autograd`` (PyTorch's cross-entropy, what the
+            runtime trains) or ``fused`` (llm.c's classifier: the logits' gradient written over
+            them), which changes the head's memory, not the step's compute.
     """
 
     model_config = _STRICT
@@ -142,6 +145,7 @@ class TrainingSettings(BaseModel):
     gradient_compression: GradientCompression = GradientCompression.NONE
     allreduce: str = Field(default="ring", max_length=100)
     zero: Literal[0, 1] = 0
+    loss: Loss = Loss.AUTOGRAD
 
     @field_validator("activation_checkpointing", mode="before")
     @classmethod

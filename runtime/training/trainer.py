@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from models.errors import ConfigError
 from models.shards import tensor_shards
 from models.spec import ModelSpec
-from models.training import Optimizer, Precision
+from models.training import Loss, Optimizer, Precision
 from runtime.device import device_of
 from runtime.training.hooks import BucketAllreduce, BucketCall, average_parameters
 from runtime.training.model import DecoderLM, TensorParallel, next_token_loss, training_batch
@@ -81,6 +81,10 @@ class TrainingSetup:
         if settings.allreduce == AUTO:
             raise ConfigError("training.allreduce", f"variant {variant.name}: the runtime runs a named algorithm or "
                                                     f"library; auto is the simulator's choice (got {AUTO})")
+        if settings.loss != Loss.AUTOGRAD:
+            raise ConfigError("training.loss", f"variant {variant.name}: the runtime trains with torch's "
+                                               f"cross-entropy under autograd; a fused loss is simulated only "
+                                               f"(got '{settings.loss}')")
         if settings.zero == 1 and settings.averaging is Averaging.PARAMETERS:
             raise ConfigError("training.zero", f"variant {variant.name}: ZeRO-1 shards the optimizer of replicas "
                                                f"that average gradients, not parameters (got 1)")

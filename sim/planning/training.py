@@ -106,7 +106,7 @@ def memory_problem(spec: ModelSpec, layout: TrainingLayout, workload: TrainingWo
                    device_types: tuple[str, ...]) -> str:
     """A rank whose step needs more than its device holds (exact: see the module docstring), described; ''."""
     micro, accumulation = micro_batching(workload, settings, layout.data)
-    activations = ActivationLayout(micro, workload.sequence_length, layout.tensor)
+    activations = ActivationLayout(micro, workload.sequence_length, layout.tensor, loss=settings.loss)
     # Every rank holds the same (its layers' shard and the replicated head: sim.training.lower);
     # check each device type the layout lands on.
     ranks = layout.tensor * layout.data

@@ -484,7 +484,7 @@ def _run_step(step: TrainingStep, engine: Engine, pool: CorePool | None, images:
 def _memory(shape: StepShape, framework: dict[int, int]) -> dict[int, TrainingMemory]:
     """Memory by category per rank; ``framework``: the runtime's own bytes per rank (0 where absent)."""
     settings = shape.settings
-    layout = ActivationLayout(shape.micro_batch_size, shape.sequence_length, shape.tensor)
+    layout = ActivationLayout(shape.micro_batch_size, shape.sequence_length, shape.tensor, loss=settings.loss)
     model = shape.model
     memory = {}
     for replica in shape.replicas:
