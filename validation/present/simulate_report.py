@@ -20,6 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from models.weight_formats import WeightFormat
 from sim.bottleneck import StepTerm, bottleneck
 from sim.layout_compare import LayoutComparison, compare_layouts, layouts_differ
 from sim.outputs import simulation_files, write_files
@@ -191,7 +192,8 @@ def report_html(result: SimulationResult) -> str:
             + "".join(f"<li>{html.escape(line)}</li>" for line in comparison.sentences()) + "</ul></div>"]),
         answer(recommendation(result)),
         f"<p>{html.escape(config.description)}</p>",
-        f"<p>Model {html.escape(result.scenario.model.name)} ({html.escape(result.scenario.model.dtype)}), "
+        f"<p>Model {html.escape(result.scenario.model.name)} ({html.escape(result.scenario.model.dtype)}"
+        f"{'' if result.scenario.model.weights == WeightFormat.NATIVE else f', {result.scenario.model.weights} weights'}), "
         f"{html.escape(layout_label(result))}, batch {config.workload.batch_size}, "
         f"prompt {config.workload.prompt_tokens} tokens, {config.workload.output_tokens} output tokens, "
         f"network model {html.escape(config.network_model)}, "
