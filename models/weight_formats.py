@@ -27,7 +27,7 @@ new_type = GGML_TYPE_Q6_K``). The ``q4_k_m`` and ``q5_k_m`` files (llama.cpp's `
 n/8 || i >= 7*n/8 || (i - n/8) % 3 == 2``, about half the layers); hetsim gives every layer the
 average of those two tensors over the model's layers, so a pipeline stage's bytes are its share
 of the layers (exact for the whole model, within a few percent for a stage). Not represented:
-the 70B models' ``attn_v`` raised from ``q4_k`` to ``q5_k`` (a few MB in 40 GB).
+the 70B models' other ``attn_v`` raised from ``q4_k`` to ``q5_k`` (Llama-2-70B: 42 MB in 40 GB).
 With these, Llama-2-7B takes 6.67 GiB in ``q8_0`` and 3.56 GiB in ``q4_0``, the sizes llama-bench
 prints for those files (ggml-org/llama.cpp pull request #4766), and Llama-3.2-3B 1.87 GiB in
 ``q4_k_m`` (geerlingguy/ai-benchmarks issue #53, llama-bench's "llama 3B Q4_K - Medium").
