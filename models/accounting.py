@@ -17,6 +17,7 @@ from models.errors import ConfigError
 from models.ops import OpKind
 # check_tensor_parallel and kv_heads_per_rank are re-exported: the accounting's callers use them.
 from models.shards import TensorShard, check_tensor_parallel, kv_heads_per_rank  # noqa: F401
+from models.cache_formats import cache_bytes
 from models.spec import ModelSpec
 from models.weight_formats import DEQUANTIZE_ABOVE_TOKENS, QuantisedMatmul, WeightFormat, head_format, matrix_bytes
 
@@ -133,12 +134,13 @@ def stage_weight_bytes(spec: ModelSpec, tp_degree: int, num_layers: int, *, embe
 def kv_cache_bytes_per_token(spec: ModelSpec, tp_degree: int = 1, *, shard: TensorShard | None = None) -> int:
     """KV-cache bytes one token adds on one rank: K and V, every layer.
 
-    ``2 * num_layers * kv_heads * head_dim * dtype_bytes`` with the rank's KV heads (its
+    ``2 * num_layers * kv_heads * head_dim * dtype_bytes`` (or the cache's quantised blocks,
+    :mod:`models.cache_formats`) with the rank's KV heads (its
     ``shard``'s, replicas included; default the even split of ``tp_degree``). Raises
     :class:`ConfigError` if ``tp_degree`` cannot shard ``spec`` evenly and no ``shard`` is given.
     """
     shard = _shard(spec, tp_degree, shard)
-    return 2 * spec.num_layers * len(shard.kv_heads) * spec.head_dim * spec.dtype_bytes
+    return 2 * spec.num_layers * _cache_bytes(spec, len(shard.kv_heads) * spec.head_dim)
 
 
 def layer_op_costs(
@@ -413,11 +415,16 @@ def _attention_cost(
         held_bytes = batch_size * q_heads * new_tokens * _SOFTMAX_STATISTIC_BYTES
     return OpCost(
         flops=scores * (4 * d + _SOFTMAX_FLOPS),
-        bytes_read=query_bytes + batch_size * context_tokens * 2 * kv_width * b,
-        bytes_written=query_bytes + batch_size * new_tokens * 2 * kv_width * b,
+        bytes_read=query_bytes + batch_size * context_tokens * 2 * _cache_bytes(spec, kv_width),
+        bytes_written=query_bytes + batch_size * new_tokens * 2 * _cache_bytes(spec, kv_width),
         weight_bytes=0,
         workspace_bytes=held_bytes + _QUERY_COPIES * query_bytes,
     )
+
+
+def _cache_bytes(spec: ModelSpec, elements: int) -> int:
+    """Bytes of ``elements`` KV-cache elements (one token's keys or values of some heads) as stored."""
+    return cache_bytes(elements, spec.kv_cache, spec.dtype_bytes)
 
 
 def _eager_bytes_per_score(dtype_bytes: int) -> int:

@@ -6,6 +6,7 @@ from typing import Literal, get_args
 
 from models.dtypes import dtype_bytes
 from models.errors import ConfigError, shorten
+from models.cache_formats import CacheFormat, cache_format
 from models.weight_formats import QuantisedMatmul, WeightFormat, quantised_matmul, weight_format
 
 Norm = Literal["layernorm", "rmsnorm"]
@@ -42,7 +43,8 @@ class ModelSpec:
     ``dtype`` is the element type of weights, activations and KV cache; ``weights`` how the weight
     matrices are stored (:class:`models.weight_formats.WeightFormat`: ``native``, in ``dtype``, or
     quantised in ggml's blocks, norms and biases staying in ``dtype``), and ``quantised_matmul``
-    how a large product reads them (:class:`models.weight_formats.QuantisedMatmul`). ``attention`` is how the
+    how a large product reads them (:class:`models.weight_formats.QuantisedMatmul`); ``kv_cache``
+    how the KV cache's elements are stored (:class:`models.cache_formats.CacheFormat`). ``attention`` is how the
     attention op runs (:data:`Attention`): a fused ``sdpa`` kernel (the default, as PyTorch and
     vLLM run it) or ``eager`` matmul-softmax-matmul; it changes memory, not FLOPs.
 
@@ -68,6 +70,7 @@ class ModelSpec:
     attention: Attention = "sdpa"
     weights: WeightFormat = WeightFormat.NATIVE
     quantised_matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE
+    kv_cache: CacheFormat = CacheFormat.NATIVE
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -99,6 +102,7 @@ class ModelSpec:
         # Stored as the enums so that equal specs compare (and hash) equal however they were spelled.
         object.__setattr__(self, "weights", weight_format(self.weights, "model.weights"))
         object.__setattr__(self, "quantised_matmul", quantised_matmul(self.quantised_matmul, "model.quantised_matmul"))
+        object.__setattr__(self, "kv_cache", cache_format(self.kv_cache, "model.kv_cache"))
 
     @property
     def head_dim(self) -> int:
@@ -107,7 +111,7 @@ class ModelSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per element of activations, KV cache, and of weights stored ``native``."""
+        """Bytes per element of activations, and of weights and KV cache stored ``native``."""
         return dtype_bytes(self.dtype, "model.dtype")
 
     def with_dtype(self, dtype: str) -> "ModelSpec":
@@ -118,6 +122,11 @@ class ModelSpec:
         """The same model with its matrices stored in ``weights``, large products reading them by
         ``matmul``; raises :class:`ConfigError` on an unknown format or path."""
         return dataclasses.replace(self, weights=weights, quantised_matmul=matmul)
+
+    def with_kv_cache(self, kv_cache: str) -> "ModelSpec":
+        """The same model with its KV cache stored in ``kv_cache``; raises :class:`ConfigError` on
+        an unknown format."""
+        return dataclasses.replace(self, kv_cache=kv_cache)
 
     def with_attention(self, attention: str) -> "ModelSpec":
         """The same model with another attention kernel; raises :class:`ConfigError` on an unknown one."""

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
+from models.cache_formats import CacheFormat
 from models.weight_formats import WeightFormat
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
@@ -252,10 +253,11 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
         raise ConfigError("compute.accumulation", f"the reference runtime multiplies with torch, which "
                                                   f"accumulates fp16 products in fp32; remove the setting to "
                                                   f"run it (got '{scenario.config.compute.accumulation}')")
-    if scenario.config.weights != WeightFormat.NATIVE:
-        raise ConfigError("weights", f"the reference runtime runs dense {scenario.model.dtype} weights in torch, not "
-                                     f"ggml's quantised blocks; remove the setting to run it "
-                                     f"(got '{scenario.config.weights}')")
+    for field, value, dense in (("weights", scenario.config.weights, WeightFormat.NATIVE),
+                                ("kv_cache", scenario.config.kv_cache, CacheFormat.NATIVE)):
+        if value != dense:
+            raise ConfigError(field, f"the reference runtime runs dense {scenario.model.dtype} weights and cache in "
+                                     f"torch, not quantised blocks; remove the setting to run it (got '{value}')")
     topology = build_topology(scenario.config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
     ranks = parallel.measured_ranks

@@ -12,6 +12,7 @@ Example (``scenarios/*.yaml`` hold complete ones)::
     attention: sdpa                 # optional: sdpa (fused, no score matrix; default) | eager (scores materialised)
     weights: q4_k_m                 # optional: native (default) | q8_0 | q6_k | q5_k_m | q5_k | q4_k_m | q4_k | q4_0 (models.weight_formats)
     quantised_matmul: dequantize    # optional: dequantize (default, above 32 tokens) | direct
+    kv_cache: q8_0                  # optional: native (default) | q8_0 | q4_0 (llama.cpp) | fp8 (vLLM)
     cluster: {switches: [...], hosts: [...], cores: 2}  # see sim.cluster_config (cores: optional)
     parallel: {tensor: 8}           # optional, default: every device of the cluster
     #   shares: compute | memory | [w0, w1, ...]   optional: split heads and MLP columns unevenly
@@ -58,6 +59,7 @@ from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.shards import TensorShard
 from models.spec import Attention, ModelSpec
+from models.cache_formats import CacheFormat
 from models.weight_formats import QuantisedMatmul, WeightFormat
 from sim.cluster_config import DEVICE_UNION_TAGS, MAX_DEVICES, ClusterConfig
 from sim.parallel import BALANCED, ParallelPlan, ShareBasis
@@ -311,6 +313,7 @@ class ScenarioConfig(BaseModel):
     attention: Attention = "sdpa"
     weights: WeightFormat = WeightFormat.NATIVE
     quantised_matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE
+    kv_cache: CacheFormat = CacheFormat.NATIVE
     cluster: ClusterConfig
     parallel: Parallel = Parallel()
     workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
@@ -330,6 +333,8 @@ class ScenarioConfig(BaseModel):
         if self.is_training and self.weights != WeightFormat.NATIVE:
             raise ConfigError("weights", f"training updates dense weights; quantised ones are simulated for "
                                          f"inference only (got '{self.weights}')")
+        if self.is_training and self.kv_cache != CacheFormat.NATIVE:
+            raise ConfigError("kv_cache", f"training keeps no KV cache; it applies to inference (got '{self.kv_cache}')")
         # (the default passes: a dumped and reloaded scenario writes every field)
         if self.quantised_matmul != QuantisedMatmul.DEQUANTIZE and self.weights == WeightFormat.NATIVE:
             raise ConfigError("quantised_matmul", f"says how products read quantised weights; the scenario's "
@@ -546,10 +551,12 @@ def _split(field: str) -> tuple[Any, ...]:
 
 def resolve_model(name: str, dtype: str | None, base_dir: Path, attention: Attention = "sdpa",
                   weights: WeightFormat = WeightFormat.NATIVE,
-                  matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE) -> ModelSpec:
+                  matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE,
+                  kv_cache: CacheFormat = CacheFormat.NATIVE) -> ModelSpec:
     """A model field's spec: a catalog name, or a Hugging Face ``config.json`` path (relative to
     ``base_dir``), in ``dtype`` (None: the model's own), with the ``attention`` kernel, its
-    matrices stored in ``weights`` and large products reading them by ``matmul``.
+    matrices stored in ``weights``, large products reading them by ``matmul``, its KV cache in
+    ``kv_cache``.
 
     Raises:
         ConfigError: an unknown name, an unreadable config, a dtype the model cannot take.
@@ -559,13 +566,14 @@ def resolve_model(name: str, dtype: str | None, base_dir: Path, attention: Atten
         spec = load_hf_config(path if path.is_absolute() else base_dir / path)
     else:
         spec = get_model(name)
-    return with_dtype(spec, dtype).with_attention(attention).with_weights(weights, matmul)
+    return with_dtype(spec, dtype).with_attention(attention).with_weights(weights, matmul).with_kv_cache(kv_cache)
 
 
 def as_configured(spec: ModelSpec, config: ScenarioConfig) -> ModelSpec:
-    """``spec`` as the scenario runs it: in its ``dtype``, with its ``attention`` kernel and weights."""
+    """``spec`` as the scenario runs it: in its ``dtype``, with its ``attention`` kernel, weights
+    and KV cache."""
     return (with_dtype(spec, config.dtype).with_attention(config.attention)
-            .with_weights(config.weights, config.quantised_matmul))
+            .with_weights(config.weights, config.quantised_matmul).with_kv_cache(config.kv_cache))
 
 
 def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
@@ -586,7 +594,7 @@ def scenario_from_dict(data: Any, *, base_dir: Path = Path("."), source_path: Pa
     """
     config = validate_document(ScenarioConfig, data, "scenario")
     model = resolve_model(config.model, config.dtype, base_dir, config.attention, config.weights,
-                          config.quantised_matmul)
+                          config.quantised_matmul, config.kv_cache)
     config.workload.check_context(model)
     return Scenario(config=config, model=model, source_path=source_path)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from models.errors import ConfigError
+from models.cache_formats import CacheFormat
+from models.cache_formats import source_lines as cache_lines
 from models.weight_formats import WeightFormat, source_lines
 from sim.alike import relabel_run, relabel_trace, replica_twins
 from sim.budget import check_job_size
@@ -229,12 +231,15 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                               config.compute.op_overhead_s,
                               one_core=profile is None and config.cluster.cores is not None,
                               accumulation=config.compute.accumulation)
-    if profile is not None and scenario.model.weights != WeightFormat.NATIVE:
-        # A profile times the runtime's torch kernels on dense weights; replaying them for
-        # quantised blocks (other bytes, a dequantising pass) would be a silent wrong price.
-        raise ConfigError("weights", f"a calibration profile times dense {scenario.model.dtype} weights, which the "
-                                     f"runtime runs; quantised weights are priced by the roofline alone: run "
-                                     f"without a profile (got '{scenario.model.weights}')")
+    if profile is not None:
+        # A profile times the runtime's torch kernels on dense weights and cache; replaying them
+        # for quantised blocks (other bytes, a dequantising pass) would be a silent wrong price.
+        for field, value, dense in (("weights", scenario.model.weights, WeightFormat.NATIVE),
+                                    ("kv_cache", scenario.model.kv_cache, CacheFormat.NATIVE)):
+            if value != dense:
+                raise ConfigError(field, f"a calibration profile times dense {scenario.model.dtype} weights and "
+                                         f"cache, which the runtime runs; quantised ones are priced by the "
+                                         f"roofline alone: run without a profile (got '{value}')")
     if profile is not None:
         compute = CalibratedCompute(profile, compute, model=scenario.model, reduce_dtype=reduce_dtype,
                                     reduce_dtypes=reduce_dtypes)
@@ -428,7 +433,8 @@ def simulate(scenario: Scenario, *, profile: Profile | None = None,
                            "the simulation runs (processor sharing)" for pool in first.cores)
         specs = [topology.devices[r].spec for r in every_rank]
         one_core = (*first.compute.one_core_lines(specs), *first.compute.accumulation_lines(specs),
-                    *source_lines(scenario.model.weights, scenario.model.quantised_matmul, scenario.model.dtype))
+                    *source_lines(scenario.model.weights, scenario.model.quantised_matmul, scenario.model.dtype),
+                    *cache_lines(scenario.model.kv_cache))
         choice = NetworkChoice(network, False, (), (*one_core, *contention, *network.contention_lines(),
                                                     *sorted(network.used)))
     others = tuple((key[2] or f"tensor {len(key[1])}" + (f" x {key[0]} replicas" if key[0] > 1 else ""), p.choice)

@@ -97,7 +97,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         else:
             try:
                 spec = resolve_model(name, config.dtype, base_dir, config.attention, config.weights,
-                                     config.quantised_matmul)
+                                     config.quantised_matmul, config.kv_cache)
             except ConfigError as error:
                 raise ConfigError(f"sweep.models[{i}]", error.message) from None
             config.workload.check_context(spec)

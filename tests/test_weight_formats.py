@@ -135,14 +135,15 @@ def test_training_and_a_calibration_profile_refuse_quantised_weights(root):
     assert error.value.field == "weights" and "profile" in error.value.message
 
 
-def test_the_runtime_refuses_to_measure_weights_it_does_not_run():
+@pytest.mark.parametrize("field, value", [("weights", "q8_0"), ("kv_cache", "fp8")])
+def test_the_runtime_refuses_to_measure_weights_or_a_cache_it_does_not_run(field, value):
     pytest.importorskip("torch")
     from runtime.measure import launch_scenario
 
     with pytest.raises(ConfigError) as error:
-        launch_scenario(scenario_from_dict(scenario_dict(weights="q8_0")), lambda *a: None,
+        launch_scenario(scenario_from_dict(scenario_dict(**{field: value})), lambda *a: None,
                         testbed=False, hang_timeout_s=1.0)
-    assert error.value.field == "weights" and "'q8_0'" in error.value.message
+    assert error.value.field == field and f"'{value}'" in error.value.message
 
 
 def test_the_planner_fits_a_quantised_model_on_fewer_cards_and_its_pick_simulates_quantised():

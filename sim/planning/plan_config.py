@@ -4,7 +4,7 @@ Example (``scenarios/plan_llama31_8b.yaml`` is a complete one)::
 
     name: chat_llama31_8b
     models: [llama-3.1-8b]            # catalog names or Hugging Face config.json paths
-    dtype: bf16                       # optional, as in a scenario; attention, weights and quantised_matmul too
+    dtype: bf16                       # optional, as in a scenario; attention, weights, quantised_matmul, kv_cache too
     workload: {batch_size: 16, prompt_tokens: 2048, output_tokens: 256}
     slo: {ttft: 2s, tpot: 50ms, tokens_per_s: 300}   # each optional, at least one
     catalog: my_prices.yaml           # optional; default: the shipped sim/planning/catalog.yaml
@@ -53,6 +53,7 @@ from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.spec import Attention, ModelSpec
+from models.cache_formats import CacheFormat
 from models.weight_formats import QuantisedMatmul, WeightFormat
 from sim.cluster_config import MAX_DEVICES
 from sim.planning.catalog import DEFAULT_CATALOG, MAX_PRICE_PER_HOUR, Catalog, load_catalog
@@ -167,6 +168,7 @@ class PlanConfig(BaseModel):
     attention: Attention = "sdpa"
     weights: WeightFormat = WeightFormat.NATIVE
     quantised_matmul: QuantisedMatmul = QuantisedMatmul.DEQUANTIZE
+    kv_cache: CacheFormat = CacheFormat.NATIVE
     workload: Annotated[Annotated[Workload, Tag(WorkloadKind.INFERENCE)]
                         | Annotated[ServingWorkload, Tag(WorkloadKind.SERVING)]
                         | Annotated[TrainingWorkload, Tag(WorkloadKind.TRAINING)], Discriminator(workload_kind_of)]
@@ -255,7 +257,8 @@ def plan_from_dict(data: Any, *, base_dir: Path = Path(".")) -> PlanRequest:
         except ConfigError as error:
             raise ConfigError(f"models[{i}]" if not error.field.startswith("model.dtype") else "dtype",
                               error.message) from None
-        spec = spec.with_attention(config.attention).with_weights(config.weights, config.quantised_matmul)
+        spec = (spec.with_attention(config.attention).with_weights(config.weights, config.quantised_matmul)
+                .with_kv_cache(config.kv_cache))
         config.workload.check_context(spec, "workload")
         models.append(spec)
     catalog = load_catalog(_resolve(config.catalog, base_dir)) if config.catalog else load_catalog(DEFAULT_CATALOG)
@@ -326,6 +329,8 @@ def _training_config(config: PlanConfig) -> PlanConfig:
     if config.weights != WeightFormat.NATIVE:
         raise ConfigError("weights", f"training updates dense weights; quantised ones are planned for inference "
                                      f"only (got '{config.weights}')")
+    if config.kv_cache != CacheFormat.NATIVE:
+        raise ConfigError("kv_cache", f"training keeps no KV cache; it applies to inference (got '{config.kv_cache}')")
     for name, value in (("ttft", config.slo.ttft_s), ("tpot", config.slo.tpot_s)):
         if value is not None:
             raise ConfigError(f"slo.{name}", "a training plan's objectives are step_time and tokens_per_s "

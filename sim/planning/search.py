@@ -121,6 +121,7 @@ from sim.plan import Plan
 from sim.program import Stage as ProgramStage
 from sim.profile import Profile
 from sim.replicas import split_batch
+from models.cache_formats import CacheFormat
 from models.weight_formats import WeightFormat
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
@@ -758,6 +759,8 @@ class Planner:
             data["dtype"] = config.dtype
         if config.weights != WeightFormat.NATIVE:
             data |= {"weights": str(config.weights), "quantised_matmul": str(config.quantised_matmul)}
+        if config.kv_cache != CacheFormat.NATIVE:
+            data["kv_cache"] = str(config.kv_cache)
         if config.is_serving:
             data["workload"]["slo"] = config.slo.serving().model_dump(by_alias=True)
         return data
