@@ -206,7 +206,7 @@ def layer_op_costs(
     return {
         OpKind.LAYERNORM: _norm_cost(spec, tokens),
         OpKind.QKV_PROJ: _linear_cost(spec, tokens, h, qkv_width, qkv_width if spec.attention_bias else 0,
-                                      raised=h * kv_width),
+                                      raised=h * kv_width, value=True),
         OpKind.ATTENTION: _attention_cost(
             spec, shard, batch_size=batch_size, new_tokens=new_tokens, context_tokens=context_tokens
         ),
@@ -285,9 +285,10 @@ def _shard(spec: ModelSpec, tp_degree: int, shard: TensorShard | None) -> Tensor
                        range(spec.intermediate_size // tp_degree))
 
 
-def _attention_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int]:
-    """(matrix, of which value projection, vector) parameters of a layer's attention block on
-    ``shard``: the q/k/v and output projections (v alone); the input norm and the biases."""
+def _attention_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int, int]:
+    """(matrix, of which value projection twice over: raised and value, vector) parameters of a
+    layer's attention block on ``shard``: the q/k/v and output projections (v alone); the input
+    norm and the biases."""
     q_width = len(shard.query_heads) * spec.head_dim
     kv_width = len(shard.kv_heads) * spec.head_dim
     qkv_width = q_width + 2 * kv_width
@@ -296,37 +297,48 @@ def _attention_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, in
         vectors += qkv_width
     if spec.linear_bias:
         vectors += spec.hidden_size  # the output projection's bias, replicated
-    return spec.hidden_size * qkv_width + q_width * spec.hidden_size, spec.hidden_size * kv_width, vectors
+    value = spec.hidden_size * kv_width
+    return spec.hidden_size * qkv_width + q_width * spec.hidden_size, value, value, vectors
 
 
-def _mlp_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int]:
-    """(matrix, of which down projection, vector) parameters of a layer's MLP block on ``shard``:
-    the projections (down alone); the post-attention norm and the biases."""
+def _mlp_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int, int]:
+    """(matrix, of which down projection, of which value projection: none, vector) parameters of
+    a layer's MLP block on ``shard``: the projections (down alone); the post-attention norm and
+    the biases."""
     mlp_width = len(shard.mlp_columns)
     projections = 2 if spec.mlp == "gated" else 1
     vectors = _norm_params(spec)
     if spec.linear_bias:
         vectors += projections * mlp_width + spec.hidden_size  # down bias replicated
-    return (projections + 1) * spec.hidden_size * mlp_width, mlp_width * spec.hidden_size, vectors
+    return (projections + 1) * spec.hidden_size * mlp_width, mlp_width * spec.hidden_size, 0, vectors
 
 
-def _layer_params(parts: tuple[int, int, int]) -> int:
-    """Parameters of a block's (matrix, raised, vector) parts: the raised are among the matrix's."""
-    matrix, _raised, vector = parts
+def _layer_params(parts: tuple[int, int, int, int]) -> int:
+    """Parameters of a block's (matrix, raised, value, vector) parts: the raised and value
+    projections are among the matrix's."""
+    matrix, _raised, _value, vector = parts
     return matrix + vector
 
 
-def _stored_bytes(spec: ModelSpec, matrix: int, raised: int, vector: int) -> int:
+def _stored_bytes(spec: ModelSpec, matrix: int, raised: int, values: int, vector: int) -> int:
     """Bytes of a layer's ``matrix`` weights in the spec's format (``raised`` of them value or down
-    projections, :func:`models.weight_formats.matrix_bytes`) and ``vector`` ones (norms, biases)
-    in its dtype."""
-    return _layer_matrix_bytes(spec, matrix, raised) + vector * spec.dtype_bytes
+    projections, ``values`` value projections, :func:`models.weight_formats.matrix_bytes`) and
+    ``vector`` ones (norms, biases) in its dtype."""
+    return _layer_matrix_bytes(spec, matrix, raised, values) + vector * spec.dtype_bytes
 
 
-def _layer_matrix_bytes(spec: ModelSpec, elements: int, raised: int = 0) -> int:
+def _layer_matrix_bytes(spec: ModelSpec, elements: int, raised: int = 0, values: int = 0) -> int:
     """Bytes of ``elements`` weights of a decoder layer's matrices, ``raised`` of them value or
-    down projections (stored higher in the ``_m`` mixes)."""
-    return matrix_bytes(elements, spec.weights, spec.dtype_bytes, raised=raised, num_layers=spec.num_layers)
+    down projections and ``values`` value projections (stored higher in the ``_m`` mixes)."""
+    return matrix_bytes(elements, spec.weights, spec.dtype_bytes, raised=raised, values=values,
+                        num_layers=spec.num_layers, seventy_b=_llama_70b(spec))
+
+
+def _llama_70b(spec: ModelSpec) -> bool:
+    """Whether llama.cpp types ``spec`` a 70B model: 80 layers with grouped-query attention
+    (``src/llama-model.cpp``, ``load_hparams``: ``case 80: type = hparams.n_head() ==
+    hparams.n_head_kv() ? LLM_TYPE_65B : LLM_TYPE_70B``)."""
+    return spec.num_layers == 80 and spec.num_kv_heads < spec.num_attention_heads
 
 
 def _head_matrix_bytes(spec: ModelSpec, elements: int) -> int:
@@ -358,18 +370,19 @@ def _master_params(spec: ModelSpec) -> int:
 
 
 def _linear_cost(spec: ModelSpec, tokens: int, in_features: int, out_features: int, bias_features: int, *,
-                 head: bool = False, raised: int = 0) -> OpCost:
+                 head: bool = False, raised: int = 0, value: bool = False) -> OpCost:
     """(tokens, in) @ (in, out) plus a bias of ``bias_features`` elements: activations and bias in
     the spec's dtype, the matrix as stored (``head``: the LM head's format,
     :mod:`models.weight_formats`). A quantised matrix multiplied by more than
     ``DEQUANTIZE_ABOVE_TOKENS`` tokens under ``QuantisedMatmul.DEQUANTIZE`` is first converted to
     the dtype (``prepass_bytes``: its blocks read, the dense copy written, that copy held as
     workspace), and the product reads the dense copy. ``raised``: how many of the matrix's weights
-    are value or down projections (:func:`_layer_matrix_bytes`)."""
+    are value or down projections (:func:`_layer_matrix_bytes`), value projections if ``value``."""
     b = spec.dtype_bytes
     elements = in_features * out_features
     weights = head_format(spec.weights) if head else spec.weights
-    stored_bytes = (_head_matrix_bytes(spec, elements) if head else _layer_matrix_bytes(spec, elements, raised))
+    stored_bytes = (_head_matrix_bytes(spec, elements) if head
+                    else _layer_matrix_bytes(spec, elements, raised, raised if value else 0))
     output_bytes = tokens * out_features * b
     dequantize = (weights != WeightFormat.NATIVE and tokens > DEQUANTIZE_ABOVE_TOKENS
                   and spec.quantised_matmul == QuantisedMatmul.DEQUANTIZE)

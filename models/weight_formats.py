@@ -26,11 +26,14 @@ new_type = GGML_TYPE_Q6_K``). The ``q4_k_m`` and ``q5_k_m`` files (llama.cpp's `
 ``use_more_bits`` picks, which they raise to ``q6_k`` (same function: ``use_more_bits(i, n) = i <
 n/8 || i >= 7*n/8 || (i - n/8) % 3 == 2``, about half the layers); hetsim gives every layer the
 average of those two tensors over the model's layers, so a pipeline stage's bytes are its share
-of the layers (exact for the whole model, within a few percent for a stage). Not represented:
-the 70B models' other ``attn_v`` raised from ``q4_k`` to ``q5_k`` (Llama-2-70B: 42 MB in 40 GB).
+of the layers (exact for the whole model, within a few percent for a stage). In a 70B model
+(llama.cpp's ``LLM_TYPE_70B``: 80 layers with grouped-query attention, ``src/llama-model.cpp``)
+``q4_k_m`` raises the other layers' value projections from ``q4_k`` to ``q5_k`` too ("In the 70B
+model we have 8 heads sharing the same attn_v weights").
 With these, Llama-2-7B takes 6.67 GiB in ``q8_0`` and 3.56 GiB in ``q4_0``, the sizes llama-bench
-prints for those files (ggml-org/llama.cpp pull request #4766), and Llama-3.2-3B 1.87 GiB in
-``q4_k_m`` (geerlingguy/ai-benchmarks issue #53, llama-bench's "llama 3B Q4_K - Medium").
+prints for those files (ggml-org/llama.cpp pull request #4766), Llama-3.2-3B 1.87 GiB and
+Llama-3.1-70B 39.59 GiB in ``q4_k_m`` (geerlingguy/ai-benchmarks issues #53 and #21, llama-bench's
+"llama 3B Q4_K - Medium" and "llama 70B Q4_K - Medium").
 
 How a product reads quantised weights (:class:`QuantisedMatmul`): llama.cpp's CUDA backend
 multiplies batches of at most :data:`DEQUANTIZE_ABOVE_TOKENS` tokens on the quantised blocks
@@ -89,10 +92,12 @@ class _Blocks:
 @dataclass(frozen=True)
 class _Layout:
     """A file's matrices: ``blocks`` for most; ``raised`` for the value and down projections of
-    the layers ``use_more_bits`` picks (the ``_m`` mixes)."""
+    the layers ``use_more_bits`` picks (the ``_m`` mixes); ``value_70b`` for a 70B model's other
+    value projections."""
 
     blocks: _Blocks
     raised: _Blocks | None = None
+    value_70b: _Blocks | None = None
 
 
 _Q8_0, _Q6_K, _Q5_K, _Q4_K, _Q4_0 = _Blocks(32, 34), _Blocks(256, 210), _Blocks(256, 176), _Blocks(256, 144), _Blocks(32, 18)
@@ -101,7 +106,7 @@ _LAYOUTS = {
     WeightFormat.Q6_K: _Layout(_Q6_K),
     WeightFormat.Q5_K_M: _Layout(_Q5_K, raised=_Q6_K),
     WeightFormat.Q5_K: _Layout(_Q5_K),
-    WeightFormat.Q4_K_M: _Layout(_Q4_K, raised=_Q6_K),
+    WeightFormat.Q4_K_M: _Layout(_Q4_K, raised=_Q6_K, value_70b=_Q5_K),
     WeightFormat.Q4_K: _Layout(_Q4_K),
     WeightFormat.Q4_0: _Layout(_Q4_0),
 }
@@ -145,13 +150,14 @@ def _raised_share(num_layers: int) -> float:
     return sum(use_more_bits(i, num_layers) for i in range(num_layers)) / num_layers
 
 
-def matrix_bytes(elements: int, weights: WeightFormat, dtype_bytes: int, *, raised: int = 0,
-                 num_layers: int = 1) -> int:
+def matrix_bytes(elements: int, weights: WeightFormat, dtype_bytes: int, *, raised: int = 0, values: int = 0,
+                 num_layers: int = 1, seventy_b: bool = False) -> int:
     """Bytes of a weight matrix (or of a layer's matrices) of ``elements`` weights stored in
     ``weights``: ``dtype_bytes`` per element when native; else whole blocks,
     ``ceil(elements / block) * block_bytes``. ``raised``: how many of the elements are value or
-    down projections, which the ``_m`` mixes store raised in the share of the ``num_layers``
-    layers ``use_more_bits`` picks (each layer given that average)."""
+    down projections (``values`` of them value projections), which the ``_m`` mixes store raised
+    in the share of the ``num_layers`` layers ``use_more_bits`` picks (each layer given that
+    average), and, in a ``seventy_b`` model, the value projections of the other layers too."""
     if weights == WeightFormat.NATIVE:
         return elements * dtype_bytes
     layout = _LAYOUTS[weights]
@@ -159,8 +165,13 @@ def matrix_bytes(elements: int, weights: WeightFormat, dtype_bytes: int, *, rais
         return -(-elements // layout.blocks.elements) * layout.blocks.size_bytes
     share = _raised_share(num_layers)
     base, high = layout.blocks, layout.raised
-    per_raised = share * high.size_bytes / high.elements + (1 - share) * base.size_bytes / base.elements
-    return (-(-(elements - raised) // base.elements) * base.size_bytes) + math.ceil(raised * per_raised)
+    low_value = layout.value_70b if seventy_b and layout.value_70b is not None else base
+
+    def per_weight(low: _Blocks) -> float:
+        return share * high.size_bytes / high.elements + (1 - share) * low.size_bytes / low.elements
+
+    raised_bytes = (raised - values) * per_weight(base) + values * per_weight(low_value)
+    return (-(-(elements - raised) // base.elements) * base.size_bytes) + math.ceil(raised_bytes)
 
 
 def source_lines(weights: WeightFormat, matmul: QuantisedMatmul, dtype: str) -> tuple[str, ...]:

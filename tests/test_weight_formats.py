@@ -24,6 +24,9 @@ GIB = 2 ** 30
     # geerlingguy/ai-benchmarks issue #53: "llama 3B Q4_K - Medium | 1.87 GiB | 3.21 B", a mix of
     # q4_k and q6_k by llama.cpp's use_more_bits, its tied embedding in q6_k
     ("llama-3.2-3b", "q4_k_m", 1.87),
+    # geerlingguy/ai-benchmarks issue #21: "llama 70B Q4_K - Medium | 39.59 GiB | 70.55 B", whose
+    # other value projections a 70B file raises to q5_k
+    ("llama-3.1-70b", "q4_k_m", 39.59),
 ])
 def test_a_model_takes_the_size_llama_bench_prints_for_its_file(model, weights, printed_gib):
     spec = get_model(model).with_dtype("fp16").with_weights(weights)
