@@ -13,11 +13,11 @@ those ops are memory-bound, so a roofline prices them by bytes and their exact c
 
 from dataclasses import dataclass
 
+from models.cache_formats import cache_bytes
 from models.errors import ConfigError
 from models.ops import OpKind
 # check_tensor_parallel and kv_heads_per_rank are re-exported: the accounting's callers use them.
 from models.shards import TensorShard, check_tensor_parallel, kv_heads_per_rank  # noqa: F401
-from models.cache_formats import cache_bytes
 from models.spec import ModelSpec
 from models.weight_formats import DEQUANTIZE_ABOVE_TOKENS, QuantisedMatmul, WeightFormat, head_format, matrix_bytes
 

@@ -4,9 +4,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from models.cache_formats import CacheFormat, cache_format
 from models.dtypes import dtype_bytes
 from models.errors import ConfigError, shorten
-from models.cache_formats import CacheFormat, cache_format
 from models.weight_formats import QuantisedMatmul, WeightFormat, quantised_matmul, weight_format
 
 Norm = Literal["layernorm", "rmsnorm"]

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from models.errors import ConfigError
 from models.cache_formats import CacheFormat
+from models.errors import ConfigError
 from models.weight_formats import WeightFormat
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files

@@ -54,12 +54,12 @@ from typing import Annotated, Literal
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag,
                       ValidationError, field_validator, model_validator)
 
+from models.cache_formats import CacheFormat
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.shards import TensorShard
 from models.spec import Attention, ModelSpec
-from models.cache_formats import CacheFormat
 from models.weight_formats import QuantisedMatmul, WeightFormat
 from sim.cluster_config import DEVICE_UNION_TAGS, MAX_DEVICES, ClusterConfig
 from sim.parallel import BALANCED, ParallelPlan, ShareBasis

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from models.errors import ConfigError
 from models.cache_formats import CacheFormat
 from models.cache_formats import source_lines as cache_lines
+from models.errors import ConfigError
 from models.weight_formats import WeightFormat, source_lines
 from sim.alike import relabel_run, relabel_trace, replica_twins
 from sim.budget import check_job_size

@@ -49,11 +49,11 @@ from typing import Annotated, Any
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, field_validator,
                       model_validator)
 
+from models.cache_formats import CacheFormat
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
 from models.spec import Attention, ModelSpec
-from models.cache_formats import CacheFormat
 from models.weight_formats import QuantisedMatmul, WeightFormat
 from sim.cluster_config import MAX_DEVICES
 from sim.planning.catalog import DEFAULT_CATALOG, MAX_PRICE_PER_HOUR, Catalog, load_catalog

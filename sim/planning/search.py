@@ -104,9 +104,11 @@ import numpy as np
 import pandas as pd
 
 from models.accounting import layer_block_weight_bytes
+from models.cache_formats import CacheFormat
 from models.errors import ConfigError
 from models.ops import OpKind
 from models.spec import ModelSpec
+from models.weight_formats import WeightFormat
 from sim.context import profile_context
 from sim.cost import RooflineCompute
 from sim.devices import DEVICES
@@ -121,8 +123,6 @@ from sim.plan import Plan
 from sim.program import Stage as ProgramStage
 from sim.profile import Profile
 from sim.replicas import split_batch
-from models.cache_formats import CacheFormat
-from models.weight_formats import WeightFormat
 from sim.scenario import MemoryConfig, Variant, check_pipeline_policy, scenario_from_dict
 from sim.serving.config import ServingSLO
 from sim.serving.iteration import CHUNK_STEP
