@@ -71,6 +71,7 @@ from models.input_files import load_yaml
 from sim.profile import Profile, load_profile
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.training.simulate import MEMORY_CATEGORIES
+from sim.training_config import TrainingSettings
 from sim.vocabulary import Metric
 from validation.limits import MAX_REPEATS, MAX_TIMED_S
 from validation.matrix import read_matrix_file
@@ -196,11 +197,14 @@ def check_saved_cases(run: ClusterRun, scenario: Scenario, report_dir: Path) -> 
     expected = measured_cases(scenario)
     if run.cases is not None:
         saved = run.cases
+        # A settings field added since the run was saved, at its default, is what the run trained with.
+        defaults = TrainingSettings().model_dump(mode="json")
+        saved_cases = {name: defaults | case for name, case in saved["cases"].items()}
         if saved["model"] != expected["model"] or saved["workload"] != expected["workload"]:
             differing = ["the model or workload"]
         else:
-            differing = sorted(name for name in set(saved["cases"]) | set(expected["cases"])
-                               if saved["cases"].get(name) != expected["cases"].get(name))
+            differing = sorted(name for name in set(saved_cases) | set(expected["cases"])
+                               if saved_cases.get(name) != expected["cases"].get(name))
     else:
         differing = sorted(set(run.measured["variant"]) ^ set(expected["cases"]))
     if differing:
