@@ -206,14 +206,14 @@ def layer_op_costs(
     return {
         OpKind.LAYERNORM: _norm_cost(spec, tokens),
         OpKind.QKV_PROJ: _linear_cost(spec, tokens, h, qkv_width, qkv_width if spec.attention_bias else 0,
-                                      raised=h * kv_width, value=True),
+                                      value=h * kv_width),
         OpKind.ATTENTION: _attention_cost(
             spec, shard, batch_size=batch_size, new_tokens=new_tokens, context_tokens=context_tokens
         ),
         OpKind.OUT_PROJ: _linear_cost(spec, tokens, q_width, h, h if spec.linear_bias else 0),
         OpKind.MLP_UP: mlp_up,
         OpKind.MLP_DOWN: _linear_cost(spec, tokens, mlp_width, h, h if spec.linear_bias else 0,
-                                      raised=mlp_width * h),
+                                      down=mlp_width * h),
     }
 
 
@@ -286,8 +286,8 @@ def _shard(spec: ModelSpec, tp_degree: int, shard: TensorShard | None) -> Tensor
 
 
 def _attention_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int, int]:
-    """(matrix, of which value projection twice over: raised and value, vector) parameters of a
-    layer's attention block on ``shard``: the q/k/v and output projections (v alone); the input
+    """(matrix, of which down projection: none, of which value projection, vector) parameters of
+    a layer's attention block on ``shard``: the q/k/v and output projections (v alone); the input
     norm and the biases."""
     q_width = len(shard.query_heads) * spec.head_dim
     kv_width = len(shard.kv_heads) * spec.head_dim
@@ -297,8 +297,7 @@ def _attention_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, in
         vectors += qkv_width
     if spec.linear_bias:
         vectors += spec.hidden_size  # the output projection's bias, replicated
-    value = spec.hidden_size * kv_width
-    return spec.hidden_size * qkv_width + q_width * spec.hidden_size, value, value, vectors
+    return spec.hidden_size * qkv_width + q_width * spec.hidden_size, 0, spec.hidden_size * kv_width, vectors
 
 
 def _mlp_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int, int]:
@@ -314,23 +313,24 @@ def _mlp_block_parts(spec: ModelSpec, shard: TensorShard) -> tuple[int, int, int
 
 
 def _layer_params(parts: tuple[int, int, int, int]) -> int:
-    """Parameters of a block's (matrix, raised, value, vector) parts: the raised and value
+    """Parameters of a block's (matrix, down, value, vector) parts: the down and value
     projections are among the matrix's."""
-    matrix, _raised, _value, vector = parts
+    matrix, _down, _value, vector = parts
     return matrix + vector
 
 
-def _stored_bytes(spec: ModelSpec, matrix: int, raised: int, values: int, vector: int) -> int:
-    """Bytes of a layer's ``matrix`` weights in the spec's format (``raised`` of them value or down
-    projections, ``values`` value projections, :func:`models.weight_formats.matrix_bytes`) and
-    ``vector`` ones (norms, biases) in its dtype."""
-    return _layer_matrix_bytes(spec, matrix, raised, values) + vector * spec.dtype_bytes
+def _stored_bytes(spec: ModelSpec, matrix: int, down: int, value: int, vector: int) -> int:
+    """Bytes of a layer's ``matrix`` weights in the spec's format (``down`` and ``value`` of them
+    down and value projections, :func:`_layer_matrix_bytes`) and ``vector`` ones (norms, biases)
+    in its dtype."""
+    return _layer_matrix_bytes(spec, matrix, down, value) + vector * spec.dtype_bytes
 
 
-def _layer_matrix_bytes(spec: ModelSpec, elements: int, raised: int = 0, values: int = 0) -> int:
-    """Bytes of ``elements`` weights of a decoder layer's matrices, ``raised`` of them value or
-    down projections and ``values`` value projections (stored higher in the ``_m`` mixes)."""
-    return matrix_bytes(elements, spec.weights, spec.dtype_bytes, raised=raised, values=values,
+def _layer_matrix_bytes(spec: ModelSpec, elements: int, down: int = 0, value: int = 0) -> int:
+    """Bytes of ``elements`` weights of a decoder layer's matrices, ``down`` and ``value`` of them
+    down and value projections (stored higher in the ``_m`` mixes,
+    :func:`models.weight_formats.matrix_bytes`)."""
+    return matrix_bytes(elements, spec.weights, spec.dtype_bytes, raised=down + value, values=value,
                         num_layers=spec.num_layers, seventy_b=_llama_70b(spec))
 
 
@@ -370,19 +370,19 @@ def _master_params(spec: ModelSpec) -> int:
 
 
 def _linear_cost(spec: ModelSpec, tokens: int, in_features: int, out_features: int, bias_features: int, *,
-                 head: bool = False, raised: int = 0, value: bool = False) -> OpCost:
+                 head: bool = False, down: int = 0, value: int = 0) -> OpCost:
     """(tokens, in) @ (in, out) plus a bias of ``bias_features`` elements: activations and bias in
     the spec's dtype, the matrix as stored (``head``: the LM head's format,
     :mod:`models.weight_formats`). A quantised matrix multiplied by more than
     ``DEQUANTIZE_ABOVE_TOKENS`` tokens under ``QuantisedMatmul.DEQUANTIZE`` is first converted to
     the dtype (``prepass_bytes``: its blocks read, the dense copy written, that copy held as
-    workspace), and the product reads the dense copy. ``raised``: how many of the matrix's weights
-    are value or down projections (:func:`_layer_matrix_bytes`), value projections if ``value``."""
+    workspace), and the product reads the dense copy. ``down``, ``value``: how many of the matrix's
+    weights are down and value projections (:func:`_layer_matrix_bytes`)."""
     b = spec.dtype_bytes
     elements = in_features * out_features
     weights = head_format(spec.weights) if head else spec.weights
     stored_bytes = (_head_matrix_bytes(spec, elements) if head
-                    else _layer_matrix_bytes(spec, elements, raised, raised if value else 0))
+                    else _layer_matrix_bytes(spec, elements, down, value))
     output_bytes = tokens * out_features * b
     dequantize = (weights != WeightFormat.NATIVE and tokens > DEQUANTIZE_ABOVE_TOKENS
                   and spec.quantised_matmul == QuantisedMatmul.DEQUANTIZE)

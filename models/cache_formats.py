@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from models.errors import ConfigError, shorten
+from models.errors import ConfigError
+from models.weight_formats import WeightFormat, block_shape, member
 
 
 class CacheFormat(StrEnum):
@@ -26,21 +27,18 @@ class CacheFormat(StrEnum):
     FP8 = "fp8"
 
 
-# (elements, bytes) of one block
-_BLOCKS = {CacheFormat.Q8_0: (32, 34), CacheFormat.Q4_0: (32, 18), CacheFormat.FP8: (1, 1)}
+# (elements, bytes) of a block: ggml's formats as the weights' blocks of the same name, fp8 a byte
+_BLOCKS = {CacheFormat.Q8_0: block_shape(WeightFormat.Q8_0), CacheFormat.Q4_0: block_shape(WeightFormat.Q4_0),
+           CacheFormat.FP8: (1, 1)}
 
 
 def cache_format(name: object, field: str = "kv_cache") -> CacheFormat:
     """The format called ``name``; raises :class:`ConfigError` on ``field`` listing the known ones."""
-    try:
-        return CacheFormat(name)
-    except ValueError:
-        raise ConfigError(field, f"unknown KV-cache format; known: {', '.join(CacheFormat)} "
-                                 f"(got {shorten(name)})") from None
+    return member(CacheFormat, name, field, "KV-cache format")
 
 
 def cache_bytes(elements: int, kv_cache: CacheFormat, dtype_bytes: int) -> int:
-    """Bytes of ``elements`` cache elements stored in ``kv_cache`` (``dtype_bytes`` each when native;
+    """Bytes of ``elements`` cache elements stored in ``kv_cache`` (``dtype_bytes`` each when native,
     else whole blocks, ``ceil(elements / block) * block_bytes``)."""
     if kv_cache == CacheFormat.NATIVE:
         return elements * dtype_bytes
@@ -55,3 +53,19 @@ def source_lines(kv_cache: CacheFormat) -> tuple[str, ...]:
     block, size = _BLOCKS[kv_cache]
     return (f"kv_cache: {kv_cache}, {size} bytes per {block} elements (llama.cpp's --cache-type-k/v, "
             f"vLLM's --kv-cache-dtype fp8), keys and values alike",)
+
+
+def quantised(weights: WeightFormat, kv_cache: CacheFormat) -> tuple[tuple[str, str], ...]:
+    """(field, value) of each of ``weights`` and ``kv_cache`` that is not stored native: what the
+    torch runtime, a calibration profile of its kernels and training cannot take."""
+    return tuple((field, value) for field, value, dense in (("weights", weights, WeightFormat.NATIVE),
+                                                            ("kv_cache", kv_cache, CacheFormat.NATIVE))
+                 if value != dense)
+
+
+def check_inference_only(weights: WeightFormat, kv_cache: CacheFormat) -> None:
+    """Refuse quantised storage for a training job. Raises :class:`ConfigError` on the first of
+    ``weights`` and ``kv_cache`` that is not native."""
+    for field, value in quantised(weights, kv_cache):
+        raise ConfigError(field, f"applies to inference: training updates dense weights and keeps no KV cache "
+                                 f"(got '{value}')")

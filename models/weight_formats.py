@@ -121,19 +121,31 @@ def use_more_bits(layer: int, num_layers: int) -> bool:
 
 def weight_format(name: object, field: str = "weights") -> WeightFormat:
     """The format called ``name``; raises :class:`ConfigError` on ``field`` listing the known ones."""
-    return _member(WeightFormat, name, field, "weight format")
+    return member(WeightFormat, name, field, "weight format")
 
 
 def quantised_matmul(name: object, field: str = "quantised_matmul") -> QuantisedMatmul:
     """The product path called ``name``; raises :class:`ConfigError` on ``field`` listing them."""
-    return _member(QuantisedMatmul, name, field, "quantised product")
+    return member(QuantisedMatmul, name, field, "quantised product")
 
 
-def _member(kind: type[StrEnum], name: object, field: str, what: str):
+def member(kind: type[StrEnum], name: object, field: str, what: str):
+    """The member of ``kind`` called ``name``; raises :class:`ConfigError` on ``field`` naming
+    ``what`` and the known members."""
     try:
         return kind(name)
     except ValueError:
         raise ConfigError(field, f"unknown {what}; known: {', '.join(kind)} (got {shorten(name)})") from None
+
+
+def block_shape(weights: WeightFormat) -> tuple[int, int]:
+    """(elements, bytes) of one of the quantised format ``weights``'s main blocks."""
+    blocks = _LAYOUTS[weights].blocks
+    return blocks.elements, blocks.size_bytes
+
+
+def _whole_blocks(elements: int, blocks: _Blocks) -> int:
+    return -(-elements // blocks.elements) * blocks.size_bytes
 
 
 def head_format(weights: WeightFormat) -> WeightFormat:
@@ -162,7 +174,7 @@ def matrix_bytes(elements: int, weights: WeightFormat, dtype_bytes: int, *, rais
         return elements * dtype_bytes
     layout = _LAYOUTS[weights]
     if not raised or layout.raised is None:
-        return -(-elements // layout.blocks.elements) * layout.blocks.size_bytes
+        return _whole_blocks(elements, layout.blocks)
     share = _raised_share(num_layers)
     base, high = layout.blocks, layout.raised
     low_value = layout.value_70b if seventy_b and layout.value_70b is not None else base
@@ -171,7 +183,7 @@ def matrix_bytes(elements: int, weights: WeightFormat, dtype_bytes: int, *, rais
         return share * high.size_bytes / high.elements + (1 - share) * low.size_bytes / low.elements
 
     raised_bytes = (raised - values) * per_weight(base) + values * per_weight(low_value)
-    return (-(-(elements - raised) // base.elements) * base.size_bytes) + math.ceil(raised_bytes)
+    return _whole_blocks(elements - raised, base) + math.ceil(raised_bytes)
 
 
 def source_lines(weights: WeightFormat, matmul: QuantisedMatmul, dtype: str) -> tuple[str, ...]:

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from models.cache_formats import CacheFormat
+from models.cache_formats import quantised
 from models.errors import ConfigError
-from models.weight_formats import WeightFormat
 from sim.metrics import peak_memory_bytes, result_rows, run_metrics
 from sim.outputs import chrome_trace, device_names, results_csv, write_files
 from sim.parallel import ParallelPlan
@@ -253,11 +252,9 @@ def launch_scenario(scenario: Scenario, body: Callable[[Topology, int, Callable[
         raise ConfigError("compute.accumulation", f"the reference runtime multiplies with torch, which "
                                                   f"accumulates fp16 products in fp32; remove the setting to "
                                                   f"run it (got '{scenario.config.compute.accumulation}')")
-    for field, value, dense in (("weights", scenario.config.weights, WeightFormat.NATIVE),
-                                ("kv_cache", scenario.config.kv_cache, CacheFormat.NATIVE)):
-        if value != dense:
-            raise ConfigError(field, f"the reference runtime runs dense {scenario.model.dtype} weights and cache in "
-                                     f"torch, not quantised blocks; remove the setting to run it (got '{value}')")
+    for field, value in quantised(scenario.config.weights, scenario.config.kv_cache):
+        raise ConfigError(field, f"the reference runtime runs dense {scenario.model.dtype} weights and cache in "
+                                 f"torch, not quantised blocks; remove the setting to run it (got '{value}')")
     topology = build_topology(scenario.config.cluster)
     parallel = ParallelPlan.of(scenario, topology)
     ranks = parallel.measured_ranks

@@ -4,8 +4,9 @@ Without a calibration profile the simulator prices compute with a roofline (Will
 Patterson, CACM 2009): an op is bound either by arithmetic or by memory traffic,
 ``t = max(FLOPs / (peak_FLOP/s * flops_efficiency), bytes / (memory_bandwidth * memory_efficiency))
 + op_overhead_s``, plus, for a product that dequantises its weights first, that pass's bytes at the
-same achieved bandwidth (``OpCost.prepass_bytes``, :mod:`models.weight_formats`). The efficiencies say how far from datasheet peaks real kernels run; the fixed
-overhead stands for kernel launch / framework dispatch, which dominates decode on small models.
+same achieved bandwidth (``OpCost.prepass_bytes``, :mod:`models.weight_formats`). The
+efficiencies say how far from datasheet peaks real kernels run; the fixed overhead stands for
+kernel launch / framework dispatch, which dominates decode on small models.
 
 A CPU rank that runs on one core (``one_core``: the ranks of a cluster that declares the cores
 they share, ``cluster.cores``, each single-threaded as the reference runtime runs them) reaches

@@ -54,7 +54,7 @@ from typing import Annotated, Literal
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag,
                       ValidationError, field_validator, model_validator)
 
-from models.cache_formats import CacheFormat
+from models.cache_formats import CacheFormat, check_inference_only
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
@@ -329,12 +329,9 @@ class ScenarioConfig(BaseModel):
     variants: list[Variant] = Field(min_length=1, max_length=64)
 
     @model_validator(mode="after")
-    def _quantised_weights(self) -> "ScenarioConfig":
-        if self.is_training and self.weights != WeightFormat.NATIVE:
-            raise ConfigError("weights", f"training updates dense weights; quantised ones are simulated for "
-                                         f"inference only (got '{self.weights}')")
-        if self.is_training and self.kv_cache != CacheFormat.NATIVE:
-            raise ConfigError("kv_cache", f"training keeps no KV cache; it applies to inference (got '{self.kv_cache}')")
+    def _storage_fits_workload(self) -> "ScenarioConfig":
+        if self.is_training:
+            check_inference_only(self.weights, self.kv_cache)
         # (the default passes: a dumped and reloaded scenario writes every field)
         if self.quantised_matmul != QuantisedMatmul.DEQUANTIZE and self.weights == WeightFormat.NATIVE:
             raise ConfigError("quantised_matmul", f"says how products read quantised weights; the scenario's "

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from models.cache_formats import CacheFormat
+from models.cache_formats import quantised
 from models.cache_formats import source_lines as cache_lines
 from models.errors import ConfigError
-from models.weight_formats import WeightFormat, source_lines
+from models.weight_formats import source_lines
 from sim.alike import relabel_run, relabel_trace, replica_twins
 from sim.budget import check_job_size
 from sim.calibrated import CalibratedCompute, NetworkChoice, calibrated_network
@@ -234,12 +234,10 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
     if profile is not None:
         # A profile times the runtime's torch kernels on dense weights and cache; replaying them
         # for quantised blocks (other bytes, a dequantising pass) would be a silent wrong price.
-        for field, value, dense in (("weights", scenario.model.weights, WeightFormat.NATIVE),
-                                    ("kv_cache", scenario.model.kv_cache, CacheFormat.NATIVE)):
-            if value != dense:
-                raise ConfigError(field, f"a calibration profile times dense {scenario.model.dtype} weights and "
-                                         f"cache, which the runtime runs; quantised ones are priced by the "
-                                         f"roofline alone: run without a profile (got '{value}')")
+        for field, value in quantised(scenario.model.weights, scenario.model.kv_cache):
+            raise ConfigError(field, f"a calibration profile times dense {scenario.model.dtype} weights and "
+                                     f"cache, which the runtime runs; quantised ones are priced by the "
+                                     f"roofline alone: run without a profile (got '{value}')")
     if profile is not None:
         compute = CalibratedCompute(profile, compute, model=scenario.model, reduce_dtype=reduce_dtype,
                                     reduce_dtypes=reduce_dtypes)

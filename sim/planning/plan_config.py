@@ -49,7 +49,7 @@ from typing import Annotated, Any
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag, field_validator,
                       model_validator)
 
-from models.cache_formats import CacheFormat
+from models.cache_formats import CacheFormat, check_inference_only
 from models.catalog import get_model, load_hf_config
 from models.errors import ConfigError, shorten
 from models.input_files import load_yaml
@@ -326,11 +326,7 @@ def _training_config(config: PlanConfig) -> PlanConfig:
     if config.dtype is not None:  # the training simulator computes in the precision's dtype, whatever dtype says
         raise ConfigError("dtype", "a training job's dtypes are training.precision's (fp32; bf16_mixed: bf16 "
                                    f"compute, fp32 master weights; amp_bf16: bf16 compute, fp32 parameters) (got {shorten(config.dtype)})")
-    if config.weights != WeightFormat.NATIVE:
-        raise ConfigError("weights", f"training updates dense weights; quantised ones are planned for inference "
-                                     f"only (got '{config.weights}')")
-    if config.kv_cache != CacheFormat.NATIVE:
-        raise ConfigError("kv_cache", f"training keeps no KV cache; it applies to inference (got '{config.kv_cache}')")
+    check_inference_only(config.weights, config.kv_cache)
     for name, value in (("ttft", config.slo.ttft_s), ("tpot", config.slo.tpot_s)):
         if value is not None:
             raise ConfigError(f"slo.{name}", "a training plan's objectives are step_time and tokens_per_s "
