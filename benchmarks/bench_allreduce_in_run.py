@@ -7,15 +7,15 @@ calls (its report's ``in_run_collectives.csv``: the mean over the measured trace
 ``bench_allreduce_calls.py`` prices each call alone, every rank arriving at once; this one reads
 the calls as the transfer harness (``bench_transfer_offline.py``) simulates them in the runs, with
 the arrivals the engine gives them, so a row's error is the per-call part of a case's
-``collective:allreduce`` term. ``--token-buckets`` prices the links' token buckets
-(:data:`sim.token_bucket.PRICED`). A source's figure for its own cluster is a **replay**, for any
+``collective:allreduce`` term. ``--no-token-buckets`` leaves out the links' token buckets
+(:data:`sim.token_bucket.PRICED`, on by default). A source's figure for its own cluster is a **replay**, for any
 other a **prediction**.
 
 Writes ``calls.csv`` (target, source, prompt, variant, phase, call, size, simulated_s, measured_s,
 error) under ``--out`` and prints the mean error per target, prompt, phase and algorithm (rows)
 and source (columns). Two to five minutes on the project's 2-core machine.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_allreduce_in_run.py --out DIR [--token-buckets]
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_allreduce_in_run.py --out DIR [--no-token-buckets]
 [--also MATRIX REPORT] [--core-turns]``
 """
 
@@ -77,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--also", nargs=2, action="append", type=Path, default=[], metavar=("MATRIX", "REPORT"))
-    parser.add_argument("--token-buckets", action="store_true")
+    parser.add_argument("--token-buckets", action=argparse.BooleanOptionalAction, default=token_bucket.PRICED)
     parser.add_argument("--core-turns", action="store_true",
                         help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
     args = parser.parse_args()

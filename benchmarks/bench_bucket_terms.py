@@ -18,7 +18,7 @@ profile. Two tables locate it, both re-simulating the shipped reports (no testbe
 
 About five minutes on the project's 2-core machine.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_bucket_terms.py [--core-turns] [--arrival-lags]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_bucket_terms.py [--core-turns] [--no-arrival-lags]``
 """
 
 from __future__ import annotations
@@ -112,9 +112,9 @@ def prefill_term_contributions(clusters) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arrival-lags", action="store_true",
+    parser.add_argument("--arrival-lags", action=argparse.BooleanOptionalAction, default=cores.ARRIVAL_LAGS_PRICED,
                         help="the master's expected wait for the last rank on shared cores in a prefill "
-                             "(sim.cores.ARRIVAL_LAGS_PRICED, off by default)")
+                             "(sim.cores.ARRIVAL_LAGS_PRICED, on by default)")
     parser.add_argument("--core-turns", action="store_true",
                         help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
     args = parser.parse_args()

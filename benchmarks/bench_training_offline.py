@@ -21,7 +21,7 @@ a cluster's terms describe its own rows, and the other's). ``--out`` writes the 
 (``errors.csv``, ``overlap.csv``, ``summary.md``, ...) there. Depends on nothing but the stored
 files, not on the machine's load. Under a minute on the project's 2-core machine.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training.yaml] [--report validation/training-report] [--out DIR] [--core-turns ...]`` (the off-by-default pricing switches of :mod:`validation.pricing_options`)
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_training_offline.py [--matrix validation/training.yaml] [--report validation/training-report] [--out DIR] [--core-turns ...]`` (the pricing switches of :mod:`validation.pricing_options`, each with its ``--no-`` form)
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ their measured medians; no testbed. About a minute on the project's 2-core machi
 ``errors.csv``, ``transfer.csv``, ``overall.csv``, ``summary.md`` and ``report.html`` (the source x
 target heat map). ``--also MATRIX REPORT`` adds the clusters of another validation run.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report] [--token-buckets] [--arrival-lags] [--gloo-tree] [--core-turns]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report] [--no-token-buckets] [--no-arrival-lags] [--no-gloo-tree] [--core-turns]``
 """
 
 from __future__ import annotations

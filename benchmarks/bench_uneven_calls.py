@@ -14,7 +14,7 @@ over the calls (ms) of:
 * ``end1``, ``end2``: ranks 1 and 2's ends from the root's start (a broadcast: when each
   receiver had the payload).
 
-Offline, a few seconds. Run: ``PYTHONPATH=. python benchmarks/bench_uneven_calls.py [--token-buckets] [--gloo-tree]``
+Offline, a few seconds. Run: ``PYTHONPATH=. python benchmarks/bench_uneven_calls.py [--[no-]token-buckets] [--[no-]gloo-tree]``
 """
 
 from __future__ import annotations

@@ -82,15 +82,14 @@ scaled by ``1 + ilog2(min(cpus, 8))`` (``sysctl_sched_base_slice`` and
 1.5 ms; the kernel's default, not calibrated."""
 
 
-ARRIVAL_LAGS_PRICED = False
+ARRIVAL_LAGS_PRICED = True
 """Whether the engine adds a pool's prefill arrival lags (:attr:`CorePool.lag_per_block`: the expected
-lead of :mod:`sim.arrival_skew`, :mod:`sim.engine`); off by default: the term is meant to go with
-the links' token buckets priced (:data:`sim.token_bucket.PRICED`), without which the prefill's
-calls are priced 17-18% of TTFT too slow and hide the missing wait, so that with buckets off it
-prices TTFT about 10% high. The benchmarks switch it (``--arrival-lags``); sections "branch
-bucketttft" and "branch skewmean" of ``validation/transfer-report/progress.md`` have the figures.
-Here rather than in :mod:`sim.arrival_skew`, which imports this module, so that
-:meth:`CorePool.describe` reads it."""
+lead of :mod:`sim.arrival_skew`, :mod:`sim.engine`); on by default, with the links' token buckets
+(:data:`sim.token_bucket.PRICED`, whose comment has the figures that switched both on): without the
+buckets the prefill's calls are priced 17-18% of TTFT too slow and hide the missing wait. The
+offline benchmarks clear it (``--no-arrival-lags``); sections "branch bucketttft" and "branch
+skewmean" of ``validation/transfer-report/progress.md`` derive it. Here rather than in
+:mod:`sim.arrival_skew`, which imports this module, so that :meth:`CorePool.describe` reads it."""
 
 @dataclass(frozen=True)
 class CorePool:

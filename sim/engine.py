@@ -60,7 +60,7 @@ Semantics (what the tests pin down):
   share that, and an op timed alone (:meth:`sim.cost.ComputeModel.timed_alone`) stretches its
   memory part, its traffic at the lone process's bandwidth, to its share (processor sharing only).
   Where a pool has an arrival lag coefficient (:attr:`sim.cores.CorePool.lag_per_block`) and
-  :data:`sim.cores.ARRIVAL_LAGS_PRICED` is on (off by default), a
+  :data:`sim.cores.ARRIVAL_LAGS_PRICED` is on (the default), a
   prefill's collective whose ranks share its cores, priced in closed form, starts later than the
   simulated last arrival by the expected lead of the last rank's lag over the first rank's
   (:mod:`sim.arrival_skew`; each rank's lag ranges over the coefficient times its off-core share

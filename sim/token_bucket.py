@@ -33,33 +33,22 @@ from collections.abc import Mapping, Sequence
 
 # Whether the fluid network prices declared buckets (read when a :class:`sim.network.Links` is
 # built, and by the ping-pong overhead of a fit, :func:`sim.transport.message_overhead_s`; the
-# offline benchmarks' ``--token-buckets`` sets it). Off, because on the shipped transfer figure it
-# does not help (benchmarks/bench_transfer_offline.py --also validation/transfer-new.yaml
-# validation/transfer-new-report, prediction, |error| median/p90 off -> on: the 6 shipped
-# clusters with another shipped cluster's profile 5.8/15.7% -> 5.5/18.0%, TTFT's median bias
-# +3.8% -> -3.9%; uncalibrated 5.3/15.2% -> 6.3/21.4%, its gloo defaults fitted without
-# buckets). It helps elsewhere: the 3 clusters of validation/transfer-new.yaml as targets (held
-# out) 9.9/32.6% -> 6.7/30.9%; layouts (bench_layouts_offline.py, new layouts, prediction) TTFT
-# 13.7/32.8% -> 6.7/30.5%, TPOT 8.0/29.9% -> 6.4/27.6%; and the transport fits over bucketed
-# links explain the sweeps better (rms log error of the bandwidth clusters' broadcasts and
-# ping-pongs 0.37-0.66 -> 0.07-0.14). Following the buckets' state through a segment
-# (:mod:`sim.bucket_clock`) moved the transfer figures by at most 0.2 points. What keeps it off:
-# with buckets on, TTFT is about 9 points lower on every shipped target, and that is not a bucket
-# term (benchmarks/bench_bucket_terms.py, offline, prediction): the prefill's collective calls go
-# from +18% of TTFT too slow to +4% (no profile; pooled +17% -> +3%), as the isolated held-out
-# sweep says they should (96 KiB calls from another cluster's terms +10.6% -> -4.5% median), while
-# the master's wait for the last rank in prefill, 13% of the measured TTFT (median; 2-61%), is
-# simulated 0 either way: off, the over-priced calls hid it. The fits price the buckets as the runs
-# do (a fit made with them and runs without: shipped other 5.8/15.7% -> 8.4/22.8%), and a real
-# message after idle gets its burst (benchmarks/bench_tbf_burst.py: raw TCP, BBR or cubic, 3.5 ms
-# to 300 ms idle, with or without busy processes on its two cores; BBR right after a 4 MiB stream
-# paces a 64 KiB message at the rate, tcp_bbr.c's restart from idle at its bandwidth estimate).
-# With the prefill's wait (sim.cores.ARRIVAL_LAGS_PRICED) and gloo's broadcast tree
-# (sim.collectives.registry.LIBRARY_BROADCAST) TTFT comes right, but decode's TPOT gets worse:
-# fitted with the buckets, the sweeps' and ping-pongs' small-message excess lands in the
-# per-message overhead, which a run's decode calls do not pay
-# (validation/transfer-report/progress.md, session 20).
-PRICED = False
+# offline benchmarks' ``--no-token-buckets`` clears it). On, with the prefill's arrival lags
+# (sim.cores.ARRIVAL_LAGS_PRICED) and gloo's broadcast tree (sim.collectives.registry.
+# LIBRARY_BROADCAST), since the quiet full transfer run from a fresh clone (9 clusters,
+# validation/transfer-report/fresh-s23-quiet), re-simulated offline (prediction from another
+# cluster's profile, |error| median / p90, off -> on): TTFT 7.8/24.9% -> 5.1/15.1%, TPOT
+# 5.7/21.5% -> 4.9/17.1%; uncalibrated TTFT 9.7/17.9% -> 3.1/11.4%; every replay unchanged; the
+# layouts' new layouts (quiet-s19) TTFT 17.7/34.7% -> 3.8/10.4%, TPOT 3.4/12.6% -> 4.4/18.6%;
+# training step time (prediction) 5.6/12.7% -> 4.8/12.0% (validation/transfer-report/progress.md,
+# session 24). A real message after idle gets its burst (benchmarks/bench_tbf_burst.py: raw TCP,
+# BBR or cubic, 3.5 ms to 300 ms idle), and the fits price the buckets as the runs do. Off, the
+# wire time the buckets take away hid the prefill master's wait for the last rank (13% of the
+# measured TTFT, median), which the arrival lags now price. What the buckets cost: decode's TPOT
+# p90 on the older layout runs (fitted with the buckets, the sweeps' and ping-pongs' small-message
+# excess lands in the per-message overhead, which a run's decode calls do not pay; section
+# "session 20" of progress.md).
+PRICED = True
 
 
 class TokenBuckets:

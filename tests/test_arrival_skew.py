@@ -63,7 +63,10 @@ def test_a_decode_step_keeps_its_fair_share_arrivals(priced):
     assert lagged.duration_s == plain.duration_s
 
 
-def test_without_the_option_a_lagging_pool_changes_nothing():
+def test_without_the_option_a_lagging_pool_changes_nothing(monkeypatch):
+    from sim import cores
+
+    monkeypatch.setattr(cores, "ARRIVAL_LAGS_PRICED", False)
     plain, _ = _layer(0.0, 0)
     lagged, _ = _layer(2.0, 0)
     assert lagged.duration_s == plain.duration_s

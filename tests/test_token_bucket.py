@@ -31,7 +31,7 @@ BURST_BYTES = 32_000
 
 @pytest.fixture
 def priced(monkeypatch):
-    """The fluid network prices declared buckets (off by default: sim.token_bucket.PRICED)."""
+    """The fluid network prices declared buckets (sim.token_bucket.PRICED, on by default)."""
     monkeypatch.setattr(token_bucket, "PRICED", True)
 
 
@@ -113,7 +113,8 @@ def test_the_shared_fabric_refills_a_bucket_while_its_link_is_idle(priced):
     assert arrived == pytest.approx([8_000 / RATE_BYTES_PER_S] * 2)
 
 
-def test_unpriced_buckets_leave_the_network_as_it_was():
+def test_unpriced_buckets_leave_the_network_as_it_was(monkeypatch):
+    monkeypatch.setattr(token_bucket, "PRICED", False)
     bucketed, plain = FlowNetwork(build_topology(_cluster("32kB"))), FlowNetwork(build_topology(_cluster(None)))
     schedule = _messages(20_000, 98_000)
     assert bucketed.time(schedule).duration_s == plain.time(schedule).duration_s
@@ -163,6 +164,7 @@ def test_a_fit_takes_the_burst_out_of_a_ping_pongs_overhead_where_buckets_are_pr
     context = CalibrationContext("c", (("cpu", "fp32", 2),), (1, 1), (link,))
     # 16 kB half round trip in 1.5 ms over a 1 ms link: within the burst, all of the rest is overhead
     pings = pd.DataFrame({"device_class": ["inter_host"], "size_bytes": [16_000], "median": [1.5e-3]})
+    monkeypatch.setattr(token_bucket, "PRICED", False)
     assert message_overhead_s(pings, context) == 0.0  # unpriced: 1.28 ms of wire time, more than the 0.5 ms left
     monkeypatch.setattr(token_bucket, "PRICED", True)
     assert message_overhead_s(pings, context) == pytest.approx(0.5e-3)

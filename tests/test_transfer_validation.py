@@ -48,7 +48,7 @@ def test_the_transfer_matrix_names_new_clusters_of_each_kind_the_issue_asks_for(
     assert any(len(set(h)) > 1 for name, h in hosts.items() if name in new)  # hosts of unequal rank counts
 
 
-def test_an_offline_rerun_switches_the_pieces_off_by_default_and_names_the_flags_it_ran_with(monkeypatch):
+def test_an_offline_rerun_switches_pieces_on_and_off_and_names_the_flags_it_ran_with(monkeypatch):
     import argparse
 
     from sim import cores, token_bucket
@@ -63,6 +63,19 @@ def test_an_offline_rerun_switches_the_pieces_off_by_default_and_names_the_flags
                                                                                             "--gloo-tree"]
     assert token_bucket.PRICED and registry.LIBRARY_BROADCAST is registry.LibraryBroadcast.GLOO_TREE
     cores.ARRIVAL_LAGS_PRICED = True  # a flag the parser lacks is left as it is
-    assert apply_pricing_options(parser.parse_args([])) == []
+    assert apply_pricing_options(parser.parse_args(["--no-gloo-tree", "--no-token-buckets"])) == [
+        "--no-token-buckets", "--no-gloo-tree"]
     assert not token_bucket.PRICED and registry.LIBRARY_BROADCAST is registry.LibraryBroadcast.BINOMIAL
     assert cores.ARRIVAL_LAGS_PRICED
+    assert apply_pricing_options(parser.parse_args([])) == []  # not given: left as they are
+    assert not token_bucket.PRICED and cores.ARRIVAL_LAGS_PRICED
+
+
+def test_the_pricing_pieces_are_on_by_default():
+    """The links' token buckets, the prefill's arrival lags and gloo's broadcast tree price every
+    run unless an offline re-run switches them off."""
+    from sim import cores, token_bucket
+    from sim.collectives import registry
+
+    assert token_bucket.PRICED and cores.ARRIVAL_LAGS_PRICED
+    assert registry.LIBRARY_BROADCAST is registry.LibraryBroadcast.GLOO_TREE

@@ -75,13 +75,12 @@ class LibraryBroadcast(StrEnum):
     written."""
 
 
-LIBRARY_BROADCAST = LibraryBroadcast.BINOMIAL
-"""Which schedule ``library``'s broadcast is priced as (the offline benchmarks' ``--gloo-tree``
-sets it); read when a schedule is built, and part of :func:`_built`'s cache key. MPICH's order by
-default: gloo's tree prices the prefill's broadcasts right only with the links' token buckets
-(:data:`sim.token_bucket.PRICED`: a root freed on writing two payloads of 96 KiB over a 32 kB
-bucket), which stay off for decode's sake; with both and the arrival lags the held-out figures
-improve (validation/transfer-report/progress.md, session 20)."""
+LIBRARY_BROADCAST = LibraryBroadcast.GLOO_TREE
+"""Which schedule ``library``'s broadcast is priced as (the offline benchmarks' ``--no-gloo-tree``
+sets MPICH's order); read when a schedule is built, and part of :func:`_built`'s cache key. gloo's
+own tree by default, as gloo runs it: it prices the prefill's broadcasts right with the links'
+token buckets (:data:`sim.token_bucket.PRICED`: a root freed on writing two payloads of 96 KiB
+over a 32 kB bucket), on by default with it (its comment has the figures)."""
 
 _LIBRARY_MODEL: dict[OpKind, Builder] = {OpKind.ALLREDUCE: _flat(gloo_allreduce), OpKind.REDUCE: _rooted(gloo_reduce)}
 _LIBRARY_BROADCASTS: dict[LibraryBroadcast, Builder] = {
