@@ -731,19 +731,18 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     it. Measured here with 4 ranks on 2 cores over links without delay: 0.74-0.77 ms per core
     turn of a point-to-point schedule (2.0-2.4 ms per exchange step), 0.35 ms per turn of gloo's
     own allreduce, reduce and broadcast, which wait inside the library (a step of gloo's ring: a
-    round of its two segments in flight). The same on a target with any number of ranks beyond
-    its cores (the calibrated machine's cores where the scenario does not say), not scaled by
-    them: a woken rank waits for a running one to be preempted, not for every rank beyond the
-    cores (measured in place with 3 ranks on 2 cores, t3x1_bandwidth: 1.17 and 0.31 ms per turn,
-    :data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`); 0 where they do not outnumber them. Not fitted on a calibrated cluster whose links have a delay of at least
+    round of its two segments in flight). Each calibrated cluster's value is carried to the
+    target's ranks per core (the calibrated machine's cores where the scenario does not say) by
+    :func:`sim.transport.contention_at`: point-to-point in proportion (processor sharing), gloo's
+    own unchanged; 0 where they do not outnumber them. Not fitted on a calibrated cluster whose links have a delay of at least
     :data:`sim.transport.IDENTIFIABLE_DELAY_S`: each step there holds the delay, which the ranks
     sleep through, and priced at the fitted terms' overhead bounded by the ping-pongs'
     (:func:`sim.transport.message_overhead_s`) it would pass for contention (h2x2_mid, 1.1 ms:
     3.7 ms per point-to-point message, which then priced the fast clusters' TPOT +50-90%). Where
     no calibrated cluster's links let it show, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`), else 0."""
-    from sim.transport import (GLOO_CONTENTION_PER_TURN_S, IDENTIFIABLE_DELAY_S, Transport, busy_ranks,
-                               context_topology, of_replicas, step_turns, steps_in_series)
+    from sim.transport import (GLOO_CONTENTION_PER_TURN_S, GLOO_CONTENTION_SHARING, IDENTIFIABLE_DELAY_S, Transport,
+                               busy_ranks, contention_at, context_topology, of_replicas, step_turns, steps_in_series)
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
@@ -785,8 +784,9 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                 # per core turn on the critical path: a step counts its share times its turns
                 bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
                                                                  in zip(shares, step_turns(schedule))]))
-        if bound:
-            per_turn.append(float(np.median(bound)))
+        if bound:  # at the target's ranks per core
+            per_turn.append(contention_at(float(np.median(bound)), sum(calibrated.ranks_per_host) / calibrated.cores,
+                                          machine_ranks / cores, library))
             names.append(calibrated.name)
     if per_turn:
         floor_s = float(np.median(per_turn))
@@ -794,7 +794,8 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                          f"the calls timed in place on {', '.join(names)} "
                          f"({sharing})")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
-        floor_s = GLOO_CONTENTION_PER_TURN_S[library]
+        floor_s = contention_at(GLOO_CONTENTION_PER_TURN_S[library], GLOO_CONTENTION_SHARING, machine_ranks / cores,
+                                library)
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
                          f"default (the calibrated links hid it; {sharing})")
     return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "
