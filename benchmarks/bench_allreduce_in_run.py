@@ -28,11 +28,11 @@ from pathlib import Path
 import pandas as pd
 
 from models.ops import OpKind
-from sim import cores, token_bucket
 from sim.simulate import simulate
 from validation.matrix import with_prompt
 from validation.terms import profile_gap_s
 from validation.transfer import SHIPPED, shipped_clusters
+from validation.pricing_options import add_pricing_options, apply_pricing_options
 from validation.validate import call_durations
 
 CALL_KEYS = ["target", "prompt", "variant", "phase", "call", "size"]
@@ -77,12 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--also", nargs=2, action="append", type=Path, default=[], metavar=("MATRIX", "REPORT"))
-    parser.add_argument("--token-buckets", action=argparse.BooleanOptionalAction, default=token_bucket.PRICED)
-    parser.add_argument("--core-turns", action="store_true",
-                        help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
+    add_pricing_options(parser, ("--token-buckets", "--core-turns"))
     args = parser.parse_args()
-    token_bucket.PRICED = args.token_buckets
-    cores.SCHEDULING = cores.CoreScheduling.TURNS if args.core_turns else cores.SCHEDULING
+    apply_pricing_options(args)
     started = time.perf_counter()
     reports = (*SHIPPED, *(tuple(pair) for pair in args.also))
     calls = simulated_calls(shipped_clusters(reports)).merge(measured_calls(reports), on=CALL_KEYS, how="inner")

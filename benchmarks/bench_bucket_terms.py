@@ -29,7 +29,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from sim import cores, token_bucket
+from sim import token_bucket
 from sim.collectives.registry import build_schedule
 from sim.context import profile_contexts
 from sim.profile import MeasurementKind
@@ -37,6 +37,7 @@ from sim.simulate import simulate
 from sim.transport import context_topology, default_terms, fit_profile, price
 from validation.matrix import with_prompt
 from validation.terms import metric_terms, phase_metrics, profile_gap_s
+from validation.pricing_options import add_pricing_options, apply_pricing_options
 from validation.transfer import NO_PROFILE, POOLED, SHIPPED, pooled_profile, shipped_clusters
 
 TERM_GROUPS = ("collective", "wait", "compute and other")
@@ -112,14 +113,8 @@ def prefill_term_contributions(clusters) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arrival-lags", action=argparse.BooleanOptionalAction, default=cores.ARRIVAL_LAGS_PRICED,
-                        help="the master's expected wait for the last rank on shared cores in a prefill "
-                             "(sim.cores.ARRIVAL_LAGS_PRICED, on by default)")
-    parser.add_argument("--core-turns", action="store_true",
-                        help="ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing them fluidly")
-    args = parser.parse_args()
-    cores.SCHEDULING = cores.CoreScheduling.TURNS if args.core_turns else cores.SCHEDULING
-    cores.ARRIVAL_LAGS_PRICED = args.arrival_lags
+    add_pricing_options(parser, ("--arrival-lags", "--core-turns"))
+    apply_pricing_options(parser.parse_args())
     started = time.perf_counter()
     clusters = shipped_clusters(SHIPPED)
     isolated = isolated_errors(clusters)

@@ -658,7 +658,7 @@ GLOO_CONTENTION_SHARING = 2.0
 
 def contention_at(floor_s: float, measured_sharing: float, sharing: float, library: bool) -> float:
     """A contention floor per core turn (s) measured with ``measured_sharing`` ranks per core, at
-    ``sharing`` ranks per core; 0 where the ranks do not outnumber the cores.
+    ``sharing`` ranks per core (both > 0); 0 where the ranks do not outnumber the cores.
 
     Point-to-point schedules (``library`` False): scaled by the ratio, as processor sharing
     (:mod:`sim.cores`) stretches a turn's core work by the ranks per core (``floor_s /
@@ -674,9 +674,9 @@ def contention_at(floor_s: float, measured_sharing: float, sharing: float, libra
     read then as "the same whatever the ranks beyond the cores"), was not what its own decode
     paid: 24 such calls a token take longer than its measured TPOT
     (validation/transfer-report/progress.md, session 24)."""
-    if sharing <= 1.0 or measured_sharing <= 0:
+    if sharing <= 1.0:
         return 0.0
-    return floor_s if library else floor_s * sharing / max(1.0, measured_sharing)
+    return floor_s if library else floor_s * sharing / measured_sharing
 
 
 # gloo's broadcast (gloo ``gloo/broadcast.cc``) is the binomial tree it is modelled as, message for
