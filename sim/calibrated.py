@@ -436,6 +436,8 @@ class CalibratedNetwork:
         gap_s: the framework's time between two ops, added to every collective.
         in_place: use the in-place rows (False prices collectives as they run alone, which is
             what an isolated microbenchmark is checked against).
+        spread: the model whose ranks' finishes, each before its last rank's, a call priced from
+            the isolated timings keeps (None: every rank at the calibrated time).
     """
 
     profile: Profile
@@ -443,6 +445,7 @@ class CalibratedNetwork:
     topology: Topology
     gap_s: float = 0.0
     in_place: bool = True
+    spread: object = None
     extrapolated: set[str] = field(default_factory=set)
     _tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _in_place: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -462,8 +465,11 @@ class CalibratedNetwork:
 
     def time(self, schedule: CommSchedule, call: str | None = None) -> CollectiveTiming:
         """The timing of ``schedule``, the plan op ``call`` where given: the calibrated time for
-        every rank (the profile holds the master's view of a call, not per-rank finishes), its
-        calibrated wait in ``wait_s``."""
+        every rank where it was timed in place (the profile holds the master's view of a call,
+        not per-rank finishes), its calibrated wait in ``wait_s``. A call priced from the
+        isolated timings (the last rank's end) releases each rank as much before it as the
+        ``spread`` model's ranks finish before its last (a ring whose ranks receive over links
+        of different rates: :class:`sim.transport._TransportRun`, the sender's send buffer)."""
         key = (str(schedule.kind), schedule.algorithm, len(schedule.group),
                len(self.topology.host_groups(schedule.group)))
         in_place_key = (call, *key) if (call, *key) in self._in_place else key
@@ -476,7 +482,14 @@ class CalibratedNetwork:
         # timed in place, or isolated plus the in-place overhead at the nearest size: either way the
         # bursts its links' buckets gave the call in the run are in it (sim.bucket_clock)
         in_place = in_place_key in self._in_place and schedule.size_bytes > 0
-        return CollectiveTiming(duration, {r: duration for r in schedule.group}, wait_s, in_place)
+        return CollectiveTiming(duration, self._finishes(schedule, duration, in_place), wait_s, in_place)
+
+    def _finishes(self, schedule: CommSchedule, duration: float, in_place: bool) -> dict[int, float]:
+        if self.spread is None or in_place or schedule.size_bytes <= 0 or len(schedule.group) == 1:
+            return {r: duration for r in schedule.group}
+        modelled = self.spread.time(schedule).finish_s
+        last = max(modelled.values(), default=0.0)
+        return {r: max(0.0, duration - (last - modelled.get(r, last))) for r in schedule.group}
 
     def _wait_s(self, schedule: CommSchedule, key: tuple) -> float:
         table = self._wait.get(key)
@@ -617,7 +630,9 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
              *compute.reduction_terms(tuple(topology.devices[r] for r in ranks or range(topology.num_ranks))))
     if not contexts or same_cluster(contexts, target):
         mode = "same-cluster mode: timings of this cluster's collectives replayed (in place per plan op, isolated)"
-        return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s), True, terms,
+        from sim.transport import DefaultTransportNetwork
+        spread = DefaultTransportNetwork(topology, reduction_costs(compute, topology.devices))
+        return NetworkChoice(CalibratedNetwork(profile, fallback, topology, gap_s=gap_s, spread=spread), True, terms,
                              (mode, *compute.reduction_sources()))
     cached = _FITS.get(id(profile))
     if cached is None or cached.profile is not profile:
@@ -815,7 +830,9 @@ def _borrowed(fitted: dict):
                           float(np.median([t.bandwidth_efficiency for t in p2p])),
                           f"the median of the {len(p2p)} point-to-point schedules fitted",
                           notice_latencies=float(np.median([t.notice_latencies for t in p2p])),
-                          sender_done_on_write=all(t.sender_done_on_write for t in p2p))
+                          sender_done_on_write=all(t.sender_done_on_write for t in p2p),
+                          send_buffer_s=min(t.send_buffer_s for t in p2p),
+                          send_buffer_max_bytes=min(t.send_buffer_max_bytes for t in p2p))
 
 
 def context_devices(context) -> tuple[Device, ...]:

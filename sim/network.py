@@ -569,7 +569,7 @@ class _FlowRun(_ScheduleRun):
     projected ends sit in a heap whose stale entries are skipped.
     """
 
-    _LATENCY_OVER, _REDUCED, _DELIVERED = 0, 1, 2
+    _LATENCY_OVER, _REDUCED, _DELIVERED, _WRITTEN = 0, 1, 2, 3
 
     def __init__(self, schedule: CommSchedule, links: Links, tokens_bytes: Mapping[int, float] | None = None):
         super().__init__(schedule, links)
@@ -612,11 +612,13 @@ class _FlowRun(_ScheduleRun):
                 self._flowed(f)
                 self._arrived(f)
             while events and events[0][0] <= horizon:
-                _, _, kind, f = heapq.heappop(events)
+                at, _, kind, f = heapq.heappop(events)
                 if kind == self._REDUCED:
                     self._complete(self.transfers[f].dst, f)
                 elif kind == self._DELIVERED:  # a subclass's payload, in flight after its sender was done
                     self._delivered(f)
+                elif kind == self._WRITTEN:  # a subclass's sender, done before its bytes are through
+                    self._written(f, at)
                 elif self.transfers[f].size_bytes:
                     self._latency_over(f)
                 else:
@@ -650,6 +652,11 @@ class _FlowRun(_ScheduleRun):
 
     def _flow(self, transfer: int) -> None:
         self.starting.append(transfer)
+
+    def _written(self, transfer: int, at: float) -> None:
+        """A subclass's event, scheduled for ``at``: the sender of ``transfer`` is done before its
+        bytes are through."""
+        raise NotImplementedError
 
     def _push(self, time: float, kind: int, transfer: int) -> None:
         heapq.heappush(self.events, (time, self.sequence, kind, transfer))

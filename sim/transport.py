@@ -96,6 +96,11 @@ class TransportTerms:
         sender_done_on_write: the sender is done once its payload is written, the payload's
             latencies before it arrives (a send over TCP completes when the kernel has taken
             the bytes: gloo's ``transport/tcp/pair.cc``), not on its arrival.
+        send_buffer_s, send_buffer_max_bytes: with ``sender_done_on_write``, what the kernel
+            takes of a payload before its bytes are through: the sender is done once what is
+            left of it fits in its socket's send buffer, ``min(send_buffer_max_bytes,
+            send_buffer_s x the path's bottleneck rate)`` bytes (0: once its last byte is
+            through). See :data:`GLOO_SEND_BUFFER_S`.
         source: where the terms come from (fitted on which rows, or a documented default).
     """
 
@@ -107,6 +112,8 @@ class TransportTerms:
     min_message_s: float = 0.0
     notice_latencies: float = 0.0
     sender_done_on_write: bool = False
+    send_buffer_s: float = 0.0
+    send_buffer_max_bytes: float = 0.0
 
     def describe(self) -> str:
         call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
@@ -150,6 +157,16 @@ class _TransportLinks(Links):
         if not self.terms.sender_done_on_write:
             return 0.0
         return self.payload_latencies(self.topology.path(src, dst))
+
+    def send_buffer_bytes(self, route) -> float:
+        """What a sender's socket takes of a payload over ``route`` before its bytes are through
+        (bytes; 0 where the sender waits for its last byte): :attr:`TransportTerms.send_buffer_s`
+        at the route's bottleneck rate, at most :attr:`TransportTerms.send_buffer_max_bytes`."""
+        terms = self.terms
+        if not (terms.sender_done_on_write and terms.send_buffer_s > 0 and route.channels):
+            return 0.0
+        rate = min(self.capacity[c] for c in route.channels)
+        return min(terms.send_buffer_max_bytes, terms.send_buffer_s * rate)
 
     def notice_s(self, dst: int, src: int) -> float:
         """How long the receiver ``dst``'s ready notice takes to reach the sender ``src`` (s)."""
@@ -249,7 +266,13 @@ class _TransportRun(_FlowRun):
       for none of its others: gloo's ring posts its first two segments at once).
     * Where the sender is done on writing its payload (``sender_done_on_write``), its bytes
       flow first and travel the payload's latencies after: the sender goes on to its next step
-      that much before the receiver has them.
+      that much before the receiver has them. It goes on sooner still where its socket's send
+      buffer takes the payload's tail (:meth:`_TransportLinks.send_buffer_bytes`): once what is
+      left of the payload at the flow's rate fits in it, re-projected whenever the rate changes.
+      A ring's ranks so finish apart where its links differ: one whose last step sends over a
+      slow link and receives over a fast one is done a slow transfer before one that receives
+      over the slow link (measured on the emulated 2 hosts x 2 ranks: 0.10-0.13 s apart at the
+      end of every 5 MiB bucket's ring, ``benchmarks/bench_send_buffer.py``).
     * No message takes less than its step's contention floor (:meth:`_TransportLinks.floor_s`,
       per core turn of the step) from both ends being ready to its last byte: a message whose
       wire time is shorter waits out the rest before its bytes flow (both ends scheduled onto a
@@ -267,6 +290,9 @@ class _TransportRun(_FlowRun):
         self.notice_s = [links.notice_s(t.dst, t.src) for t in self.transfers]
         self.notice_at = [0.0] * len(self.transfers)  # when each receiver's notice reaches its sender
         self.in_flight_s = [links.payload_latency_s(t.src, t.dst) for t in self.transfers]
+        self.buffered = [links.send_buffer_bytes(route) for route in self.route]
+        self.written: set[int] = set()  # transfers whose sender is done, their bytes still flowing
+        self.written_at: dict[int, float] = {}  # flowing transfer -> when its tail fits the buffer
 
     def _enter(self, rank: int, position: int) -> None:
         # A rank that arrived early posted on arriving the receives of the steps that wait for none
@@ -289,7 +315,38 @@ class _TransportRun(_FlowRun):
                        self.now + self.floor[transfer] - wire_s - self.in_flight_s[transfer]),
                    self._LATENCY_OVER, transfer)
 
+    def _reshare(self) -> None:
+        super()._reshare()
+        if not any(self.buffered):
+            return
+        done = []
+        for f, end in self.end.items():
+            if f in self.written or not self.buffered[f]:
+                continue
+            at = max(self.now, end - self.buffered[f] / self.route_rate[self.route[f].id])
+            if at <= self.now:
+                done.append(f)
+            elif self.written_at.get(f) != at:
+                self.written_at[f] = at
+                self._push(at, self._WRITTEN, f)
+        for f in sorted(done):
+            self._written(f, None)
+
+    def _written(self, transfer: int, at: float | None) -> None:
+        if transfer in self.written or (at is not None and self.written_at.get(transfer) != at):
+            return  # done already, or a projection a rate change has replaced
+        self.written.add(transfer)
+        self.written_at.pop(transfer, None)
+        self._complete(self.transfers[transfer].src, transfer)  # its tail is the kernel's: the sender goes on
+
     def _arrived(self, transfer: int) -> None:
+        self.written_at.pop(transfer, None)
+        if transfer in self.written:  # the sender went on already
+            if self.in_flight_s[transfer]:
+                self._push(self.now + self.in_flight_s[transfer], self._DELIVERED, transfer)
+            else:
+                self._delivered(transfer)
+            return
         if not self.in_flight_s[transfer]:
             return super()._arrived(transfer)
         self._complete(self.transfers[transfer].src, transfer)  # written: the sender goes on
@@ -507,7 +564,7 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
     for count in counts:
         for efficiency in _EFFICIENCIES:
             trial = TransportTerms(0.0, count, efficiency, "", notice_latencies=min(count, default.notice_latencies),
-                                   sender_done_on_write=default.sender_done_on_write)
+                                   **_rendezvous(default))
             base = np.array([price(s, topology, trial, reduce_s_per_byte, cores).duration_s for s in schedules])
             probe = np.array([price(s, topology, replace(trial, per_message_s=1e-3), reduce_s_per_byte,
                                     cores).duration_s for s in schedules])
@@ -522,8 +579,7 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
     loss, overhead, count, efficiency = best
     rms = float(np.sqrt(loss / len(schedules)))
     return TransportTerms(overhead, count, efficiency, f"{source}, rms log error {rms:.2f}",
-                          notice_latencies=min(count, default.notice_latencies),
-                          sender_done_on_write=default.sender_done_on_write)
+                          notice_latencies=min(count, default.notice_latencies), **_rendezvous(default))
 
 
 def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerms]:
@@ -570,8 +626,9 @@ class TransportDefault:
     """Documented terms of a transport: (per-message overhead s, latencies per message) for the
     library's own collectives and for point-to-point schedules, a per-call cost, its source, and
     how many of a point-to-point message's latencies are the receiver's ready notice
-    (:attr:`TransportTerms.notice_latencies`), and whether a sender is done on writing its
-    payload (:attr:`TransportTerms.sender_done_on_write`)."""
+    (:attr:`TransportTerms.notice_latencies`), whether a sender is done on writing its
+    payload (:attr:`TransportTerms.sender_done_on_write`) and how much its socket takes of it
+    (:attr:`TransportTerms.send_buffer_s`, :attr:`TransportTerms.send_buffer_max_bytes`)."""
 
     library: tuple[float, float]
     point_to_point: tuple[float, float]
@@ -579,6 +636,8 @@ class TransportDefault:
     source: str
     point_to_point_notice: float = 0.0
     sender_done_on_write: bool = False
+    send_buffer_s: float = 0.0
+    send_buffer_max_bytes: float = 0.0
 
 
 class NcclProtocol(str, Enum):
@@ -626,9 +685,25 @@ def _nccl_default(transport: Transport, name: str) -> TransportDefault:
 # ``validation/holdout-report/profiles``: 2-core VM, torch 2.13.0, links of 0.05-5 ms) have
 # medians of 0.3 ms (library) and 0.5 ms (point to point) and bandwidth efficiencies of 1.0
 # (gloo's allreduce as its ring of two segments in flight, with the notice: a median of 0.29 ms).
+GLOO_SEND_BUFFER_S = 0.1
+"""What a TCP sender's socket takes of a payload before its bytes are through, in seconds of the
+path's bottleneck rate (:attr:`TransportTerms.send_buffer_s`): Linux grows a socket's send buffer
+to twice its congestion window (``tcp_sndbuf_expand``, ``net/ipv4/tcp_input.c``), and the window
+fills the path's round trip and the queue before its bottleneck. Measured on the emulated
+cluster (``benchmarks/bench_send_buffer.py``: one ``isend`` against its ``irecv``, 1-16 MiB),
+whose tbf queues hold 50 ms (``runtime/testbed/shaping.py``): over 100 Mbit/s a send of up to
+1.4 MB completes at once and a larger one 0.10-0.12 s (1.2-1.5 MB) before its receive without
+added delay, 0.13-0.14 s (1.6-1.8 MB) over 5 ms of path latency."""
+GLOO_SEND_BUFFER_MAX_BYTES = 2.8e6
+"""The most a TCP sender's socket takes of a payload (bytes, :attr:`TransportTerms.send_buffer_max_bytes`):
+measured over the emulated cluster's 1 Gbit/s links (``benchmarks/bench_send_buffer.py``: a
+16 MiB send completes 22 ms before its receive), where Linux's ``tcp_wmem`` maximum, 4 MiB of
+socket memory, caps the buffer."""
+
 DEFAULTS: dict[Transport, TransportDefault] = {
     Transport.GLOO_TCP: TransportDefault((0.3e-3, 1.0), (0.5e-3, 2.0), 0.0,
-                                         "gloo/tcp default: medians of the shipped profiles' fits", 1.0, True),
+                                         "gloo/tcp default: medians of the shipped profiles' fits", 1.0, True,
+                                         GLOO_SEND_BUFFER_S, GLOO_SEND_BUFFER_MAX_BYTES),
     Transport.NCCL_NVLINK: _nccl_default(Transport.NCCL_NVLINK, "nccl/nvlink"),
     Transport.NCCL_PCIE: _nccl_default(Transport.NCCL_PCIE, "nccl/pcie"),
     Transport.NCCL_NET: _nccl_default(Transport.NCCL_NET, "nccl/net (InfiniBand/RoCE)"),
@@ -704,7 +779,14 @@ def default_terms(algorithm: str, transport: Transport = Transport.GLOO_TCP, kin
     if algorithm == LIBRARY:
         latencies += notice
     return TransportTerms(overhead_s, latencies, 1.0, default.source, default.per_call_s, notice_latencies=notice,
-                          sender_done_on_write=default.sender_done_on_write)
+                          **_rendezvous(default))
+
+
+def _rendezvous(default) -> dict:
+    """The backend's terms no fit changes (:class:`TransportDefault` or :class:`TransportTerms`):
+    when a sender is done."""
+    return {"sender_done_on_write": default.sender_done_on_write, "send_buffer_s": default.send_buffer_s,
+            "send_buffer_max_bytes": default.send_buffer_max_bytes}
 
 
 def group_transport(topology: Topology, group: tuple[int, ...]) -> Transport:

@@ -511,6 +511,62 @@ def test_a_receiver_that_arrived_early_has_sent_its_notice_and_a_sender_goes_on_
     assert broadcast.duration_s - broadcast.finish_s[0] == pytest.approx(latency_s, abs=1e-5)
 
 
+def _two_hosts_of_two():
+    from sim.cluster_config import ClusterConfig
+    from sim.topology import build_topology
+
+    # the emulated training cluster: 1 Gbit/s inside a host, 100 Mbit/s between, no added delay
+    return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+        {"name": "n{i}", "count": 2, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": "50us"},
+         "interconnect": {"bandwidth": "1Gbit/s", "latency": "50us"},
+         "devices": {"type": "cpu", "count": 2, "memory": "4GiB"}}]}))
+
+
+def test_a_sender_goes_on_once_its_payloads_tail_fits_its_socket_buffer():
+    """bench_send_buffer.py: over 100 Mbit/s a 1.4 MB isend completed at once and an 8 MB one
+    0.1 s before its receive; the receive itself takes the wire's time either way."""
+    from models.ops import OpKind
+    from sim.collectives.schedule import CommSchedule, Transfer
+    from sim.transport import TransportNetwork
+
+    topology = _two_hosts_of_two()
+    rate = 12.5e6
+    buffered = _gloo_point_to_point(send_buffer_s=0.1, send_buffer_max_bytes=2.8e6)
+    unbuffered = _gloo_point_to_point()
+    for size, sender_done_s in ((1.0e6, 0.0), (8.0e6, 8.0e6 / rate - 0.1)):
+        schedule = CommSchedule(OpKind.SEND, "p2p", (1, 2), None, int(size), ((Transfer(1, 2, int(size), False),),))
+        with_buffer = TransportNetwork(topology, None, {}, buffered).time(schedule)
+        without = TransportNetwork(topology, None, {}, unbuffered).time(schedule)
+        assert with_buffer.finish_s[2] == pytest.approx(without.finish_s[2], rel=1e-9)  # the wire as before
+        assert without.finish_s[1] == pytest.approx(size / rate, rel=0.01)
+        assert with_buffer.finish_s[1] == pytest.approx(sender_done_s, abs=2e-3)
+
+
+def test_a_ring_over_fast_and_slow_links_releases_its_ranks_a_slow_transfer_apart():
+    """Two hosts of two ranks: a rank whose last step sends over the slow link and receives over
+    the fast one is done before the one that receives over the slow link, by the slow link's
+    chunk less the fast link's; the last rank's end, the allreduce's time, is unchanged."""
+    from sim.collectives.registry import build_schedule
+    from sim.transport import TransportNetwork, default_terms
+
+    topology = _two_hosts_of_two()
+    size = 5 * 2**20
+    schedule = build_schedule("allreduce", "ring", (0, 1, 2, 3), size, host_groups=topology.host_groups((0, 1, 2, 3)))
+    gloo = default_terms("ring")
+    timing = TransportNetwork(topology, None, {}, gloo).time(schedule)
+    last_receive_slow = [r for r in (0, 1, 2, 3) if topology.devices[(r - 1) % 4].host != topology.devices[r].host]
+    chunk = size / 4
+    lag_s = chunk / 12.5e6 - chunk / 125e6
+    for rank in (0, 1, 2, 3):
+        expected = timing.duration_s - (0.0 if rank in last_receive_slow else lag_s)
+        assert timing.finish_s[rank] == pytest.approx(expected, rel=0.02)
+    from dataclasses import replace
+
+    unbuffered = TransportNetwork(topology, None, {}, replace(gloo, send_buffer_s=0.0)).time(schedule)
+    assert timing.duration_s == pytest.approx(unbuffered.duration_s, rel=1e-6)
+    assert max(unbuffered.finish_s.values()) - min(unbuffered.finish_s.values()) < 1e-3
+
+
 def test_gloo_defaults_carry_the_rendezvous_and_nccl_defaults_do_not():
     from sim.transport import Transport, default_terms
 
@@ -518,7 +574,8 @@ def test_gloo_defaults_carry_the_rendezvous_and_nccl_defaults_do_not():
     assert point_to_point.latencies_per_message == 2.0 and point_to_point.notice_latencies == 1.0
     assert point_to_point.sender_done_on_write and default_terms("library").notice_latencies == 0.0
     nccl = default_terms("ring", Transport.NCCL_NET)
-    assert nccl.notice_latencies == 0.0 and not nccl.sender_done_on_write
+    assert nccl.notice_latencies == 0.0 and not nccl.sender_done_on_write and not nccl.send_buffer_s
+    assert point_to_point.send_buffer_s > 0 and point_to_point.send_buffer_max_bytes > 0
 
 
 def test_ranks_idle_at_a_segments_start_have_posted_the_receive_of_its_first_collective():
