@@ -34,6 +34,7 @@ class OpKind(StrEnum):
     OPTIMIZER_STEP = "optimizer_step"
     GRADIENT_CAST = "gradient_cast"  # training: a gradient bucket cast for a compressed allreduce
     COMM_THREAD = "comm_thread"  # training: a bucket's messages on a comm thread sharing the cores (sim.training.comm_thread)
+    STEP_LAG = "step_lag"  # training: a rank asleep until the previous step's last ring releases it (sim.training.lag)
 
     @property
     def is_communication(self) -> bool:

@@ -55,7 +55,8 @@ Semantics (what the tests pin down):
   collective does not compute and leaves its core to the others. A comm thread's op
   (``comm_thread``: a training bucket's messages, :mod:`sim.training.comm_thread`) only waits for
   a core: nothing where one is free as it starts, else its work shares the cores like compute.
-  Pools with enough cores change nothing, but for a pool that knows its machine's memory
+  A rank's lag (``step_lag``: asleep until the step before releases it, :mod:`sim.training.lag`)
+  holds no core: it only passes its time. Pools with enough cores change nothing, but for a pool that knows its machine's memory
   bandwidth (measured by the calibration): there two or more of the segment's ranks on it also
   share that, and an op timed alone (:meth:`sim.cost.ComputeModel.timed_alone`) stretches its
   memory part, its traffic at the lone process's bandwidth, to its share (processor sharing only).
@@ -389,7 +390,7 @@ class Engine:
                 yield fabric.load(rank, op.load.size_bytes)
             elif op.collective is None:
                 duration = self.compute.duration_s(op, device)
-                if cpu is None:
+                if cpu is None or op.kind is OpKind.STEP_LAG:  # a rank asleep holds no core
                     yield env.timeout(duration)
                 else:  # a comm thread's work is waiting for a core (sim.cores)
                     yield cpu.wait_for_core(duration, rank) if op.kind is OpKind.COMM_THREAD else cpu.run(

@@ -75,6 +75,7 @@ class TrainingPhase(StrEnum):
     BACKWARD = "backward"
     RECOMPUTE = "recompute"  # the forward again, during backward, under activation checkpointing
     OPTIMIZER = "optimizer"
+    LAG = "lag"  # a rank asleep at the step's start, the previous step's last ring not yet done with it
 
 
 class Metric(StrEnum):

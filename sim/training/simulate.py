@@ -27,7 +27,10 @@ profile lacks is the uncalibrated model's and is listed in ``extrapolated``. Eac
 A profile's whole forward and backward passes scale their ops' per-call time by what a pass does
 to it (:mod:`sim.training.step_compute`), and where the profile's cores are fewer than the
 ranks, the ranks and their comm threads share them as the step runs
-(:mod:`sim.training.comm_thread`); ``sources`` says how. A variant is priced from the profile's rows
+(:mod:`sim.training.comm_thread`); ``sources`` says how. There, where the step's last ring releases the
+ranks apart (a ring over fast and slow links, :mod:`sim.transport`'s send buffer), the step is
+simulated again with each late rank asleep for its lag at the start of the bucket segment and
+counted from the lag's end (:mod:`sim.training.lag`). A variant is priced from the profile's rows
 of its own training precision (``amp_bf16`` and ``bf16_mixed`` both compute in bf16, their kernels
 apart), else from another precision's of its compute dtype, which ``sources`` says
 (:meth:`sim.profile.Profile.of_precision`, :func:`precision_source`).
@@ -61,6 +64,7 @@ from sim.simulate import Pricing, build_pricing
 from sim.topology import Topology, build_topology
 from sim.trace import MEMORY_COLUMNS, OP_COLUMNS, STEP_COLUMNS, Trace, peak_table
 from sim.training.comm_thread import SharedCores, schedule_work, shared_cores
+from sim.training.lag import LAG_TOLERANCE_S, finish_lags, lagged_step, with_lags
 from sim.training.step_compute import StepCompute, calibrated_tensor, nearest_factors, pass_factors
 from sim.training.lower import (StepShape, TrainingStep, bucket_dtype, lower_step, scenario_reduction_dtypes,
                                tp_allreduce_algorithm)
@@ -86,15 +90,18 @@ class SimulatedStep:
 
     ``mirrors``: rank -> the rank of replica 0 whose ops and times it repeats, for the ranks of
     replicas that were not simulated because they run identically (:mod:`sim.training.symmetry`);
-    empty when every replica was simulated."""
+    empty when every replica was simulated. ``overlap_s``: how much of the segments' time the
+    step shares with the one before (ranks that start it asleep in that step's last ring,
+    :mod:`sim.training.lag`); its duration is the segments' less that."""
 
     step: TrainingStep
     results: tuple[SegmentResult, ...]
     mirrors: dict[int, int] = field(default_factory=dict)
+    overlap_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
-        return sum(s.segment.repeat * r.duration_s for s, r in zip(self.step.segments, self.results))
+        return sum(s.segment.repeat * r.duration_s for s, r in zip(self.step.segments, self.results)) - self.overlap_s
 
 
 @dataclass(frozen=True)
@@ -449,6 +456,13 @@ def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topolo
             simulated = _run_step(step, engine, pool, replica_images(shape), mirrors)
         if simulated is None:  # the replicas differ, or their collectives would meet on a channel
             simulated = _run_step(lower_step(shape, sync_gradients=sync, average_parameters=average), engine, pool)
+        lags = finish_lags(simulated) if pool is not None and isinstance(engine.compute, StepCompute) else {}
+        if any(lag_s > LAG_TOLERANCE_S for lag_s in lags.values()):
+            # On shared cores, where the last ring releases the ranks apart (sim.training.lag).
+            engine.compute.lags = lags
+            lagged = with_lags(lower_step(shape, sync_gradients=sync, average_parameters=average), lags)
+            simulated = lagged_step(_run_step(lagged, engine, pool), lags)
+            engine.compute.lags = {}
         steps.append(simulated)
     weights = [count for _, _, count in kinds]
     memory = _memory(shape, framework)

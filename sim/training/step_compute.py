@@ -181,6 +181,7 @@ class StepCompute:
     ``message_work_s`` per turn plus the reduction of the
     received bytes at the device's reduction cost in ``bucket_dtype`` (``reduce_s_per_byte``, the
     gamma the collectives price the bucket's reductions with; :func:`sim.training.lower.bucket_dtype`).
+    A :data:`OpKind.STEP_LAG` op lasts its rank's ``lags`` entry (s; :mod:`sim.training.lag`).
     """
 
     inner: object
@@ -189,13 +190,16 @@ class StepCompute:
     message_work_s: float = 0.0
     work: object = None
     bucket_dtype: str | None = None
+    lags: dict[int, float] = field(default_factory=dict)
     _cache: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def timed_alone(self, op: Op, device: Device) -> bool:
-        """As ``inner``'s; a comm thread's turns stream nothing the engine stretches."""
-        return op.kind is not OpKind.COMM_THREAD and self.inner.timed_alone(op, device)
+        """As ``inner``'s; a comm thread's turns and a rank's lag stream nothing the engine stretches."""
+        return op.kind not in (OpKind.COMM_THREAD, OpKind.STEP_LAG) and self.inner.timed_alone(op, device)
 
     def duration_s(self, op: Op, device: Device) -> float:
+        if op.kind is OpKind.STEP_LAG:
+            return self.lags.get(device.rank, 0.0)
         if op.kind is OpKind.COMM_THREAD:
             key = (int(op.cost.bytes_read), device.rank)
             work_s = self._cache.get(key)

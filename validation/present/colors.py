@@ -13,7 +13,7 @@ from sim.bottleneck import StepTerm
 from sim.vocabulary import Metric
 
 # Compute ops in blues and greens, collectives and hops in reds, oranges and purples, the loader
-# in grey; a training pass and the optimizer like the compute they are.
+# in grey; a training pass and the optimizer like the compute they are; a rank's lag pale.
 OP_KIND_COLORS: dict[str, str] = {
     OpKind.EMBEDDING.value: "#9ecae1",
     OpKind.LAYERNORM.value: "#6baed6",
@@ -33,6 +33,7 @@ OP_KIND_COLORS: dict[str, str] = {
     OpKind.OPTIMIZER_STEP.value: "#54278f",
     OpKind.GRADIENT_CAST.value: "#fdae6b",
     OpKind.COMM_THREAD.value: "#a50f15",
+    OpKind.STEP_LAG.value: "#d9d9d9",  # asleep, waiting on the step before: pale as idle time
 }
 _PALETTE = px.colors.qualitative.Plotly + px.colors.qualitative.D3
 # The terms of a step (sim.bottleneck.StepTerm): compute as its ops, collectives as their op kinds,
