@@ -357,6 +357,17 @@ def test_numeric_options_are_finite_and_in_range(tmp_path, capsys, args, option)
     assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and option in err, err
 
 
+def test_interleaving_is_refused_for_an_inference_scenario_in_one_line(tmp_path, capsys):
+    from validation.cli import main
+
+    path = _scenario_file(tmp_path, "interleave")  # an inference scenario
+    with pytest.raises(SystemExit) as exited:
+        main(["measure", str(path), "--interleave", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exited.value.code != 0 and len(err.strip().splitlines()) == 1 and "--interleave" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("field, value", [("min_timed_s", float("nan")), ("min_timed_s", float("inf")),
                                           ("repeats", 10**9), ("calibration_repeats", 0), ("warmup", -1)])
 def test_matrix_numbers_are_finite_and_in_range(tmp_path, capsys, field, value):

@@ -319,6 +319,26 @@ def test_measure_writes_training_metrics_and_a_trace_of_buckets(tmp_path):
     assert mixed["peak_memory_optimizer_states_bytes"] == 3 * parameters
 
 
+def test_interleaved_measurement_times_the_variants_in_turn_on_one_clock(tmp_path):
+    # What a validation compares (overlap on and off) timed over the same stretch of the machine:
+    # one step of each in turn, every variant's memory still read in ranks of its own.
+    scenario = _scenario(tmp_path, "gpt2", 2, {"optimizer": "adamw", "allreduce": "ring", **SMALL_BUCKETS}, [
+        {"name": "overlap"}, {"name": "no_overlap", "training": {"overlap": False}}], steps=1)
+    result = measure_training(scenario, repeats=2, warmup=1, seed=SEED, interleave=True)
+    rows = result.results
+    for name in ("overlap", "no_overlap"):
+        values = rows[(rows["variant"] == name) & (rows["device"] == "h0/dev0")].set_index("metric")["value"]
+        assert values["peak_memory_bytes"] > 0 and values["peak_memory_optimizer_states_bytes"] > 0
+    spans = []
+    for variant in result.variants:  # the trace holds each variant's last repeat, on the common clock
+        ops = variant.trace.ops
+        ops = ops[ops["rank"] == 0]
+        spans.append((float(ops["start_s"].min()), float(ops["end_s"].max())))
+    (first_start, first_end), (second_start, second_end) = spans
+    assert first_end <= second_start  # the second variant's last step follows the first's
+    assert second_start - first_start < 2 * (first_end - first_start) + 1.0  # in the same round, not a block later
+
+
 def test_measure_reads_a_steps_peak_as_the_resident_memory_plus_the_tensors_it_holds():
     # The validation model (tiny_gpt2, 4.3M parameters) on one rank, 4 x 128 tokens (2.1M logits):
     # its step peaks in the loss's backward, before any gradient exists, holding what autograd

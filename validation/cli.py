@@ -395,9 +395,12 @@ def sweep(scenario: Path, grid_path: Path, out_dir: str | None, profile_path: Pa
               help="Seed of the weights and the prompt.")
 @click.option("--hang-timeout", "hang_timeout_s", type=FiniteFloatRange(1, MAX_TIMEOUT_S), default=120.0,
               show_default=True, help="Seconds without progress after which the run fails, naming the stalled rank.")
+@click.option("--interleave", is_flag=True,
+              help="Training: time the variants one step of each in turn, on one clock (every variant's "
+                   "trainer alive at once), instead of one after the other.")
 @_ALLOW_OVERCOMMIT
 def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, warmup: int, seed: int,
-            hang_timeout_s: float, allow_overcommit: bool) -> None:
+            hang_timeout_s: float, interleave: bool, allow_overcommit: bool) -> None:
     """Run SCENARIO's variants for real (torch.distributed, one process per device) and measure
     TTFT, TPOT, decode tokens/s and peak memory; writes results.csv (source=measured), trace.json."""
     from sim.scenario import load_scenario
@@ -405,14 +408,18 @@ def measure(scenario: Path, out_dir: Path | None, testbed: bool, repeats: int, w
     from validation.memory_fit import check_memory_fits
 
     loaded = load_scenario(scenario)
+    if interleave and not loaded.config.is_training:
+        raise ConfigError("--interleave", "times a training scenario's variants in turn; this scenario's "
+                                          "workload is inference (got --interleave)")
     check_memory_fits(loaded, allow_overcommit=allow_overcommit)
     _require_torch("measure")
     from runtime.measure import measure_scenario, write_measured_outputs
     from runtime.training.measure import measure_training
 
     training = loaded.config.is_training
+    options = {"interleave": interleave} if training else {}
     result = (measure_training if training else measure_scenario)(
-        loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed, hang_timeout_s=hang_timeout_s)
+        loaded, repeats=repeats, warmup=warmup, seed=seed, testbed=testbed, hang_timeout_s=hang_timeout_s, **options)
     from sim.parallel import ParallelPlan
     from validation.present.layout import idle_line
     from validation.present.tables import measured_table, measured_training_table

@@ -23,6 +23,7 @@ A training matrix file (``validation/training.yaml`` is the full one)::
     variants:                     # cases besides the grid, each overriding ``training``
       - {name: no_overlap, training: {overlap: false}}
     transfer: false               # also predict every cluster from the others pooled and from no profile
+    interleave: false             # time the cases one step of each in turn (every case's trainer alive at once)
 
 With ``transfer: true`` the report also holds the calibration-transfer figure as the transfer
 issue defines it (:mod:`validation.training_transfer`, written under ``transfer/``): every
@@ -32,8 +33,8 @@ it pooled (leave-one-out) and from none, per (source, target) pair.
 A case is one variant on one cluster. Per cluster, the calibration
 (:func:`runtime.training.calibrate.calibrate_training`: forward and backward per op, the optimizer
 step, the buckets' allreduce over the data-parallel group) runs once, then the measurement
-(:func:`runtime.training.measure.measure_training`), each in a launch of its own inside the
-cluster's testbed, with the share of the machine the hypervisor stole and other processes took
+(:func:`runtime.training.measure.measure_training`; with ``interleave``, the cases timed one step
+of each in turn), each in a launch of its own inside the cluster's testbed, with the share of the machine the hypervisor stole and other processes took
 recorded; the measured ops of each case's last repeat (every bucket's allreduce on every rank) are
 saved beside them (``clusters/<cluster>/trace.csv``), with what was measured (the model, the
 workload and each case's settings, ``cases.json``). A cluster already calibrated and measured
@@ -113,6 +114,7 @@ class TrainingMatrix(BaseModel):
     grid: dict[str, list] = {}
     variants: list[dict] = []
     transfer: bool = False
+    interleave: bool = False
 
 
 def is_training_matrix(path: str | Path) -> bool:
@@ -256,7 +258,8 @@ def run_cluster(matrix: TrainingMatrix, scenario: Scenario, on_progress: Callabl
                                          max_call_s=matrix.max_call_s, on_beat=beat)
             on_progress(f"{scenario.name}: measuring {len(scenario.config.variants)} cases")
             measured, spent = load_during(lambda: measure_training(
-                scenario, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed))
+                scenario, repeats=matrix.repeats, warmup=matrix.warmup, testbed=matrix.testbed,
+                interleave=matrix.interleave))
         finally:
             if bed is not None:
                 bed.down()

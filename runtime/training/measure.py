@@ -12,7 +12,8 @@ exact allocator until one step's high-water mark is read as the peak memory
 a new trainer, in the fast allocator, ``warmup`` untimed optimizer steps (the first also
 rebuilds DDP's buckets in the order gradients became ready), one common start on the shared
 clock (:func:`runtime.worker.common_start`) and ``repeats`` x ``workload.steps`` timed steps back
-to back. The memory comes first because the fast allocator's steps leave free chunks in the heap
+to back (with ``interleave``, all variants timed in one launch after their memory, one step of
+each in turn: :func:`_interleaved`). The memory comes first because the fast allocator's steps leave free chunks in the heap
 that an exact read would count again (:mod:`runtime.training.memory`); a process that trains
 several variants (``variants`` of :func:`train_rank`, as ``torchrun`` does) reads every
 variant's before it times any.
@@ -192,11 +193,15 @@ def measured_training(scenario: Scenario, topology: Topology, gathered: list[lis
 
 
 def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: int, warmup: int, seed: int,
-               device, heartbeat=lambda label: None, variants: tuple[int, ...] | None = None) -> list | None:
+               device, heartbeat=lambda label: None, variants: tuple[int, ...] | None = None,
+               read_memory: bool = True, timing: bool = True, interleave: bool = False) -> list | None:
     """Train and time the variants of indices ``variants`` (None: every one) on this rank (see
     the module: every variant's memory is read before any is timed); all ranks' measurements
     ``[rank][variant]`` on rank 0, None elsewhere. Needs the default process group of the
-    layout's ranks (:func:`runtime.training.ranks.training_ranks`)."""
+    layout's ranks (:func:`runtime.training.ranks.training_ranks`). ``read_memory`` / ``timing``:
+    read the memory (else 0 and no categories) / time the steps (else none); ``interleave``:
+    time the variants' steps in turn, one step of each, all trainers alive (:func:`measure_training`),
+    each variant's TCP and tbf counters the timed window's share per variant."""
     import torch.distributed as dist
 
     from runtime import memory_probe
@@ -221,6 +226,9 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
 
     read = []  # every variant's memory before any step in the fast allocator (see the module)
     for setup in setups:
+        if not read_memory:
+            read.append((0, {}))
+            continue
         heartbeat(f"{setup.name} memory")
         # Numbered after the timed steps, as the read step was when it came last.
         memory_trainer, memory = exact_step_memory(partial(trainer, setup), probe, first_step=warmup + repeats * steps)
@@ -230,7 +238,11 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
         del memory_trainer
         gc.collect()
     out = []
-    for setup, (peak, categories) in zip(setups, read):
+    if not timing:
+        out = [RankTraining(rank, setup.name, [], peak, categories) for setup, (peak, categories) in zip(setups, read)]
+    elif interleave:
+        out = _interleaved(setups, read, trainer, rank, repeats * steps, warmup, probe, heartbeat)
+    for setup, (peak, categories) in zip(setups, read) if timing and not interleave else ():
         timed_trainer = trainer(setup)
         for step in range(warmup):
             heartbeat(f"{setup.name} warm-up step {step}")
@@ -255,6 +267,38 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
     return gathered if rank == 0 else None
 
 
+def _interleaved(setups, read, trainer, rank: int, count: int, warmup: int, probe, heartbeat) -> list[RankTraining]:
+    """Every variant's ``count`` timed steps in turn, one of each (after ``warmup`` untimed steps
+    of each), from one common start: variants compared over the same stretch of the machine's
+    load, which blocked one after another are not (the 2-core testbed's overlap gain of one
+    cluster, blocked in launches of their own, 1.014 in two runs days apart and 1.050 in a third;
+    interleaved 1.050 and 1.061)."""
+    from runtime.tcp_counters import retransmitted_segments
+    from runtime.testbed.shaping import dropped_packets
+    from runtime.worker import common_start
+
+    trainers = [trainer(setup) for setup in setups]
+    for setup, each in zip(setups, trainers):
+        for step in range(warmup):
+            heartbeat(f"{setup.name} warm-up step {step}")
+            each.step(step)
+    t0 = common_start(probe.torch_device)
+    timed = [[] for _ in setups]
+    retransmitted, dropped = retransmitted_segments(), dropped_packets()
+    for index in range(count):
+        heartbeat(f"step {index + 1} of {count} of each variant, in turn")
+        for steps, each in zip(timed, trainers):
+            steps.append(_shifted(each.step(warmup + index), t0))
+    after, dropped_after = retransmitted_segments(), dropped_packets()
+    share = len(setups)
+    retransmitted = None if retransmitted is None or after is None else (after - retransmitted) / share
+    dropped = None if dropped is None or dropped_after is None else (dropped_after - dropped) / share
+    for each in trainers:
+        each.close()
+    return [RankTraining(rank, setup.name, steps, peak, categories, retransmitted, dropped)
+            for setup, steps, (peak, categories) in zip(setups, timed, read)]
+
+
 def _shifted(timing, t0: float):
     """``timing`` with every time in s from ``t0``."""
     def span(pair):
@@ -268,9 +312,12 @@ def _shifted(timing, t0: float):
 
 
 def measure_training(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, seed: int = 0, testbed: bool = False,
-                     hang_timeout_s: float = 120.0) -> MeasuredResult:
+                     hang_timeout_s: float = 120.0, interleave: bool = False) -> MeasuredResult:
     """Measure every variant of the training ``scenario`` on this machine: one forked rank per
     rank of its layout (tensor x data), inside the testbed's host namespaces when ``testbed``.
+    With ``interleave``, each variant's memory is read in ranks of its own as without it, and
+    then every variant is timed in one launch, one step of each in turn (:func:`_interleaved`):
+    every variant's trainer is alive at once there, so the machine must hold them all.
 
     Raises:
         ConfigError: what :class:`runtime.training.trainer.TrainingSetup` refuses, or ``testbed``
@@ -293,13 +340,20 @@ def measure_training(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
     # training left (heap pages, caches), which read as the next variant's memory (+8 to +40 MB
     # per variant on the validation model, tiny_gpt2 over 4 gloo ranks).
     gathered = [[] for _ in layout.ranks]
-    for index in range(len(scenario.config.variants)):
-        def body(rank: int, heartbeat, index=index):
-            return train_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed,
-                              device=torch.device("cpu"), heartbeat=heartbeat, variants=(index,))
 
-        every_rank = launch(body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s,
-                            enter_namespace=enter)[0]
-        for rank, measured in enumerate(every_rank):
+    def run(**kwargs) -> list:
+        def body(rank: int, heartbeat):
+            return train_rank(scenario, topology, rank, repeats=repeats, warmup=warmup, seed=seed,
+                              device=torch.device("cpu"), heartbeat=heartbeat, **kwargs)
+
+        return launch(body, len(layout.ranks), placements=placements, hang_timeout_s=hang_timeout_s,
+                      enter_namespace=enter)[0]
+
+    for index in range(len(scenario.config.variants)):
+        for rank, measured in enumerate(run(variants=(index,), timing=not interleave)):
             gathered[rank] += measured
+    if interleave:
+        for rank, timed in enumerate(run(read_memory=False, interleave=True)):
+            gathered[rank] = [replace(t, peak_memory_bytes=m.peak_memory_bytes, memory=m.memory)
+                              for m, t in zip(gathered[rank], timed)]
     return measured_training(scenario, topology, gathered, repeats)
