@@ -120,8 +120,11 @@ class TransportTerms:
         if self.min_message_s:
             call += f"at least {self.min_message_s * 1e3:.2f} ms (core contention), "
         notice = f" ({self.notice_latencies:g} of them the receiver's ready notice)" if self.notice_latencies else ""
+        buffer = (f", the sender done once its tail fits {self.send_buffer_s * 1e3:g} ms of the path's rate "
+                  f"(at most {self.send_buffer_max_bytes / 1e6:g} MB)"
+                  if self.sender_done_on_write and self.send_buffer_s > 0 else "")
         return (f"{call}{self.per_message_s * 1e3:.3g} ms + {self.latencies_per_message:g} latencies per message"
-                f"{notice}, {self.bandwidth_efficiency:.0%} of the bandwidth ({self.source})")
+                f"{notice}, {self.bandwidth_efficiency:.0%} of the bandwidth{buffer} ({self.source})")
 
 
 class _TransportLinks(Links):
