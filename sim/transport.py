@@ -274,8 +274,9 @@ class _TransportRun(_FlowRun):
       left of the payload at the flow's rate fits in it, re-projected whenever the rate changes.
       A ring's ranks so finish apart where its links differ: one whose last step sends over a
       slow link and receives over a fast one is done a slow transfer before one that receives
-      over the slow link (measured on the emulated 2 hosts x 2 ranks: 0.10-0.13 s apart at the
-      end of every 5 MiB bucket's ring, ``benchmarks/bench_send_buffer.py``).
+      over the slow link (the send buffer timed by ``benchmarks/bench_send_buffer.py``; on the
+      emulated 2 hosts x 2 ranks the 5 MiB buckets' rings ended 0.05-0.11 s apart,
+      ``validation/training-report/overlap-s25``).
     * No message takes less than its step's contention floor (:meth:`_TransportLinks.floor_s`,
       per core turn of the step) from both ends being ready to its last byte: a message whose
       wire time is shorter waits out the rest before its bytes flow (both ends scheduled onto a

@@ -13,7 +13,7 @@ a new trainer, in the fast allocator, ``warmup`` untimed optimizer steps (the fi
 rebuilds DDP's buckets in the order gradients became ready), one common start on the shared
 clock (:func:`runtime.worker.common_start`) and ``repeats`` x ``workload.steps`` timed steps back
 to back (with ``interleave``, all variants timed in one launch after their memory, one step of
-each in turn: :func:`_interleaved`). The memory comes first because the fast allocator's steps leave free chunks in the heap
+each in turn: `_timed`). The memory comes first because the fast allocator's steps leave free chunks in the heap
 that an exact read would count again (:mod:`runtime.training.memory`); a process that trains
 several variants (``variants`` of :func:`train_rank`, as ``torchrun`` does) reads every
 variant's before it times any.
@@ -206,12 +206,9 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
 
     from runtime import memory_probe
     from runtime.device import device_of
-    from runtime.tcp_counters import retransmitted_segments
-    from runtime.testbed.shaping import dropped_packets
     from runtime.training.memory import exact_step_memory, memory_categories, state_bytes
     from runtime.training.ranks import training_ranks
     from runtime.training.trainer import Trainer, TrainingSetup, process_groups
-    from runtime.worker import common_start
 
     memory_probe.configure_allocator(exact=False)
     layout = training_ranks(scenario, topology)
@@ -237,41 +234,26 @@ def train_rank(scenario: Scenario, topology: Topology, rank: int, *, repeats: in
         memory_trainer.close()
         del memory_trainer
         gc.collect()
-    out = []
     if not timing:
         out = [RankTraining(rank, setup.name, [], peak, categories) for setup, (peak, categories) in zip(setups, read)]
     elif interleave:
-        out = _interleaved(setups, read, trainer, rank, repeats * steps, warmup, probe, heartbeat)
-    for setup, (peak, categories) in zip(setups, read) if timing and not interleave else ():
-        timed_trainer = trainer(setup)
-        for step in range(warmup):
-            heartbeat(f"{setup.name} warm-up step {step}")
-            timed_trainer.step(step)
-        t0 = common_start(probe.torch_device)
-        timed = []
-        retransmitted, dropped = retransmitted_segments(), dropped_packets()
-        for index in range(repeats * steps):
-            heartbeat(f"{setup.name} step {index + 1} of {repeats * steps}")
-            timed.append(_shifted(timed_trainer.step(warmup + index), t0))
-        after = retransmitted_segments()
-        retransmitted = None if retransmitted is None or after is None else after - retransmitted
-        dropped_after = dropped_packets()
-        dropped = None if dropped is None or dropped_after is None else dropped_after - dropped
-        timed_trainer.close()
-        out.append(RankTraining(rank, setup.name, timed, peak, categories, retransmitted, dropped))
-        del timed_trainer
-        gc.collect()
+        out = _timed(setups, read, trainer, rank, repeats * steps, warmup, probe, heartbeat)
+    else:  # one variant after another, each from a common start of its own
+        out = [timed for setup, memory in zip(setups, read)
+               for timed in _timed([setup], [memory], trainer, rank, repeats * steps, warmup, probe, heartbeat)]
     heartbeat("gather")
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(out, gathered, dst=0)
     return gathered if rank == 0 else None
 
 
-def _interleaved(setups, read, trainer, rank: int, count: int, warmup: int, probe, heartbeat) -> list[RankTraining]:
-    """Every variant's ``count`` timed steps in turn, one of each (after ``warmup`` untimed steps
-    of each), from one common start: variants compared over the same stretch of the machine's
-    load, which blocked one after another are not (the 2-core testbed's overlap gain of one
-    cluster, blocked in launches of their own, 1.014 in two runs days apart and 1.050 in a third;
+def _timed(setups, read, trainer, rank: int, count: int, warmup: int, probe, heartbeat) -> list[RankTraining]:
+    """Every variant of ``setups`` timed for ``count`` steps, one step of each in turn (after
+    ``warmup`` untimed steps of each), from one common start, with its memory ``read`` beside it;
+    the TCP and tbf counters over the timed window shared equally among the variants. With
+    several variants, they are compared over the same stretch of the machine's load, which
+    variants timed one after another are not (the 2-core testbed's overlap gain of one cluster,
+    blocked in launches of their own, 1.014 in two runs days apart and 1.050 in a third;
     interleaved 1.050 and 1.061)."""
     from runtime.tcp_counters import retransmitted_segments
     from runtime.testbed.shaping import dropped_packets
@@ -285,8 +267,9 @@ def _interleaved(setups, read, trainer, rank: int, count: int, warmup: int, prob
     t0 = common_start(probe.torch_device)
     timed = [[] for _ in setups]
     retransmitted, dropped = retransmitted_segments(), dropped_packets()
+    which = setups[0].name if len(setups) == 1 else "each variant, in turn"
     for index in range(count):
-        heartbeat(f"step {index + 1} of {count} of each variant, in turn")
+        heartbeat(f"{which}: step {index + 1} of {count}")
         for steps, each in zip(timed, trainers):
             steps.append(_shifted(each.step(warmup + index), t0))
     after, dropped_after = retransmitted_segments(), dropped_packets()
@@ -295,6 +278,8 @@ def _interleaved(setups, read, trainer, rank: int, count: int, warmup: int, prob
     dropped = None if dropped is None or dropped_after is None else (dropped_after - dropped) / share
     for each in trainers:
         each.close()
+    del trainers
+    gc.collect()
     return [RankTraining(rank, setup.name, steps, peak, categories, retransmitted, dropped)
             for setup, steps, (peak, categories) in zip(setups, timed, read)]
 
@@ -316,7 +301,7 @@ def measure_training(scenario: Scenario, *, repeats: int = 5, warmup: int = 1, s
     """Measure every variant of the training ``scenario`` on this machine: one forked rank per
     rank of its layout (tensor x data), inside the testbed's host namespaces when ``testbed``.
     With ``interleave``, each variant's memory is read in ranks of its own as without it, and
-    then every variant is timed in one launch, one step of each in turn (:func:`_interleaved`):
+    then every variant is timed in one launch, one step of each in turn (`_timed`):
     every variant's trainer is alive at once there, so the machine must hold them all.
 
     Raises:

@@ -105,7 +105,7 @@ def with_lags(step, lags: dict[int, float]):
     for rank, lag_s in lags.items():
         if lag_s <= LAG_TOLERANCE_S or rank not in programs:
             continue
-        wait = Op(OpKind.STEP_LAG, "step_lag", Stream.COMPUTE, cost=_NO_COST)
+        wait = Op(OpKind.STEP_LAG, OpKind.STEP_LAG.value, Stream.COMPUTE, cost=_NO_COST)
         shifted = [op if op.after is None else replace(op, after=tuple(i + 1 for i in op.after))
                    for op in programs[rank]]
         programs[rank] = (wait, *shifted)

@@ -460,9 +460,11 @@ def _simulate_variant(variant: Variant, shape: StepShape, engine: Engine, topolo
         if any(lag_s > LAG_TOLERANCE_S for lag_s in lags.values()):
             # On shared cores, where the last ring releases the ranks apart (sim.training.lag).
             engine.compute.lags = lags
-            lagged = with_lags(lower_step(shape, sync_gradients=sync, average_parameters=average), lags)
-            simulated = lagged_step(_run_step(lagged, engine, pool), lags)
-            engine.compute.lags = {}
+            try:
+                lagged = with_lags(lower_step(shape, sync_gradients=sync, average_parameters=average), lags)
+                simulated = lagged_step(_run_step(lagged, engine, pool), lags)
+            finally:
+                engine.compute.lags = {}
         steps.append(simulated)
     weights = [count for _, _, count in kinds]
     memory = _memory(shape, framework)
