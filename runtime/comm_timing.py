@@ -49,6 +49,8 @@ ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in 
                    "algorithm and size; last rank's start to last rank's end")
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
+CHAIN_METHOD = ("{chain} calls back to back from deadlines on the shared clock, in rounds over every "
+                "algorithm and size; last rank's start of the first to last rank's end of the last, per call")
 WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start, "
                "each repeat a generation's mean call; the median is charged")
 
@@ -150,12 +152,22 @@ class CollectiveSweep:
             follows compute, on cores that did not go idle; that the sleep is what costs is a
             hypothesis (this VM halts an idle vCPU: ``benchmarks/bench_gloo_small.py``) not yet
             checked by a quiet re-calibration (``validation/layouts-report/progress.md``).
+        chain: calls of a case timed back to back per round (1: each call alone); a round's
+            time is then the chain's span over ``chain``, the cost of a call queued behind
+            another, as DDP's buckets queue on the communication stream. On the emulated
+            2 hosts x 2 ranks at 100 Mbit/s a 1 MiB ring allreduce, alone, is bimodal (30 calls:
+            p10 126 ms, median 149, p90 180; medians of 3 from 138 to 177 ms over nine
+            calibrations) and costs a median 161 ms in a chain of 10 (p10 149, p90 171); at
+            256 KiB and 4 MiB chain and alone agree within 1% (``benchmarks/bench_chain_calls.py``).
     """
 
     def __init__(self, ranks, topology, rank: int, comm, max_call_s: float, heartbeat,
                  sizes: tuple[int, ...] = SIZES_BYTES, algorithms: dict[OpKind, tuple[str, ...]] | None = None,
-                 held_out: tuple[int, ...] = (), one_host: bool = False):
+                 held_out: tuple[int, ...] = (), one_host: bool = False, chain: int = 1):
+        if chain < 1:
+            raise ValueError(f"chain must be at least 1 call, got {chain}")
         self.ranks, self.rank, self.comm, self.heartbeat = tuple(ranks), rank, comm, heartbeat
+        self.chain = chain
         self.sizes, self.held_out = tuple(sizes), tuple(held_out)
         self.topology = topology
         groups = [self.ranks]
@@ -203,7 +215,12 @@ class CollectiveSweep:
             self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
                            f"ranks, {label}")
             tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
-            spans += synchronised_times(lambda: self._run(call, tensor), 1, 0.0, self.lead_s, members=call.group)
+            spans += [span / self.chain for span in synchronised_times(
+                lambda: self._chain(call, tensor), 1, 0.0, self.lead_s, members=call.group)]
+
+    def _chain(self, call: Collective, tensor: torch.Tensor) -> None:
+        for _ in range(self.chain):
+            self._run(call, tensor)
 
     def rows(self) -> list[dict]:
         """Profile rows of every round so far on ``ranks[0]``; an empty list elsewhere. Each row
@@ -214,7 +231,8 @@ class CollectiveSweep:
                  and call.size_bytes not in self.sizes else MeasurementKind.COLLECTIVE, "op": str(call.kind),
                  "algorithm": call.algorithm, "group_size": len(call.group),
                  "num_hosts": len(self.topology.host_groups(call.group)),
-                 "size_bytes": call.size_bytes, "unit": "s", "method": ISOLATED_METHOD, **stats(spans)}
+                 "size_bytes": call.size_bytes, "unit": "s",
+                 "method": ISOLATED_METHOD if self.chain == 1 else CHAIN_METHOD.format(chain=self.chain), **stats(spans)}
                 for (call, _), spans in zip(self.cases, self.times)]
 
 

@@ -36,8 +36,10 @@ each distinct micro-batch size and precision of the scenario's variants:
   ``flops`` and ``traffic_bytes`` from :func:`models.training.optimizer_step_cost`.
 
 * ``collective``: the allreduce algorithms of the variants' buckets (and ZeRO-1's binomial
-  broadcast where a variant shards), in isolation over the data-parallel group
-  (:class:`runtime.comm_timing.CollectiveSweep`), from 1 KiB up to the first size of the sweep
+  broadcast where a variant shards) over the data-parallel group, each size timed as
+  :data:`BUCKET_CHAIN_CALLS` calls back to back per round (:class:`runtime.comm_timing.CollectiveSweep`'s
+  ``chain``: DDP's buckets queue on the communication stream and run back to back), from 1 KiB
+  up to the first size of the sweep
   that holds every gradient of the model (a bucket, a compressed bucket and the parameter
   average are no larger), or ``max_call_s``; the same rows an inference calibration times, so
   the simulator prices buckets with the network terms it fits on them (:mod:`sim.calibrated`).
@@ -112,6 +114,12 @@ from sim.vocabulary import MeasurementKind
 
 OPTIMIZER_SIZES = (1 << 16, 1 << 20)
 """Parameter counts each optimizer is timed at, besides the model's own."""
+
+BUCKET_CHAIN_CALLS = 4
+"""Calls of a bucket size timed back to back per round of the data-parallel sweep: the buckets
+after the first queue behind one another. Alone, a 1 MiB ring allreduce over 2 hosts x 2 ranks at
+100 Mbit/s is bimodal (126 or about 160 ms) and in a chain costs 8% more than alone; the chain's
+mean is what a step of many such buckets pays (``benchmarks/bench_chain_calls.py``)."""
 
 _KEYS = ("measurement", "device_class", "op", "group_size", "batch_size", "new_tokens", "context_tokens",
          "size_bytes", "dtype", "precision", "flops", "traffic_bytes", "unit", "method")
@@ -427,7 +435,8 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
     sweeps = []
     if layout.data > 1:
         sweeps.append(CollectiveSweep(alone(group), topology, rank, comm, max_call_s, heartbeat,
-                                      sizes=sweep_sizes(parameters), algorithms=sweep_algorithms(setups)))
+                                      sizes=sweep_sizes(parameters), algorithms=sweep_algorithms(setups),
+                                      chain=BUCKET_CHAIN_CALLS))
     if layout.tensor > 1:
         algorithms, sizes = tensor_parallel_sweep(scenario, setups, backend_of(topology.devices[rank].spec))
         sweeps.append(CollectiveSweep(alone(layout.tensor_group(rank)), topology, rank, comm, max_call_s, heartbeat,

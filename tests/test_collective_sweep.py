@@ -1,0 +1,73 @@
+"""The calibration's collective sweep times a call alone or queued behind others (``chain``): a
+chain's row is the cost per call, and says how it was taken (issue 19: DDP's buckets run back to
+back on the communication stream)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.cluster_config import ClusterConfig
+from sim.topology import build_topology
+
+CALL_S = 0.02
+
+
+def _one_host_of_two():
+    return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+        {"name": "n0", "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": "50us"},
+         "interconnect": {"bandwidth": "1Gbit/s", "latency": "50us", "shared": True},
+         "devices": {"type": "cpu", "count": 2, "memory": "4GiB"}}]}))
+
+
+def test_a_chained_sweep_runs_its_calls_back_to_back_and_charges_the_time_per_call():
+    torch = pytest.importorskip("torch")
+    import time
+
+    from models.ops import OpKind
+    from runtime import clock
+    from runtime.comm_timing import CollectiveSweep
+    from runtime.launch import launch
+
+    topology = _one_host_of_two()
+
+    class SleepingComm:
+        """Each call takes CALL_S, whatever it is; counts them."""
+
+        def __init__(self):
+            self.calls, self.process_groups = 0, {}
+
+        def run(self, call, tensor):
+            self.calls += 1
+            time.sleep(CALL_S)
+
+    def body(rank, heartbeat):
+        clock.synchronise()
+        torch.set_num_threads(1)
+        rows, calls = {}, {}
+        for chain in (1, 3):
+            comm = SleepingComm()
+            sweep = CollectiveSweep((0, 1), topology, rank, comm, 1.0, heartbeat, sizes=(1024,),
+                                    algorithms={OpKind.ALLREDUCE: ("ring",), OpKind.REDUCE: (), OpKind.BROADCAST: ()},
+                                    chain=chain)
+            before = comm.calls  # the warm-up and the size probe
+            for index in range(2):
+                sweep.round(f"round {index + 1} of 2")
+            rows[chain], calls[chain] = sweep.rows(), comm.calls - before
+        return rows, calls
+
+    rows, calls = launch(body, 2, hang_timeout_s=120)[0]
+    assert calls == {1: 2, 3: 6}
+    alone, chained = rows[1][0], rows[3][0]
+    assert alone["repeats"] == chained["repeats"] == 2
+    assert chained["method"].startswith("3 calls back to back")
+    assert alone["method"].startswith("calls started together")
+    for row in (alone, chained):  # per call, not per chain: a sleep of CALL_S plus the clocks' agreement
+        assert CALL_S <= row["median"] < 2 * CALL_S
+
+
+def test_a_chain_of_no_calls_is_refused():
+    pytest.importorskip("torch")
+    from runtime.comm_timing import CollectiveSweep
+
+    with pytest.raises(ValueError, match="chain must be at least 1 call, got 0"):
+        CollectiveSweep((0,), _one_host_of_two(), 0, None, 1.0, print, chain=0)
