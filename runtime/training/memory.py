@@ -36,7 +36,7 @@ and not the top chunk can serve it), and the fast mode's steps leave the activat
 then touches them again as it reuses them, chunk after chunk. Read after the timed steps, a step
 of the validation model (tiny_gpt2 over 4 gloo ranks) peaked above the resident memory plus
 torch's own count of its live tensors (the CPU allocator's running total in the profiler's
-allocation events) by 2.6 to 31 MB in the stored validation (``validation/training-report``,
+allocation events) by 2.6 to 31 MB in the stored validation (``validation/training-report/blocked-s20``,
 median 12 MB, different on every rank; 2.5 to 22 MB on loopback with
 ``benchmarks/bench_training_memory.py --fast-steps 4``); read first, by at most 0.8 MB on every
 rank of the 11 cases of ``validation/training-quick.yaml`` (the same benchmark).
