@@ -14,7 +14,9 @@ Measured 2026-11-29 (quiet machine; with the scratch script this one replaces, 3
 calls each): v2x2_bandwidth (2 hosts x 2 ranks, 100 Mbit/s between them), ring, alone / in a
 chain of 10, medians: 256 KiB 34.0 / 33.8 ms; 1 MiB 149 / 161 ms (alone p10 126, p90 180:
 bimodal; chain p10 149, p90 171); 4 MiB 547 / 545 ms. v4x1_bandwidth (4 hosts x 1 rank): 1 MiB
-126.4 / 127.7 ms (the wire's 126), 4 MiB 512 / 513 ms.
+126.4 / 127.7 ms (the wire's 126), 4 MiB 512 / 513 ms. This script, 6 rounds, chains of 4, two
+runs on v2x2_bandwidth: 1 MiB alone 166.3 and 154.4 ms (p10 142 and 147, p90 188 and 172), chained
+163.0 and 165.1 (p10-p90 160-173); v2x2_latency and v4x1_latency chain / alone 0.99-1.01 at every size.
 
 Run: ``flock /work/testbed.lock sh -c 'hetsim testbed up S && PYTHONPATH=. .venv/bin/python
 benchmarks/bench_chain_calls.py S [--sizes 262144,1048576,4194304 --chain 4 --rounds 5]; hetsim testbed down S'``
