@@ -125,10 +125,11 @@ def one_host_group(ranks, topology) -> tuple[int, ...] | None:
 
 
 class CollectiveSweep:
-    """Each algorithm of each collective kind timed in isolation at ``sizes`` and ``held_out``
-    (ascending; a kind's sizes stop once a call takes longer than ``max_call_s``), one call of each
-    per :meth:`round`, so that the rounds, not blocks of repeats, sample the machine's drift; and so
-    that ``hetsim validate`` can interleave them with its other rounds.
+    """Each algorithm of each collective kind timed alone (or ``chain`` calls back to back) at
+    ``sizes`` and ``held_out`` (ascending; a kind's sizes stop once a call takes longer than
+    ``max_call_s``), one call (or chain) of each per :meth:`round`, so that the rounds, not blocks
+    of repeats, sample the machine's drift; and so that ``hetsim validate`` can interleave them
+    with its other rounds.
 
     Building it warms every case up (which also builds its schedule) and agrees on the lead every
     call starts after. Every rank of ``ranks`` must build it and call :meth:`round` alike.
@@ -154,11 +155,11 @@ class CollectiveSweep:
             checked by a quiet re-calibration (``validation/layouts-report/progress.md``).
         chain: calls of a case timed back to back per round (1: each call alone); a round's
             time is then the chain's span over ``chain``, the cost of a call queued behind
-            another, as DDP's buckets queue on the communication stream. On the emulated
-            2 hosts x 2 ranks at 100 Mbit/s a 1 MiB ring allreduce, alone, is bimodal (30 calls:
-            p10 126 ms, median 149, p90 180; medians of 3 from 138 to 177 ms over nine
-            calibrations) and costs a median 161 ms in a chain of 10 (p10 149, p90 171); at
-            256 KiB and 4 MiB chain and alone agree within 1% (``benchmarks/bench_chain_calls.py``).
+            another (the training calibration's buckets, and why:
+            :data:`runtime.training.calibrate.BUCKET_CHAIN_CALLS`).
+
+    Raises:
+        ValueError: ``chain`` below 1.
     """
 
     def __init__(self, ranks, topology, rank: int, comm, max_call_s: float, heartbeat,

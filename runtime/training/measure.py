@@ -13,7 +13,7 @@ a new trainer, in the fast allocator, ``warmup`` untimed optimizer steps (the fi
 rebuilds DDP's buckets in the order gradients became ready), one common start on the shared
 clock (:func:`runtime.worker.common_start`) and ``repeats`` x ``workload.steps`` timed steps back
 to back (with ``interleave``, all variants timed in one launch after their memory, one step of
-each in turn: `_timed`). The memory comes first because the fast allocator's steps leave free chunks in the heap
+each in turn: ``_timed``). The memory comes first because the fast allocator's steps leave free chunks in the heap
 that an exact read would count again (:mod:`runtime.training.memory`); a process that trains
 several variants (``variants`` of :func:`train_rank`, as ``torchrun`` does) reads every
 variant's before it times any.
