@@ -131,12 +131,33 @@ def _at_once(tensor: int) -> str:
         f"every rank at once, the layer a {tensor}-way tensor-parallel shard without its allreduces"
 
 
-def _timed(fn: Callable[[], object], repeats: int, synchronize: Callable[[], None]) -> list[float]:
-    """``repeats`` timings of ``fn`` after one untimed call (s)."""
+def _together() -> None:
+    """Every rank of the default process group lined up (a barrier; nothing without one).
+
+    Each rank times its calls on its own, and the ranks share the machine's cores (or a GPU's
+    host). Left to run on, they drift: a rank that finishes a phase first waits in the next
+    collective, idle, and the late ranks' last calls run on the cores it freed. Measured on the
+    shipped training report's v4x1_bandwidth calibration (4 ranks on 2 cores): the whole backward
+    pass at micro batch 1, the last pass timed before the collective sweep, p10 42 ms, median
+    79, mean 66, where every rank at once (a barrier before each call) reads 89-111 ms, as the
+    same pass inside its DDP steps took (91-98 ms, ``validation/training-report``)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _timed(fn: Callable[[], object], repeats: int, synchronize: Callable[[], None], *,
+           each_call: bool = False) -> list[float]:
+    """``repeats`` timings of ``fn`` after one untimed call (s). The ranks line up
+    (:func:`_together`) before the untimed call and, where ``each_call``, before each timed one:
+    a step runs its optimizer on every rank at once, as its whole passes; an op's calls run back
+    to back, as a pass runs them, each rank's beside the others' ops."""
+    _together()
     fn()
     times = []
     for _ in range(repeats):
         synchronize()
+        if each_call:
+            _together()
         start = time.perf_counter()
         fn()
         synchronize()
@@ -269,6 +290,7 @@ def pass_timings(scenario, setups: list[TrainingSetup], device_class: str, repea
             for index in range(repeats + 1):
                 model.zero_grad(set_to_none=True)
                 synchronize()
+                _together()  # a step's passes run on every rank at once
                 start = time.perf_counter()
                 with autocast(precision, device):
                     loss = next_token_loss(model(batch[:, :-1]), batch[:, 1:])
@@ -342,7 +364,7 @@ def optimizer_timings(setups: list[TrainingSetup], device_class: str, shapes: li
                                    f"({settings.precision.value} variants"
                                    + (", then the bf16 copies refreshed" if copies is not None else "")
                                    + f"), {_at_once(tensor)}",
-                         "times": _timed(step, repeats, synchronize)})
+                         "times": _timed(step, repeats, synchronize, each_call=True)})
     return rows
 
 
