@@ -115,6 +115,16 @@ from sim.vocabulary import MeasurementKind
 OPTIMIZER_SIZES = (1 << 16, 1 << 20)
 """Parameter counts each optimizer is timed at, besides the model's own."""
 
+PASS_CALLS_PER_ROUND = 2
+"""Timed calls of each whole pass per rank in each round of the calibration (``repeats`` rounds,
+each before the collective sweep's round). A pass's timings taken back to back, a few seconds in
+all, read the machine as it was in those seconds: six calibrations of v4x1_bandwidth (4 ranks
+on 2 cores) on 2026-11-29 read the backward pass at micro batch 1 from 59 to 104 ms (means of 12
+calls), where the same pass inside DDP's steps (the micro-batches accumulated under no_sync, no
+allreduce beside them) took 71-112 ms (p10-p90), mean 87 (``validation/training-report/barrier-s27``,
+its trace: 48 passes over the cluster's 4 accumulating cases without checkpointing).
+Spread over the rounds, the calls sample the minutes the steps are measured over."""
+
 BUCKET_CHAIN_CALLS = 4
 """Calls of a bucket size timed back to back per round of the data-parallel sweep: the buckets
 after the first queue behind one another. Alone, a 1 MiB ring allreduce over 2 hosts x 2 ranks at
@@ -132,15 +142,12 @@ def _at_once(tensor: int) -> str:
 
 
 def _together() -> None:
-    """Every rank of the default process group lined up (a barrier; nothing without one).
-
-    Each rank times its calls on its own, and the ranks share the machine's cores (or a GPU's
-    host). Left to run on, they drift: a rank that finishes a phase first waits in the next
-    collective, idle, and the late ranks' last calls run on the cores it freed. Measured on the
-    shipped training report's v4x1_bandwidth calibration (4 ranks on 2 cores): the whole backward
-    pass at micro batch 1, the last pass timed before the collective sweep, p10 42 ms, median
-    79, mean 66, where every rank at once (a barrier before each call) reads 89-111 ms, as the
-    same pass inside its DDP steps took (91-98 ms, ``validation/training-report``)."""
+    """Every rank of the default process group lined up (a barrier; nothing without one): a step
+    runs its whole passes and its optimizer on every rank at once, and a rank left to run on
+    ahead of the others times its last calls on the cores they free while they catch up.
+    Measured (the training matrix with and without, ``validation/training-report/barrier-s27``
+    against the shipped run): the optimizer step over the model's parameters, 0.53-0.72 of its
+    in-step time (median by cluster and accumulation) without, 0.60-0.96 with."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
@@ -443,9 +450,7 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
     shapes = [p.shape for p in model.parameters()]  # the rank's: its shard and the replicated tensors
     parameters = sum(shape.numel() for shape in shapes)
     rows = ([baseline] + op_timings(scenario, setups, device_class, repeats, device, heartbeat, model)
-            + pass_timings(scenario, setups, device_class, repeats, device, heartbeat, model)
             + optimizer_timings(setups, device_class, shapes, repeats, device, heartbeat))
-    del model
     tensor_group, data_group = groups
     comm = Communicator(rank, topology.host_groups, {} if layout.tensor == 1 else
                         {layout.tensor_group(rank): tensor_group, group: data_group})
@@ -464,8 +469,10 @@ def calibrate_training_rank(scenario, topology, rank: int, *, repeats: int, devi
         sweeps.append(CollectiveSweep(alone(layout.tensor_group(rank)), topology, rank, comm, max_call_s, heartbeat,
                                       sizes=sizes, algorithms=algorithms))
     for index in range(repeats):
+        rows += pass_timings(scenario, setups, device_class, PASS_CALLS_PER_ROUND, device, heartbeat, model)
         for sweep in sweeps:
             sweep.round(f"round {index + 1} of {repeats}")
+    del model
     sweep_rows = [row for sweep in sweeps for row in sweep.rows()]  # rank 0's: it leads both groups
     if rank == 0:  # alone: the other ranks wait in the gather below
         heartbeat("timing the reduction of received buffers, alone")
