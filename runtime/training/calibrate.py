@@ -146,7 +146,7 @@ def _together() -> None:
     runs its whole passes and its optimizer on every rank at once, and a rank left to run on
     ahead of the others times its last calls on the cores they free while they catch up.
     Measured (the training matrix with and without, ``validation/training-report/barrier-s27``
-    against the shipped run): the optimizer step over the model's parameters, 0.53-0.72 of its
+    against the shipped run): the optimizer step over the model's parameters, 0.48-0.72 of its
     in-step time (median by cluster and accumulation) without, 0.60-0.96 with."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
