@@ -23,7 +23,8 @@ each distinct micro-batch size and precision of the scenario's variants:
   Each row carries the op's FLOPs and bytes from the accounting, so the simulator can scale it.
 * ``training_pass``: the model's (the shard's) whole forward pass (to the loss) and backward
   pass, without DDP or any communication, whose ratio to the sum of their ops timed alone the simulator applies to
-  those ops (:mod:`sim.training.step_compute`);
+  those ops (:mod:`sim.training.step_compute`); timed in every round of the calibration,
+  :data:`PASS_CALLS_PER_ROUND` calls a rank a round, so that its calls span the calibration;
 * ``memory_baseline``: what each rank holds beyond its weights, optimizer states and buckets while
   it trains (:func:`framework_after_steps`), the simulator's ``framework`` memory: read as the
   measured categories are (:mod:`runtime.training.memory`). Read before any model was built
