@@ -554,13 +554,39 @@ def message_overhead_s(pings, context: CalibrationContext,
     return max(0.0, floor_s - link.delay_s - paced_bytes / link.rate_bytes_per_s)
 
 
+HOP_SMALL_MESSAGES = 3
+"""Ping-pong sizes (the smallest) whose time less the link's delay and wire time gives a hop's
+software overhead (:func:`hop_overhead_s`)."""
+
+
+def hop_overhead_s(pings, context: CalibrationContext, link_class: LinkClass) -> float | None:
+    """The software overhead of a pipeline hop over ``link_class`` (s): the median, over the
+    profile's :data:`HOP_SMALL_MESSAGES` smallest ping-pongs of that class (half a round trip, the
+    receiver waiting, as a hop's receiver waits for it), of each one's time less the link's one-way
+    delay and its wire time beyond the link's token bucket (LogP's ``o``: Culler et al., PPoPP
+    1993). A median over a few small sizes, not the smallest alone: their medians scatter by a
+    millisecond over delayed links (1 KiB 5.4 ms and 4 KiB 6.3 ms over 5 ms), and a least-squares
+    fit over every size put the sizes of tens of KiB's excess, which TCP's window growth adds and
+    the model does not describe, into the overhead (a 3 KiB hop over 5 ms priced 6.7-7.0 ms against
+    5.7-5.9 ms measured inside pipelines). None where the profile has no such ping-pong or the
+    context no such link."""
+    link = next((l for l in context.links if l.link_class == link_class), None)
+    rows = pings[(pings["device_class"] == link_class.value) & (pings["size_bytes"] > 0)]
+    if link is None or rows.empty:
+        return None
+    rows = rows.sort_values("size_bytes").head(HOP_SMALL_MESSAGES)
+    burst_bytes = (link.burst_bytes or 0) if token_bucket.PRICED else 0
+    paced_s = np.maximum(0.0, rows["size_bytes"].to_numpy(dtype=float) - burst_bytes) / link.rate_bytes_per_s
+    return float(max(0.0, np.median(rows["median"].to_numpy(dtype=float) - link.delay_s - paced_s)))
+
+
 def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: Topology, counts: tuple[float, ...],
                 reduce_s_per_byte: Mapping[int, float] | None, cores: int | None, source: str,
-                default: TransportTerms, overhead_s: float | None = None) -> TransportTerms:
+                default: TransportTerms, overhead_s: float | None = None, pinned: bool = False) -> TransportTerms:
     """The :class:`TransportTerms` minimising the squared log error of ``schedules`` priced over
     ``topology`` against their ``measured`` times (s): a grid over latency counts ``counts`` and
     bandwidth efficiencies, the overhead per message solved on a fine grid for each (up to
-    ``overhead_s`` where given); the rendezvous (``notice_latencies``, ``sender_done_on_write``) is the backend's ``default``. A
+    ``overhead_s`` where given, or exactly ``overhead_s`` where ``pinned``); the rendezvous (``notice_latencies``, ``sender_done_on_write``) is the backend's ``default``. A
     pipeline hop is fitted and priced alike, both ends entering at once (its receiver's notice
     paid in both), so a hop costs its ping-pong."""
     log_measured = np.log(np.array(measured))
@@ -573,8 +599,8 @@ def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: 
             probe = np.array([price(s, topology, replace(trial, per_message_s=1e-3), reduce_s_per_byte,
                                     cores).duration_s for s in schedules])
             slope = (probe - base) / 1e-3  # messages on each schedule's critical path
-            overheads = _OVERHEADS_S if overhead_s is None else np.append(_OVERHEADS_S[_OVERHEADS_S < overhead_s],
-                                                                          overhead_s)
+            overheads = _OVERHEADS_S if overhead_s is None else np.array([overhead_s]) if pinned else np.append(
+                _OVERHEADS_S[_OVERHEADS_S < overhead_s], overhead_s)
             predicted = base[None, :] + overheads[:, None] * slope[None, :]
             loss = ((np.log(np.maximum(predicted, 1e-9)) - log_measured[None, :]) ** 2).sum(axis=1)
             index = int(np.argmin(loss))
@@ -591,9 +617,11 @@ def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerm
     hop between stages), fitted on a profile's ``p2p`` rows of that class (half a ping-pong round
     trip, both ends otherwise idle: what a hop costs when its receiver waits for it), each priced
     as one message between two ranks of the calibrated cluster that the class joins (rebuilt from
-    ``context``, :func:`context_topology`). The latency count is gloo's point-to-point default
-    (one link's delay cannot identify it; the overhead absorbs the rest). Classes without rows,
-    or without two ranks joined by them in ``context``, are left out."""
+    ``context``, :func:`context_topology`). One latency per message (a waiting receiver's ready
+    notice has gone before the payload: a ping-pong pays the link's delay once; one link's delay
+    could not identify a count anyway), the overhead from the smallest sizes
+    (:func:`hop_overhead_s`), the bandwidth efficiency fitted over every size. Classes without
+    rows, or without two ranks joined by them in ``context``, are left out."""
     from models.ops import OpKind
     from sim.collectives.schedule import Transfer
     from sim.engine import P2P
@@ -610,9 +638,12 @@ def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerm
             continue
         schedules = [CommSchedule(OpKind.SEND, P2P, pair, None, int(n), ((Transfer(*pair, int(n), False),),))
                      for n in of_class["size_bytes"]]
+        overhead_s = hop_overhead_s(of_class, context, LinkClass(link_class))
         fitted[LinkClass(link_class)] = _best_terms(
-            schedules, [float(t) for t in of_class["median"]], topology, _LATENCY_COUNTS, None, None,
-            f"fitted on {context.name}'s {len(schedules)} {link_class} ping-pongs", default)
+            schedules, [float(t) for t in of_class["median"]], topology, (1.0,), None, None,
+            f"fitted on {context.name}'s {len(schedules)} {link_class} ping-pongs"
+            + ("" if overhead_s is None else f" (overhead from the {HOP_SMALL_MESSAGES} smallest, bandwidth from all)"),
+            default, overhead_s, pinned=overhead_s is not None)
     return fitted
 
 
