@@ -27,7 +27,10 @@ ping-pongs show with the link's known delay and rate taken out (:func:`message_o
 property of the backend on the host, not of the link). Left free, it absorbed the delay (fitted
 0.53-0.75 ms for gloo's allreduce over 1-3 ms links against 0.13-0.33 ms over links without delay,
 whose ping-pongs show 0.18-0.27 ms) and priced every message on a link without delay too slow.
-Never fitted on a target's measurements.
+Capped, it still takes what the default count leaves over the delayed link (0.5-0.7 ms for gloo's
+own collectives over 3-5 ms), so a group whose paths have no delay pays the backend's default
+overhead where that is less (:attr:`TransportTerms.undelayed_per_message_s`). Never fitted on a
+target's measurements.
 
 Where the ranks outnumber the cores they share, a message's software overhead is CPU work of
 both its ends, and stretches like compute (:mod:`sim.cores`): by the busy ranks of its step over
@@ -104,7 +107,8 @@ class TransportTerms:
         undelayed_per_message_s: the software overhead per message (s) over a group none of whose
             paths has a delay of at least :data:`IDENTIFIABLE_DELAY_S`, where it differs from
             ``per_message_s`` (None: the same): terms fitted over delayed links only, whose
-            overhead holds what those links add per message (:func:`fit_terms`).
+            overhead also took what the default latency count left of their messages' time
+            there (:func:`fit_terms`).
         source: where the terms come from (fitted on which rows, or a documented default).
     """
 
