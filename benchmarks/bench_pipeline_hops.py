@@ -22,7 +22,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-COMM_CATEGORIES = frozenset({"send", "recv", "broadcast", "reduce", "allreduce"})
+from models.ops import OpKind
+from sim.trace import COLLECTIVE_KINDS
+from sim.vocabulary import PhaseKind
 
 
 def _events(path: Path) -> list[dict]:
@@ -36,7 +38,7 @@ def relay(path: Path) -> dict[str, float]:
     spans = defaultdict(dict)  # step -> pid -> (start, end) of its compute
     for event in _events(path):
         args = event.get("args", {})
-        if event.get("ph") != "X" or args.get("phase") != "decode" or event["cat"] in COMM_CATEGORIES:
+        if event.get("ph") != "X" or args.get("phase") != PhaseKind.DECODE or event["cat"] in COLLECTIVE_KINDS:
             continue
         start, end = event["ts"] / 1e3, (event["ts"] + event["dur"]) / 1e3
         old = spans[args["step"]].get(event["pid"], (start, end))
@@ -61,7 +63,7 @@ def simulated_hops(scenario: Path, profile: Path) -> list[tuple[int, int, float]
     from sim.simulate import simulate
 
     ops = simulate(load_scenario(scenario), profile=load_profile(profile)).variants[0].trace.ops
-    sends = ops[(ops["step"] == 1) & (ops["kind"] == "send")].sort_values(["start_s", "rank"])
+    sends = ops[(ops["step"] == 1) & (ops["kind"] == OpKind.SEND.value)].sort_values(["start_s", "rank"])
     hops = []
     for _, pair in sends.groupby("start_s", sort=True):  # a hop's sender and receiver share its span
         ranks = sorted(pair["rank"])

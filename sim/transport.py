@@ -51,6 +51,7 @@ A collective on any topology is then its schedule priced with these terms by
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -126,11 +127,7 @@ class TransportTerms:
 
     def undelayed(self) -> TransportTerms:
         """These terms over a group whose paths have no delay (:attr:`undelayed_per_message_s`)."""
-        if self.undelayed_per_message_s is None:
-            return self
-        return replace(self, per_message_s=self.undelayed_per_message_s, undelayed_per_message_s=None,
-                       source=f"{self.source}; over links without delay, the overhead "
-                              f"{self.undelayed_per_message_s * 1e3:.3g} ms")
+        return self if self.undelayed_per_message_s is None else _undelayed(self)
 
     def describe(self) -> str:
         call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
@@ -229,6 +226,15 @@ class _TransportLinks(Links):
         if self.cores is None or not self.terms.min_message_s:
             return self.terms.min_message_s * turns if self.cores is None else 0.0
         return self.terms.min_message_s * turns if busy_ranks * self.copies > self.cores else 0.0
+
+
+@functools.cache
+def _undelayed(terms: TransportTerms) -> TransportTerms:
+    """``terms`` with :attr:`TransportTerms.undelayed_per_message_s` as their overhead, built once
+    per terms (a network prices many schedules with each)."""
+    return replace(terms, per_message_s=terms.undelayed_per_message_s, undelayed_per_message_s=None,
+                   source=f"{terms.source}; over links without delay, the overhead "
+                          f"{terms.undelayed_per_message_s * 1e3:.3g} ms")
 
 
 def of_replicas(copies: int) -> str:
@@ -575,24 +581,36 @@ def _delayed(topology: Topology) -> int:
     return len({d for d in delays if d >= IDENTIFIABLE_DELAY_S})
 
 
+def _ping_overheads_s(pings, context: CalibrationContext, link_class: LinkClass, count: int,
+                      floored: bool) -> np.ndarray | None:
+    """The ``count`` smallest ping-pongs over ``link_class`` (half round trips, s), each less the
+    link's one-way delay and its wire time beyond the link's token bucket where buckets are priced
+    (a ping-pong's message finds the bucket full: :mod:`sim.token_bucket`), all from ``context``;
+    ``floored``: their times first made non-decreasing in size (:func:`sim.profile.noise_floor`).
+    None where the profile has no such ping-pong or the context no such link."""
+    link = next((l for l in context.links if l.link_class == link_class), None)
+    rows = pings[(pings["device_class"] == link_class.value) & (pings["size_bytes"] > 0)]
+    if link is None or rows.empty:
+        return None
+    rows = rows.sort_values("size_bytes")
+    times_s = rows["median"].to_numpy(dtype=float)
+    times_s = (noise_floor(times_s) if floored else times_s)[:count]
+    burst_bytes = (link.burst_bytes or 0) if token_bucket.PRICED else 0
+    paced_s = np.maximum(0.0, rows["size_bytes"].to_numpy(dtype=float)[:count] - burst_bytes) / link.rate_bytes_per_s
+    return times_s - link.delay_s - paced_s
+
+
 def message_overhead_s(pings, context: CalibrationContext,
                        link_class: LinkClass = LinkClass.INTER_HOST) -> float | None:
     """The software overhead of one point-to-point message on the calibrated hosts (s): the
     profile's ping-pong over ``link_class`` (half a round trip, the receiver waiting) at its
     smallest size, floored by the larger sizes' (:func:`sim.profile.noise_floor`), less the link's
     one-way delay and the message's wire time at the link's rate beyond its token bucket where
-    buckets are priced (a ping-pong's message finds the bucket full: :mod:`sim.token_bucket`), all
-    from ``context`` (LogP's ``o`` on each end: Culler et al., PPoPP 1993). None where the profile
-    has no such ping-pong or the context no such link."""
-    link = next((l for l in context.links if l.link_class == link_class), None)
-    rows = pings[(pings["device_class"] == link_class.value) & (pings["size_bytes"] > 0)]
-    if link is None or rows.empty:
-        return None
-    rows = rows.sort_values("size_bytes")
-    floor_s = float(noise_floor(rows["median"])[0])
-    burst_bytes = (link.burst_bytes or 0) if token_bucket.PRICED else 0
-    paced_bytes = max(0.0, float(rows["size_bytes"].iloc[0]) - burst_bytes)
-    return max(0.0, floor_s - link.delay_s - paced_bytes / link.rate_bytes_per_s)
+    buckets are priced (:func:`_ping_overheads_s`), all from ``context`` (LogP's ``o`` on each end:
+    Culler et al., PPoPP 1993). None where the profile has no such ping-pong or the context no
+    such link."""
+    overheads_s = _ping_overheads_s(pings, context, link_class, 1, floored=True)
+    return None if overheads_s is None else max(0.0, float(overheads_s[0]))
 
 
 HOP_SMALL_MESSAGES = 3
@@ -604,21 +622,15 @@ def hop_overhead_s(pings, context: CalibrationContext, link_class: LinkClass) ->
     """The software overhead of a pipeline hop over ``link_class`` (s): the median, over the
     profile's :data:`HOP_SMALL_MESSAGES` smallest ping-pongs of that class (half a round trip, the
     receiver waiting, as a hop's receiver waits for it), of each one's time less the link's one-way
-    delay and its wire time beyond the link's token bucket (LogP's ``o``: Culler et al., PPoPP
-    1993). A median over a few small sizes, not the smallest alone: their medians scatter by a
-    millisecond over delayed links (1 KiB 5.4 ms and 4 KiB 6.3 ms over 5 ms), and a least-squares
-    fit over every size put the sizes of tens of KiB's excess, which TCP's window growth adds and
-    the model does not describe, into the overhead (a 3 KiB hop over 5 ms priced 6.7-7.0 ms against
-    5.7-5.9 ms measured inside pipelines). None where the profile has no such ping-pong or the
-    context no such link."""
-    link = next((l for l in context.links if l.link_class == link_class), None)
-    rows = pings[(pings["device_class"] == link_class.value) & (pings["size_bytes"] > 0)]
-    if link is None or rows.empty:
-        return None
-    rows = rows.sort_values("size_bytes").head(HOP_SMALL_MESSAGES)
-    burst_bytes = (link.burst_bytes or 0) if token_bucket.PRICED else 0
-    paced_s = np.maximum(0.0, rows["size_bytes"].to_numpy(dtype=float) - burst_bytes) / link.rate_bytes_per_s
-    return float(max(0.0, np.median(rows["median"].to_numpy(dtype=float) - link.delay_s - paced_s)))
+    delay and its wire time beyond the link's token bucket (:func:`_ping_overheads_s`; LogP's
+    ``o``: Culler et al., PPoPP 1993). A median over a few small sizes, not the smallest alone:
+    their medians scatter by a millisecond over delayed links (1 KiB 5.4 ms and 4 KiB 6.3 ms over
+    5 ms), and a least-squares fit over every size put the sizes of tens of KiB's excess, which
+    TCP's window growth adds and the model does not describe, into the overhead (a 3 KiB hop over
+    5 ms priced 6.7-7.0 ms against 5.7-5.9 ms measured inside pipelines). None where the profile
+    has no such ping-pong or the context no such link."""
+    overheads_s = _ping_overheads_s(pings, context, link_class, HOP_SMALL_MESSAGES, floored=False)
+    return None if overheads_s is None else float(max(0.0, np.median(overheads_s)))
 
 
 def _best_terms(schedules: list[CommSchedule], measured: list[float], topology: Topology, counts: tuple[float, ...],
