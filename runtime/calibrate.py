@@ -120,21 +120,41 @@ def calibrate_rank(scenario, topology, rank: int, *, repeats: int, max_call_s: f
     for index in range(repeats):
         generations.round(index + 1, timed=True)
         sweep.round(f"round {index + 1} of {repeats}")
-    rows = sweep.rows() + p2p_rows(ranks, topology, rank, repeats, heartbeat)
-    # The ops at every shard width, on a core of their own: the other ranks wait, asleep, meanwhile.
-    if rank == ranks[0]:
+    rows = sweep.rows() + p2p_rows(ranks, topology, rank, repeats, heartbeat) + alone_rows(scenario, generations, model)
+    return gather_profile(generations, framework_bytes, rows, testbed)
+
+
+def alone_rows(scenario, generations: "CalibrationGenerations", model) -> list[dict]:
+    """The ``compute_isolated`` rows (every op at every shard width), on a GPU its two ceilings, and
+    the ``reduction`` rows, timed on the group's first rank while the others wait, asleep, in a
+    barrier; [] on the other ranks. Every rank of the group calls it (it ends in the barrier).
+    What a calibration times alone, whichever launch runs it (:func:`calibrate_rank`,
+    :func:`runtime.interleaved.interleaved_rank`): the rows an op of another shard shape or layout
+    is priced by (:meth:`sim.calibrated.CalibratedCompute._by_shape`) and the reduction's gamma
+    (:mod:`sim.reduction`)."""
+    heartbeat, rows = generations.heartbeat, []
+    if generations.rank == generations.ranks[0]:
+        dtype = TORCH_DTYPES[scenario.model.dtype]
         heartbeat("timing the compute ops at each shard width, alone")
         rows += shape_rows(scenario.model, device_class=generations.device_class, batch_size=generations.batch,
-                           prompts=CALIBRATION_PROMPTS, max_tokens=CALIBRATION_MAX_TOKENS, ranks=len(ranks),
-                           dtype=TORCH_DTYPES[scenario.model.dtype], device=model.device)
+                           prompts=CALIBRATION_PROMPTS, max_tokens=CALIBRATION_MAX_TOKENS,
+                           ranks=len(generations.ranks), dtype=dtype, device=model.device)
         if model.device.type == "cuda":
-            rows += ceiling_rows(generations.device_class, scenario.model.dtype, TORCH_DTYPES[scenario.model.dtype],
-                                 model.device)
+            rows += ceiling_rows(generations.device_class, scenario.model.dtype, dtype, model.device)
         heartbeat("timing the reduction of received buffers, alone")
-        rows += reduction_rows(generations.device_class, scenario.model.dtype, TORCH_DTYPES[scenario.model.dtype],
-                               model.device)
+        rows += reduction_rows(generations.device_class, scenario.model.dtype, dtype, model.device)
     dist.barrier()
-    return gather_profile(generations, framework_bytes, rows, testbed)
+    return rows
+
+
+def cpu_memory_rows(scenario, ranks: int, repeats: int) -> list[dict]:
+    """The machine's aggregate memory bandwidth at 1 .. ``ranks`` streams (``context`` memory
+    rows, :func:`runtime.stream_bandwidth.stream_bandwidth`) where the ranks ran on this machine's
+    CPU (:func:`runtime.device.local_device`) and shared it; [] where a GPU holds them. Run after
+    the launch, outside the ranks."""
+    if torch.cuda.is_available():
+        return []
+    return memory_rows(scenario.name, stream_bandwidth(ranks, rounds=min(3, max(1, repeats))))
 
 
 def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict],
@@ -357,8 +377,4 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)))
     rows = load_rows(scenario.name, spent.steal_fraction, spent.other_load) + speed_rows(scenario.name,
                                                                                          medians(reference))
-    if not torch.cuda.is_available():
-        # the ranks ran on this machine's CPU (runtime.device.local_device) and shared its memory
-        # bandwidth: measured at 1 .. their count streams (runtime.stream_bandwidth)
-        rows += memory_rows(scenario.name, stream_bandwidth(len(ranks), rounds=min(3, max(1, repeats))))
-    return with_rows(profile, rows)
+    return with_rows(profile, rows + cpu_memory_rows(scenario, len(ranks), repeats))

@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 
 from runtime import memory_probe
-from runtime.calibrate import CALIBRATION_MAX_TOKENS, CalibrationGenerations, gather_profile, used_algorithms
+from runtime.calibrate import (CALIBRATION_MAX_TOKENS, CalibrationGenerations, alone_rows, cpu_memory_rows, gather_profile,
+                               used_algorithms)
 from runtime.comm import Communicator
 from runtime.comm_timing import CollectiveSweep, p2p_rows
 from runtime.cpu_steal import ZERO, cpu_sample
@@ -47,6 +48,7 @@ from sim.context import load_rows, speed_rows
 from sim.parallel import ParallelPlan
 from sim.profile import with_rows
 from sim.scenario import Scenario
+from sim.topology import build_topology
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,8 @@ def interleaved_rank(scenario: Scenario, cases: list[Scenario], topology, rank: 
                     else:
                         sweep.round(f"round {done} of {calibration_repeats}")
         rows = sweep.rows() + p2p_rows(ranks, topology, rank, calibration_repeats, heartbeat)
+        with stolen("calibration"):  # what hetsim calibrate times alone, so that both profiles hold the same rows
+            rows += alone_rows(scenario, generations, model)
         profile = gather_profile(generations, framework_bytes, rows, testbed)
         mine = measured.measurements(memory=False)
         heartbeat("gather")
@@ -187,4 +191,7 @@ def launch_interleaved(scenario: Scenario, cases: list[Scenario], *, testbed: bo
     run, samples = timed_around(lambda: launch_scenario(scenario, body, testbed=testbed,
                                                         hang_timeout_s=hang_timeout_s, on_beat=on_beat))
     reference = medians(samples)
-    return replace(run, profile=with_rows(run.profile, speed_rows(scenario.name, reference)), reference_s=reference)
+    ranks = ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks
+    # the ranks shared this machine's memory bandwidth, measured after them as hetsim calibrate does
+    rows = speed_rows(scenario.name, reference) + cpu_memory_rows(scenario, len(ranks), calibration_repeats)
+    return replace(run, profile=with_rows(run.profile, rows), reference_s=reference)

@@ -12,6 +12,7 @@ from models.catalog import get_model
 from models.errors import ConfigError
 from sim.context import LOADED_OTHER_LOAD, ContextTerm, load_rows, load_warning, profile_contexts
 from sim.profile import load_profile, with_rows
+from sim.vocabulary import MeasurementKind
 from tests.conftest import ROOT, run_cli
 
 SHIPPED = ROOT / "validation" / "report" / "profiles" / "v2x2_bandwidth.csv"  # written before load rows existed
@@ -126,6 +127,10 @@ def test_validates_interleaved_profile_records_its_calibration_rounds_load(tmp_p
     assert (context.cpu_steal, context.other_load) == (run.calibration_cpu_steal, run.calibration_other_load)
     # one launch calibrated and measured: the profile records the reference timing made around it
     assert dict(context.reference_s) == run.reference_s and set(run.reference_s) == {"matmul", "stream"}
+    # it holds what hetsim calibrate times alone: the ops by shard width, the reductions, the
+    # memory bandwidth the ranks shared (a layout or cluster it did not run is priced by them)
+    assert {MeasurementKind.COMPUTE_ISOLATED, MeasurementKind.REDUCTION} <= set(run.profile["measurement"])
+    assert len(context.stream_bytes_per_s) >= 1
 
 
 def _with_model_row(tmp_path, value: dict):
