@@ -19,7 +19,7 @@ The same for a plan check (``--plan-check``, default ``validation/plan-check-rep
 simulated with the plan's profile (``--plan-check-profile``) against its measured medians
 (``candidates.csv``), labelled replay or prediction as the check labelled it.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR] [--no-token-buckets] [--no-arrival-lags] [--no-gloo-tree] [--core-turns]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_layouts_offline.py [--report validation/layouts-report] [--out DIR] [--no-token-buckets] [--no-arrival-lags] [--no-gloo-tree] [--core-turns] [--no-by-shape]``
 """
 
 from __future__ import annotations

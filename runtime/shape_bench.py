@@ -13,8 +13,10 @@ so that a target's contention comes only from the simulation's processor sharing
 
 What is timed, on the group's first rank, with the scenario's model, dtype and batch: for every
 tensor-parallel width ``k`` from 1 to the calibrated ranks that splits the model evenly
-(:func:`models.shards.check_tensor_parallel`), rank 0's shard of one decoder layer
-(``layernorm``, ``qkv_proj``, ``attention``, ``out_proj``, ``mlp_up``, ``mlp_down``), and at width 1
+(:func:`models.shards.check_tensor_parallel`), rank 0's shard of a decoder layer's ops
+(``layernorm``, ``qkv_proj``, ``attention``, ``out_proj``, ``mlp_up``, ``mlp_down``), of as many
+layers in turn as it takes for each call to read its weights from memory (:func:`cycled_layers`,
+as a generation reads them), and at width 1
 the master's ``embedding`` and ``lm_head``; each at every calibration prompt as a prefill of the
 scenario's batch (``p`` new tokens over ``p``) and as one decode step after it (1 over ``p + 1``)
 at each batch size of :func:`decode_batch_sizes`. A few seconds in all.
@@ -36,7 +38,10 @@ the host time is the call's return, without waiting for the device.
 
 from __future__ import annotations
 
+import math
 import time
+from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -88,9 +93,11 @@ def shape_rows(spec, *, device_class: str, batch_size: int, prompts: tuple[int, 
     ``batch_size``; decode at ``decode_batches`` (default :func:`decode_batch_sizes`)."""
     decode_batches = decode_batch_sizes(batch_size) if decode_batches is None else decode_batches
     rows = []
+    cache = cache_bytes(device)
     for width in bench_widths(spec, ranks):
+        layers = cycled_layers(spec, width, cache)
         model = RankModel(spec, width, 0, seed=0, batch_size=max(batch_size, *decode_batches), max_tokens=max_tokens,
-                          device=device, dtype=dtype, stage=Stage(0, 1, embeds=width == 1, heads=width == 1))
+                          device=device, dtype=dtype, stage=Stage(0, layers, embeds=width == 1, heads=width == 1))
         for prompt in prompts:
             for new, start, batch in ((prompt, 0, batch_size), *((1, prompt, b) for b in decode_batches)):
                 model.rows = slice(0, batch)  # the KV-cache rows of this batch (the cache holds the largest)
@@ -113,12 +120,52 @@ def shape_rows(spec, *, device_class: str, batch_size: int, prompts: tuple[int, 
     return rows
 
 
+FALLBACK_CACHE_BYTES = 64 << 20  # a server CPU's last-level cache, where the machine does not say
+CACHE_MULTIPLE = 2  # the other layers read between two calls of one layer's op: this many caches' worth
+
+
+def cache_bytes(device: torch.device) -> int:
+    """The largest cache between ``device``'s compute and its memory (bytes): a CUDA device's L2
+    (``torch.cuda.get_device_properties``), a CPU's last-level cache as Linux reports it
+    (``/sys/devices/system/cpu/cpu0/cache/index*/size``); :data:`FALLBACK_CACHE_BYTES` where
+    neither can be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size) or FALLBACK_CACHE_BYTES
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        try:
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except ValueError:
+            continue
+    return max(sizes, default=FALLBACK_CACHE_BYTES)
+
+
+def cycled_layers(spec, width: int, cache: int) -> int:
+    """How many decoder layers the bench builds at ``width`` and calls in turn: enough that, between
+    two calls of one layer's op, the others' weights fill :data:`CACHE_MULTIPLE` caches of
+    ``cache`` bytes (capped at the model's layers), so every call reads its weights from memory
+    as a generation does. A generation reads the model layer after layer, and the ranks of a
+    machine share its last-level cache, so a layer's weights are gone from it when that layer
+    comes round again; one layer called over and over keeps its shard there once the shard fits
+    (measured on the 2-core testbed, a 32 MiB L3: GPT-2's decode ``qkv_proj`` at width 2 took
+    0.064 ms called on one layer, 0.222 ms on 6 layers in turn, about half of width 1's 0.420 ms;
+    ``benchmarks/bench_shape_cache.py``)."""
+    costs = layer_op_costs(spec, tp_degree=width, batch_size=1, new_tokens=1, context_tokens=1)
+    layer_bytes = sum(cost.weight_bytes for cost in costs.values())
+    if layer_bytes <= 0:
+        return 1
+    return int(min(spec.num_layers, 1 + math.ceil(CACHE_MULTIPLE * cache / layer_bytes)))
+
+
 def _time_layer(model: RankModel, batch: int, new: int, start: int
                 ) -> tuple[dict[OpKind, list[float]], dict[MeasurementKind, tuple[str, dict[OpKind, list[float]]]]]:
-    """Each op of layer 0 (and, on a model that embeds, the embedding and LM head) called
-    :data:`WARMUP_CALLS` + :data:`SHAPE_REPEATS` times on ``new`` tokens from position ``start``;
-    the timed calls' durations (s) per op kind, and on CUDA the device and host parts of each
-    call by measurement kind (with their method); empty elsewhere."""
+    """Each op of the model's layers in turn, one layer per round (and, on a model that embeds,
+    the embedding and LM head), in :data:`WARMUP_CALLS` + :data:`SHAPE_REPEATS` rounds, on ``new``
+    tokens from position ``start``; the timed calls' durations (s) per op kind, and on CUDA the
+    device and host parts of each call by measurement kind (with their method); empty elsewhere.
+    The layers in turn, so that each call reads its weights from memory (:func:`cycled_layers`)."""
     sync = device_of(model.device).synchronize
     # On a CPU, the calling thread's CPU time: what the op costs a core of its own even where other
     # processes preempt it (a shared machine's scheduler hands out slices of milliseconds, so the
@@ -131,22 +178,24 @@ def _time_layer(model: RankModel, batch: int, new: int, start: int
     q, k, v = model.qkv_proj(x, 0)
     o = model.attention(q, k, v, 0, start)
     a = model.mlp_up(x, 0)
-    calls = {OpKind.LAYERNORM: lambda: model.norm(h, 0, NormSite.ATTENTION),
-             OpKind.QKV_PROJ: lambda: model.qkv_proj(x, 0),
-             OpKind.ATTENTION: lambda: model.attention(q, k, v, 0, start),
-             OpKind.OUT_PROJ: lambda: model.out_proj(o, 0),
-             OpKind.MLP_UP: lambda: model.mlp_up(x, 0),
-             OpKind.MLP_DOWN: lambda: model.mlp_down(a, 0)}
+    calls = {OpKind.LAYERNORM: lambda layer: model.norm(h, layer, NormSite.ATTENTION),
+             OpKind.QKV_PROJ: lambda layer: model.qkv_proj(x, layer),
+             OpKind.ATTENTION: lambda layer: model.attention(q, k, v, layer, start),
+             OpKind.OUT_PROJ: lambda layer: model.out_proj(o, layer),
+             OpKind.MLP_UP: lambda layer: model.mlp_up(x, layer),
+             OpKind.MLP_DOWN: lambda layer: model.mlp_down(a, layer)}
     if model.stage.embeds:
-        calls[OpKind.EMBEDDING] = lambda: model.embedding(tokens, start)
-        calls[OpKind.LM_HEAD] = lambda: model.lm_head(x[:, -1])
+        calls[OpKind.EMBEDDING] = lambda layer: model.embedding(tokens, start)
+        calls[OpKind.LM_HEAD] = lambda layer: model.lm_head(x[:, -1])
     times: dict[OpKind, list[float]] = {kind: [] for kind in calls}
     cuda = model.device.type == "cuda"
     device_s: dict[OpKind, list[float]] = {kind: [] for kind in calls}
     host_s: dict[OpKind, list[float]] = {kind: [] for kind in calls}
     with torch.inference_mode():
         for index in range(WARMUP_CALLS + SHAPE_REPEATS):
-            for kind, call in calls.items():  # interleaved: every op samples the same stretch of time
+            layer = model.layers[index % len(model.layers)]
+            for kind, op in calls.items():  # interleaved: every op samples the same stretch of time
+                call = partial(op, layer)
                 sync()
                 began = clock()
                 call()

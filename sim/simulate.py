@@ -46,6 +46,11 @@ REUSE_ALIKE_REPLICAS = True
 """Replicas that run exactly as an earlier one get a copy of its run (:func:`sim.alike.replica_twins`)
 instead of a simulation of their own; False simulates every replica (to check the copies)."""
 
+BY_SHAPE = True
+"""Outside same-cluster mode, forward ops are priced by the profile's ``compute_isolated`` rows where
+it has them (:meth:`sim.calibrated.CalibratedCompute._by_shape`); False prices them from the in-place
+``compute`` rows as a profile without isolated rows is (to compare the two on one profile)."""
+
 
 @dataclass(frozen=True)
 class VariantResult:
@@ -255,7 +260,7 @@ def build_pricing(scenario: Scenario, topology: Topology, ranks: tuple[int, ...]
                                     copies=copies)
         network, compute.scale, cores = choice.network, choice.compute_scale, choice.cores
         compute.phase_scales = dict(choice.phase_scales)
-        compute.by_shape = not choice.same_cluster  # a replay keeps the ops as timed in place
+        compute.by_shape = BY_SHAPE and not choice.same_cluster  # a replay keeps the ops as timed in place
     elif config.network_model == DEFAULT_TRANSPORT_MODEL:
         # Ranks outnumbering the cores they share take turns on them (sim.cores), and their
         # messages pay the gloo/tcp contention defaults (sim.transport.DefaultTransportNetwork).

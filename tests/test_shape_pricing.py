@@ -151,7 +151,7 @@ def test_without_isolated_rows_or_in_a_replay_the_in_place_rows_price_as_before(
     assert other.duration_s(op, DEVICE) == replay.duration_s(op, DEVICE)
 
 
-def test_a_shipped_profile_simulates_as_its_report_recorded():
+def test_a_shipped_profile_simulates_as_its_report_recorded(monkeypatch):
     """The plan check's pick, priced with its profile (isolated rows: by shape), as the check predicted it."""
     scenario = load_scenario(ROOT / "validation/plan-check-report/scenarios/c0.yaml")
     profile = load_profile(ROOT / "validation/plan-check/profile_v2x2_bandwidth.csv")
@@ -165,6 +165,12 @@ def test_a_shipped_profile_simulates_as_its_report_recorded():
     results = simulate(scenario, profile=older, expand_steps=()).results
     values = results[results["device"].isna() | (results["device"] == "")].set_index("metric")["value"]
     assert values["ttft_s"] != recorded["predicted_ttft_s"]
+    # the offline benches' --no-by-shape (sim.simulate.BY_SHAPE) prices it as that profile does
+    from sim import simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "BY_SHAPE", False)
+    switched = simulate(scenario, profile=profile, expand_steps=()).results
+    assert switched.set_index(["metric", "device"])["value"].equals(results.set_index(["metric", "device"])["value"])
 
 
 def test_calibration_times_every_op_at_each_even_width_up_to_its_ranks():
@@ -201,3 +207,22 @@ def test_decode_is_timed_at_one_two_four_and_the_powers_of_two_up_to_the_scenari
     assert decode_batch_sizes(1) == (1, 2, 4)
     assert decode_batch_sizes(6) == (1, 2, 4, 6)
     assert decode_batch_sizes(32) == (1, 2, 4, 8, 16, 32)
+
+
+def test_the_isolated_ops_read_enough_layers_in_turn_that_their_weights_come_from_memory():
+    pytest.importorskip("torch")
+    from models.catalog import get_model
+    from runtime.shape_bench import CACHE_MULTIPLE, cycled_layers
+
+    spec = get_model("gpt2")
+    layer_bytes = {w: sum(c.weight_bytes for c in layer_op_costs(spec, tp_degree=w, batch_size=1, new_tokens=1,
+                                                                context_tokens=1).values()) for w in (1, 2, 4)}
+    cache = 32 << 20
+    for width, size in layer_bytes.items():
+        layers = cycled_layers(spec, width, cache)
+        # between two calls of a layer's op, the other layers' shards overflow the cache
+        assert (layers - 1) * size >= CACHE_MULTIPLE * cache or layers == spec.num_layers
+        assert 1 < layers <= spec.num_layers
+    assert cycled_layers(spec, 4, 32 << 20) > cycled_layers(spec, 1, 32 << 20)  # a narrower shard, more layers
+    assert cycled_layers(spec, 1, 1 << 10) == 2  # a shard larger than the cache: one other layer evicts it
+    assert cycled_layers(spec, 4, 1 << 40) == spec.num_layers  # never more than the model has

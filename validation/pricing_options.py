@@ -14,7 +14,9 @@ the flags it ran with in the command it writes beside its figures:
   sends at once (:data:`sim.collectives.registry.LIBRARY_BROADCAST`, on by default; off: MPICH's
   binomial order);
 * ``--core-turns``: ranks sharing cores take turns on them instead of sharing them fluidly
-  (:data:`sim.cores.SCHEDULING`, off by default).
+  (:data:`sim.cores.SCHEDULING`, off by default);
+* ``--by-shape``: a prediction prices forward ops by the profile's isolated rows where it has them
+  (:data:`sim.simulate.BY_SHAPE`, on by default; off: by the in-place rows).
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ def _core_turns(on: bool) -> None:
     cores.SCHEDULING = cores.CoreScheduling.TURNS if on else cores.CoreScheduling.PROCESSOR_SHARING
 
 
+def _by_shape(on: bool) -> None:
+    from sim import simulate
+
+    simulate.BY_SHAPE = on
+
+
 OPTIONS = (
     PricingOption("--token-buckets", "price the links' declared token buckets (sim.token_bucket.PRICED, on by default)",
                   _token_buckets),
@@ -72,6 +80,9 @@ OPTIONS = (
                                  "binomial order)", _gloo_tree),
     PricingOption("--core-turns", "ranks sharing cores take turns on them (sim.cores.TakingTurns) instead of sharing "
                                   "them fluidly (off by default)", _core_turns),
+    PricingOption("--by-shape", "a prediction prices forward ops by the profile's compute_isolated rows where it has "
+                                "them (sim.simulate.BY_SHAPE, on by default; off: by the in-place compute rows)",
+                  _by_shape),
 )
 """Every switch, in the order a command names them."""
 
