@@ -4,9 +4,11 @@ profile, with none, and with the pooled profiles of the others; see :mod:`valida
 Re-simulates the shipped reports (``validation/report``, ``validation/holdout-report``) against
 their measured medians; no testbed. About a minute on the project's 2-core machine. Writes
 ``errors.csv``, ``transfer.csv``, ``overall.csv``, ``summary.md`` and ``report.html`` (the source x
-target heat map). ``--also MATRIX REPORT`` adds the clusters of another validation run.
+target heat map). ``--also MATRIX REPORT`` adds the clusters of another validation run;
+``--only`` leaves the shipped reports out (a run on another machine, whose compute the shipped
+profiles did not time).
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report] [--no-token-buckets] [--no-arrival-lags] [--no-gloo-tree] [--core-turns]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bench_transfer_offline.py [--out validation/transfer-report] [--also MATRIX REPORT [--only]] [--no-token-buckets] [--no-arrival-lags] [--no-gloo-tree] [--core-turns] [--no-by-shape]``
 """
 
 from __future__ import annotations
@@ -32,17 +34,21 @@ def main() -> None:
     parser.add_argument("--also", nargs=2, action="append", type=Path, default=[], metavar=("MATRIX", "REPORT"),
                         help="a further validation report (its matrix file and output directory) whose clusters "
                              "join the shipped ones, as sources and targets")
+    parser.add_argument("--only", action="store_true",
+                        help="only the --also reports' clusters, without the shipped ones (a run on another machine)")
     add_pricing_options(parser)
     args = parser.parse_args()
+    if args.only and not args.also:
+        parser.error("--only needs --also MATRIX REPORT")
     flags = apply_pricing_options(args)
     started = time.perf_counter()
-    reports = (*SHIPPED, *(tuple(pair) for pair in args.also))
+    reports = (*(() if args.only else SHIPPED), *(tuple(pair) for pair in args.also))
     clusters = shipped_clusters(reports)
     errors = transfer_errors(clusters, on_progress=lambda text: print(text, file=sys.stderr))
     matrix = matrix_cluster_names()
     command = COMMAND if not args.also and not flags else " ".join(
         ["PYTHONPATH=. python benchmarks/bench_transfer_offline.py", "--out", str(args.out),
-         *(f"--also {m} {r}" for m, r in args.also), *flags])
+         *(f"--also {m} {r}" for m, r in args.also), *(["--only"] if args.only else []), *flags])
     written = write_transfer_report(errors, args.out, command, matrix, clusters)
     written += write_files(args.out, {"report.html": transfer_html(errors)})
     print(overall_table(errors, matrix).to_string(index=False, float_format=lambda v: f"{v:.3f}"))

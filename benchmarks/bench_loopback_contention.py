@@ -1,0 +1,97 @@
+"""Whether a machine's core contention shows on loopback: a tensor-parallel group of the calibrated
+rank count in one loopback gloo process group, computing between 3 KiB calls as a decode step does
+(reduce_ln_bcast's reduce then broadcast, then allreduce_ln's allreduce), against the same calls
+timed in place on the emulated clusters without delay (issue 18).
+
+Why: a calibration whose links all have a delay cannot show the cost of a message between ranks
+that outnumber their cores (:func:`sim.calibrated.contention_floor`: the delay, slept through,
+hides it), so its profile takes gloo/tcp's default, fitted on another machine; where this loopback
+group reproduces the in-place calls of the clusters without delay, every calibration can measure
+its own machine's floor this way, as it measures the memory bandwidth.
+
+``--ranks`` processes (forked by torch.multiprocessing), 1 intra-op thread each, each round: a
+busy loop of ``--compute-ms`` of small matmuls, a 3 KiB ``reduce`` to rank 0 and a ``broadcast``
+from it, the busy loop again, a 3 KiB ``all_reduce``; ``--rounds`` rounds. Prints rank 0's median and
+mean per call (ms) per rank count and compute time.
+
+Measured 2026-11-30 04:06 UTC on the project's 2-vCPU VM (AMD EPYC), nothing else running, 300 rounds:
+4 ranks, 0.5 ms of compute: reduce median 3.19 ms (mean 3.82), broadcast 0.51 (0.80), allreduce 6.31
+(6.57); 2 ms of compute: 3.76, 0.32, 7.51; 3 ranks: reduce 1.25-2.63, broadcast 0.22-0.24, allreduce
+2.89-4.91; 2 ranks: reduce 0.29-0.76, broadcast 0.07-0.10, allreduce 0.36-0.89. In place, in session
+29's fresh runs on the same machine, the 4-rank decode calls of 3 KiB: reduce 3.2 ms
+(v2x2_bandwidth) and 2.7 ms (v4x1_bandwidth), broadcast 0.37 and 0.29 ms
+(``validation/transfer-report/fresh-s29``, ``validation/layouts-report/fresh-s29`` profiles).
+
+Run: ``PYTHONPATH=. python benchmarks/bench_loopback_contention.py [--ranks 4 3 2] [--compute-ms 0.5 2] [--rounds 300]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SIZE_FLOATS = 768  # 3 KiB of fp32: GPT-2's hidden state of one token, a decode step's payload
+
+
+def _busy(seconds: float, x: torch.Tensor, w: torch.Tensor) -> None:
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        x @ w
+
+
+def _rank(rank: int, world: int, compute_s: float, rounds: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    x, w = torch.randn(1, SIZE_FLOATS), torch.randn(SIZE_FLOATS, SIZE_FLOATS // world)
+    payload = torch.zeros(1, SIZE_FLOATS)
+    calls: dict[str, list[float]] = {"reduce": [], "broadcast": [], "allreduce": []}
+    dist.barrier()
+    for _ in range(rounds):
+        _busy(compute_s, x, w)
+        for name, call in (("reduce", lambda: dist.reduce(payload, dst=0)),
+                           ("broadcast", lambda: dist.broadcast(payload, src=0))):
+            began = time.perf_counter()
+            call()
+            calls[name].append(time.perf_counter() - began)
+        _busy(compute_s, x, w)
+        began = time.perf_counter()
+        dist.all_reduce(payload)
+        calls["allreduce"].append(time.perf_counter() - began)
+    if rank == 0:
+        results.put({name: (statistics.median(v), statistics.mean(v)) for name, v in calls.items()})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[4, 3, 2])
+    parser.add_argument("--compute-ms", type=float, nargs="+", default=[0.5, 2.0])
+    parser.add_argument("--rounds", type=int, default=300)
+    args = parser.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs")
+    results = mp.get_context("spawn").Queue()
+    for world in args.ranks:
+        for compute_ms in args.compute_ms:
+            mp.spawn(_rank, args=(world, compute_ms / 1e3, args.rounds, _free_port(), results), nprocs=world)
+            calls = results.get()
+            cells = "; ".join(f"{name} median {m * 1e3:.3f} ms (mean {a * 1e3:.3f})" for name, (m, a) in calls.items())
+            print(f"{world} ranks, {compute_ms} ms of compute between calls: {cells}")
+
+
+if __name__ == "__main__":
+    main()
