@@ -9,7 +9,7 @@ hides it), so its profile takes gloo/tcp's default, fitted on another machine; w
 group reproduces the in-place calls of the clusters without delay, every calibration can measure
 its own machine's floor this way, as it measures the memory bandwidth.
 
-``--ranks`` processes (forked by torch.multiprocessing), 1 intra-op thread each, each round: a
+``--ranks`` processes (forked by :func:`runtime.launch.launch`, one gloo group over loopback), 1 intra-op thread each, each round: a
 busy loop of ``--compute-ms`` of small matmuls, a 3 KiB ``reduce`` to rank 0 and a ``broadcast``
 from it, the busy loop again, a 3 KiB ``all_reduce``; ``--rounds`` rounds. Prints rank 0's median and
 mean per call (ms) per rank count and compute time.
@@ -20,7 +20,8 @@ Measured 2026-11-30 04:06 UTC on the project's 2-vCPU VM (AMD EPYC), nothing els
 2.89-4.91; 2 ranks: reduce 0.29-0.76, broadcast 0.07-0.10, allreduce 0.36-0.89. In place, in session
 29's fresh runs on the same machine, the 4-rank decode calls of 3 KiB: reduce 3.2 ms
 (v2x2_bandwidth) and 2.7 ms (v4x1_bandwidth), broadcast 0.37 and 0.29 ms
-(``validation/transfer-report/fresh-s29``, ``validation/layouts-report/fresh-s29`` profiles).
+(``validation/transfer-report/fresh-s29``, ``validation/layouts-report/fresh-s29`` profiles). Run
+again at 04:30 UTC, 100 rounds: 4 ranks, reduce 3.29 ms, broadcast 0.17 ms, allreduce 6.05 ms.
 
 Run: ``PYTHONPATH=. python benchmarks/bench_loopback_contention.py [--ranks 4 3 2] [--compute-ms 0.5 2] [--rounds 300]``
 """
@@ -29,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from runtime.launch import launch
 
 SIZE_FLOATS = 768  # 3 KiB of fp32: GPT-2's hidden state of one token, a decode step's payload
 
@@ -46,10 +47,9 @@ def _busy(seconds: float, x: torch.Tensor, w: torch.Tensor) -> None:
         x @ w
 
 
-def _rank(rank: int, world: int, compute_s: float, rounds: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int, world: int, compute_s: float, rounds: int) -> dict[str, tuple[float, float]] | None:
+    """One rank's rounds in the launched gloo group; rank 0 returns (median, mean) s per call."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     x, w = torch.randn(1, SIZE_FLOATS), torch.randn(SIZE_FLOATS, SIZE_FLOATS // world)
     payload = torch.zeros(1, SIZE_FLOATS)
     calls: dict[str, list[float]] = {"reduce": [], "broadcast": [], "allreduce": []}
@@ -65,16 +65,8 @@ def _rank(rank: int, world: int, compute_s: float, rounds: int, port: int, resul
         began = time.perf_counter()
         dist.all_reduce(payload)
         calls["allreduce"].append(time.perf_counter() - began)
-    if rank == 0:
-        results.put({name: (statistics.median(v), statistics.mean(v)) for name, v in calls.items()})
     dist.barrier()
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return {name: (statistics.median(v), statistics.mean(v)) for name, v in calls.items()} if rank == 0 else None
 
 
 def main() -> None:
@@ -84,11 +76,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} CPUs")
-    results = mp.get_context("spawn").Queue()
     for world in args.ranks:
         for compute_ms in args.compute_ms:
-            mp.spawn(_rank, args=(world, compute_ms / 1e3, args.rounds, _free_port(), results), nprocs=world)
-            calls = results.get()
+            calls = launch(lambda rank, heartbeat: _rank(rank, world, compute_ms / 1e3, args.rounds), world)[0]
             cells = "; ".join(f"{name} median {m * 1e3:.3f} ms (mean {a * 1e3:.3f})" for name, (m, a) in calls.items())
             print(f"{world} ranks, {compute_ms} ms of compute between calls: {cells}")
 

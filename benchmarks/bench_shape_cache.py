@@ -11,7 +11,7 @@ tp2_pp2's TPOT -35 to -40%).
 
 One process, 1 intra-op thread (as ``runtime/launch.py`` runs a rank), GPT-2 small in fp32, a decode
 step (1 new token over 33) at each tensor-parallel width 1, 2, 4: rank 0's shard of every op, in
-``--repeats`` rounds of :data:`runtime.shape_bench.SHAPE_REPEATS` calls each, one layer against
+``--repeats`` rounds of :func:`runtime.shape_bench.time_layer_ops` each, one layer against
 :func:`runtime.shape_bench.cycled_layers` layers in turn; prints per width and op the median over
 rounds of the median thread CPU time (ms), and the machine's last-level cache and CPU model.
 
@@ -28,40 +28,25 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 
 import torch
 
 from models.catalog import get_model
 from runtime.model import RankModel
-from runtime.shape_bench import SHAPE_REPEATS, WARMUP_CALLS, cache_bytes, cycled_layers
-from sim.program import NormSite, Stage
+from runtime.shape_bench import cache_bytes, cycled_layers, time_layer_ops
+from sim.program import Stage
 
 WIDTHS = (1, 2, 4)
 CONTEXT = 33
 
 
 def _round_ms(spec, width: int, layers: int) -> dict[str, float]:
-    """One round at ``width`` over ``layers`` layers in turn: median ms per op kind."""
+    """One round at ``width`` over ``layers`` layers in turn, timed as the calibration times them
+    (:func:`runtime.shape_bench.time_layer_ops`): median ms per op kind."""
     model = RankModel(spec, width, 0, seed=0, batch_size=1, max_tokens=CONTEXT + 8, device=torch.device("cpu"),
                       dtype=torch.float32, stage=Stage(0, layers, embeds=False, heads=False))
-    h = torch.randn(1, 1, spec.hidden_size)
-    x = model.norm(h, 0, NormSite.ATTENTION)
-    q, k, v = model.qkv_proj(x, 0)
-    o = model.attention(q, k, v, 0, CONTEXT - 1)
-    a = model.mlp_up(x, 0)
-    calls = {"layernorm": lambda i: model.norm(h, i, NormSite.ATTENTION), "qkv_proj": lambda i: model.qkv_proj(x, i),
-             "attention": lambda i: model.attention(q, k, v, i, CONTEXT - 1), "out_proj": lambda i: model.out_proj(o, i),
-             "mlp_up": lambda i: model.mlp_up(x, i), "mlp_down": lambda i: model.mlp_down(a, i)}
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    with torch.inference_mode():
-        for index in range(WARMUP_CALLS + SHAPE_REPEATS):
-            for name, call in calls.items():
-                began = time.thread_time()
-                call(index % layers)
-                if index >= WARMUP_CALLS:
-                    times[name].append(time.thread_time() - began)
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    times, _ = time_layer_ops(model, 1, 1, CONTEXT - 1)
+    return {str(kind): statistics.median(values) * 1e3 for kind, values in times.items()}
 
 
 def main() -> None:

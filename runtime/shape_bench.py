@@ -101,7 +101,7 @@ def shape_rows(spec, *, device_class: str, batch_size: int, prompts: tuple[int, 
         for prompt in prompts:
             for new, start, batch in ((prompt, 0, batch_size), *((1, prompt, b) for b in decode_batches)):
                 model.rows = slice(0, batch)  # the KV-cache rows of this batch (the cache holds the largest)
-                times, split = _time_layer(model, batch, new, start)
+                times, split = time_layer_ops(model, batch, new, start)
                 costs = layer_op_costs(spec, tp_degree=width, batch_size=batch, new_tokens=new,
                                        context_tokens=start + new, shard=model.shard)
                 if width == 1:
@@ -132,9 +132,9 @@ def cache_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).L2_cache_size) or FALLBACK_CACHE_BYTES
     sizes = []
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         text = entry.read_text().strip().upper()
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         try:
             sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
         except ValueError:
@@ -159,7 +159,7 @@ def cycled_layers(spec, width: int, cache: int) -> int:
     return int(min(spec.num_layers, 1 + math.ceil(CACHE_MULTIPLE * cache / layer_bytes)))
 
 
-def _time_layer(model: RankModel, batch: int, new: int, start: int
+def time_layer_ops(model: RankModel, batch: int, new: int, start: int
                 ) -> tuple[dict[OpKind, list[float]], dict[MeasurementKind, tuple[str, dict[OpKind, list[float]]]]]:
     """Each op of the model's layers in turn, one layer per round (and, on a model that embeds,
     the embedding and LM head), in :data:`WARMUP_CALLS` + :data:`SHAPE_REPEATS` rounds, on ``new``
