@@ -36,6 +36,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from models.ops import OpKind
 from runtime.launch import launch
 
 SIZE_FLOATS = 768  # 3 KiB of fp32: GPT-2's hidden state of one token, a decode step's payload
@@ -52,21 +53,21 @@ def _rank(rank: int, world: int, compute_s: float, rounds: int) -> dict[str, tup
     torch.set_num_threads(1)
     x, w = torch.randn(1, SIZE_FLOATS), torch.randn(SIZE_FLOATS, SIZE_FLOATS // world)
     payload = torch.zeros(1, SIZE_FLOATS)
-    calls: dict[str, list[float]] = {"reduce": [], "broadcast": [], "allreduce": []}
+    calls: dict[OpKind, list[float]] = {OpKind.REDUCE: [], OpKind.BROADCAST: [], OpKind.ALLREDUCE: []}
     dist.barrier()
     for _ in range(rounds):
         _busy(compute_s, x, w)
-        for name, call in (("reduce", lambda: dist.reduce(payload, dst=0)),
-                           ("broadcast", lambda: dist.broadcast(payload, src=0))):
+        for kind, call in ((OpKind.REDUCE, lambda: dist.reduce(payload, dst=0)),
+                           (OpKind.BROADCAST, lambda: dist.broadcast(payload, src=0))):
             began = time.perf_counter()
             call()
-            calls[name].append(time.perf_counter() - began)
+            calls[kind].append(time.perf_counter() - began)
         _busy(compute_s, x, w)
         began = time.perf_counter()
         dist.all_reduce(payload)
-        calls["allreduce"].append(time.perf_counter() - began)
+        calls[OpKind.ALLREDUCE].append(time.perf_counter() - began)
     dist.barrier()
-    return {name: (statistics.median(v), statistics.mean(v)) for name, v in calls.items()} if rank == 0 else None
+    return {str(kind): (statistics.median(v), statistics.mean(v)) for kind, v in calls.items()} if rank == 0 else None
 
 
 def main() -> None:
