@@ -39,6 +39,10 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
   and the machine's speed: a fixed reference op set timed just before and just after the launch
   (:func:`runtime.reference_timing.timed_around`, under 1 s), against which a later measurement's
   own timing tells how much faster or slower the machine ran then (:mod:`sim.machine_speed`).
+* ``collective_loopback``: on CPU ranks, after the launch, the in-place calls' kinds and algorithms
+  at their smallest size again, in one loopback gloo group of the cluster's ranks computing
+  between calls (:mod:`runtime.loopback_contention`, ~5 s): the machine's delay per core turn on
+  a small message, which links with a delay hide in place.
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
   untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
@@ -62,6 +66,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_rows, stats
 from runtime.device import device_of
 from runtime.executor import Executor
+from runtime.loopback_contention import loopback_rows
 from runtime.reduction_bench import reduction_rows
 from runtime.shape_bench import ceiling_rows, shape_rows
 from runtime.stream_bandwidth import stream_bandwidth
@@ -147,14 +152,21 @@ def alone_rows(scenario, generations: "CalibrationGenerations", model) -> list[d
     return rows
 
 
-def cpu_memory_rows(scenario, ranks: int, repeats: int) -> list[dict]:
-    """The machine's aggregate memory bandwidth at 1 .. ``ranks`` streams (``context`` memory
-    rows, :func:`runtime.stream_bandwidth.stream_bandwidth`) where the ranks ran on this machine's
-    CPU (:func:`runtime.device.local_device`) and shared it; [] where a GPU holds them. Run after
-    the launch, outside the ranks."""
+def machine_rows(scenario, profile, repeats: int) -> list[dict]:
+    """What a calibration times of the machine after its launch, outside the ranks, where they
+    ran on this machine's CPU (:func:`runtime.device.local_device`) and shared it ([] where a GPU
+    holds them): its aggregate memory bandwidth at 1 .. tensor-parallel ranks streams (``context``
+    memory rows, :func:`runtime.stream_bandwidth.stream_bandwidth`), and the in-place calls of
+    ``profile`` (the launch's rows) again on loopback, where the cores' delay on a small message
+    shows without the links' (``collective_loopback`` rows, :mod:`runtime.loopback_contention`)."""
     if torch.cuda.is_available():
         return []
-    return memory_rows(scenario.name, stream_bandwidth(ranks, rounds=min(3, max(1, repeats))))
+    from sim.topology import build_topology
+
+    topology = build_topology(scenario.config.cluster)
+    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    return (memory_rows(scenario.name, stream_bandwidth(len(ranks), rounds=min(3, max(1, repeats))))
+            + loopback_rows(profile, topology, tuple(ranks)))
 
 
 def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict],
@@ -377,4 +389,4 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)))
     rows = load_rows(scenario.name, spent.steal_fraction, spent.other_load) + speed_rows(scenario.name,
                                                                                          medians(reference))
-    return with_rows(profile, rows + cpu_memory_rows(scenario, len(ranks), repeats))
+    return with_rows(profile, rows + machine_rows(scenario, profile, repeats))

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import memory_probe
-from runtime.calibrate import (CALIBRATION_MAX_TOKENS, CalibrationGenerations, alone_rows, cpu_memory_rows, gather_profile,
+from runtime.calibrate import (CALIBRATION_MAX_TOKENS, CalibrationGenerations, alone_rows, gather_profile, machine_rows,
                                used_algorithms)
 from runtime.comm import Communicator
 from runtime.comm_timing import CollectiveSweep, p2p_rows
@@ -48,7 +48,6 @@ from sim.context import load_rows, speed_rows
 from sim.parallel import ParallelPlan
 from sim.profile import with_rows
 from sim.scenario import Scenario
-from sim.topology import build_topology
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,6 @@ def launch_interleaved(scenario: Scenario, cases: list[Scenario], *, testbed: bo
     run, samples = timed_around(lambda: launch_scenario(scenario, body, testbed=testbed,
                                                         hang_timeout_s=hang_timeout_s, on_beat=on_beat))
     reference = medians(samples)
-    ranks = ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks
-    # the ranks shared this machine's memory bandwidth, measured after them as hetsim calibrate does
-    rows = speed_rows(scenario.name, reference) + cpu_memory_rows(scenario, len(ranks), calibration_repeats)
+    # what hetsim calibrate times of the machine after its launch
+    rows = speed_rows(scenario.name, reference) + machine_rows(scenario, run.profile, calibration_repeats)
     return replace(run, profile=with_rows(run.profile, rows), reference_s=reference)

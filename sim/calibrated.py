@@ -753,11 +753,14 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     :data:`sim.transport.IDENTIFIABLE_DELAY_S`: each step there holds the delay, which the ranks
     sleep through, and priced at the fitted terms' overhead bounded by the ping-pongs'
     (:func:`sim.transport.message_overhead_s`) it would pass for contention (h2x2_mid, 1.1 ms:
-    3.7 ms per point-to-point message, which then priced the fast clusters' TPOT +50-90%). Where
-    no calibrated cluster's links let it show, the gloo/tcp default
-    (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`), else 0."""
+    3.7 ms per point-to-point message, which then priced the fast clusters' TPOT +50-90%). There,
+    and where a cluster's in-place calls are none of them contention-bound, fitted the same way
+    on the same calls timed on loopback after its launch (``collective_loopback`` rows,
+    :mod:`runtime.loopback_contention`: the calibrated machine's cores without the links' delay).
+    Where no calibrated cluster has either, the gloo/tcp default
+    (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`, fitted on another machine), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_TURN_S, GLOO_CONTENTION_SHARING, IDENTIFIABLE_DELAY_S, Transport,
-                               busy_ranks, contention_at, context_topology, of_replicas, step_turns, steps_in_series)
+                               contention_at, context_topology, of_replicas)
 
     family = "gloo's own collectives" if library else "point-to-point"
     known = [c for c in contexts if c.cores is not None]
@@ -769,44 +772,28 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     excess = max(0, machine_ranks - cores)
     if excess == 0:
         return 0.0, f"core contention per core turn ({family}): none ({sharing})"
-    all_rows = profile.of("collective_in_place")
     per_turn, names = [], []
     for calibrated in known:  # a pool: each cluster's calls over its own links and cores
-        calibrated_excess = max(0, sum(calibrated.ranks_per_host) - calibrated.cores)
-        rows = all_rows[_rows_of(profile.rows, all_rows, calibrated.name)]
-        rows = rows[((rows["algorithm"] == LIBRARY) == library) & (rows["size_bytes"] == rows["size_bytes"].min())]
         topology = context_topology(calibrated)
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
                        for b in range(topology.num_ranks) if a != b), default=0.0)
-        if delay_s >= IDENTIFIABLE_DELAY_S:
-            continue  # its steps hold the link's delay, slept through: what they show is the link's
-        bound = []
-        for row in rows.itertuples(index=False):
-            terms = fitted.get((str(row.op), str(row.algorithm)))
-            group = tuple(range(int(row.group_size)))
-            if terms is None or calibrated_excess == 0 or len(group) > topology.num_ranks:
-                continue
-            schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
-                                      root=None if row.op == "allreduce" else 0, host_groups=topology.host_groups(group))
-            # the steps that contend: those whose busy ranks outnumber the cores
-            shares = [float(n > calibrated.cores) for n in busy_ranks(schedule)]
-            steps = steps_in_series(schedule, shares)
-            if steps <= 0:
-                continue
-            call_s = float(getattr(row, CHARGED["collective_in_place"]))
-            overhead_s = 0.0 if library else terms.per_message_s
-            if call_s / steps > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
-                # per core turn on the critical path: a step counts its share times its turns
-                bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
-                                                                 in zip(shares, step_turns(schedule))]))
+        # where its steps held the link's delay, slept through (what they show is the link's), the
+        # same calls on loopback after its launch (no delay: what they show is the cores')
+        bound, where = [], ""
+        if delay_s < IDENTIFIABLE_DELAY_S:
+            bound, where = _turn_costs(profile, MeasurementKind.COLLECTIVE_IN_PLACE, calibrated, topology, delay_s,
+                                       fitted, library), "in place on"
+        if not bound:
+            bound, where = _turn_costs(profile, MeasurementKind.COLLECTIVE_LOOPBACK, calibrated, topology, 0.0,
+                                       fitted, library), "on loopback after the launch of"
         if bound:  # at the target's ranks per core
             per_turn.append(contention_at(float(np.median(bound)), sum(calibrated.ranks_per_host) / calibrated.cores,
                                           machine_ranks / cores, library))
-            names.append(calibrated.name)
+            names.append(f"{where} {calibrated.name}")
     if per_turn:
         floor_s = float(np.median(per_turn))
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
-                         f"the calls timed in place on {', '.join(names)} "
+                         f"the calls timed {', '.join(names)} "
                          f"({sharing})")
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
         floor_s = contention_at(GLOO_CONTENTION_PER_TURN_S[library], GLOO_CONTENTION_SHARING, machine_ranks / cores,
@@ -815,6 +802,40 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                          f"default (the calibrated links hid it; {sharing})")
     return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "
                  f"it to show in place; {sharing})")
+
+
+def _turn_costs(profile: Profile, kind: MeasurementKind, calibrated, topology, delay_s: float, fitted: dict,
+                library: bool) -> list[float]:
+    """Per call of ``kind`` (``collective_in_place`` or ``collective_loopback``) of calibrated cluster
+    ``calibrated``, of the family (gloo's own or point-to-point) at its smallest size, priced
+    over ``topology`` whose longest path has ``delay_s``: the call over its core turns in
+    contending steps, for the calls that are contention-bound (:func:`contention_floor`)."""
+    from sim.transport import busy_ranks, step_turns, steps_in_series
+
+    calibrated_excess = max(0, sum(calibrated.ranks_per_host) - calibrated.cores)
+    rows = profile.of(kind)
+    rows = rows[_rows_of(profile.rows, rows, calibrated.name)]
+    rows = rows[((rows["algorithm"] == LIBRARY) == library) & (rows["size_bytes"] == rows["size_bytes"].min())]
+    bound = []
+    for row in rows.itertuples(index=False):
+        terms = fitted.get((str(row.op), str(row.algorithm)))
+        group = tuple(range(int(row.group_size)))
+        if terms is None or calibrated_excess == 0 or len(group) > topology.num_ranks:
+            continue
+        schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
+                                  root=None if row.op == "allreduce" else 0, host_groups=topology.host_groups(group))
+        # the steps that contend: those whose busy ranks outnumber the cores
+        shares = [float(n > calibrated.cores) for n in busy_ranks(schedule)]
+        steps = steps_in_series(schedule, shares)
+        if steps <= 0:
+            continue
+        call_s = float(getattr(row, CHARGED[kind]))
+        overhead_s = 0.0 if library else terms.per_message_s
+        if call_s / steps > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
+            # per core turn on the critical path: a step counts its share times its turns
+            bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
+                                                             in zip(shares, step_turns(schedule))]))
+    return bound
 
 
 def _borrowed(fitted: dict):

@@ -38,6 +38,11 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
   * ``collective_wait``: the same calls, the master's wait inside them for the last rank to
     arrive (arrival skew: ranks time-sliced on shared cores, a broadcast's leaves still
     receiving after its root left); each repeat one generation's mean;
+  * ``collective_loopback``: the in-place calls' kinds and algorithms at their smallest size, timed
+    as ``collective_in_place`` is, after the launch, in one loopback gloo group of the machine's
+    ranks computing between calls (:mod:`runtime.loopback_contention`): the machine's delay per
+    core turn on a small message, which a calibration over delayed links cannot show in place
+    (:func:`sim.calibrated.contention_floor`);
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
     (:class:`sim.context.LinkClass`: ``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``reduction``: the reduction the runtime's own collectives perform (``op`` add: a received
@@ -101,7 +106,8 @@ CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.COMPUTE_ISOLATED: "m
            MeasurementKind.COMPUTE_DEVICE: "median", MeasurementKind.HOST_ISSUE: "median",
            MeasurementKind.BACKWARD_INPUT: "mean", MeasurementKind.BACKWARD_WEIGHT: "mean",
            MeasurementKind.OPTIMIZER_STEP: "mean",
-           MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median"}
+           MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median",
+           MeasurementKind.COLLECTIVE_LOOPBACK: "median"}
 ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 

@@ -176,6 +176,7 @@ class MeasurementKind(StrEnum):
     COLLECTIVE_HELD_OUT = "collective_held_out"
     COLLECTIVE_IN_PLACE = "collective_in_place"
     COLLECTIVE_WAIT = "collective_wait"
+    COLLECTIVE_LOOPBACK = "collective_loopback"
     P2P = "p2p"
     REDUCTION = "reduction"
     MEMORY_BASELINE = "memory_baseline"

@@ -38,7 +38,8 @@ def test_results_csv_names_its_metrics_and_units_as_before():
 def test_profile_measurement_kinds_are_the_strings_profiles_carry():
     assert [str(k) for k in MeasurementKind] == ["compute", "compute_isolated", "compute_device", "host_issue",
                                                  "device_ceiling", "op_gap", "collective",
-                                                 "collective_held_out", "collective_in_place", "collective_wait", "p2p", "reduction",
+                                                 "collective_held_out", "collective_in_place", "collective_wait",
+                                                 "collective_loopback", "p2p", "reduction",
                                                  "memory_baseline", "context", "backward_input",
                                                  "backward_weight", "optimizer_step", "training_pass"]
 

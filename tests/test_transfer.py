@@ -641,3 +641,48 @@ def test_an_uncalibrated_nccl_ring_allreduce_of_a_few_bytes_costs_nccls_ring_sim
     assert duration_s == pytest.approx(8.4e-6 + 6 * hop_latency_s, rel=1e-3)
     assert duration_s == pytest.approx(nccl_ring_allreduce_s(transport, NcclProtocol.SIMPLE, 4), rel=1e-3)
     assert ring_s("1us")[0] - duration_s == pytest.approx(6 * 2e-6, rel=1e-3)
+
+
+def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_loopback(clusters):
+    """Links with a delay hide the cores' delay per message in place; the same calls timed on
+    loopback after the launch (``collective_loopback``) give it, in proportion, before the default."""
+    import pandas as pd
+
+    from sim.calibrated import contention_floor
+    from sim.context import profile_contexts, scenario_context
+    from sim.parallel import ParallelPlan
+    from sim.profile import Profile, with_rows
+    from sim.topology import build_topology
+    from sim.transport import GLOO_CONTENTION_PER_TURN_S, fit_profile
+    from sim.vocabulary import MeasurementKind
+
+    fast, slow, target = clusters[0], clusters[3], clusters[2]  # v2x2_bandwidth, v4x1_latency (5 ms), v4x1_bandwidth
+    topology = build_topology(target.scenario.config.cluster)
+    context = scenario_context(target.name, topology, ParallelPlan.of(target.scenario, topology).tensor_ranks, "fp32")
+
+    def floor(profile, library):
+        contexts = profile_contexts(profile.rows)
+        return contention_floor(profile, contexts, context, fit_profile(profile.of("collective"), contexts[0]),
+                                library=library)
+
+    def with_loopback(profile, scale):
+        rows = profile.of(MeasurementKind.COLLECTIVE_IN_PLACE)
+        rows = rows[rows["size_bytes"] == rows["size_bytes"].min()].copy()
+        rows["measurement"] = MeasurementKind.COLLECTIVE_LOOPBACK.value
+        for column in ("median", "p10", "p90", "mean"):
+            rows[column] = rows[column] * scale
+        return Profile(with_rows(profile.rows, rows.to_dict("records")))
+
+    for library in (False, True):
+        default_s, default_source = floor(slow.profile, library)
+        assert default_s == pytest.approx(GLOO_CONTENTION_PER_TURN_S[library]) and "default" in default_source
+        # the slow cluster's own calls, as if timed on loopback: each priced over loopback's
+        # missing delay, in proportion to what was timed
+        once_s, source = floor(with_loopback(slow.profile, 0.5), library)
+        twice_s, _ = floor(with_loopback(slow.profile, 1.0), library)
+        assert "on loopback after the launch of v4x1_latency" in source and once_s != pytest.approx(default_s)
+        assert twice_s == pytest.approx(2 * once_s)
+        # where the links let the cores show in place, the in-place calls decide
+        in_place = floor(fast.profile, library)
+        assert floor(with_loopback(fast.profile, 3.0), library) == in_place
+        assert "in place on v2x2_bandwidth" in in_place[1]

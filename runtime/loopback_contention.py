@@ -1,0 +1,119 @@
+"""The machine's core contention on small messages, timed on loopback after a calibration's launch.
+
+Why: where a cluster's ranks outnumber the cores they share, a small message moves only once both
+its ends are scheduled, so it costs a scheduling delay per core turn, not its wire time
+(:func:`sim.calibrated.contention_floor`). A calibration over links without delay shows that delay
+in its in-place calls; one whose links all have a delay cannot (the ranks sleep through the delay
+and the cores are free), and its profile used to take a default fitted on another machine, which
+priced this machine's clusters without delay +38..+54% TPOT from delayed-link profiles (issue 18,
+session 29). The delay is the machine's, not the links': the same ranks in one loopback gloo group,
+computing between calls as a decode step does, reproduce the in-place calls of the clusters without
+delay (4 ranks on 2 cores: reduce 3.19-3.32 ms on loopback against 3.2 and 2.7 ms in place;
+``benchmarks/bench_loopback_contention.py``). So every CPU calibration times them, as it times the
+machine's memory bandwidth, after its launch: :func:`loopback_rows`.
+
+The calls: each (kind, algorithm) of the profile's in-place calls at their smallest size (a decode
+step's), over the tensor-parallel group's ranks grouped into hosts as the cluster's are (a
+two-level schedule keeps its shape), every rank of the machine in the group (the emulated hosts
+share it). A round is a decode step's pattern: :data:`COMPUTE_S` of one-thread matrix products
+before each call, a reduce's broadcast right after it (reduce_ln_bcast: the leaves go from one
+to the other). Each call is charged as an in-place call is: the last rank's start to the master's
+end (:func:`runtime.comm_timing.in_place_rows`), each repeat the mean over a block of
+:data:`ROUNDS_PER_BLOCK` rounds; rows of kind ``collective_loopback``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from models.ops import OpKind
+from runtime.comm import Communicator
+from runtime.comm_timing import CallSpan, in_place_rows
+from runtime.launch import launch
+from sim.plan import Collective
+from sim.profile import MeasurementKind
+
+COMPUTE_S = 0.5e-3
+"""Compute before each call (s): of the order of a decode step's shard of a layer half on a CPU
+core (GPT-2 at width 4). Measured: 4 ranks on 2 cores, 0.5 ms -> a 3 KiB reduce 3.19 ms, 2 ms ->
+3.76 ms; the delay per turn depends on it weakly."""
+ROUNDS_PER_BLOCK = 20
+BLOCKS = 8
+LOOPBACK_METHOD = ("the in-place calls' kinds and algorithms at their smallest size, in one loopback gloo group of "
+                   "the machine's ranks after the launch, 0.5 ms of compute before each call: last rank's start to "
+                   "the master's end, each repeat a block of 20 rounds' mean call; the median is charged")
+
+
+def loopback_calls(profile: pd.DataFrame, group: tuple[int, ...]) -> list[Collective]:
+    """The calls a loopback round makes: each (kind, algorithm) of ``profile``'s
+    ``collective_in_place`` rows at their smallest size, over ``group`` (the tensor-parallel
+    group's ranks) rooted at its first rank, in the order a round makes them (each kind's reduce
+    right before its broadcast)."""
+    rows = profile[profile["measurement"] == MeasurementKind.COLLECTIVE_IN_PLACE]
+    if not len(rows):
+        return []
+    rows = rows[rows["size_bytes"] == rows["size_bytes"].min()]
+    order = {OpKind.ALLREDUCE.value: 0, OpKind.REDUCE.value: 1, OpKind.BROADCAST.value: 2}
+    keys = sorted({(str(r.algorithm), order[str(r.op)], str(r.op), int(r.size_bytes))
+                   for r in rows.itertuples(index=False) if int(r.group_size) == len(group)})
+    return [Collective(OpKind(op), algorithm, group, size, root=None if op == OpKind.ALLREDUCE.value else group[0])
+            for algorithm, _, op, size in keys]
+
+
+def _busy(seconds: float, x: torch.Tensor, w: torch.Tensor) -> None:
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        x @ w
+
+
+def _rank(rank: int, calls: list[Collective], host_groups, world: int) -> list[CallSpan] | None:
+    """One rank's rounds; rank 0 returns every rank's spans."""
+    torch.set_num_threads(1)
+    comm = Communicator(rank, host_groups)
+    width = max(c.size_bytes for c in calls) // 4
+    x, w = torch.randn(1, width), torch.randn(width, max(1, width // world))
+    buffers = {c: torch.zeros(c.size_bytes // 4) for c in calls}
+    spans: list[CallSpan] = []
+    dist.barrier()
+    for index in range(1 + BLOCKS * ROUNDS_PER_BLOCK):  # the first round warms up
+        for number, call in enumerate(calls):
+            follows_reduce = (call.kind == OpKind.BROADCAST and number > 0 and calls[number - 1].kind == OpKind.REDUCE
+                              and calls[number - 1].algorithm == call.algorithm)
+            if not follows_reduce:
+                _busy(COMPUTE_S, x, w)
+            if rank not in call.group:
+                continue
+            start = time.perf_counter()
+            comm.run(call, buffers[call])
+            if index:
+                spans.append(CallSpan((index - 1) // ROUNDS_PER_BLOCK, (index, number), call.kind.value, rank,
+                                      call.kind.value, call.algorithm, call.size_bytes, start, time.perf_counter()))
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(spans, gathered, dst=0)
+    return [s for part in gathered for s in part] if rank == 0 else None
+
+
+def loopback_rows(profile: pd.DataFrame, topology, group: tuple[int, ...]) -> list[dict]:
+    """``collective_loopback`` rows: :func:`loopback_calls` of ``profile`` over ``group`` timed in
+    one forked process per rank of ``topology`` (:class:`sim.topology.Topology`: the calibrated
+    cluster, whose ranks share this machine), one gloo group over loopback
+    (:func:`runtime.launch.launch`), the group partitioned into hosts as the topology's; [] where
+    the profile has no in-place calls or a GPU holds the ranks (NCCL's messages do not wait for a
+    core). About 5 s for 4 ranks. Run after the launch, outside the ranks (and the testbed's
+    namespaces).
+
+    Raises:
+        runtime.errors.LaunchError: a rank failed, died or hung."""
+    calls = loopback_calls(profile, tuple(group))
+    if not calls or torch.cuda.is_available():
+        return []
+    world = topology.num_ranks
+    spans = launch(lambda rank, heartbeat: _rank(rank, calls, topology.host_groups, world), world)[0]
+    num_hosts = len(topology.host_groups(tuple(group)))
+    return [{**row, "measurement": MeasurementKind.COLLECTIVE_LOOPBACK, "method": LOOPBACK_METHOD}
+            for row in in_place_rows(spans, len(group), num_hosts, master=group[0])
+            if row["measurement"] == MeasurementKind.COLLECTIVE_IN_PLACE]

@@ -1,0 +1,41 @@
+"""The machine's core contention timed on loopback after a calibration's launch (issue 18): the
+calls of a delayed-link calibration again, where links hide nothing, as rows the simulator fits."""
+
+import pytest
+
+from models.ops import OpKind
+from runtime.loopback_contention import loopback_calls, loopback_rows
+from sim.context import profile_contexts
+from sim.profile import load_profile
+from sim.transport import context_topology
+from sim.vocabulary import MeasurementKind
+from tests.conftest import ROOT
+
+DELAYED = ROOT / "validation" / "holdout-report" / "profiles" / "h3x1_delay.csv"  # 3 hosts x 1 rank, 5 ms
+
+
+def test_a_round_makes_each_in_place_call_at_its_smallest_size_a_broadcast_right_after_its_reduce():
+    profile = load_profile(DELAYED)
+    in_place = profile.of(MeasurementKind.COLLECTIVE_IN_PLACE)
+    smallest = in_place[in_place["size_bytes"] == in_place["size_bytes"].min()]
+    calls = loopback_calls(profile.rows, (0, 1, 2))
+    assert {(c.kind.value, c.algorithm) for c in calls} == set(zip(smallest["op"], smallest["algorithm"]))
+    assert {c.size_bytes for c in calls} == {int(smallest["size_bytes"].iloc[0])}
+    kinds = [c.kind for c in calls if c.algorithm == "library"]
+    assert kinds.index(OpKind.BROADCAST) == kinds.index(OpKind.REDUCE) + 1
+    assert all(c.root == (None if c.kind == OpKind.ALLREDUCE else 0) for c in calls)
+
+
+def test_loopback_rows_time_every_call_as_in_place_calls_are_timed():
+    profile = load_profile(DELAYED)
+    (context,) = profile_contexts(profile.rows)
+    topology = context_topology(context)
+    rows = loopback_rows(profile.rows, topology, (0, 1, 2))
+    calls = loopback_calls(profile.rows, (0, 1, 2))
+    assert sorted((r["op"], r["algorithm"]) for r in rows) == sorted((c.kind.value, c.algorithm) for c in calls)
+    for row in rows:
+        assert row["measurement"] == MeasurementKind.COLLECTIVE_LOOPBACK
+        assert (row["group_size"], row["num_hosts"]) == (3, 3)
+        # a few KiB on loopback: milliseconds, where the 5 ms links took tens
+        assert 0 < row["p10"] <= row["median"] <= row["p90"] < 0.1
+        assert row["repeats"] == 8
