@@ -40,9 +40,9 @@ ranks torchrun starts: :mod:`runtime.torchrun`):
   (:func:`runtime.reference_timing.timed_around`, under 1 s), against which a later measurement's
   own timing tells how much faster or slower the machine ran then (:mod:`sim.machine_speed`).
 * ``collective_loopback``: on CPU ranks, after the launch, the in-place calls' kinds and algorithms
-  at their smallest size again, in one loopback gloo group of the cluster's ranks computing
-  between calls (:mod:`runtime.loopback_contention`, ~5 s): the machine's delay per core turn on
-  a small message, which links with a delay hide in place.
+  at their smallest size again, in a loopback gloo group computing between calls, at a few sizes
+  beyond the cores (:mod:`runtime.loopback_contention`, ~5 s a size): the machine's delay per core
+  turn on a small message, which links with a delay hide in place.
 * ``memory_baseline``: what a rank holds beyond its model: its peak resident memory in one more,
   untimed generation at the shortest prompt with the exact allocator (:mod:`runtime.memory_probe`),
   less its weights and KV cache (framework, communication buffers, activations), read before the
@@ -76,7 +76,7 @@ from sim.collectives.registry import ALGORITHMS, AUTO, LIBRARY
 from runtime.cpu_steal import load_during
 from runtime.reference_timing import medians, timed_around
 from runtime.testbed.cluster import applied_context
-from sim.context import context_rows, load_rows, memory_rows, scenario_context, speed_rows
+from sim.context import context_rows, load_rows, memory_rows, profile_contexts, scenario_context, speed_rows
 from sim.parallel import ParallelPlan
 from sim.plan import Plan
 from sim.profile import MeasurementKind, profile_frame, with_rows
@@ -157,7 +157,8 @@ def machine_rows(scenario, profile, repeats: int) -> list[dict]:
     ran on this machine's CPU (:func:`runtime.device.local_device`) and shared it ([] where a GPU
     holds them): its aggregate memory bandwidth at 1 .. tensor-parallel ranks streams (``context``
     memory rows, :func:`runtime.stream_bandwidth.stream_bandwidth`), and the in-place calls of
-    ``profile`` (the launch's rows) again on loopback, where the cores' delay on a small message
+    ``profile`` (the launch's rows) again on loopback at a few group sizes beyond the cores the
+    ranks shared (the context's, else this machine's), where the cores' delay on a small message
     shows without the links' (``collective_loopback`` rows, :mod:`runtime.loopback_contention`)."""
     if torch.cuda.is_available():
         return []
@@ -165,8 +166,10 @@ def machine_rows(scenario, profile, repeats: int) -> list[dict]:
 
     topology = build_topology(scenario.config.cluster)
     ranks = ParallelPlan.of(scenario, topology).tensor_ranks
+    contexts = profile_contexts(profile)
+    cores = (contexts[0].cores if contexts else None) or len(os.sched_getaffinity(0))
     return (memory_rows(scenario.name, stream_bandwidth(len(ranks), rounds=min(3, max(1, repeats))))
-            + loopback_rows(profile, topology, tuple(ranks)))
+            + loopback_rows(profile, cores, topology.num_ranks))
 
 
 def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict],

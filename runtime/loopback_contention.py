@@ -12,14 +12,21 @@ delay (4 ranks on 2 cores: reduce 3.19-3.32 ms on loopback against 3.2 and 2.7 m
 ``benchmarks/bench_loopback_contention.py``). So every CPU calibration times them, as it times the
 machine's memory bandwidth, after its launch: :func:`loopback_rows`.
 
+How the delay grows with the ranks beyond the cores is the machine's too (this 2-vCPU machine: a
+point-to-point turn with 3 ranks costs 0.41 of one with 4 in place, where processor sharing says
+0.75 and the older machine gave 0.56-0.59), so the group is timed at several sizes
+(:func:`loopback_sizes`: one rank beyond the cores, twice the cores, and the cluster's own), and a
+target is priced from the size nearest its ranks on the machine.
+
 The calls: each (kind, algorithm) of the profile's in-place calls at their smallest size (a decode
-step's), over the tensor-parallel group's ranks grouped into hosts as the cluster's are (a
-two-level schedule keeps its shape), every rank of the machine in the group (the emulated hosts
-share it). A round is a decode step's pattern: :data:`COMPUTE_S` of one-thread matrix products
-before each call, a reduce's broadcast right after it (reduce_ln_bcast: the leaves go from one
-to the other). Each call is charged as an in-place call is: the last rank's start to the master's
-end (:func:`runtime.comm_timing.in_place_rows`), each repeat the mean over a block of
-:data:`ROUNDS_PER_BLOCK` rounds; rows of kind ``collective_loopback``.
+step's), over a group of every rank of the launch, each rank its own host (on loopback no schedule
+has a host to keep inside; :func:`sim.calibrated.contention_floor` prices them alike). A round is a
+decode step's pattern: :data:`COMPUTE_S` of one-thread matrix products before each call, a reduce's
+broadcast right after it (reduce_ln_bcast: the leaves go from one to the other). Each call is
+charged as an in-place call is: the last rank's start to the master's end
+(:func:`runtime.comm_timing.in_place_rows`), each repeat the mean over a block of
+:data:`ROUNDS_PER_BLOCK` rounds; rows of kind ``collective_loopback``, ``group_size`` and
+``num_hosts`` the group's ranks.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from models.ops import OpKind
 from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, in_place_rows
 from runtime.launch import launch
+from sim.calibrated import one_host_each
 from sim.plan import Collective
 from sim.profile import MeasurementKind
 
@@ -41,25 +49,37 @@ COMPUTE_S = 0.5e-3
 """Compute before each call (s): of the order of a decode step's shard of a layer half on a CPU
 core (GPT-2 at width 4). Measured: 4 ranks on 2 cores, 0.5 ms -> a 3 KiB reduce 3.19 ms, 2 ms ->
 3.76 ms; the delay per turn depends on it weakly."""
+MAX_RANKS = 8
+"""The most processes a loopback group forks beyond the cluster's own ranks (a machine of many cores
+whose cluster does not outnumber them is not timed at twice its cores)."""
 ROUNDS_PER_BLOCK = 20
 BLOCKS = 8
-LOOPBACK_METHOD = ("the in-place calls' kinds and algorithms at their smallest size, in one loopback gloo group of "
-                   "the machine's ranks after the launch, 0.5 ms of compute before each call: last rank's start to "
-                   "the master's end, each repeat a block of 20 rounds' mean call; the median is charged")
+LOOPBACK_METHOD = ("the in-place calls' kinds and algorithms at their smallest size, over every rank of a loopback "
+                   "gloo group of group_size ranks (each its own host) after the launch, 0.5 ms of compute before "
+                   "each call: last rank's start to the master's end, each repeat a block of 20 rounds' mean call; "
+                   "the median is charged")
+
+
+def loopback_sizes(cores: int, cluster_ranks: int) -> tuple[int, ...]:
+    """The group sizes a calibration times on loopback, on a machine of ``cores`` cores whose
+    cluster had ``cluster_ranks`` ranks on it: those of one rank beyond the cores, twice the
+    cores and the cluster's own that outnumber the cores, up to :data:`MAX_RANKS` or the
+    cluster's ranks. Empty where none does (no rank would wait for a core)."""
+    bound = max(cluster_ranks, MAX_RANKS)
+    return tuple(sorted({n for n in (cores + 1, 2 * cores, cluster_ranks) if cores < n <= bound}))
 
 
 def loopback_calls(profile: pd.DataFrame, group: tuple[int, ...]) -> list[Collective]:
     """The calls a loopback round makes: each (kind, algorithm) of ``profile``'s
-    ``collective_in_place`` rows at their smallest size, over ``group`` (the tensor-parallel
-    group's ranks) rooted at its first rank, in the order a round makes them (each kind's reduce
-    right before its broadcast)."""
+    ``collective_in_place`` rows at their smallest size, over ``group`` rooted at its first rank,
+    in the order a round makes them (each kind's reduce right before its broadcast)."""
     rows = profile[profile["measurement"] == MeasurementKind.COLLECTIVE_IN_PLACE]
     if not len(rows):
         return []
     rows = rows[rows["size_bytes"] == rows["size_bytes"].min()]
     order = {OpKind.ALLREDUCE.value: 0, OpKind.REDUCE.value: 1, OpKind.BROADCAST.value: 2}
     keys = sorted({(str(r.algorithm), order[str(r.op)], str(r.op), int(r.size_bytes))
-                   for r in rows.itertuples(index=False) if int(r.group_size) == len(group)})
+                   for r in rows.itertuples(index=False)})
     return [Collective(OpKind(op), algorithm, group, size, root=None if op == OpKind.ALLREDUCE.value else group[0])
             for algorithm, _, op, size in keys]
 
@@ -97,23 +117,26 @@ def _rank(rank: int, calls: list[Collective], host_groups, world: int) -> list[C
     return [s for part in gathered for s in part] if rank == 0 else None
 
 
-def loopback_rows(profile: pd.DataFrame, topology, group: tuple[int, ...]) -> list[dict]:
-    """``collective_loopback`` rows: :func:`loopback_calls` of ``profile`` over ``group`` timed in
-    one forked process per rank of ``topology`` (:class:`sim.topology.Topology`: the calibrated
-    cluster, whose ranks share this machine), one gloo group over loopback
-    (:func:`runtime.launch.launch`), the group partitioned into hosts as the topology's; [] where
-    the profile has no in-place calls or a GPU holds the ranks (NCCL's messages do not wait for a
-    core). About 5 s for 4 ranks. Run after the launch, outside the ranks (and the testbed's
-    namespaces).
+def loopback_rows(profile: pd.DataFrame, cores: int, cluster_ranks: int) -> list[dict]:
+    """``collective_loopback`` rows: :func:`loopback_calls` of ``profile`` timed over every rank of
+    a loopback gloo group of each of :func:`loopback_sizes` (``cores``: the machine's, which
+    ``cluster_ranks`` ranks shared), forked by :func:`runtime.launch.launch`; [] where the profile
+    has no in-place calls, no size outnumbers the cores, or a GPU holds the ranks (NCCL's messages
+    do not wait for a core). About 5 s per size with 4 ranks. Run after the launch, outside the
+    ranks (and the testbed's namespaces).
 
     Raises:
         runtime.errors.LaunchError: a rank failed, died or hung."""
-    calls = loopback_calls(profile, tuple(group))
-    if not calls or torch.cuda.is_available():
+    if torch.cuda.is_available():
         return []
-    world = topology.num_ranks
-    spans = launch(lambda rank, heartbeat: _rank(rank, calls, topology.host_groups, world), world)[0]
-    num_hosts = len(topology.host_groups(tuple(group)))
-    return [{**row, "measurement": MeasurementKind.COLLECTIVE_LOOPBACK, "method": LOOPBACK_METHOD}
-            for row in in_place_rows(spans, len(group), num_hosts, master=group[0])
-            if row["measurement"] == MeasurementKind.COLLECTIVE_IN_PLACE]
+    rows = []
+    for world in loopback_sizes(cores, cluster_ranks):
+        group = tuple(range(world))
+        calls = loopback_calls(profile, group)
+        if not calls:
+            return []
+        spans = launch(lambda rank, heartbeat: _rank(rank, calls, one_host_each, world), world)[0]
+        rows += [{**row, "measurement": MeasurementKind.COLLECTIVE_LOOPBACK, "method": LOOPBACK_METHOD}
+                 for row in in_place_rows(spans, world, world, master=0)
+                 if row["measurement"] == MeasurementKind.COLLECTIVE_IN_PLACE]
+    return rows

@@ -777,19 +777,26 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
         topology = context_topology(calibrated)
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
                        for b in range(topology.num_ranks) if a != b), default=0.0)
-        # where its steps held the link's delay, slept through (what they show is the link's), the
-        # same calls on loopback after its launch (no delay: what they show is the cores')
-        bound, where = [], ""
+        # (ranks on the machine, the calls' costs per core turn, where): the calls in place, unless
+        # their steps held the link's delay, slept through (what they show is the link's), and
+        # the same calls on loopback after its launch at each group size timed (the cores' alone)
+        measured = []
         if delay_s < IDENTIFIABLE_DELAY_S:
-            bound, where = _turn_costs(profile, MeasurementKind.COLLECTIVE_IN_PLACE, calibrated, topology, delay_s,
-                                       fitted, library), "in place on"
-        if not bound:
-            bound, where = _turn_costs(profile, MeasurementKind.COLLECTIVE_LOOPBACK, calibrated, topology, 0.0,
-                                       fitted, library), "on loopback after the launch of"
-        if bound:  # at the target's ranks per core
-            per_turn.append(contention_at(float(np.median(bound)), sum(calibrated.ranks_per_host) / calibrated.cores,
-                                          machine_ranks / cores, library))
-            names.append(f"{where} {calibrated.name}")
+            measured.append((sum(calibrated.ranks_per_host),
+                             _turn_costs(profile, MeasurementKind.COLLECTIVE_IN_PLACE, calibrated, fitted, library,
+                                         topology.host_groups, calibrated.ranks_per_host, delay_s),
+                             f"in place on {calibrated.name}"))
+        loopback = profile.of(MeasurementKind.COLLECTIVE_LOOPBACK)
+        for size in sorted(set(loopback.loc[_rows_of(profile.rows, loopback, calibrated.name), "group_size"])):
+            measured.append((int(size), _turn_costs(profile, MeasurementKind.COLLECTIVE_LOOPBACK, calibrated, fitted,
+                                                    library, one_host_each, (1,) * int(size), 0.0),
+                             f"on loopback over {int(size)} ranks after the launch of {calibrated.name}"))
+        measured = [m for m in measured if m[1]]
+        if measured:  # the one at the ranks nearest the target's (in place first), carried to them
+            ranks, bound, where = min(measured, key=lambda m: abs(m[0] - machine_ranks))
+            per_turn.append(contention_at(float(np.median(bound)), ranks / calibrated.cores, machine_ranks / cores,
+                                          library))
+            names.append(where)
     if per_turn:
         floor_s = float(np.median(per_turn))
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
@@ -804,26 +811,31 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                  f"it to show in place; {sharing})")
 
 
-def _turn_costs(profile: Profile, kind: MeasurementKind, calibrated, topology, delay_s: float, fitted: dict,
-                library: bool) -> list[float]:
-    """Per call of ``kind`` (``collective_in_place`` or ``collective_loopback``) of calibrated cluster
-    ``calibrated``, of the family (gloo's own or point-to-point) at its smallest size, priced
-    over ``topology`` whose longest path has ``delay_s``: the call over its core turns in
-    contending steps, for the calls that are contention-bound (:func:`contention_floor`)."""
+def _turn_costs(profile: Profile, kind: MeasurementKind, calibrated, fitted: dict, library: bool, host_groups,
+                ranks_per_host: tuple[int, ...], delay_s: float) -> list[float]:
+    """Per call of ``kind`` (``collective_in_place``: the cluster's own group; ``collective_loopback``:
+    a group of ``ranks_per_host``'s ranks on the calibrated machine) of calibrated cluster
+    ``calibrated``, of the family (gloo's own or point-to-point) at its smallest size, its schedule
+    over ``host_groups`` (``Topology.host_groups``' shape) whose links' longest delay is
+    ``delay_s``: the call over its core turns in contending steps, for the calls that are
+    contention-bound (:func:`contention_floor`). Every rank of the group is on the machine."""
     from sim.transport import busy_ranks, step_turns, steps_in_series
 
-    calibrated_excess = max(0, sum(calibrated.ranks_per_host) - calibrated.cores)
     rows = profile.of(kind)
     rows = rows[_rows_of(profile.rows, rows, calibrated.name)]
+    rows = rows[rows["group_size"] <= sum(ranks_per_host)]
+    if kind == MeasurementKind.COLLECTIVE_LOOPBACK:
+        rows = rows[rows["group_size"] == sum(ranks_per_host)]
     rows = rows[((rows["algorithm"] == LIBRARY) == library) & (rows["size_bytes"] == rows["size_bytes"].min())]
+    excess = max(0, sum(ranks_per_host) - calibrated.cores)
     bound = []
     for row in rows.itertuples(index=False):
         terms = fitted.get((str(row.op), str(row.algorithm)))
         group = tuple(range(int(row.group_size)))
-        if terms is None or calibrated_excess == 0 or len(group) > topology.num_ranks:
+        if terms is None or excess == 0:
             continue
         schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
-                                  root=None if row.op == "allreduce" else 0, host_groups=topology.host_groups(group))
+                                  root=None if row.op == "allreduce" else 0, host_groups=host_groups(group))
         # the steps that contend: those whose busy ranks outnumber the cores
         shares = [float(n > calibrated.cores) for n in busy_ranks(schedule)]
         steps = steps_in_series(schedule, shares)
@@ -836,6 +848,12 @@ def _turn_costs(profile: Profile, kind: MeasurementKind, calibrated, topology, d
             bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
                                                              in zip(shares, step_turns(schedule))]))
     return bound
+
+
+def one_host_each(group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """A loopback group's ranks partitioned into hosts (``Topology.host_groups``' shape): each its
+    own, as :mod:`runtime.loopback_contention` times them."""
+    return tuple((r,) for r in group)
 
 
 def _borrowed(fitted: dict):

@@ -4,10 +4,8 @@ calls of a delayed-link calibration again, where links hide nothing, as rows the
 import pytest
 
 from models.ops import OpKind
-from runtime.loopback_contention import loopback_calls, loopback_rows
-from sim.context import profile_contexts
+from runtime.loopback_contention import loopback_calls, loopback_rows, loopback_sizes
 from sim.profile import load_profile
-from sim.transport import context_topology
 from sim.vocabulary import MeasurementKind
 from tests.conftest import ROOT
 
@@ -26,16 +24,22 @@ def test_a_round_makes_each_in_place_call_at_its_smallest_size_a_broadcast_right
     assert all(c.root == (None if c.kind == OpKind.ALLREDUCE else 0) for c in calls)
 
 
-def test_loopback_rows_time_every_call_as_in_place_calls_are_timed():
+def test_the_group_is_timed_beyond_the_cores_up_to_twice_them_and_at_the_clusters_ranks():
+    assert loopback_sizes(2, 4) == (3, 4) and loopback_sizes(2, 3) == (3, 4) and loopback_sizes(2, 6) == (3, 4, 6)
+    assert loopback_sizes(4, 4) == (5, 8)
+    # a machine whose cores no rank would wait for is not timed
+    assert loopback_sizes(16, 4) == ()
+
+
+def test_loopback_rows_time_every_call_at_each_size_as_in_place_calls_are_timed():
     profile = load_profile(DELAYED)
-    (context,) = profile_contexts(profile.rows)
-    topology = context_topology(context)
-    rows = loopback_rows(profile.rows, topology, (0, 1, 2))
-    calls = loopback_calls(profile.rows, (0, 1, 2))
-    assert sorted((r["op"], r["algorithm"]) for r in rows) == sorted((c.kind.value, c.algorithm) for c in calls)
-    for row in rows:
-        assert row["measurement"] == MeasurementKind.COLLECTIVE_LOOPBACK
-        assert (row["group_size"], row["num_hosts"]) == (3, 3)
-        # a few KiB on loopback: milliseconds, where the 5 ms links took tens
-        assert 0 < row["p10"] <= row["median"] <= row["p90"] < 0.1
-        assert row["repeats"] == 8
+    rows = loopback_rows(profile.rows, cores=2, cluster_ranks=3)
+    calls = {(c.kind.value, c.algorithm) for c in loopback_calls(profile.rows, (0, 1, 2))}
+    for size in (3, 4):
+        mine = [r for r in rows if r["group_size"] == size]
+        assert sorted((r["op"], r["algorithm"]) for r in mine) == sorted(calls)
+        for row in mine:
+            assert row["measurement"] == MeasurementKind.COLLECTIVE_LOOPBACK and row["num_hosts"] == size
+            # a few KiB on loopback: milliseconds, where the 5 ms links took tens
+            assert 0 < row["p10"] <= row["median"] <= row["p90"] < 0.1
+            assert row["repeats"] == 8

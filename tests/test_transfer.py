@@ -645,9 +645,8 @@ def test_an_uncalibrated_nccl_ring_allreduce_of_a_few_bytes_costs_nccls_ring_sim
 
 def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_loopback(clusters):
     """Links with a delay hide the cores' delay per message in place; the same calls timed on
-    loopback after the launch (``collective_loopback``) give it, in proportion, before the default."""
-    import pandas as pd
-
+    loopback after the launch (``collective_loopback``) give it, in proportion, before the default,
+    from the group size nearest the target's ranks on the machine."""
     from sim.calibrated import contention_floor
     from sim.context import profile_contexts, scenario_context
     from sim.parallel import ParallelPlan
@@ -656,33 +655,48 @@ def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_l
     from sim.transport import GLOO_CONTENTION_PER_TURN_S, fit_profile
     from sim.vocabulary import MeasurementKind
 
-    fast, slow, target = clusters[0], clusters[3], clusters[2]  # v2x2_bandwidth, v4x1_latency (5 ms), v4x1_bandwidth
-    topology = build_topology(target.scenario.config.cluster)
-    context = scenario_context(target.name, topology, ParallelPlan.of(target.scenario, topology).tensor_ranks, "fp32")
+    fast, slow = clusters[0], clusters[3]  # v2x2_bandwidth, v4x1_latency (5 ms links)
 
-    def floor(profile, library):
+    def context_of(target):
+        topology = build_topology(target.scenario.config.cluster)
+        return scenario_context(target.name, topology, ParallelPlan.of(target.scenario, topology).tensor_ranks, "fp32")
+
+    four, three = context_of(clusters[2]), context_of(clusters[4])  # v4x1_bandwidth, h3x1_delay: ranks on 2 cores
+
+    def floor(profile, library, target=four):
         contexts = profile_contexts(profile.rows)
-        return contention_floor(profile, contexts, context, fit_profile(profile.of("collective"), contexts[0]),
+        return contention_floor(profile, contexts, target, fit_profile(profile.of("collective"), contexts[0]),
                                 library=library)
 
-    def with_loopback(profile, scale):
+    def with_loopback(profile, scales):
+        """The profile's smallest in-place calls as if timed on loopback, over each group size's
+        ranks, times its scale."""
         rows = profile.of(MeasurementKind.COLLECTIVE_IN_PLACE)
-        rows = rows[rows["size_bytes"] == rows["size_bytes"].min()].copy()
-        rows["measurement"] = MeasurementKind.COLLECTIVE_LOOPBACK.value
-        for column in ("median", "p10", "p90", "mean"):
-            rows[column] = rows[column] * scale
-        return Profile(with_rows(profile.rows, rows.to_dict("records")))
+        rows = rows[rows["size_bytes"] == rows["size_bytes"].min()]
+        added = []
+        for size, scale in scales.items():
+            copy = rows.assign(measurement=MeasurementKind.COLLECTIVE_LOOPBACK.value, group_size=size, num_hosts=size)
+            for column in ("median", "p10", "p90", "mean"):
+                copy[column] = copy[column] * scale
+            added += copy.to_dict("records")
+        return Profile(with_rows(profile.rows, added))
 
     for library in (False, True):
         default_s, default_source = floor(slow.profile, library)
         assert default_s == pytest.approx(GLOO_CONTENTION_PER_TURN_S[library]) and "default" in default_source
-        # the slow cluster's own calls, as if timed on loopback: each priced over loopback's
-        # missing delay, in proportion to what was timed
-        once_s, source = floor(with_loopback(slow.profile, 0.5), library)
-        twice_s, _ = floor(with_loopback(slow.profile, 1.0), library)
-        assert "on loopback after the launch of v4x1_latency" in source and once_s != pytest.approx(default_s)
-        assert twice_s == pytest.approx(2 * once_s)
-        # where the links let the cores show in place, the in-place calls decide
+        # timed twice as long, twice the floor: no delay to take out on loopback
+        once_s, source = floor(with_loopback(slow.profile, {4: 0.5}), library)
+        twice_s, _ = floor(with_loopback(slow.profile, {4: 1.0}), library)
+        assert "on loopback over 4 ranks after the launch of v4x1_latency" in source
+        assert once_s != pytest.approx(default_s) and twice_s == pytest.approx(2 * once_s)
+        # a target of 3 ranks is priced from the 3-rank group, as timed: not carried from 4
+        both = with_loopback(slow.profile, {4: 0.5, 3: 0.3})
+        assert floor(both, library)[0] == pytest.approx(once_s)
+        alone_s, source = floor(both, library, three)
+        assert "over 3 ranks" in source and alone_s == pytest.approx(floor(with_loopback(slow.profile, {3: 0.3}),
+                                                                           library, three)[0])
+        assert alone_s != pytest.approx(floor(with_loopback(slow.profile, {4: 0.5}), library, three)[0])
+        # where the links let the cores show in place, at the target's ranks, the in-place calls decide
         in_place = floor(fast.profile, library)
-        assert floor(with_loopback(fast.profile, 3.0), library) == in_place
+        assert floor(with_loopback(fast.profile, {4: 3.0}), library) == in_place
         assert "in place on v2x2_bandwidth" in in_place[1]
