@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from validation.transfer import (NO_PROFILE, POOLED, overall_table, ranking_table, shipped_clusters,
-                                 transfer_errors, transfer_table)
+from validation.transfer import (NO_PROFILE, POOLED, overall_table, pooled_profile, ranking_table,
+                                 shipped_clusters, transfer_errors, transfer_table)
 
 
 @pytest.fixture(scope="module")
@@ -646,7 +646,8 @@ def test_an_uncalibrated_nccl_ring_allreduce_of_a_few_bytes_costs_nccls_ring_sim
 def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_loopback(clusters):
     """Links with a delay hide the cores' delay per message in place; the same calls timed on
     loopback after the launch (``collective_loopback``) give it, in proportion, before the default,
-    from the group size nearest the target's ranks on the machine."""
+    from the group size nearest the target's ranks on the machine, where no calibrated cluster
+    shows it in place."""
     from sim.calibrated import contention_floor
     from sim.context import profile_contexts, scenario_context
     from sim.parallel import ParallelPlan
@@ -663,9 +664,11 @@ def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_l
 
     four, three = context_of(clusters[2]), context_of(clusters[4])  # v4x1_bandwidth, h3x1_delay: ranks on 2 cores
 
-    def floor(profile, library, target=four):
+    def floor(profile, library, target=four, fitted_on=None):
         contexts = profile_contexts(profile.rows)
-        return contention_floor(profile, contexts, target, fit_profile(profile.of("collective"), contexts[0]),
+        fitted_on = fitted_on or profile  # a pool's transport terms are its first cluster's (calibrated_network)
+        return contention_floor(profile, contexts, target,
+                                fit_profile(fitted_on.of("collective"), profile_contexts(fitted_on.rows)[0]),
                                 library=library)
 
     def with_loopback(profile, scales):
@@ -696,7 +699,10 @@ def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_l
         assert "over 3 ranks" in source and alone_s == pytest.approx(floor(with_loopback(slow.profile, {3: 0.3}),
                                                                            library, three)[0])
         assert alone_s != pytest.approx(floor(with_loopback(slow.profile, {4: 0.5}), library, three)[0])
-        # where the links let the cores show in place, at the target's ranks, the in-place calls decide
+        # where the links let the cores show in place, the in-place calls decide, in a pool too
         in_place = floor(fast.profile, library)
         assert floor(with_loopback(fast.profile, {4: 3.0}), library) == in_place
         assert "in place on v2x2_bandwidth" in in_place[1]
+        pool = pooled_profile([with_loopback(fast.profile, {4: 3.0}), with_loopback(slow.profile, {4: 0.5})])
+        _, source = floor(pool, library, fitted_on=fast.profile)
+        assert "in place on v2x2_bandwidth" in source and "loopback" not in source
