@@ -90,8 +90,11 @@ def _busy(seconds: float, x: torch.Tensor, w: torch.Tensor) -> None:
         x @ w
 
 
-def _rank(rank: int, calls: list[Collective], host_groups, world: int) -> list[CallSpan] | None:
-    """One rank's rounds; rank 0 returns every rank's spans."""
+def time_calls(rank: int, calls: list[Collective], host_groups, world: int) -> list[CallSpan] | None:
+    """One rank's part of a loopback round set (:data:`BLOCKS` x :data:`ROUNDS_PER_BLOCK` rounds of
+    ``calls``, each group partitioned into hosts by ``host_groups``) in a launched gloo group of
+    ``world`` ranks; rank 0 returns every rank's :class:`runtime.comm_timing.CallSpan`, the others
+    None."""
     torch.set_num_threads(1)
     comm = Communicator(rank, host_groups)
     width = max(c.size_bytes for c in calls) // 4
@@ -135,7 +138,7 @@ def loopback_rows(profile: pd.DataFrame, cores: int, cluster_ranks: int) -> list
         calls = loopback_calls(profile, group)
         if not calls:
             return []
-        spans = launch(lambda rank, heartbeat: _rank(rank, calls, one_host_each, world), world)[0]
+        spans = launch(lambda rank, heartbeat: time_calls(rank, calls, one_host_each, world), world)[0]
         rows += [{**row, "measurement": MeasurementKind.COLLECTIVE_LOOPBACK, "method": LOOPBACK_METHOD}
                  for row in in_place_rows(spans, world, world, master=0)
                  if row["measurement"] == MeasurementKind.COLLECTIVE_IN_PLACE]
