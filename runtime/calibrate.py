@@ -155,21 +155,18 @@ def alone_rows(scenario, generations: "CalibrationGenerations", model) -> list[d
 def machine_rows(scenario, profile, repeats: int) -> list[dict]:
     """What a calibration times of the machine after its launch, outside the ranks, where they
     ran on this machine's CPU (:func:`runtime.device.local_device`) and shared it ([] where a GPU
-    holds them): its aggregate memory bandwidth at 1 .. tensor-parallel ranks streams (``context``
-    memory rows, :func:`runtime.stream_bandwidth.stream_bandwidth`), and the in-place calls of
-    ``profile`` (the launch's rows) again on loopback at a few group sizes beyond the cores the
-    ranks shared (the context's, else this machine's), where the cores' delay on a small message
-    shows without the links' (``collective_loopback`` rows, :mod:`runtime.loopback_contention`)."""
+    holds them): its aggregate memory bandwidth at 1 .. ranks streams (``context`` memory rows,
+    :func:`runtime.stream_bandwidth.stream_bandwidth`), and the in-place calls of ``profile`` (the
+    launch's rows) again on loopback at a few group sizes beyond the cores the ranks shared,
+    where the cores' delay on a small message shows without the links' (``collective_loopback``
+    rows, :mod:`runtime.loopback_contention`). The ranks and cores are those the launch's context
+    rows record (:func:`gather_profile`)."""
     if torch.cuda.is_available():
         return []
-    from sim.topology import build_topology
-
-    topology = build_topology(scenario.config.cluster)
-    ranks = ParallelPlan.of(scenario, topology).tensor_ranks
-    contexts = profile_contexts(profile)
-    cores = (contexts[0].cores if contexts else None) or len(os.sched_getaffinity(0))
-    return (memory_rows(scenario.name, stream_bandwidth(len(ranks), rounds=min(3, max(1, repeats))))
-            + loopback_rows(profile, cores, topology.num_ranks))
+    (context,) = profile_contexts(profile)
+    ranks = sum(context.ranks_per_host)
+    return (memory_rows(scenario.name, stream_bandwidth(ranks, rounds=min(3, max(1, repeats))))
+            + loopback_rows(profile, context.cores, ranks))
 
 
 def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict],
@@ -381,7 +378,7 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
     from runtime.measure import launch_scenario
     from sim.topology import build_topology
 
-    ranks = ParallelPlan.of(scenario, build_topology(scenario.config.cluster)).tensor_ranks  # refuses a pipeline here
+    ParallelPlan.of(scenario, build_topology(scenario.config.cluster))  # refuses a pipeline here
 
     def body(topology, rank: int, heartbeat) -> object:
         torch.manual_seed(0)

@@ -102,11 +102,12 @@ def time_calls(rank: int, calls: list[Collective], host_groups, world: int) -> l
     buffers = {c: torch.zeros(c.size_bytes // 4) for c in calls}
     spans: list[CallSpan] = []
     dist.barrier()
+    # a reduce's broadcast follows it without compute between (reduce_ln_bcast's leaves)
+    computes = [not (before is not None and call.kind == OpKind.BROADCAST and before.kind == OpKind.REDUCE
+                     and before.algorithm == call.algorithm) for before, call in zip([None, *calls], calls)]
     for index in range(1 + BLOCKS * ROUNDS_PER_BLOCK):  # the first round warms up
         for number, call in enumerate(calls):
-            follows_reduce = (call.kind == OpKind.BROADCAST and number > 0 and calls[number - 1].kind == OpKind.REDUCE
-                              and calls[number - 1].algorithm == call.algorithm)
-            if not follows_reduce:
+            if computes[number]:
                 _busy(COMPUTE_S, x, w)
             if rank not in call.group:
                 continue
@@ -130,14 +131,11 @@ def loopback_rows(profile: pd.DataFrame, cores: int, cluster_ranks: int) -> list
 
     Raises:
         runtime.errors.LaunchError: a rank failed, died or hung."""
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or not loopback_calls(profile, (0,)):
         return []
     rows = []
     for world in loopback_sizes(cores, cluster_ranks):
-        group = tuple(range(world))
-        calls = loopback_calls(profile, group)
-        if not calls:
-            return []
+        calls = loopback_calls(profile, tuple(range(world)))
         spans = launch(lambda rank, heartbeat: time_calls(rank, calls, one_host_each, world), world)[0]
         rows += [{**row, "measurement": MeasurementKind.COLLECTIVE_LOOPBACK, "method": LOOPBACK_METHOD}
                  for row in in_place_rows(spans, world, world, master=0)

@@ -778,36 +778,38 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     excess = max(0, machine_ranks - cores)
     if excess == 0:
         return 0.0, f"core contention per core turn ({family}): none ({sharing})"
-    # (ranks on the machine, the calls' costs per core turn, where) per calibrated cluster: its
-    # calls in place, unless their steps held the link's delay, slept through (what they show is
-    # the link's); where no cluster of the pool has them, the same calls on loopback after its
-    # launch at each group size timed (the cores' alone, over the loopback interface)
-    in_place, loopback = [], []
-    rows = profile.of(MeasurementKind.COLLECTIVE_LOOPBACK)
+    def own(kind: MeasurementKind, calibrated):
+        rows = profile.of(kind)
+        return rows[_rows_of(profile.rows, rows, calibrated.name)]
+
+    def carried(ranks: int, costs: list[float], calibrated) -> float:  # to the target's ranks per core
+        return contention_at(float(np.median(costs)), ranks / calibrated.cores, machine_ranks / cores, library)
+
+    # each calibrated cluster's calls in place, unless their steps held the link's delay, slept
+    # through (what they show is the link's); where no cluster of the pool has them, the same calls
+    # on loopback after its launch, at the group size timed nearest the target's ranks (the cores'
+    # delay alone, over the loopback interface)
+    per_turn, names = [], []
     for calibrated in known:  # a pool: each cluster's calls over its own links and cores
         topology = context_topology(calibrated)
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
                        for b in range(topology.num_ranks) if a != b), default=0.0)
         if delay_s < IDENTIFIABLE_DELAY_S:
-            in_place.append([(sum(calibrated.ranks_per_host),
-                              _turn_costs(profile, MeasurementKind.COLLECTIVE_IN_PLACE, calibrated, fitted, library,
-                                          topology.host_groups, calibrated.ranks_per_host, delay_s),
-                              calibrated, f"in place on {calibrated.name}")])
-        loopback.append([(int(size), _turn_costs(profile, MeasurementKind.COLLECTIVE_LOOPBACK, calibrated, fitted,
-                                                 library, one_host_each, (1,) * int(size), 0.0),
-                          calibrated, f"on loopback over {int(size)} ranks after the launch of {calibrated.name}")
-                         for size in sorted(set(rows.loc[_rows_of(profile.rows, rows, calibrated.name), "group_size"]))])
-    per_turn, names = [], []
-    for measured in (in_place, loopback):
-        for cluster in measured:
-            cluster = [m for m in cluster if m[1]]
-            if cluster:  # the size nearest the target's ranks, carried to them
-                ranks, bound, calibrated, where = min(cluster, key=lambda m: abs(m[0] - machine_ranks))
-                per_turn.append(contention_at(float(np.median(bound)), ranks / calibrated.cores,
-                                              machine_ranks / cores, library))
-                names.append(where)
-        if per_turn:
-            break
+            costs = _turn_costs(own(MeasurementKind.COLLECTIVE_IN_PLACE, calibrated), MeasurementKind.COLLECTIVE_IN_PLACE,
+                                calibrated, fitted, library, topology.host_groups, calibrated.ranks_per_host, delay_s)
+            if costs:
+                per_turn.append(carried(sum(calibrated.ranks_per_host), costs, calibrated))
+                names.append(f"in place on {calibrated.name}")
+    for calibrated in known if not per_turn else ():
+        rows = own(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated)
+        sized = [(int(size), _turn_costs(rows[rows["group_size"] == size], MeasurementKind.COLLECTIVE_LOOPBACK,
+                                         calibrated, fitted, library, one_host_each, (1,) * int(size), 0.0))
+                 for size in sorted(set(rows["group_size"]))]
+        sized = [(size, costs) for size, costs in sized if costs]
+        if sized:
+            size, costs = min(sized, key=lambda m: abs(m[0] - machine_ranks))
+            per_turn.append(carried(size, costs, calibrated))
+            names.append(f"on loopback over {size} ranks after the launch of {calibrated.name}")
     if per_turn:
         floor_s = float(np.median(per_turn))
         return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
@@ -822,31 +824,28 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                  f"it to show in place; {sharing})")
 
 
-def _turn_costs(profile: Profile, kind: MeasurementKind, calibrated, fitted: dict, library: bool, host_groups,
+def _turn_costs(rows, kind: MeasurementKind, calibrated, fitted: dict, library: bool, host_groups,
                 ranks_per_host: tuple[int, ...], delay_s: float) -> list[float]:
-    """Per call of ``kind`` (``collective_in_place``: the cluster's own group; ``collective_loopback``:
-    a group of ``ranks_per_host``'s ranks on the calibrated machine) of calibrated cluster
-    ``calibrated``, of the family (gloo's own or point-to-point) at its smallest size, its schedule
-    over ``host_groups`` (``Topology.host_groups``' shape) whose links' longest delay is
-    ``delay_s``: the call over its core turns in contending steps, for the calls that are
-    contention-bound (:func:`contention_floor`). Every rank of the group is on the machine."""
+    """Per call of ``rows`` (calibrated cluster ``calibrated``'s rows of ``kind``:
+    ``collective_in_place``, its own group; ``collective_loopback``, a group of ``ranks_per_host``'s
+    ranks on the calibrated machine) of the family (gloo's own or point-to-point) at its smallest
+    size, its schedule over ``host_groups`` (``Topology.host_groups``' shape) whose links' longest
+    delay is ``delay_s``: the call over its core turns in contending steps (s), for the calls that
+    are contention-bound (:func:`contention_floor`). Every rank of the group is on the machine."""
     from sim.transport import busy_ranks, step_turns, steps_in_series
 
-    rows = profile.of(kind)
-    rows = rows[_rows_of(profile.rows, rows, calibrated.name)]
     rows = rows[rows["group_size"] <= sum(ranks_per_host)]
-    if kind == MeasurementKind.COLLECTIVE_LOOPBACK:
-        rows = rows[rows["group_size"] == sum(ranks_per_host)]
     rows = rows[((rows["algorithm"] == LIBRARY) == library) & (rows["size_bytes"] == rows["size_bytes"].min())]
-    excess = max(0, sum(ranks_per_host) - calibrated.cores)
+    if sum(ranks_per_host) <= calibrated.cores:
+        return []  # no rank waited for a core
     bound = []
     for row in rows.itertuples(index=False):
         terms = fitted.get((str(row.op), str(row.algorithm)))
-        group = tuple(range(int(row.group_size)))
-        if terms is None or excess == 0:
+        if terms is None:
             continue
+        group = tuple(range(int(row.group_size)))
         schedule = build_schedule(row.op, row.algorithm, group, int(row.size_bytes),
-                                  root=None if row.op == "allreduce" else 0, host_groups=host_groups(group))
+                                  root=None if row.op == OpKind.ALLREDUCE.value else 0, host_groups=host_groups(group))
         # the steps that contend: those whose busy ranks outnumber the cores
         shares = [float(n > calibrated.cores) for n in busy_ranks(schedule)]
         steps = steps_in_series(schedule, shares)

@@ -1,8 +1,6 @@
 """The machine's core contention timed on loopback after a calibration's launch (issue 18): the
 calls of a delayed-link calibration again, where links hide nothing, as rows the simulator fits."""
 
-import pytest
-
 from models.ops import OpKind
 from runtime.loopback_contention import loopback_calls, loopback_rows, loopback_sizes
 from sim.profile import load_profile
