@@ -66,7 +66,7 @@ from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, CollectiveSweep, in_place_rows, p2p_rows, stats
 from runtime.device import device_of
 from runtime.executor import Executor
-from runtime.loopback_contention import loopback_rows
+from runtime.loopback_contention import bridged_rows, loopback_rows
 from runtime.reduction_bench import reduction_rows
 from runtime.shape_bench import ceiling_rows, shape_rows
 from runtime.stream_bandwidth import stream_bandwidth
@@ -152,21 +152,26 @@ def alone_rows(scenario, generations: "CalibrationGenerations", model) -> list[d
     return rows
 
 
-def machine_rows(scenario, profile, repeats: int) -> list[dict]:
+def machine_rows(scenario, profile, repeats: int, testbed: bool = False) -> list[dict]:
     """What a calibration times of the machine after its launch, outside the ranks, where they
     ran on this machine's CPU (:func:`runtime.device.local_device`) and shared it ([] where a GPU
     holds them): its aggregate memory bandwidth at 1 .. ranks streams (``context`` memory rows,
     :func:`runtime.stream_bandwidth.stream_bandwidth`), and the in-place calls of ``profile`` (the
     launch's rows) again on loopback at a few group sizes beyond the cores the ranks shared,
     where the cores' delay on a small message shows without the links' (``collective_loopback``
-    rows, :mod:`runtime.loopback_contention`). The ranks and cores are those the launch's context
-    rows record (:func:`gather_profile`)."""
+    rows, :mod:`runtime.loopback_contention`), and where the launch ran on the testbed
+    (``testbed``), the same between namespaces on a bridge without delay, the emulated
+    inter-host path (``collective_bridged`` rows). The ranks and cores are those the launch's
+    context rows record (:func:`gather_profile`)."""
     if torch.cuda.is_available():
         return []
     (context,) = profile_contexts(profile)
     ranks = sum(context.ranks_per_host)
-    return (memory_rows(scenario.name, stream_bandwidth(ranks, rounds=min(3, max(1, repeats))))
+    rows = (memory_rows(scenario.name, stream_bandwidth(ranks, rounds=min(3, max(1, repeats))))
             + loopback_rows(profile, context.cores, ranks))
+    if testbed:
+        rows += bridged_rows(profile, context.cores, ranks, scenario.name, context.devices[0][0])
+    return rows
 
 
 def gather_profile(generations: "CalibrationGenerations", framework_bytes: int, rows: list[dict],
@@ -389,4 +394,4 @@ def calibrate_scenario(scenario, *, testbed: bool = False, repeats: int = 5, max
         scenario, body, testbed=testbed, hang_timeout_s=hang_timeout_s, on_beat=on_beat)))
     rows = load_rows(scenario.name, spent.steal_fraction, spent.other_load) + speed_rows(scenario.name,
                                                                                          medians(reference))
-    return with_rows(profile, rows + machine_rows(scenario, profile, repeats))
+    return with_rows(profile, rows + machine_rows(scenario, profile, repeats, testbed))

@@ -191,5 +191,5 @@ def launch_interleaved(scenario: Scenario, cases: list[Scenario], *, testbed: bo
                                                         hang_timeout_s=hang_timeout_s, on_beat=on_beat))
     reference = medians(samples)
     # what hetsim calibrate times of the machine after its launch
-    rows = speed_rows(scenario.name, reference) + machine_rows(scenario, run.profile, calibration_repeats)
+    rows = speed_rows(scenario.name, reference) + machine_rows(scenario, run.profile, calibration_repeats, testbed)
     return replace(run, profile=with_rows(run.profile, rows), reference_s=reference)

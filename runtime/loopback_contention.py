@@ -27,6 +27,16 @@ charged as an in-place call is: the last rank's start to the master's end
 (:func:`runtime.comm_timing.in_place_rows`), each repeat the mean over a block of
 :data:`ROUNDS_PER_BLOCK` rounds; rows of kind ``collective_loopback``, ``group_size`` and
 ``num_hosts`` the group's ranks.
+
+The delay depends on the path a message takes, not on the machine alone: the same group, each rank
+in its own network namespace of an emulated cluster (veth pairs and a bridge between them), costs
+about half the core time a message of loopback's does and reproduces the in-place calls of the
+clusters without delay (4 ranks on 2 cores, recursive doubling at 3 KiB: 1.67-1.95 ms between
+namespaces, 2.85-3.29 on loopback, ``benchmarks/bench_contention_paths.py``). On the emulated
+cluster inter-host messages take that path and intra-host ones loopback's, so a calibration on the
+testbed also times the group between namespaces joined by a bridge without delay or shaping worth
+the name (:func:`bridged_rows`, rows of kind ``collective_bridged``): the inter-host path of the
+machine without the links' delay, which a cluster whose links all have one hides.
 """
 
 from __future__ import annotations
@@ -40,10 +50,12 @@ import torch.distributed as dist
 from models.ops import OpKind
 from runtime.comm import Communicator
 from runtime.comm_timing import CallSpan, in_place_rows
-from runtime.launch import launch
+from runtime.launch import RankPlacement, launch
 from sim.calibrated import one_host_each
+from sim.cluster_config import ClusterConfig
 from sim.plan import Collective
 from sim.profile import MeasurementKind
+from sim.topology import Topology, build_topology
 
 COMPUTE_S = 0.5e-3
 """Compute before each call (s): of the order of a decode step's shard of a layer half on a CPU
@@ -54,10 +66,17 @@ MAX_RANKS = 8
 whose cluster does not outnumber them is not timed at twice its cores)."""
 ROUNDS_PER_BLOCK = 20
 BLOCKS = 8
+BRIDGE_RATE = "400Mbit/s"
+"""The bridged group's links: within what the testbed emulates faithfully on this machine
+(:func:`runtime.testbed.links.capacity_warnings`), a 3 KiB message's wire 61 us, a fifth of the
+least core turn measured between namespaces (0.28 ms)."""
 LOOPBACK_METHOD = ("the in-place calls' kinds and algorithms at their smallest size, over every rank of a loopback "
                    "gloo group of group_size ranks (each its own host) after the launch, 0.5 ms of compute before "
                    "each call: last rank's start to the master's end, each repeat a block of 20 rounds' mean call; "
                    "the median is charged")
+BRIDGED_METHOD = LOOPBACK_METHOD.replace("a loopback gloo group of group_size ranks (each its own host)",
+                                         "a gloo group of group_size ranks, each in its own testbed namespace on "
+                                         "a bridge without delay")
 
 
 def loopback_sizes(cores: int, cluster_ranks: int) -> tuple[int, ...]:
@@ -131,13 +150,57 @@ def loopback_rows(profile: pd.DataFrame, cores: int, cluster_ranks: int) -> list
 
     Raises:
         runtime.errors.LaunchError: a rank failed, died or hung."""
+    return _timed_rows(profile, cores, cluster_ranks, MeasurementKind.COLLECTIVE_LOOPBACK, LOOPBACK_METHOD,
+                       lambda world, body: launch(body, world)[0])
+
+
+def bridged_topology(device_type: str, ranks: int) -> Topology:
+    """``ranks`` hosts of one ``device_type`` rank each under one switch, every link
+    :data:`BRIDGE_RATE` without delay: the testbed builds it as namespaces on a bridge, no
+    forwarder on the path (:class:`runtime.testbed.Testbed`)."""
+    hosts = [{"name": f"b{index}", "parent": "sw", "devices": {"type": device_type, "count": 1, "memory": "1TiB"},
+              "nic": {"bandwidth": BRIDGE_RATE, "latency": "0s"}} for index in range(ranks)]
+    return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": hosts}))
+
+
+def bridged_rows(profile: pd.DataFrame, cores: int, cluster_ranks: int, name: str, device_type: str) -> list[dict]:
+    """``collective_bridged`` rows: :func:`loopback_rows`' calls and sizes, each rank in its own
+    host namespace of a testbed of :func:`bridged_topology` (``device_type``: the calibrated
+    cluster's), named ``<name>.bridge<ranks>``, built and removed around its launch: the
+    inter-host path of the emulated cluster without its links' delay. [] where the profile has no
+    in-place calls, no size outnumbers the cores or a GPU holds the ranks. Root only, like the
+    testbed; about 6 s per size with 4 ranks.
+
+    Raises:
+        runtime.testbed.TestbedError: not root, or building the testbed failed.
+        runtime.errors.LaunchError: a rank failed, died or hung."""
+    from runtime.testbed import Testbed, enter_namespace
+
+    def launched(world: int, body) -> list:
+        bed = Testbed(f"{name}.bridge{world}", bridged_topology(device_type, world))
+        bed.down()  # what a killed calibration left
+        bed.up(owned=True)
+        try:
+            placements = [RankPlacement(bed.namespace_of_rank(r), bed.master_address(), bed.interface)
+                          for r in range(world)]
+            return launch(body, world, placements=placements, enter_namespace=enter_namespace)[0]
+        finally:
+            bed.down()
+
+    return _timed_rows(profile, cores, cluster_ranks, MeasurementKind.COLLECTIVE_BRIDGED, BRIDGED_METHOD, launched)
+
+
+def _timed_rows(profile: pd.DataFrame, cores: int, cluster_ranks: int, kind: MeasurementKind, method: str,
+                launched) -> list[dict]:
+    """Rows of ``kind``: :func:`loopback_calls` timed at each of :func:`loopback_sizes` in the group
+    ``launched(world, body)`` forks, as its rank 0 returns them."""
     if torch.cuda.is_available() or not loopback_calls(profile, (0,)):
         return []
     rows = []
     for world in loopback_sizes(cores, cluster_ranks):
         calls = loopback_calls(profile, tuple(range(world)))
-        spans = launch(lambda rank, heartbeat: time_calls(rank, calls, one_host_each, world), world)[0]
-        rows += [{**row, "measurement": MeasurementKind.COLLECTIVE_LOOPBACK, "method": LOOPBACK_METHOD}
+        spans = launched(world, lambda rank, heartbeat: time_calls(rank, calls, one_host_each, world))
+        rows += [{**row, "measurement": kind, "method": method}
                  for row in in_place_rows(spans, world, world, master=0)
                  if row["measurement"] == MeasurementKind.COLLECTIVE_IN_PLACE]
     return rows

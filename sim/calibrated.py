@@ -48,6 +48,7 @@ measurement (:mod:`sim.profile` says why).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -671,14 +672,17 @@ def calibrated_network(profile: Profile, fallback: NetworkModel, topology: Topol
               for library in (False, True)}
     network.cores = contention_cores(contexts, target)
     network.copies = copies
-    if any(floor_s > 0 for floor_s, _ in floors.values()):
+    if any(floor.floor_s > 0 for floor in floors.values()):
         def floored(terms: dict) -> dict:
-            return {key: replace(t, min_message_s=floors[key[1] == LIBRARY][0]) for key, t in terms.items()}
+            return {key: replace(t, min_message_s=floors[key[1] == LIBRARY].floor_s,
+                                 intra_host_min_message_s=floors[key[1] == LIBRARY].intra_host_s)
+                    for key, t in terms.items()}
 
         fitted, inside = floored(fitted), floored(inside)
         network.terms, network.intra_host = fitted, inside
-        network.default = replace(network.default, min_message_s=floors[False][0])
-    sources = (contention, floors[False][1], floors[True][1],
+        network.default = replace(network.default, min_message_s=floors[False].floor_s,
+                                  intra_host_min_message_s=floors[False].intra_host_s)
+    sources = (contention, floors[False].source, floors[True].source,
                *(f"{kind} {algorithm}: {t.describe()}" for (kind, algorithm), t in sorted(fitted.items())),
                *(f"{kind} {algorithm} inside a host: {t.describe()}" for (kind, algorithm), t in sorted(inside.items())),
                *(f"pipeline hop over {link_class.value}: {t.describe()}" for link_class, t in sorted(hops.items())),
@@ -722,11 +726,21 @@ def contention_cores(contexts, target) -> int | None:
     return target.cores or (known[0] if known else None)
 
 
+class ContentionFloor(NamedTuple):
+    """What :func:`contention_floor` gives: the least a message costs per core turn (s), a line
+    saying whence, and where it differs inside a host, that of a message between two ranks of
+    one host (s; None: the same)."""
+
+    floor_s: float
+    source: str
+    intra_host_s: float | None = None
+
+
 def contention_floor(profile: Profile, contexts, target, fitted: dict, library: bool = False,
-                     copies: int = 1) -> tuple[float, str]:
-    """(the least a message costs on the target per core turn of a step that keeps every rank
-    busy, s; a line saying whence), for point-to-point schedules or (``library``) gloo's own
-    collectives.
+                     copies: int = 1) -> ContentionFloor:
+    """The least a message costs on the target per core turn of a step that keeps every rank
+    busy (s; between hosts and inside one where they differ) and a line saying whence, for
+    point-to-point schedules or (``library``) gloo's own collectives.
 
     Where ranks outnumber the cores, a message moves only once both its ends are scheduled, so
     on a fast link it costs a scheduling delay, not its wire time; over a slow link the ranks
@@ -763,7 +777,14 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     on 4 hosts of 1), so loopback is the fallback, not the rule. Of a cluster's loopback sizes,
     the one nearest the target's ranks on the machine is carried: how the delay grows with the
     ranks beyond the cores is the machine's too (this project's 2-vCPU machine: 3 ranks 0.41 of 4,
-    where processor sharing says 0.75). Where no calibrated cluster has either, the gloo/tcp default
+    where processor sharing says 0.75). The path decides the delay too: on the emulated cluster the
+    same group with each rank in its own namespace, the hosts' path, costs about half loopback's
+    per turn and reproduces the in-place calls (``benchmarks/bench_contention_paths.py``), so
+    where a cluster's calibration timed them both ways (``collective_bridged`` rows, a calibration
+    on the testbed), that comes first for every cluster, whatever its links: the floor between
+    hosts from the namespaces, the one inside a host from loopback, each at the size nearest the
+    target's ranks (the in-place calls of a cluster of 2 hosts of 2 mix both paths, and carried to
+    4 hosts of 1 priced its decode +34% TPOT median). Where no calibrated cluster has either, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`, fitted on another machine), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_TURN_S, GLOO_CONTENTION_SHARING, IDENTIFIABLE_DELAY_S, Transport,
                                contention_at, context_topology, of_replicas)
@@ -772,12 +793,12 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     known = [c for c in contexts if c.cores is not None]
     cores = contention_cores(contexts, target)
     if cores is None:
-        return 0.0, f"core contention per core turn ({family}): none (no cores recorded)"
+        return ContentionFloor(0.0, f"core contention per core turn ({family}): none (no cores recorded)")
     machine_ranks = sum(target.ranks_per_host) * copies
     sharing = f"{machine_ranks} ranks{of_replicas(copies)} on {cores} cores"
     excess = max(0, machine_ranks - cores)
     if excess == 0:
-        return 0.0, f"core contention per core turn ({family}): none ({sharing})"
+        return ContentionFloor(0.0, f"core contention per core turn ({family}): none ({sharing})")
     def own(kind: MeasurementKind, calibrated):
         rows = profile.of(kind)
         return rows[_rows_of(profile.rows, rows, calibrated.name)]
@@ -785,11 +806,24 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     def carried(ranks: int, costs: list[float], calibrated) -> float:  # to the target's ranks per core
         return contention_at(float(np.median(costs)), ranks / calibrated.cores, machine_ranks / cores, library)
 
-    # each calibrated cluster's calls in place, unless their steps held the link's delay, slept
-    # through (what they show is the link's); where no cluster of the pool has them, the same calls
-    # on loopback after its launch, at the group size timed nearest the target's ranks (the cores'
-    # delay alone, over the loopback interface)
-    per_turn, names = [], []
+    def nearest(kind: MeasurementKind, calibrated) -> tuple[float, int] | None:
+        """(the floor of the group size of ``kind``'s rows timed nearest the target's ranks, that size)."""
+        rows = own(kind, calibrated)
+        sized = [(int(size), _turn_costs(rows[rows["group_size"] == size], kind, calibrated, fitted, library,
+                                         one_host_each, (1,) * int(size), 0.0))
+                 for size in sorted(set(rows["group_size"]))]
+        sized = [(size, costs) for size, costs in sized if costs]
+        if not sized:
+            return None
+        size, costs = min(sized, key=lambda m: abs(m[0] - machine_ranks))
+        return carried(size, costs, calibrated), size
+
+    # each calibrated cluster's calls timed by path after its launch, between namespaces (the
+    # inter-host path) and on loopback (the intra-host one), at the group size timed nearest the
+    # target's ranks; without the first, its calls in place, unless their steps held the link's
+    # delay, slept through (what they show is the link's); where no cluster of the pool has
+    # either, the calls on loopback alone, for every message
+    per_turn, inside, names = [], [], []
     for calibrated in known:  # a pool: each cluster's calls over its own links and cores
         topology = context_topology(calibrated)
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
@@ -801,27 +835,32 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                 per_turn.append(carried(sum(calibrated.ranks_per_host), costs, calibrated))
                 names.append(f"in place on {calibrated.name}")
     for calibrated in known if not per_turn else ():
-        rows = own(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated)
-        sized = [(int(size), _turn_costs(rows[rows["group_size"] == size], MeasurementKind.COLLECTIVE_LOOPBACK,
-                                         calibrated, fitted, library, one_host_each, (1,) * int(size), 0.0))
-                 for size in sorted(set(rows["group_size"]))]
-        sized = [(size, costs) for size, costs in sized if costs]
-        if sized:
-            size, costs = min(sized, key=lambda m: abs(m[0] - machine_ranks))
-            per_turn.append(carried(size, costs, calibrated))
-            names.append(f"on loopback over {size} ranks after the launch of {calibrated.name}")
+        bridged = nearest(MeasurementKind.COLLECTIVE_BRIDGED, calibrated)
+        looped = nearest(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated) if bridged else None
+        if bridged and looped:
+            per_turn.append(bridged[0])
+            inside.append(looped[0])
+            names.append(f"between namespaces over {bridged[1]} ranks and on loopback over {looped[1]} (inside a "
+                         f"host) after the launch of {calibrated.name}")
+    for calibrated in known if not per_turn else ():
+        looped = nearest(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated)
+        if looped:
+            per_turn.append(looped[0])
+            names.append(f"on loopback over {looped[1]} ranks after the launch of {calibrated.name}")
     if per_turn:
         floor_s = float(np.median(per_turn))
-        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, fitted on "
-                         f"the calls timed {', '.join(names)} "
-                         f"({sharing})")
+        intra_s = float(np.median(inside)) if inside else None
+        within = "" if intra_s is None else f" between hosts, {intra_s * 1e3:.2f} ms inside one"
+        return ContentionFloor(floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms"
+                                         f"{within}, fitted on the calls timed {', '.join(names)} ({sharing})"),
+                               intra_s)
     if all(c.backend == Transport.GLOO_TCP.value for c in known):
         floor_s = contention_at(GLOO_CONTENTION_PER_TURN_S[library], GLOO_CONTENTION_SHARING, machine_ranks / cores,
                                 library)
-        return floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, the gloo/tcp "
-                         f"default (the calibrated links hid it; {sharing})")
-    return 0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were too slow for "
-                 f"it to show in place; {sharing})")
+        return ContentionFloor(floor_s, (f"core contention per core turn ({family}): at least {floor_s * 1e3:.2f} ms, "
+                                         f"the gloo/tcp default (the calibrated links hid it; {sharing})"))
+    return ContentionFloor(0.0, (f"core contention per core turn ({family}): not priced (the calibrated links were "
+                                 f"too slow for it to show in place; {sharing})"))
 
 
 def _turn_costs(rows, kind: MeasurementKind, calibrated, fitted: dict, library: bool, host_groups,

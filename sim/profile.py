@@ -42,7 +42,11 @@ runtime writes it (``hetsim calibrate``); only the simulator's cost models read 
     as ``collective_in_place`` is, after the launch, in one loopback gloo group of the machine's
     ranks computing between calls (:mod:`runtime.loopback_contention`): the machine's delay per
     core turn on a small message, which a calibration over delayed links cannot show in place
-    (:func:`sim.calibrated.contention_floor`);
+    (:func:`sim.calibrated.contention_floor`): intra-host messages' path on the emulated cluster;
+  * ``collective_bridged``: the same calls timed the same way with each rank in its own testbed
+    namespace on a bridge without delay (:func:`runtime.loopback_contention.bridged_rows`, a
+    calibration on the testbed only): the delay per core turn of the emulated cluster's
+    inter-host path, about half loopback's;
   * ``p2p``: a point-to-point message of ``size_bytes`` on a ``device_class`` link class
     (:class:`sim.context.LinkClass`: ``intra_host`` or ``inter_host``), half a ping-pong round trip;
   * ``reduction``: the reduction the runtime's own collectives perform (``op`` add: a received
@@ -107,7 +111,7 @@ CHARGED = {MeasurementKind.COMPUTE: "mean", MeasurementKind.COMPUTE_ISOLATED: "m
            MeasurementKind.BACKWARD_INPUT: "mean", MeasurementKind.BACKWARD_WEIGHT: "mean",
            MeasurementKind.OPTIMIZER_STEP: "mean",
            MeasurementKind.COLLECTIVE_IN_PLACE: "median", MeasurementKind.COLLECTIVE_WAIT: "median",
-           MeasurementKind.COLLECTIVE_LOOPBACK: "median"}
+           MeasurementKind.COLLECTIVE_LOOPBACK: "median", MeasurementKind.COLLECTIVE_BRIDGED: "median"}
 ISOLATED = "median"  # the statistic of an isolated microbenchmark, which is checked by its median
 
 

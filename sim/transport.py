@@ -105,6 +105,10 @@ class TransportTerms:
             left of it fits in its socket's send buffer, ``min(send_buffer_max_bytes,
             send_buffer_s x the path's bottleneck rate)`` bytes (0: once its last byte is
             through). See :data:`GLOO_SEND_BUFFER_S`.
+        intra_host_min_message_s: ``min_message_s`` of a message between two ranks of one host,
+            where its path's differs (None: the same): on the emulated cluster an intra-host
+            message crosses loopback and costs about twice the core time of one between the
+            hosts' namespaces (:func:`sim.calibrated.contention_floor`).
         undelayed_per_message_s: the software overhead per message (s) over a group none of whose
             paths has a delay of at least :data:`IDENTIFIABLE_DELAY_S`, where it differs from
             ``per_message_s`` (None: the same): terms fitted over delayed links only, whose
@@ -124,6 +128,7 @@ class TransportTerms:
     send_buffer_s: float = 0.0
     send_buffer_max_bytes: float = 0.0
     undelayed_per_message_s: float | None = None
+    intra_host_min_message_s: float | None = None
 
     def undelayed(self) -> TransportTerms:
         """These terms over a group whose paths have no delay (:attr:`undelayed_per_message_s`)."""
@@ -132,7 +137,9 @@ class TransportTerms:
     def describe(self) -> str:
         call = f"{self.per_call_s * 1e6:.1f} us per call + " if self.per_call_s else ""
         if self.min_message_s:
-            call += f"at least {self.min_message_s * 1e3:.2f} ms (core contention), "
+            inside = ("" if self.intra_host_min_message_s is None else
+                      f", {self.intra_host_min_message_s * 1e3:.2f} ms inside a host")
+            call += f"at least {self.min_message_s * 1e3:.2f} ms (core contention{inside}), "
         notice = f" ({self.notice_latencies:g} of them the receiver's ready notice)" if self.notice_latencies else ""
         buffer = (f", the sender done once its tail fits {self.send_buffer_s * 1e3:g} ms of the path's rate "
                   f"(at most {self.send_buffer_max_bytes / 1e6:g} MB)"
@@ -203,9 +210,10 @@ class _TransportLinks(Links):
         mirrors (:mod:`sim.cores`), 1 without cores."""
         return 1.0 if self.cores is None else max(1.0, busy_ranks * self.copies / self.cores)
 
-    def floor_s(self, busy_ranks: int, turns: float = 1.0) -> float:
+    def floor_s(self, busy_ranks: int, turns: float = 1.0, inside_host: bool = False) -> float:
         """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks of
-        the group busy, each for ``turns`` core turns (:func:`step_turns`): ``terms.min_message_s``
+        the group busy, each for ``turns`` core turns (:func:`step_turns`), between two ranks of
+        one host where ``inside_host`` (``terms.intra_host_min_message_s`` where set): ``terms.min_message_s``
         (a turn with the cores outnumbered) times ``turns`` where the machine's busy ranks (the
         group's and its ``copies``' mirrors', every replica in the same step: they run the same
         ops at once, :func:`sim.replicas.replica_pools`) outnumber its cores, else 0. A rank that
@@ -223,9 +231,16 @@ class _TransportLinks(Links):
         turn so counted, against 0.48-0.50 ms for gloo's reduce there, whose every step keeps all 4
         busy; 0.88-0.92 ms with the step counted half, as busy ranks beyond the cores over all ranks
         beyond them counted it."""
-        if self.cores is None or not self.terms.min_message_s:
-            return self.terms.min_message_s * turns if self.cores is None else 0.0
-        return self.terms.min_message_s * turns if busy_ranks * self.copies > self.cores else 0.0
+        floor_s = self.terms.min_message_s
+        if inside_host and self.terms.intra_host_min_message_s is not None:
+            floor_s = self.terms.intra_host_min_message_s
+        if self.cores is None or not floor_s:
+            return floor_s * turns if self.cores is None else 0.0
+        return floor_s * turns if busy_ranks * self.copies > self.cores else 0.0
+
+    def same_host(self, src: int, dst: int) -> bool:
+        """Whether ranks ``src`` and ``dst`` are on one host of the topology."""
+        return self.topology.devices[src].host == self.topology.devices[dst].host
 
 
 @functools.cache
@@ -313,8 +328,8 @@ class _TransportRun(_FlowRun):
         super().__init__(schedule, links)
         self.arrivals = arrivals or {}
         busy = busy_ranks(schedule)
-        self.floor = [links.floor_s(n, turns) for step, n, turns in zip(schedule.steps, busy, step_turns(schedule))
-                      for _ in step]
+        self.floor = [links.floor_s(n, turns, links.same_host(t.src, t.dst))
+                      for step, n, turns in zip(schedule.steps, busy, step_turns(schedule)) for t in step]
         self.extra_s = [links.terms.per_message_s * (links.stretch(n) - 1) for step, n in zip(schedule.steps, busy)
                         for _ in step]
         self.notice_s = [links.notice_s(t.dst, t.src) for t in self.transfers]

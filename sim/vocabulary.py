@@ -177,6 +177,7 @@ class MeasurementKind(StrEnum):
     COLLECTIVE_IN_PLACE = "collective_in_place"
     COLLECTIVE_WAIT = "collective_wait"
     COLLECTIVE_LOOPBACK = "collective_loopback"
+    COLLECTIVE_BRIDGED = "collective_bridged"
     P2P = "p2p"
     REDUCTION = "reduction"
     MEMORY_BASELINE = "memory_baseline"

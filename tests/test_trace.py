@@ -39,7 +39,7 @@ def test_profile_measurement_kinds_are_the_strings_profiles_carry():
     assert [str(k) for k in MeasurementKind] == ["compute", "compute_isolated", "compute_device", "host_issue",
                                                  "device_ceiling", "op_gap", "collective",
                                                  "collective_held_out", "collective_in_place", "collective_wait",
-                                                 "collective_loopback", "p2p", "reduction",
+                                                 "collective_loopback", "collective_bridged", "p2p", "reduction",
                                                  "memory_baseline", "context", "backward_input",
                                                  "backward_weight", "optimizer_step", "training_pass"]
 

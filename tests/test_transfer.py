@@ -371,6 +371,30 @@ def test_a_step_pays_the_contention_of_its_busy_ranks_per_core_turn(clusters):
                                      host_groups=topology.host_groups(group))).duration_s < floor_s
 
 
+def test_a_message_inside_a_host_pays_the_intra_host_floor_one_between_hosts_the_other(clusters):
+    from dataclasses import replace
+
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import TransportNetwork, TransportTerms
+
+    topology = build_topology(clusters[0].scenario.config.cluster)  # 2 hosts of 2 ranks
+    group = (0, 1, 2, 3)
+    schedule = build_schedule("allreduce", "recursive_doubling", group, 3072, root=None,
+                              host_groups=topology.host_groups(group))
+    # recursive doubling over 2 hosts of 2: its first exchange inside the hosts, its second between
+    assert [{topology.devices[t.src].host == topology.devices[t.dst].host for t in step}
+            for step in schedule.steps] == [{True}, {False}]
+    terms = TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=1e-3)
+
+    def cost(terms):
+        return TransportNetwork(topology, None, {}, terms, cores=2).time(schedule).duration_s
+
+    # each exchange 3 core turns: 3 ms between the hosts and 6 ms inside them, not 6 ms each
+    assert 9e-3 <= cost(replace(terms, intra_host_min_message_s=2e-3)) < 9.5e-3
+    assert 6e-3 <= cost(terms) < 6.5e-3
+
+
 def test_a_step_whose_busy_ranks_outnumber_the_cores_pays_whole_turns_however_many_beyond(clusters, monkeypatch):
     from sim.collectives import registry
     from sim.topology import build_topology
@@ -669,16 +693,16 @@ def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_l
         fitted_on = fitted_on or profile  # a pool's transport terms are its first cluster's (calibrated_network)
         return contention_floor(profile, contexts, target,
                                 fit_profile(fitted_on.of("collective"), profile_contexts(fitted_on.rows)[0]),
-                                library=library)
+                                library=library)[:2]
 
-    def with_loopback(profile, scales):
-        """The profile's smallest in-place calls as if timed on loopback, over each group size's
-        ranks, times its scale."""
+    def with_loopback(profile, scales, kind=MeasurementKind.COLLECTIVE_LOOPBACK):
+        """The profile's smallest in-place calls as if timed on loopback (or as ``kind`` says),
+        over each group size's ranks, times its scale."""
         rows = profile.of(MeasurementKind.COLLECTIVE_IN_PLACE)
         rows = rows[rows["size_bytes"] == rows["size_bytes"].min()]
         added = []
         for size, scale in scales.items():
-            copy = rows.assign(measurement=MeasurementKind.COLLECTIVE_LOOPBACK.value, group_size=size, num_hosts=size)
+            copy = rows.assign(measurement=kind.value, group_size=size, num_hosts=size)
             for column in ("median", "p10", "p90", "mean"):
                 copy[column] = copy[column] * scale
             added += copy.to_dict("records")
@@ -706,3 +730,15 @@ def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_l
         pool = pooled_profile([with_loopback(fast.profile, {4: 3.0}), with_loopback(slow.profile, {4: 0.5})])
         _, source = floor(pool, library, fitted_on=fast.profile)
         assert "in place on v2x2_bandwidth" in source and "loopback" not in source
+
+        # calls timed between namespaces too (a calibration on the testbed): messages between
+        # hosts priced from them, those inside a host from loopback, where nothing shows in place
+        bridged = with_loopback(with_loopback(slow.profile, {4: 1.0}), {4: 0.5}, MeasurementKind.COLLECTIVE_BRIDGED)
+        contexts = profile_contexts(bridged.rows)
+        split = contention_floor(bridged, contexts, four,
+                                 fit_profile(bridged.of("collective"), contexts[0]), library=library)
+        assert split.floor_s == pytest.approx(once_s) and split.intra_host_s == pytest.approx(twice_s)
+        assert "between namespaces over 4 ranks and on loopback over 4" in split.source
+        # the in-place calls still decide where they show the cores
+        fast_bridged = with_loopback(with_loopback(fast.profile, {4: 3.0}), {4: 0.5}, MeasurementKind.COLLECTIVE_BRIDGED)
+        assert floor(fast_bridged, library) == in_place

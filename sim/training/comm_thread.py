@@ -109,9 +109,9 @@ def shared_cores(profile, network, target, ranks: tuple[int, ...]) -> SharedCore
         return None
     fitted = getattr(network, "terms", {})
     floors = {library: contention_floor(profile, contexts, target, fitted, library=library) for library in (False, True)}
-    work = {library: message_work_s(floor_s, len(ranks), cores) for library, (floor_s, _) in floors.items()}
+    work = {library: message_work_s(floor.floor_s, len(ranks), cores) for library, floor in floors.items()}
     pool = CorePool(frozenset(ranks), cores)
     lines = (f"comm threads: {pool.describe()}, each core turn of a bucket's schedule on them at "
              f"{work[False] * 1e3:.2f} ms (point to point) / {work[True] * 1e3:.2f} ms (gloo's own) of a core each",
-             *(line for _, line in floors.values()))
+             *(floor.source for floor in floors.values()))
     return SharedCores(pool, work, lines)
