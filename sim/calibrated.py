@@ -780,11 +780,14 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     where processor sharing says 0.75). The path decides the delay too: on the emulated cluster the
     same group with each rank in its own namespace, the hosts' path, costs about half loopback's
     per turn and reproduces the in-place calls (``benchmarks/bench_contention_paths.py``), so
-    where a cluster's calibration timed them both ways (``collective_bridged`` rows, a calibration
-    on the testbed), that comes first for every cluster, whatever its links: the floor between
-    hosts from the namespaces, the one inside a host from loopback, each at the size nearest the
-    target's ranks (the in-place calls of a cluster of 2 hosts of 2 mix both paths, and carried to
-    4 hosts of 1 priced its decode +34% TPOT median). Where no calibrated cluster has either, the gloo/tcp default
+    where no cluster of the pool shows the floor in place and a calibration timed the calls both
+    ways (``collective_bridged`` rows, a calibration on the testbed), the floor between hosts
+    comes from the namespaces and the one inside a host from loopback, each at the size nearest
+    the target's ranks (loopback's alone for every message priced 4 hosts of 1 rank +34% TPOT
+    median from the delayed clusters' profiles; session 31, ``validation/transfer-report/progress.md``).
+    The in-place calls still come first: taking the per-path rows over them priced the intra-host
+    messages of 2 hosts of 2 ranks over a 1 ms link (h2x2_mid) +14% TPOT, where the in-place
+    clusters' floors gave +5%. Where no calibrated cluster has either, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`, fitted on another machine), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_TURN_S, GLOO_CONTENTION_SHARING, IDENTIFIABLE_DELAY_S, Transport,
                                contention_at, context_topology, of_replicas)
@@ -818,11 +821,11 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
         size, costs = min(sized, key=lambda m: abs(m[0] - machine_ranks))
         return carried(size, costs, calibrated), size
 
-    # each calibrated cluster's calls timed by path after its launch, between namespaces (the
-    # inter-host path) and on loopback (the intra-host one), at the group size timed nearest the
-    # target's ranks; without the first, its calls in place, unless their steps held the link's
-    # delay, slept through (what they show is the link's); where no cluster of the pool has
-    # either, the calls on loopback alone, for every message
+    # each calibrated cluster's calls in place, unless their steps held the link's delay, slept
+    # through (what they show is the link's); where no cluster of the pool has them, the same calls
+    # timed by path after its launch, between namespaces (the inter-host path) and on loopback (the
+    # intra-host one), at the group size timed nearest the target's ranks; without the first, the
+    # calls on loopback alone, for every message
     per_turn, inside, names = [], [], []
     for calibrated in known:  # a pool: each cluster's calls over its own links and cores
         topology = context_topology(calibrated)
