@@ -787,7 +787,13 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     median from the delayed clusters' profiles; session 31, ``validation/transfer-report/progress.md``).
     The in-place calls still come first: taking the per-path rows over them priced the intra-host
     messages of 2 hosts of 2 ranks over a 1 ms link (h2x2_mid) +14% TPOT, where the in-place
-    clusters' floors gave +5%. Where no calibrated cluster has either, the gloo/tcp default
+    clusters' floors gave +5%. But a cluster with a host of several ranks mixes both paths in
+    place, so where its calibration timed the per-path rows too, its in-place calls are counted
+    with each step's turns weighted by its messages' paths, one inside a host counting the ratio
+    of the loopback floor to the bridged one: that gives the floor between hosts, the ratio times
+    it the one inside (a pool's median of v2x2_bandwidth's mixed floor and the one-rank-a-host
+    clusters' priced v4x1_bandwidth +15% TPOT and v2x2_bandwidth -11%; so split, -0.4% and -2%,
+    ``validation/transfer-report/fresh-s31``). Where no calibrated cluster has either, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`, fitted on another machine), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_TURN_S, GLOO_CONTENTION_SHARING, IDENTIFIABLE_DELAY_S, Transport,
                                contention_at, context_topology, of_replicas)
@@ -832,11 +838,17 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
                        for b in range(topology.num_ranks) if a != b), default=0.0)
         if delay_s < IDENTIFIABLE_DELAY_S:
+            bridged = nearest(MeasurementKind.COLLECTIVE_BRIDGED, calibrated)
+            looped = nearest(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated) if bridged else None
+            ratio = looped[0] / bridged[0] if bridged and looped and bridged[0] > 0 else None
             costs = _turn_costs(own(MeasurementKind.COLLECTIVE_IN_PLACE, calibrated), MeasurementKind.COLLECTIVE_IN_PLACE,
-                                calibrated, fitted, library, topology.host_groups, calibrated.ranks_per_host, delay_s)
+                                calibrated, fitted, library, topology.host_groups, calibrated.ranks_per_host, delay_s,
+                                intra_ratio=ratio or 1.0)
             if costs:
                 per_turn.append(carried(sum(calibrated.ranks_per_host), costs, calibrated))
-                names.append(f"in place on {calibrated.name}")
+                inside.append(per_turn[-1] * (ratio or 1.0))
+                names.append(f"in place on {calibrated.name}" + ("" if ratio is None else
+                                                                  f" (split by path {ratio:.2f}:1)"))
     for calibrated in known if not per_turn else ():
         bridged = nearest(MeasurementKind.COLLECTIVE_BRIDGED, calibrated)
         looped = nearest(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated) if bridged else None
@@ -867,13 +879,15 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
 
 
 def _turn_costs(rows, kind: MeasurementKind, calibrated, fitted: dict, library: bool, host_groups,
-                ranks_per_host: tuple[int, ...], delay_s: float) -> list[float]:
+                ranks_per_host: tuple[int, ...], delay_s: float, intra_ratio: float = 1.0) -> list[float]:
     """Per call of ``rows`` (calibrated cluster ``calibrated``'s rows of ``kind``:
     ``collective_in_place``, its own group; ``collective_loopback``, a group of ``ranks_per_host``'s
     ranks on the calibrated machine) of the family (gloo's own or point-to-point) at its smallest
     size, its schedule over ``host_groups`` (``Topology.host_groups``' shape) whose links' longest
-    delay is ``delay_s``: the call over its core turns in contending steps (s), for the calls that
-    are contention-bound (:func:`contention_floor`). Every rank of the group is on the machine."""
+    delay is ``delay_s``: the call over its core turns in contending steps (s), a turn of a message
+    inside a host counting ``intra_ratio`` (its path's floor over the inter-host one's), for the
+    calls that are contention-bound (:func:`contention_floor`). Every rank of the group is on the
+    machine."""
     from sim.transport import busy_ranks, step_turns, steps_in_series
 
     rows = rows[rows["group_size"] <= sum(ranks_per_host)]
@@ -897,8 +911,11 @@ def _turn_costs(rows, kind: MeasurementKind, calibrated, fitted: dict, library: 
         overhead_s = 0.0 if library else terms.per_message_s
         if call_s / steps > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
             # per core turn on the critical path: a step counts its share times its turns
-            bound.append(call_s / steps_in_series(schedule, [share * turns for share, turns
-                                                             in zip(shares, step_turns(schedule))]))
+            host_of = {rank: index for index, ranks in enumerate(host_groups(group)) for rank in ranks}
+            paths = [float(np.mean([intra_ratio if host_of[t.src] == host_of[t.dst] else 1.0 for t in step]))
+                     if step else 1.0 for step in schedule.steps]
+            bound.append(call_s / steps_in_series(schedule, [share * turns * path for share, turns, path
+                                                             in zip(shares, step_turns(schedule), paths)]))
     return bound
 
 

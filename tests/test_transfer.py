@@ -739,6 +739,14 @@ def test_a_delayed_link_profile_prices_core_contention_from_its_calls_timed_on_l
                                  fit_profile(bridged.of("collective"), contexts[0]), library=library)
         assert split.floor_s == pytest.approx(once_s) and split.intra_host_s == pytest.approx(twice_s)
         assert "between namespaces over 4 ranks and on loopback over 4" in split.source
-        # the in-place calls still decide where they show the cores
-        fast_bridged = with_loopback(with_loopback(fast.profile, {4: 3.0}), {4: 0.5}, MeasurementKind.COLLECTIVE_BRIDGED)
-        assert floor(fast_bridged, library) == in_place
+        # the in-place calls still set the level where they show the cores, split by path in the
+        # ratio of the per-path timings: a mixed cluster's (2 hosts of 2) messages inside a host
+        # above its single floor, those between hosts below
+        fast_bridged = with_loopback(with_loopback(fast.profile, {4: 2.0}), {4: 1.0}, MeasurementKind.COLLECTIVE_BRIDGED)
+        contexts = profile_contexts(fast_bridged.rows)
+        split = contention_floor(fast_bridged, contexts, four,
+                                 fit_profile(fast_bridged.of("collective"), contexts[0]), library=library)
+        assert "in place on v2x2_bandwidth" in split.source
+        # (about twice: the ratio of the two rows' floors, each the median of the calls bound at its scale)
+        assert split.intra_host_s == pytest.approx(2 * split.floor_s, rel=0.05)
+        assert split.floor_s < in_place[0] < split.intra_host_s
