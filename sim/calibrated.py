@@ -827,6 +827,13 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
         size, costs = min(sized, key=lambda m: abs(m[0] - machine_ranks))
         return carried(size, costs, calibrated), size
 
+    def by_path(calibrated):
+        """(the floor between namespaces, the one on loopback) of ``calibrated``, each as
+        :func:`nearest` gives it; None without both."""
+        bridged = nearest(MeasurementKind.COLLECTIVE_BRIDGED, calibrated)
+        looped = nearest(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated) if bridged else None
+        return (bridged, looped) if looped else None
+
     # each calibrated cluster's calls in place, unless their steps held the link's delay, slept
     # through (what they show is the link's); where no cluster of the pool has them, the same calls
     # timed by path after its launch, between namespaces (the inter-host path) and on loopback (the
@@ -838,9 +845,8 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
         delay_s = max((topology.path_latency_s(a, b) for a in range(topology.num_ranks)
                        for b in range(topology.num_ranks) if a != b), default=0.0)
         if delay_s < IDENTIFIABLE_DELAY_S:
-            bridged = nearest(MeasurementKind.COLLECTIVE_BRIDGED, calibrated)
-            looped = nearest(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated) if bridged else None
-            ratio = looped[0] / bridged[0] if bridged and looped and bridged[0] > 0 else None
+            paths = by_path(calibrated)
+            ratio = paths[1][0] / paths[0][0] if paths and paths[0][0] > 0 else None
             costs = _turn_costs(own(MeasurementKind.COLLECTIVE_IN_PLACE, calibrated), MeasurementKind.COLLECTIVE_IN_PLACE,
                                 calibrated, fitted, library, topology.host_groups, calibrated.ranks_per_host, delay_s,
                                 intra_ratio=ratio or 1.0)
@@ -850,9 +856,9 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
                 names.append(f"in place on {calibrated.name}" + ("" if ratio is None else
                                                                   f" (split by path {ratio:.2f}:1)"))
     for calibrated in known if not per_turn else ():
-        bridged = nearest(MeasurementKind.COLLECTIVE_BRIDGED, calibrated)
-        looped = nearest(MeasurementKind.COLLECTIVE_LOOPBACK, calibrated) if bridged else None
-        if bridged and looped:
+        paths = by_path(calibrated)
+        if paths:
+            bridged, looped = paths
             per_turn.append(bridged[0])
             inside.append(looped[0])
             names.append(f"between namespaces over {bridged[1]} ranks and on loopback over {looped[1]} (inside a "

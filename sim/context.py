@@ -184,7 +184,7 @@ def scenario_context(name: str, topology: Topology, ranks: tuple[int, ...], dtyp
         for b in ranks:
             if a == b:
                 continue
-            same_host = topology.devices[a].host == topology.devices[b].host
+            same_host = topology.same_host(a, b)
             link = Link(LinkClass.INTRA_HOST if same_host else LinkClass.INTER_HOST,
                         topology.path_bandwidth_bytes_per_s(a, b), topology.path_latency_s(a, b),
                         topology.path_burst_bytes(a, b))

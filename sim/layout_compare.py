@@ -207,7 +207,7 @@ def _where(term: StepTerm, layout: ParallelPlan, topology: Topology) -> str:
         what = term.value
     if not pairs:
         return what
-    spans = any(topology.devices[a].host != topology.devices[b].host for a, b in pairs)
+    spans = any(not topology.same_host(a, b) for a, b in pairs)
     bandwidth = min(topology.path_bandwidth_bytes_per_s(a, b) for a, b in pairs)
     return f"{what} {'between hosts' if spans else 'inside a host'} ({bandwidth_text(bandwidth)})"
 

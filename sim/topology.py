@@ -132,6 +132,11 @@ class Topology:
             raise ValueError(f"unknown host {host!r}; known: {', '.join(self.hosts)}")
         return tuple(device.rank for device in self.devices if device.host == host)
 
+    def same_host(self, a: int, b: int) -> bool:
+        """Whether ranks ``a`` and ``b`` are devices of one host. Raises ValueError for a rank out
+        of range."""
+        return self._device(a).host == self._device(b).host
+
     def host_groups(self, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         """The given ranks grouped by host: hosts in topology order, ranks in the given order.
 
@@ -182,7 +187,7 @@ class Topology:
     def _route(self, src: int, dst: int) -> tuple[Channel, ...]:
         if src == dst:
             raise ValueError(f"no path from rank {src} to itself")
-        same_host = self._device(src).host == self._device(dst).host
+        same_host = self.same_host(src, dst)
         source, target = self._attachments[src], self._attachments[dst]
         if same_host:
             # A shared bus is one channel both ways: the transfer crosses it once.

@@ -238,10 +238,6 @@ class _TransportLinks(Links):
             return floor_s * turns if self.cores is None else 0.0
         return floor_s * turns if busy_ranks * self.copies > self.cores else 0.0
 
-    def same_host(self, src: int, dst: int) -> bool:
-        """Whether ranks ``src`` and ``dst`` are on one host of the topology."""
-        return self.topology.devices[src].host == self.topology.devices[dst].host
-
 
 @functools.cache
 def _undelayed(terms: TransportTerms) -> TransportTerms:
@@ -328,7 +324,8 @@ class _TransportRun(_FlowRun):
         super().__init__(schedule, links)
         self.arrivals = arrivals or {}
         busy = busy_ranks(schedule)
-        self.floor = [links.floor_s(n, turns, links.same_host(t.src, t.dst))
+        by_path = links.terms.intra_host_min_message_s is not None
+        self.floor = [links.floor_s(n, turns, by_path and links.topology.same_host(t.src, t.dst))
                       for step, n, turns in zip(schedule.steps, busy, step_turns(schedule)) for t in step]
         self.extra_s = [links.terms.per_message_s * (links.stretch(n) - 1) for step, n in zip(schedule.steps, busy)
                         for _ in step]
@@ -509,8 +506,7 @@ class TransportNetwork:
         if not self.hops or schedule.kind != OpKind.SEND or schedule.algorithm != P2P or len(schedule.group) != 2:
             return None
         src, dst = schedule.group
-        same_host = self.topology.devices[src].host == self.topology.devices[dst].host
-        return self.hops.get(LinkClass.INTRA_HOST if same_host else LinkClass.INTER_HOST)
+        return self.hops.get(LinkClass.INTRA_HOST if self.topology.same_host(src, dst) else LinkClass.INTER_HOST)
 
 
 def context_topology(context: CalibrationContext) -> Topology:
@@ -701,7 +697,7 @@ def fit_hops(rows, context: CalibrationContext) -> dict[LinkClass, TransportTerm
     for link_class, of_class in rows.groupby("device_class", sort=True):
         same_host = LinkClass(link_class) == LinkClass.INTRA_HOST
         pair = next(((a, b) for a in range(topology.num_ranks) for b in range(topology.num_ranks)
-                     if a != b and (topology.devices[a].host == topology.devices[b].host) == same_host), None)
+                     if a != b and topology.same_host(a, b) == same_host), None)
         of_class = of_class[of_class["size_bytes"] > 0]
         if pair is None or of_class.empty:
             continue
