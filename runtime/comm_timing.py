@@ -45,8 +45,20 @@ from sim.trace import master_calls
 
 SIZES_BYTES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
 P2P_SIZES_BYTES = tuple(1024 * 4**k for k in range(7))  # 1 KiB .. 4 MiB
+WARM_MAX_BYTES = 1 << 20
+"""The largest call :meth:`CollectiveSweep.round` warms up before timing it: above it a call's own
+ramp-up of the connections' windows is a small part of it (over 5 ms links, the sweep of every
+algorithm timed its 4 MiB and larger calls within 0-7% of the shorter sweep of the variants' own),
+and the duplicate call would cost the most."""
+PROBE_RTT_S = 0.3
+"""The pause after that warm-up call (s): longer than the 200 ms a TCP connection that was idle
+for 10 s spends with a congestion window of 4 segments under BBR (``bbr_probe_rtt_mode_ms`` and
+``bbr_min_rtt_win_sec`` in the kernel's ``net/ipv4/tcp_bbr.c``; this machine's default congestion
+control), so that the timed call meets the connections as a run's calls do, busy every few
+milliseconds."""
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
-                   "algorithm and size; last rank's start to last rank's end")
+                   "algorithm and size, each up to 1 MiB right after an untimed call of it and a pause "
+                   "of 0.3 s; last rank's start to last rank's end")
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
 CHAIN_METHOD = ("{chain} calls back to back from deadlines on the shared clock, in rounds over every "
@@ -211,11 +223,26 @@ class CollectiveSweep:
         return True
 
     def round(self, label: str) -> None:
-        """Time every case once; ``label`` ("round 2 of 5") goes into the heartbeats."""
+        """Time every case once; ``label`` ("round 2 of 5") goes into the heartbeats.
+
+        A case of at most :data:`WARM_MAX_BYTES` is timed after an untimed call of it and a pause
+        of :data:`PROBE_RTT_S`: in a round of every algorithm a connection a case uses may have
+        been idle for tens of seconds (the other cases' calls, up to a second each, over other
+        pairs), and an idle connection is slow to carry a call of tens to hundreds of KiB, which
+        a run's connections, busy every few milliseconds, are not. Measured on v4x1_latency's
+        testbed (5 ms links; session 32 of ``validation/transfer-report/progress.md``): a
+        256 KiB recursive-doubling allreduce 58 ms after 3 s idle, 103-122 ms after 12 s, 58 ms
+        after 12 s with a warm-up call 0.3 s before; ``hetsim calibrate``'s sweep of every algorithm timed 64 KiB-1 MiB calls 12-33%
+        slower than ``hetsim validate``'s sweep of the variants' algorithms, whose rounds are
+        shorter, and priced the other clusters' TTFT 10 / 23% off (median / p90) where the
+        validation's profile of the same cluster gave 4 / 12%."""
         for (call, tensor), spans in zip(self.cases, self.times):
             self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
                            f"ranks, {label}")
             tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
+            if call.size_bytes <= WARM_MAX_BYTES:
+                self._run(call, tensor)
+                time.sleep(PROBE_RTT_S)
             spans += [span / self.chain for span in synchronised_times(
                 lambda: self._chain(call, tensor), 1, 0.0, self.lead_s, members=call.group)]
 

@@ -56,7 +56,8 @@ def test_a_chained_sweep_runs_its_calls_back_to_back_and_charges_the_time_per_ca
         return rows, calls
 
     rows, calls = launch(body, 2, hang_timeout_s=120)[0]
-    assert calls == {1: 2, 3: 6}
+    # a round warms a call of at most WARM_MAX_BYTES up with one untimed call before timing it
+    assert calls == {1: 2 + 2, 3: 6 + 2}
     alone, chained = rows[1][0], rows[3][0]
     assert alone["repeats"] == chained["repeats"] == 2
     assert chained["method"].startswith("3 calls back to back")
@@ -71,3 +72,44 @@ def test_a_chain_of_no_calls_is_refused():
 
     with pytest.raises(ValueError, match="chain must be at least 1 call, got 0"):
         CollectiveSweep((0,), _one_host_of_two(), 0, None, 1.0, print, chain=0)
+
+
+def test_a_round_warms_a_small_call_up_before_timing_it_and_a_large_one_not():
+    """A connection idle for seconds carries a call of tens to hundreds of KiB slowly (BBR's
+    ProbeRTT), which a run's busy connections do not: a small case is timed after an untimed call
+    of it and a pause; the warm-up is not in its row."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from models.ops import OpKind
+    from runtime import clock
+    from runtime.comm_timing import PROBE_RTT_S, WARM_MAX_BYTES, CollectiveSweep
+    from runtime.launch import launch
+
+    topology = _one_host_of_two()
+    large = 4 * WARM_MAX_BYTES
+
+    class SleepingComm:
+        def __init__(self):
+            self.sizes, self.process_groups = [], {}
+
+        def run(self, call, tensor):
+            self.sizes.append(call.size_bytes)
+            time.sleep(CALL_S)
+
+    def body(rank, heartbeat):
+        clock.synchronise()
+        torch.set_num_threads(1)
+        comm = SleepingComm()
+        sweep = CollectiveSweep((0, 1), topology, rank, comm, 1.0, heartbeat, sizes=(1024, large),
+                                algorithms={OpKind.ALLREDUCE: ("ring",), OpKind.REDUCE: (), OpKind.BROADCAST: ()})
+        before = len(comm.sizes)
+        began = time.perf_counter()
+        sweep.round("round 1 of 1")
+        return comm.sizes[before:], time.perf_counter() - began, sweep.rows()
+
+    sizes, round_s, rows = launch(body, 2, hang_timeout_s=120)[0]
+    assert sizes == [1024, 1024, large]
+    assert round_s >= PROBE_RTT_S + 3 * CALL_S
+    for row in rows:  # each timed once, the warm-up left out
+        assert row["repeats"] == 1 and CALL_S <= row["median"] < 2 * CALL_S
