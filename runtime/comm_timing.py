@@ -57,8 +57,8 @@ for 10 s spends with a congestion window of 4 segments under BBR (``bbr_probe_rt
 control), so that the timed call meets the connections as a run's calls do, busy every few
 milliseconds."""
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
-                   "algorithm and size, each up to 1 MiB right after an untimed call of it and a pause "
-                   "of 0.3 s; last rank's start to last rank's end")
+                   f"algorithm and size, each up to {WARM_MAX_BYTES // 2**20} MiB right after an untimed call "
+                   f"of it and a pause of {PROBE_RTT_S:g} s; last rank's start to last rank's end")
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
 CHAIN_METHOD = ("{chain} calls back to back from deadlines on the shared clock, in rounds over every "
@@ -232,10 +232,11 @@ class CollectiveSweep:
         a run's connections, busy every few milliseconds, are not. Measured on v4x1_latency's
         testbed (5 ms links; session 32 of ``validation/transfer-report/progress.md``): a
         256 KiB recursive-doubling allreduce 58 ms after 3 s idle, 103-122 ms after 12 s, 58 ms
-        after 12 s with a warm-up call 0.3 s before; ``hetsim calibrate``'s sweep of every algorithm timed 64 KiB-1 MiB calls 12-33%
-        slower than ``hetsim validate``'s sweep of the variants' algorithms, whose rounds are
-        shorter, and priced the other clusters' TTFT 10 / 23% off (median / p90) where the
-        validation's profile of the same cluster gave 4 / 12%."""
+        after 12 s with a warm-up call 0.3 s before; ``hetsim calibrate``'s sweep of every
+        algorithm timed 64 KiB-1 MiB calls 12-33% slower than ``hetsim validate``'s sweep of the
+        variants' algorithms, whose rounds are shorter, and priced the other clusters' TTFT
+        10 / 23% off (median / p90) where the validation's profile of the same cluster gave
+        4 / 12%."""
         for (call, tensor), spans in zip(self.cases, self.times):
             self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
                            f"ranks, {label}")
