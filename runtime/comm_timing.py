@@ -56,9 +56,23 @@ for 10 s spends with a congestion window of 4 segments under BBR (``bbr_probe_rt
 ``bbr_min_rtt_win_sec`` in the kernel's ``net/ipv4/tcp_bbr.c``; this machine's default congestion
 control), so that the timed call meets the connections as a run's calls do, busy every few
 milliseconds."""
+BLOCK_MAX_CALL_S = 0.01
+"""The slowest a case's warm-up call may take for :meth:`CollectiveSweep.round` to time it in a
+block of :data:`BLOCK_CALLS` (s). A small call of gloo over TCP has a tail a few milliseconds long
+that a few repeats sample by chance: a TP-2 pair's 3 KiB reduce inside a host (v2x2_bandwidth's
+testbed, a TP 2 x PP 2 run of GPT-2; ``validation/layouts-report/progress.md``, session 33) took
+0.27-0.34 ms from the last rank's start in a median call but 2.4-4.3 ms in its p90 one, and its
+mean, 1.1-1.4 ms, is what a step of many calls pays; three single calls a size gave the isolated
+rows medians of 0.41-4.3 ms, and the overhead fitted on them 0.175 or 0.35 ms from one
+calibration to the next. Above it, such a tail is a small part of a call."""
+BLOCK_CALLS = 8
+"""Calls of a block: each repeat of a fast case is the mean of a block, as a generation's mean call
+is a repeat of the in-place rows (:func:`in_place_rows`)."""
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
                    f"algorithm and size, each up to {WARM_MAX_BYTES // 2**20} MiB right after an untimed call "
-                   f"of it and a pause of {PROBE_RTT_S:g} s; last rank's start to last rank's end")
+                   f"of it and a pause of {PROBE_RTT_S:g} s; last rank's start to last rank's end; a call whose "
+                   f"warm-up took at most {BLOCK_MAX_CALL_S * 1e3:g} ms timed {BLOCK_CALLS} times a round, "
+                   "each repeat the block's mean")
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
 CHAIN_METHOD = ("{chain} calls back to back from deadlines on the shared clock, in rounds over every "
@@ -139,9 +153,10 @@ def one_host_group(ranks, topology) -> tuple[int, ...] | None:
 class CollectiveSweep:
     """Each algorithm of each collective kind timed alone (or ``chain`` calls back to back) at
     ``sizes`` and ``held_out`` (ascending; a kind's sizes stop once a call takes longer than
-    ``max_call_s``), one call (or chain) of each per :meth:`round`, so that the rounds, not blocks
-    of repeats, sample the machine's drift; and so that ``hetsim validate`` can interleave them
-    with its other rounds.
+    ``max_call_s``), one call (or chain; or a short block of a fast call, whose mean is the
+    round's repeat) of each per :meth:`round`, so that the rounds, not blocks of repeats, sample
+    the machine's drift; and so that ``hetsim validate`` can interleave them with its other
+    rounds.
 
     Building it warms every case up (which also builds its schedule) and agrees on the lead every
     call starts after. Every rank of ``ranks`` must build it and call :meth:`round` alike.
@@ -192,6 +207,7 @@ class CollectiveSweep:
         # How long an agreed deadline takes to reach every rank: the lead every call starts after.
         self.lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
         self.cases = []  # (call, tensor): what is timed, found by warming each up in ascending sizes
+        self.blocks: list[tuple[int, float]] = []  # per case, its calls a round and their period (s)
         buffers: dict[int, torch.Tensor] = {}  # one per size, shared by the algorithms
         for group in groups:
             for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
@@ -207,7 +223,13 @@ class CollectiveSweep:
                         if not _everyone(self._warm(call, tensor)):
                             break
                         self.cases.append((call, tensor))
-                        if _slowest_s(lambda: self._run(call, tensor)) > max_call_s:
+                        slowest_s = _slowest_s(lambda: self._run(call, tensor))
+                        # a block's calls start a period apart that fits a call twice, so that one
+                        # call's tail rarely delays the next call's start
+                        # (a chain is a mean over its calls already)
+                        self.blocks.append((BLOCK_CALLS, 2 * slowest_s + 1e-3)
+                                           if chain == 1 and slowest_s <= BLOCK_MAX_CALL_S else (1, 0.0))
+                        if slowest_s > max_call_s:
                             break
         self.times: list[list[float]] = [[] for _ in self.cases]
 
@@ -236,16 +258,21 @@ class CollectiveSweep:
         algorithm timed 64 KiB-1 MiB calls 12-33% slower than ``hetsim validate``'s sweep of the
         variants' algorithms, whose rounds are shorter, and priced the other clusters' TTFT
         10 / 23% off (median / p90) where the validation's profile of the same cluster gave
-        4 / 12%."""
-        for (call, tensor), spans in zip(self.cases, self.times):
+        4 / 12%.
+
+        A case whose warm-up call took at most :data:`BLOCK_MAX_CALL_S` is timed
+        :data:`BLOCK_CALLS` times, a period apart, and the round's repeat is their mean: the
+        mean, tail included, is what a step of such calls pays (:data:`BLOCK_MAX_CALL_S`)."""
+        for (call, tensor), block, spans in zip(self.cases, self.blocks, self.times):
             self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
                            f"ranks, {label}")
             tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
             if call.size_bytes <= WARM_MAX_BYTES:
                 self._run(call, tensor)
                 time.sleep(PROBE_RTT_S)
-            spans += [span / self.chain for span in synchronised_times(
-                lambda: self._chain(call, tensor), 1, 0.0, self.lead_s, members=call.group)]
+            calls, period_s = block
+            spans.append(float(np.mean(synchronised_times(
+                lambda: self._chain(call, tensor), calls, period_s, self.lead_s, members=call.group))) / self.chain)
 
     def _chain(self, call: Collective, tensor: torch.Tensor) -> None:
         for _ in range(self.chain):

@@ -113,3 +113,49 @@ def test_a_round_warms_a_small_call_up_before_timing_it_and_a_large_one_not():
     assert round_s >= PROBE_RTT_S + 3 * CALL_S
     for row in rows:  # each timed once, the warm-up left out
         assert row["repeats"] == 1 and CALL_S <= row["median"] < 2 * CALL_S
+
+
+def test_a_fast_call_is_timed_in_blocks_whose_mean_keeps_its_tail():
+    """A small gloo call has a tail of a few milliseconds that a step of many calls pays on
+    average: a fast case's repeat is the mean of a block of calls, so one slow call in four
+    raises the row as it raises a run's step, where the median of single calls would drop it."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from models.ops import OpKind
+    from runtime import clock
+    from runtime.comm_timing import BLOCK_CALLS, CollectiveSweep
+    from runtime.launch import launch
+
+    fast_s, tail_s = 0.001, 0.005
+    topology = _one_host_of_two()
+
+    class TailedComm:
+        """Every fourth call of the rounds takes ``tail_s``, the others ``fast_s``."""
+
+        def __init__(self):
+            self.calls, self.process_groups, self.timing = 0, {}, False
+
+        def run(self, call, tensor):
+            self.calls += 1
+            time.sleep(tail_s if self.timing and self.calls % 4 == 0 else fast_s)
+
+    def body(rank, heartbeat):
+        clock.synchronise()
+        torch.set_num_threads(1)
+        comm = TailedComm()
+        sweep = CollectiveSweep((0, 1), topology, rank, comm, 1.0, heartbeat, sizes=(1024,),
+                                algorithms={OpKind.ALLREDUCE: ("ring",), OpKind.REDUCE: (), OpKind.BROADCAST: ()})
+        comm.timing = True
+        for index in range(3):
+            comm.calls = 0  # the warm-up call is the first of a round, a block's calls the next
+            sweep.round(f"round {index + 1} of 3")
+        return comm.calls, sweep.rows()
+
+    calls, rows = launch(body, 2, hang_timeout_s=120)[0]
+    assert calls == 1 + BLOCK_CALLS  # the last round's warm-up and its block
+    (row,) = rows
+    assert row["repeats"] == 3 and f"timed {BLOCK_CALLS} times a round" in row["method"]
+    # blocks of 8: calls 2..9 of a round, of which 4 and 8 are slow: (6 x 1 + 2 x 5) / 8 = 2 ms
+    mean_s = ((BLOCK_CALLS - 2) * fast_s + 2 * tail_s) / BLOCK_CALLS
+    assert mean_s <= row["median"] < mean_s + fast_s
