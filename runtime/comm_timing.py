@@ -58,23 +58,29 @@ control), so that the timed call meets the connections as a run's calls do, busy
 milliseconds."""
 BLOCK_MAX_CALL_S = 0.01
 """The slowest a case's warm-up call may take for :meth:`CollectiveSweep.round` to time it in a
-block of :data:`BLOCK_CALLS` (s). A small call of gloo over TCP has a tail a few milliseconds long
-that a few repeats sample by chance: a TP-2 pair's 3 KiB reduce inside a host (v2x2_bandwidth's
-testbed, a TP 2 x PP 2 run of GPT-2; ``validation/layouts-report/progress.md``, session 33) took
-0.27-0.34 ms from the last rank's start in a median call but 2.4-4.3 ms in its p90 one, and its
-mean, 1.1-1.4 ms, is what a step of many calls pays; three single calls a size gave the isolated
-rows medians of 0.41-4.3 ms, and the overhead fitted on them 0.175 or 0.35 ms from one
-calibration to the next. Above it, such a tail is a small part of a call."""
+block of :data:`BLOCK_CALLS` (s). A small call of gloo over TCP on shared cores has a tail a few
+milliseconds long that a few single calls sample by chance: the isolated sweep of a TP-2 pair
+inside a host (v2x2_bandwidth's testbed) gave its 1-16 KiB reduces medians of 3 calls of 0.45-4.3
+ms, and the per-message overhead fitted on them 0.175 or 0.35 ms from one calibration to the next
+(``validation/layouts-report/progress.md``, session 33). Above it, such a tail is a small part
+of a call."""
 BLOCK_CALLS = 8
-"""Calls of a block: each repeat of a fast case is the mean of a block, as a generation's mean call
-is a repeat of the in-place rows (:func:`in_place_rows`)."""
+"""Calls of a block: each repeat of a fast case is the median of a block, the call without the
+tail. The tail is the cores' contention, which the simulator prices from the calls timed in a
+run (:func:`in_place_rows`; :func:`sim.transport.contention_at`), not from these: with each
+repeat a block's mean instead, tail included, the profile of v4x1_bandwidth priced the eight
+other clusters' TPOT 6.1 / 21.9% off (median / p90 |error|) where the single calls' gave
+3.7 / 12.5% (session 33 of ``validation/transfer-report/progress.md``)."""
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
                    f"algorithm and size, each up to {WARM_MAX_BYTES // 2**20} MiB right after an untimed call "
                    f"of it and a pause of {PROBE_RTT_S:g} s; last rank's start to last rank's end; a call whose "
                    f"warm-up took at most {BLOCK_MAX_CALL_S * 1e3:g} ms timed {BLOCK_CALLS} times a round, "
-                   "each repeat the block's mean")
+                   "each repeat the block's median")
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
+P2P_METHOD = ("half a send/recv ping-pong round trip, both ranks starting at deadlines on the shared clock; "
+              f"one whose warm-up took at most {BLOCK_MAX_CALL_S * 1e3:g} ms timed {BLOCK_CALLS} times a repeat, "
+              "each repeat the block's median")
 CHAIN_METHOD = ("{chain} calls back to back from deadlines on the shared clock, in rounds over every "
                 "algorithm and size; last rank's start of the first to last rank's end of the last, per call")
 WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start, "
@@ -153,7 +159,7 @@ def one_host_group(ranks, topology) -> tuple[int, ...] | None:
 class CollectiveSweep:
     """Each algorithm of each collective kind timed alone (or ``chain`` calls back to back) at
     ``sizes`` and ``held_out`` (ascending; a kind's sizes stop once a call takes longer than
-    ``max_call_s``), one call (or chain; or a short block of a fast call, whose mean is the
+    ``max_call_s``), one call (or chain; or a short block of a fast call, whose median is the
     round's repeat) of each per :meth:`round`, so that the rounds, not blocks of repeats, sample
     the machine's drift; and so that ``hetsim validate`` can interleave them with its other
     rounds.
@@ -261,8 +267,9 @@ class CollectiveSweep:
         4 / 12%.
 
         A case whose warm-up call took at most :data:`BLOCK_MAX_CALL_S` is timed
-        :data:`BLOCK_CALLS` times, a period apart, and the round's repeat is their mean: the
-        mean, tail included, is what a step of such calls pays (:data:`BLOCK_MAX_CALL_S`)."""
+        :data:`BLOCK_CALLS` times, a period apart, and the round's repeat is their median: the
+        call without the cores' tail, which a few single calls sample by chance
+        (:data:`BLOCK_CALLS`)."""
         for (call, tensor), block, spans in zip(self.cases, self.blocks, self.times):
             self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
                            f"ranks, {label}")
@@ -271,7 +278,7 @@ class CollectiveSweep:
                 self._run(call, tensor)
                 time.sleep(PROBE_RTT_S)
             calls, period_s = block
-            spans.append(float(np.mean(synchronised_times(
+            spans.append(float(np.median(synchronised_times(
                 lambda: self._chain(call, tensor), calls, period_s, self.lead_s, members=call.group))) / self.chain)
 
     def _chain(self, call: Collective, tensor: torch.Tensor) -> None:
@@ -370,29 +377,42 @@ def in_place_rows(spans: list[CallSpan], group_size: int, num_hosts: int, master
 
 def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
     """Half a send/recv round trip between ``ranks[0]`` and a peer on its host and on another host,
-    1 KiB to 4 MiB; profile rows on ``ranks[0]``."""
+    1 KiB to 4 MiB; profile rows on ``ranks[0]`` (method: :data:`P2P_METHOD`).
+
+    Both ranks start each round trip at a deadline agreed on the shared clock
+    (:func:`synchronised_times`), not on leaving a barrier: gloo's send of an unbound buffer waits
+    for its receiver's ready notice (gloo ``gloo/transport/tcp/pair.cc``), so a stopwatch started
+    as the master left a barrier charged the peer's later exit as the round trip's. On
+    v2x2_bandwidth's testbed the 1-4 KiB round trips so timed gave 0.07-1.45 ms over the hosts'
+    link from one calibration to the next (medians of 3), a one-way hop timed from a deadline
+    0.17-0.21 ms (``validation/layouts-report/progress.md``, session 33). A round trip whose
+    warm-up took at most :data:`BLOCK_MAX_CALL_S` is timed in blocks of :data:`BLOCK_CALLS`, each
+    repeat the block's median, as the collective sweep's fast calls are."""
     rows = []
     master_host = topology.devices[ranks[0]].host
     peers = {LinkClass.INTRA_HOST: next((r for r in ranks[1:] if topology.devices[r].host == master_host), None),
              LinkClass.INTER_HOST: next((r for r in ranks[1:] if topology.devices[r].host != master_host), None)}
+    lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
     for link_class, peer in peers.items():
         if peer is None:
             continue
         for size in P2P_SIZES_BYTES:
             heartbeat(f"p2p {link_class.value} {size // 1024} KiB")
             buffer = torch.ones(size // 4, dtype=torch.float32)
-            times = []
-            for _ in range(repeats + 1):
-                dist.barrier()
-                start = time.perf_counter()
+
+            def ping_pong():
                 if rank == ranks[0]:
                     dist.send(buffer, dst=peer)
                     dist.recv(buffer, src=peer)
                 elif rank == peer:
                     dist.recv(buffer, src=ranks[0])
                     dist.send(buffer, dst=ranks[0])
-                times.append((time.perf_counter() - start) / 2)
+
+            slowest_s = _slowest_s(ping_pong)  # the warm-up
+            calls, period_s = (BLOCK_CALLS, 2 * slowest_s + 1e-3) if slowest_s <= BLOCK_MAX_CALL_S else (1, 0.0)
+            times = [float(np.median(synchronised_times(ping_pong, calls, period_s, lead_s, members=(ranks[0], peer)))) / 2
+                     for _ in range(repeats)]
             if rank == ranks[0]:
-                rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class.value, "size_bytes": size, "unit": "s",
-                             "method": "half a send/recv ping-pong round trip", **stats(times[1:])})
+                rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class.value, "size_bytes": size,
+                             "unit": "s", "method": P2P_METHOD, **stats(times)})
     return rows
