@@ -56,31 +56,12 @@ for 10 s spends with a congestion window of 4 segments under BBR (``bbr_probe_rt
 ``bbr_min_rtt_win_sec`` in the kernel's ``net/ipv4/tcp_bbr.c``; this machine's default congestion
 control), so that the timed call meets the connections as a run's calls do, busy every few
 milliseconds."""
-BLOCK_MAX_CALL_S = 0.01
-"""The slowest a case's warm-up call may take for :meth:`CollectiveSweep.round` to time it in a
-block of :data:`BLOCK_CALLS` (s). A small call of gloo over TCP on shared cores has a tail a few
-milliseconds long that a few single calls sample by chance: the isolated sweep of a TP-2 pair
-inside a host (v2x2_bandwidth's testbed) gave its 1-16 KiB reduces medians of 3 calls of 0.45-4.3
-ms, and the per-message overhead fitted on them 0.175 or 0.35 ms from one calibration to the next
-(``validation/layouts-report/progress.md``, session 33). Above it, such a tail is a small part
-of a call."""
-BLOCK_CALLS = 8
-"""Calls of a block: each repeat of a fast case is the median of a block, the call without the
-tail. The tail is the cores' contention, which the simulator prices from the calls timed in a
-run (:func:`in_place_rows`; :func:`sim.transport.contention_at`), not from these: with each
-repeat a block's mean instead, tail included, the profile of v4x1_bandwidth priced the eight
-other clusters' TPOT 6.1 / 21.9% off (median / p90 |error|) where the single calls' gave
-3.7 / 12.5% (session 33 of ``validation/transfer-report/progress.md``)."""
 ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in rounds over every "
                    f"algorithm and size, each up to {WARM_MAX_BYTES // 2**20} MiB right after an untimed call "
-                   f"of it and a pause of {PROBE_RTT_S:g} s; last rank's start to last rank's end; a call whose "
-                   f"warm-up took at most {BLOCK_MAX_CALL_S * 1e3:g} ms timed {BLOCK_CALLS} times a round, "
-                   "each repeat the block's median")
+                   f"of it and a pause of {PROBE_RTT_S:g} s; last rank's start to last rank's end")
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
-P2P_METHOD = ("half a send/recv ping-pong round trip, both ranks starting at deadlines on the shared clock; "
-              f"one whose warm-up took at most {BLOCK_MAX_CALL_S * 1e3:g} ms timed {BLOCK_CALLS} times a repeat, "
-              "each repeat the block's median")
+P2P_METHOD = "half a send/recv ping-pong round trip, both ranks starting at a deadline on the shared clock"
 CHAIN_METHOD = ("{chain} calls back to back from deadlines on the shared clock, in rounds over every "
                 "algorithm and size; last rank's start of the first to last rank's end of the last, per call")
 WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start, "
@@ -159,10 +140,9 @@ def one_host_group(ranks, topology) -> tuple[int, ...] | None:
 class CollectiveSweep:
     """Each algorithm of each collective kind timed alone (or ``chain`` calls back to back) at
     ``sizes`` and ``held_out`` (ascending; a kind's sizes stop once a call takes longer than
-    ``max_call_s``), one call (or chain; or a short block of a fast call, whose median is the
-    round's repeat) of each per :meth:`round`, so that the rounds, not blocks of repeats, sample
-    the machine's drift; and so that ``hetsim validate`` can interleave them with its other
-    rounds.
+    ``max_call_s``), one call (or chain) of each per :meth:`round`, so that the rounds, not blocks
+    of repeats, sample the machine's drift; and so that ``hetsim validate`` can interleave them
+    with its other rounds.
 
     Building it warms every case up (which also builds its schedule) and agrees on the lead every
     call starts after. Every rank of ``ranks`` must build it and call :meth:`round` alike.
@@ -213,7 +193,6 @@ class CollectiveSweep:
         # How long an agreed deadline takes to reach every rank: the lead every call starts after.
         self.lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
         self.cases = []  # (call, tensor): what is timed, found by warming each up in ascending sizes
-        self.blocks: list[tuple[int, float]] = []  # per case, its calls a round and their period (s)
         buffers: dict[int, torch.Tensor] = {}  # one per size, shared by the algorithms
         for group in groups:
             for kind in (OpKind.ALLREDUCE, OpKind.REDUCE, OpKind.BROADCAST):
@@ -229,13 +208,7 @@ class CollectiveSweep:
                         if not _everyone(self._warm(call, tensor)):
                             break
                         self.cases.append((call, tensor))
-                        slowest_s = _slowest_s(lambda: self._run(call, tensor))
-                        # a block's calls start a period apart that fits a call twice, so that one
-                        # call's tail rarely delays the next call's start
-                        # (a chain is a mean over its calls already)
-                        self.blocks.append((BLOCK_CALLS, 2 * slowest_s + 1e-3)
-                                           if chain == 1 and slowest_s <= BLOCK_MAX_CALL_S else (1, 0.0))
-                        if slowest_s > max_call_s:
+                        if _slowest_s(lambda: self._run(call, tensor)) > max_call_s:
                             break
         self.times: list[list[float]] = [[] for _ in self.cases]
 
@@ -264,22 +237,16 @@ class CollectiveSweep:
         algorithm timed 64 KiB-1 MiB calls 12-33% slower than ``hetsim validate``'s sweep of the
         variants' algorithms, whose rounds are shorter, and priced the other clusters' TTFT
         10 / 23% off (median / p90) where the validation's profile of the same cluster gave
-        4 / 12%.
-
-        A case whose warm-up call took at most :data:`BLOCK_MAX_CALL_S` is timed
-        :data:`BLOCK_CALLS` times, a period apart, and the round's repeat is their median: the
-        call without the cores' tail, which a few single calls sample by chance
-        (:data:`BLOCK_CALLS`)."""
-        for (call, tensor), block, spans in zip(self.cases, self.blocks, self.times):
+        4 / 12%."""
+        for (call, tensor), spans in zip(self.cases, self.times):
             self.heartbeat(f"{call.kind} {call.algorithm} {call.size_bytes // 1024} KiB over {len(call.group)} "
                            f"ranks, {label}")
             tensor.fill_(1.0)  # sums of sums would overflow to inf over many rounds
             if call.size_bytes <= WARM_MAX_BYTES:
                 self._run(call, tensor)
                 time.sleep(PROBE_RTT_S)
-            calls, period_s = block
-            spans.append(float(np.median(synchronised_times(
-                lambda: self._chain(call, tensor), calls, period_s, self.lead_s, members=call.group))) / self.chain)
+            spans += [span / self.chain for span in synchronised_times(
+                lambda: self._chain(call, tensor), 1, 0.0, self.lead_s, members=call.group)]
 
     def _chain(self, call: Collective, tensor: torch.Tensor) -> None:
         for _ in range(self.chain):
@@ -377,17 +344,15 @@ def in_place_rows(spans: list[CallSpan], group_size: int, num_hosts: int, master
 
 def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
     """Half a send/recv round trip between ``ranks[0]`` and a peer on its host and on another host,
-    1 KiB to 4 MiB; profile rows on ``ranks[0]`` (method: :data:`P2P_METHOD`).
+    1 KiB to 4 MiB, after an untimed one; profile rows on ``ranks[0]`` (method: :data:`P2P_METHOD`).
 
     Both ranks start each round trip at a deadline agreed on the shared clock
     (:func:`synchronised_times`), not on leaving a barrier: gloo's send of an unbound buffer waits
     for its receiver's ready notice (gloo ``gloo/transport/tcp/pair.cc``), so a stopwatch started
     as the master left a barrier charged the peer's later exit as the round trip's. On
     v2x2_bandwidth's testbed the 1-4 KiB round trips so timed gave 0.07-1.45 ms over the hosts'
-    link from one calibration to the next (medians of 3), a one-way hop timed from a deadline
-    0.17-0.21 ms (``validation/layouts-report/progress.md``, session 33). A round trip whose
-    warm-up took at most :data:`BLOCK_MAX_CALL_S` is timed in blocks of :data:`BLOCK_CALLS`, each
-    repeat the block's median, as the collective sweep's fast calls are."""
+    link from one calibration to the next (medians of 3), where a one-way hop of 3 KiB timed
+    from a deadline takes 0.17-0.21 ms (``validation/layouts-report/progress.md``, session 33)."""
     rows = []
     master_host = topology.devices[ranks[0]].host
     peers = {LinkClass.INTRA_HOST: next((r for r in ranks[1:] if topology.devices[r].host == master_host), None),
@@ -408,10 +373,9 @@ def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
                     dist.recv(buffer, src=ranks[0])
                     dist.send(buffer, dst=ranks[0])
 
-            slowest_s = _slowest_s(ping_pong)  # the warm-up
-            calls, period_s = (BLOCK_CALLS, 2 * slowest_s + 1e-3) if slowest_s <= BLOCK_MAX_CALL_S else (1, 0.0)
-            times = [float(np.median(synchronised_times(ping_pong, calls, period_s, lead_s, members=(ranks[0], peer)))) / 2
-                     for _ in range(repeats)]
+            _slowest_s(ping_pong)  # the untimed one
+            times = [span / 2 for _ in range(repeats)
+                     for span in synchronised_times(ping_pong, 1, 0.0, lead_s, members=(ranks[0], peer))]
             if rank == ranks[0]:
                 rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class.value, "size_bytes": size,
                              "unit": "s", "method": P2P_METHOD, **stats(times)})
