@@ -61,7 +61,6 @@ ISOLATED_METHOD = ("calls started together at deadlines on the shared clock, in 
                    f"of it and a pause of {PROBE_RTT_S:g} s; last rank's start to last rank's end")
 IN_PLACE_METHOD = ("collectives of real generations (op records): last rank's start to the master's end, "
                    "each repeat a generation's mean call; the median is charged")
-P2P_METHOD = "half a send/recv ping-pong round trip, both ranks starting at a deadline on the shared clock"
 CHAIN_METHOD = ("{chain} calls back to back from deadlines on the shared clock, in rounds over every "
                 "algorithm and size; last rank's start of the first to last rank's end of the last, per call")
 WAIT_METHOD = ("collectives of real generations (op records): the master's wait for the last rank's start, "
@@ -344,39 +343,29 @@ def in_place_rows(spans: list[CallSpan], group_size: int, num_hosts: int, master
 
 def p2p_rows(ranks, topology, rank, repeats: int, heartbeat) -> list[dict]:
     """Half a send/recv round trip between ``ranks[0]`` and a peer on its host and on another host,
-    1 KiB to 4 MiB, after an untimed one; profile rows on ``ranks[0]`` (method: :data:`P2P_METHOD`).
-
-    Both ranks start each round trip at a deadline agreed on the shared clock
-    (:func:`synchronised_times`), not on leaving a barrier: gloo's send of an unbound buffer waits
-    for its receiver's ready notice (gloo ``gloo/transport/tcp/pair.cc``), so a stopwatch started
-    as the master left a barrier charged the peer's later exit as the round trip's. On
-    v2x2_bandwidth's testbed the 1-4 KiB round trips so timed gave 0.07-1.45 ms over the hosts'
-    link from one calibration to the next (medians of 3), where a one-way hop of 3 KiB timed
-    from a deadline takes 0.17-0.21 ms (``validation/layouts-report/progress.md``, session 33)."""
+    1 KiB to 4 MiB; profile rows on ``ranks[0]``."""
     rows = []
     master_host = topology.devices[ranks[0]].host
     peers = {LinkClass.INTRA_HOST: next((r for r in ranks[1:] if topology.devices[r].host == master_host), None),
              LinkClass.INTER_HOST: next((r for r in ranks[1:] if topology.devices[r].host != master_host), None)}
-    lead_s = 2 * _slowest_s(lambda: _agreed_deadline(0.0)) + 1e-3
     for link_class, peer in peers.items():
         if peer is None:
             continue
         for size in P2P_SIZES_BYTES:
             heartbeat(f"p2p {link_class.value} {size // 1024} KiB")
             buffer = torch.ones(size // 4, dtype=torch.float32)
-
-            def ping_pong():
+            times = []
+            for _ in range(repeats + 1):
+                dist.barrier()
+                start = time.perf_counter()
                 if rank == ranks[0]:
                     dist.send(buffer, dst=peer)
                     dist.recv(buffer, src=peer)
                 elif rank == peer:
                     dist.recv(buffer, src=ranks[0])
                     dist.send(buffer, dst=ranks[0])
-
-            _slowest_s(ping_pong)  # the untimed one
-            times = [span / 2 for _ in range(repeats)
-                     for span in synchronised_times(ping_pong, 1, 0.0, lead_s, members=(ranks[0], peer))]
+                times.append((time.perf_counter() - start) / 2)
             if rank == ranks[0]:
-                rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class.value, "size_bytes": size,
-                             "unit": "s", "method": P2P_METHOD, **stats(times)})
+                rows.append({"measurement": MeasurementKind.P2P, "device_class": link_class.value, "size_bytes": size, "unit": "s",
+                             "method": "half a send/recv ping-pong round trip", **stats(times[1:])})
     return rows
