@@ -4,12 +4,25 @@ back on the communication stream)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from sim.cluster_config import ClusterConfig
 from sim.topology import build_topology
 
 CALL_S = 0.02
+
+
+class SleepingComm:
+    """A communicator whose every call takes CALL_S, whatever it is; records the calls' sizes."""
+
+    def __init__(self):
+        self.sizes, self.process_groups = [], {}
+
+    def run(self, call, tensor):
+        self.sizes.append(call.size_bytes)
+        time.sleep(CALL_S)
 
 
 def _one_host_of_two():
@@ -21,7 +34,6 @@ def _one_host_of_two():
 
 def test_a_chained_sweep_runs_its_calls_back_to_back_and_charges_the_time_per_call():
     torch = pytest.importorskip("torch")
-    import time
 
     from models.ops import OpKind
     from runtime import clock
@@ -29,16 +41,6 @@ def test_a_chained_sweep_runs_its_calls_back_to_back_and_charges_the_time_per_ca
     from runtime.launch import launch
 
     topology = _one_host_of_two()
-
-    class SleepingComm:
-        """Each call takes CALL_S, whatever it is; counts them."""
-
-        def __init__(self):
-            self.calls, self.process_groups = 0, {}
-
-        def run(self, call, tensor):
-            self.calls += 1
-            time.sleep(CALL_S)
 
     def body(rank, heartbeat):
         clock.synchronise()
@@ -49,10 +51,10 @@ def test_a_chained_sweep_runs_its_calls_back_to_back_and_charges_the_time_per_ca
             sweep = CollectiveSweep((0, 1), topology, rank, comm, 1.0, heartbeat, sizes=(1024,),
                                     algorithms={OpKind.ALLREDUCE: ("ring",), OpKind.REDUCE: (), OpKind.BROADCAST: ()},
                                     chain=chain)
-            before = comm.calls  # the warm-up and the size probe
+            before = len(comm.sizes)  # the warm-up and the size probe
             for index in range(2):
                 sweep.round(f"round {index + 1} of 2")
-            rows[chain], calls[chain] = sweep.rows(), comm.calls - before
+            rows[chain], calls[chain] = sweep.rows(), len(comm.sizes) - before
         return rows, calls
 
     rows, calls = launch(body, 2, hang_timeout_s=120)[0]
@@ -79,7 +81,6 @@ def test_a_round_warms_a_small_call_up_before_timing_it_and_a_large_one_not():
     ProbeRTT), which a run's busy connections do not: a small case is timed after an untimed call
     of it and a pause; the warm-up is not in its row."""
     torch = pytest.importorskip("torch")
-    import time
 
     from models.ops import OpKind
     from runtime import clock
@@ -88,14 +89,6 @@ def test_a_round_warms_a_small_call_up_before_timing_it_and_a_large_one_not():
 
     topology = _one_host_of_two()
     large = 4 * WARM_MAX_BYTES
-
-    class SleepingComm:
-        def __init__(self):
-            self.sizes, self.process_groups = [], {}
-
-        def run(self, call, tensor):
-            self.sizes.append(call.size_bytes)
-            time.sleep(CALL_S)
 
     def body(rank, heartbeat):
         clock.synchronise()
