@@ -61,7 +61,7 @@ from models.ops import OpKind
 from sim.collectives.registry import ALGORITHMS, AUTO, build_schedule
 from sim.collectives.schedule import CommSchedule
 from sim import token_bucket
-from sim.token_bucket import TokenBuckets, bucket_lower_bound_s
+from sim.token_bucket import TokenBuckets, bucket_lower_bound_s, pacing
 from sim.topology import Topology
 
 
@@ -500,24 +500,29 @@ def fluid_lower_bound_s(schedule: CommSchedule, links: Links) -> float:
     """A duration the fluid model cannot beat for ``schedule`` over ``links`` (s), in
     O(transfers x path length): the larger of the schedule's critical path of route latencies
     alone and the busiest channel's bytes over its capacity (max-min rates never exceed a
-    channel's capacity), less what its token bucket can let through
-    (:func:`sim.token_bucket.bucket_lower_bound_s`)."""
+    channel's capacity), less what the token buckets pacing its flows can let through
+    (:func:`sim.token_bucket.bucket_lower_bound_s`; a flow's burst crosses every channel of its
+    route, paced by its narrowest ones' buckets alone: :func:`sim.token_bucket.pacing`)."""
     clock = _StepClock(schedule)
     carried: dict[int, int] = {}
+    buckets: dict[int, set[int]] = {}  # channel -> the bucketed channels pacing the flows over it
+    depth = {c: d for c, d in enumerate(links.burst) if d}
     for k, step in enumerate(schedule.steps):
         ready = clock.enter(k, step)
         done: dict[int, float] = {}
         for t in step:
             route = links.get(t.src, t.dst)
             end = max(ready[t.src], ready[t.dst]) + route.latency_s
+            paced = pacing(route.channels, links.capacity, depth) if depth else ()
             for channel in route.channels:
                 carried[channel] = carried.get(channel, 0) + t.size_bytes
+                buckets.setdefault(channel, set()).update(paced)
             done[t.src] = max(done.get(t.src, 0.0), end)
             done[t.dst] = max(done.get(t.dst, 0.0), end)
         clock.leave(k, done)
-    burst, refill = links.burst, links.refill
-    busiest = max((bucket_lower_bound_s(size, burst[channel] if channel < len(burst) else None,
-                                        links.capacity[channel], refill[channel] if channel < len(refill) else 0.0)
+    refill = links.refill
+    busiest = max((bucket_lower_bound_s(size, sum(depth[b] for b in buckets[channel]), links.capacity[channel],
+                                        sum(refill[b] for b in buckets[channel]))
                    for channel, size in carried.items()), default=0.0)
     return max(max(clock.finish().values(), default=0.0), busiest)
 

@@ -16,12 +16,21 @@ engine follows one through each segment, :mod:`sim.bucket_clock`, shared by its
 delays by the tokens their links miss at their start):
 
 * tokens are the link's (its channel's), not a flow's: flows crossing a channel draw on one bucket;
-* a channel's bucket fills at the channel's bandwidth (not a transport's efficiency-scaled share)
-  up to its depth while no flow crosses it, and not at all while one does (a flow is taken to keep
-  its bucketed channels busy: exact where the bucketed channel is the flow's bottleneck);
+* a flow draws on the buckets of its route's narrowest channels only (its bottleneck: the
+  channels of the route's least capacity): a faster channel's bucket, full or empty, passes the
+  flow's bytes faster than the bottleneck takes them, and refills faster than they come once the
+  burst is through. On the emulated testbed a message between hosts does not cross the shaped
+  ``lo`` of either host at all (:mod:`runtime.testbed.shaping`), whose bucket the topology puts
+  on a host's interconnect; drawn on as well, a root's broadcast to a rank of its own host
+  emptied it and left its message to the other host no burst (uneven TP 3 of GPT-2 on
+  v2x2_bandwidth, prefill: 8.4 ms from the root's start to the far rank's end, 6.5 ms measured,
+  ``validation/layouts-report/progress.md``, session 34);
+* a bottleneck's bucket fills at the channel's bandwidth (not a transport's efficiency-scaled
+  share) up to its depth while no flow it paces crosses it, and not at all while one does (the
+  flow is taken to keep it busy);
 * a flow starting over a route whose narrowest channel has a bucket sends at once
-  ``min(size, tokens)`` bytes, the tokens being the least of the route's bucketed channels', and
-  takes that many from each; the rest flows at its max-min rate. The burst leaves at the speed of
+  ``min(size, tokens)`` bytes, the tokens being the least of its bottleneck buckets', and takes
+  that many from each; the rest flows at its max-min rate. The burst leaves at the speed of
   the rest of the path, taken as instant: the emulated testbed's veths are tens of times faster
   than its shaped rates. A route whose narrowest channel has no bucket is paced by that channel
   and gets nothing.
@@ -80,10 +89,7 @@ class TokenBuckets:
         return bool(self.depth)
 
     def _paced(self, channels: Sequence[int]) -> list[int]:
-        """The bucketed channels of a route, empty where its narrowest channel has no bucket."""
-        if not channels or min(channels, key=lambda c: self.capacity[c]) not in self.depth:
-            return []
-        return [c for c in channels if c in self.depth]
+        return pacing(channels, self.capacity, self.depth)
 
     def filled(self, channel: int, now_s: float) -> float:
         """The tokens (bytes) bucketed ``channel`` holds at ``now_s`` (s), refilled since its last flow."""
@@ -99,30 +105,42 @@ class TokenBuckets:
 
     def start(self, channels: Sequence[int], size_bytes: float, now_s: float) -> float:
         """A flow of ``size_bytes`` starts over ``channels`` at ``now_s`` (s): the bytes it sends
-        at once, taken from every bucket it crosses. Call :meth:`end` when it ends."""
+        at once, taken from every bucket pacing it. Call :meth:`end` when it ends."""
         paced = self._paced(channels)
         burst = min(size_bytes, min((self.filled(c, now_s) for c in paced), default=0.0))
-        for c in channels:
-            if c in self.depth:
-                self.tokens[c] = self.filled(c, now_s) - (burst if c in paced else 0.0)
-                self.idle_since[c] = None
-                self.flows[c] += 1
+        for c in paced:
+            self.tokens[c] = self.filled(c, now_s) - burst
+            self.idle_since[c] = None
+            self.flows[c] += 1
         return burst
 
     def end(self, channels: Sequence[int], now_s: float) -> None:
-        """A flow started over ``channels`` has ended at ``now_s`` (s): its channels left idle refill."""
-        for c in channels:
-            if c in self.depth:
-                self.flows[c] -= 1
-                if not self.flows[c]:
-                    self.idle_since[c] = now_s
+        """A flow started over ``channels`` has ended at ``now_s`` (s): the buckets it kept busy
+        refill once no other flow they pace crosses them."""
+        for c in self._paced(channels):
+            self.flows[c] -= 1
+            if not self.flows[c]:
+                self.idle_since[c] = now_s
 
 
-def bucket_lower_bound_s(carried_bytes: float, depth_bytes: int | None, capacity_bytes_per_s: float,
+def pacing(channels: Sequence[int], capacity: Sequence[float], depth: Mapping[int, float]) -> list[int]:
+    """The bucketed channels pacing a route over ``channels`` (ids): its narrowest ones (least
+    ``capacity``, bytes/s), whose buckets a flow over it draws on (module docstring); empty where
+    one of them has no bucket (``depth``: per bucketed channel id, its depth in bytes)."""
+    if not channels:
+        return []
+    narrowest = min(capacity[c] for c in channels)
+    paced = [c for c in channels if capacity[c] == narrowest]
+    return paced if all(c in depth for c in paced) else []
+
+
+def bucket_lower_bound_s(carried_bytes: float, depth_bytes: float, capacity_bytes_per_s: float,
                          refill_bytes_per_s: float) -> float:
-    """A time (s) a channel cannot carry ``carried_bytes`` in: ``carried / capacity`` without a
-    bucket; with one, its tokens pay at most its depth plus its refill over the time, the rest
-    going at the capacity, so ``T >= (carried - depth) / (capacity + refill)``."""
+    """A time (s) a channel cannot carry ``carried_bytes`` in, where the buckets pacing the flows
+    over it hold ``depth_bytes`` in all (0: none) and refill at ``refill_bytes_per_s`` in all:
+    ``carried / capacity`` without; with them, their tokens pay at most their depth plus their
+    refill over the time, the rest going at the capacity, so
+    ``T >= (carried - depth) / (capacity + refill)``."""
     if not depth_bytes:
         return carried_bytes / capacity_bytes_per_s
     return max(0.0, carried_bytes - depth_bytes) / (capacity_bytes_per_s + refill_bytes_per_s)

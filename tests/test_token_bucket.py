@@ -95,6 +95,23 @@ def test_back_to_back_messages_share_the_links_tokens_and_a_stream_converges_to_
     assert three_hosts.time(two).duration_s == pytest.approx((2 * 20_000 - BURST_BYTES) / RATE_BYTES_PER_S)
 
 
+def test_a_message_between_hosts_draws_on_its_bottleneck_bucket_not_on_the_hosts_interconnect(priced):
+    """A root's broadcast to a rank of its own host (over the interconnect, whose bucket models the
+    testbed's shaped ``lo``) and to one of another host at once: the far message still gets its
+    NIC's whole burst; only the NIC's bucket paces it (the near one cannot drain a bucket the far
+    one does not pass through on the testbed, and a faster channel's bucket never paces it)."""
+    network = FlowNetwork(build_topology(_cluster("32kB", ranks=2)))  # ranks 0, 1 on h0; 2, 3 on h1
+    near, far = 120_000, 98_304  # the near one leaves the interconnect 11 kB of tokens
+    both = CommSchedule(OpKind.BROADCAST, "p2p", (0, 1, 2), 0, near,
+                        ((Transfer(0, 1, near, False), Transfer(0, 2, far, False)),))
+    timing = network.time(both)
+    assert timing.finish_s[2] == pytest.approx((far - BURST_BYTES) / RATE_BYTES_PER_S)
+    assert timing.finish_s[1] < 1e-3  # the interconnect's 128 KiB bucket covers the near message
+    # the far message's tokens are its NIC's: a second one right after finds them spent
+    twice = _messages(far, far, src=0, dst=2)
+    assert network.time(twice).duration_s == pytest.approx((2 * far - BURST_BYTES) / RATE_BYTES_PER_S)
+
+
 def test_the_shared_fabric_refills_a_bucket_while_its_link_is_idle(priced):
     links = Links(build_topology(_cluster("32kB")))
     env = simpy.Environment()
