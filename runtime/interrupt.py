@@ -104,6 +104,30 @@ def deferred() -> Iterator[None]:
             raise Interrupted(signum)  # in place of any error the body raised: the user asked to stop
 
 
+def fork_worker() -> int:
+    """``os.fork()`` for a worker of this process: 0 in the child, which is made a worker
+    (:func:`as_worker`) before anything else; the child's pid in this one.
+
+    The fork runs under :func:`deferred`: CPython runs the at-fork callbacks of the modules
+    that registered them (``logging``'s ``_releaseLock`` after every fork, ``os.register_at_fork``),
+    and an :class:`Interrupted` raised by a signal inside one is printed as "Exception ignored" and
+    lost, leaving the run going with further signals ignored: a SIGTERM sent to ``hetsim
+    validate`` while the calibration forked its memory-bandwidth processes
+    (:mod:`runtime.stream_bandwidth`) was so swallowed once in the suite. Deferred, it is raised
+    when the fork is done.
+
+    Raises:
+        Interrupted: a signal arrived during the fork (in this process; the child is a worker
+            and dies with it).
+    """
+    parent = os.getpid()
+    with deferred():
+        pid = os.fork()
+        if pid == 0:
+            as_worker(parent)
+    return pid
+
+
 def as_worker(parent_pid: int) -> None:
     """Make this freshly forked process a worker of ``parent_pid``: killed when the parent dies
     (:func:`die_with_parent`), SIGINT and SIGHUP ignored, SIGTERM's default action back."""

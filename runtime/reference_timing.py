@@ -26,6 +26,7 @@ from typing import TypeVar
 
 import torch
 
+from runtime import interrupt
 from sim.machine_speed import ReferenceOp
 
 MATMUL_SHAPE = (128, 768, 3072)  # (tokens, GPT-2 small hidden, its MLP width)
@@ -75,7 +76,7 @@ def reference_samples(repeats: int = REPEATS) -> dict[str, list[float]]:
     if repeats < 1:
         raise ValueError(f"reference timing needs repeats >= 1 (got {repeats})")
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    pid = interrupt.fork_worker()
     if pid == 0:
         os.close(read_fd)
         try:

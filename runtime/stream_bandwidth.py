@@ -32,6 +32,7 @@ from enum import StrEnum
 
 import torch
 
+from runtime import interrupt
 from runtime.cpu_steal import cpu_sample
 
 
@@ -123,7 +124,7 @@ def time_round(kind: Kind, processes: int, ops: int = 20, stream_bytes: int = ST
     out_r, out_w = os.pipe()
     pids = []
     for _ in range(processes):
-        pid = os.fork()
+        pid = interrupt.fork_worker()
         if pid == 0:
             for fd in (ready_r, start_w, out_r):
                 os.close(fd)

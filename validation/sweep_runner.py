@@ -128,8 +128,10 @@ class LocalExecutor:
         _FORKED = (scenarios, self.profile)
         try:
             context = multiprocessing.get_context("fork")
-            with context.Pool(min(self.workers, len(scenarios)), initializer=interrupt.as_worker,
-                              initargs=(os.getpid(),)) as pool:  # __exit__ terminates the workers
+            with interrupt.deferred():  # a signal in the forks' at-fork callbacks would be lost (interrupt.fork_worker)
+                pool = context.Pool(min(self.workers, len(scenarios)), initializer=interrupt.as_worker,
+                                    initargs=(os.getpid(),))
+            with pool:  # __exit__ terminates the workers
                 yield from pool.imap_unordered(_evaluate_forked, range(len(scenarios)))
         finally:
             _FORKED = ([], None)
