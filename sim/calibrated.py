@@ -789,11 +789,17 @@ def contention_floor(profile: Profile, contexts, target, fitted: dict, library: 
     messages of 2 hosts of 2 ranks over a 1 ms link (h2x2_mid) +14% TPOT, where the in-place
     clusters' floors gave +5%. But a cluster with a host of several ranks mixes both paths in
     place, so where its calibration timed the per-path rows too, its in-place calls are counted
-    with each step's turns weighted by its messages' paths, one inside a host counting the ratio
-    of the loopback floor to the bridged one: that gives the floor between hosts, the ratio times
-    it the one inside (a pool's median of v2x2_bandwidth's mixed floor and the one-rank-a-host
+    with each step's turns weighted by its slowest message's path, one inside a host counting the
+    ratio of the loopback floor to the bridged one: that gives the floor between hosts, the ratio
+    times it the one inside (a pool's median of v2x2_bandwidth's mixed floor and the one-rank-a-host
     clusters' priced v4x1_bandwidth +15% TPOT and v2x2_bandwidth -11%; so split, -0.4% and -2%,
-    ``validation/transfer-report/fresh-s31``). Where no calibrated cluster has either, the gloo/tcp default
+    ``validation/transfer-report/fresh-s31``). The slowest, not the mean over the step's messages:
+    a step lasts until its last message is through, and so is it priced (each message waits out
+    its own path's floor, :class:`sim.transport._TransportRun`); weighted by the mean, the fit
+    gave a step of 2 messages inside a host and 2 between hosts (TP 4 on 2 hosts of 2) 1.23 times
+    the floor between hosts where pricing then charged 1.46, and priced uneven TP 3's 3-rank
+    reduce on v2x2_bandwidth 2.8 ms a decode call against 1.7-2.0 ms measured (TPOT +24..+28%,
+    ``validation/layouts-report/progress.md``, session 34). Where no calibrated cluster has either, the gloo/tcp default
     (:data:`sim.transport.GLOO_CONTENTION_PER_TURN_S`, fitted on another machine), else 0."""
     from sim.transport import (GLOO_CONTENTION_PER_TURN_S, GLOO_CONTENTION_SHARING, IDENTIFIABLE_DELAY_S, Transport,
                                contention_at, context_topology, of_replicas)
@@ -890,8 +896,9 @@ def _turn_costs(rows, kind: MeasurementKind, calibrated, fitted: dict, library: 
     ``collective_in_place``, its own group; ``collective_loopback``, a group of ``ranks_per_host``'s
     ranks on the calibrated machine) of the family (gloo's own or point-to-point) at its smallest
     size, its schedule over ``host_groups`` (``Topology.host_groups``' shape) whose links' longest
-    delay is ``delay_s``: the call over its core turns in contending steps (s), a turn of a message
-    inside a host counting ``intra_ratio`` (its path's floor over the inter-host one's), for the
+    delay is ``delay_s``: the call over its core turns in contending steps (s), a turn of a step
+    with a message inside a host counting ``intra_ratio`` (its path's floor over the inter-host
+    one's: a step lasts as long as its slowest message), for the
     calls that are contention-bound (:func:`contention_floor`). Every rank of the group is on the
     machine."""
     from sim.transport import busy_ranks, step_turns, steps_in_series
@@ -918,7 +925,7 @@ def _turn_costs(rows, kind: MeasurementKind, calibrated, fitted: dict, library: 
         if call_s / steps > CONTENTION_BOUND * (overhead_s + terms.latencies_per_message * delay_s):
             # per core turn on the critical path: a step counts its share times its turns
             host_of = {rank: index for index, ranks in enumerate(host_groups(group)) for rank in ranks}
-            paths = [float(np.mean([intra_ratio if host_of[t.src] == host_of[t.dst] else 1.0 for t in step]))
+            paths = [max(intra_ratio if host_of[t.src] == host_of[t.dst] else 1.0 for t in step)
                      if step else 1.0 for step in schedule.steps]
             bound.append(call_s / steps_in_series(schedule, [share * turns * path for share, turns, path
                                                              in zip(shares, step_turns(schedule), paths)]))
