@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -167,6 +168,7 @@ class _TransportLinks(Links):
         self.cores, self.copies = cores, copies
         self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
         self._notices: dict[tuple[int, int], float] = {}
+        self._apart: dict[tuple[int, ...], bool] = {}
 
     def message_latency_s(self, path) -> float:
         """What a message waits before its bytes flow over ``path`` (s): the terms' software
@@ -204,6 +206,40 @@ class _TransportLinks(Links):
             notice = self._notices[(dst, src)] = self.terms.notice_latencies * self.topology.path_latency_s(dst, src)
         return notice
 
+    def contending_ranks(self, schedule: CommSchedule) -> list[int]:
+        """For each step of ``schedule``, how many of its busy ranks (:func:`busy_ranks`) want the
+        cores at once: all of them, but in a step whose messages all stay inside hosts, of a group
+        whose hosts lie :data:`IDENTIFIABLE_DELAY_S` or more apart, the most that one host keeps
+        busy. The hosts' ranks leave every step that crosses that delay at times a wake-up apart
+        and reach the next call apart (the master's wait for the last rank, measured in place at
+        3 KiB: 0.8 ms a call over h2x2_mid's 1.1 ms, 2.7 over v2x2_latency's 5 ms, 6.1 over
+        t2x2_slow's), so one host's exchange is over before the other's begins: priced with all
+        4 busy, recursive doubling over 2 hosts of 2 on 2 cores cost 4.1 ms a call on h2x2_mid
+        against 3.2 ms measured (in place 2.4, the wait 0.8), the two-level tree 6.8 against 5.3
+        (its own profile's terms; ``validation/transfer-report/progress.md``, session 35). Over
+        faster links the hosts' ranks meet the cores together, as the in-place floors were
+        fitted (:func:`sim.calibrated.contention_floor`)."""
+        busy = busy_ranks(schedule)
+        if not self._hosts_apart(tuple(schedule.group)):
+            return busy
+        host = {r: self.topology.devices[r].host for t in (t for step in schedule.steps for t in step)
+                for r in (t.src, t.dst)}
+        contending = []
+        for step, n in zip(schedule.steps, busy):
+            if step and all(host[t.src] == host[t.dst] for t in step):
+                n = max(Counter(host[r] for r in {r for t in step for r in (t.src, t.dst)}).values())
+            contending.append(n)
+        return contending
+
+    def _hosts_apart(self, group: tuple[int, ...]) -> bool:
+        """Whether two ranks of ``group`` on different hosts are :data:`IDENTIFIABLE_DELAY_S` or more apart."""
+        apart = self._apart.get(group)
+        if apart is None:
+            apart = self._apart[group] = any(
+                self.topology.path_latency_s(a, b) >= IDENTIFIABLE_DELAY_S for a in group for b in group
+                if a != b and not self.topology.same_host(a, b))
+        return apart
+
     def stretch(self, busy_ranks: int) -> float:
         """How much longer a message's software overhead takes in a step that keeps ``busy_ranks``
         ranks of the group busy: processor sharing of the cores among them and their ``copies``'
@@ -212,7 +248,8 @@ class _TransportLinks(Links):
 
     def floor_s(self, busy_ranks: int, turns: float = 1.0, inside_host: bool = False) -> float:
         """The least a message costs (s) in a step whose messages keep ``busy_ranks`` ranks of
-        the group busy, each for ``turns`` core turns (:func:`step_turns`), between two ranks of
+        the group busy at once (:meth:`contending_ranks`), each for ``turns`` core turns
+        (:func:`step_turns`), between two ranks of
         one host where ``inside_host`` (``terms.intra_host_min_message_s`` where set): ``terms.min_message_s``
         (a turn with the cores outnumbered) times ``turns`` where the machine's busy ranks (the
         group's and its ``copies``' mirrors', every replica in the same step: they run the same
@@ -323,7 +360,7 @@ class _TransportRun(_FlowRun):
     def __init__(self, schedule: CommSchedule, links: _TransportLinks, arrivals: Mapping[int, float] | None = None):
         super().__init__(schedule, links)
         self.arrivals = arrivals or {}
-        busy = busy_ranks(schedule)
+        busy = links.contending_ranks(schedule)
         by_path = links.terms.intra_host_min_message_s is not None
         self.floor = [links.floor_s(n, turns, by_path and links.topology.same_host(t.src, t.dst))
                       for step, n, turns in zip(schedule.steps, busy, step_turns(schedule)) for t in step]

@@ -371,6 +371,35 @@ def test_a_step_pays_the_contention_of_its_busy_ranks_per_core_turn(clusters):
                                      host_groups=topology.host_groups(group))).duration_s < floor_s
 
 
+def test_a_step_inside_hosts_a_delay_apart_contends_with_its_own_hosts_ranks_only():
+    from sim.cluster_config import ClusterConfig
+    from sim.collectives.registry import build_schedule
+    from sim.topology import build_topology
+    from sim.transport import TransportNetwork, TransportTerms
+
+    def two_hosts_of_two(latency: str):
+        return build_topology(ClusterConfig.model_validate({"switches": [{"name": "sw"}], "hosts": [
+            {"name": "n{i}", "count": 2, "parent": "sw", "nic": {"bandwidth": "100Mbit/s", "latency": latency},
+             "interconnect": {"bandwidth": "1Gbit/s", "latency": "50us"},
+             "devices": {"type": "cpu", "count": 2, "memory": "4GiB"}}]}))
+
+    group = (0, 1, 2, 3)
+    floor_s = 2e-3
+    terms = TransportTerms(0.0, 1.0, 1.0, "test", min_message_s=floor_s)
+
+    def cost(topology):
+        schedule = build_schedule("allreduce", "recursive_doubling", group, 3072, root=None,
+                                  host_groups=topology.host_groups(group))
+        return TransportNetwork(topology, None, {}, terms, cores=2).time(schedule).duration_s
+
+    # 0.1 ms apart, the hosts' ranks meet the cores together: both exchanges (inside the hosts, then
+    # between them) keep all 4 busy on the 2 cores, 3 turns each
+    assert 6 * floor_s <= cost(two_hosts_of_two("50us")) < 6 * floor_s + 1e-3
+    # 1.1 ms apart, each host's exchange keeps its own 2 ranks busy, on 2 cores: no floor; the one
+    # between the hosts still keeps all 4
+    assert 3 * floor_s <= cost(two_hosts_of_two("550us")) < 3 * floor_s + 1e-3
+
+
 def test_a_message_inside_a_host_pays_the_intra_host_floor_one_between_hosts_the_other(clusters):
     from dataclasses import replace
 
