@@ -168,7 +168,7 @@ class _TransportLinks(Links):
         self.cores, self.copies = cores, copies
         self.capacity = [c * terms.bandwidth_efficiency for c in self.capacity]
         self._notices: dict[tuple[int, int], float] = {}
-        self._apart: dict[tuple[int, ...], bool] = {}
+        self._delays: dict[tuple[int, ...], bool] = {}
 
     def message_latency_s(self, path) -> float:
         """What a message waits before its bytes flow over ``path`` (s): the terms' software
@@ -209,7 +209,7 @@ class _TransportLinks(Links):
     def contending_ranks(self, schedule: CommSchedule) -> list[int]:
         """For each step of ``schedule``, how many of its busy ranks (:func:`busy_ranks`) want the
         cores at once: all of them, but in a step whose messages all stay inside hosts, of a group
-        whose hosts lie :data:`IDENTIFIABLE_DELAY_S` or more apart, the most that one host keeps
+        some of whose ranks are :data:`IDENTIFIABLE_DELAY_S` or more apart (:func:`delayed_group`), the most that one host keeps
         busy. The hosts' ranks leave every step that crosses that delay at times a wake-up apart
         and reach the next call apart (the master's wait for the last rank, measured in place at
         3 KiB: 0.8 ms a call over h2x2_mid's 1.1 ms, 2.7 over v2x2_latency's 5 ms, 6.1 over
@@ -220,25 +220,16 @@ class _TransportLinks(Links):
         faster links the hosts' ranks meet the cores together, as the in-place floors were
         fitted (:func:`sim.calibrated.contention_floor`)."""
         busy = busy_ranks(schedule)
-        if not self._hosts_apart(tuple(schedule.group)):
+        group = tuple(schedule.group)
+        delayed = self._delays.get(group)
+        if delayed is None:
+            delayed = self._delays[group] = delayed_group(self.topology, group)
+        if not delayed:
             return busy
-        host = {r: self.topology.devices[r].host for t in (t for step in schedule.steps for t in step)
-                for r in (t.src, t.dst)}
-        contending = []
-        for step, n in zip(schedule.steps, busy):
-            if step and all(host[t.src] == host[t.dst] for t in step):
-                n = max(Counter(host[r] for r in {r for t in step for r in (t.src, t.dst)}).values())
-            contending.append(n)
-        return contending
-
-    def _hosts_apart(self, group: tuple[int, ...]) -> bool:
-        """Whether two ranks of ``group`` on different hosts are :data:`IDENTIFIABLE_DELAY_S` or more apart."""
-        apart = self._apart.get(group)
-        if apart is None:
-            apart = self._apart[group] = any(
-                self.topology.path_latency_s(a, b) >= IDENTIFIABLE_DELAY_S for a in group for b in group
-                if a != b and not self.topology.same_host(a, b))
-        return apart
+        topology = self.topology
+        return [max(Counter(topology.devices[r].host for r in {r for t in step for r in (t.src, t.dst)}).values())
+                if step and all(topology.same_host(t.src, t.dst) for t in step) else n
+                for step, n in zip(schedule.steps, busy)]
 
     def stretch(self, busy_ranks: int) -> float:
         """How much longer a message's software overhead takes in a step that keeps ``busy_ranks``
@@ -528,11 +519,10 @@ class TransportNetwork:
         return len({self.topology.devices[rank].host for rank in group}) == 1
 
     def _delayed_group(self, group: tuple[int, ...]) -> bool:
-        """Whether a path between two ranks of ``group`` has a delay of at least :data:`IDENTIFIABLE_DELAY_S`."""
+        """:func:`delayed_group` of ``group``, kept per group."""
         delayed = self._delays.get(group)
         if delayed is None:
-            delayed = self._delays[group] = any(self.topology.path_latency_s(a, b) >= IDENTIFIABLE_DELAY_S
-                                                for a in group for b in group if a != b)
+            delayed = self._delays[group] = delayed_group(self.topology, group)
         return delayed
 
     def _hop_terms(self, schedule: CommSchedule) -> TransportTerms | None:
@@ -619,6 +609,11 @@ def fit_terms(rows, topology: Topology, default: TransportTerms, name: str,
                 terms = replace(terms, undelayed_per_message_s=default.per_message_s)
             fitted[(str(kind), str(algorithm))] = terms
     return fitted
+
+
+def delayed_group(topology: Topology, group: tuple[int, ...]) -> bool:
+    """Whether a path between two ranks of ``group`` has a delay of at least :data:`IDENTIFIABLE_DELAY_S`."""
+    return any(topology.path_latency_s(a, b) >= IDENTIFIABLE_DELAY_S for a in group for b in group if a != b)
 
 
 def _delayed(topology: Topology) -> int:
